@@ -114,13 +114,12 @@ class _ChunkedWriter:
         return {"size": self.size, "chunks": self.sums}
 
 
-def _file_sums(path: Path, chunks: list[int] | None = None) -> dict[int, str]:
-    """Checksums of the given chunk numbers (all if None), read with plain I/O (no RSS growth)."""
+def _file_sums(path: Path) -> dict[int, str]:
+    """Checksum of every chunk, read with plain I/O (no growth of resident memory)."""
     out = {}
     size = path.stat().st_size
-    wanted = range((size + CHUNK - 1) // CHUNK) if chunks is None else chunks
     with open(path, "rb") as f:
-        for c in wanted:
+        for c in range((size + CHUNK - 1) // CHUNK):
             f.seek(c * CHUNK)
             out[c] = hashlib.file_digest(_Limited(f, CHUNK), lambda: hashlib.blake2b(digest_size=16)).hexdigest()
     return out
@@ -163,6 +162,7 @@ class CachedStates:
     resident memory stays bounded however large the cache is."""
 
     def __init__(self, path: Path, verify: str = "full"):
+        """verify: 'full' checks sizes and every checksum (≈0.7 GB/s); 'none' only sizes."""
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
@@ -199,10 +199,7 @@ class CachedStates:
             return
         for name in FILES:
             want = files[name]["chunks"]
-            chunks = None
-            if verify == "quick" and name == "states.bin" and len(want) > 2:
-                chunks = [0, len(want) - 1]
-            got = _file_sums(self.path / name, chunks)
+            got = _file_sums(self.path / name)
             for c, s in got.items():
                 if s != want[c]:
                     raise CacheError(f"{self.path / name}: corrupt (checksum of bytes "

@@ -1,0 +1,174 @@
+"""The library calls behind each CLI command: train, evaluate, predict, cache.
+
+`train` writes, into its output folder, the saved model and result.json with (stable names)
+metrics.accuracy, metrics.macro_f1 (percent, test split), trainable_params, extract_seconds,
+train_seconds, peak_rss_mb, plus the config, validation metrics and per-epoch history.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import model as M
+from .backbone import Backbone, LayerSpec
+from .cache import CachedStates, get_or_build
+from .data import Dataset, TextSplit, encode_labels, load_classification
+from .registry import get_method
+from .train import TrainConfig, evaluate, fit, predict_logits
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+@dataclasses.dataclass
+class BackboneOptions:
+    name: str = "minilm"
+    layers: str = "-1"
+    combine: str = "mean"
+    max_length: int = 128
+
+    def load(self) -> Backbone:
+        return Backbone.load(self.name, LayerSpec.parse(self.layers, self.combine), self.max_length)
+
+
+class SourceFactory:
+    """Makes the right batch source for a model: cache rows for frozen heads (building the cache
+    entry for the split's whole file on first use), token ids for live methods."""
+
+    def __init__(self, backbone: Backbone, live: bool, cache_root: Path | None, rebuild: bool,
+                 progress: bool):
+        self.backbone, self.live = backbone, live
+        self.cache_root, self.rebuild, self.progress = cache_root, rebuild, progress
+        self.extract_seconds = 0.0
+        self._caches: dict[int, CachedStates] = {}
+
+    def __call__(self, split: TextSplit) -> M.Source:
+        if self.live:
+            return M.LiveSource(self.backbone.tokenize(split.texts), self.backbone.pad_id())
+        key = id(split.file_texts)
+        if key not in self._caches:
+            cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root,
+                                       rebuild=self.rebuild, progress=self.progress)
+            self._caches[key] = cache
+            self.extract_seconds += secs
+        return M.CachedSource(self._caches[key], split.rows)
+
+
+def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone = BackboneOptions(),
+          options: dict[str, Any] | None = None, train_cfg: dict[str, Any] | None = None,
+          output: Path | None = None, text_field: str = "text", label_field: str = "label",
+          max_train: int | None = None, cache_root: Path | None = None,
+          rebuild_cache: bool = False, progress: bool = True,
+          log: Callable[[str], None] = print) -> dict:
+    """Train `method` on `data`, evaluate on its test split, save to `output`; returns the
+    result dict (also written to output/result.json)."""
+    spec = get_method(method)
+    cfg = TrainConfig(**{**spec.train_defaults, **(train_cfg or {})})
+    bb = backbone if isinstance(backbone, Backbone) else backbone.load()
+    ds = data if isinstance(data, Dataset) else load_classification(
+        data, text_field, label_field, seed=cfg.seed, max_train=max_train)
+    for note in ds.notes:
+        log(f"data: {note}")
+    model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
+    sources = SourceFactory(bb, model.trains_backbone, cache_root, rebuild_cache, progress)
+    y = {name: ds.label_ids(getattr(ds, name)) for name in ("train", "validation", "test")}
+    src = {name: sources(getattr(ds, name)) for name in ("train", "validation", "test")}
+    if sources.extract_seconds:
+        log(f"extracted features in {sources.extract_seconds:.1f}s")
+    n_params = model.num_trainable()
+    log(f"{method} on {ds.name}: {len(ds.train)} train / {len(ds.validation)} validation / "
+        f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
+    fitted = fit(model, src["train"], y["train"], src["validation"], y["validation"], cfg, log)
+    val_m, _ = evaluate(model, src["validation"], y["validation"], cfg.eval_batch_size)
+    test_m, _ = evaluate(model, src["test"], y["test"], cfg.eval_batch_size)
+    result = {
+        "method": method,
+        "data": ds.name,
+        "config": {"method_options": dataclasses.asdict(model.cfg), "train": dataclasses.asdict(cfg),
+                   "backbone": {"name": bb.name, "layers": str(bb.layers), "max_length": bb.max_length},
+                   "max_train": max_train, "data_notes": ds.notes},
+        "metrics": test_m,
+        "validation": val_m,
+        "trainable_params": n_params,
+        "backbone_params": sum(p.numel() for p in bb.model.parameters()),
+        "extract_seconds": sources.extract_seconds,
+        "train_seconds": fitted.train_seconds,
+        "peak_rss_mb": peak_rss_mb(),
+        "best_epoch": fitted.best_epoch,
+        "history": fitted.history,
+        "sizes": {"train": len(ds.train), "validation": len(ds.validation), "test": len(ds.test)},
+    }
+    log(f"test accuracy {test_m['accuracy']:.2f}  macro-F1 {test_m['macro_f1']:.2f}  "
+        f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
+        f"peak RSS {result['peak_rss_mb']:.0f} MB")
+    if output is not None:
+        output = Path(output)
+        M.save(model, output, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
+                                     "text_field": text_field, "label_field": label_field})
+        (output / "result.json").write_text(json.dumps(result, indent=2))
+        log(f"saved to {output}")
+    return result
+
+
+def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
+                   label_field: str | None = None, cache_root: Path | None = None,
+                   progress: bool = True) -> dict:
+    """Metrics of a saved model on a split of a dataset (the same numbers its training run
+    reported, when given the same data)."""
+    model = M.load(model_dir)
+    saved = model.saved_config  # type: ignore[attr-defined]
+    seed = saved.get("train", {}).get("seed", 0)
+    ds = load_classification(data, text_field or saved.get("text_field", "text"),
+                             label_field or saved.get("label_field", "label"), seed=seed)
+    part: TextSplit = getattr(ds, split)
+    y = encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
+    sources = SourceFactory(model.backbone_ref, model.trains_backbone, cache_root, False, progress)
+    m, _ = evaluate(model, sources(part), y)
+    return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m}
+
+
+def predict(model_dir: Path | M.Classifier, texts: Sequence[str]) -> list[dict]:
+    """Label and per-label probabilities for each text (backbone run live)."""
+    import torch
+
+    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
+    bb = model.backbone_ref
+    src = M.LiveSource(bb.tokenize(texts), bb.pad_id())
+    logits = predict_logits(model, src)
+    probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
+    return [{"text": t, "label": model.labels[int(p.argmax())],
+             "scores": {lab: float(s) for lab, s in zip(model.labels, p)}}
+            for t, p in zip(texts, probs)]
+
+
+def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),
+                text_field: str = "text", label_field: str = "label", cache_root: Path | None = None,
+                rebuild: bool = False, progress: bool = True,
+                log: Callable[[str], None] = print) -> list[dict]:
+    """Build the cache entries for a dataset's split files; existing entries are verified in
+    full (sizes and checksums) and reported."""
+    from .data import read_split, resolve
+
+    bb = backbone.load()
+    _, files = resolve(data)
+    out = []
+    for split in splits:
+        if split not in files:
+            continue
+        texts = read_split(files[split], text_field, label_field).texts
+        cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress)
+        row = {"split": split, "file": str(files[split]), "path": str(cache.path), "examples": cache.n,
+               "tokens": int(cache.meta["tokens"]), "extract_seconds": secs,
+               "tokens_per_s": cache.meta["tokens"] / secs if secs else None}
+        log(f"{split}: {cache.n} examples, {row['tokens']:,} tokens → {cache.path}"
+            + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if secs else " (cached)"))
+        out.append(row)
+    return out

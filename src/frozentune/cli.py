@@ -1,0 +1,192 @@
+"""frozentune command line: thin; each command parses arguments and makes one library call.
+
+  frozentune train --method M --data D [--backbone B] [--output DIR] [method/training options]
+  frozentune eval --model DIR --data D
+  frozentune predict --model DIR TEXT... | --input FILE
+  frozentune cache DATA --backbone B
+  frozentune list
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .registry import describe_options, get_method, list_methods
+
+
+class CLIError(Exception):
+    pass
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, defaults: dict | None = None) -> None:
+    """One option per dataclass field; defaults are left unset (None) so only what the user
+    typed overrides the method's own defaults."""
+    g = p.add_argument_group(title)
+    for f in dataclasses.fields(cls):
+        default = (defaults or {}).get(f.name, f.default)
+        help_ = f"{f.metadata.get('help', '')} (default: {default})"
+        typ = f.type if not isinstance(f.type, str) else {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, str)
+        if typ is bool:
+            g.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            g.add_argument(_flag(f.name), dest=f.name, type=typ, default=None, help=help_,
+                           choices=f.metadata.get("choices"))
+
+
+def _backbone_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("backbone")
+    g.add_argument("--backbone", default="minilm", help="Hugging Face id or folder, or an alias (minilm)")
+    g.add_argument("--layer", default="-1", help="hidden-state index, or a comma list (0 = embeddings, -1 = last)")
+    g.add_argument("--layer-combine", default="mean", choices=("mean", "concat"), help="how several layers combine")
+    g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation")
+    g.add_argument("--cache-dir", type=Path, default=None, help="feature cache folder (default $FROZENTUNE_CACHE or ~/.cache/frozentune)")
+    g.add_argument("--rebuild-cache", action="store_true", help="re-extract features even if a cache entry exists (fixes a corrupt one)")
+
+
+def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--data", required=required, help="dataset name (sst2, sst5, trec, imdb), a .jsonl/.csv/.tsv file, or a folder of train/validation/test files")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--label-field", default="label")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="frozentune", description="Adapt frozen pre-trained language models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a method and evaluate it on the test split")
+    t.add_argument("--method", required=True, help=f"one of: {', '.join(list_methods())}")
+    _data_args(t)
+    t.add_argument("--output", type=Path, help="folder for the saved model and result.json")
+    t.add_argument("--max-train", type=int, help="use a stratified sample of this many training examples")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    _backbone_args(t)
+    from .train import TrainConfig
+    _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`)")
+
+    e = sub.add_parser("eval", help="evaluate a saved model")
+    e.add_argument("--model", type=Path, required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--split", default="test", choices=("train", "validation", "test"))
+    e.add_argument("--text-field")
+    e.add_argument("--label-field")
+    e.add_argument("--cache-dir", type=Path)
+
+    pr = sub.add_parser("predict", help="label texts with a saved model")
+    pr.add_argument("--model", type=Path, required=True)
+    pr.add_argument("texts", nargs="*", help="texts to label")
+    pr.add_argument("--input", type=Path, help="a file with one text per line")
+
+    c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset")
+    c.add_argument("data", help="dataset name, file or folder")
+    c.add_argument("--splits", default="train,validation,test")
+    c.add_argument("--text-field", default="text")
+    c.add_argument("--label-field", default="label")
+    c.add_argument("--quiet", action="store_true")
+    _backbone_args(c)
+
+    sub.add_parser("list", help="list the methods and their options")
+    return ap
+
+
+def _method_options(method: str, rest: Sequence[str]) -> dict[str, Any]:
+    """Parse the method's own options out of what the main parser did not know."""
+    spec = get_method(method)
+    mp = argparse.ArgumentParser(prog=f"frozentune train --method {method}", add_help=False)
+    _add_dataclass_options(mp, spec.config_cls, f"{method} options")
+    ns, unknown = mp.parse_known_args(list(rest))
+    if unknown:
+        known = ", ".join(_flag(n) for n, *_ in describe_options(method))
+        raise CLIError(f"unknown option(s) {' '.join(unknown)} for method {method!r}; its options: {known}")
+    return {k: v for k, v in vars(ns).items() if v is not None}
+
+
+def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
+    from . import api
+    from .train import TrainConfig
+
+    options = _method_options(a.method, rest)
+    train_cfg = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig) if getattr(a, f.name) is not None}
+    bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
+    api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
+              a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(),
+              log=lambda s: print(s, flush=True))
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from . import api
+    print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
+                                        progress=sys.stderr.isatty()), indent=2))
+    return 0
+
+
+def cmd_predict(a: argparse.Namespace) -> int:
+    from . import api
+    texts = list(a.texts)
+    if a.input:
+        if not a.input.is_file():
+            raise CLIError(f"{a.input}: no such file")
+        texts += [line.rstrip("\n") for line in a.input.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise CLIError("nothing to predict: give texts as arguments or --input FILE")
+    for row in api.predict(a.model, texts):
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def cmd_cache(a: argparse.Namespace) -> int:
+    from . import api
+    bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
+    api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
+                    a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty())
+    return 0
+
+
+def cmd_list() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for name in list_methods():
+        spec = get_method(name)
+        t = Table(title=f"{name} — {spec.help}", title_justify="left", show_lines=False)
+        for col in ("option", "type", "default", "help"):
+            t.add_column(col)
+        for opt, typ, default, help_ in describe_options(name):
+            t.add_row(_flag(opt), typ, str(default), help_)
+        con.print(t)
+        if spec.train_defaults:
+            con.print("  training defaults: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.train_defaults.items()))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .backbone import BackboneError
+    from .cache import CacheError
+    from .data import DataError
+    from .model import ModelLoadError
+    from .registry import MethodError
+
+    ap = _parser()
+    a, rest = ap.parse_known_args(argv)
+    try:
+        if a.command != "train" and rest:
+            ap.error(f"unrecognized arguments: {' '.join(rest)}")
+        if a.command == "train":
+            return cmd_train(a, rest)
+        return {"eval": cmd_eval, "predict": cmd_predict, "cache": cmd_cache}[a.command](a) if a.command != "list" else cmd_list()
+    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError) as e:
+        print(f"frozentune: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Baselines: `probe`, a linear layer on pooled frozen states, and `finetune`, the same head
+with the backbone unfrozen and trained end to end (run live).
+
+Legend: B batch, T tokens, D hidden, C classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..head import Features, Head, Output, masked_mean
+from ..registry import MethodConfig, register_method
+
+
+@dataclass
+class ProbeConfig(MethodConfig):
+    pooling: str = field(default="mean", metadata={
+        "help": "how token states become one vector: mean over real tokens, or the first ([CLS]) token",
+        "choices": ("mean", "cls")})
+    dropout: float = field(default=0.0, metadata={"help": "dropout on the pooled vector"})
+
+
+@dataclass
+class FinetuneConfig(ProbeConfig):
+    train_backbone: bool = field(default=True, metadata={
+        "help": "train the backbone with the head (the point of this baseline)"})
+
+
+class LinearHead(Head):
+    """Linear layer on the pooled token states."""
+
+    def __init__(self, cfg: ProbeConfig, dim: int, num_labels: int):
+        super().__init__()
+        self.cfg = cfg
+        self.drop = nn.Dropout(cfg.dropout)
+        self.out = nn.Linear(dim, num_labels)
+
+    def forward(self, f: Features) -> Output:
+        pooled = masked_mean(f.hidden, f.mask) if self.cfg.pooling == "mean" else f.hidden[:, 0]  # (B, D)
+        return Output(self.out(self.drop(pooled)))  # (B, C)
+
+
+register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] frozen states",
+                train_defaults={"lr": 1e-2, "epochs": 20, "batch_size": 64, "patience": 5})(LinearHead)
+
+
+@register_method("finetune", FinetuneConfig, "the backbone unfrozen with a linear head, trained end to end",
+                 train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2})
+class FinetuneHead(LinearHead):
+    """Linear head whose backbone is trained too (see `train_backbone`)."""

@@ -1,0 +1,191 @@
+"""A classifier = a registered head + the backbone it reads, and its save/load.
+
+Where batches come from:
+  CachedSource  rows of a FeatureCache entry → Features (the backbone is never run)
+  LiveSource    token ids → the backbone is run in the forward pass (finetune, or prediction)
+
+Saved folder: model.safetensors (only the trained weights: the head, plus the backbone when it
+was trained) and config.json (method, options, backbone id/layers/max_length/weights hash,
+label names, training config).
+
+Legend: B batch, T tokens, D hidden, C classes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .backbone import Backbone, BackboneError, LayerSpec, Tokenized, pad
+from .cache import CachedStates
+from .head import Features, Head, Output
+from .registry import MethodConfig, create_method, get_method
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+@dataclass
+class Batch:
+    """Either cached states or token ids to run through the backbone."""
+    mask: Tensor                     # (B, T) bool
+    hidden: Tensor | None = None     # (B, T, D) float32
+    input_ids: Tensor | None = None  # (B, T) int64
+
+
+class Source(Protocol):
+    lengths: np.ndarray  # (N,) tokens per example, for length bucketing
+
+    def __len__(self) -> int: ...
+    def batch(self, idx: np.ndarray) -> Batch: ...
+
+
+class CachedSource:
+    """Examples `rows` of a cache entry."""
+
+    def __init__(self, cache: CachedStates, rows: np.ndarray):
+        self.cache, self.rows = cache, np.asarray(rows, dtype=np.int64)
+        self.lengths = cache.lengths[self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def batch(self, idx: np.ndarray) -> Batch:
+        hidden, mask = self.cache.batch(self.rows[idx])
+        return Batch(mask=mask, hidden=hidden)
+
+
+class LiveSource:
+    """Token ids; the model runs the backbone on them."""
+
+    def __init__(self, tokens: Tokenized, pad_id: int):
+        self.tokens, self.pad_id = tokens, pad_id
+        self.lengths = tokens.lengths
+
+    def __len__(self) -> int:
+        return len(self.tokens.ids)
+
+    def batch(self, idx: np.ndarray) -> Batch:
+        ids, mask = pad([self.tokens.ids[i] for i in idx], self.pad_id)
+        return Batch(mask=mask.bool(), input_ids=ids)
+
+
+class Classifier(nn.Module):
+    """head(backbone states). The backbone is a registered submodule only when it is trained,
+    so `trainable_state` and the optimiser see exactly what is trained."""
+
+    def __init__(self, method: str, cfg: MethodConfig, head: Head, backbone: Backbone,
+                 labels: list[str], cache_dtype: str = "float16"):
+        super().__init__()
+        self.method, self.cfg, self.head = method, cfg, head
+        self.backbone_ref = backbone
+        self.labels = list(labels)
+        self.cache_dtype = cache_dtype
+        if cfg.train_backbone:
+            self.backbone = backbone.model
+            for p in self.backbone.parameters():
+                p.requires_grad_(True)
+
+    @property
+    def trains_backbone(self) -> bool:
+        return bool(self.cfg.train_backbone)
+
+    def features(self, b: Batch) -> Features:
+        if b.hidden is not None:
+            return Features(b.hidden, b.mask)
+        assert b.input_ids is not None
+        if self.trains_backbone:
+            hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
+        else:
+            with torch.no_grad():
+                hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
+            # round like the cache did, so live predictions equal cached ones
+            hidden = hidden.to(getattr(torch, self.cache_dtype)).float()
+        return Features(hidden, b.mask)
+
+    def forward(self, b: Batch) -> Output:
+        return self.head(self.features(b))
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """What gets saved: the head, plus `backbone.*` when the backbone is trained."""
+        return self.state_dict()
+
+    def num_trainable(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def build_classifier(method: str, backbone: Backbone, labels: list[str],
+                     options: dict[str, Any] | None = None, seed: int = 0,
+                     cache_dtype: str = "float16") -> Classifier:
+    torch.manual_seed(seed)
+    head, cfg = create_method(method, backbone.dim, len(labels), options)
+    return Classifier(method, cfg, head, backbone, labels, cache_dtype)
+
+
+def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
+    """Write the trained weights (safetensors) and config.json into folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.trainable_state().items()}
+    save_file(state, str(folder / WEIGHTS), metadata={"method": model.method})
+    bb = model.backbone_ref
+    config = {
+        "format": "frozentune/1",
+        "method": model.method,
+        "options": dataclasses.asdict(model.cfg),
+        "backbone": {"name": bb.name, "layers": list(bb.layers.layers), "combine": bb.layers.combine,
+                     "max_length": bb.max_length, "weights_hash": bb.weights_hash if not model.trains_backbone else None,
+                     "cache_dtype": model.cache_dtype},
+        "labels": model.labels,
+        **(extra or {}),
+    }
+    (folder / CONFIG).write_text(json.dumps(config, indent=2))
+
+
+class ModelLoadError(RuntimeError):
+    """A saved model folder is missing, incomplete or does not match its backbone."""
+
+
+def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
+    """Rebuild a saved classifier; the backbone is loaded from its recorded id unless given."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise ModelLoadError(f"{folder}: no {name}; is this a folder written by "
+                                 f"`frozentune train --output`?")
+    config = json.loads((folder / CONFIG).read_text())
+    b = config["backbone"]
+    spec = LayerSpec(tuple(b["layers"]), b["combine"])
+    if backbone is None:
+        backbone = Backbone.load(b["name"], spec, b["max_length"])
+    elif (backbone.layers, backbone.max_length) != (spec, b["max_length"]):
+        raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']}, "
+                             f"given {backbone.layers} / {backbone.max_length}")
+    if b.get("weights_hash") and backbone.weights_hash != b["weights_hash"]:
+        raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
+                             f"from the one this model was trained on; load the same model files.")
+    get_method(config["method"])  # clear error for an unknown method
+    model = build_classifier(config["method"], backbone, config["labels"], config["options"],
+                             cache_dtype=b.get("cache_dtype", "float16"))
+    state = load_file(str(folder / WEIGHTS))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(f"{folder / WEIGHTS}: weights do not match method {config['method']!r} "
+                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    model.eval()
+    model.saved_config = config  # type: ignore[attr-defined]
+    return model
+
+
+__all__ = ["Batch", "CachedSource", "LiveSource", "Classifier", "build_classifier", "save", "load",
+           "ModelLoadError", "BackboneError"]

@@ -1,0 +1,99 @@
+"""Method registry: each method file registers its config dataclass and head class, so adding
+a method touches that one file (plus the import in heads/__init__.py)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class MethodConfig:
+    """Options every method has. Method configs subclass this; every field has a default and a
+    `help` in its metadata (shown by `frozentune list` and the CLI)."""
+    train_backbone: bool = field(default=False, metadata={
+        "help": "unfreeze the backbone and train it with the head (run live, no cache)"})
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    config_cls: type
+    head_cls: type
+    help: str
+    train_defaults: dict[str, Any]  # TrainConfig overrides that suit this method (lr, epochs…)
+
+
+_METHODS: dict[str, MethodSpec] = {}
+
+
+class MethodError(ValueError):
+    """Unknown method or bad option; the message lists what is valid."""
+
+
+def register_method(name: str, config_cls: type, help: str = "",
+                    train_defaults: dict[str, Any] | None = None) -> Callable[[type], type]:
+    """Class decorator: `@register_method("probe", ProbeConfig)` on a Head taking
+    (config, dim, num_labels)."""
+    if not (dataclasses.is_dataclass(config_cls) and issubclass(config_cls, MethodConfig)):
+        raise TypeError(f"{name}: config must be a dataclass subclassing MethodConfig")
+
+    def deco(head_cls: type) -> type:
+        if name in _METHODS:
+            raise ValueError(f"method {name!r} registered twice")
+        _METHODS[name] = MethodSpec(name, config_cls, head_cls, help or (head_cls.__doc__ or "").strip().split("\n")[0],
+                                    dict(train_defaults or {}))
+        return head_cls
+    return deco
+
+
+def get_method(name: str) -> MethodSpec:
+    _load_builtin()
+    if name not in _METHODS:
+        raise MethodError(f"unknown method {name!r}; available: {', '.join(list_methods())}")
+    return _METHODS[name]
+
+
+def list_methods() -> list[str]:
+    _load_builtin()
+    return sorted(_METHODS)
+
+
+def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfig:
+    """The method's config with `options` applied; unknown names or bad values are errors."""
+    spec = get_method(name)
+    names = {f.name: f for f in dataclasses.fields(spec.config_cls)}
+    options = dict(options or {})
+    bad = sorted(set(options) - set(names))
+    if bad:
+        raise MethodError(f"method {name!r} has no option(s) {', '.join(bad)}; its options: "
+                          f"{', '.join(names)}")
+    cfg = spec.config_cls(**options)
+    for f in dataclasses.fields(cfg):
+        choices = f.metadata.get("choices")
+        if choices and getattr(cfg, f.name) not in choices:
+            raise MethodError(f"{name}: {f.name}={getattr(cfg, f.name)!r}; choose one of {', '.join(map(str, choices))}")
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def create_method(name: str, dim: int, num_labels: int, options: dict[str, Any] | None = None):
+    """(head, config) for method `name` over D=dim states and C=num_labels classes."""
+    cfg = make_config(name, options)
+    return get_method(name).head_cls(cfg, dim, num_labels), cfg
+
+
+def describe_options(name: str) -> list[tuple[str, str, Any, str]]:
+    """(option, type, default, help) for each option of a method."""
+    spec = get_method(name)
+    out = []
+    for f in dataclasses.fields(spec.config_cls):
+        typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append((f.name, str(typ), default, f.metadata.get("help", "")))
+    return out
+
+
+def _load_builtin() -> None:
+    from . import heads  # noqa: F401  (importing registers the built-in methods)

@@ -1,0 +1,140 @@
+"""One training loop for every method: heads on cached features and methods that run the
+backbone live. AdamW, linear warm-up/decay, seeded length-bucketed batches, early stopping on
+validation accuracy (the best epoch's weights are restored), accuracy and macro-F1.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .model import Classifier, Source
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = field(default=10, metadata={"help": "passes over the training set"})
+    batch_size: int = field(default=64, metadata={"help": "examples per optimiser step"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate (AdamW)"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup: float = field(default=0.06, metadata={"help": "fraction of steps of linear warm-up"})
+    patience: int = field(default=3, metadata={"help": "epochs without validation gain before stopping (0: never stop early)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0: off)"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation, splits and batch order"})
+    eval_batch_size: int = field(default=256, metadata={"help": "examples per evaluation batch"})
+
+
+def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                  bucket: int = 50) -> list[np.ndarray]:
+    """Shuffled batches of examples of similar length: shuffle, sort chunks of bucket·B by
+    length, cut into batches, shuffle the batches. Same rng state → same batches."""
+    perm = rng.permutation(len(lengths))
+    batches = []
+    for s in range(0, len(perm), batch_size * bucket):
+        chunk = perm[s:s + batch_size * bucket]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    order = rng.permutation(len(batches))
+    return [batches[i] for i in order]
+
+
+def eval_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    order = np.argsort(lengths, kind="stable")
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int) -> dict[str, float]:
+    """Accuracy and macro-F1 in percent."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    return {"accuracy": 100.0 * accuracy_score(y_true, y_pred),
+            "macro_f1": 100.0 * f1_score(y_true, y_pred, average="macro",
+                                         labels=list(range(num_labels)), zero_division=0)}
+
+
+@torch.no_grad()
+def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
+    """(N, C) logits in the source's order."""
+    model.eval()
+    out = np.zeros((len(src), len(model.labels)), dtype=np.float32)
+    for idx in eval_batches(src.lengths, batch_size):
+        out[idx] = model(src.batch(idx)).logits.float().numpy()
+    return out
+
+
+def evaluate(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 256) -> tuple[dict, np.ndarray]:
+    pred = predict_logits(model, src, batch_size).argmax(1)
+    return metrics(y, pred, len(model.labels)), pred
+
+
+@dataclass
+class FitResult:
+    history: list[dict]
+    best_epoch: int
+    train_seconds: float
+    stopped_early: bool
+
+
+def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_val: np.ndarray,
+        cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
+    """Train `model` in place; leaves it with the weights of the best validation epoch."""
+    from transformers import get_linear_schedule_with_warmup
+
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"method {model.method!r} has no trainable parameters")
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    steps_per_epoch = (len(train) + cfg.batch_size - 1) // cfg.batch_size
+    total = steps_per_epoch * cfg.epochs
+    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
+    y_train_t = torch.from_numpy(np.asarray(y_train))
+
+    history, best, best_state, bad = [], -1.0, None, 0
+    best_epoch, stopped = 0, False
+    t_start = time.perf_counter()
+    for epoch in range(1, cfg.epochs + 1):
+        t0 = time.perf_counter()
+        model.train()
+        loss_sum, n = 0.0, 0
+        for idx in train_batches(train.lengths, cfg.batch_size, rng):
+            out = model(train.batch(idx))
+            loss = model.head.loss(out, y_train_t[idx])
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"epoch {epoch}: loss became {loss.item()}; lower --lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            sched.step()
+            loss_sum += loss.item() * len(idx)
+            n += len(idx)
+        epoch_s = time.perf_counter() - t0
+        val_m, _ = evaluate(model, val, y_val, cfg.eval_batch_size)
+        row = {"epoch": epoch, "train_loss": loss_sum / max(n, 1), "val_accuracy": val_m["accuracy"],
+               "val_macro_f1": val_m["macro_f1"], "epoch_seconds": epoch_s}
+        history.append(row)
+        log(f"epoch {epoch:>3}/{cfg.epochs}  loss {row['train_loss']:.4f}  val acc {val_m['accuracy']:.2f}"
+            f"  val F1 {val_m['macro_f1']:.2f}  {epoch_s:.1f}s")
+        if val_m["accuracy"] > best:
+            best, best_epoch, bad = val_m["accuracy"], epoch, 0
+            best_state = copy.deepcopy({k: v for k, v in model.trainable_state().items()})
+        else:
+            bad += 1
+            if cfg.patience and bad >= cfg.patience:
+                stopped = True
+                log(f"early stop: no validation gain for {bad} epochs; best epoch {best_epoch}")
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state, strict=False)
+    return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
