@@ -72,9 +72,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     result dict (also written to output/result.json)."""
     spec = get_method(method)
     cfg = TrainConfig(**{**spec.train_defaults, **(train_cfg or {})})
-    bb = backbone if isinstance(backbone, Backbone) else backbone.load()
     ds = data if isinstance(data, Dataset) else load_classification(
         data, text_field, label_field, seed=cfg.seed, max_train=max_train)
+    bb = backbone if isinstance(backbone, Backbone) else backbone.load()
     for note in ds.notes:
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)

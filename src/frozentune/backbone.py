@@ -5,6 +5,7 @@ Legend: B batch, T tokens (after dynamic padding), D hidden size of the chosen l
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,11 @@ def tokenizer_hash(tok) -> str:
     h.update(type(tok).__name__.encode())
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is not None:
-        h.update(backend.to_str().encode())
+        spec = json.loads(backend.to_str())
+        # truncation/padding are call-time state that tokenising changes, not the definition
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+        h.update(json.dumps(spec, sort_keys=True).encode())
     else:
         h.update(repr(sorted(tok.get_vocab().items())).encode())
     h.update(repr(getattr(tok, "padding_side", "")).encode())

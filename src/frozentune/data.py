@@ -223,8 +223,14 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.
     counts: dict[str, int] = {}
     for lab in labels:
         counts[lab] = counts.get(lab, 0) + 1
+    n_carve = max(1, int(round(fraction * len(labels))))
     strat = labels if min(counts.values()) >= 2 else None
-    keep, carve = train_test_split(idx, test_size=fraction, random_state=seed, stratify=strat)
+    if strat is not None:  # every class needs a place on both sides
+        n_carve = min(max(n_carve, len(counts)), len(labels) - len(counts))
+    if not 0 < n_carve < len(labels):
+        raise DataError(f"cannot carve {fraction:.0%} of {len(labels)} examples into a separate split; "
+                        f"give more data or an explicit validation/test file.")
+    keep, carve = train_test_split(idx, test_size=n_carve, random_state=seed, stratify=strat)
     return np.sort(keep), np.sort(carve)
 
 
@@ -290,6 +296,7 @@ def linearize_triples(triples: list[list[str]]) -> str:
 def load_generation(name: str, split: str) -> list[GenExample]:
     """E2E (`mr` → `refs`) or WebNLG (`triples` → `texts`) examples of one split."""
     _, files = resolve(name)
+    split = SPLIT_ALIASES.get(split, split)
     if split not in files:
         raise DataError(f"{name}: no {split!r} split (have: {', '.join(files)}).")
     out = []

@@ -87,10 +87,10 @@ class Classifier(nn.Module):
         self.backbone_ref = backbone
         self.labels = list(labels)
         self.cache_dtype = cache_dtype
+        self.base_weights_hash = backbone.weights_hash  # before any training touches it
         if cfg.train_backbone:
             self.backbone = backbone.model
-            for p in self.backbone.parameters():
-                p.requires_grad_(True)
+            unfreeze_used(backbone)
 
     @property
     def trains_backbone(self) -> bool:
@@ -113,11 +113,29 @@ class Classifier(nn.Module):
         return self.head(self.features(b))
 
     def trainable_state(self) -> dict[str, Tensor]:
-        """What gets saved: the head, plus `backbone.*` when the backbone is trained."""
-        return self.state_dict()
+        """What gets saved: the head's state, plus the backbone parameters that were trained."""
+        state = {f"head.{k}": v for k, v in self.head.state_dict().items()}
+        if self.trains_backbone:
+            state |= {f"backbone.{k}": p for k, p in self.backbone.named_parameters() if p.requires_grad}
+        return state
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def unfreeze_used(backbone: Backbone) -> None:
+    """Make trainable exactly the backbone parameters the chosen layers depend on (not, e.g.,
+    BERT's pooler or layers above the one read), found with one backward pass on 2 tokens."""
+    model = backbone.model
+    for p in model.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+    ids = torch.full((1, 2), backbone.pad_id(), dtype=torch.long)
+    backbone.encode(ids, torch.ones_like(ids)).sum().backward()
+    for p in model.parameters():
+        if p.grad is None:
+            p.requires_grad_(False)
+        p.grad = None
 
 
 def build_classifier(method: str, backbone: Backbone, labels: list[str],
@@ -142,7 +160,8 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
         "method": model.method,
         "options": dataclasses.asdict(model.cfg),
         "backbone": {"name": bb.name, "layers": list(bb.layers.layers), "combine": bb.layers.combine,
-                     "max_length": bb.max_length, "weights_hash": bb.weights_hash if not model.trains_backbone else None,
+                     "max_length": bb.max_length, "weights_hash": model.base_weights_hash,
+                     "trained": model.trains_backbone,
                      "cache_dtype": model.cache_dtype},
         "labels": model.labels,
         **(extra or {}),
@@ -171,7 +190,7 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
     elif (backbone.layers, backbone.max_length) != (spec, b["max_length"]):
         raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']}, "
                              f"given {backbone.layers} / {backbone.max_length}")
-    if b.get("weights_hash") and backbone.weights_hash != b["weights_hash"]:
+    if backbone.weights_hash != b["weights_hash"]:
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")
     get_method(config["method"])  # clear error for an unknown method
@@ -179,6 +198,7 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
                              cache_dtype=b.get("cache_dtype", "float16"))
     state = load_file(str(folder / WEIGHTS))
     missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k in model.trainable_state()]
     if missing or unexpected:
         raise ModelLoadError(f"{folder / WEIGHTS}: weights do not match method {config['method']!r} "
                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -1,0 +1,169 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from frozentune.backbone import Backbone, LayerSpec, length_batches, pad
+from frozentune.cache import CacheError, CachedStates, cache_key, get_or_build
+
+TEXTS = ["a short one .", "a somewhat longer sentence about films and acting .", "ok",
+         "what is the capital of france ?", "the movie was neither good nor bad , just long ."]
+
+
+@pytest.fixture(scope="module")
+def bb(tiny_bert):
+    return Backbone.load(str(tiny_bert), max_length=16)
+
+
+def live_states(bb, texts):
+    """Reference: each text alone through the model, no padding at all."""
+    out = []
+    for ids in bb.tokenize(texts).ids:
+        x = torch.from_numpy(ids)[None]
+        with torch.no_grad():
+            out.append(bb.encode(x, torch.ones_like(x))[0])
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 2e-3)])
+def test_cached_equals_live(bb, cache_root, dtype, tol):
+    cache, secs = get_or_build(bb, TEXTS, cache_root, dtype=dtype, progress=False)
+    assert secs > 0 and cache.n == len(TEXTS)
+    for i, ref in enumerate(live_states(bb, TEXTS)):
+        got = torch.from_numpy(np.array(cache.example(i), dtype=np.float32))
+        assert got.shape == ref.shape
+        assert torch.allclose(got, ref, atol=tol, rtol=tol)
+        assert cache.token_ids(i).tolist() == bb.tokenize([TEXTS[i]]).ids[0].tolist()
+    # a second call is a hit: no extraction
+    again, secs2 = get_or_build(bb, TEXTS, cache_root, dtype=dtype, progress=False)
+    assert secs2 == 0.0 and again.path == cache.path
+
+
+def test_batch_pads_and_masks(bb, cache_root):
+    cache, _ = get_or_build(bb, TEXTS, cache_root, progress=False)
+    idx = np.array([2, 1, 4])
+    hidden, mask = cache.batch(idx)
+    lens = cache.lengths[idx]
+    assert hidden.shape == (3, lens.max(), bb.dim) and hidden.dtype == torch.float32
+    assert mask.sum(1).tolist() == lens.tolist()
+    for r, i in enumerate(idx):
+        assert torch.equal(hidden[r, :lens[r]], torch.from_numpy(cache.example(i).astype(np.float32)))
+        assert hidden[r, lens[r]:].abs().sum() == 0
+    cache.release()  # dropping mapped pages keeps the data readable
+    assert torch.equal(cache.batch(idx)[0], hidden)
+
+
+def test_key_changes_with_every_input(tiny_bert, tiny_bert_other):
+    base = Backbone.load(str(tiny_bert), max_length=16)
+    key = cache_key(base, TEXTS)[0]
+    variants = {
+        "text": cache_key(base, TEXTS[:-1] + [TEXTS[-1] + "!"])[0],
+        "order": cache_key(base, TEXTS[::-1])[0],
+        "layer": cache_key(Backbone.load(str(tiny_bert), LayerSpec((-2,)), 16), TEXTS)[0],
+        "layers": cache_key(Backbone.load(str(tiny_bert), LayerSpec((-1, -2), "concat"), 16), TEXTS)[0],
+        "max_length": cache_key(Backbone.load(str(tiny_bert), max_length=17), TEXTS)[0],
+        "weights": cache_key(Backbone.load(str(tiny_bert_other), max_length=16), TEXTS)[0],
+        "dtype": cache_key(base, TEXTS, "float32")[0],
+    }
+    assert len(set(variants.values()) | {key}) == len(variants) + 1
+    # and the same inputs give the same key (a fresh load of the same files)
+    assert cache_key(Backbone.load(str(tiny_bert), max_length=16), list(TEXTS))[0] == key
+
+
+def test_tokenizer_change_changes_key(bb):
+    key = cache_key(bb, TEXTS)[0]
+    bb.tok.add_tokens(["frobnicate"])
+    try:
+        assert cache_key(bb, TEXTS)[0] != key
+    finally:
+        bb.tok._added_tokens_decoder.clear() if hasattr(bb.tok, "_added_tokens_decoder") else None
+
+
+def _fresh(bb, root):
+    cache, _ = get_or_build(bb, TEXTS, root, progress=False)
+    return cache.path
+
+
+def test_truncated_file_is_detected_and_rebuild_fixes_it(bb, cache_root):
+    path = _fresh(bb, cache_root)
+    states = path / "states.bin"
+    states.write_bytes(states.read_bytes()[:-10])
+    with pytest.raises(CacheError, match="states.bin: truncated.*--rebuild"):
+        get_or_build(bb, TEXTS, cache_root, progress=False)
+    fixed, secs = get_or_build(bb, TEXTS, cache_root, rebuild=True, progress=False)
+    assert secs > 0 and fixed.n == len(TEXTS)
+
+
+@pytest.mark.parametrize("name", ["states.bin", "ids.bin", "offsets.bin", "lengths.bin"])
+def test_corrupt_byte_is_detected(bb, cache_root, name):
+    path = _fresh(bb, cache_root)
+    data = bytearray((path / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / name).write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=f"{name}: corrupt"):
+        CachedStates(path)
+
+
+def test_incompatible_or_partial_entries(bb, cache_root):
+    path = _fresh(bb, cache_root)
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps(dict(meta, format=999)))
+    with pytest.raises(CacheError, match="format 999"):
+        CachedStates(path)
+    (path / "meta.json").write_text("{not json")
+    with pytest.raises(CacheError, match="corrupt metadata"):
+        CachedStates(path)
+    (path / "meta.json").unlink()
+    with pytest.raises(CacheError, match="no meta.json"):
+        CachedStates(path)
+
+
+def test_interrupted_extraction_leaves_no_entry(bb, cache_root, monkeypatch):
+    import frozentune.cache as C
+
+    real = C.iter_states
+
+    def dies_midway(*a, **k):
+        for i, item in enumerate(real(*a, **k)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    many = [f"{t} {i}" for i in range(60) for t in TEXTS]  # several extraction batches
+    monkeypatch.setattr(C, "iter_states", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        get_or_build(bb, many, cache_root, progress=False)
+    monkeypatch.undo()
+    assert list(cache_root.iterdir()) == []  # no half entry, no partial folder left behind
+    cache, secs = get_or_build(bb, many, cache_root, progress=False)
+    assert secs > 0
+
+
+def test_length_batches_respect_token_budget():
+    lengths = np.array([5, 50, 7, 49, 3, 10, 10, 60])
+    batches = length_batches(lengths, max_tokens=100, max_batch=4)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(8))
+    for b in batches:
+        assert len(b) * lengths[b].max() <= 100 or len(b) == 1
+    ids, mask = pad([np.array([1, 2, 3]), np.array([4])], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_layer_choice(tiny_bert):
+    cat = Backbone.load(str(tiny_bert), LayerSpec((-1, -2), "concat"), 16)
+    avg = Backbone.load(str(tiny_bert), LayerSpec((-1, -2), "mean"), 16)
+    assert cat.dim == 64 and avg.dim == 32
+    x = torch.tensor([[101, 2000, 102]])
+    m = torch.ones_like(x)
+    with torch.no_grad():
+        hs = cat.model(input_ids=x, attention_mask=m, output_hidden_states=True).hidden_states
+        assert torch.allclose(cat.encode(x, m), torch.cat([hs[-1], hs[-2]], -1))
+        assert torch.allclose(avg.encode(x, m), (hs[-1] + hs[-2]) / 2)
+    from frozentune.backbone import BackboneError
+    with pytest.raises(BackboneError, match="layer 7 out of range"):
+        Backbone.load(str(tiny_bert), LayerSpec((7,)), 16).encode(x, m)
+    with pytest.raises(BackboneError, match="comma-separated"):
+        LayerSpec.parse("last")
+    with pytest.raises(BackboneError, match="exceeds what"):
+        Backbone.load(str(tiny_bert), max_length=4096)

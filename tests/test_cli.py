@@ -1,0 +1,99 @@
+"""The CLI end to end on a tiny model and a slice of the real TREC data."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from frozentune.cli import main
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def trained(tiny_bert, trec_slice, tmp_path, capsys):
+    out = tmp_path / "model"
+    code, stdout, err = run(capsys, "train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert,
+                            "--max-length", 32, "--epochs", 3, "--output", out, "--cache-dir", tmp_path / "cache",
+                            "--pooling", "cls", "--quiet")
+    assert code == 0, err
+    return out, stdout, tmp_path / "cache"
+
+
+def test_train_writes_model_and_result(trained):
+    out, stdout, _ = trained
+    assert "test accuracy" in stdout and "epoch   3/3" in stdout
+    result = json.loads((out / "result.json").read_text())
+    for key in ("trainable_params", "extract_seconds", "train_seconds", "peak_rss_mb"):
+        assert isinstance(result[key], (int, float))
+    assert set(result["metrics"]) >= {"accuracy", "macro_f1"}
+    assert result["config"]["method_options"]["pooling"] == "cls"
+    assert result["trainable_params"] == 32 * 6 + 6
+    assert result["extract_seconds"] > 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["labels"] == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"][: len(config["labels"])] or config["labels"]
+    assert config["method"] == "probe" and config["backbone"]["max_length"] == 32
+
+
+def test_eval_agrees_with_training_run(trained, trec_slice, capsys):
+    out, _, cache = trained
+    result = json.loads((out / "result.json").read_text())
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", cache)
+    assert code == 0, err
+    assert json.loads(stdout)["metrics"] == result["metrics"]
+
+
+def test_predict_agrees_with_eval(trained, trec_slice, capsys, tmp_path):
+    out, _, cache = trained
+    from frozentune import api
+    from frozentune.data import load_classification
+    from frozentune.model import load
+    from frozentune.train import predict_logits
+
+    test = load_classification(str(trec_slice)).test
+    texts_file = tmp_path / "texts.txt"
+    texts_file.write_text("\n".join(test.texts) + "\n")
+    code, stdout, err = run(capsys, "predict", "--model", out, "--input", texts_file)
+    assert code == 0, err
+    rows = [json.loads(line) for line in stdout.splitlines()]
+    assert [r["text"] for r in rows] == test.texts
+    model = load(out)
+    cached = api.SourceFactory(model.backbone_ref, False, cache, False, False)(test)
+    cached_pred = [model.labels[i] for i in predict_logits(model, cached).argmax(1)]
+    assert [r["label"] for r in rows] == cached_pred
+    code, stdout, _ = run(capsys, "predict", "--model", out, "How far is Paris ?")
+    assert code == 0 and json.loads(stdout)["label"] in model.labels
+
+
+def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
+    code, stdout, err = run(capsys, "cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", tmp_path, "--quiet")
+    assert code == 0, err
+    assert "train: 120 examples" in stdout and "test: 40 examples" in stdout
+    code, stdout, _ = run(capsys, "cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", tmp_path, "--quiet")
+    assert "(cached)" in stdout
+    code, stdout, _ = run(capsys, "list")
+    assert code == 0 and "probe" in stdout and "finetune" in stdout and "--pooling" in stdout
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["train", "--method", "nope", "--data", "trec"], "unknown method 'nope'"),
+    (["train", "--method", "probe", "--data", "nosuch"], "unknown dataset 'nosuch'"),
+    (["train", "--method", "probe", "--data", "trec", "--bogus", "1"], "unknown option(s) --bogus"),
+    (["train", "--method", "probe", "--data", "trec", "--backbone", "/no/such/folder"], "folder /no/such/folder does not exist"),
+    (["eval", "--model", "/no/such/model", "--data", "trec"], "no config.json"),
+    (["predict", "--model", "/no/such/model"], "nothing to predict"),
+])
+def test_bad_input_messages(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in err
+
+
+def test_console_script_runs():
+    exe = __import__("shutil").which("frozentune") or str(__import__("pathlib").Path(sys.executable).parent / "frozentune")
+    proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "probe" in proc.stdout

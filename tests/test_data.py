@@ -1,0 +1,109 @@
+import json
+
+import numpy as np
+import pytest
+
+from frozentune.data import (DataError, encode_labels, linearize_triples, load_classification,
+                             load_generation, read_split, stratified_split)
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_named_dataset_carves_validation_deterministically(shared_data):
+    a = load_classification("trec", seed=0)
+    b = load_classification("trec", seed=0)
+    c = load_classification("trec", seed=1)
+    assert a.labels == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    assert len(a.train) + len(a.validation) == 5452 and len(a.test) == 500
+    assert a.validation.texts == b.validation.texts
+    assert a.validation.texts != c.validation.texts
+    assert any("carved" in n for n in a.notes)
+    # stratified: every class is in the validation split in about its train share
+    assert set(a.validation.labels) == set(a.labels)
+    # carved splits point into the same file's texts (one cache entry for the file)
+    assert a.train.file_texts is a.validation.file_texts
+    assert a.validation.file_texts[int(a.validation.rows[0])] == a.validation.texts[0]
+
+
+def test_sst5_label_order_is_canonical(shared_data):
+    ds = load_classification("sst5")
+    assert ds.labels == ["very negative", "negative", "neutral", "positive", "very positive"]
+    assert len(ds.validation) == 1101
+
+
+def test_stratified_split_keeps_proportions():
+    labels = ["a"] * 90 + ["b"] * 10
+    keep, carve = stratified_split(labels, 0.2, seed=0)
+    assert len(carve) == 20 and sorted(np.concatenate([keep, carve]).tolist()) == list(range(100))
+    assert sum(labels[i] == "b" for i in carve) == 2
+
+
+def test_csv_tsv_and_folder(tmp_path):
+    write(tmp_path / "train.csv", 'sentence,y\n' + '"good, very good",pos\nbad,neg\nfine,pos\nawful,neg\n' * 3)
+    write(tmp_path / "test.tsv", "sentence\ty\ngreat\tpos\nterrible\tneg\n")
+    ds = load_classification(str(tmp_path), text_field="sentence", label_field="y")
+    assert ds.labels == ["neg", "pos"]
+    assert "good, very good" in ds.train.texts + ds.validation.texts
+    assert ds.test.texts == ["great", "terrible"]
+
+
+def test_single_file_gets_test_and_validation_carved(tmp_path):
+    lines = [json.dumps({"text": f"t{i}", "label": "ab"[i % 2]}) for i in range(50)]
+    ds = load_classification(str(write(tmp_path / "d.jsonl", "\n".join(lines))))
+    assert len(ds.test) == 5 and len(ds.train) + len(ds.validation) == 45
+    assert any("test" in n for n in ds.notes)
+
+
+def test_numeric_labels_are_names_sorted_numerically(tmp_path):
+    lines = [json.dumps({"text": f"t{i}", "label": [10, 2, 1][i % 3]}) for i in range(30)]
+    ds = load_classification(str(write(tmp_path / "d.jsonl", "\n".join(lines))))
+    assert ds.labels == ["1", "2", "10"]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"text": "a", "label": "x"}\n{"text": "b", "label"\n', "d.jsonl:2: not valid JSON Lines"),
+    ('{"text": "a", "label": "x"}\n{"txt": "b", "label": "y"}\n', "d.jsonl:2: missing field 'text'"),
+    ('{"text": "a", "label": "x"}\n{"text": "  ", "label": "y"}\n', "d.jsonl:2: empty text"),
+    ('[1, 2]\n', "d.jsonl:1: expected a JSON object"),
+    ('', "no records"),
+])
+def test_bad_jsonl_messages(tmp_path, content, needle):
+    with pytest.raises(DataError, match=needle.replace("(", r"\(")):
+        read_split(write(tmp_path / "d.jsonl", content))
+
+
+def test_bad_csv_messages(tmp_path):
+    with pytest.raises(DataError, match=r"d.csv:3: not valid CSV: 3 fields where the header has 2"):
+        read_split(write(tmp_path / "d.csv", "text,label\na,x\nb,y,z\n"))
+    with pytest.raises(DataError, match=r"d.csv:2: missing field 'label'"):
+        read_split(write(tmp_path / "d.csv", "text,lab\na,x\n"))
+    with pytest.raises(DataError, match=r"d.csv: empty CSV file"):
+        read_split(write(tmp_path / "d.csv", ""))
+
+
+def test_missing_file_and_unknown_dataset(tmp_path):
+    with pytest.raises(DataError, match="nope.jsonl: no such file"):
+        read_split(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="unknown dataset 'nosuchset'"):
+        load_classification("nosuchset")
+    with pytest.raises(DataError, match="unsupported file type '.txt'"):
+        read_split(write(tmp_path / "d.txt", "x"))
+
+
+def test_unseen_label_at_evaluation_names_the_line(tmp_path):
+    split = read_split(write(tmp_path / "t.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "zzz"}\n'))
+    with pytest.raises(DataError, match=r"t.jsonl:2: label 'zzz' was never seen in training"):
+        encode_labels(split, {"x": 0})
+
+
+def test_generation_datasets(shared_data):
+    e2e = load_generation("e2e", "dev")
+    assert len(e2e) == 547 and e2e[0].source.startswith("name[") and len(e2e[0].refs) > 1
+    web = load_generation("webnlg", "test")
+    assert len(web) == 1862 and "seen" in web[0].meta
+    assert linearize_triples([["A_b", "p", "c"], ["d", "q", "e"]]) == "A b | p | c ; d | q | e"
+    with pytest.raises(DataError, match="generation dataset"):
+        load_classification("e2e")

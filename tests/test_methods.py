@@ -1,0 +1,126 @@
+"""Every registered method goes through the same checks."""
+import numpy as np
+import pytest
+import torch
+
+from frozentune import model as M
+from frozentune.backbone import Backbone
+from frozentune.cache import get_or_build
+from frozentune.registry import MethodError, create_method, get_method, list_methods, make_config
+from frozentune.train import TrainConfig, fit, predict_logits
+
+TEXTS = ["good film", "bad film", "what a great movie !", "terrible , boring and long",
+         "i loved it", "i hated it", "fine acting", "awful plot"] * 2
+LABELS = np.array([1, 0] * 8)
+
+
+@pytest.fixture(scope="module")
+def bb_factory(tiny_bert):
+    return lambda: Backbone.load(str(tiny_bert), max_length=16)
+
+
+def source_for(model, bb, root):
+    if model.trains_backbone:
+        return M.LiveSource(bb.tokenize(TEXTS), bb.pad_id())
+    cache, _ = get_or_build(bb, TEXTS, root, progress=False)
+    return M.CachedSource(cache, np.arange(len(TEXTS)))
+
+
+@pytest.mark.parametrize("method", list_methods())
+def test_shared_method_checks(method, bb_factory, tmp_path):
+    bb = bb_factory()
+    frozen_before = {k: v.clone() for k, v in bb.model.state_dict().items()}
+    model = M.build_classifier(method, bb, ["neg", "pos"], seed=0)
+    src = source_for(model, bb, tmp_path / "cache")
+    idx = np.arange(len(TEXTS))
+
+    # shapes and a finite loss
+    out = model(src.batch(idx))
+    assert out.logits.shape == (len(TEXTS), 2)
+    loss = model.head.loss(out, torch.from_numpy(LABELS))
+    assert loss.ndim == 0 and torch.isfinite(loss)
+
+    # gradients reach every trainable parameter
+    loss.backward()
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable, "a method must have trainable parameters"
+    for n, p in trainable.items():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), f"{method}: no gradient for {n}"
+    assert any(p.grad.abs().sum() > 0 for p in trainable.values())
+    model.zero_grad()
+
+    # a few optimiser steps: the method's parameters change; the frozen backbone does not
+    head_before = {k: v.clone() for k, v in model.head.state_dict().items()}
+    fit(model, src, LABELS, src, LABELS, TrainConfig(epochs=2, batch_size=4, lr=1e-2, patience=0), log=lambda s: None)
+    assert any(not torch.equal(head_before[k], v) for k, v in model.head.state_dict().items())
+    changed = [k for k, v in bb.model.state_dict().items() if not torch.equal(frozen_before[k], v)]
+    if model.trains_backbone:
+        assert changed, f"{method} trains the backbone but it did not change"
+    else:
+        assert changed == [], f"{method} changed frozen backbone weights: {changed[:3]}"
+        assert not any(p.requires_grad for p in bb.model.parameters())
+
+    # save → load gives identical predictions, and the file holds only trained weights
+    M.save(model, tmp_path / "m")
+    from safetensors.torch import load_file
+    saved = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert sum(v.numel() for v in saved.values()) == model.num_trainable()
+    assert any(k.startswith("backbone.") for k in saved) == model.trains_backbone
+    before = predict_logits(model, src)
+    loaded = M.load(tmp_path / "m", backbone=bb_factory() if not model.trains_backbone else None)
+    src2 = source_for(loaded, loaded.backbone_ref, tmp_path / "cache")
+    assert np.array_equal(predict_logits(loaded, src2), before)
+
+
+@pytest.mark.parametrize("method", list_methods())
+def test_default_config_is_valid_and_listed(method):
+    spec = get_method(method)
+    make_config(method)
+    assert spec.help
+    from frozentune.train import TrainConfig as TC
+    TC(**spec.train_defaults)  # training defaults name real options
+
+
+def test_registry_errors():
+    with pytest.raises(MethodError, match="unknown method 'nope'; available: .*probe"):
+        get_method("nope")
+    with pytest.raises(MethodError, match="no option\\(s\\) bogus"):
+        create_method("probe", 8, 2, {"bogus": 1})
+    with pytest.raises(MethodError, match="pooling='max'; choose one of mean, cls"):
+        create_method("probe", 8, 2, {"pooling": "max"})
+
+
+def test_padding_does_not_change_probe_output(bb_factory, tmp_path):
+    bb = bb_factory()
+    model = M.build_classifier("probe", bb, ["neg", "pos"])
+    cache, _ = get_or_build(bb, TEXTS, tmp_path, progress=False)
+    src = M.CachedSource(cache, np.arange(len(TEXTS)))
+    alone = torch.cat([model(src.batch(np.array([i]))).logits for i in range(4)])
+    together = model(src.batch(np.arange(4))).logits
+    assert torch.allclose(alone, together, atol=1e-6)
+
+
+def test_same_seed_same_numbers(bb_factory, tmp_path):
+    def run(seed):
+        bb = bb_factory()
+        model = M.build_classifier("probe", bb, ["neg", "pos"], seed=seed)
+        src = source_for(model, bb, tmp_path / "c")
+        r = fit(model, src, LABELS, src, LABELS, TrainConfig(epochs=3, batch_size=4, lr=1e-2, seed=seed, patience=0), log=lambda s: None)
+        return [h["train_loss"] for h in r.history], predict_logits(model, src)
+    a, b, c = run(0), run(0), run(1)
+    assert a[0] == b[0] and np.array_equal(a[1], b[1])
+    assert a[0] != c[0]
+
+
+def test_early_stopping_restores_best_epoch(bb_factory, tmp_path):
+    bb = bb_factory()
+    model = M.build_classifier("probe", bb, ["neg", "pos"])
+    src = source_for(model, bb, tmp_path / "c")
+    logs = []
+    r = fit(model, src, LABELS, src, 1 - LABELS, TrainConfig(epochs=30, batch_size=4, lr=5e-2, patience=2), log=logs.append)
+    # validation labels are inverted, so learning the training labels makes validation worse
+    assert r.stopped_early and any("early stop" in s for s in logs)
+    best = max(h["val_accuracy"] for h in r.history)
+    assert r.history[r.best_epoch - 1]["val_accuracy"] == best
+    pred = predict_logits(model, src).argmax(1)
+    assert 100.0 * (pred == 1 - LABELS).mean() == pytest.approx(best)
