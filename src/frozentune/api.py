@@ -47,8 +47,13 @@ class SourceFactory:
                  progress: bool):
         self.backbone, self.live = backbone, live
         self.cache_root, self.rebuild, self.progress = cache_root, rebuild, progress
-        self.extract_seconds = 0.0
+        self.extract_seconds = 0.0  # spent extracting in this run
         self._caches: dict[int, CachedStates] = {}
+
+    @property
+    def cache_build_seconds(self) -> float:
+        """What building the cache entries in use took when they were built (now or earlier)."""
+        return float(sum(c.meta.get("extract_seconds", 0.0) for c in self._caches.values()))
 
     def __call__(self, split: TextSplit) -> M.Source:
         if self.live:
@@ -100,6 +105,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "trainable_params": n_params,
         "backbone_params": sum(p.numel() for p in bb.model.parameters()),
         "extract_seconds": sources.extract_seconds,
+        "cache_build_seconds": None if model.trains_backbone else sources.cache_build_seconds,
         "train_seconds": fitted.train_seconds,
         "peak_rss_mb": peak_rss_mb(),
         "best_epoch": fitted.best_epoch,
