@@ -73,7 +73,7 @@ def results_table() -> str:
     cmds = []
     for p in sorted(RESULTS.glob("*.json")):
         r = json.loads(p.read_text())
-        if "metrics" not in r:
+        if "metrics" not in r or r.get("reference"):
             continue
         epochs = r.get("history") or []
         per_epoch = sum(h["epoch_seconds"] for h in epochs) / len(epochs) if epochs else None
@@ -82,6 +82,11 @@ def results_table() -> str:
                     f"{fmt(r.get('cache_build_seconds'))} | {fmt(r['train_seconds'])} | {fmt(per_epoch, 2)} | {fmt(r['peak_rss_mb'], 0)} |")
         cmds.append(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`")
     text = "\n".join(rows) + "\n\nCommands (each run by `python bench/run.py SUITE`):\n" + "\n".join(cmds)
+    refs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("sklearn-lr-*.json"))]
+    if refs:
+        text += ("\n\n**Reference**: scikit-learn logistic regression on the same mean-pooled cached states "
+                 "and splits (`python bench/sklearn_reference.py trec sst5`)\n\n| data | accuracy | macro-F1 |\n|---|---:|---:|\n")
+        text += "".join(f"| {r['data']} | {r['metrics']['accuracy']:.2f} | {r['metrics']['macro_f1']:.2f} |\n" for r in refs)
     ext = RESULTS / "extraction.json"
     if ext.exists():
         e = json.loads(ext.read_text())
