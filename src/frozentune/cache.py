@@ -183,6 +183,7 @@ class CachedStates:
         self.lengths = np.fromfile(self.path / "lengths.bin", dtype=np.int32).astype(np.int64)
         self._maps = {}
         self.states = self._map("states.bin", self.dtype).reshape(-1, self.dim)  # (N_tok, D)
+        self._states_t = torch.from_numpy(self.states)  # same memory, for torch's fast gather
         self.ids = self._map("ids.bin", np.int32)  # (N_tok,)
         self._since_release = 0
 
@@ -209,7 +210,8 @@ class CachedStates:
         if self.meta["files"][name]["size"] == 0:
             return np.zeros(0, dtype=dtype)
         with open(self.path / name, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            # copy-on-write: writable to numpy/torch without a copy, never written, file untouched
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         self._maps[name] = mm
         return np.frombuffer(mm, dtype=dtype)
 
@@ -226,21 +228,20 @@ class CachedStates:
         return np.asarray(self.ids[o:o + self.lengths[i]])
 
     def batch(self, idx: np.ndarray) -> tuple[Tensor, Tensor]:
-        """(B, T, D) float32 states and (B, T) bool mask for examples idx, padded to the longest."""
+        """(B, T, D) float32 states and (B, T) bool mask for examples idx, padded to the longest.
+        One torch gather over the mapped rows (padding slots read a real row, then are zeroed)."""
         idx = np.asarray(idx)
-        lens = self.lengths[idx]
-        offs = self.offsets[idx]
-        T = int(lens.max())
-        starts = np.cumsum(lens) - lens
-        flat = np.arange(int(lens.sum())) - np.repeat(starts - offs, lens)
-        rows = self.states[flat]  # (sum L, D) copy of just these rows
-        mask = np.arange(T)[None, :] < lens[:, None]  # (B, T)
-        out = np.zeros((len(idx), T, self.dim), dtype=np.float32)
-        out[mask] = rows
-        self._since_release += rows.nbytes
+        lens = self.lengths[idx]                                   # (B,)
+        B, T = len(idx), int(lens.max())
+        pos = np.arange(T)
+        rows = self.offsets[idx][:, None] + np.minimum(pos[None, :], lens[:, None] - 1)  # (B, T)
+        mask = torch.from_numpy(pos[None, :] < lens[:, None])      # (B, T)
+        out = self._states_t.index_select(0, torch.from_numpy(rows.reshape(-1)))
+        out = out.view(B, T, self.dim).float().masked_fill_(~mask.unsqueeze(-1), 0.0)
+        self._since_release += B * T * self.dim * self.states.itemsize
         if self._since_release > (256 << 20):
             self.release()
-        return torch.from_numpy(out), torch.from_numpy(mask)
+        return out, mask
 
     def release(self) -> None:
         """Drop this process's mapped pages (data stays in the OS page cache)."""
