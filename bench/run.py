@@ -98,6 +98,13 @@ def results_table() -> str:
             t = r["tokens_per_s"]
             text += (f"| {r['name']}, max_length {r['max_length']} | {r['examples']:,} | {r['mean_tokens']:.1f} | {t['bare']:,.0f} | "
                      f"{t['cache']:,.0f} | {100 * r['cache_vs_bare']:.1f}% | {t['padded']:,.0f} | {r['sorted_speedup_over_padded']:.2f}x |\n")
+    pve = RESULTS / "probe-vs-extraction.json"
+    if pve.exists():
+        e = json.loads(pve.read_text())
+        text += (f"\n**10 `probe` epochs vs the SST-2 extraction they replace**, side by side in one process (`{e['command']}`, {e['date']})\n\n"
+                 "| repeat | extraction s (67,349 texts) | 10 probe epochs s | ratio |\n|---:|---:|---:|---:|\n")
+        text += "".join(f"| {i + 1} | {r['extract_seconds']:.1f} | {r['train_seconds']:.1f} | {100 * r['ratio']:.1f}% |\n"
+                        for i, r in enumerate(e["runs"]))
     return text
 
 
