@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .backbone import Backbone, Tokenized, iter_states
+from .backbone import Backbone, Tokenized, iter_states, tokenizer_hash
 
 FORMAT_VERSION = 1
 CHUNK = 64 << 20  # bytes per checksum chunk
@@ -61,7 +61,7 @@ def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") 
         "format": FORMAT_VERSION,
         "model": backbone.name,
         "weights": backbone.weights_hash,
-        "tokenizer": _tok_hash(backbone),
+        "tokenizer": tokenizer_hash(backbone.tok),
         "layers": str(backbone.layers),
         "max_length": backbone.max_length,
         "dtype": dtype,
@@ -71,11 +71,6 @@ def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") 
     ident = {k: v for k, v in fields.items() if k != "model"}  # the name is not content
     key = hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=16).hexdigest()
     return key, fields
-
-
-def _tok_hash(backbone: Backbone) -> str:
-    from .backbone import tokenizer_hash
-    return tokenizer_hash(backbone.tok)
 
 
 class _ChunkedWriter:

@@ -182,7 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"unrecognized arguments: {' '.join(rest)}")
         if a.command == "train":
             return cmd_train(a, rest)
-        return {"eval": cmd_eval, "predict": cmd_predict, "cache": cmd_cache}[a.command](a) if a.command != "list" else cmd_list()
+        if a.command == "list":
+            return cmd_list()
+        return {"eval": cmd_eval, "predict": cmd_predict, "cache": cmd_cache}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError) as e:
         print(f"frozentune: error: {e}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .backbone import Backbone, BackboneError, LayerSpec, Tokenized, pad
+from .backbone import Backbone, LayerSpec, Tokenized, pad
 from .cache import CachedStates
 from .head import Features, Head, Output
 from .registry import MethodConfig, create_method, get_method
@@ -206,6 +206,3 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
     model.saved_config = config  # type: ignore[attr-defined]
     return model
 
-
-__all__ = ["Batch", "CachedSource", "LiveSource", "Classifier", "build_classifier", "save", "load",
-           "ModelLoadError", "BackboneError"]
