@@ -143,6 +143,8 @@ def build_classifier(method: str, backbone: Backbone, labels: list[str],
                      cache_dtype: str = "float16") -> Classifier:
     torch.manual_seed(seed)
     head, cfg = create_method(method, backbone.dim, len(labels), options)
+    if hasattr(head, "init_from_backbone"):  # e.g. label embeddings from the backbone's vocabulary
+        head.init_from_backbone(backbone, list(labels))
     return Classifier(method, cfg, head, backbone, labels, cache_dtype)
 
 

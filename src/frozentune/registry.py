@@ -74,14 +74,20 @@ def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfi
         if choices and getattr(cfg, f.name) not in choices:
             raise MethodError(f"{name}: {f.name}={getattr(cfg, f.name)!r}; choose one of {', '.join(map(str, choices))}")
     if hasattr(cfg, "validate"):
-        cfg.validate()
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise MethodError(str(e)) from None
     return cfg
 
 
 def create_method(name: str, dim: int, num_labels: int, options: dict[str, Any] | None = None):
     """(head, config) for method `name` over D=dim states and C=num_labels classes."""
     cfg = make_config(name, options)
-    return get_method(name).head_cls(cfg, dim, num_labels), cfg
+    try:
+        return get_method(name).head_cls(cfg, dim, num_labels), cfg
+    except ValueError as e:  # an option that does not fit these shapes
+        raise MethodError(str(e)) from None
 
 
 def describe_options(name: str) -> list[tuple[str, str, Any, str]]:

@@ -1,2 +1,2 @@
 """Built-in methods: importing a module registers it."""
-from . import probe  # noqa: F401
+from . import probe, ytuning  # noqa: F401

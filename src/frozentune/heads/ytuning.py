@@ -1,0 +1,127 @@
+"""Y-Tuning: learn label representations against a frozen model.
+
+A task token and k vectors per class, Y = [e_T; e_1 … e_{C·k}] (N = 1 + C·k vectors), pass through L
+decoder blocks: self-attention among the label vectors, cross-attention into the frozen token
+states X (padding masked), a feed-forward layer; post-LayerNorm residuals. The label pointer
+scores class c as s_c = h_T · h_c (h_c pools its k outputs); training uses the margin loss
+L = Σ_{c≠c*} [s_c − s_{c*} + α]_+ (or cross-entropy); prediction is argmax_c s_c.
+
+Legend: B batch, T tokens, Dx backbone width, D label-encoder width, C classes, k vectors per
+class, N = 1 + C·k label vectors, h attention heads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..head import Features, Head, Output
+from ..registry import MethodConfig, register_method
+
+
+@dataclass
+class YTuningConfig(MethodConfig):
+    layers: int = field(default=2, metadata={"help": "decoder blocks in the label encoder (L)"})
+    dim: int = field(default=0, metadata={"help": "label-encoder width D; 0 = the backbone's width (else X is projected once)"})
+    heads: int = field(default=4, metadata={"help": "attention heads (must divide D)"})
+    k: int = field(default=1, metadata={"help": "vectors per label"})
+    pool: str = field(default="mean", metadata={"help": "how a label's k outputs are pooled", "choices": ("mean", "max")})
+    loss: str = field(default="margin", metadata={"help": "margin (triplet) loss or cross-entropy over the scores", "choices": ("margin", "ce")})
+    alpha: float = field(default=1.0, metadata={"help": "margin α of the margin loss"})
+    init: str = field(default="label_names", metadata={
+        "help": "label embedding initialisation: the backbone's input embeddings of the label names' tokens, "
+                "of random vocabulary tokens, or uniform random", "choices": ("label_names", "random_vocab", "uniform")})
+    ffn_mult: int = field(default=2, metadata={"help": "feed-forward width as a multiple of D"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout inside the label encoder"})
+
+    def validate(self) -> None:
+        if self.layers < 1 or self.k < 1 or self.heads < 1:
+            raise ValueError("ytuning: layers, k and heads must be at least 1")
+
+
+class LabelDecoderBlock(nn.Module):
+    """Self-attention over labels, cross-attention into tokens, FFN; post-LN residuals."""
+
+    def __init__(self, d: int, heads: int, ffn: int, dropout: float):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True)
+        self.cross_attn = nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True)
+        self.ffn = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn, d))
+        self.n1, self.n2, self.n3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, y: Tensor, x: Tensor, pad: Tensor) -> tuple[Tensor, Tensor]:
+        """y (B, N, D), x (B, T, D), pad (B, T) True on padding → y (B, N, D), attn (B, N, T)."""
+        y = self.n1(y + self.drop(self.self_attn(y, y, y, need_weights=False)[0]))
+        a, w = self.cross_attn(y, x, x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
+        y = self.n2(y + self.drop(a))
+        y = self.n3(y + self.drop(self.ffn(y)))
+        return y, w
+
+
+class YTuningHead(Head):
+    """Y-Tuning label encoder + label pointer over frozen token states."""
+
+    def __init__(self, cfg: YTuningConfig, dim: int, num_labels: int):
+        super().__init__()
+        self.cfg, self.C = cfg, num_labels
+        d = cfg.dim or dim
+        if d % cfg.heads:
+            raise ValueError(f"ytuning: dim {d} is not divisible by heads {cfg.heads}")
+        self.proj = nn.Linear(dim, d, bias=False) if d != dim else nn.Identity()  # X → D, once
+        self.labels = nn.Parameter(torch.empty(1 + num_labels * cfg.k, d).uniform_(-0.1, 0.1))  # (N, D)
+        self.blocks = nn.ModuleList(LabelDecoderBlock(d, cfg.heads, cfg.ffn_mult * d, cfg.dropout)
+                                    for _ in range(cfg.layers))
+
+    def init_from_backbone(self, backbone, label_names: list[str]) -> None:
+        """Label vectors from the backbone's input embeddings (mean over a name's word pieces),
+        projected to D; the task token from the [CLS]/first special token. Called at creation."""
+        if self.cfg.init == "uniform":
+            return
+        emb = backbone.model.get_input_embeddings().weight.detach()  # (V, Dx)
+        g = torch.Generator().manual_seed(0)
+        if self.cfg.init == "label_names":
+            ids = [backbone.tok(name, add_special_tokens=False)["input_ids"] for name in label_names]
+        else:  # random vocabulary tokens
+            ids = [[int(torch.randint(1000, emb.shape[0], (1,), generator=g))] for _ in label_names]
+        vecs = torch.stack([emb[torch.tensor(i)].mean(0) for i in ids])  # (C, Dx)
+        cls = backbone.tok.cls_token_id if backbone.tok.cls_token_id is not None else backbone.pad_id()
+        task = emb[cls][None]  # (1, Dx)
+        with torch.no_grad():
+            init = self.proj(torch.cat([task, vecs.repeat_interleave(self.cfg.k, 0)]))  # (N, D)
+            init = init / init.std() * self.labels.std()  # keep the scale of the uniform init
+            noise = 0.01 * torch.randn(init.shape, generator=g) * (self.cfg.k > 1)
+            self.labels.copy_(init + noise)
+
+    def forward(self, f: Features) -> Output:
+        x = self.proj(f.hidden)  # (B, T, D)
+        pad = ~f.mask  # (B, T)
+        y = self.labels.unsqueeze(0).expand(x.shape[0], -1, -1)  # (B, N, D)
+        for block in self.blocks:
+            y, attn = block(y, x, pad)
+        h_task = y[:, 0]  # (B, D)
+        h_lab = y[:, 1:].reshape(y.shape[0], self.C, self.cfg.k, -1)  # (B, C, k, D)
+        h_lab = h_lab.mean(2) if self.cfg.pool == "mean" else h_lab.amax(2)  # (B, C, D)
+        scores = torch.einsum("bd,bcd->bc", h_task, h_lab)  # (B, C)
+        # explanation: each label's last-layer cross-attention over tokens (mean over its k vectors)
+        label_attn = attn[:, 1:].reshape(attn.shape[0], self.C, self.cfg.k, -1).mean(2)  # (B, C, T)
+        return Output(scores, {"label_attention": label_attn})
+
+    def loss(self, out: Output, labels: Tensor) -> Tensor:
+        if self.cfg.loss == "ce":
+            return F.cross_entropy(out.logits, labels)
+        return margin_loss(out.logits, labels, self.cfg.alpha)
+
+
+def margin_loss(scores: Tensor, labels: Tensor, alpha: float) -> Tensor:
+    """Σ_{c≠c*} [s_c − s_{c*} + α]_+, averaged over the batch. scores (B, C), labels (B,)."""
+    true = scores.gather(1, labels[:, None])  # (B, 1)
+    hinge = (scores - true + alpha).clamp_min(0.0)  # (B, C)
+    hinge = hinge.masked_fill(F.one_hot(labels, scores.shape[1]).bool(), 0.0)
+    return hinge.sum(1).mean()
+
+
+register_method("ytuning", YTuningConfig, "Y-Tuning: label representations learned against frozen token states",
+                train_defaults={"lr": 1e-3, "epochs": 20, "batch_size": 32, "patience": 5})(YTuningHead)
