@@ -97,3 +97,18 @@ def test_console_script_runs():
     exe = __import__("shutil").which("frozentune") or str(__import__("pathlib").Path(sys.executable).parent / "frozentune")
     proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "probe" in proc.stdout
+
+
+def test_explain_ytuning_and_refuse_probe(tiny_bert, trec_slice, tmp_path, capsys, trained):
+    out = tmp_path / "yt"
+    code, _, err = run(capsys, "train", "--method", "ytuning", "--data", trec_slice, "--backbone", tiny_bert,
+                       "--max-length", 32, "--epochs", 1, "--output", out, "--cache-dir", tmp_path / "cache",
+                       "--heads", 2, "--quiet")
+    assert code == 0, err
+    code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--top", 2)
+    assert code == 0, err
+    assert "predicted:" in stdout and "who" in stdout
+    config = __import__("json").loads((out / "config.json").read_text())
+    assert all(f"{lab}:" in stdout for lab in config["labels"])
+    code, _, err = run(capsys, "explain", "--model", trained[0], "Who ?")
+    assert code == 2 and "returns no explanation" in err

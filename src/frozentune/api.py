@@ -178,3 +178,30 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
             + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if secs else " (cached)"))
         out.append(row)
     return out
+
+
+def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) -> list[dict]:
+    """Per text: the prediction and, per label, the tokens its attention weighted most
+    (methods that return `label_attention` (B, C, T) in their extras, e.g. ytuning)."""
+    import torch
+
+    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
+    bb = model.backbone_ref
+    tokens = bb.tokenize(texts)
+    src = M.LiveSource(tokens, bb.pad_id())
+    out = []
+    model.eval()
+    for i, text in enumerate(texts):
+        with torch.no_grad():
+            o = model(src.batch(np.array([i])))
+        if "label_attention" not in o.extras:
+            raise ValueError(f"method {model.method!r} returns no explanation; explain works for methods "
+                             f"with per-label attention (ytuning)")
+        pieces = bb.tok.convert_ids_to_tokens(tokens.ids[i].tolist())
+        attn = o.extras["label_attention"][0]  # (C, T)
+        per_label = {}
+        for c, lab in enumerate(model.labels):
+            w, j = attn[c].topk(min(top, len(pieces)))
+            per_label[lab] = [(pieces[int(t)], round(float(v), 4)) for v, t in zip(w, j)]
+        out.append({"text": text, "label": model.labels[int(o.logits[0].argmax())], "attention": per_label})
+    return out

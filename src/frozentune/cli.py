@@ -3,6 +3,7 @@
   frozentune train --method M --data D [--backbone B] [--output DIR] [method/training options]
   frozentune eval --model DIR --data D
   frozentune predict --model DIR TEXT... | --input FILE
+  frozentune explain --model DIR TEXT...
   frozentune cache DATA --backbone B
   frozentune list
 """
@@ -84,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("texts", nargs="*", help="texts to label")
     pr.add_argument("--input", type=Path, help="a file with one text per line")
 
+    x = sub.add_parser("explain", help="show what a saved model attended to, per label")
+    x.add_argument("--model", type=Path, required=True)
+    x.add_argument("texts", nargs="+", help="texts to explain")
+    x.add_argument("--top", type=int, default=5, help="tokens shown per label")
+
     c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset")
     c.add_argument("data", help="dataset name, file or folder")
     c.add_argument("--splits", default="train,validation,test")
@@ -142,6 +148,19 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(a: argparse.Namespace) -> int:
+    from . import api
+    try:
+        rows = api.explain(a.model, a.texts, a.top)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    for row in rows:
+        print(f"{row['text']}\n  predicted: {row['label']}")
+        for lab, toks in row["attention"].items():
+            print(f"  {lab:>14}: " + "  ".join(f"{t} {w:.2f}" for t, w in toks))
+    return 0
+
+
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
     bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
@@ -184,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(a, rest)
         if a.command == "list":
             return cmd_list()
-        return {"eval": cmd_eval, "predict": cmd_predict, "cache": cmd_cache}[a.command](a)
+        return {"eval": cmd_eval, "predict": cmd_predict, "explain": cmd_explain, "cache": cmd_cache}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError) as e:
         print(f"frozentune: error: {e}", file=sys.stderr)
         return 2
