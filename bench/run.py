@@ -33,6 +33,19 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
         ("probe-imdb", ["--method", "probe", "--data", "imdb", "--max-length", "256"]),
         ("finetune-trec", ["--method", "finetune", "--data", "trec"]),
     ],
+    # issue 3: Y-Tuning defaults on the four datasets, then the ablations on SST-5 and TREC
+    "ytuning": [
+        ("ytuning-trec", ["--method", "ytuning", "--data", "trec"]),
+        ("ytuning-sst5", ["--method", "ytuning", "--data", "sst5"]),
+        ("ytuning-sst2", ["--method", "ytuning", "--data", "sst2"]),
+        ("ytuning-imdb", ["--method", "ytuning", "--data", "imdb", "--max-length", "256"]),
+    ] + [
+        (f"ytuning-{data}-{tag}", ["--method", "ytuning", "--data", data, *opts])
+        for data in ("sst5", "trec")
+        for tag, opts in (("ce", ["--loss", "ce"]), ("random-init", ["--init", "random_vocab"]),
+                          ("uniform-init", ["--init", "uniform"]), ("k2", ["--k", "2"]), ("k4", ["--k", "4"]),
+                          ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D128", ["--dim", "128"]))
+    ],
 }
 
 
