@@ -44,7 +44,7 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
         for data in ("sst5", "trec")
         for tag, opts in (("ce", ["--loss", "ce"]), ("random-init", ["--init", "random_vocab"]),
                           ("uniform-init", ["--init", "uniform"]), ("k2", ["--k", "2"]), ("k4", ["--k", "4"]),
-                          ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D128", ["--dim", "128"]))
+                          ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D384", ["--dim", "0"]))
     ],
 }
 

@@ -24,7 +24,7 @@ from ..registry import MethodConfig, register_method
 @dataclass
 class YTuningConfig(MethodConfig):
     layers: int = field(default=2, metadata={"help": "decoder blocks in the label encoder (L)"})
-    dim: int = field(default=0, metadata={"help": "label-encoder width D; 0 = the backbone's width (else X is projected once)"})
+    dim: int = field(default=128, metadata={"help": "label-encoder width D (X is projected once); 0 = the backbone's width"})
     heads: int = field(default=4, metadata={"help": "attention heads (must divide D)"})
     k: int = field(default=1, metadata={"help": "vectors per label"})
     pool: str = field(default="mean", metadata={"help": "how a label's k outputs are pooled", "choices": ("mean", "max")})
