@@ -57,25 +57,27 @@ def test_k_vectors_per_label_are_pooled(pool):
     pooled = labels.mean(2) if pool == "mean" else labels.amax(2)
     expect = torch.einsum("bd,bcd->bc", y[:, 0], pooled)
     assert torch.allclose(head(f).logits, expect, atol=1e-5)
-    assert head.labels.shape == (1 + 3 * 2, 32)
+    assert head.labels.shape == (1 + 3 * 2, cfg.dim)
 
 
 def test_label_name_initialisation_uses_the_vocabulary(tiny_bert):
     bb = Backbone.load(str(tiny_bert), max_length=16)
     emb = bb.model.get_input_embeddings().weight
     names = ["negative", "positive"]
-    m = build_classifier("ytuning", bb, names)
-    init = m.head.labels.detach()
     want = torch.stack([emb[bb.tok(n, add_special_tokens=False)["input_ids"]].mean(0) for n in names])
-    # same direction as the names' embeddings (rescaled), and different from one another
-    cos = torch.nn.functional.cosine_similarity(init[1:], want, dim=-1)
-    assert (cos > 0.999).all()
-    uniform = build_classifier("ytuning", bb, names, {"init": "uniform"}).head.labels.detach()
+    # D = backbone width: same direction as the names' embeddings (rescaled)
+    init = build_classifier("ytuning", bb, names, {"dim": 0}).head.labels.detach()
+    assert (torch.nn.functional.cosine_similarity(init[1:], want, dim=-1) > 0.999).all()
+    # D < width: the names' embeddings through the initial projection
+    head = build_classifier("ytuning", bb, names, {"dim": 16}).head
+    projected = head.proj(want).detach()
+    assert (torch.nn.functional.cosine_similarity(head.labels.detach()[1:], projected, dim=-1) > 0.999).all()
+    uniform = build_classifier("ytuning", bb, names, {"dim": 0, "init": "uniform"}).head.labels.detach()
     assert not torch.allclose(uniform, init)
 
 
 def test_bad_options():
     with pytest.raises(ValueError, match="not divisible by heads"):
-        create_method("ytuning", 30, 2, {"heads": 4})
+        create_method("ytuning", 32, 2, {"dim": 30, "heads": 4})
     with pytest.raises(MethodError, match="at least 1"):
         create_method("ytuning", 32, 2, {"k": 0})
