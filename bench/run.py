@@ -81,8 +81,8 @@ def fmt(x, digits=1) -> str:
 
 
 def results_table() -> str:
-    rows = ["| experiment | method | data | accuracy | macro-F1 | trainable params | extract s (this run) | cache built in s | train s | s / epoch | peak RSS MB |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| experiment | method | data | accuracy | macro-F1 | trainable params | share of backbone | extract s (this run) | cache built in s | train s | s / epoch | peak RSS MB |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     cmds = []
     for p in sorted(RESULTS.glob("*.json")):
         r = json.loads(p.read_text())
@@ -91,9 +91,9 @@ def results_table() -> str:
         epochs = r.get("history") or []
         per_epoch = sum(h["epoch_seconds"] for h in epochs) / len(epochs) if epochs else None
         rows.append(f"| {r['name']} | {r['method']} | {r['data']} | {fmt(r['metrics']['accuracy'], 2)} | "
-                    f"{fmt(r['metrics']['macro_f1'], 2)} | {fmt(r['trainable_params'])} | {fmt(r['extract_seconds'])} | "
+                    f"{fmt(r['metrics']['macro_f1'], 2)} | {fmt(r['trainable_params'])} | {100 * r['trainable_params'] / r['backbone_params']:.3g}% | {fmt(r['extract_seconds'])} | "
                     f"{fmt(r.get('cache_build_seconds'))} | {fmt(r['train_seconds'])} | {fmt(per_epoch, 2)} | {fmt(r['peak_rss_mb'], 0)} |")
-        cmds.append(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`")
+        cmds.append(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" + (f" — {r['note']}" if r.get("note") else ""))
     text = "\n".join(rows) + "\n\nCommands (each run by `python bench/run.py SUITE`):\n" + "\n".join(cmds)
     refs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("sklearn-lr-*.json"))]
     if refs:
