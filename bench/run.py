@@ -121,14 +121,46 @@ def results_table() -> str:
     return text
 
 
-def write_report() -> None:
-    """Replace the block between the markers in REPORT.md; the prose around it is kept."""
-    report = HERE / "REPORT.md"
-    start, end = "<!-- results:start -->", "<!-- results:end -->"
-    text = report.read_text() if report.exists() else f"# Benchmarks\n\n{start}\n{end}\n"
+ABLATIONS = [("default (margin, label names, k=1, L=2, D=128)", ""), ("cross-entropy loss", "-ce"),
+             ("random-vocabulary init", "-random-init"), ("uniform init", "-uniform-init"), ("k = 2", "-k2"),
+             ("k = 4", "-k4"), ("L = 1", "-L1"), ("L = 4", "-L4"), ("D = 384 (backbone width)", "-D384"),
+             ("cross-entropy, D = 384", "-ce-D384")]
+
+
+def ablation_table() -> str:
+    """Y-Tuning ablations on SST-5 and TREC: validation / test accuracy and trainable parameters."""
+    rows = ["| configuration | SST-5 val | SST-5 test | TREC val | TREC test | trainable on TREC (share of backbone) |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for label, suffix in ABLATIONS:
+        cells, params = [], "–"
+        for data in ("sst5", "trec"):
+            p = RESULTS / f"ytuning-{data}{suffix}.json"
+            if p.exists():
+                r = json.loads(p.read_text())
+                cells += [f"{r['validation']['accuracy']:.2f}", f"{r['metrics']['accuracy']:.2f}"]
+                params = f"{r['trainable_params']:,} ({100 * r['trainable_params'] / r['backbone_params']:.2f}%)"
+            else:
+                cells += ["not run", "not run"]
+        rows.append(f"| {label} | {' | '.join(cells)} | {params} |")
+    return "\n".join(rows)
+
+
+def _replace_block(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in text:
+        return text
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    report.write_text(f"{head}{start}\n{results_table()}\n{end}{tail}")
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def write_report() -> None:
+    """Replace the generated blocks between markers in REPORT.md; the prose around them is kept."""
+    report = HERE / "REPORT.md"
+    text = report.read_text() if report.exists() else "# Benchmarks\n\n<!-- results:start -->\n<!-- results:end -->\n"
+    text = _replace_block(text, "results", results_table())
+    text = _replace_block(text, "ytuning-ablation", ablation_table())
+    report.write_text(text)
     print(f"wrote {report}")
 
 
