@@ -87,7 +87,7 @@ def test_truncated_file_is_detected_and_rebuild_fixes_it(bb, cache_root):
     path = _fresh(bb, cache_root)
     states = path / "states.bin"
     states.write_bytes(states.read_bytes()[:-10])
-    with pytest.raises(CacheError, match="states.bin: truncated.*--rebuild"):
+    with pytest.raises(CacheError, match="states.bin: truncated.*--rebuild-cache"):
         get_or_build(bb, TEXTS, cache_root, progress=False)
     fixed, secs = get_or_build(bb, TEXTS, cache_root, rebuild=True, progress=False)
     assert secs > 0 and fixed.n == len(TEXTS)

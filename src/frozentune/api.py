@@ -141,13 +141,18 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m}
 
 
+def _live(model_dir: Path | M.Classifier, texts: Sequence[str]) -> tuple[M.Classifier, M.LiveSource]:
+    """A saved (or given) model and a live source over texts: the backbone runs on them."""
+    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
+    bb = model.backbone_ref
+    return model, M.LiveSource(bb.tokenize(texts), bb.pad_id())
+
+
 def predict(model_dir: Path | M.Classifier, texts: Sequence[str]) -> list[dict]:
     """Label and per-label probabilities for each text (backbone run live)."""
     import torch
 
-    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
-    bb = model.backbone_ref
-    src = M.LiveSource(bb.tokenize(texts), bb.pad_id())
+    model, src = _live(model_dir, texts)
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
     return [{"text": t, "label": model.labels[int(p.argmax())],
@@ -185,10 +190,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) 
     (methods that return `label_attention` (B, C, T) in their extras, e.g. ytuning)."""
     import torch
 
-    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
-    bb = model.backbone_ref
-    tokens = bb.tokenize(texts)
-    src = M.LiveSource(tokens, bb.pad_id())
+    model, src = _live(model_dir, texts)
     out = []
     model.eval()
     for i, text in enumerate(texts):
@@ -197,7 +199,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) 
         if "label_attention" not in o.extras:
             raise ValueError(f"method {model.method!r} returns no explanation; explain works for methods "
                              f"with per-label attention (ytuning)")
-        pieces = bb.tok.convert_ids_to_tokens(tokens.ids[i].tolist())
+        pieces = model.backbone_ref.tok.convert_ids_to_tokens(src.tokens.ids[i].tolist())
         attn = o.extras["label_attention"][0]  # (C, T)
         per_label = {}
         for c, lab in enumerate(model.labels):

@@ -37,6 +37,9 @@ CHUNK = 64 << 20  # bytes per checksum chunk
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
+REBUILD = "Rebuild it: rerun with --rebuild-cache (train, cache)."
+
+
 class CacheError(RuntimeError):
     """A cache entry is missing, truncated, corrupt or incompatible; the message says what to do."""
 
@@ -146,10 +149,6 @@ class BuildStats:
     seconds: float
     files: dict  # file name → {"size", "chunks"}
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
-
 
 class CachedStates:
     """Read side of a cache entry. Rows are memory-mapped; `batch` copies only what it needs,
@@ -162,14 +161,14 @@ class CachedStates:
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
             raise CacheError(f"{self.path}: not a complete cache entry (no meta.json). Delete it "
-                             f"or rebuild with `frozentune cache ... --rebuild`.")
+                             f"or rebuild it: rerun with --rebuild-cache (train, cache).")
         try:
             self.meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError:
-            raise CacheError(f"{meta_path}: corrupt metadata. Rebuild with --rebuild.") from None
+            raise CacheError(f"{meta_path}: corrupt metadata. {REBUILD}") from None
         if self.meta.get("format") != FORMAT_VERSION:
             raise CacheError(f"{self.path}: cache format {self.meta.get('format')} is not this "
-                             f"version's ({FORMAT_VERSION}). Rebuild with --rebuild.")
+                             f"version's ({FORMAT_VERSION}). {REBUILD}")
         self._check(verify)
         self.n: int = self.meta["n"]
         self.dim: int = self.meta["dim"]
@@ -187,10 +186,10 @@ class CachedStates:
         for name in FILES:
             p = self.path / name
             if name not in files or not p.is_file():
-                raise CacheError(f"{p}: missing cache file. Rebuild with --rebuild.")
+                raise CacheError(f"{p}: missing cache file. {REBUILD}")
             if p.stat().st_size != files[name]["size"]:
                 raise CacheError(f"{p}: truncated or overwritten ({p.stat().st_size} bytes, "
-                                 f"expected {files[name]['size']}). Rebuild with --rebuild.")
+                                 f"expected {files[name]['size']}). {REBUILD}")
         if verify == "none":
             return
         for name in FILES:
@@ -199,7 +198,7 @@ class CachedStates:
             for c, s in got.items():
                 if s != want[c]:
                     raise CacheError(f"{self.path / name}: corrupt (checksum of bytes "
-                                     f"{c * CHUNK}..{(c + 1) * CHUNK} differs). Rebuild with --rebuild.")
+                                     f"{c * CHUNK}..{(c + 1) * CHUNK} differs). {REBUILD}")
 
     def _map(self, name: str, dtype) -> np.ndarray:
         if self.meta["files"][name]["size"] == 0:
