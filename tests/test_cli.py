@@ -107,8 +107,12 @@ def test_explain_ytuning_and_refuse_probe(tiny_bert, trec_slice, tmp_path, capsy
     assert code == 0, err
     code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--top", 2)
     assert code == 0, err
-    assert "predicted:" in stdout and "who" in stdout
+    assert "predicted:" in stdout and "who" in stdout.lower()
     config = __import__("json").loads((out / "config.json").read_text())
     assert all(f"{lab}:" in stdout for lab in config["labels"])
+    code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--json")
+    assert code == 0, err
+    rows = __import__("json").loads(stdout)
+    assert set(rows[0]["explanation"]["attention"]) == set(config["labels"])
     code, _, err = run(capsys, "explain", "--model", trained[0], "Who ?")
-    assert code == 2 and "returns no explanation" in err
+    assert code == 2 and "returns no explanation" in err and "ytuning" in err

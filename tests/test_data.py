@@ -107,3 +107,16 @@ def test_generation_datasets(shared_data):
     assert linearize_triples([["A_b", "p", "c"], ["d", "q", "e"]]) == "A b | p | c ; d | q | e"
     with pytest.raises(DataError, match="generation dataset"):
         load_classification("e2e")
+
+
+def test_token_views_map_pieces_to_the_original_text(tiny_bert):
+    from frozentune.backbone import Backbone
+
+    bb = Backbone.load(tiny_bert, max_length=16)
+    text = "Un-believably  GOOD film, isn't it?"
+    view = bb.token_views([text])[0]
+    assert len(view.pieces) == len(bb.tokenize([text]).ids[0])
+    real = [i for i, (s, e) in enumerate(view.offsets) if e > s]
+    assert view.surface(real[0], real[-1]) == text  # first..last real piece spans the whole text
+    assert view.surface(0) == view.pieces[0]  # a special token shows as itself
+    assert all(view.surface(i) == text[s:e] for i, (s, e) in zip(real, [view.offsets[i] for i in real]))

@@ -186,24 +186,27 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
 
 
 def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) -> list[dict]:
-    """Per text: the prediction and, per label, the tokens its attention weighted most
-    (methods that return `label_attention` (B, C, T) in their extras, e.g. ytuning)."""
+    """Per text: the prediction and the head's explanation of it (what it is depends on the method:
+    see each head's `explain`). Each row: text, label, explanation (JSON) and lines (for people)."""
     import torch
 
+    from .head import explains
+    from .registry import get_method, list_methods
+
     model, src = _live(model_dir, texts)
+    if not explains(model.head):
+        able = [m for m in list_methods() if explains(get_method(m).head_cls)]
+        raise ValueError(f"method {model.method!r} returns no explanation; explain works for: {', '.join(able)}")
+    views = model.backbone_ref.token_views(texts)
     out = []
     model.eval()
     for i, text in enumerate(texts):
         with torch.no_grad():
             o = model(src.batch(np.array([i])))
-        if "label_attention" not in o.extras:
-            raise ValueError(f"method {model.method!r} returns no explanation; explain works for methods "
-                             f"with per-label attention (ytuning)")
-        pieces = model.backbone_ref.tok.convert_ids_to_tokens(src.tokens.ids[i].tolist())
-        attn = o.extras["label_attention"][0]  # (C, T)
-        per_label = {}
-        for c, lab in enumerate(model.labels):
-            w, j = attn[c].topk(min(top, len(pieces)))
-            per_label[lab] = [(pieces[int(t)], round(float(v), 4)) for v, t in zip(w, j)]
-        out.append({"text": text, "label": model.labels[int(o.logits[0].argmax())], "attention": per_label})
+        if len(views[i].pieces) != len(src.tokens.ids[i]):  # both come from the same tokenizer call
+            raise RuntimeError(f"token views and ids disagree on {text!r}; please report this")
+        ex = model.head.explain(o, views[i], model.labels, top)
+        out.append({"text": text, "label": model.labels[int(o.logits[0].argmax())],
+                    "explanation": ex.data, "lines": ex.lines})
     return out
+

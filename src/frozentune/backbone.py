@@ -246,6 +246,20 @@ class Backbone:
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
         return tokenize(self.tok, texts, self.max_length)
 
+    def token_views(self, texts: Sequence[str]) -> list["TokenView"]:
+        """Word pieces and their character spans in each text, exactly as `tokenize` cuts them
+        (needs a fast tokenizer, which reports offsets)."""
+        from .head import TokenView
+
+        if not getattr(self.tok, "is_fast", False):
+            raise BackboneError(f"{self.name!r} has a slow tokenizer, which cannot map tokens back to "
+                                f"characters; explanations need a fast (Rust) tokenizer: save one with "
+                                f"AutoTokenizer.from_pretrained(..., use_fast=True)")
+        enc = self.tok(list(texts), truncation=True, max_length=self.max_length, padding=False,
+                       return_attention_mask=False, return_offsets_mapping=True)
+        return [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs])
+                for t, ids, offs in zip(texts, enc["input_ids"], enc["offset_mapping"])]
+
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""
         return encode(self.model, input_ids, attention_mask, self.layers)

@@ -85,10 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("texts", nargs="*", help="texts to label")
     pr.add_argument("--input", type=Path, help="a file with one text per line")
 
-    x = sub.add_parser("explain", help="show what a saved model attended to, per label")
+    x = sub.add_parser("explain", help="show why a saved model predicts what it does (methods that explain: see `list`)")
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("texts", nargs="+", help="texts to explain")
-    x.add_argument("--top", type=int, default=5, help="tokens shown per label")
+    x.add_argument("--top", type=int, default=5, help="how many tokens or spans to show")
+    x.add_argument("--json", action="store_true", help="print the explanations as JSON")
 
     c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset")
     c.add_argument("data", help="dataset name, file or folder")
@@ -154,10 +155,13 @@ def cmd_explain(a: argparse.Namespace) -> int:
         rows = api.explain(a.model, a.texts, a.top)
     except ValueError as e:
         raise CLIError(str(e)) from None
+    if a.json:
+        print(json.dumps([{k: r[k] for k in ("text", "label", "explanation")} for r in rows], indent=2))
+        return 0
     for row in rows:
         print(f"{row['text']}\n  predicted: {row['label']}")
-        for lab, toks in row["attention"].items():
-            print(f"  {lab:>14}: " + "  ".join(f"{t} {w:.2f}" for t, w in toks))
+        for line in row["lines"]:
+            print(f"  {line}")
     return 0
 
 

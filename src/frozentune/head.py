@@ -18,6 +18,31 @@ class Features:
 
 
 @dataclass
+class TokenView:
+    """One input as the backbone saw it: its word pieces (special tokens included) and the
+    character span of each in the original text ((0, 0) for special tokens)."""
+    text: str
+    pieces: list[str]
+    offsets: list[tuple[int, int]]
+
+    def surface(self, i: int, j: int | None = None) -> str:
+        """The original text of pieces i..j (inclusive; j defaults to i), or the piece itself for a
+        special token."""
+        j = i if j is None else j
+        spans = [self.offsets[t] for t in range(i, j + 1) if self.offsets[t][1] > self.offsets[t][0]]
+        if not spans:
+            return " ".join(self.pieces[i:j + 1])
+        return self.text[spans[0][0]:spans[-1][1]]
+
+
+@dataclass
+class Explanation:
+    """What a head says about one prediction: `data` is JSON-serialisable, `lines` are for people."""
+    data: dict
+    lines: list[str]
+
+
+@dataclass
 class Output:
     logits: Tensor                              # (B, C) class scores; argmax is the prediction
     extras: dict[str, Tensor] = field(default_factory=dict)  # what the method can explain
@@ -33,6 +58,17 @@ class Head(nn.Module):
     def loss(self, out: Output, labels: Tensor) -> Tensor:
         """labels: (B,) int64 → scalar."""
         return F.cross_entropy(out.logits, labels)
+
+    def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
+        """Explain one prediction (`out` holds a batch of one). Heads that can explain override
+        this; `explains(head)` tells whether one does."""
+        raise NotImplementedError
+
+
+def explains(head: Head | type[Head]) -> bool:
+    """Whether a head (instance or class) overrides `Head.explain`."""
+    cls = head if isinstance(head, type) else type(head)
+    return cls.explain is not Head.explain
 
 
 def masked_mean(hidden: Tensor, mask: Tensor) -> Tensor:
