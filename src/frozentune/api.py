@@ -130,15 +130,71 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     """Metrics of a saved model on a split of a dataset (the same numbers its training run
     reported, when given the same data)."""
     model = M.load(model_dir)
+    ds, part, y = _saved_split(model, data, split, text_field, label_field)
+    sources = SourceFactory(model.backbone_ref, model.trains_backbone, cache_root, False, progress)
+    m, _ = evaluate(model, sources(part), y)
+    return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m}
+
+
+def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,
+                 label_field: str | None) -> tuple[Dataset, TextSplit, np.ndarray]:
+    """A split of `data` read the way the model was trained (fields, seed for carved splits),
+    with its labels encoded in the model's label order."""
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"split {split!r}: choose train, validation or test")
     saved = model.saved_config  # type: ignore[attr-defined]
     seed = saved.get("train", {}).get("seed", 0)
     ds = load_classification(data, text_field or saved.get("text_field", "text"),
                              label_field or saved.get("label_field", "label"), seed=seed)
     part: TextSplit = getattr(ds, split)
-    y = encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
+    return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
+
+
+def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split: str = "test",
+                  max_points: int = 3000, text_field: str | None = None, label_field: str | None = None,
+                  cache_root: Path | None = None, progress: bool = True) -> dict:
+    """Write a PNG of a `space` model's centroids for a split's examples in concept space (a seeded
+    sample of at most max_points), coloured by true label; also return the silhouette score of the
+    true labels over the concatenated centroids (1: tight separate classes, 0: overlapping)."""
+    from sklearn.metrics import silhouette_score
+
+    from .plot import plot_concepts as draw
+    from .train import predict_outputs
+
+    model = M.load(model_dir)
+    if model.method != "space":
+        raise ValueError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
+                         f"a {model.method!r} model")
+    if max_points < 2:
+        raise ValueError("max_points must be at least 2")
+    ds, part, y = _saved_split(model, data, split, text_field, label_field)
     sources = SourceFactory(model.backbone_ref, model.trains_backbone, cache_root, False, progress)
-    m, _ = evaluate(model, sources(part), y)
-    return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m}
+    src = sources(part)
+    keep = np.sort(np.random.default_rng(0).permutation(len(part))[:max_points])
+    outs = predict_outputs(model, _Subset(src, keep), ("centroids",))
+    k, y = outs["centroids"], y[keep]  # (N, n, m), (N,)
+    accuracy = 100.0 * float((outs["logits"].argmax(1) == y).mean())
+    silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if len(set(y.tolist())) > 1 else float("nan")
+    output = Path(output) if output else Path(model_dir) / f"concepts-{ds.name}-{split}.png"
+    title = (f"{ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}, "
+             f"accuracy {accuracy:.1f}%, silhouette {silhouette:.2f}")
+    what = draw(k, y, model.labels, output, title)
+    return {"png": str(output), "data": ds.name, "split": split, "points": len(k), "of": len(part),
+            "drawn": what, "accuracy_on_points": accuracy, "silhouette": silhouette}
+
+
+class _Subset:
+    """Rows `keep` of a source, in that order."""
+
+    def __init__(self, src: M.Source, keep: np.ndarray):
+        self.src, self.keep = src, keep
+        self.lengths = src.lengths[keep]
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def batch(self, idx: np.ndarray) -> M.Batch:
+        return self.src.batch(self.keep[idx])
 
 
 def _live(model_dir: Path | M.Classifier, texts: Sequence[str]) -> tuple[M.Classifier, M.LiveSource]:

@@ -4,6 +4,7 @@
   frozentune eval --model DIR --data D
   frozentune predict --model DIR TEXT... | --input FILE
   frozentune explain --model DIR TEXT...
+  frozentune plot-concepts --model DIR --data D [--output PNG]
   frozentune cache DATA --backbone B
   frozentune list
 """
@@ -91,6 +92,16 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--top", type=int, default=5, help="how many tokens or spans to show")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
 
+    pc = sub.add_parser("plot-concepts", help="draw a space model's test centroids in concept space (PNG)")
+    pc.add_argument("--model", type=Path, required=True)
+    pc.add_argument("--data", required=True)
+    pc.add_argument("--split", default="test", choices=("train", "validation", "test"))
+    pc.add_argument("--output", type=Path, help="PNG path (default: MODEL/concepts-DATA-SPLIT.png)")
+    pc.add_argument("--max-points", type=int, default=3000, help="seeded sample of examples drawn")
+    pc.add_argument("--text-field")
+    pc.add_argument("--label-field")
+    pc.add_argument("--cache-dir", type=Path)
+
     c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset")
     c.add_argument("data", help="dataset name, file or folder")
     c.add_argument("--splits", default="train,validation,test")
@@ -165,6 +176,18 @@ def cmd_explain(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot_concepts(a: argparse.Namespace) -> int:
+    from . import api
+    try:
+        r = api.plot_concepts(a.model, a.data, a.output, a.split, a.max_points, a.text_field, a.label_field,
+                              a.cache_dir, progress=sys.stderr.isatty())
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    print(f"wrote {r['png']}: {r['points']:,} of {r['of']:,} {r['data']} {r['split']} examples, {r['drawn']}; "
+          f"silhouette of the true labels {r['silhouette']:.3f}")
+    return 0
+
+
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
     bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
@@ -207,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(a, rest)
         if a.command == "list":
             return cmd_list()
-        return {"eval": cmd_eval, "predict": cmd_predict, "explain": cmd_explain, "cache": cmd_cache}[a.command](a)
+        return {"eval": cmd_eval, "predict": cmd_predict, "explain": cmd_explain, "cache": cmd_cache,
+                "plot-concepts": cmd_plot_concepts}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError) as e:
         print(f"frozentune: error: {e}", file=sys.stderr)
         return 2

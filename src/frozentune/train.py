@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -57,13 +57,27 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int) -> dict[str
                                          labels=list(range(num_labels)), zero_division=0)}
 
 
-@torch.no_grad()
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
     """(N, C) logits in the source's order."""
+    return predict_outputs(model, src, (), batch_size)["logits"]
+
+
+@torch.no_grad()
+def predict_outputs(model: Classifier, src: Source, extras: Sequence[str] = (),
+                    batch_size: int = 256) -> dict[str, np.ndarray]:
+    """Logits (N, C) and the named per-example extras of the head (N, ...), in the source's order.
+    Extras with a token axis cannot be stacked across batches and are refused."""
     model.eval()
-    out = np.zeros((len(src), len(model.labels)), dtype=np.float32)
+    out: dict[str, np.ndarray] = {}
     for idx in eval_batches(src.lengths, batch_size):
-        out[idx] = model(src.batch(idx)).logits.float().numpy()
+        o = model(src.batch(idx))
+        for name, value in (("logits", o.logits), *((e, o.extras[e]) for e in extras)):
+            if name not in out:
+                out[name] = np.zeros((len(src), *value.shape[1:]), dtype=np.float32)
+            elif value.shape[1:] != out[name].shape[1:]:
+                raise ValueError(f"extra {name!r} changes shape between batches ({tuple(value.shape[1:])} vs "
+                                 f"{out[name].shape[1:]}): only fixed-size extras can be collected")
+            out[name][idx] = value.float().numpy()
     return out
 
 

@@ -1,2 +1,2 @@
 """Built-in methods: importing a module registers it."""
-from . import probe, ytuning  # noqa: F401
+from . import probe, self_explaining, space, ytuning  # noqa: F401

@@ -1,0 +1,119 @@
+"""Space Model: one concept operator per class over frozen token states.
+
+For class i the concept operator P_i ∈ R^{D×m} (no bias) gives the context attribution
+C_i = tanh(E·P_i) ∈ R^{T×m} of the token states E; its centroid k_i is the mean of C_i over the
+*real* tokens (the published code averages the padding in; `masked_mean=False` reproduces that
+for comparison). [k_1 … k_n] ∈ R^{n·m} → one linear layer → n logits → cross-entropy, plus:
+
+- intra-space loss: mean over classes and concept dimensions of 1 / (Var_t C_i[t, :] + ε), the
+  inverse variance of the token vectors inside each attribution, so they do not collapse onto one
+  vector. ε = `VAR_EPS` bounds it where the variance is zero (one real token, or all equal).
+- inter-space loss: mean over classes and dimensions of (1 − y_i·k_i), y_i = +1 for the true class
+  and −1 for the others: the true class's centroid is pushed toward +1, the others toward −1.
+
+The published code sums both over classes and dimensions; here they are means, so one weight
+means the same thing for every m and number of classes.
+
+Legend: B batch, T tokens, D backbone width, n classes, m concept dimensions per class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..head import Explanation, Features, Head, Output, TokenView
+from ..registry import MethodConfig, register_method
+
+VAR_EPS = 1e-4  # floor under the variance in the intra-space loss
+
+
+@dataclass
+class SpaceConfig(MethodConfig):
+    concept_dim: int = field(default=3, metadata={"help": "m: dimensions of each class's concept space"})
+    intra_weight: float = field(default=1e-3, metadata={"help": "weight of the intra-space loss (inverse variance)"})
+    inter_weight: float = field(default=1e-4, metadata={"help": "weight of the inter-space loss (true class → +1, others → −1)"})
+    masked_mean: bool = field(default=True, metadata={
+        "help": "centroids over real tokens only; false averages the padding in, as the published code does"})
+
+    def validate(self) -> None:
+        if self.concept_dim < 1:
+            raise ValueError("space: concept_dim must be at least 1")
+        if self.intra_weight < 0 or self.inter_weight < 0:
+            raise ValueError("space: loss weights must be non-negative")
+
+
+def attributions(hidden: Tensor, operators: Tensor) -> Tensor:
+    """C = tanh(E·P) for every class at once. hidden (B, T, D), operators (n, D, m) → (B, n, T, m)."""
+    n, d, m = operators.shape
+    proj = hidden @ operators.permute(1, 0, 2).reshape(d, n * m)  # (B, T, n·m)
+    return torch.tanh(proj).unflatten(-1, (n, m)).permute(0, 2, 1, 3)  # (B, n, T, m)
+
+
+def centroids(c: Tensor, mask: Tensor, masked: bool = True) -> tuple[Tensor, Tensor]:
+    """Mean and variance over tokens of C (B, n, T, m), over real tokens (mask (B, T) True on
+    them) or, unmasked, over all T positions → (B, n, m), (B, n, m)."""
+    w = (mask if masked else torch.ones_like(mask)).to(c.dtype)[:, None, :, None]  # (B, 1, T, 1)
+    count = w.sum(2).clamp_min(1.0)  # (B, 1, 1)
+    mean = (c * w).sum(2) / count  # (B, n, m)
+    var = (((c - mean.unsqueeze(2)) ** 2) * w).sum(2) / count  # (B, n, m)
+    return mean, var
+
+
+def intra_space_loss(var: Tensor) -> Tensor:
+    """Mean of 1 / (variance + ε) over batch, classes and dimensions. var (B, n, m) → scalar."""
+    return (1.0 / (var + VAR_EPS)).mean()
+
+
+def inter_space_loss(k: Tensor, labels: Tensor) -> Tensor:
+    """Mean of (1 − y·k), y = +1 on the true class, −1 elsewhere. k (B, n, m), labels (B,) → scalar."""
+    y = 2.0 * F.one_hot(labels, k.shape[1]).to(k.dtype) - 1.0  # (B, n)
+    return (1.0 - y.unsqueeze(-1) * k).mean()
+
+
+class SpaceHead(Head):
+    """Concept operators P (n, D, m), centroids, a linear classifier over their concatenation."""
+
+    def __init__(self, cfg: SpaceConfig, dim: int, num_labels: int):
+        super().__init__()
+        self.cfg, self.n = cfg, num_labels
+        bound = dim ** -0.5  # the scale nn.Linear(D, m) would start at
+        self.operators = nn.Parameter(torch.empty(num_labels, dim, cfg.concept_dim).uniform_(-bound, bound))
+        self.out = nn.Linear(num_labels * cfg.concept_dim, num_labels)
+
+    def forward(self, f: Features) -> Output:
+        c = attributions(f.hidden, self.operators)  # (B, n, T, m)
+        k, var = centroids(c, f.mask, self.cfg.masked_mean)  # (B, n, m) each
+        logits = self.out(k.flatten(1))  # (B, n)
+        token_scores = c.mean(-1).masked_fill(~f.mask[:, None, :], 0.0)  # (B, n, T)
+        return Output(logits, {"centroids": k, "concept_variance": var, "token_scores": token_scores})
+
+    def loss(self, out: Output, labels: Tensor) -> Tensor:
+        loss = F.cross_entropy(out.logits, labels)
+        if self.cfg.intra_weight:
+            loss = loss + self.cfg.intra_weight * intra_space_loss(out.extras["concept_variance"])
+        if self.cfg.inter_weight:
+            loss = loss + self.cfg.inter_weight * inter_space_loss(out.extras["centroids"], labels)
+        return loss
+
+    def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
+        """Per class: its centroid (and the centroid's mean) and the tokens whose attribution,
+        tanh(E·P_i) averaged over the m dimensions, is highest."""
+        k = out.extras["centroids"][0]  # (n, m)
+        scores = out.extras["token_scores"][0, :, :len(tokens.pieces)]  # (n, T)
+        real = [t for t, (s, e) in enumerate(tokens.offsets) if e > s] or list(range(len(tokens.pieces)))
+        data, lines = {}, []
+        for i, lab in enumerate(labels):
+            w, j = scores[i, real].topk(min(top, len(real)))
+            toks = [(tokens.surface(real[int(t)]), round(float(v), 4)) for v, t in zip(w, j)]
+            data[lab] = {"centroid": [round(float(x), 4) for x in k[i]], "centroid_mean": round(float(k[i].mean()), 4),
+                         "tokens": toks}
+            lines.append(f"{lab:>14}: centroid mean {float(k[i].mean()):+.3f}   "
+                         + "  ".join(f"{t} {v:+.2f}" for t, v in toks))
+        return Explanation({"classes": data}, lines)
+
+
+register_method("space", SpaceConfig, "Space Model: per-class concept operators tanh(E·P_i), centroids → linear",
+                train_defaults={"lr": 1e-3, "epochs": 20, "batch_size": 32, "patience": 5})(SpaceHead)

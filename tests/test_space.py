@@ -1,0 +1,123 @@
+"""Space Model specifics: centroids over real tokens, the two auxiliary losses, hand-computed values,
+explanation and the concept-space picture."""
+import json
+import math
+
+import pytest
+import torch
+
+from frozentune.cli import main
+from frozentune.head import Features
+from frozentune.heads.space import (VAR_EPS, SpaceConfig, SpaceHead, attributions, centroids,
+                                    inter_space_loss, intra_space_loss)
+
+
+def test_padding_does_not_change_centroids_or_logits():
+    torch.manual_seed(0)
+    head = SpaceHead(SpaceConfig(concept_dim=4), dim=8, num_labels=3).eval()
+    x = torch.randn(2, 5, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    x_padded = torch.cat([x, 7.0 * torch.randn(2, 4, 8)], 1)  # garbage on the padding
+    mask_padded = torch.cat([mask, torch.zeros(2, 4, dtype=torch.bool)], 1)
+    a, b = head(Features(x, mask)), head(Features(x_padded, mask_padded))
+    assert torch.allclose(a.extras["centroids"], b.extras["centroids"], atol=1e-6)
+    assert torch.allclose(a.extras["concept_variance"], b.extras["concept_variance"], atol=1e-6)
+    assert torch.allclose(a.logits, b.logits, atol=1e-6)
+    # the published (unmasked) mean does depend on padding: the option really switches it
+    head.cfg.masked_mean = False
+    a, b = head(Features(x, mask)), head(Features(x_padded, mask_padded))
+    assert not torch.allclose(a.extras["centroids"], b.extras["centroids"], atol=1e-3)
+
+
+def test_intra_space_loss_is_finite_when_collapsed_and_falls_as_vectors_spread():
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    values = []
+    for spread in (0.0, 0.1, 0.3, 0.6):
+        c = torch.zeros(1, 2, 4, 3)  # (B, n, T, m): four token vectors per space
+        c[:, :, ::2] += spread
+        c[:, :, 1::2] -= spread
+        _, var = centroids(c, mask)
+        values.append(float(intra_space_loss(var)))
+    assert math.isfinite(values[0]) and values[0] == pytest.approx(1.0 / VAR_EPS)
+    assert values == sorted(values, reverse=True) and len(set(values)) == 4
+    assert values[2] == pytest.approx(1.0 / (0.3 ** 2 + VAR_EPS), rel=1e-5)
+
+
+def test_two_classes_m2_hand_computed():
+    """E = [[1, 0], [0, 1], padding]; P_0 = I, P_1 = −I; output layer set by hand."""
+    cfg = SpaceConfig(concept_dim=2, intra_weight=0.5, inter_weight=0.25)
+    head = SpaceHead(cfg, dim=2, num_labels=2)
+    with torch.no_grad():
+        head.operators.copy_(torch.stack([torch.eye(2), -torch.eye(2)]))
+        head.out.weight.copy_(torch.tensor([[1.0, 2.0, 0.0, -1.0], [0.5, 0.0, 1.0, 0.0]]))
+        head.out.bias.copy_(torch.tensor([0.1, -0.2]))
+    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [9.0, 9.0]]])
+    mask = torch.tensor([[True, True, False]])
+    out = head(Features(x, mask))
+    t = math.tanh(1.0)
+    k0, k1 = [t / 2, t / 2], [-t / 2, -t / 2]
+    assert out.extras["centroids"][0].flatten().tolist() == pytest.approx(k0 + k1, abs=1e-6)
+    assert out.extras["concept_variance"][0].flatten().tolist() == pytest.approx([t * t / 4] * 4, abs=1e-6)
+    z0 = 1.0 * k0[0] + 2.0 * k0[1] + 0.0 * k1[0] - 1.0 * k1[1] + 0.1
+    z1 = 0.5 * k0[0] + 0.0 * k0[1] + 1.0 * k1[0] + 0.0 * k1[1] - 0.2
+    assert out.logits[0].tolist() == pytest.approx([z0, z1], abs=1e-6)
+    ce = -z0 + math.log(math.exp(z0) + math.exp(z1))  # true class 0
+    intra = 1.0 / (t * t / 4 + VAR_EPS)
+    inter = ((1 - k0[0]) + (1 - k0[1]) + (1 + k1[0]) + (1 + k1[1])) / 4
+    expected = ce + 0.5 * intra + 0.25 * inter
+    assert head.loss(out, torch.tensor([0])).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_inter_space_loss_pushes_true_class_up_and_others_down():
+    labels = torch.tensor([1])
+    ideal = torch.tensor([[[-1.0, -1.0], [1.0, 1.0]]])  # (B, n, m): true class at +1, other at −1
+    assert float(inter_space_loss(ideal, labels)) == pytest.approx(0.0)
+    assert float(inter_space_loss(-ideal, labels)) == pytest.approx(2.0)
+    assert float(inter_space_loss(torch.zeros(1, 2, 2), labels)) == pytest.approx(1.0)
+
+
+def test_attributions_match_a_per_class_loop():
+    torch.manual_seed(1)
+    x, ops = torch.randn(2, 5, 6), torch.randn(3, 6, 4)
+    c = attributions(x, ops)  # (B, n, T, m)
+    for i in range(3):
+        assert torch.allclose(c[:, i], torch.tanh(x @ ops[i]), atol=1e-6)
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys):
+    out = tmp_path / "space"
+    code, _, err = run(capsys, "train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert,
+                       "--max-length", 32, "--epochs", 1, "--output", out, "--cache-dir", tmp_path / "cache",
+                       "--quiet")
+    assert code == 0, err
+    labels = json.loads((out / "config.json").read_text())["labels"]
+    code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--top", 2, "--json")
+    assert code == 0, err
+    ex = json.loads(stdout)[0]["explanation"]["classes"]
+    assert set(ex) == set(labels)
+    for row in ex.values():
+        assert len(row["centroid"]) == 3 and all(-1 <= v <= 1 for v in row["centroid"])
+        assert len(row["tokens"]) == 2
+        assert all(tok in "Who invented the telephone ?" for tok, _ in row["tokens"])  # words, not [CLS]
+
+    png = tmp_path / "pic" / "concepts.png"
+    code, stdout, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", png,
+                            "--cache-dir", tmp_path / "cache", "--max-points", 40)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "silhouette" in stdout and "40 of" in stdout
+
+
+def test_plot_concepts_refuses_other_methods(tiny_bert, trec_slice, tmp_path, capsys):
+    out = tmp_path / "probe"
+    code, _, err = run(capsys, "train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert,
+                       "--max-length", 32, "--epochs", 1, "--output", out, "--cache-dir", tmp_path / "cache", "--quiet")
+    assert code == 0, err
+    code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--cache-dir", tmp_path / "cache")
+    assert code == 2 and "holds a 'probe' model" in err
