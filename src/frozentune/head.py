@@ -25,14 +25,19 @@ class TokenView:
     pieces: list[str]
     offsets: list[tuple[int, int]]
 
-    def surface(self, i: int, j: int | None = None) -> str:
-        """The original text of pieces i..j (inclusive; j defaults to i), or the piece itself for a
-        special token."""
+    def char_range(self, i: int, j: int | None = None) -> tuple[int, int] | None:
+        """Character range [start, end) in `text` of pieces i..j (inclusive; j defaults to i);
+        None when they are all special tokens, which have no characters."""
         j = i if j is None else j
         spans = [self.offsets[t] for t in range(i, j + 1) if self.offsets[t][1] > self.offsets[t][0]]
-        if not spans:
-            return " ".join(self.pieces[i:j + 1])
-        return self.text[spans[0][0]:spans[-1][1]]
+        return (spans[0][0], spans[-1][1]) if spans else None
+
+    def surface(self, i: int, j: int | None = None) -> str:
+        """The original text of pieces i..j (inclusive; j defaults to i), or the pieces themselves
+        when they are all special tokens."""
+        j = i if j is None else j
+        chars = self.char_range(i, j)
+        return self.text[chars[0]:chars[1]] if chars else " ".join(self.pieces[i:j + 1])
 
 
 @dataclass

@@ -1,0 +1,176 @@
+"""Self-explaining span head (Sun et al. 2020, "Self-Explaining Structures Improve NLP Models").
+
+Every span (i, j) of the frozen token states, i ≤ j, j − i < W, gets a representation
+    h(i,j) = tanh(W₁ h_i + W₂ h_j + W₃ (h_j − h_i) + W₄ (h_i ⊙ h_j))      (the maps share one bias)
+an interpretation layer scores it, a softmax over the input's valid spans gives α(i,j), and the
+classifier reads only their weighted sum Ĥ = Σ α(i,j) h(i,j) → dropout → linear → logits. The α are
+the explanation: the spans the prediction is built from.
+
+Training minimises  loss = CE − λ · Σ_{i,j} α(i,j)²  (per example, averaged over the batch). The
+minus sign is deliberate: Σα² is largest when α sits on one span, so subtracting it *rewards*
+concentrated weights (the paper maximises log p(y|x) + λΣα²). λ is `reg_lambda` (≥ 0).
+
+Cost: W₃ is linear, so W₁h_i + W₂h_j + W₃(h_j − h_i) = (W₁ − W₃)h_i + (W₂ + W₃)h_j exactly; these two
+per-token projections are computed once (B, T, D′). Only W₄(h_i ⊙ h_j) needs the span itself,
+computed one width at a time from shifted views. Memory grows as T·W (the span tensor
+(B, T, W, D′)), never T², unless W = 0 ("all spans", W = T).
+
+Which spans are valid: every token of the span is real (Features.mask) and, with
+`special_tokens=exclude` (default), neither the first nor the last real token of the input, which
+are the [CLS]/[SEP] a BERT-style tokenizer adds, so the rationales are words. An input made of
+nothing but those (≤ 2 real tokens, e.g. an empty text) has no word to weigh: its spans are then
+made over its special tokens, so α stays a distribution. A row with no real token at all (never
+produced by a tokenizer) has no valid span: α = 0 there, Ĥ = 0 and its logits are the output bias.
+
+Span layout (extras["span_weights"], α): entry [b, i, w] is the span (i, i + w); 0 where invalid.
+
+Legend: B batch, T tokens, D backbone width, D′ span width (`dim`), W span widths, C classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..head import Explanation, Features, Head, Output, TokenView
+from ..registry import MethodConfig, register_method
+
+
+@dataclass
+class SelfExplainConfig(MethodConfig):
+    max_span_width: int = field(default=5, metadata={
+        "help": "longest span in tokens (W); 0 = all spans (W = T, memory grows as T²)"})
+    dim: int = field(default=256, metadata={"help": "span representation width D′; 0 = the backbone's width"})
+    reg_lambda: float = field(default=0.1, metadata={
+        "help": "λ of the concentration reward: loss = CE − λ·Σα² (≥ 0; 0 turns it off)"})
+    special_tokens: str = field(default="exclude", metadata={
+        "help": "whether spans may contain the first and last real token ([CLS]/[SEP] of BERT-style "
+                "tokenizers): exclude keeps rationales to words; include for a tokenizer that adds none",
+        "choices": ("exclude", "include")})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on the weighted span sum Ĥ"})
+
+    def validate(self) -> None:
+        if self.max_span_width < 0:
+            raise ValueError(f"selfexplain: max_span_width={self.max_span_width}; use a width ≥ 1, or 0 for all spans")
+        if self.dim < 0:
+            raise ValueError(f"selfexplain: dim={self.dim}; use a width ≥ 1, or 0 for the backbone's width")
+        if self.reg_lambda < 0:
+            raise ValueError(f"selfexplain: reg_lambda={self.reg_lambda}; use λ ≥ 0 (the loss already subtracts "
+                             f"λ·Σα², which rewards concentrated weights)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"selfexplain: dropout={self.dropout}; use a value in [0, 1)")
+
+
+def span_tokens(mask: Tensor, exclude_edges: bool) -> Tensor:
+    """(B, T) bool real tokens → (B, T) bool tokens a span may contain. With exclude_edges, the
+    first and last real token are left out of inputs that have any other real token."""
+    if not exclude_edges:
+        return mask
+    pos = torch.arange(mask.shape[1], device=mask.device)[None, :]  # (1, T)
+    first = torch.where(mask, pos, mask.shape[1]).amin(1, keepdim=True)  # (B, 1)
+    last = torch.where(mask, pos, -1).amax(1, keepdim=True)  # (B, 1)
+    inner = mask & (pos != first) & (pos != last)  # (B, T)
+    only_edges = ~inner.any(1, keepdim=True)  # (B, 1) e.g. "[CLS] [SEP]" alone
+    return torch.where(only_edges, mask, inner)
+
+
+def span_mask(allowed: Tensor, width: int) -> Tensor:
+    """(B, T) bool allowed tokens → (B, T, W) bool: span (i, i + w) is valid iff it ends inside
+    the input and every token in it is allowed (so no span crosses padding)."""
+    B, T = allowed.shape
+    count = F.pad(allowed.long().cumsum(1), (1, 0))  # (B, T + 1): allowed tokens before each position
+    w = torch.arange(width, device=allowed.device)  # (W,)
+    i = torch.arange(T, device=allowed.device)[:, None]  # (T, 1)
+    end = (i + w + 1).clamp(max=T)  # (T, W) one past the span's last token
+    inside = count[:, end] - count[:, i]  # (B, T, W) allowed tokens in the span
+    return (i + w < T)[None] & (inside == w + 1)
+
+
+def masked_softmax(scores: Tensor, valid: Tensor) -> Tensor:
+    """(B, ...) scores, (B, ...) bool → (B, ...) softmax over each row's valid entries; invalid
+    entries are exactly 0, and a row with no valid entry is all 0 (not NaN, in value or gradient)."""
+    flat, ok = scores.flatten(1), valid.flatten(1)  # (B, N)
+    filled = flat.masked_fill(~ok, float("-inf"))
+    filled = filled.masked_fill(~ok.any(1, keepdim=True), 0.0)  # empty rows: finite, zeroed below
+    return (filled.softmax(-1) * ok).view_as(scores)
+
+
+def concentration(alpha: Tensor) -> Tensor:
+    """(B, T, W) span weights → (B,) Σα² per example: 1 on a single span, 1/n spread over n."""
+    return alpha.pow(2).flatten(1).sum(1)
+
+
+class SelfExplainHead(Head):
+    """Span representations, an interpretation layer (softmax over spans) and a linear output
+    layer on the α-weighted sum of spans."""
+
+    def __init__(self, cfg: SelfExplainConfig, dim: int, num_labels: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dim or dim
+        self.w1 = nn.Linear(dim, d)  # h_i (carries the one bias of h(i,j))
+        self.w2 = nn.Linear(dim, d, bias=False)  # h_j
+        self.w3 = nn.Linear(dim, d, bias=False)  # h_j − h_i
+        self.w4 = nn.Linear(dim, d, bias=False)  # h_i ⊙ h_j
+        self.interpret = nn.Linear(d, 1)  # span → score, softmaxed into α
+        self.drop = nn.Dropout(cfg.dropout)
+        self.out = nn.Linear(d, num_labels)
+
+    def span_states(self, hidden: Tensor, width: int) -> Tensor:
+        """(B, T, D) → (B, T, W, D′): entry [b, i, w] is h(i, i + w); zeros past the input's end.
+        Per-token projections once, then one shifted product per width (no loop over spans)."""
+        B, T, _ = hidden.shape
+        start = self.w1(hidden) - self.w3(hidden)  # (B, T, D′) (W₁ − W₃) h_i + bias
+        end = self.w2(hidden) + self.w3(hidden)  # (B, T, D′) (W₂ + W₃) h_j
+        pre = start.new_zeros(B, T, width, start.shape[-1])  # (B, T, W, D′)
+        for w in range(width):
+            n = T - w  # spans of this width that end inside the input
+            pre[:, :n, w] = start[:, :n] + end[:, w:] + self.w4(hidden[:, :n] * hidden[:, w:])
+        return torch.tanh(pre)
+
+    def forward(self, f: Features) -> Output:
+        T = f.hidden.shape[1]
+        width = min(self.cfg.max_span_width or T, T)
+        hidden = f.hidden.masked_fill(~f.mask[..., None], 0.0)  # (B, T, D) padding can hold no NaN/inf
+        valid = span_mask(span_tokens(f.mask, self.cfg.special_tokens == "exclude"), width)  # (B, T, W)
+        spans = self.span_states(hidden, width)  # (B, T, W, D′)
+        alpha = masked_softmax(self.interpret(spans).squeeze(-1), valid)  # (B, T, W)
+        pooled = torch.einsum("btw,btwd->bd", alpha, spans)  # (B, D′) Ĥ
+        return Output(self.out(self.drop(pooled)), {"span_weights": alpha})  # (B, C)
+
+    def loss(self, out: Output, labels: Tensor) -> Tensor:
+        """CE − λ·mean_b Σα²: the minus rewards concentrated span weights."""
+        ce = F.cross_entropy(out.logits, labels)
+        return ce - self.cfg.reg_lambda * concentration(out.extras["span_weights"]).mean()
+
+    def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
+        """The `top` spans by α, as original text with their character range [start, end) in
+        tokens.text (null for a span of special tokens only, which has no characters)."""
+        alpha = out.extras["span_weights"][0].detach()  # (T, W)
+        n = len(tokens.pieces)
+        if alpha.shape[0] < n:
+            raise ValueError(f"span weights cover {alpha.shape[0]} tokens but the input has {n}; "
+                             f"pass the head's output for this input alone")
+        spans = []
+        for i, j, weight in top_spans(alpha[:n], top):
+            chars = tokens.char_range(i, j)
+            spans.append({"text": tokens.surface(i, j), "start": chars[0] if chars else None,
+                          "end": chars[1] if chars else None, "weight": round(weight, 4)})
+        lines = [f'{s["weight"]:.2f}  "{s["text"]}"' for s in spans]
+        return Explanation({"spans": spans}, lines)
+
+
+def top_spans(alpha: Tensor, top: int) -> list[tuple[int, int, float]]:
+    """(n, W) span weights of one input → up to `top` (i, j, α) with α > 0, largest first."""
+    flat = alpha.flatten()
+    weights, idx = flat.topk(min(top, int((flat > 0).sum())))
+    width = alpha.shape[1]
+    return [(int(k) // width, int(k) // width + int(k) % width, float(v)) for v, k in zip(weights, idx)]
+
+
+
+register_method("selfexplain", SelfExplainConfig,
+                "self-explaining spans: classify from an α-weighted sum of span representations; α is the rationale",
+                train_defaults={"lr": 1e-3, "epochs": 20, "batch_size": 32, "patience": 5})(SelfExplainHead)

@@ -1,0 +1,207 @@
+import numpy as np
+import pytest
+import torch
+
+from frozentune import model as M
+from frozentune.backbone import Backbone
+from frozentune.head import Features, Output
+from frozentune.heads.self_explaining import SelfExplainHead, concentration, span_mask, span_tokens
+from frozentune.registry import MethodError, create_method
+
+
+def feats(lengths=(7, 5, 3), T=7, D=32, seed=0) -> Features:
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(len(lengths), T, D, generator=g)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    return Features(hidden * mask[..., None], mask)
+
+
+def head_for(options=None, D=32, C=3, seed=0) -> SelfExplainHead:
+    torch.manual_seed(seed)
+    head, _ = create_method("selfexplain", D, C, {"dim": 16, **(options or {})})
+    return head.eval()
+
+
+def expected_valid(length: int, T: int, W: int, exclude: bool) -> torch.Tensor:
+    """(T, W) bool, written span by span: the spans (i, i + w) the head may weigh."""
+    lo, hi = (1, length - 2) if exclude and length >= 3 else (0, length - 1)
+    out = torch.zeros(T, W, dtype=torch.bool)
+    for i in range(T):
+        for w in range(W):
+            out[i, w] = lo <= i and i + w <= hi
+    return out
+
+
+@pytest.mark.parametrize("special", ["exclude", "include"])
+@pytest.mark.parametrize("width", [3, 0])
+def test_alpha_is_a_distribution_over_exactly_the_valid_spans(special, width):
+    f = feats()
+    head = head_for({"max_span_width": width, "special_tokens": special})
+    alpha = head(f).extras["span_weights"]  # (B, T, W)
+    W = width or 7
+    assert alpha.shape == (3, 7, W)
+    assert torch.allclose(alpha.sum((1, 2)), torch.ones(3), atol=1e-6)
+    for b, length in enumerate((7, 5, 3)):
+        want = expected_valid(length, 7, W, special == "exclude")
+        assert torch.equal(alpha[b] > 0, want), f"row {b} (length {length})"
+    if special == "exclude":  # no weight ever touches [CLS] (position 0) or [SEP] (length − 1)
+        assert (alpha[:, 0] == 0).all() and alpha[1, 4].sum() == 0 and alpha[1, 3, 1:].sum() == 0
+
+
+@pytest.mark.parametrize("length, width", [(7, 5), (7, 1), (7, 0), (12, 3), (4, 9), (3, 0)])
+@pytest.mark.parametrize("exclude", [True, False])
+def test_number_of_valid_spans_is_the_closed_form(length, width, exclude):
+    T = length + 2  # two padding positions
+    mask = (torch.arange(T) < length)[None]
+    W = width or T
+    n = length - 2 if exclude else length  # tokens a span may contain
+    k = min(W, n)
+    want = k * n - k * (k - 1) // 2  # Σ_{w<k} (n − w); W ≥ n gives n(n+1)/2
+    assert int(span_mask(span_tokens(mask, exclude), W).sum()) == want
+    if width == 0:
+        assert want == n * (n + 1) // 2
+
+
+def test_spans_cannot_cross_padding_inside_the_mask():
+    # a hole in the mask: real tokens 0..2 and 4..5; every span touching position 3 is invalid
+    allowed = torch.tensor([[True, True, True, False, True, True]])
+    valid = span_mask(allowed, 6)[0]  # (T, W)
+    for i in range(6):
+        for w in range(6):
+            crosses = i <= 3 <= i + w or i + w >= 6
+            assert bool(valid[i, w]) == (not crosses), (i, w)
+
+
+@pytest.mark.parametrize("width", [5, 0])
+def test_padding_does_not_change_the_output(width):
+    head = head_for({"max_span_width": width})
+    f = feats()
+    garbage = 100 * torch.randn(3, 4, 32)
+    garbage[0, 0, 0] = float("nan")
+    longer = Features(torch.cat([f.hidden, garbage], 1), torch.cat([f.mask, torch.zeros(3, 4, dtype=torch.bool)], 1))
+    a, b = head(f), head(longer)
+    assert torch.isfinite(b.logits).all()
+    assert torch.allclose(a.logits, b.logits, atol=1e-6, rtol=0)
+    wa, wb = a.extras["span_weights"], b.extras["span_weights"]
+    assert torch.allclose(wa, wb[:, :7, :wa.shape[2]], atol=1e-6, rtol=0)
+    assert wb[:, 7:].sum() == 0 and wb[:, :, wa.shape[2]:].sum() == 0
+
+
+def test_batched_spans_equal_a_loop_over_spans():
+    head = head_for({"max_span_width": 3})
+    f = feats(lengths=(6, 4), T=6)
+    out = head(f)
+    for b, length in enumerate((6, 4)):
+        h = f.hidden[b]
+        spans, keys = [], []
+        for i in range(1, length - 1):  # [CLS] and [SEP] excluded
+            for j in range(i, min(i + 3, length - 1)):
+                pre = head.w1(h[i]) + head.w2(h[j]) + head.w3(h[j] - h[i]) + head.w4(h[i] * h[j])
+                spans.append(torch.tanh(pre))
+                keys.append((i, j - i))
+        spans = torch.stack(spans)  # (n, D′)
+        alpha = torch.softmax(head.interpret(spans).squeeze(-1), 0)  # (n,)
+        logits = head.out((alpha[:, None] * spans).sum(0))
+        assert torch.allclose(out.logits[b], logits, atol=1e-5)
+        got = out.extras["span_weights"][b]
+        assert torch.allclose(torch.stack([got[i, w] for i, w in keys]), alpha, atol=1e-6)
+    batched = head.span_states(f.hidden, 3)  # (B, T, W, D′)
+    i, j = 2, 4
+    h = f.hidden[0]
+    one = torch.tanh(head.w1(h[i]) + head.w2(h[j]) + head.w3(h[j] - h[i]) + head.w4(h[i] * h[j]))
+    assert torch.allclose(batched[0, i, j - i], one, atol=1e-6)
+
+
+def test_loss_is_ce_minus_lambda_times_concentration():
+    head = head_for({"reg_lambda": 0.5})
+    f, y = feats(), torch.tensor([0, 2, 1])
+    out = head(f)
+    ce = torch.nn.functional.cross_entropy(out.logits, y)
+    sq = out.extras["span_weights"].pow(2).sum((1, 2))  # (B,)
+    assert torch.allclose(head.loss(out, y), ce - 0.5 * sq.mean(), atol=1e-7)
+    # same logits (same CE): concentrating α on one span lowers the loss
+    spread = torch.full((1, 4, 1), 0.25)
+    peaked = torch.tensor([[[1.0], [0.0], [0.0], [0.0]]])
+    logits = torch.tensor([[0.3, -0.2, 0.1]])
+    lo = head.loss(Output(logits, {"span_weights": peaked}), y[:1])
+    hi = head.loss(Output(logits, {"span_weights": spread}), y[:1])
+    assert float(hi - lo) == pytest.approx(0.5 * (1.0 - 0.25))
+    assert concentration(peaked).item() == 1.0 and concentration(spread).item() == pytest.approx(0.25)
+
+
+def test_only_special_tokens_and_empty_rows_stay_finite():
+    head = head_for()
+    f = feats(lengths=(2, 1, 0, 5))
+    out = head(f)
+    assert torch.isfinite(out.logits).all()
+    alpha = out.extras["span_weights"]
+    # "[CLS] [SEP]" alone: its spans are made over the special tokens, α still sums to 1
+    assert alpha[0].sum().item() == pytest.approx(1.0) and alpha[1].sum().item() == pytest.approx(1.0)
+    assert torch.equal(alpha[0] > 0, expected_valid(2, 7, 5, exclude=False))  # (0,0) (0,1) (1,1)
+    assert alpha[1, 0, 0].item() == pytest.approx(1.0)  # a lone token: the one span
+    # no real token: no span, Ĥ = 0, the logits are the output layer's bias
+    assert alpha[2].sum() == 0
+    assert torch.allclose(out.logits[2], head.out.bias)
+    loss = head.loss(out, torch.tensor([0, 1, 2, 0]))
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in head.parameters() if p.grad is not None)
+
+
+def test_explanation_offsets_slice_the_original_text(tiny_bert):
+    bb = Backbone.load(str(tiny_bert), max_length=32)
+    text = "The movie was not  good, really!"
+    view = bb.token_views([text])[0]  # [CLS] the movie was not good , really ! [SEP]
+    n = len(view.pieces)
+    assert view.pieces[4:6] == ["not", "good"]
+    head = head_for({"max_span_width": 3}, D=bb.dim, C=2)
+    f = Features(torch.randn(1, n, bb.dim), torch.ones(1, n, dtype=torch.bool))
+    ex = head.explain(head(f), view, ["neg", "pos"], top=4)
+    spans = ex.data["spans"]
+    assert len(spans) == 4 and len(ex.lines) == 4
+    assert [s["weight"] for s in spans] == sorted((s["weight"] for s in spans), reverse=True)
+    for s in spans:
+        assert text[s["start"]:s["end"]] == s["text"] and s["text"].strip() and "[" not in s["text"]
+
+    # weights placed by hand: the top span is (4, 5) = "not  good", exactly as typed
+    alpha = torch.zeros(1, n, 3)
+    alpha[0, 4, 1], alpha[0, 7, 0], alpha[0, 1, 2] = 0.6, 0.3, 0.1  # (4,5), (7,7), (1,3)
+    ex = head.explain(Output(torch.zeros(1, 2), {"span_weights": alpha}), view, ["neg", "pos"], top=5)
+    assert [(s["text"], s["start"], s["end"]) for s in ex.data["spans"]] == [
+        ("not  good", 14, 23), ("really", 25, 31), ("The movie was", 0, 13)]
+    assert ex.lines[0] == '0.60  "not  good"'
+
+    # with special_tokens=include a span may hold [SEP]: it adds no characters; alone it has none
+    alpha = torch.zeros(1, n, 3)
+    alpha[0, 7, 2], alpha[0, 9, 0] = 0.7, 0.3  # (7, 9) = "really ! [SEP]", (9, 9) = "[SEP]"
+    ex = head.explain(Output(torch.zeros(1, 2), {"span_weights": alpha}), view, ["neg", "pos"], top=5)
+    assert [(s["text"], s["start"], s["end"]) for s in ex.data["spans"]] == [
+        ("really!", 25, 32), ("[SEP]", None, None)]
+
+
+def test_train_backbone_reaches_the_backbone(tiny_bert):
+    bb = Backbone.load(str(tiny_bert), max_length=16)
+    model = M.build_classifier("selfexplain", bb, ["neg", "pos"], {"train_backbone": True}, seed=0)
+    texts = ["good film", "a really bad film !", "fine"]
+    src = M.LiveSource(bb.tokenize(texts), bb.pad_id())
+    out = model(src.batch(np.arange(3)))
+    assert out.logits.shape == (3, 2)
+    model.head.loss(out, torch.tensor([1, 0, 1])).backward()
+    grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
+    assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
+    assert all(p.grad is not None for p in model.head.parameters())
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"max_span_width": -1}, "max_span_width=-1; use a width"),
+    ({"reg_lambda": -0.1}, "use λ ≥ 0"),
+    ({"dim": -4}, "dim=-4"),
+    ({"special_tokens": "keep"}, "choose one of exclude, include"),
+])
+def test_bad_options(options, needle):
+    with pytest.raises(MethodError, match=needle):
+        create_method("selfexplain", 32, 2, options)
+
+
+def test_span_dim_zero_is_the_backbone_width():
+    head, _ = create_method("selfexplain", 24, 2, {"dim": 0})
+    assert head.w4.weight.shape == (24, 24) and head.out.weight.shape == (2, 24)
