@@ -23,6 +23,16 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RUNS = HERE / "runs"  # saved models (not committed)
 
+# Space Model ablation: (result-name tag, options) and the report rows (label, result-name suffix)
+SPACE_VARIANTS = [("m3", ["--concept-dim", "3"]), ("m64", ["--concept-dim", "64"]),
+                  ("no-intra", ["--intra-weight", "0"]), ("no-inter", ["--inter-weight", "0"]),
+                  ("no-aux", ["--intra-weight", "0", "--inter-weight", "0"]), ("unmasked", ["--no-masked-mean"]),
+                  ("published", ["--concept-dim", "3", "--no-masked-mean"])]
+SPACE_ABLATIONS = [("default (m = 16, intra 1e-3, inter 1e-4, masked mean)", ""), ("m = 3", "-m3"), ("m = 64", "-m64"),
+                   ("without the intra-space loss", "-no-intra"), ("without the inter-space loss", "-no-inter"),
+                   ("without either", "-no-aux"), ("unmasked mean (padding averaged in)", "-unmasked"),
+                   ("as published: m = 3, unmasked mean", "-published")]
+
 SUITES: dict[str, list[tuple[str, list[str]]]] = {
     # issue 2: baselines on frozen MiniLM (defaults unless stated)
     "foundation": [
@@ -42,33 +52,72 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
     ] + [
         (f"ytuning-{data}-{tag}", ["--method", "ytuning", "--data", data, *opts])
         for data in ("sst5", "trec")
-        for tag, opts in (("ce", ["--loss", "ce"]), ("random-init", ["--init", "random_vocab"]),
+        for tag, opts in (("margin", ["--loss", "margin"]), ("random-init", ["--init", "random_vocab"]),
                           ("uniform-init", ["--init", "uniform"]), ("k2", ["--k", "2"]), ("k4", ["--k", "4"]),
-                          ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D384", ["--dim", "0"]))
+                          ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D384", ["--dim", "0"]),
+                          ("margin-D384", ["--loss", "margin", "--dim", "0"]))
+    ],
+    # issue 4: the Space Model's defaults on the four datasets, then its ablations on all four
+    "space": [
+        ("space-trec", ["--method", "space", "--data", "trec"]),
+        ("space-sst5", ["--method", "space", "--data", "sst5"]),
+        ("space-sst2", ["--method", "space", "--data", "sst2"]),
+        ("space-imdb", ["--method", "space", "--data", "imdb", "--max-length", "256"]),
+    ] + [
+        (f"space-{data}-{tag}", ["--method", "space", "--data", data, *(["--max-length", "256"] if data == "imdb" else []), *opts])
+        for data in ("sst2", "imdb", "trec", "sst5")
+        for tag, opts in SPACE_VARIANTS
+    ],
+    # issue 5: the span head frozen on three datasets, its ablation on SST-5, and unfrozen next to finetune
+    "selfexplain": [
+        ("selfexplain-sst5", ["--method", "selfexplain", "--data", "sst5"]),
+        ("selfexplain-trec", ["--method", "selfexplain", "--data", "trec"]),
+        ("selfexplain-sst2", ["--method", "selfexplain", "--data", "sst2"]),
+        ("selfexplain-sst5-lam0", ["--method", "selfexplain", "--data", "sst5", "--reg-lambda", "0"]),
+        ("selfexplain-sst5-lam1", ["--method", "selfexplain", "--data", "sst5", "--reg-lambda", "1"]),
+        ("selfexplain-sst5-w3", ["--method", "selfexplain", "--data", "sst5", "--max-span-width", "3"]),
+        ("selfexplain-sst5-w10", ["--method", "selfexplain", "--data", "sst5", "--max-span-width", "10"]),
+        ("selfexplain-sst5-wall", ["--method", "selfexplain", "--data", "sst5", "--max-span-width", "0"]),
+        ("finetune-sst5", ["--method", "finetune", "--data", "sst5"]),
+        ("selfexplain-sst5-unfrozen", ["--method", "selfexplain", "--data", "sst5", "--train-backbone",
+                                       "--lr", "5e-5", "--epochs", "3", "--batch-size", "32", "--patience", "2"]),
     ],
 }
 
 
-def machine() -> str:
+def machine(threads: int | None = None) -> str:
     import torch
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{threads or torch.get_num_threads()} threads")
 
 
-def run_one(name: str, args: list[str]) -> dict:
+def run_one(name: str, args: list[str], threads: int | None = None, concurrent: int = 1) -> dict:
+    """One `frozentune train` process; with `threads`, torch in it uses that many (OMP_NUM_THREADS).
+    With concurrent > 1 its output goes to runs/NAME.log instead of the terminal."""
     out = RUNS / name
     exe = str(Path(sys.executable).parent / "frozentune")
     cmd = [exe, "train", *args, "--output", str(out), "--quiet"]
     shown = "frozentune train " + " ".join(shlex.quote(a) for a in args)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     print(f"== {name}: {shown}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, text=True)
+    out.mkdir(parents=True, exist_ok=True)
+    if concurrent > 1:
+        with open(RUNS / f"{name}.log", "w") as log:
+            proc = subprocess.run(cmd, text=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    else:
+        proc = subprocess.run(cmd, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (exit {proc.returncode})")
     result = json.loads((out / "result.json").read_text())
     result.update(name=name, command=shown, wall_seconds=time.perf_counter() - t0,
-                  machine=machine(), date=time.strftime("%Y-%m-%d %H:%M"))
+                  machine=machine(threads), date=time.strftime("%Y-%m-%d %H:%M"))
+    if concurrent > 1:
+        result["concurrency"] = (f"--jobs {concurrent}: up to {concurrent - 1} other experiment(s) ran at the same "
+                                 f"time, {threads} torch thread(s) each")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    print(f"   {name}: test accuracy {result['metrics']['accuracy']:.2f}", flush=True)
     return result
 
 
@@ -93,7 +142,7 @@ def results_table() -> str:
         rows.append(f"| {r['name']} | {r['method']} | {r['data']} | {fmt(r['metrics']['accuracy'], 2)} | "
                     f"{fmt(r['metrics']['macro_f1'], 2)} | {fmt(r['trainable_params'])} | {100 * r['trainable_params'] / r['backbone_params']:.3g}% | {fmt(r['extract_seconds'])} | "
                     f"{fmt(r.get('cache_build_seconds'))} | {fmt(r['train_seconds'])} | {fmt(per_epoch, 2)} | {fmt(r['peak_rss_mb'], 0)} |")
-        cmds.append(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" + (f" — {r['note']}" if r.get("note") else ""))
+        cmds.append(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" + "".join(f" — {r[k]}" for k in ("concurrency", "note") if r.get(k)))
     text = "\n".join(rows) + "\n\nCommands (each run by `python bench/run.py SUITE`):\n" + "\n".join(cmds)
     refs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("sklearn-lr-*.json"))]
     if refs:
@@ -121,28 +170,98 @@ def results_table() -> str:
     return text
 
 
-ABLATIONS = [("default (margin, label names, k=1, L=2, D=128)", ""), ("cross-entropy loss", "-ce"),
-             ("random-vocabulary init", "-random-init"), ("uniform init", "-uniform-init"), ("k = 2", "-k2"),
-             ("k = 4", "-k4"), ("L = 1", "-L1"), ("L = 4", "-L4"), ("D = 384 (backbone width)", "-D384"),
-             ("cross-entropy, D = 384", "-ce-D384")]
+# (block name in REPORT.md) → (method, datasets, [(row label, result-name suffix)]); the first row is the default
+ABLATIONS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str]]]] = {
+    "ytuning-ablation": ("ytuning", ("sst5", "trec"), [
+        ("default (cross-entropy, label names, k=1, L=2, D=128)", ""), ("margin loss (α = 1)", "-margin"),
+        ("random-vocabulary init", "-random-init"), ("uniform init", "-uniform-init"), ("k = 2", "-k2"),
+        ("k = 4", "-k4"), ("L = 1", "-L1"), ("L = 4", "-L4"), ("D = 384 (backbone width)", "-D384"),
+        ("margin loss, D = 384", "-margin-D384")]),
+    "space-ablation": ("space", ("sst2", "imdb", "trec", "sst5"), SPACE_ABLATIONS),
+    "selfexplain-ablation": ("selfexplain", ("sst5",), [
+        ("default (λ = 0.1, max_span_width 5)", ""), ("λ = 0", "-lam0"), ("λ = 1", "-lam1"),
+        ("max_span_width 3", "-w3"), ("max_span_width 10", "-w10"), ("all spans", "-wall")]),
+}
+# (block name) → (method, datasets): the method's default runs next to the probe's
+VERSUS_PROBE = {"ytuning-vs-probe": ("ytuning", ("trec", "sst5", "sst2", "imdb")),
+                "space-vs-probe": ("space", ("trec", "sst5", "sst2", "imdb")),
+                "selfexplain-vs-probe": ("selfexplain", ("sst5", "sst2", "trec"))}
 
 
-def ablation_table() -> str:
-    """Y-Tuning ablations on SST-5 and TREC: validation / test accuracy and trainable parameters."""
-    rows = ["| configuration | SST-5 val | SST-5 test | TREC val | TREC test | trainable on TREC (share of backbone) |",
-            "|---|---:|---:|---:|---:|---:|"]
-    for label, suffix in ABLATIONS:
+def _result(name: str) -> dict | None:
+    p = RESULTS / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _share(r: dict) -> str:
+    return f"{r['trainable_params']:,} ({100 * r['trainable_params'] / r['backbone_params']:.2f}%)"
+
+
+def ablation_table(method: str, datasets: tuple[str, ...], rows: list[tuple[str, str]]) -> str:
+    """Validation / test accuracy per configuration and dataset, and trainable parameters."""
+    head = " | ".join(f"{d} val | {d} test" for d in datasets)
+    out = [f"| configuration | {head} | trainable on {datasets[-1]} (share of backbone) |",
+           "|---|" + "---:|" * (2 * len(datasets) + 1)]
+    for label, suffix in rows:
         cells, params = [], "–"
-        for data in ("sst5", "trec"):
-            p = RESULTS / f"ytuning-{data}{suffix}.json"
-            if p.exists():
-                r = json.loads(p.read_text())
+        for data in datasets:
+            r = _result(f"{method}-{data}{suffix}")
+            if r:
                 cells += [f"{r['validation']['accuracy']:.2f}", f"{r['metrics']['accuracy']:.2f}"]
-                params = f"{r['trainable_params']:,} ({100 * r['trainable_params'] / r['backbone_params']:.2f}%)"
+                params = _share(r)
             else:
                 cells += ["not run", "not run"]
-        rows.append(f"| {label} | {' | '.join(cells)} | {params} |")
-    return "\n".join(rows)
+        out.append(f"| {label} | {' | '.join(cells)} | {params} |")
+    return "\n".join(out)
+
+
+def versus_probe_table(method: str, datasets: tuple[str, ...]) -> str:
+    """The method's default run next to the probe's on each dataset: accuracy, gain, macro-F1,
+    trainable parameters, seconds per epoch."""
+    out = [f"| data | probe | {method} | gain | {method} macro-F1 | trainable (share of backbone) | s / epoch |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for data in datasets:
+        probe, r = _result(f"probe-{data}"), _result(f"{method}-{data}")
+        if not (probe and r):
+            shown = f"{probe['metrics']['accuracy']:.2f}" if probe else "not run"
+            out.append(f"| {data} | {shown} | not run | | | | |")
+            continue
+        a, b = probe["metrics"]["accuracy"], r["metrics"]["accuracy"]
+        hist = r.get("history") or []
+        per_epoch = sum(h["epoch_seconds"] for h in hist) / len(hist) if hist else None
+        out.append(f"| {data} | {a:.2f} | {b:.2f} | {b - a:+.2f} | {r['metrics']['macro_f1']:.2f} | {_share(r)} | {fmt(per_epoch, 2)} |")
+    return "\n".join(out)
+
+
+def span_cost_table() -> str:
+    """One selfexplain epoch per span width at IMDB length (bench/span_cost.py)."""
+    r = _result("span-cost")
+    if not r:
+        return "not run (`python bench/span_cost.py`)"
+    out = [f"`{r['command']}` ({r['date']}, {r['threads']} threads): {r['examples']:,} IMDB reviews, max_length "
+           f"{r['max_length']}, batch {r['batch_size']}, one epoch each in its own process",
+           "", "| run | train examples | s / epoch | peak RSS MB | trainable params |", "|---|---:|---:|---:|---:|"]
+    for x in r["runs"]:
+        label = "probe (memory floor)" if "width" not in x else f"selfexplain, max_span_width {x['width']}"
+        if x.get("failed") is not None:
+            out.append(f"| {label} | – | failed (exit {x['failed']}) | – | – |")
+        else:
+            out.append(f"| {label} | {x['train_examples']:,} | {x['epoch_seconds']:.1f} | {x['peak_rss_mb']:,.0f} | "
+                       f"{x['trainable_params']:,} |")
+    return "\n".join(out)
+
+
+def rationales_block() -> str:
+    """Ten SST-2 test sentences with their top-3 spans (bench/rationales.py)."""
+    r = _result("rationales-sst2")
+    if not r:
+        return "not run (`python bench/rationales.py`)"
+    out = [f"`{r['command']}` ({r['date']}), model `{Path(r['model']).name}`", "",
+           "| # | sentence | gold → predicted | top-3 spans (α) |", "|---:|---|---|---|"]
+    for x in r["rows"]:
+        spans = "; ".join(f"“{s['text']}” {s['weight']:.2f}" for s in x["spans"])
+        out.append(f"| {x['index']} | {x['text']} | {x['gold']} → {x['predicted']} | {spans} |")
+    return "\n".join(out)
 
 
 def _replace_block(text: str, name: str, body: str) -> str:
@@ -159,7 +278,12 @@ def write_report() -> None:
     report = HERE / "REPORT.md"
     text = report.read_text() if report.exists() else "# Benchmarks\n\n<!-- results:start -->\n<!-- results:end -->\n"
     text = _replace_block(text, "results", results_table())
-    text = _replace_block(text, "ytuning-ablation", ablation_table())
+    for block, (method, datasets, rows) in ABLATIONS.items():
+        text = _replace_block(text, block, ablation_table(method, datasets, rows))
+    for block, (method, datasets) in VERSUS_PROBE.items():
+        text = _replace_block(text, block, versus_probe_table(method, datasets))
+    text = _replace_block(text, "span-cost", span_cost_table())
+    text = _replace_block(text, "rationales", rationales_block())
     report.write_text(text)
     print(f"wrote {report}")
 
@@ -168,12 +292,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("suite", nargs="?", choices=sorted(SUITES))
     ap.add_argument("--only", help="comma-separated experiment names")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="experiments run at once; each then gets cores/jobs torch threads (timings say so)")
     ap.add_argument("--report", action="store_true", help="only rebuild REPORT.md")
     a = ap.parse_args()
     if a.suite and not a.report:
         only = set(a.only.split(",")) if a.only else None
-        for name, args in SUITES[a.suite]:
-            if only is None or name in only:
+        todo = [(n, args) for n, args in SUITES[a.suite] if only is None or n in only]
+        if only and (missing := only - {n for n, _ in todo}):
+            raise SystemExit(f"not in suite {a.suite}: {', '.join(sorted(missing))}")
+        if a.jobs > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            threads = max(1, (os.cpu_count() or 1) // a.jobs)
+            with ThreadPoolExecutor(a.jobs) as pool:
+                list(pool.map(lambda t: run_one(*t, threads=threads, concurrent=a.jobs), todo))
+        else:
+            for name, args in todo:
                 run_one(name, args)
     write_report()
 

@@ -96,13 +96,14 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
                        "--max-length", 32, "--epochs", 1, "--output", out, "--cache-dir", tmp_path / "cache",
                        "--quiet")
     assert code == 0, err
-    labels = json.loads((out / "config.json").read_text())["labels"]
+    config = json.loads((out / "config.json").read_text())
+    labels, m = config["labels"], SpaceConfig().concept_dim
     code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--top", 2, "--json")
     assert code == 0, err
     ex = json.loads(stdout)[0]["explanation"]["classes"]
     assert set(ex) == set(labels)
     for row in ex.values():
-        assert len(row["centroid"]) == 3 and all(-1 <= v <= 1 for v in row["centroid"])
+        assert len(row["centroid"]) == m and all(-1 <= v <= 1 for v in row["centroid"])
         assert len(row["tokens"]) == 2
         assert all(tok in "Who invented the telephone ?" for tok, _ in row["tokens"])  # words, not [CLS]
 

@@ -32,7 +32,7 @@ VAR_EPS = 1e-4  # floor under the variance in the intra-space loss
 
 @dataclass
 class SpaceConfig(MethodConfig):
-    concept_dim: int = field(default=3, metadata={"help": "m: dimensions of each class's concept space"})
+    concept_dim: int = field(default=16, metadata={"help": "m: dimensions of each class's concept space"})
     intra_weight: float = field(default=1e-3, metadata={"help": "weight of the intra-space loss (inverse variance)"})
     inter_weight: float = field(default=1e-4, metadata={"help": "weight of the inter-space loss (true class → +1, others → −1)"})
     masked_mean: bool = field(default=True, metadata={
@@ -116,4 +116,4 @@ class SpaceHead(Head):
 
 
 register_method("space", SpaceConfig, "Space Model: per-class concept operators tanh(E·P_i), centroids → linear",
-                train_defaults={"lr": 1e-3, "epochs": 20, "batch_size": 32, "patience": 5})(SpaceHead)
+                train_defaults={"lr": 1e-2, "epochs": 20, "batch_size": 64, "patience": 5})(SpaceHead)
