@@ -91,7 +91,7 @@ def machine(threads: int | None = None) -> str:
             f"{threads or torch.get_num_threads()} threads")
 
 
-def run_one(name: str, args: list[str], threads: int | None = None, concurrent: int = 1) -> dict:
+def run_one(name: str, args: list[str], threads: int | None = None, concurrent: int = 1, note: str = "") -> dict:
     """One `frozentune train` process; with `threads`, torch in it uses that many (OMP_NUM_THREADS).
     With concurrent > 1 its output goes to runs/NAME.log instead of the terminal."""
     out = RUNS / name
@@ -112,6 +112,8 @@ def run_one(name: str, args: list[str], threads: int | None = None, concurrent: 
     result = json.loads((out / "result.json").read_text())
     result.update(name=name, command=shown, wall_seconds=time.perf_counter() - t0,
                   machine=machine(threads), date=time.strftime("%Y-%m-%d %H:%M"))
+    if note:
+        result["note"] = note
     if concurrent > 1:
         result["concurrency"] = (f"--jobs {concurrent}: up to {concurrent - 1} other experiment(s) ran at the same "
                                  f"time, {threads} torch thread(s) each")
@@ -294,6 +296,8 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated experiment names")
     ap.add_argument("--jobs", type=int, default=1,
                     help="experiments run at once; each then gets cores/jobs torch threads (timings say so)")
+    ap.add_argument("--threads", type=int, help="torch threads per experiment (default: cores / jobs)")
+    ap.add_argument("--note", default="", help="a remark stored with each result (e.g. what else was running)")
     ap.add_argument("--report", action="store_true", help="only rebuild REPORT.md")
     a = ap.parse_args()
     if a.suite and not a.report:
@@ -304,12 +308,12 @@ def main() -> None:
         if a.jobs > 1:
             from concurrent.futures import ThreadPoolExecutor
 
-            threads = max(1, (os.cpu_count() or 1) // a.jobs)
+            threads = a.threads or max(1, (os.cpu_count() or 1) // a.jobs)
             with ThreadPoolExecutor(a.jobs) as pool:
-                list(pool.map(lambda t: run_one(*t, threads=threads, concurrent=a.jobs), todo))
+                list(pool.map(lambda t: run_one(*t, threads=threads, concurrent=a.jobs, note=a.note), todo))
         else:
             for name, args in todo:
-                run_one(name, args)
+                run_one(name, args, threads=a.threads, note=a.note)
     write_report()
 
 

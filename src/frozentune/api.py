@@ -176,8 +176,8 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     accuracy = 100.0 * float((outs["logits"].argmax(1) == y).mean())
     silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if len(set(y.tolist())) > 1 else float("nan")
     output = Path(output) if output else Path(model_dir) / f"concepts-{ds.name}-{split}.png"
-    title = (f"{ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}, "
-             f"accuracy {accuracy:.1f}%, silhouette {silhouette:.2f}")
+    title = (f"space model on {ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}\n"
+             f"accuracy on these {accuracy:.1f}%, silhouette of the true labels {silhouette:.2f}")
     what = draw(k, y, model.labels, output, title)
     return {"png": str(output), "data": ds.name, "split": split, "points": len(k), "of": len(part),
             "drawn": what, "accuracy_on_points": accuracy, "silhouette": silhouette}

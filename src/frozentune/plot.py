@@ -45,8 +45,8 @@ def plot_concepts(k: np.ndarray, y: np.ndarray, labels: Sequence[str], path: Pat
         ax.set_xlabel(f"PC1 ({100 * ratio[0]:.0f}% of variance)")
         ax.set_ylabel(f"PC2 ({100 * ratio[1]:.0f}% of variance)")
         what = f"the {n}·{m} = {n * m}-D centroids on their first two principal components"
-    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper right", markerscale=4)
-    fig.suptitle(title)
+    fig.axes[0].legend(loc="best", markerscale=4, fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
