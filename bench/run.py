@@ -202,7 +202,7 @@ def _share(r: dict) -> str:
 def ablation_table(method: str, datasets: tuple[str, ...], rows: list[tuple[str, str]]) -> str:
     """Validation / test accuracy per configuration and dataset, and trainable parameters."""
     head = " | ".join(f"{d} val | {d} test" for d in datasets)
-    out = [f"| configuration | {head} | trainable on {datasets[-1]} (share of backbone) |",
+    out = [f"| configuration | {head} | trainable (share of backbone), first dataset run |",
            "|---|" + "---:|" * (2 * len(datasets) + 1)]
     for label, suffix in rows:
         cells, params = [], "–"
@@ -210,7 +210,7 @@ def ablation_table(method: str, datasets: tuple[str, ...], rows: list[tuple[str,
             r = _result(f"{method}-{data}{suffix}")
             if r:
                 cells += [f"{r['validation']['accuracy']:.2f}", f"{r['metrics']['accuracy']:.2f}"]
-                params = _share(r)
+                params = f"{_share(r)} on {data}" if params == "–" else params
             else:
                 cells += ["not run", "not run"]
         out.append(f"| {label} | {' | '.join(cells)} | {params} |")
@@ -266,6 +266,18 @@ def rationales_block() -> str:
     return "\n".join(out)
 
 
+def span_concentration_table() -> str:
+    """Mean Σα², largest α and spans with weight on a test split (bench/span_concentration.py)."""
+    r = _result("span-concentration-sst5")
+    if not r:
+        return "not run (`python bench/span_concentration.py`)"
+    out = ["| model | λ | max_span_width | mean Σα² | mean largest α | spans with weight per example |",
+           "|---|---:|---:|---:|---:|---:|"]
+    out += [f"| {x['model']} | {x['reg_lambda']} | {x['max_span_width'] or 'all'} | {x['mean_sum_alpha_sq']:.3f} | "
+            f"{x['mean_top_alpha']:.3f} | {x['mean_spans_with_weight']:.1f} |" for x in r["rows"]]
+    return "\n".join(out)
+
+
 def _replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text:
@@ -285,6 +297,7 @@ def write_report() -> None:
     for block, (method, datasets) in VERSUS_PROBE.items():
         text = _replace_block(text, block, versus_probe_table(method, datasets))
     text = _replace_block(text, "span-cost", span_cost_table())
+    text = _replace_block(text, "span-concentration", span_concentration_table())
     text = _replace_block(text, "rationales", rationales_block())
     report.write_text(text)
     print(f"wrote {report}")

@@ -124,3 +124,19 @@ def test_early_stopping_restores_best_epoch(bb_factory, tmp_path):
     assert r.history[r.best_epoch - 1]["val_accuracy"] == best
     pred = predict_logits(model, src).argmax(1)
     assert 100.0 * (pred == 1 - LABELS).mean() == pytest.approx(best)
+
+
+@pytest.mark.parametrize("method", list_methods())
+def test_every_method_can_train_its_backbone(method, bb_factory):
+    """`--train-backbone` (the unfrozen setting) runs every head live and sends gradients into the
+    backbone as well as the head."""
+    bb = bb_factory()
+    model = M.build_classifier(method, bb, ["neg", "pos"], {"train_backbone": True}, seed=0)
+    texts = ["good film", "a really bad film !", "fine"]
+    src = M.LiveSource(bb.tokenize(texts), bb.pad_id())
+    out = model(src.batch(np.arange(3)))
+    assert out.logits.shape == (3, 2)
+    model.head.loss(out, torch.tensor([1, 0, 1])).backward()
+    grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
+    assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
+    assert all(p.grad is not None for p in model.head.parameters())

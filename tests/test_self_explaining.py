@@ -178,19 +178,6 @@ def test_explanation_offsets_slice_the_original_text(tiny_bert):
         ("really!", 25, 32), ("[SEP]", None, None)]
 
 
-def test_train_backbone_reaches_the_backbone(tiny_bert):
-    bb = Backbone.load(str(tiny_bert), max_length=16)
-    model = M.build_classifier("selfexplain", bb, ["neg", "pos"], {"train_backbone": True}, seed=0)
-    texts = ["good film", "a really bad film !", "fine"]
-    src = M.LiveSource(bb.tokenize(texts), bb.pad_id())
-    out = model(src.batch(np.arange(3)))
-    assert out.logits.shape == (3, 2)
-    model.head.loss(out, torch.tensor([1, 0, 1])).backward()
-    grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
-    assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
-    assert all(p.grad is not None for p in model.head.parameters())
-
-
 @pytest.mark.parametrize("options, needle", [
     ({"max_span_width": -1}, "max_span_width=-1; use a width"),
     ({"reg_lambda": -0.1}, "use λ ≥ 0"),
