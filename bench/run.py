@@ -220,7 +220,7 @@ def ablation_table(method: str, datasets: tuple[str, ...], rows: list[tuple[str,
 def versus_probe_table(method: str, datasets: tuple[str, ...]) -> str:
     """The method's default run next to the probe's on each dataset: accuracy, gain, macro-F1,
     trainable parameters, seconds per epoch."""
-    out = [f"| data | probe | {method} | gain | {method} macro-F1 | trainable (share of backbone) | s / epoch |",
+    out = [f"| data | probe | {method} | gain | {method} macro-F1 | trainable (share of backbone) | s / epoch (see its note) |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for data in datasets:
         probe, r = _result(f"probe-{data}"), _result(f"{method}-{data}")
