@@ -119,4 +119,19 @@ def test_token_views_map_pieces_to_the_original_text(tiny_bert):
     real = [i for i, (s, e) in enumerate(view.offsets) if e > s]
     assert view.surface(real[0], real[-1]) == text  # first..last real piece spans the whole text
     assert view.surface(0) == view.pieces[0]  # a special token shows as itself
-    assert all(view.surface(i) == text[s:e] for i, (s, e) in zip(real, [view.offsets[i] for i in real]))
+    assert all(view.surface(i, whole_words=False) == text[s:e] for i, (s, e) in zip(real, [view.offsets[i] for i in real]))
+
+
+def test_token_views_show_whole_words(tiny_bert):
+    from frozentune.backbone import Backbone
+
+    text = "a forgettable, overlong film"
+    view = Backbone.load(tiny_bert, max_length=32).token_views([text])[0]
+    inner = [i for i, p in enumerate(view.pieces) if p.startswith("##")]
+    assert inner, "the test needs a word split into pieces"
+    for i in inner:  # a piece inside a word shows as the whole word, and its range slices it
+        start, end = view.char_range(i)
+        assert text[start:end] == view.surface(i) and view.surface(i) in ("forgettable", "overlong")
+    comma = view.pieces.index(",")
+    assert view.surface(comma) == ","  # punctuation is its own word for this tokenizer
+    assert view.surface(comma - 1, comma) == "forgettable,"

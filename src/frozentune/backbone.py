@@ -257,8 +257,8 @@ class Backbone:
                                 f"AutoTokenizer.from_pretrained(..., use_fast=True)")
         enc = self.tok(list(texts), truncation=True, max_length=self.max_length, padding=False,
                        return_attention_mask=False, return_offsets_mapping=True)
-        return [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs])
-                for t, ids, offs in zip(texts, enc["input_ids"], enc["offset_mapping"])]
+        return [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k))
+                for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""

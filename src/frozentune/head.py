@@ -19,24 +19,39 @@ class Features:
 
 @dataclass
 class TokenView:
-    """One input as the backbone saw it: its word pieces (special tokens included) and the
-    character span of each in the original text ((0, 0) for special tokens)."""
+    """One input as the backbone saw it: its word pieces (special tokens included), the character
+    span of each in the original text ((0, 0) for special tokens) and the tokenizer's word index
+    of each (None for special tokens), so that pieces can be shown as the words they belong to."""
     text: str
     pieces: list[str]
     offsets: list[tuple[int, int]]
+    words: list[int | None] = field(default_factory=list)
 
-    def char_range(self, i: int, j: int | None = None) -> tuple[int, int] | None:
-        """Character range [start, end) in `text` of pieces i..j (inclusive; j defaults to i);
-        None when they are all special tokens, which have no characters."""
+    def widen(self, i: int, j: int) -> tuple[int, int]:
+        """Pieces i..j grown to whole words: a span that starts or ends inside a word takes all of it."""
+        w = self.words
+        if not w:
+            return i, j
+        while i > 0 and w[i] is not None and w[i - 1] == w[i]:
+            i -= 1
+        while j + 1 < len(w) and w[j] is not None and w[j + 1] == w[j]:
+            j += 1
+        return i, j
+
+    def char_range(self, i: int, j: int | None = None, whole_words: bool = True) -> tuple[int, int] | None:
+        """Character range [start, end) in `text` of pieces i..j (inclusive; j defaults to i), grown
+        to whole words unless whole_words=False; None when they are all special tokens."""
         j = i if j is None else j
+        if whole_words:
+            i, j = self.widen(i, j)
         spans = [self.offsets[t] for t in range(i, j + 1) if self.offsets[t][1] > self.offsets[t][0]]
         return (spans[0][0], spans[-1][1]) if spans else None
 
-    def surface(self, i: int, j: int | None = None) -> str:
-        """The original text of pieces i..j (inclusive; j defaults to i), or the pieces themselves
-        when they are all special tokens."""
+    def surface(self, i: int, j: int | None = None, whole_words: bool = True) -> str:
+        """The original text of pieces i..j (see char_range), or the pieces themselves when they
+        are all special tokens."""
         j = i if j is None else j
-        chars = self.char_range(i, j)
+        chars = self.char_range(i, j, whole_words)
         return self.text[chars[0]:chars[1]] if chars else " ".join(self.pieces[i:j + 1])
 
 
