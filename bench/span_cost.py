@@ -1,9 +1,10 @@
 """What the span-width cap costs at IMDB length: one `selfexplain` training epoch per width on a
 seeded, balanced 2,000-review IMDB slice at max_length 512, each in its own process (so its peak
-RSS is its own), and a `probe` on the same cache as the memory floor.
+RSS is its own), and a `probe` on the same cache as the memory floor. The cache is built first, so
+no run's time or memory includes the extraction.
 
-  python bench/span_cost.py                # widths 3, 5, 10 and all (0)
-  python bench/span_cost.py --batch-size 8
+  python bench/span_cost.py                # the probe, then widths 3, 5, 10 and all (0)
+  python bench/span_cost.py --runs probe   # redo one row; the others are kept
 
 Writes bench/results/span-cost.json; `python bench/run.py --report` puts it in REPORT.md.
 """
@@ -61,20 +62,32 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--examples", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--widths", default="3,5,10,0", help="0 = all spans")
+    ap.add_argument("--runs", default="probe,3,5,10,0",
+                    help="probe and/or span widths (0 = all spans); rows already in the results file for "
+                         "other runs are kept")
     a = ap.parse_args()
     data = imdb_slice(a.examples)
+    exe = str(Path(sys.executable).parent / "frozentune")
+    # build the cache first, so no run's time or memory includes the extraction
+    subprocess.run([exe, "cache", str(data), "--max-length", "512", "--quiet"], check=True)
     bs = ["--batch-size", str(a.batch_size), "--eval-batch-size", str(a.batch_size)]
-    runs = [train_once("span-cost-probe", data, ["--method", "probe", *bs])]
-    for w in (int(x) for x in a.widths.split(",")):
-        runs.append(train_once(f"span-cost-w{w}", data, ["--method", "selfexplain", "--max-span-width", str(w), *bs]))
-        runs[-1]["width"] = "all" if w == 0 else w
+    path = HERE / "results" / "span-cost.json"
+    old = {r["name"]: r for r in json.loads(path.read_text())["runs"]} if path.exists() else {}
+    for run in a.runs.split(","):
+        if run == "probe":
+            old["span-cost-probe"] = train_once("span-cost-probe", data, ["--method", "probe", *bs])
+        else:
+            w = int(run)
+            r = train_once(f"span-cost-w{w}", data, ["--method", "selfexplain", "--max-span-width", str(w), *bs])
+            old[r["name"]] = {**r, "width": "all" if w == 0 else w}
+    order = ["span-cost-probe"] + [f"span-cost-w{w}" for w in (1, 2, 3, 4, 5, 6, 8, 10, 16, 20, 0)]
+    runs = sorted(old.values(), key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
     import torch
 
     result = {"command": "python bench/span_cost.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M"),
               "threads": int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())),
               "examples": a.examples, "max_length": 512, "batch_size": a.batch_size, "runs": runs}
-    (HERE / "results" / "span-cost.json").write_text(json.dumps(result, indent=2))
+    path.write_text(json.dumps(result, indent=2))
     for r in runs:
         print(r)
 
