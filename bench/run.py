@@ -235,11 +235,15 @@ def versus_probe_table(method: str, datasets: tuple[str, ...]) -> str:
     return "\n".join(out)
 
 
+def _not_run(script: str) -> str:
+    return f"not run (`python bench/{script}`)"
+
+
 def span_cost_table() -> str:
     """One selfexplain epoch per span width at IMDB length (bench/span_cost.py)."""
     r = _result("span-cost")
     if not r:
-        return "not run (`python bench/span_cost.py`)"
+        return _not_run("span_cost.py")
     out = [f"`{r['command']}` ({r['date']}, {r['threads']} threads): {r['examples']:,} IMDB reviews, max_length "
            f"{r['max_length']}, batch {r['batch_size']}, one epoch each in its own process",
            "", "| run | train examples | s / epoch | peak RSS MB | trainable params |", "|---|---:|---:|---:|---:|"]
@@ -257,7 +261,7 @@ def rationales_block() -> str:
     """Ten SST-2 test sentences with their top-3 spans (bench/rationales.py)."""
     r = _result("rationales-sst2")
     if not r:
-        return "not run (`python bench/rationales.py`)"
+        return _not_run("rationales.py")
     out = [f"`{r['command']}` ({r['date']}), model `{Path(r['model']).name}`", "",
            "| # | sentence | gold → predicted | top-3 spans (α) |", "|---:|---|---|---|"]
     for x in r["rows"]:
@@ -270,7 +274,7 @@ def span_concentration_table() -> str:
     """Mean Σα², largest α and spans with weight on a test split (bench/span_concentration.py)."""
     r = _result("span-concentration-sst5")
     if not r:
-        return "not run (`python bench/span_concentration.py`)"
+        return _not_run("span_concentration.py")
     out = ["| model | λ | max_span_width | mean Σα² | mean largest α | spans with weight per example |",
            "|---|---:|---:|---:|---:|---:|"]
     out += [f"| {x['model']} | {x['reg_lambda']} | {x['max_span_width'] or 'all'} | {x['mean_sum_alpha_sq']:.3f} | "
