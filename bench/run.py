@@ -247,10 +247,13 @@ def span_cost_table() -> str:
     out = [f"`{r['command']}` ({r['date']}, {r['threads']} threads): {r['examples']:,} IMDB reviews, max_length "
            f"{r['max_length']}, batch {r['batch_size']}, one epoch each in its own process",
            "", "| run | train examples | s / epoch | peak RSS MB | trainable params |", "|---|---:|---:|---:|---:|"]
+    if r.get("note"):
+        out.insert(1, f"({r['note']})")
     for x in r["runs"]:
         label = "probe (memory floor)" if "width" not in x else f"selfexplain, max_span_width {x['width']}"
         if x.get("failed") is not None:
-            out.append(f"| {label} | – | failed (exit {x['failed']}) | – | – |")
+            why = x.get("note") or f"exit {x['failed']}"
+            out.append(f"| {label} | – | did not finish: {why} | – | – |")
         else:
             out.append(f"| {label} | {x['train_examples']:,} | {x['epoch_seconds']:.1f} | {x['peak_rss_mb']:,.0f} | "
                        f"{x['trainable_params']:,} |")
