@@ -114,8 +114,10 @@ def test_token_views_map_pieces_to_the_original_text(tiny_bert):
 
     bb = Backbone.load(tiny_bert, max_length=16)
     text = "Un-believably  GOOD film, isn't it?"
-    view = bb.token_views([text])[0]
-    assert len(view.pieces) == len(bb.tokenize([text]).ids[0])
+    tokens, views = bb.tokenize_with_views([text])
+    view = views[0]
+    assert tokens.ids[0].tolist() == bb.tokenize([text]).ids[0].tolist()  # the same cut as `tokenize`
+    assert len(view.pieces) == len(tokens.ids[0])
     real = [i for i, (s, e) in enumerate(view.offsets) if e > s]
     assert view.surface(real[0], real[-1]) == text  # first..last real piece spans the whole text
     assert view.surface(0) == view.pieces[0]  # a special token shows as itself
@@ -126,7 +128,7 @@ def test_token_views_show_whole_words(tiny_bert):
     from frozentune.backbone import Backbone
 
     text = "a forgettable, overlong film"
-    view = Backbone.load(tiny_bert, max_length=32).token_views([text])[0]
+    view = Backbone.load(tiny_bert, max_length=32).tokenize_with_views([text])[1][0]
     inner = [i for i, p in enumerate(view.pieces) if p.startswith("##")]
     assert inner, "the test needs a word split into pieces"
     for i in inner:  # a piece inside a word shows as the whole word, and its range slices it

@@ -150,7 +150,7 @@ def test_only_special_tokens_and_empty_rows_stay_finite():
 def test_explanation_offsets_slice_the_original_text(tiny_bert):
     bb = Backbone.load(str(tiny_bert), max_length=32)
     text = "The movie was not  good, really!"
-    view = bb.token_views([text])[0]  # [CLS] the movie was not good , really ! [SEP]
+    view = bb.tokenize_with_views([text])[1][0]  # [CLS] the movie was not good , really ! [SEP]
     n = len(view.pieces)
     assert view.pieces[4:6] == ["not", "good"]
     head = head_for({"max_span_width": 3}, D=bb.dim, C=2)

@@ -249,18 +249,17 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) 
     from .head import explains
     from .registry import get_method, list_methods
 
-    model, src = _live(model_dir, texts)
+    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
     if not explains(model.head):
         able = [m for m in list_methods() if explains(get_method(m).head_cls)]
         raise ValueError(f"method {model.method!r} returns no explanation; explain works for: {', '.join(able)}")
-    views = model.backbone_ref.token_views(texts)
+    tokens, views = model.backbone_ref.tokenize_with_views(texts)
+    src = M.LiveSource(tokens, model.backbone_ref.pad_id())
     out = []
     model.eval()
     for i, text in enumerate(texts):
         with torch.no_grad():
             o = model(src.batch(np.array([i])))
-        if len(views[i].pieces) != len(src.tokens.ids[i]):  # both come from the same tokenizer call
-            raise RuntimeError(f"token views and ids disagree on {text!r}; please report this")
         ex = model.head.explain(o, views[i], model.labels, top)
         out.append({"text": text, "label": model.labels[int(o.logits[0].argmax())],
                     "explanation": ex.data, "lines": ex.lines})

@@ -158,11 +158,19 @@ class Tokenized:
         return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))
 
 
+def _encode(tok, texts: Sequence[str], max_length: int, **extra):
+    """The one tokenizer call: truncation to max_length (special tokens included), no padding."""
+    return tok(list(texts), truncation=True, max_length=max_length, padding=False,
+               return_attention_mask=False, **extra)
+
+
+def _ids(enc) -> Tokenized:
+    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]])
+
+
 def tokenize(tok, texts: Sequence[str], max_length: int) -> Tokenized:
     """Tokenise with truncation to max_length (special tokens included), no padding."""
-    enc = tok(list(texts), truncation=True, max_length=max_length, padding=False,
-              return_attention_mask=False)
-    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]])
+    return _ids(_encode(tok, texts, max_length))
 
 
 def length_batches(lengths: np.ndarray, max_tokens: int, max_batch: int) -> list[np.ndarray]:
@@ -246,19 +254,19 @@ class Backbone:
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
         return tokenize(self.tok, texts, self.max_length)
 
-    def token_views(self, texts: Sequence[str]) -> list["TokenView"]:
-        """Word pieces and their character spans in each text, exactly as `tokenize` cuts them
-        (needs a fast tokenizer, which reports offsets)."""
+    def tokenize_with_views(self, texts: Sequence[str]) -> tuple[Tokenized, list["TokenView"]]:
+        """`tokenize`, plus each text's word pieces with their character spans and word indices,
+        from the same tokenizer call (needs a fast tokenizer, which reports offsets)."""
         from .head import TokenView
 
         if not getattr(self.tok, "is_fast", False):
             raise BackboneError(f"{self.name!r} has a slow tokenizer, which cannot map tokens back to "
                                 f"characters; explanations need a fast (Rust) tokenizer: save one with "
                                 f"AutoTokenizer.from_pretrained(..., use_fast=True)")
-        enc = self.tok(list(texts), truncation=True, max_length=self.max_length, padding=False,
-                       return_attention_mask=False, return_offsets_mapping=True)
-        return [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k))
-                for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
+        enc = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
+        views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k))
+                 for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
+        return _ids(enc), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""
