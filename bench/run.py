@@ -33,6 +33,22 @@ SPACE_ABLATIONS = [("default (m = 16, intra 1e-3, inter 1e-4, masked mean)", "")
                    ("without either", "-no-aux"), ("unmasked mean (padding averaged in)", "-unmasked"),
                    ("as published: m = 3, unmasked mean", "-published")]
 
+
+
+def data_args(data: str) -> list[str]:
+    """--data, and IMDB's longer max_length (its reviews average about 230 words)."""
+    return ["--data", data, *(["--max-length", "256"] if data == "imdb" else [])]
+
+
+def method_suite(method: str, ablation_data: tuple[str, ...],
+                 variants: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """The method's defaults on the four classification sets (METHOD-DATA), then each variant
+    (tag, options) on the ablation sets (METHOD-DATA-TAG)."""
+    return ([(f"{method}-{d}", ["--method", method, *data_args(d)]) for d in ("trec", "sst5", "sst2", "imdb")]
+            + [(f"{method}-{d}-{tag}", ["--method", method, *data_args(d), *opts])
+               for d in ablation_data for tag, opts in variants])
+
+
 SUITES: dict[str, list[tuple[str, list[str]]]] = {
     # issue 2: baselines on frozen MiniLM (defaults unless stated)
     "foundation": [
@@ -44,30 +60,13 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
         ("finetune-trec", ["--method", "finetune", "--data", "trec"]),
     ],
     # issue 3: Y-Tuning defaults on the four datasets, then the ablations on SST-5 and TREC
-    "ytuning": [
-        ("ytuning-trec", ["--method", "ytuning", "--data", "trec"]),
-        ("ytuning-sst5", ["--method", "ytuning", "--data", "sst5"]),
-        ("ytuning-sst2", ["--method", "ytuning", "--data", "sst2"]),
-        ("ytuning-imdb", ["--method", "ytuning", "--data", "imdb", "--max-length", "256"]),
-    ] + [
-        (f"ytuning-{data}-{tag}", ["--method", "ytuning", "--data", data, *opts])
-        for data in ("sst5", "trec")
-        for tag, opts in (("margin", ["--loss", "margin"]), ("random-init", ["--init", "random_vocab"]),
-                          ("uniform-init", ["--init", "uniform"]), ("k2", ["--k", "2"]), ("k4", ["--k", "4"]),
-                          ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D384", ["--dim", "0"]),
-                          ("margin-D384", ["--loss", "margin", "--dim", "0"]))
-    ],
+    "ytuning": method_suite("ytuning", ("sst5", "trec"), [
+        ("margin", ["--loss", "margin"]), ("random-init", ["--init", "random_vocab"]),
+        ("uniform-init", ["--init", "uniform"]), ("k2", ["--k", "2"]), ("k4", ["--k", "4"]),
+        ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D384", ["--dim", "0"]),
+        ("margin-D384", ["--loss", "margin", "--dim", "0"])]),
     # issue 4: the Space Model's defaults on the four datasets, then its ablations on all four
-    "space": [
-        ("space-trec", ["--method", "space", "--data", "trec"]),
-        ("space-sst5", ["--method", "space", "--data", "sst5"]),
-        ("space-sst2", ["--method", "space", "--data", "sst2"]),
-        ("space-imdb", ["--method", "space", "--data", "imdb", "--max-length", "256"]),
-    ] + [
-        (f"space-{data}-{tag}", ["--method", "space", "--data", data, *(["--max-length", "256"] if data == "imdb" else []), *opts])
-        for data in ("sst2", "imdb", "trec", "sst5")
-        for tag, opts in SPACE_VARIANTS
-    ],
+    "space": method_suite("space", ("sst2", "imdb", "trec", "sst5"), SPACE_VARIANTS),
     # issue 5: the span head frozen on three datasets, its ablation on SST-5, and unfrozen next to finetune
     "selfexplain": [
         ("selfexplain-sst5", ["--method", "selfexplain", "--data", "sst5"]),
