@@ -3,8 +3,9 @@ import json
 import numpy as np
 import pytest
 
-from frozentune.data import (DataError, encode_labels, linearize_triples, load_classification,
-                             load_generation, read_split, stratified_split)
+from frozentune.data import (DataError, carve_validation, encode_labels, inside_other_texts,
+                             linearize_triples, load_classification, load_generation, read_split,
+                             stratified_split)
 
 
 def write(path, text):
@@ -39,6 +40,60 @@ def test_stratified_split_keeps_proportions():
     keep, carve = stratified_split(labels, 0.2, seed=0)
     assert len(carve) == 20 and sorted(np.concatenate([keep, carve]).tolist()) == list(range(100))
     assert sum(labels[i] == "b" for i in carve) == 2
+
+
+def test_plain_data_is_carved_at_random_and_unchanged_by_the_phrase_rule(shared_data):
+    ds = load_classification("trec", seed=0)
+    full = read_split(shared_data / "trec" / "train.jsonl")
+    keep, carve = stratified_split(full.labels, 0.1, seed=0)
+    assert ds.validation.texts == [full.texts[i] for i in carve]
+    assert ds.train.texts == [full.texts[i] for i in keep]
+
+
+def _treebank(n_sentences: int) -> tuple[list[str], list[str]]:
+    """SST-style train file: every sentence plus all its phrases, sharing the sentence's label."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    texts, labels = [], []
+    for s in range(n_sentences):
+        sent = [str(w) for w in rng.choice(words, size=6)]
+        lab = "ab"[s % 2]
+        texts.append(" ".join(sent)), labels.append(lab)
+        for n in range(2, 6):
+            for a in range(0, 6 - n + 1, 2):
+                texts.append(" ".join(sent[a:a + n])), labels.append(lab)
+    return texts, labels
+
+
+def test_phrase_treebank_validation_is_whole_texts_without_their_phrases_in_train():
+    from frozentune.data import TextSplit, sub_phrases
+    texts, labels = _treebank(60)
+    assert inside_other_texts(texts).mean() > 0.5
+    split = TextSplit(texts, labels, "tb.jsonl", list(range(1, len(texts) + 1)))
+    train, val, note = carve_validation(split, 0.1, seed=0)
+    inside = inside_other_texts(texts)
+    whole = {t for t, i in zip(texts, inside) if not i}
+    assert len(val) == 6 and set(val.texts) <= whole          # whole sentences only
+    assert set(val.labels) == {"a", "b"}                      # stratified
+    kept_whole = [t for t in train.texts if t in whole]
+    val_only = sub_phrases(val.texts) - sub_phrases(kept_whole)
+    for t in train.texts:                                      # nothing of validation is left
+        assert tuple(t.split()) not in val_only and t not in val.texts
+    # phrases that also belong to a training sentence stay
+    shared = [t for t in texts if t not in whole and tuple(t.split()) in sub_phrases(val.texts)
+              and tuple(t.split()) in sub_phrases(kept_whole)]
+    assert all(t in train.texts for t in shared)
+    assert "phrases of other texts" in note and "whole texts" in val.source
+    assert carve_validation(split, 0.1, seed=0)[1].texts == val.texts  # deterministic
+
+
+def test_sst2_validation_is_sentences_not_phrases_of_training_sentences(shared_data):
+    ds = load_classification("sst2")
+    assert any("phrases of other texts" in n for n in ds.notes)
+    train_words = {tuple(t.split()) for t in ds.train.texts}
+    assert not any(tuple(t.split()) in train_words for t in ds.validation.texts)
+    assert min(len(t.split()) for t in ds.validation.texts) >= 2
+    assert 600 <= len(ds.validation) <= 800
 
 
 def test_csv_tsv_and_folder(tmp_path):

@@ -234,6 +234,68 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.
     return np.sort(keep), np.sort(carve)
 
 
+PHRASE_SHARE = 0.25     # at least this share of texts inside other texts → a phrase treebank
+MAX_PHRASE_WORDS = 64   # the phrase check only compares texts up to this long (keeps it cheap)
+
+Phrase = tuple[str, ...]
+
+
+def _words(text: str) -> Phrase:
+    return tuple(text.lower().split())
+
+
+def sub_phrases(texts: list[str]) -> set[Phrase]:
+    """Every strictly shorter contiguous word sequence of the texts of ≤ MAX_PHRASE_WORDS words
+    (longer texts, e.g. reviews, are skipped: a phrase treebank is made of sentences)."""
+    out: set[Phrase] = set()
+    for text in texts:
+        w = _words(text)
+        if len(w) > MAX_PHRASE_WORDS:
+            continue
+        for n in range(1, len(w)):
+            out.update(w[a:a + n] for a in range(len(w) - n + 1))
+    return out
+
+
+def inside_other_texts(texts: list[str]) -> np.ndarray:
+    """(N,) bool: text i is a strict sub-phrase of another text (both ≤ MAX_PHRASE_WORDS words)."""
+    grams = sub_phrases(texts)
+    return np.array([_words(t) in grams for t in texts], dtype=bool)
+
+
+def carve_validation(train: TextSplit, fraction: float, seed: int) -> tuple[TextSplit, TextSplit, str]:
+    """(train, validation, note): a seeded, stratified validation split carved from train.
+
+    A train file that is a phrase treebank (SST: sentences plus the phrases of their parse trees,
+    ≥ PHRASE_SHARE of texts inside other texts) would leak through a random carve: validation
+    would be phrases of training sentences and early stopping would reward memorising. There the
+    validation split is `fraction` of the *whole* texts (inside no other text), and train loses
+    the phrases that occur only in validation texts (inside a validation text and inside no
+    remaining whole training text) and any copy of a validation text.
+    """
+    inside = inside_other_texts(train.texts)
+    if inside.mean() < PHRASE_SHARE:
+        keep, carve = stratified_split(train.labels, fraction, seed)
+        val = train.subset(carve, f"{train.source} ({fraction:.0%} carved as validation, seed {seed})")
+        return train.subset(keep), val, f"no validation split: carved {fraction:.0%} of train (seed {seed})"
+    whole = np.flatnonzero(~inside)
+    keep_w, carve_w = stratified_split([train.labels[i] for i in whole], fraction, seed)
+    val_idx, kept_whole = whole[carve_w], whole[keep_w]
+    val_texts = {_words(train.texts[i]) for i in val_idx}
+    val_only = (sub_phrases([train.texts[i] for i in val_idx])
+                - sub_phrases([train.texts[i] for i in kept_whole]))
+    leak = np.array([_words(t) in val_texts or _words(t) in val_only for t in train.texts])
+    leak[val_idx] = True
+    keep = np.flatnonzero(~leak)
+    val = train.subset(val_idx, f"{train.source} ({fraction:.0%} of its whole texts carved as "
+                                f"validation, seed {seed})")
+    note = (f"no validation split: {inside.mean():.0%} of train texts are phrases of other texts, so "
+            f"validation is {fraction:.0%} of the {len(whole):,} whole texts ({len(val_idx):,}, seed "
+            f"{seed}) and {int(leak.sum()) - len(val_idx):,} phrases found only in them (or copies) "
+            f"left train")
+    return train.subset(keep), val, note
+
+
 def load_classification(data: str, text_field: str = "text", label_field: str = "label",
                         val_fraction: float = 0.1, seed: int = 0,
                         max_train: int | None = None) -> Dataset:
@@ -255,11 +317,8 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
         train = train.subset(keep)
         notes.append(f"no test split: carved 10% of {files['train']} (seed {seed})")
     if "validation" not in splits:
-        keep, carve = stratified_split(train.labels, val_fraction, seed)
-        splits["validation"] = train.subset(
-            carve, f"{train.source} ({val_fraction:.0%} carved as validation, seed {seed})")
-        train = train.subset(keep)
-        notes.append(f"no validation split: carved {val_fraction:.0%} of train (seed {seed})")
+        train, splits["validation"], note = carve_validation(train, val_fraction, seed)
+        notes.append(note)
     if max_train is not None and max_train < len(train):
         keep, _ = stratified_split(train.labels, 1 - max_train / len(train), seed)
         train = train.subset(keep)
