@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RUNS = HERE / "runs"  # saved models (not committed)
@@ -33,6 +35,9 @@ SPACE_ABLATIONS = [("default (m = 16, intra 1e-3, inter 1e-4, masked mean)", "")
                    ("without either", "-no-aux"), ("unmasked mean (padding averaged in)", "-unmasked"),
                    ("as published: m = 3, unmasked mean", "-published")]
 
+
+
+SEEDS = (0, 1, 2)
 
 
 def data_args(data: str) -> list[str]:
@@ -81,6 +86,10 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
         ("selfexplain-sst5-unfrozen", ["--method", "selfexplain", "--data", "sst5", "--train-backbone",
                                        "--lr", "5e-5", "--epochs", "3", "--batch-size", "32", "--patience", "2"]),
     ],
+    # issue 4: how much one seed moves probe and space (seed 0 is each default run above); the
+    # seed sets initialisation, batch order and the carved validation split
+    "seeds": [(f"{m}-{d}-seed{seed}", ["--method", m, *data_args(d), "--seed", str(seed)])
+              for d in ("trec", "sst5", "sst2", "imdb") for m in ("probe", "space") for seed in SEEDS[1:]],
 }
 
 
@@ -234,6 +243,24 @@ def versus_probe_table(method: str, datasets: tuple[str, ...]) -> str:
     return "\n".join(out)
 
 
+def seeds_table(methods: tuple[str, str], datasets: tuple[str, ...]) -> str:
+    """Test accuracy of two methods over the seeds (seed 0 = the default run), their means and the
+    per-seed differences."""
+    a_name, b_name = methods
+    out = [f"| data | {a_name} per seed | {a_name} mean | {b_name} per seed | {b_name} mean | mean gain | "
+           f"seeds where {b_name} ≥ {a_name} |", "|---|---|---:|---|---:|---:|---:|"]
+    for data in datasets:
+        runs = {m: [_result(f"{m}-{data}" + (f"-seed{s}" if s else "")) for s in SEEDS] for m in methods}
+        if not all(r for m in methods for r in runs[m]):
+            out.append(f"| {data} | " + " | ".join(["not run (`python bench/run.py seeds`)"] + [""] * 5) + " |")
+            continue
+        acc = {m: np.array([r["metrics"]["accuracy"] for r in runs[m]]) for m in methods}
+        cells = [f"{' / '.join(f'{x:.2f}' for x in acc[m])} | {acc[m].mean():.2f}" for m in methods]
+        gain = acc[b_name] - acc[a_name]
+        out.append(f"| {data} | {cells[0]} | {cells[1]} | {gain.mean():+.2f} | {int((gain >= 0).sum())} of {len(SEEDS)} |")
+    return "\n".join(out)
+
+
 def _not_run(script: str) -> str:
     return f"not run (`python bench/{script}`)"
 
@@ -302,6 +329,7 @@ def write_report() -> None:
         text = _replace_block(text, block, ablation_table(method, datasets, rows))
     for block, (method, datasets) in VERSUS_PROBE.items():
         text = _replace_block(text, block, versus_probe_table(method, datasets))
+    text = _replace_block(text, "space-seeds", seeds_table(("probe", "space"), ("trec", "sst5", "sst2", "imdb")))
     text = _replace_block(text, "span-cost", span_cost_table())
     text = _replace_block(text, "span-concentration", span_concentration_table())
     text = _replace_block(text, "rationales", rationales_block())
