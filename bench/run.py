@@ -69,7 +69,8 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
         ("margin", ["--loss", "margin"]), ("random-init", ["--init", "random_vocab"]),
         ("uniform-init", ["--init", "uniform"]), ("k2", ["--k", "2"]), ("k4", ["--k", "4"]),
         ("L1", ["--layers", "1"]), ("L4", ["--layers", "4"]), ("D384", ["--dim", "0"]),
-        ("margin-D384", ["--loss", "margin", "--dim", "0"])]),
+        ("margin-D384", ["--loss", "margin", "--dim", "0"])])
+    + [(f"ytuning-{d}-margin", ["--method", "ytuning", *data_args(d), "--loss", "margin"]) for d in ("sst2", "imdb")],
     # issue 4: the Space Model's defaults on the four datasets, then its ablations on all four
     "space": method_suite("space", ("sst2", "imdb", "trec", "sst5"), SPACE_VARIANTS),
     # issue 5: the span head frozen on three datasets, its ablation on SST-5, and unfrozen next to finetune
