@@ -14,9 +14,20 @@ TEXTS = ["good film", "bad film", "what a great movie !", "terrible , boring and
 LABELS = np.array([1, 0] * 8)
 
 
+# options for methods whose defaults are too big for these tests: conv's own encoder (default: 4
+# layers of width 256, 10.7M parameters) at the tiny BERT's scale
+OPTIONS = {"conv": {"layers": 2, "dim": 32, "ffn_dim": 64}}
+
+
 @pytest.fixture(scope="module")
 def bb_factory(tiny_bert):
-    return lambda: Backbone.load(str(tiny_bert), max_length=16)
+    """bb_factory() → the tiny BERT; bb_factory(method) → what that method reads: the tiny BERT, or
+    for a method that trains an encoder of its own (conv), that encoder built from OPTIONS."""
+    def make(method: str | None = None):
+        if method is not None and get_method(method).encoder is not None:
+            return get_method(method).encoder(make_config(method, OPTIONS.get(method)), 16)
+        return Backbone.load(str(tiny_bert), max_length=16)
+    return make
 
 
 def source_for(model, bb, root):
@@ -28,9 +39,9 @@ def source_for(model, bb, root):
 
 @pytest.mark.parametrize("method", list_methods())
 def test_shared_method_checks(method, bb_factory, tmp_path):
-    bb = bb_factory()
+    bb = bb_factory(method)
     frozen_before = {k: v.clone() for k, v in bb.model.state_dict().items()}
-    model = M.build_classifier(method, bb, ["neg", "pos"], seed=0)
+    model = M.build_classifier(method, bb, ["neg", "pos"], OPTIONS.get(method), seed=0)
     src = source_for(model, bb, tmp_path / "cache")
     idx = np.arange(len(TEXTS))
 
@@ -130,8 +141,8 @@ def test_early_stopping_restores_best_epoch(bb_factory, tmp_path):
 def test_every_method_can_train_its_backbone(method, bb_factory):
     """`--train-backbone` (the unfrozen setting) runs every head live and sends gradients into the
     backbone as well as the head."""
-    bb = bb_factory()
-    model = M.build_classifier(method, bb, ["neg", "pos"], {"train_backbone": True}, seed=0)
+    bb = bb_factory(method)
+    model = M.build_classifier(method, bb, ["neg", "pos"], {**OPTIONS.get(method, {}), "train_backbone": True}, seed=0)
     texts = ["good film", "a really bad film !", "fine"]
     src = M.LiveSource(bb.tokenize(texts), bb.pad_id())
     out = model(src.batch(np.arange(3)))

@@ -19,7 +19,7 @@ from . import model as M
 from .backbone import Backbone, LayerSpec
 from .cache import CachedStates, get_or_build
 from .data import Dataset, TextSplit, encode_labels, load_classification
-from .registry import get_method
+from .registry import MethodError, get_method, make_config
 from .train import TrainConfig, evaluate, fit, predict_logits
 
 
@@ -37,6 +37,19 @@ class BackboneOptions:
 
     def load(self) -> Backbone:
         return Backbone.load(self.name, LayerSpec.parse(self.layers, self.combine), self.max_length)
+
+
+def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | None = None, seed: int = 0) -> Backbone:
+    """The frozen backbone `opts` names, or, for a method that trains an encoder of its own
+    (MethodSpec.encoder, e.g. conv), that encoder built from the method's options at opts.max_length."""
+    spec = get_method(method)
+    if spec.encoder is None:
+        return opts.load()
+    if (opts.name, opts.layers) != (BackboneOptions.name, BackboneOptions.layers):
+        raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so --backbone "
+                          f"and --layer do not apply; to start from pre-trained weights, give --init DIR "
+                          f"(a `frozentune pretrain` output)")
+    return spec.encoder(make_config(method, options), opts.max_length, seed)
 
 
 class SourceFactory:
@@ -79,7 +92,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     cfg = TrainConfig(**{**spec.train_defaults, **(train_cfg or {})})
     ds = data if isinstance(data, Dataset) else load_classification(
         data, text_field, label_field, seed=cfg.seed, max_train=max_train)
-    bb = backbone if isinstance(backbone, Backbone) else backbone.load()
+    bb = backbone if isinstance(backbone, Backbone) else backbone_for(method, backbone, options, cfg.seed)
     for note in ds.notes:
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)

@@ -222,6 +222,7 @@ def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
 class Backbone:
     """A frozen encoder with its tokenizer, layer choice and max_length: everything that
     decides what the token states of a text are (and so what the feature cache is keyed on)."""
+    encoder_of: str | None = None  # the method that built this encoder for itself (see MethodSpec.encoder)
 
     def __init__(self, name: str, model: nn.Module, tok, layers: LayerSpec = LayerSpec(),
                  max_length: int = 128):

@@ -6,6 +6,7 @@
   frozentune explain --model DIR TEXT...
   frozentune plot-concepts --model DIR --data D [--output PNG]
   frozentune cache DATA --backbone B
+  frozentune pretrain --arch A --corpus imdb|FILE --output DIR [--steps N] [--minutes M] [--resume]
   frozentune list
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, de
     g = p.add_argument_group(title)
     for f in dataclasses.fields(cls):
         default = (defaults or {}).get(f.name, f.default)
-        help_ = f"{f.metadata.get('help', '')} (default: {default})"
+        help_ = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")  # argparse formats help
         typ = f.type if not isinstance(f.type, str) else {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, str)
         if typ is bool:
             g.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
@@ -110,8 +111,25 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true")
     _backbone_args(c)
 
+    pt = sub.add_parser("pretrain", help="pre-train a conv or Transformer encoder by masked language modelling "
+                                         "(fine-tune it with `train --method conv --init DIR`)")
+    pt.add_argument("--corpus", help="imdb (the IMDB train reviews), another dataset name (its train texts), or a file: "
+                                     "one text per line, or .jsonl/.csv/.tsv with --text-field")
+    pt.add_argument("--output", type=Path, required=True, help="checkpoint folder")
+    pt.add_argument("--resume", action="store_true", help="continue the run saved in --output (a larger --steps or --minutes extends it)")
+    pt.add_argument("--text-field", default="text", help="the text field of a .jsonl/.csv/.tsv corpus")
+    from .conv.encoder import EncoderConfig
+    from .conv.pretrain import PretrainConfig
+    _add_dataclass_options(pt, EncoderConfig, "encoder")
+    _add_dataclass_options(pt, PretrainConfig, "pre-training")
+
     sub.add_parser("list", help="list the methods and their options")
     return ap
+
+
+def _given(a: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The options of dataclass `cls` that the user typed (see _add_dataclass_options)."""
+    return {f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if getattr(a, f.name) is not None}
 
 
 def _method_options(method: str, rest: Sequence[str]) -> dict[str, Any]:
@@ -131,7 +149,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     from .train import TrainConfig
 
     options = _method_options(a.method, rest)
-    train_cfg = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig) if getattr(a, f.name) is not None}
+    train_cfg = _given(a, TrainConfig)
     bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(),
@@ -196,6 +214,15 @@ def cmd_cache(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pretrain(a: argparse.Namespace) -> int:
+    from .conv.encoder import EncoderConfig
+    from .conv.pretrain import PretrainConfig, pretrain
+
+    pretrain(a.output, a.corpus, _given(a, EncoderConfig), _given(a, PretrainConfig), a.resume, a.text_field,
+             log=lambda s: print(s, flush=True))
+    return 0
+
+
 def cmd_list() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -217,6 +244,7 @@ def cmd_list() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from .backbone import BackboneError
     from .cache import CacheError
+    from .conv.encoder import ConvError
     from .data import DataError
     from .model import ModelLoadError
     from .registry import MethodError
@@ -231,8 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.command == "list":
             return cmd_list()
         return {"eval": cmd_eval, "predict": cmd_predict, "explain": cmd_explain, "cache": cmd_cache,
-                "plot-concepts": cmd_plot_concepts}[a.command](a)
-    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError) as e:
+                "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
+    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError) as e:
         print(f"frozentune: error: {e}", file=sys.stderr)
         return 2
 

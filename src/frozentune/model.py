@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from .backbone import Backbone, LayerSpec, Tokenized, pad
 from .cache import CachedStates
 from .head import Features, Head, Output
-from .registry import MethodConfig, create_method, get_method
+from .registry import MethodConfig, MethodError, create_method, get_method, make_config
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -37,6 +37,9 @@ class Batch:
     mask: Tensor                     # (B, T) bool
     hidden: Tensor | None = None     # (B, T, D) float32
     input_ids: Tensor | None = None  # (B, T) int64
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(*(None if t is None else t.to(device) for t in (self.mask, self.hidden, self.input_ids)))
 
 
 class Source(Protocol):
@@ -141,6 +144,12 @@ def unfreeze_used(backbone: Backbone) -> None:
 def build_classifier(method: str, backbone: Backbone, labels: list[str],
                      options: dict[str, Any] | None = None, seed: int = 0,
                      cache_dtype: str = "float16") -> Classifier:
+    own = get_method(method).encoder is not None
+    if backbone.encoder_of != (method if own else None):
+        raise MethodError(
+            f"method {method!r} trains an encoder of its own: build it with get_method({method!r}).encoder(config, "
+            f"max_length) (api.train does), not from the backbone {backbone.name!r}" if own else
+            f"{backbone.name!r} is the encoder of method {backbone.encoder_of!r}; use it with that method")
     torch.manual_seed(seed)
     head, cfg = create_method(method, backbone.dim, len(labels), options)
     if hasattr(head, "init_from_backbone"):  # e.g. label embeddings from the backbone's vocabulary
@@ -154,7 +163,7 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.trainable_state().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.trainable_state().items()}
     save_file(state, str(folder / WEIGHTS), metadata={"method": model.method})
     bb = model.backbone_ref
     config = {
@@ -187,20 +196,24 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
     config = json.loads((folder / CONFIG).read_text())
     b = config["backbone"]
     spec = LayerSpec(tuple(b["layers"]), b["combine"])
+    method = get_method(config["method"])  # clear error for an unknown method
+    # a method's own encoder is saved whole: it is rebuilt from the saved options and every weight
+    # comes from the file, so the weights it started from (random or --init) are not needed again
+    own = method.encoder is not None
     if backbone is None:
-        backbone = Backbone.load(b["name"], spec, b["max_length"])
+        backbone = (method.encoder(make_config(method.name, config["options"]), b["max_length"], load_init=False)
+                    if own else Backbone.load(b["name"], spec, b["max_length"]))
     elif (backbone.layers, backbone.max_length) != (spec, b["max_length"]):
         raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']}, "
                              f"given {backbone.layers} / {backbone.max_length}")
-    if backbone.weights_hash != b["weights_hash"]:
+    if not own and backbone.weights_hash != b["weights_hash"]:
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")
-    get_method(config["method"])  # clear error for an unknown method
     model = build_classifier(config["method"], backbone, config["labels"], config["options"],
                              cache_dtype=b.get("cache_dtype", "float16"))
     state = load_file(str(folder / WEIGHTS))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k in model.trainable_state()]
+    missing = [k for k in missing if k in model.trainable_state() or (own and k.startswith("backbone."))]
     if missing or unexpected:
         raise ModelLoadError(f"{folder / WEIGHTS}: weights do not match method {config['method']!r} "
                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -22,6 +22,9 @@ class MethodSpec:
     head_cls: type
     help: str
     train_defaults: dict[str, Any]  # TrainConfig overrides that suit this method (lr, epochs…)
+    # for a method that trains an encoder of its own instead of reading a pre-trained backbone:
+    # (config, max_length, seed=0, load_init=True) → a Backbone with encoder_of == name
+    encoder: Callable[..., Any] | None = None
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -32,9 +35,11 @@ class MethodError(ValueError):
 
 
 def register_method(name: str, config_cls: type, help: str = "",
-                    train_defaults: dict[str, Any] | None = None) -> Callable[[type], type]:
+                    train_defaults: dict[str, Any] | None = None,
+                    encoder: Callable[..., Any] | None = None) -> Callable[[type], type]:
     """Class decorator: `@register_method("probe", ProbeConfig)` on a Head taking
-    (config, dim, num_labels)."""
+    (config, dim, num_labels). `encoder`: see MethodSpec (`api.train` and `model.load` call it
+    instead of loading the backbone named by --backbone)."""
     if not (dataclasses.is_dataclass(config_cls) and issubclass(config_cls, MethodConfig)):
         raise TypeError(f"{name}: config must be a dataclass subclassing MethodConfig")
 
@@ -42,7 +47,7 @@ def register_method(name: str, config_cls: type, help: str = "",
         if name in _METHODS:
             raise ValueError(f"method {name!r} registered twice")
         _METHODS[name] = MethodSpec(name, config_cls, head_cls, help or (head_cls.__doc__ or "").strip().split("\n")[0],
-                                    dict(train_defaults or {}))
+                                    dict(train_defaults or {}), encoder)
         return head_cls
     return deco
 

@@ -27,6 +27,7 @@ class TrainConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0: off)"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, splits and batch order"})
     eval_batch_size: int = field(default=256, metadata={"help": "examples per evaluation batch"})
+    device: str = field(default="cpu", metadata={"help": "torch device to train on (cpu, cuda, cuda:1 …)"})
 
 
 def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
@@ -68,16 +69,17 @@ def predict_outputs(model: Classifier, src: Source, extras: Sequence[str] = (),
     """Logits (N, C) and the named per-example extras of the head (N, ...), in the source's order.
     Extras with a token axis cannot be stacked across batches and are refused."""
     model.eval()
+    device = next(model.parameters()).device
     out: dict[str, np.ndarray] = {}
     for idx in eval_batches(src.lengths, batch_size):
-        o = model(src.batch(idx))
+        o = model(src.batch(idx).to(device))
         for name, value in (("logits", o.logits), *((e, o.extras[e]) for e in extras)):
             if name not in out:
                 out[name] = np.zeros((len(src), *value.shape[1:]), dtype=np.float32)
             elif value.shape[1:] != out[name].shape[1:]:
                 raise ValueError(f"extra {name!r} changes shape between batches ({tuple(value.shape[1:])} vs "
                                  f"{out[name].shape[1:]}): only fixed-size extras can be collected")
-            out[name][idx] = value.float().numpy()
+            out[name][idx] = value.float().cpu().numpy()
     return out
 
 
@@ -101,6 +103,8 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_va
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
+    device = torch.device(cfg.device)
+    model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"method {model.method!r} has no trainable parameters")
@@ -121,8 +125,8 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_va
         model.train()
         loss_sum, n = 0.0, 0
         for idx in train_batches(train.lengths, cfg.batch_size, rng):
-            out = model(train.batch(idx))
-            loss = model.head.loss(out, y_train_t[idx])
+            out = model(train.batch(idx).to(device))
+            loss = model.head.loss(out, y_train_t[idx].to(device))
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"epoch {epoch}: loss became {loss.item()}; lower --lr")
             opt.zero_grad(set_to_none=True)

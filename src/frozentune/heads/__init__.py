@@ -1,2 +1,2 @@
 """Built-in methods: importing a module registers it."""
-from . import probe, self_explaining, space, ytuning  # noqa: F401
+from . import conv, probe, self_explaining, space, ytuning  # noqa: F401

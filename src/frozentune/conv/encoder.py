@@ -1,0 +1,172 @@
+"""The encoder: token + learned position embeddings, N layers (a mixer block and a FFN, each with a
+LayerNorm'd residual branch), a final LayerNorm. The mixer is what the four architectures differ in:
+
+  light        ConvBlock(LightConv)     GLU → softmax kernel shared per head → W^O
+  dynamic      ConvBlock(DynamicConv)   GLU → kernel predicted per position → W^O
+  dilated      ConvBlock(DilatedConv)   GLU → depthwise kernel, dilation growth^(l mod cycle) → W^O
+  transformer  SelfAttention            Q, K, V, O projections
+
+Attention has four d×d projections where a ConvBlock has three (W^I, W^S, W^O), so the
+Transformer's FFN is d/2 narrower (2·d·d/2 = d² weights): the four encoders then have parameter
+counts within 5% of each other (`parameter_counts`).
+
+Legend: B batch, T tokens, D model width (dim), V vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+from torch import Tensor, nn
+
+from .layers import ConvBlock, DilatedConv, DynamicConv, EncoderLayer, LightConv, SelfAttention
+
+ARCHS = ("light", "dynamic", "dilated", "transformer")
+CONVS = ("light", "dynamic", "dilated")
+TOKENIZER = "minilm"  # the MiniLM WordPiece tokenizer (backbone alias), the only one used here
+
+
+class ConvError(ValueError):
+    """Bad encoder options, corpus or checkpoint; the message says what to do."""
+
+
+@dataclass
+class EncoderShape:
+    """What defines an encoder apart from its position table (shared by `pretrain` and the `conv` method)."""
+    arch: str = field(default="light", metadata={
+        "help": "token mixer: light (LightConv), dynamic (DynamicConv), dilated (dilated depthwise "
+                "convolution) or transformer (multi-head self-attention)", "choices": ARCHS})
+    layers: int = field(default=4, metadata={"help": "encoder layers"})
+    dim: int = field(default=256, metadata={"help": "model width d"})
+    heads: int = field(default=4, metadata={"help": "heads H (kernel sharing groups for light/dynamic, attention heads); must divide dim"})
+    kernel_size: int = field(default=7, metadata={"help": "convolution width k (odd)"})
+    ffn_dim: int = field(default=1024, metadata={
+        "help": "feed-forward width (the Transformer's is ffn_dim − dim/2, which pays for attention's fourth d×d projection)"})
+    dilation_growth: int = field(default=2, metadata={"help": "dilated: layer l uses dilation growth^(l mod cycle)"})
+    dilation_cycle: int = field(default=4, metadata={"help": "dilated: layers after which the dilation restarts at 1"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on embeddings, residual branches, FFN and attention"})
+    weight_dropout: float = field(default=0.0, metadata={"help": "light/dynamic: dropout on the softmax-normalised kernel"})
+
+    def validate(self) -> None:
+        if self.arch not in ARCHS:
+            raise ConvError(f"arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
+        if min(self.layers, self.dim, self.heads, self.ffn_dim) < 1:
+            raise ConvError("layers, dim, heads and ffn_dim must be at least 1")
+        if self.dim % self.heads:
+            raise ConvError(f"heads {self.heads} must divide dim {self.dim}")
+        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise ConvError(f"kernel_size {self.kernel_size}: give an odd width (the kernel is centred)")
+        if self.dilation_growth < 1 or self.dilation_cycle < 1:
+            raise ConvError("dilation_growth and dilation_cycle must be at least 1")
+        if self.arch == "transformer" and ffn_width(self) < 1:
+            raise ConvError(f"ffn_dim {self.ffn_dim}: the Transformer's FFN is ffn_dim − dim/2 wide; give ffn_dim > {self.dim // 2}")
+        for name in ("dropout", "weight_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConvError(f"{name} {getattr(self, name)}: give a value in [0, 1)")
+
+    def shape(self) -> "EncoderShape":
+        """Just these fields (of a subclass such as EncoderConfig or the conv method's config)."""
+        return EncoderShape(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EncoderShape)})
+
+    def shape_fields(self) -> tuple[str, ...]:
+        """The fields that decide the weights' meaning for this arch (a checkpoint must match them)."""
+        fields = ("arch", "layers", "dim", "heads", "ffn_dim")
+        if self.arch in CONVS:
+            fields += ("kernel_size",)
+        if self.arch == "dilated":
+            fields += ("dilation_growth", "dilation_cycle")
+        return fields
+
+
+@dataclass
+class EncoderConfig(EncoderShape):
+    max_length: int = field(default=128, metadata={"help": "rows of the learned position table: the longest input in tokens"})
+
+    def validate(self) -> None:
+        super().validate()
+        if self.max_length < 2:
+            raise ConvError(f"max_length {self.max_length}: must be at least 2 ([CLS] and [SEP])")
+
+
+def ffn_width(s: EncoderShape) -> int:
+    return s.ffn_dim - s.dim // 2 if s.arch == "transformer" else s.ffn_dim
+
+
+def dilation(s: EncoderShape, layer: int) -> int:
+    return s.dilation_growth ** (layer % s.dilation_cycle)
+
+
+def receptive_radius(s: EncoderShape) -> int | None:
+    """How far (in positions, each side) a token can influence outputs; None = everywhere."""
+    if s.arch == "transformer":
+        return None
+    per_layer = [dilation(s, i) if s.arch == "dilated" else 1 for i in range(s.layers)]
+    return (s.kernel_size // 2) * sum(per_layer)
+
+
+def make_mixer(s: EncoderShape, layer: int) -> nn.Module:
+    if s.arch == "transformer":
+        return SelfAttention(s.dim, s.heads, s.dropout)
+    if s.arch == "light":
+        conv: nn.Module = LightConv(s.dim, s.heads, s.kernel_size, s.weight_dropout)
+    elif s.arch == "dynamic":
+        conv = DynamicConv(s.dim, s.heads, s.kernel_size, s.weight_dropout)
+    else:
+        conv = DilatedConv(s.dim, s.kernel_size, dilation(s, layer))
+    return ConvBlock(s.dim, conv)
+
+
+class Encoder(nn.Module):
+    """ids (B, T), mask (B, T) bool → token states (B, T, D)."""
+
+    def __init__(self, cfg: EncoderConfig, vocab_size: int):
+        super().__init__()
+        cfg.validate()
+        self.config, self.vocab_size = cfg, vocab_size
+        self.tok = nn.Embedding(vocab_size, cfg.dim)
+        self.pos = nn.Embedding(cfg.max_length, cfg.dim)
+        nn.init.normal_(self.tok.weight, std=0.02)
+        nn.init.normal_(self.pos.weight, std=0.02)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(cfg.dim, make_mixer(cfg, i), ffn_width(cfg), cfg.dropout)
+                                    for i in range(cfg.layers))
+        self.norm = nn.LayerNorm(cfg.dim)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        T = ids.shape[1]
+        if T > self.config.max_length:
+            raise ConvError(f"{T} tokens, but the position table has {self.config.max_length} rows: "
+                            f"truncate inputs to max_length {self.config.max_length}")
+        mask = mask.bool()
+        x = self.drop(self.tok(ids) + self.pos(torch.arange(T, device=ids.device)))  # (B, T, D)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+def parameter_counts(shape: EncoderShape | None = None, vocab_size: int = 30522,
+                     max_length: int = 128) -> dict[str, dict[str, int]]:
+    """For each arch at the given sizes (default: the default shape): total parameters and those
+    outside the embeddings. Built on the meta device, so nothing is allocated."""
+    shape = shape or EncoderShape()
+    out = {}
+    for arch in ARCHS:
+        cfg = EncoderConfig(**{**dataclasses.asdict(shape), "arch": arch}, max_length=max_length)
+        with torch.device("meta"):
+            enc = Encoder(cfg, vocab_size)
+        total = sum(p.numel() for p in enc.parameters())
+        emb = enc.tok.weight.numel() + enc.pos.weight.numel()
+        out[arch] = {"total": total, "non_embedding": total - emb}
+    return out
+
+
+@lru_cache(maxsize=None)
+def load_tokenizer():
+    """The MiniLM WordPiece tokenizer (fast), from the folder the `minilm` alias resolves to."""
+    from transformers import AutoTokenizer
+
+    from ..backbone import resolve_name
+
+    return AutoTokenizer.from_pretrained(resolve_name(TOKENIZER))

@@ -1,0 +1,428 @@
+"""Masked-language-model pre-training of an encoder, with resumable checkpoints.
+
+The corpus (`imdb` = the IMDB train reviews, another dataset name's train texts, or any text file:
+one text per line, or .jsonl/.csv/.tsv with a text field) is tokenised once with the MiniLM
+WordPiece tokenizer and cut into chunks of at most max_length tokens ([CLS] … [SEP]). Each step
+draws a batch of chunks (seeded by (seed, step)), picks 15% of the real, non-special tokens
+(80% → [MASK], 10% → a random token, 10% kept) and minimises cross-entropy at those positions.
+AdamW; linear warm-up, then the rate decays as 1/√step, so no total length needs to be known and
+a step or wall-clock budget can stop it anywhere.
+
+Output folder:
+  latest              name of the newest complete checkpoint (replaced atomically)
+  step-NNNNNNN/       model.safetensors (encoder.* and mlm.*), config.json (encoder, run, corpus,
+                      step, seconds), optimizer.pt (AdamW state and the torch RNG), loss.jsonl
+  loss.jsonl          the loss curve as it runs (one line per step)
+  result.json         summary of the last run
+A checkpoint is written into a temporary folder and renamed into place, then `latest` is switched
+(temp file + rename), so an interrupted run always leaves a complete checkpoint to resume.
+
+Legend: B batch, T tokens, D width, V vocabulary, N positions chosen for prediction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
+
+FORMAT = "frozentune-mlm/1"
+IGNORE = -100  # label of positions that are not predicted
+WEIGHTS, CONFIG, OPTIMIZER, CURVE, LATEST = "model.safetensors", "config.json", "optimizer.pt", "loss.jsonl", "latest"
+# run options that may change when a run is resumed (the budget and bookkeeping); the rest may not
+RESUMABLE_CHANGES = ("steps", "minutes", "checkpoint_every", "log_every", "device")
+
+
+@dataclass
+class PretrainConfig:
+    steps: int = field(default=0, metadata={"help": "stop after this many optimiser steps in all (0: no step limit; give --steps and/or --minutes)"})
+    minutes: float = field(default=0.0, metadata={"help": "stop once training has taken this long in all, resumed runs included (0: no time limit)"})
+    batch_size: int = field(default=32, metadata={"help": "sequences per step"})
+    lr: float = field(default=5e-4, metadata={"help": "peak learning rate (AdamW)"})
+    warmup_steps: int = field(default=200, metadata={"help": "steps of linear warm-up; the rate then decays as 1/sqrt(step)"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (matrices only)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0: off)"})
+    mask_prob: float = field(default=0.15, metadata={"help": "fraction of real tokens predicted (80% [MASK], 10% random, 10% kept)"})
+    checkpoint_every: int = field(default=200, metadata={"help": "steps between checkpoints (one is also written at the end)"})
+    log_every: int = field(default=20, metadata={"help": "steps between printed losses (every step goes to loss.jsonl)"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation, batches and masking"})
+    device: str = field(default="cpu", metadata={"help": "torch device (cpu, cuda, cuda:1 …)"})
+
+    def validate(self) -> None:
+        if self.steps <= 0 and self.minutes <= 0:
+            raise ConvError("give a budget: --steps N and/or --minutes M")
+        if min(self.batch_size, self.checkpoint_every, self.log_every) < 1 or self.warmup_steps < 0:
+            raise ConvError("batch_size, checkpoint_every and log_every must be at least 1, warmup_steps at least 0")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ConvError(f"mask_prob {self.mask_prob}: give a fraction in (0, 1)")
+
+
+# ----------------------------------------------------------------------------- masking
+def mask_tokens(ids: Tensor, eligible: Tensor, mask_id: int, replace_ids: Tensor, prob: float = 0.15,
+                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """BERT's masking. ids (B, T), eligible (B, T) bool (real, non-special tokens) → inputs (B, T)
+    and labels (B, T): each eligible token is chosen with probability `prob` (at least one per
+    batch when any is eligible); a chosen one becomes [MASK] (80%), a random id from
+    `replace_ids` (10%) or stays (10%), and its label is the original id; others get IGNORE."""
+    chosen = (torch.rand(ids.shape, generator=generator) < prob) & eligible
+    if not chosen.any() and eligible.any():  # a loss needs one prediction; take a random eligible token
+        flat = eligible.flatten().nonzero()[:, 0]
+        chosen.view(-1)[flat[torch.randint(len(flat), (1,), generator=generator)]] = True
+    labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+    u = torch.rand(ids.shape, generator=generator)
+    to_mask, to_random = chosen & (u < 0.8), chosen & (u >= 0.8) & (u < 0.9)
+    inputs = ids.masked_fill(to_mask, mask_id)
+    pick = torch.randint(len(replace_ids), (int(to_random.sum()),), generator=generator)
+    inputs[to_random] = replace_ids[pick]
+    return inputs, labels
+
+
+class MaskedLM(nn.Module):
+    """The encoder with BERT's prediction head (dense, GELU, LayerNorm), decoding with the token
+    embeddings (tied) plus a bias."""
+
+    def __init__(self, encoder: Encoder):
+        super().__init__()
+        d = encoder.config.dim
+        self.encoder = encoder
+        self.mlm = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
+        self.bias = nn.Parameter(torch.zeros(encoder.vocab_size))
+
+    def forward(self, inputs: Tensor, mask: Tensor, labels: Tensor) -> Tensor:
+        """inputs, mask, labels (B, T) → mean cross-entropy over the chosen positions."""
+        h = self.encoder(inputs, mask)            # (B, T, D)
+        chosen = labels != IGNORE                 # (B, T)
+        z = self.mlm(h[chosen])                   # (N, D)
+        logits = F.linear(z, self.encoder.tok.weight, self.bias)  # (N, V)
+        return F.cross_entropy(logits, labels[chosen])
+
+
+# ----------------------------------------------------------------------------- corpus
+@dataclass
+class Corpus:
+    name: str
+    path: str
+    texts: int
+    chunks: list[np.ndarray]  # each (L,) int64 with [CLS] … [SEP], L ≤ max_length
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(len(c) for c in self.chunks))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "path": self.path, "texts": self.texts, "chunks": len(self.chunks), "tokens": self.tokens}
+
+
+def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list[str]]:
+    """(name, file, texts): a dataset name (its train split; `imdb` = the IMDB train reviews) or a
+    file: .jsonl/.csv/.tsv (the `text_field` of each record), anything else one text per line."""
+    from ..data import SUFFIXES, DataError, read_records, resolve
+
+    path = Path(corpus).expanduser()
+    looks_like_path = path.suffix != "" or os.sep in corpus or path.exists()
+    if looks_like_path and not path.is_file():
+        raise DataError(f"corpus {corpus}: no such file. Give a text file (one text per line), a "
+                        f".jsonl/.csv/.tsv file with a text field, or a dataset name such as imdb.")
+    if not looks_like_path:
+        _, files = resolve(corpus)  # a dataset name: its train file (errors name the data folder)
+        path = files["train"]
+    if path.suffix.lower() in SUFFIXES:
+        texts = []
+        for n, rec in read_records(path):
+            if text_field not in rec:
+                raise DataError(f"{path}:{n}: no field {text_field!r} (fields: {', '.join(map(str, rec))}); "
+                                f"choose it with --text-field")
+            texts.append(str(rec[text_field]))
+    else:
+        texts = path.read_text(encoding="utf-8").splitlines()
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise DataError(f"{path}: no text in the corpus")
+    name = corpus if not looks_like_path else path.name
+    return name, path, texts
+
+
+def build_corpus(corpus: str, max_length: int, tok, text_field: str = "text",
+                 batch: int = 2000) -> Corpus:
+    """Tokenise every text (no truncation) and cut it into chunks of max_length − 2 word pieces,
+    each wrapped in [CLS] … [SEP]. Chunks without a predictable (non-special) token are dropped."""
+    name, path, texts = corpus_texts(corpus, text_field)
+    body = max_length - 2
+    special = set(tok.all_special_ids)
+    cls, sep = tok.cls_token_id, tok.sep_token_id
+    chunks = []
+    for s in range(0, len(texts), batch):
+        enc = tok(texts[s:s + batch], add_special_tokens=False, return_attention_mask=False,
+                  return_token_type_ids=False, verbose=False)["input_ids"]
+        for ids in enc:
+            for c in range(0, len(ids), body):
+                piece = ids[c:c + body]
+                if any(i not in special for i in piece):
+                    chunks.append(np.asarray([cls, *piece, sep], dtype=np.int64))
+    if not chunks:
+        raise DataError(f"{path}: the corpus has no tokens the tokenizer keeps")
+    return Corpus(name, str(path), len(texts), chunks)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The step folder of a pre-training output folder (via `latest`), or `path` itself when it
+    is a step folder; an error that says what to give otherwise."""
+    path = Path(path)
+    folder = path / (path / LATEST).read_text().strip() if (path / LATEST).is_file() else path
+    config = folder / CONFIG
+    ok = config.is_file() and (folder / WEIGHTS).is_file()
+    if ok:
+        try:
+            ok = json.loads(config.read_text()).get("format") == FORMAT
+        except json.JSONDecodeError:
+            ok = False
+    if not ok:
+        raise ConvError(f"{path} is not a pre-training checkpoint: give the --output folder of "
+                        f"`frozentune pretrain` (it holds `latest` and step-N folders) or one of its step-N folders")
+    return folder
+
+
+def read_checkpoint(path: Path) -> tuple[dict, dict[str, Tensor]]:
+    """(config, weights) of the checkpoint at `path` (see find_checkpoint)."""
+    from safetensors.torch import load_file
+
+    folder = find_checkpoint(path)
+    return json.loads((folder / CONFIG).read_text()), load_file(str(folder / WEIGHTS))
+
+
+def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, config: dict,
+                     curve: list[dict]) -> Path:
+    from safetensors.torch import save_file
+
+    name = f"step-{config['step']:07d}"
+    tmp = output / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+    torch.save({"optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / OPTIMIZER)
+    (tmp / CURVE).write_text("".join(json.dumps(r) + "\n" for r in curve))
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2))
+    final = output / name
+    if final.exists():  # the same step written before (a run resumed at its last checkpoint)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_atomic(output / LATEST, name)
+    for old in output.glob("step-*"):
+        if old.name != name:
+            shutil.rmtree(old)
+    return final
+
+
+def lr_at(step: int, run: PretrainConfig) -> float:
+    """Linear warm-up to run.lr over warmup_steps, then lr·sqrt(warmup/step)."""
+    if run.warmup_steps and step <= run.warmup_steps:
+        return run.lr * step / run.warmup_steps
+    return run.lr * math.sqrt(max(run.warmup_steps, 1) / step)
+
+
+def _optimizer(model: nn.Module, run: PretrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": run.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=run.lr)
+
+
+def as_flags(d: dict) -> str:
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in d.items())
+
+
+def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, text_field: str) -> tuple[EncoderConfig, PretrainConfig, str]:
+    """The saved run's settings with the budget options given now; any other option given must
+    equal the saved one."""
+    enc, old_run = saved["encoder"], saved["run"]
+    differ = {k: (v, enc.get(k)) for k, v in encoder.items() if enc.get(k) != v}
+    differ |= {k: (v, old_run.get(k)) for k, v in run.items() if k not in RESUMABLE_CHANGES and old_run.get(k) != v}
+    if corpus is not None and corpus != saved["corpus"]["spec"]:
+        differ["corpus"] = (corpus, saved["corpus"]["spec"])
+    if text_field != saved["corpus"]["text_field"]:
+        differ["text_field"] = (text_field, saved["corpus"]["text_field"])
+    if differ:
+        shown = ", ".join(f"{k} {new!r} (saved: {old!r})" for k, (new, old) in differ.items())
+        raise ConvError(f"--resume continues the saved run, whose settings differ from the ones given: {shown}. "
+                        f"Leave those options out (only {', '.join(RESUMABLE_CHANGES)} may change), or start a "
+                        f"new run in another --output folder")
+    new_run = {**old_run, **{k: v for k, v in run.items() if k in RESUMABLE_CHANGES}}
+    return EncoderConfig(**enc), PretrainConfig(**new_run), saved["corpus"]["spec"]
+
+
+def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume: bool,
+              text_field: str) -> tuple[EncoderConfig, PretrainConfig, str, dict | None]:
+    """(encoder config, run config, corpus, saved checkpoint config or None) for a new or resumed run."""
+    if resume:
+        if not (output / LATEST).is_file():
+            raise ConvError(f"nothing to resume: {output} holds no checkpoint; run without --resume to start")
+        saved = json.loads((find_checkpoint(output) / CONFIG).read_text())
+        return (*_resume_settings(saved, encoder, run, corpus, text_field), saved)
+    if (output / LATEST).is_file():
+        step = json.loads((find_checkpoint(output) / CONFIG).read_text())["step"]
+        raise ConvError(f"{output} already holds a pre-training run (step {step}); add --resume to "
+                        f"continue it, or choose another --output")
+    if corpus is None:
+        raise ConvError("give --corpus: imdb (the IMDB train reviews), a dataset name, or a text file")
+    try:
+        return EncoderConfig(**encoder), PretrainConfig(**run), corpus, None
+    except TypeError as e:
+        raise ConvError(f"bad option: {e}") from None
+
+
+class Batches:
+    """Step → a masked batch, the same for the same (seed, step), so a resumed run sees what an
+    uninterrupted one would."""
+
+    def __init__(self, chunks: list[np.ndarray], tok, run: PretrainConfig):
+        special = set(tok.all_special_ids)
+        self.chunks, self.run = chunks, run
+        self.special = torch.tensor(sorted(special))
+        self.replace_ids = torch.tensor([i for i in range(len(tok)) if i not in special])  # "random token" draws
+        self.pad_id, self.mask_id = int(tok.pad_token_id), int(tok.mask_token_id)
+
+    def __call__(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """inputs (B, T), real-token mask (B, T) bool, labels (B, T)."""
+        from ..backbone import pad
+
+        rng = np.random.default_rng([self.run.seed, step])
+        idx = rng.integers(0, len(self.chunks), self.run.batch_size)
+        ids, real = pad([self.chunks[i] for i in idx], self.pad_id)
+        real = real.bool()
+        gen = torch.Generator().manual_seed(int(rng.integers(2 ** 62)))
+        inputs, labels = mask_tokens(ids, real & ~torch.isin(ids, self.special), self.mask_id, self.replace_ids,
+                                     self.run.mask_prob, gen)
+        return inputs, real, labels
+
+
+# ----------------------------------------------------------------------------- the loop
+def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | None = None,
+             run: dict[str, Any] | None = None, resume: bool = False, text_field: str = "text",
+             log: Callable[[str], None] = print) -> dict:
+    """Pre-train an encoder with MLM until the step or time budget is spent, checkpointing into
+    `output`. `encoder` (EncoderConfig fields) and `run` (PretrainConfig fields) hold only the
+    options set by the caller; with `resume`, the saved run continues and only its budget
+    (steps, minutes) and bookkeeping may change. Returns the summary written to result.json."""
+    from safetensors.torch import load_file
+
+    from ..backbone import tokenizer_hash
+
+    output = Path(output)
+    enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
+    enc_cfg.validate()
+    run_cfg.validate()
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in output.glob(".tmp-*"):  # left by an interrupted checkpoint write
+        shutil.rmtree(stale, ignore_errors=True)
+
+    tok = load_tokenizer()
+    t0 = time.perf_counter()
+    data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)
+    prepare_seconds = time.perf_counter() - t0
+    log(f"corpus {data.name}: {data.texts:,} texts → {len(data.chunks):,} chunks of ≤ {enc_cfg.max_length} tokens, "
+        f"{data.tokens:,} tokens ({prepare_seconds:.1f}s)")
+    if saved is not None and saved["corpus"]["chunks"] != len(data.chunks):
+        raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['corpus']['chunks']:,} chunks "
+                        f"then, {len(data.chunks):,} now); resume with the same corpus or start a new run")
+
+    device = torch.device(run_cfg.device)
+    torch.manual_seed(run_cfg.seed)
+    model = MaskedLM(Encoder(enc_cfg, len(tok))).to(device)
+    opt = _optimizer(model, run_cfg)
+    step, elapsed, tokens_seen, curve = 0, 0.0, 0, []
+    if saved is not None:
+        folder = find_checkpoint(output)
+        model.load_state_dict(load_file(str(folder / WEIGHTS), device=str(device)))
+        extra = torch.load(folder / OPTIMIZER, map_location=device, weights_only=True)
+        opt.load_state_dict(extra["optimizer"])
+        torch.set_rng_state(extra["torch_rng"])  # dropout continues as it would have
+        step, elapsed, tokens_seen = saved["step"], saved["seconds"], saved["tokens_seen"]
+        curve = [json.loads(line) for line in (folder / CURVE).read_text().splitlines() if line.strip()]
+        log(f"resuming {output} at step {step} ({elapsed:.0f}s trained)")
+    n_params = sum(p.numel() for p in model.encoder.parameters())
+    log(f"{enc_cfg.arch} encoder: {enc_cfg.layers} layers, width {enc_cfg.dim}, {n_params:,} parameters; "
+        f"budget: {run_cfg.steps or '∞'} steps, {run_cfg.minutes or '∞'} minutes")
+
+    batches, tok_hash, params = Batches(data.chunks, tok, run_cfg), tokenizer_hash(tok), list(model.parameters())
+
+    def checkpoint() -> None:
+        config = {"format": FORMAT, "encoder": dataclasses.asdict(enc_cfg), "vocab_size": len(tok),
+                  "tokenizer": TOKENIZER, "tokenizer_hash": tok_hash, "run": dataclasses.asdict(run_cfg),
+                  "corpus": {"spec": corpus, "text_field": text_field, **data.describe()},
+                  "step": step, "seconds": elapsed, "tokens_seen": tokens_seen,
+                  "loss": curve[-1]["loss"] if curve else None}
+        _save_checkpoint(output, model, opt, config, curve)
+
+    def spent() -> str | None:
+        if run_cfg.steps and step >= run_cfg.steps:
+            return "steps"
+        if run_cfg.minutes and elapsed >= 60 * run_cfg.minutes:
+            return "minutes"
+        return None
+
+    live = output / CURVE
+    live.write_text("".join(json.dumps(r) + "\n" for r in curve))  # a resumed run drops what came after its checkpoint
+    last_saved = step if saved is not None else -1
+    model.train()
+    with open(live, "a") as curve_file:
+        while (stopped := spent()) is None:
+            step += 1
+            t_step = time.perf_counter()
+            inputs, real, labels = batches(step)
+            lr = lr_at(step, run_cfg)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss = model(inputs.to(device), real.to(device), labels.to(device))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"step {step}: loss became {loss.item()}; lower --lr or raise --warmup-steps")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if run_cfg.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(params, run_cfg.max_grad_norm)
+            opt.step()
+            elapsed += time.perf_counter() - t_step
+            tokens_seen += int(real.sum())
+            row = {"step": step, "loss": loss.item(), "lr": lr, "seconds": round(elapsed, 3), "tokens": tokens_seen}
+            curve.append(row)
+            curve_file.write(json.dumps(row) + "\n")
+            curve_file.flush()
+            if step % run_cfg.log_every == 0:
+                recent = [r["loss"] for r in curve[-run_cfg.log_every:]]
+                log(f"step {step:>6}  loss {sum(recent) / len(recent):.4f}  lr {lr:.2e}  {elapsed:.0f}s  "
+                    f"{tokens_seen / max(elapsed, 1e-9):,.0f} tok/s")
+            if step % run_cfg.checkpoint_every == 0:
+                checkpoint()
+                last_saved = step
+    if last_saved != step:
+        checkpoint()
+    tail = [r["loss"] for r in curve[-run_cfg.log_every:]]
+    result = {"output": str(output), "checkpoint": str(find_checkpoint(output)), "arch": enc_cfg.arch,
+              "encoder": dataclasses.asdict(enc_cfg), "run": dataclasses.asdict(run_cfg), "corpus": data.describe(),
+              "step": step, "stopped_by": stopped, "train_seconds": elapsed, "prepare_seconds": prepare_seconds,
+              "tokens_seen": tokens_seen, "tokens_per_s": tokens_seen / elapsed if elapsed else None,
+              "final_loss": sum(tail) / len(tail) if tail else None, "encoder_params": n_params}
+    (output / "result.json").write_text(json.dumps(result, indent=2))
+    log(f"stopped at step {step} ({stopped} budget spent): loss {result['final_loss'] or float('nan'):.4f} "
+        f"(mean of the last {len(tail)} steps), {elapsed:.0f}s; checkpoint {result['checkpoint']}")
+    return result

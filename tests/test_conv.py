@@ -1,0 +1,313 @@
+"""Convolutional encoders, MLM pre-training and the `conv` method (tiny sizes: width 16–32, 1–3 layers)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from frozentune import model as M
+from frozentune.backbone import Backbone
+from frozentune.cli import main
+from frozentune.conv.encoder import (ARCHS, ConvError, Encoder, EncoderConfig, EncoderShape, load_tokenizer,
+                                     parameter_counts, receptive_radius)
+from frozentune.conv.layers import DilatedConv, DynamicConv, LightConv
+from frozentune.conv.pretrain import IGNORE, find_checkpoint, mask_tokens, pretrain, read_checkpoint
+from frozentune.data import DataError
+from frozentune.registry import MethodError, get_method, make_config
+from frozentune.train import predict_logits
+
+TINY = {"layers": 2, "dim": 16, "heads": 2, "kernel_size": 3, "ffn_dim": 32, "dropout": 0.0}
+
+
+def tiny_encoder(arch: str, seed: int = 0, **over) -> Encoder:
+    torch.manual_seed(seed)
+    return Encoder(EncoderConfig(**{**TINY, "arch": arch, **over}, max_length=64), vocab_size=100).eval()
+
+
+def padded_input(B=2, T=9, C=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, requires_grad=True)
+    mask = torch.arange(T)[None, :] < torch.tensor([T, T - 3])[:, None]  # (B, T), row 1 has 3 padding
+    return x, mask
+
+
+# ----------------------------------------------------------------------------- the convolutions
+@pytest.mark.parametrize("conv", [LightConv(8, 2, 5), DynamicConv(8, 2, 5), DilatedConv(8, 3, 2), DilatedConv(8, 5, 3)],
+                         ids=["light", "dynamic", "dilated-k3-r2", "dilated-k5-r3"])
+def test_fast_equals_reference_values_and_gradients(conv):
+    torch.manual_seed(0)
+    x, mask = padded_input()
+    params = [p for p in conv.parameters()]
+    fast, ref = conv(x, mask), conv.reference(x, mask)
+    assert fast.shape == x.shape
+    torch.testing.assert_close(fast, ref, atol=1e-6, rtol=1e-5)
+    up = torch.randn_like(fast)  # an arbitrary upstream gradient
+    g_fast = torch.autograd.grad((fast * up).sum(), [x, *params])
+    g_ref = torch.autograd.grad((ref * up).sum(), [x, *params])
+    for a, b in zip(g_fast, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_softmax_kernels_sum_to_one():
+    light, dyn = LightConv(8, 2, 5).eval(), DynamicConv(8, 2, 5).eval()
+    x, _ = padded_input()
+    w = light.kernel()
+    assert w.shape == (2, 5) and (w > 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(2))
+    wd = dyn.kernel(x)
+    assert wd.shape == (2, 9, 2, 5) and (wd > 0).all()
+    torch.testing.assert_close(wd.sum(-1), torch.ones(2, 9, 2))
+
+
+def test_padding_is_zeroed_before_the_convolution():
+    """What sits at padding positions (here: huge values) never reaches a real position."""
+    for conv in (LightConv(8, 2, 5), DynamicConv(8, 2, 5), DilatedConv(8, 3, 2)):
+        x, mask = padded_input()
+        dirty = x.detach().masked_fill(~mask[..., None], 1e6)
+        real = mask[..., None].expand_as(x)
+        torch.testing.assert_close(conv(dirty, mask)[real], conv(x.detach(), mask)[real])
+
+
+# ----------------------------------------------------------------------------- the encoder
+@pytest.mark.parametrize("arch,over", [("light", {}), ("dynamic", {}), ("dilated", {}), ("dilated", {"layers": 3}),
+                                       ("light", {"kernel_size": 5})])
+def test_change_reaches_only_the_receptive_field(arch, over):
+    enc = tiny_encoder(arch, **over)
+    R = receptive_radius(enc.config)
+    assert R == (enc.config.kernel_size // 2) * (sum(2 ** i for i in range(enc.config.layers)) if arch == "dilated" else enc.config.layers)
+    T, t = 40, 20
+    ids = torch.randint(5, 100, (1, T), generator=torch.Generator().manual_seed(1))
+    changed = ids.clone()
+    changed[0, t] = 4 if ids[0, t] != 4 else 3
+    mask = torch.ones(1, T, dtype=torch.bool)
+    with torch.no_grad():
+        diff = (enc(ids, mask) - enc(changed, mask)).abs().amax(-1)[0]  # (T,)
+    dist = (torch.arange(T) - t).abs()
+    assert (diff[dist > R] < 1e-6).all(), f"{arch}: positions beyond {R} changed: {diff[dist > R]}"
+    assert (diff[dist <= R] > 1e-5).all(), f"{arch}: positions within {R} did not all change: {diff[dist <= R]}"
+
+
+def test_transformer_reaches_everywhere():
+    enc = tiny_encoder("transformer")
+    assert receptive_radius(enc.config) is None
+    ids = torch.randint(5, 100, (1, 30), generator=torch.Generator().manual_seed(1))
+    changed = ids.clone()
+    changed[0, 0] = 4 if ids[0, 0] != 4 else 3
+    mask = torch.ones(1, 30, dtype=torch.bool)
+    with torch.no_grad():
+        diff = (enc(ids, mask) - enc(changed, mask)).abs().amax(-1)[0]
+    assert (diff > 1e-6).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padding_does_not_change_real_positions(arch):
+    enc = tiny_encoder(arch)
+    g = torch.Generator().manual_seed(2)
+    short, long_ = torch.randint(5, 100, (7,), generator=g), torch.randint(5, 100, (12,), generator=g)
+    with torch.no_grad():
+        alone = enc(short[None], torch.ones(1, 7, dtype=torch.bool))[0]  # (7, D)
+        junk = torch.randint(5, 100, (5,), generator=g)  # padding ids do not matter, the mask does
+        batch = torch.stack([torch.cat([short, junk]), long_])
+        mask = torch.tensor([[True] * 7 + [False] * 5, [True] * 12])
+        together = enc(batch, mask)[0, :7]
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_counts_within_five_percent():
+    for shape in (EncoderShape(), EncoderShape(**TINY)):
+        counts = parameter_counts(shape)
+        assert set(counts) == set(ARCHS)
+        for kind in ("total", "non_embedding"):
+            values = [c[kind] for c in counts.values()]
+            assert max(values) <= 1.05 * min(values), f"{kind} parameter counts differ by more than 5%: {counts}"
+    real = sum(p.numel() for p in tiny_encoder("dynamic").parameters())
+    assert parameter_counts(EncoderShape(**TINY), vocab_size=100, max_length=64)["dynamic"]["total"] == real
+
+
+def test_bad_encoder_options():
+    with pytest.raises(ConvError, match="arch 'nope': choose one of light, dynamic, dilated, transformer"):
+        EncoderConfig(arch="nope").validate()
+    with pytest.raises(ConvError, match="odd width"):
+        EncoderConfig(kernel_size=4).validate()
+    with pytest.raises(ConvError, match="heads 3 must divide dim 16"):
+        EncoderConfig(dim=16, heads=3).validate()
+    enc = tiny_encoder("light")
+    with pytest.raises(ConvError, match="position table has 64 rows"):
+        enc(torch.ones(1, 65, dtype=torch.long), torch.ones(1, 65, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------- MLM
+def test_mlm_masking_follows_80_10_10():
+    g = torch.Generator().manual_seed(0)
+    B, T, mask_id = 400, 500, 3
+    ids = torch.randint(10, 1000, (B, T), generator=g)
+    ids[:, 0], ids[:, -1] = 1, 2  # specials at both ends
+    real = torch.arange(T)[None, :] < torch.randint(T // 2, T, (B, 1), generator=g)
+    ids[~real] = 0
+    eligible = real & (ids >= 10)
+    replace = torch.arange(10, 1000)
+    inputs, labels = mask_tokens(ids, eligible, mask_id, replace, 0.15, g)
+    chosen = labels != IGNORE
+    assert not chosen[~eligible].any(), "a special or padding token was chosen"
+    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
+    n = int(chosen.sum())
+    assert n / int(eligible.sum()) == pytest.approx(0.15, abs=0.005)
+    masked = (inputs[chosen] == mask_id).float().mean().item()
+    kept = (inputs[chosen] == ids[chosen]).float().mean().item()
+    randomised = 1 - masked - kept
+    assert (masked, kept, randomised) == (pytest.approx(0.8, abs=0.01), pytest.approx(0.1, abs=0.01), pytest.approx(0.1, abs=0.01))
+    swapped = inputs[chosen & (inputs != mask_id) & (inputs != ids)]
+    assert ((swapped >= 10) & (swapped < 1000)).all(), "random replacements come from the allowed ids"
+
+
+def test_masking_always_predicts_something():
+    ids = torch.tensor([[1, 50, 2]])
+    for seed in range(20):
+        _, labels = mask_tokens(ids, torch.tensor([[False, True, False]]), 3, torch.arange(10, 20), 0.15,
+                                torch.Generator().manual_seed(seed))
+        assert labels.tolist() == [[IGNORE, 50, IGNORE]]
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory, shared_data):
+    """A small text file: one IMDB review (cut to 300 characters) per line."""
+    path = tmp_path_factory.mktemp("corpus") / "reviews.txt"
+    with open(shared_data / "imdb" / "train.jsonl") as f:
+        lines = [json.loads(next(f))["text"][:300].replace("\n", " ") for _ in range(60)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+ENC = {"arch": "dynamic", "layers": 1, "dim": 16, "heads": 2, "kernel_size": 3, "ffn_dim": 32, "max_length": 32}
+RUN = {"batch_size": 4, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1, "lr": 1e-3}
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def test_pretrain_checkpoints_and_resume_equals_one_run(corpus_file, tmp_path):
+    whole = pretrain(tmp_path / "whole", str(corpus_file), ENC, {**RUN, "steps": 5}, log=quiet)
+    assert whole["step"] == 5 and whole["stopped_by"] == "steps"
+    folder = find_checkpoint(tmp_path / "whole")
+    assert folder.name == "step-0000005" and [p.name for p in (tmp_path / "whole").glob("step-*")] == [folder.name]
+    assert not list((tmp_path / "whole").glob(".tmp-*"))
+    curve = [json.loads(line) for line in (tmp_path / "whole" / "loss.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in curve] == [1, 2, 3, 4, 5] and all(np.isfinite(r["loss"]) for r in curve)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["step"] == 5 and config["encoder"]["arch"] == "dynamic" and config["corpus"]["texts"] == 60
+
+    pretrain(tmp_path / "split", str(corpus_file), ENC, {**RUN, "steps": 3}, log=quiet)
+    resumed = pretrain(tmp_path / "split", None, {}, {"steps": 5}, resume=True, log=quiet)
+    assert resumed["step"] == 5
+    _, a = read_checkpoint(tmp_path / "whole")
+    _, b = read_checkpoint(tmp_path / "split")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resuming changed the run"
+    again = [json.loads(line) for line in (tmp_path / "split" / "loss.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in again] == [r["loss"] for r in curve]
+
+
+def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
+    out = tmp_path / "p"
+    r = pretrain(out, str(corpus_file), ENC, {**RUN, "minutes": 1e-4}, log=quiet)
+    assert r["stopped_by"] == "minutes" and r["step"] >= 1
+    with pytest.raises(ConvError, match="already holds a pre-training run .* add --resume"):
+        pretrain(out, str(corpus_file), ENC, {**RUN, "steps": 2}, log=quiet)
+    with pytest.raises(ConvError, match="arch 'light' \\(saved: 'dynamic'\\)"):
+        pretrain(out, None, {"arch": "light"}, {"steps": 9}, resume=True, log=quiet)
+    with pytest.raises(ConvError, match="nothing to resume"):
+        pretrain(tmp_path / "empty", str(corpus_file), ENC, {"steps": 2}, resume=True, log=quiet)
+    with pytest.raises(ConvError, match="give a budget"):
+        pretrain(tmp_path / "q", str(corpus_file), ENC, {}, log=quiet)
+    with pytest.raises(DataError, match="no such file"):
+        pretrain(tmp_path / "q", str(tmp_path / "missing.txt"), ENC, {"steps": 2}, log=quiet)
+
+
+# ----------------------------------------------------------------------------- the conv method
+def test_init_loads_the_pretrained_encoder(corpus_file, tmp_path):
+    pretrain(tmp_path / "p", str(corpus_file), ENC, {**RUN, "steps": 2}, log=quiet)
+    shape = {k: v for k, v in ENC.items() if k != "max_length"}
+    build = get_method("conv").encoder
+    bb = build(make_config("conv", {**shape, "init": str(tmp_path / "p")}), 16)
+    _, state = read_checkpoint(tmp_path / "p")
+    assert torch.equal(bb.model.pos.weight, state["encoder.pos.weight"][:16])
+    assert torch.equal(bb.model.layers[0].mixer.conv.predict.weight, state["encoder.layers.0.mixer.conv.predict.weight"])
+    with pytest.raises(ConvError, match="pre-trained as `--arch dynamic .*arch light \\(checkpoint: dynamic\\)"):
+        build(make_config("conv", {**shape, "arch": "light", "init": str(tmp_path / "p")}), 16)
+    with pytest.raises(ConvError, match="positions for 32 tokens; fine-tune with --max-length 32 or less"):
+        build(make_config("conv", {**shape, "init": str(tmp_path / "p")}), 64)
+    with pytest.raises(ConvError, match="is not a pre-training checkpoint"):
+        build(make_config("conv", {**shape, "init": str(tmp_path)}), 16)
+
+
+def test_conv_and_other_backbones_do_not_mix(tiny_bert):
+    bert = Backbone.load(str(tiny_bert), max_length=16)
+    with pytest.raises(MethodError, match="trains an encoder of its own"):
+        M.build_classifier("conv", bert, ["a", "b"])
+    conv = get_method("conv").encoder(make_config("conv", TINY), 16)
+    with pytest.raises(MethodError, match="is the encoder of method 'conv'"):
+        M.build_classifier("probe", conv, ["a", "b"])
+    with pytest.raises(MethodError, match="arch='nope'; choose one of light"):
+        make_config("conv", {"arch": "nope"})
+    with pytest.raises(MethodError, match="--no-train-backbone does not apply"):
+        make_config("conv", {"train_backbone": False})
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_path, capsys):
+    sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--kernel-size", 3, "--ffn-dim", 32]
+    ckpt, out = tmp_path / "ckpt", tmp_path / "model"
+    code, stdout, err = run(capsys, "pretrain", "--corpus", corpus_file, "--output", ckpt, *sizes, "--max-length", 32,
+                            "--steps", 3, "--batch-size", 4, "--log-every", 1)
+    assert code == 0, err
+    assert "step      3  loss" in stdout and (ckpt / "latest").is_file()
+    code, stdout, err = run(capsys, "train", "--method", "conv", *sizes, "--init", ckpt, "--data", trec_slice,
+                            "--max-length", 32, "--epochs", 2, "--output", out, "--quiet")
+    assert code == 0, err
+    result = json.loads((out / "result.json").read_text())
+    assert result["config"]["method_options"]["init"] == str(ckpt) and result["config"]["backbone"]["max_length"] == 32
+    assert result["trainable_params"] == sum(p.numel() for p in M.load(out).parameters())
+
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice)
+    assert code == 0, err
+    assert json.loads(stdout)["metrics"] == result["metrics"]
+    from frozentune.data import load_classification
+    test = load_classification(str(trec_slice)).test
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(test.texts) + "\n")
+    code, stdout, err = run(capsys, "predict", "--model", out, "--input", texts)
+    assert code == 0, err
+    model = M.load(out)
+    src = M.LiveSource(model.backbone_ref.tokenize(test.texts), model.backbone_ref.pad_id())
+    expected = [model.labels[i] for i in predict_logits(model, src).argmax(1)]
+    assert [json.loads(line)["label"] for line in stdout.splitlines()] == expected
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["pretrain", "--corpus", "/no/such/corpus.txt", "--output", "{tmp}/o", "--steps", "1"], "no such file"),
+    (["pretrain", "--output", "{tmp}/o", "--steps", "1"], "give --corpus"),
+    (["pretrain", "--corpus", "imdb", "--output", "{tmp}/o"], "give a budget"),
+    (["train", "--method", "conv", "--init", "{tmp}", "--data", "{trec}"], "is not a pre-training checkpoint"),
+    (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone and --layer do not apply"),
+])
+def test_bad_input_messages(capsys, tmp_path, trec_slice, argv, needle):
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path, trec=trec_slice) for a in argv])
+    assert code == 2 and needle in err, err
+
+
+@pytest.mark.parametrize("command", [["pretrain", "--corpus", "imdb", "--output", "o", "--steps", "1"],
+                                     ["train", "--method", "conv", "--data", "trec"]])
+def test_unknown_arch_is_refused_by_the_parser(capsys, command):
+    with pytest.raises(SystemExit):
+        main([*command, "--arch", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_tokenizer_is_minilm():
+    tok = load_tokenizer()
+    assert tok.is_fast and len(tok) == 30522 and tok.mask_token == "[MASK]"
