@@ -1,0 +1,214 @@
+"""The shape of Table 2 of "Are Pre-trained Convolutions Better than Pre-trained Transformers?"
+(Tay et al. 2021): four encoders (light, dynamic, dilated, transformer) × {no pre-training,
+MLM pre-training for the same wall-clock budget} on SST-2, TREC and IMDB.
+
+  python bench/conv_table.py                          # CPU scale (below), the whole grid
+  python bench/conv_table.py --only light,trec        # runs whose name has every given part
+  python bench/conv_table.py --pretrain-minutes 5 --threads 2
+  python bench/conv_table.py --report                 # only print the table from bench/results
+  python bench/conv_table.py --scale gpu              # full scale, on a CUDA GPU (see SCALES)
+  python bench/conv_table.py --scale tiny             # smoke test of this script (results named *-tiny)
+
+For each arch: `frozentune pretrain --corpus imdb --minutes M` (the IMDB train reviews; minutes of
+training time, the tokenisation before it not counted) into bench/runs/conv-pretrain-ARCH[-gpu]
+(resumed, so a finished run is not redone; --fresh starts it again), then per dataset
+`frozentune train --method conv` from scratch and with --init that checkpoint.
+
+CPU scale: 4 layers, width 256, 4 heads, kernel 7, FFN 1024 (10.7M parameters each, 2.9M outside
+the embeddings), pre-trained at 256 tokens; SST-2 with 20,000 training sentences, 3 epochs; TREC,
+5 epochs; IMDB on a seeded, balanced slice (2,000 train / 1,000 test reviews) truncated to 256
+tokens, 3 epochs. Planned to fit in about two hours on 2 cores with 10 pre-training minutes per
+arch (the script prints each run's time; lower --pretrain-minutes if it does not).
+GPU scale: 12 layers, width 768, 12 heads, FFN 3072, 512 tokens, 4 hours of pre-training per arch,
+the full datasets (IMDB at 512 tokens), --device cuda.
+
+Results: bench/results/conv-pretrain-ARCH[-gpu].json and conv-ARCH-DATA-{scratch,pretrained}[-gpu].json
+(with the command, machine and date, as bench/run.py records them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run import RESULTS, RUNS, machine, run_one  # noqa: E402  (bench/run.py: runs `frozentune train`, records results)
+
+ARCHS = ("light", "dynamic", "dilated", "transformer")
+DATASETS = ("sst2", "trec", "imdb")
+SCALES = {
+    "cpu": {
+        "encoder": ["--layers", "4", "--dim", "256", "--heads", "4", "--kernel-size", "7", "--ffn-dim", "1024"],
+        "pretrain": ["--max-length", "256", "--batch-size", "32", "--lr", "5e-4", "--warmup-steps", "100",
+                     "--checkpoint-every", "100", "--log-every", "20"],
+        "minutes": 10.0,
+        "train": [],
+        "data": {"sst2": ["--data", "sst2", "--max-train", "20000", "--epochs", "3"],
+                 "trec": ["--data", "trec", "--epochs", "5"],
+                 "imdb": ["--data", "IMDB_SLICE", "--max-length", "256", "--epochs", "3"]},
+    },
+    "gpu": {
+        "encoder": ["--layers", "12", "--dim", "768", "--heads", "12", "--kernel-size", "7", "--ffn-dim", "3072"],
+        "pretrain": ["--max-length", "512", "--batch-size", "128", "--lr", "3e-4", "--warmup-steps", "2000",
+                     "--checkpoint-every", "1000", "--log-every", "100", "--device", "cuda"],
+        "minutes": 240.0,
+        "train": ["--device", "cuda", "--lr", "1e-4", "--batch-size", "32"],
+        "data": {"sst2": ["--data", "sst2", "--epochs", "3"],
+                 "trec": ["--data", "trec", "--epochs", "10"],
+                 "imdb": ["--data", "imdb", "--max-length", "512", "--epochs", "3"]},
+    },
+    "tiny": {  # a smoke test of this script (about 5 minutes on 2 cores), not a result
+        "encoder": ["--layers", "1", "--dim", "32", "--heads", "2", "--kernel-size", "3", "--ffn-dim", "64"],
+        "pretrain": ["--max-length", "64", "--batch-size", "8", "--warmup-steps", "5", "--log-every", "10"],
+        "minutes": 0.1,
+        "train": [],
+        "data": {"sst2": ["--data", "sst2", "--max-length", "64", "--max-train", "300", "--epochs", "1"],
+                 "trec": ["--data", "trec", "--max-length", "64", "--max-train", "300", "--epochs", "1"],
+                 "imdb": ["--data", "IMDB_SLICE", "--max-length", "64", "--max-train", "300", "--epochs", "1"]},
+    },
+}
+
+
+def imdb_slice(train: int = 2000, test: int = 1000, seed: int = 0) -> Path:
+    """A folder with `train` IMDB train reviews and `test` IMDB test reviews, half of each label,
+    seeded; written once under bench/runs/."""
+    from frozentune.data import resolve
+
+    folder = RUNS / f"imdb-conv-{train}-{test}"
+    if (folder / "test.jsonl").exists():
+        return folder
+    _, files = resolve("imdb")
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train), ("test", test)):
+        rows = [json.loads(line) for line in open(files[split], encoding="utf-8")]
+        picked = []
+        for label in ("negative", "positive"):
+            picked += rng.sample([r for r in rows if r["label"] == label], n // 2)
+        rng.shuffle(picked)
+        tmp = folder / f".{split}.jsonl"
+        tmp.write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in picked))
+        tmp.rename(folder / f"{split}.jsonl")
+    return folder
+
+
+def suffix(scale: str) -> str:
+    return "" if scale == "cpu" else f"-{scale}"
+
+
+def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fresh: bool) -> Path:
+    """`frozentune pretrain` for one arch (resumed when its folder holds a run); its result.json,
+    the command, machine and date go to bench/results/conv-pretrain-ARCH.json."""
+    s = SCALES[scale]
+    name = f"conv-pretrain-{arch}{suffix(scale)}"
+    out = RUNS / name
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    args = ["--arch", arch, "--corpus", "imdb", *s["encoder"], *s["pretrain"], "--minutes", str(minutes)]
+    resume = (out / "latest").is_file()
+    shown = "frozentune pretrain " + " ".join(shlex.quote(x) for x in args)
+    print(f"== {name}: {shown}" + ("  (resuming)" if resume else ""), flush=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    exe = str(Path(sys.executable).parent / "frozentune")
+    t0 = time.perf_counter()
+    proc = subprocess.run([exe, "pretrain", *args, "--output", str(out), *(["--resume"] if resume else [])], env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {proc.returncode}); if its settings changed, rerun with --fresh")
+    result = json.loads((out / "result.json").read_text())
+    curve = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines() if line.strip()]
+    every = max(1, len(curve) // 200)
+    result.update(name=name, command=shown, wall_seconds=time.perf_counter() - t0, machine=machine(threads),
+                  date=time.strftime("%Y-%m-%d %H:%M"), loss_curve=curve[::every] + ([curve[-1]] if curve and (len(curve) - 1) % every else []))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    print(f"   {name}: {result['step']} steps in {result['train_seconds'] / 60:.1f} min, MLM loss {result['final_loss']:.3f}", flush=True)
+    return out
+
+
+def finetune_runs(arch: str, scale: str, checkpoint: Path) -> list[tuple[str, list[str]]]:
+    s = SCALES[scale]
+    runs = []
+    for data in DATASETS:
+        data_args = [str(imdb_slice()) if a == "IMDB_SLICE" else a for a in s["data"][data]]
+        base = ["--method", "conv", "--arch", arch, *s["encoder"], *data_args, *s["train"]]
+        runs.append((f"conv-{arch}-{data}-scratch{suffix(scale)}", base))
+        runs.append((f"conv-{arch}-{data}-pretrained{suffix(scale)}", [*base, "--init", str(checkpoint)]))
+    return runs
+
+
+def selected(name: str, only: list[str] | None) -> bool:
+    """Whether run `name` (conv-ARCH-DATA-KIND or conv-pretrain-ARCH) has every part given in --only."""
+    return only is None or name in only or all(part in name.split("-") for part in only)
+
+
+def _result(name: str) -> dict | None:
+    p = RESULTS / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def report(scale: str) -> str:
+    """Test accuracy per arch and dataset, without and with pre-training, and the gain."""
+    sfx = suffix(scale)
+    head = " | ".join(f"{d} scratch | {d} pre-trained | {d} gain" for d in DATASETS)
+    out = [f"| arch | parameters | pre-training (steps, MLM loss) | {head} | mean gain |",
+           "|---|---:|---|" + "---:|" * (3 * len(DATASETS) + 1)]
+    for arch in ARCHS:
+        pre = _result(f"conv-pretrain-{arch}{sfx}")
+        cells, gains, params = [], [], "–"
+        for data in DATASETS:
+            a, b = _result(f"conv-{arch}-{data}-scratch{sfx}"), _result(f"conv-{arch}-{data}-pretrained{sfx}")
+            if a and params == "–":
+                params = f"{a['trainable_params']:,}"
+            cells += [f"{a['metrics']['accuracy']:.2f}" if a else "not run", f"{b['metrics']['accuracy']:.2f}" if b else "not run"]
+            if a and b:
+                gains.append(b["metrics"]["accuracy"] - a["metrics"]["accuracy"])
+                cells.append(f"{gains[-1]:+.2f}")
+            else:
+                cells.append("")
+        pre_cell = (f"{pre['step']:,} steps in {pre['train_seconds'] / 60:.1f} min, {pre['final_loss']:.2f}" if pre else "not run")
+        mean = f"{sum(gains) / len(gains):+.2f}" if gains else ""
+        out.append(f"| {arch} | {params} | {pre_cell} | {' | '.join(cells)} | {mean} |")
+    names = [f"conv-pretrain-{arch}{sfx}" for arch in ARCHS] + [
+        f"conv-{arch}-{data}-{kind}{sfx}" for arch in ARCHS for data in DATASETS for kind in ("scratch", "pretrained")]
+    cmds = [f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" for r in map(_result, names) if r]
+    return "\n".join(out) + "\n\nCommands (`python bench/conv_table.py" + (f" --scale {scale}" if sfx else "") + "`):\n" + "\n".join(cmds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    ap.add_argument("--pretrain-minutes", type=float, help="training minutes per arch (default: the scale's)")
+    ap.add_argument("--only", help="comma-separated run names, or parts of names (archs, datasets, scratch, "
+                                   "pretrained, pretrain) that a run must all have")
+    ap.add_argument("--threads", type=int, help="torch threads per run (OMP_NUM_THREADS)")
+    ap.add_argument("--fresh", action="store_true", help="delete the selected pre-training runs and start them again")
+    ap.add_argument("--report", action="store_true", help="only print the table")
+    a = ap.parse_args()
+    if not a.report:
+        only = a.only.split(",") if a.only else None
+        minutes = a.pretrain_minutes or SCALES[a.scale]["minutes"]
+        names = [n for arch in ARCHS for n in (f"conv-pretrain-{arch}{suffix(a.scale)}",
+                                               *(n for n, _ in finetune_runs(arch, a.scale, RUNS)))]
+        if not any(selected(n, only) for n in names):
+            raise SystemExit(f"no run matches --only {a.only}; runs are named like {names[0]} and {names[1]}")
+        for arch in ARCHS:
+            ckpt = RUNS / f"conv-pretrain-{arch}{suffix(a.scale)}"
+            fine = [(n, args) for n, args in finetune_runs(arch, a.scale, ckpt) if selected(n, only)]
+            needs_ckpt = any(n.endswith(f"pretrained{suffix(a.scale)}") for n, _ in fine)
+            if selected(f"conv-pretrain-{arch}{suffix(a.scale)}", only) or needs_ckpt:
+                pretrain_one(arch, a.scale, minutes, a.threads, a.fresh)
+            for name, args in fine:
+                run_one(name, args, threads=a.threads)
+    print(report(a.scale))
+
+
+if __name__ == "__main__":
+    main()
