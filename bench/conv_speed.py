@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from run import machine  # noqa: E402  (bench/run.py: the machine description every result records)
 
+from frozentune.api import peak_rss_mb  # noqa: E402  (VmHWM on Linux)
 from frozentune.conv.encoder import ARCHS, CONVS, Encoder, EncoderConfig, parameter_counts  # noqa: E402
 
 VOCAB = 30522  # the MiniLM WordPiece vocabulary
@@ -66,16 +67,6 @@ def timed(enc: Encoder, ids: torch.Tensor, mask: torch.Tensor) -> float:
     step(enc, ids, mask)
     sync()
     return time.perf_counter() - t0
-
-
-def peak_rss_mb() -> float:
-    """VmHWM, the peak RSS of this process image. (getrusage's ru_maxrss is not used: after
-    fork + exec it starts from the parent's peak, so a small child reports the parent's size.)"""
-    status = Path("/proc/self/status")
-    if not status.exists():
-        raise SystemExit("the CPU memory runs read /proc/self/status (Linux); use --no-memory elsewhere")
-    kib = next(line.split()[1] for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
-    return int(kib) / 1024.0
 
 
 def rss_mb() -> float:

@@ -2,7 +2,9 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from frozentune.cli import main
@@ -116,3 +118,16 @@ def test_explain_ytuning_and_refuse_probe(tiny_bert, trec_slice, tmp_path, capsy
     assert set(rows[0]["explanation"]["attention"]) == set(config["labels"])
     code, _, err = run(capsys, "explain", "--model", trained[0], "Who ?")
     assert code == 2 and "returns no explanation" in err and "ytuning" in err
+
+
+def test_peak_rss_is_the_processs_own_not_its_parents():
+    """A run started by a big process (bench/run.py, a notebook) reports its own peak memory:
+    getrusage carries the parent's peak across fork + exec; VmHWM does not."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("VmHWM is read from /proc (Linux)")
+    ballast = np.ones((1200, 2 ** 17))  # about 1.2 GB resident in this process
+    ballast += 1
+    code = "from frozentune.api import peak_rss_mb; print(peak_rss_mb())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert child < 1000, f"the child reported {child:.0f} MB: its parent's peak, not its own"
+    del ballast

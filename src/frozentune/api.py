@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,8 +25,17 @@ from .train import TrainConfig, evaluate, fit, predict_logits
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak resident memory of this process image so far, in MB: VmHWM from /proc/self/status on
+    Linux. (getrusage's ru_maxrss carries the parent's peak across fork + exec, so a run started
+    by a large process would report that process's size; it is used only where /proc is absent,
+    e.g. macOS, which reports bytes.)"""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 1024.0
 
 
 @dataclasses.dataclass
