@@ -146,8 +146,8 @@ def results_table() -> str:
     cmds = []
     for p in sorted(RESULTS.glob("*.json")):
         r = json.loads(p.read_text())
-        if "metrics" not in r or r.get("reference"):
-            continue
+        if "metrics" not in r or r.get("reference") or r.get("name", "").startswith("conv-"):
+            continue  # conv encoders have their own table (bench/conv_table.py)
         epochs = r.get("history") or []
         per_epoch = sum(h["epoch_seconds"] for h in epochs) / len(epochs) if epochs else None
         rows.append(f"| {r['name']} | {r['method']} | {r['data']} | {fmt(r['metrics']['accuracy'], 2)} | "
@@ -312,6 +312,31 @@ def span_concentration_table() -> str:
     return "\n".join(out)
 
 
+def conv_table_block() -> str:
+    """The four encoders × {scratch, pre-trained} (bench/conv_table.py)."""
+    if not any(RESULTS.glob("conv-*-scratch.json")):
+        return _not_run("conv_table.py")
+    from conv_table import report
+    return report("cpu")
+
+
+def conv_speed_block() -> str:
+    """Throughput and step memory against length (bench/conv_speed.py)."""
+    r = _result("conv-speed")
+    if not r:
+        return _not_run("conv_speed.py")
+    from conv_speed import table
+    lengths = sorted({x["length"] for x in r["rows"]})
+    ratios = "\n".join(f"| {L} | " + " | ".join(f"{v:.2f}x" for v in r["throughput_vs_transformer"][str(L)].values()) + " |"
+                        for L in lengths)
+    convs = list(r["throughput_vs_transformer"][str(lengths[0])])
+    params = ", ".join(f"{a} {c['total']:,} ({c['non_embedding']:,} outside the embeddings)" for a, c in r["params"].items())
+    return (f"`{r['command']}` ({r['date']}, {r['machine']}; {r['tokens_per_batch']:,} tokens per batch, median of "
+            f"{r['repeats']} interleaved repeats; memory: {r['memory_method']})\n\nParameters: {params}\n\n"
+            f"{table(r['rows'], lengths)}\n\nThroughput relative to the Transformer:\n\n| length | "
+            + " | ".join(convs) + " |\n|---:|" + "---:|" * len(convs) + "\n" + ratios)
+
+
 def _replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text:
@@ -332,6 +357,8 @@ def write_report() -> None:
         text = _replace_block(text, block, versus_probe_table(method, datasets))
     text = _replace_block(text, "space-seeds", seeds_table(("probe", "space"), ("trec", "sst5", "sst2", "imdb")))
     text = _replace_block(text, "span-cost", span_cost_table())
+    text = _replace_block(text, "conv-table", conv_table_block())
+    text = _replace_block(text, "conv-speed", conv_speed_block())
     text = _replace_block(text, "span-concentration", span_concentration_table())
     text = _replace_block(text, "rationales", rationales_block())
     report.write_text(text)
