@@ -15,10 +15,11 @@ training time, the tokenisation before it not counted) into bench/runs/conv-pret
 `frozentune train --method conv` from scratch and with --init that checkpoint.
 
 CPU scale: 4 layers, width 256, 4 heads, kernel 7, FFN 1024 (10.7M parameters each, 2.9M outside
-the embeddings), pre-trained at 256 tokens; SST-2 with 20,000 training sentences, 3 epochs; TREC,
-5 epochs; IMDB on a seeded, balanced slice (2,000 train / 1,000 test reviews) truncated to 256
-tokens, 3 epochs. Planned to fit in about two hours on 2 cores with 10 pre-training minutes per
-arch (the script prints each run's time; lower --pretrain-minutes if it does not).
+the embeddings), pre-trained at 256 tokens for 6 minutes each; SST-2 with 20,000 training texts,
+3 epochs; TREC, 5 epochs; IMDB on a seeded, balanced slice (1,000 train / 1,000 test reviews)
+truncated to 256 tokens, 3 epochs. On 2 cores it runs as two chains of one thread each, side by
+side (`--only light --threads 1` then `--only dilated --threads 1`, beside the same for dynamic then
+transformer), about an hour in all; every pre-training then has one core to itself.
 GPU scale: 12 layers, width 768, 12 heads, FFN 3072, 512 tokens, 4 hours of pre-training per arch,
 the full datasets (IMDB at 512 tokens), --device cuda.
 
@@ -49,7 +50,8 @@ SCALES = {
         "encoder": ["--layers", "4", "--dim", "256", "--heads", "4", "--kernel-size", "7", "--ffn-dim", "1024"],
         "pretrain": ["--max-length", "256", "--batch-size", "32", "--lr", "5e-4", "--warmup-steps", "100",
                      "--checkpoint-every", "100", "--log-every", "20"],
-        "minutes": 10.0,
+        "minutes": 6.0,
+        "imdb_slice": (1000, 1000),
         "train": [],
         "data": {"sst2": ["--data", "sst2", "--max-train", "20000", "--epochs", "3"],
                  "trec": ["--data", "trec", "--epochs", "5"],
@@ -104,7 +106,7 @@ def suffix(scale: str) -> str:
     return "" if scale == "cpu" else f"-{scale}"
 
 
-def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fresh: bool) -> Path:
+def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fresh: bool, note: str = "") -> Path:
     """`frozentune pretrain` for one arch (resumed when its folder holds a run); its result.json,
     the command, machine and date go to bench/results/conv-pretrain-ARCH.json."""
     s = SCALES[scale]
@@ -127,6 +129,8 @@ def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fre
     every = max(1, len(curve) // 200)
     result.update(name=name, command=shown, wall_seconds=time.perf_counter() - t0, machine=machine(threads),
                   date=time.strftime("%Y-%m-%d %H:%M"), loss_curve=curve[::every] + ([curve[-1]] if curve and (len(curve) - 1) % every else []))
+    if note:
+        result["note"] = note
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(f"   {name}: {result['step']} steps in {result['train_seconds'] / 60:.1f} min, MLM loss {result['final_loss']:.3f}", flush=True)
@@ -137,7 +141,8 @@ def finetune_runs(arch: str, scale: str, checkpoint: Path) -> list[tuple[str, li
     s = SCALES[scale]
     runs = []
     for data in DATASETS:
-        data_args = [str(imdb_slice()) if a == "IMDB_SLICE" else a for a in s["data"][data]]
+        data_args = [str(imdb_slice(*s.get("imdb_slice", (2000, 1000)))) if a == "IMDB_SLICE" else a
+                     for a in s["data"][data]]
         base = ["--method", "conv", "--arch", arch, *s["encoder"], *data_args, *s["train"]]
         runs.append((f"conv-{arch}-{data}-scratch{suffix(scale)}", base))
         runs.append((f"conv-{arch}-{data}-pretrained{suffix(scale)}", [*base, "--init", str(checkpoint)]))
@@ -191,6 +196,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads per run (OMP_NUM_THREADS)")
     ap.add_argument("--fresh", action="store_true", help="delete the selected pre-training runs and start them again")
     ap.add_argument("--report", action="store_true", help="only print the table")
+    ap.add_argument("--note", default="", help="a remark stored with each result (e.g. what ran beside it)")
     a = ap.parse_args()
     if not a.report:
         only = a.only.split(",") if a.only else None
@@ -204,9 +210,9 @@ def main() -> None:
             fine = [(n, args) for n, args in finetune_runs(arch, a.scale, ckpt) if selected(n, only)]
             needs_ckpt = any(n.endswith(f"pretrained{suffix(a.scale)}") for n, _ in fine)
             if selected(f"conv-pretrain-{arch}{suffix(a.scale)}", only) or needs_ckpt:
-                pretrain_one(arch, a.scale, minutes, a.threads, a.fresh)
+                pretrain_one(arch, a.scale, minutes, a.threads, a.fresh, a.note)
             for name, args in fine:
-                run_one(name, args, threads=a.threads)
+                run_one(name, args, threads=a.threads, note=a.note)
     print(report(a.scale))
 
 
