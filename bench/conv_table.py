@@ -15,11 +15,11 @@ training time, the tokenisation before it not counted) into bench/runs/conv-pret
 `frozentune train --method conv` from scratch and with --init that checkpoint.
 
 CPU scale: 4 layers, width 256, 4 heads, kernel 7, FFN 1024 (10.7M parameters each, 2.9M outside
-the embeddings), pre-trained at 256 tokens for 6 minutes each; SST-2 with 20,000 training texts,
+the embeddings), pre-trained at 256 tokens for 10 minutes each; SST-2 with 20,000 training texts,
 3 epochs; TREC, 5 epochs; IMDB on a seeded, balanced slice (1,000 train / 1,000 test reviews)
 truncated to 256 tokens, 3 epochs. On 2 cores it runs as two chains of one thread each, side by
 side (`--only light --threads 1` then `--only dilated --threads 1`, beside the same for dynamic then
-transformer), about an hour in all; every pre-training then has one core to itself.
+transformer), about 75 minutes in all; every pre-training then has one core to itself.
 GPU scale: 12 layers, width 768, 12 heads, FFN 3072, 512 tokens, 4 hours of pre-training per arch,
 the full datasets (IMDB at 512 tokens), --device cuda.
 
@@ -50,7 +50,7 @@ SCALES = {
         "encoder": ["--layers", "4", "--dim", "256", "--heads", "4", "--kernel-size", "7", "--ffn-dim", "1024"],
         "pretrain": ["--max-length", "256", "--batch-size", "32", "--lr", "5e-4", "--warmup-steps", "100",
                      "--checkpoint-every", "100", "--log-every", "20"],
-        "minutes": 6.0,
+        "minutes": 10.0,
         "imdb_slice": (1000, 1000),
         "train": [],
         "data": {"sst2": ["--data", "sst2", "--max-train", "20000", "--epochs", "3"],
