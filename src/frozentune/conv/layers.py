@@ -23,6 +23,25 @@ def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
     return x.masked_fill(~mask.unsqueeze(-1), 0.0)
 
 
+def headwise_reference(x: Tensor, w: Tensor) -> Tensor:
+    """The slow, readable convolution behind LightConv and DynamicConv: x (B, T, C), kernels
+    w (B, T, H, k) (one per position and head; LightConv's are the same at every position) →
+    y (B, T, C) with y[t] = Σ_j w[t, h, j] · x[t + j − p] on the C/H channels of head h."""
+    B, T, C = x.shape
+    H, k = w.shape[2:]
+    p = k // 2
+    xh = x.view(B, T, H, C // H)  # (B, T, H, C/H)
+    rows = []
+    for t in range(T):
+        y = torch.zeros_like(xh[:, 0])  # (B, H, C/H)
+        for j in range(k):
+            s = t + j - p
+            if 0 <= s < T:
+                y = y + w[:, t, :, j, None] * xh[:, s]
+        rows.append(y.reshape(B, C))
+    return torch.stack(rows, 1)
+
+
 class LightConv(nn.Module):
     """LightConv (Wu et al. 2019): a depthwise convolution whose kernel W ∈ R^{H×k} is shared by
     the C/H channels of each head and softmax-normalised over its width; DropConnect on the
@@ -46,19 +65,8 @@ class LightConv(nn.Module):
         return y.transpose(1, 2)
 
     def reference(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = zero_padding(x, mask)
-        B, T, C = x.shape
-        w, p = self.kernel(), self.kernel_size // 2
-        xh = x.view(B, T, self.heads, C // self.heads)  # (B, T, H, C/H)
-        rows = []
-        for t in range(T):
-            y = torch.zeros_like(xh[:, 0])  # (B, H, C/H)
-            for j in range(self.kernel_size):
-                s = t + j - p
-                if 0 <= s < T:
-                    y = y + w[:, j, None] * xh[:, s]
-            rows.append(y.reshape(B, C))
-        return torch.stack(rows, 1)
+        B, T, _ = x.shape
+        return headwise_reference(zero_padding(x, mask), self.kernel().expand(B, T, -1, -1))
 
 
 class DynamicConv(nn.Module):
@@ -91,18 +99,7 @@ class DynamicConv(nn.Module):
 
     def reference(self, x: Tensor, mask: Tensor) -> Tensor:
         x = zero_padding(x, mask)
-        B, T, C = x.shape
-        w, p = self.kernel(x), self.kernel_size // 2  # (B, T, H, k)
-        xh = x.view(B, T, self.heads, C // self.heads)
-        rows = []
-        for t in range(T):
-            y = torch.zeros_like(xh[:, 0])  # (B, H, C/H)
-            for j in range(self.kernel_size):
-                s = t + j - p
-                if 0 <= s < T:
-                    y = y + w[:, t, :, j, None] * xh[:, s]
-            rows.append(y.reshape(B, C))
-        return torch.stack(rows, 1)
+        return headwise_reference(x, self.kernel(x))
 
 
 class DilatedConv(nn.Module):
