@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from frozentune import prefix as PF
+from frozentune.backbone import pad
 from frozentune.prefix import KVShape, PrefixBatch, PrefixConfig, PrefixTuner
 
 WORDS = ("name eatType food area priceRange pub coffee shop restaurant the is a an in city centre riverside "
@@ -192,7 +193,7 @@ def test_generate_equals_forward_only_greedy_loop(lm, tok):
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_zero_length_prefix_is_the_plain_model(lm, tok, num_beams):
     x = PF.encode_sources(tok, SOURCES)
-    ids, mask = PF.pad_left(x, 0)
+    ids, mask = pad(x, 0, left=True)
     plain = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, num_beams=num_beams, do_sample=False,
                         pad_token_id=0, eos_token_id=2)
     plain = [PF.until_eos(r, 2) for r in plain[:, ids.shape[1]:].tolist()]
@@ -216,7 +217,7 @@ def test_words_init_is_the_phrase_itself(lm, tok, reparam):
                        torch.ones(1, len(x[0]), dtype=torch.long)).logits
     plain = lm(input_ids=torch.tensor([phrase + x[0]])).logits[:, len(phrase):]
     assert torch.allclose(withp, plain, atol=1e-4)
-    ids, mask = PF.pad_left([phrase + r for r in x], 0)
+    ids, mask = pad([phrase + r for r in x], 0, left=True)
     for beams in (1, 4):
         out = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, num_beams=beams, do_sample=False,
                           pad_token_id=0, eos_token_id=2)

@@ -186,14 +186,17 @@ def length_batches(lengths: np.ndarray, max_tokens: int, max_batch: int) -> list
     return batches
 
 
-def pad(ids: Sequence[np.ndarray], pad_id: int, to_length: int | None = None) -> tuple[Tensor, Tensor]:
-    """(B, T) input ids and (B, T) attention mask, right-padded to the longest (or to_length)."""
+def pad(ids: Sequence[Sequence[int]], pad_id: int, to_length: int | None = None,
+        left: bool = False) -> tuple[Tensor, Tensor]:
+    """(B, T) input ids and (B, T) attention mask, padded to the longest (or to_length): on the
+    right, or on the left (what batched decoding needs)."""
     T = to_length or max(len(x) for x in ids)
     out = np.full((len(ids), T), pad_id, dtype=np.int64)
     mask = np.zeros((len(ids), T), dtype=np.int64)
     for r, x in enumerate(ids):
-        out[r, :len(x)] = x
-        mask[r, :len(x)] = 1
+        cols = slice(T - len(x), T) if left else slice(0, len(x))
+        out[r, cols] = x
+        mask[r, cols] = 1
     return torch.from_numpy(out), torch.from_numpy(mask)
 
 

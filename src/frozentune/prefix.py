@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from .backbone import freeze, weights_hash
+from .backbone import freeze, pad, weights_hash
 from .registry import MethodConfig
 
 WEIGHTS = "model.safetensors"  # same names as model.py's saved folders
@@ -281,29 +281,6 @@ def prefix_forward(model: nn.Module, prefix: PrefixBatch, input_ids: Tensor, att
                  past_key_values=prefix.cache(model), use_cache=True, **kwargs)
 
 
-def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """(B, T) ids and (B, T) int mask, right-padded."""
-    t = max(len(r) for r in rows)
-    ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), t, dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, :len(r)] = torch.tensor(list(r), dtype=torch.long)
-        mask[b, :len(r)] = 1
-    return ids, mask
-
-
-def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """(B, T) ids and (B, T) int mask, left-padded (what batched decoding needs)."""
-    t = max(len(r) for r in rows)
-    ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), t, dtype=torch.long)
-    for b, r in enumerate(rows):
-        if len(r):
-            ids[b, t - len(r):] = torch.tensor(list(r), dtype=torch.long)
-            mask[b, t - len(r):] = 1
-    return ids, mask
-
-
 def pack_pairs(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
                pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """Rows x ; y right-padded → input_ids (B, T), attention_mask (B, T), labels (B, T) with the
@@ -314,7 +291,7 @@ def pack_pairs(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]
         if not len(x) or not len(y):
             raise PrefixError(f"example {i}: source and target need at least one token each "
                               f"(the first target token is predicted from the last source token)")
-    ids, mask = pad_right([list(x) + list(y) for x, y in zip(sources, targets)], pad_id)
+    ids, mask = pad([list(x) + list(y) for x, y in zip(sources, targets)], pad_id)
     labels = torch.full_like(ids, IGNORE)
     for b, (x, y) in enumerate(zip(sources, targets)):
         labels[b, len(x):len(x) + len(y)] = torch.tensor(list(y), dtype=torch.long)
@@ -349,7 +326,7 @@ def generate(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Sequence[i
     if prefix.batch_size != len(prompts):
         raise PrefixError(f"prefix batch has {prefix.batch_size} rows, {len(prompts)} prompts")
     device = next(model.parameters()).device
-    ids, mask = (t.to(device) for t in pad_left(prompts, pad_id))
+    ids, mask = (t.to(device) for t in pad(prompts, pad_id, left=True))
     prefix = PrefixBatch(prefix.kv.to(device), prefix.mask.to(device))
     full = torch.cat([prefix.mask, mask.bool()], 1)  # (B, P+T)
     expand = max(num_beams, int(kwargs.get("num_return_sequences", 1)))
@@ -366,7 +343,7 @@ def greedy_reference(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Se
     """Slow, readable greedy decoding with forward calls only (no `generate`): the reference the
     tests hold `generate` against, so a change in how generate treats a given cache shows up."""
     device = next(model.parameters()).device
-    ids, mask = (t.to(device) for t in pad_left(prompts, pad_id))
+    ids, mask = (t.to(device) for t in pad(prompts, pad_id, left=True))
     prefix = PrefixBatch(prefix.kv.to(device), prefix.mask.to(device))
     full = torch.cat([prefix.mask, mask.bool()], 1)                 # (B, P+T)
     cache = prefix.cache(model)
