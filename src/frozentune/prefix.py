@@ -453,25 +453,26 @@ class PrefixTuner(nn.Module):
         return tuner
 
 
-def pad_id_of(lm: nn.Module, tok=None) -> int:
+def _token_id(lm: nn.Module, tok, names: tuple[str, ...]) -> int | None:
+    """The first of the `names` ids found on the tokenizer, then the generation config, then the
+    model config (a list of ids counts as its first)."""
     for source in (tok, getattr(lm, "generation_config", None), lm.config):
-        for name in ("pad_token_id", "eos_token_id"):
+        for name in names:
             value = getattr(source, name, None) if source is not None else None
             if isinstance(value, list):
                 value = value[0] if value else None
             if value is not None:
                 return int(value)
-    return 0  # no pad and no eos anywhere: padded slots are masked, so any id does
+    return None
+
+
+def pad_id_of(lm: nn.Module, tok=None) -> int:
+    found = _token_id(lm, tok, ("pad_token_id", "eos_token_id"))
+    return 0 if found is None else found  # no pad and no eos anywhere: padded slots are masked, so any id does
 
 
 def eos_id_of(lm: nn.Module, tok=None) -> int | None:
-    for source in (tok, getattr(lm, "generation_config", None), lm.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return None
+    return _token_id(lm, tok, ("eos_token_id",))
 
 
 @torch.no_grad()
