@@ -88,6 +88,25 @@ def evaluate(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 25
     return metrics(y, pred, len(model.labels)), pred
 
 
+def adamw(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, LayerNorm or other vectors)."""
+    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=lr)
+
+
+def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[nn.Parameter],
+                   max_grad_norm: float, where: str, advice: str) -> None:
+    """One update from `loss`: refuse a non-finite loss (saying `where` and what to do), backward,
+    clip the gradient norm (0: off), step."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"{where}: loss became {loss.item()}; {advice}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+
+
 @dataclass
 class FitResult:
     history: list[dict]
@@ -108,10 +127,7 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_va
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"method {model.method!r} has no trainable parameters")
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    opt = adamw(params, cfg.lr, cfg.weight_decay)
     steps_per_epoch = (len(train) + cfg.batch_size - 1) // cfg.batch_size
     total = steps_per_epoch * cfg.epochs
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
@@ -127,13 +143,7 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_va
         for idx in train_batches(train.lengths, cfg.batch_size, rng):
             out = model(train.batch(idx).to(device))
             loss = model.head.loss(out, y_train_t[idx].to(device))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"epoch {epoch}: loss became {loss.item()}; lower --lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.max_grad_norm > 0:
-                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
+            optimizer_step(loss, opt, params, cfg.max_grad_norm, f"epoch {epoch}", "lower --lr")
             sched.step()
             loss_sum += loss.item() * len(idx)
             n += len(idx)

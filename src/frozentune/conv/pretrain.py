@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..train import adamw, optimizer_step
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
 
 FORMAT = "frozentune-mlm/1"
@@ -241,13 +242,6 @@ def lr_at(step: int, run: PretrainConfig) -> float:
     return run.lr * math.sqrt(max(run.warmup_steps, 1) / step)
 
 
-def _optimizer(model: nn.Module, run: PretrainConfig) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": run.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=run.lr)
-
-
 def as_flags(d: dict) -> str:
     return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in d.items())
 
@@ -349,7 +343,7 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     device = torch.device(run_cfg.device)
     torch.manual_seed(run_cfg.seed)
     model = MaskedLM(Encoder(enc_cfg, len(tok))).to(device)
-    opt = _optimizer(model, run_cfg)
+    opt = adamw(list(model.parameters()), run_cfg.lr, run_cfg.weight_decay)
     step, elapsed, tokens_seen, curve = 0, 0.0, 0, []
     if saved is not None:
         folder = find_checkpoint(output)
@@ -394,13 +388,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             for g in opt.param_groups:
                 g["lr"] = lr
             loss = model(inputs.to(device), real.to(device), labels.to(device))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"step {step}: loss became {loss.item()}; lower --lr or raise --warmup-steps")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if run_cfg.max_grad_norm > 0:
-                nn.utils.clip_grad_norm_(params, run_cfg.max_grad_norm)
-            opt.step()
+            optimizer_step(loss, opt, params, run_cfg.max_grad_norm, f"step {step}",
+                           "lower --lr or raise --warmup-steps")
             elapsed += time.perf_counter() - t_step
             tokens_seen += int(real.sum())
             row = {"step": step, "loss": loss.item(), "lr": lr, "seconds": round(elapsed, 3), "tokens": tokens_seen}
