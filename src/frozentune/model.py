@@ -213,7 +213,8 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
                              cache_dtype=b.get("cache_dtype", "float16"))
     state = load_file(str(folder / WEIGHTS))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k in model.trainable_state() or (own and k.startswith("backbone."))]
+    trained = model.trainable_state()  # what the file must hold
+    missing = [k for k in missing if k in trained or (own and k.startswith("backbone."))]
     if missing or unexpected:
         raise ModelLoadError(f"{folder / WEIGHTS}: weights do not match method {config['method']!r} "
                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
