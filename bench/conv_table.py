@@ -41,7 +41,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import RESULTS, RUNS, machine, run_one  # noqa: E402  (bench/run.py: runs `frozentune train`, records results)
+from run import RESULTS, RUNS, _result, machine, run_one  # noqa: E402  (bench/run.py: runs `frozentune train`, records results)
 
 ARCHS = ("light", "dynamic", "dilated", "transformer")
 DATASETS = ("sst2", "trec", "imdb")
@@ -152,11 +152,6 @@ def finetune_runs(arch: str, scale: str, checkpoint: Path) -> list[tuple[str, li
 def selected(name: str, only: list[str] | None) -> bool:
     """Whether run `name` (conv-ARCH-DATA-KIND or conv-pretrain-ARCH) has every part given in --only."""
     return only is None or name in only or all(part in name.split("-") for part in only)
-
-
-def _result(name: str) -> dict | None:
-    p = RESULTS / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def report(scale: str) -> str:
