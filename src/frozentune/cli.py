@@ -1,6 +1,8 @@
 """frozentune command line: thin; each command parses arguments and makes one library call.
 
   frozentune train --method M --data D [--backbone B] [--output DIR] [method/training options]
+  frozentune train --method prefix|finetune --data e2e|webnlg [--backbone LM] [--num-beams K] ...
+  frozentune generate --model DIR --input FILE | SOURCE...
   frozentune eval --model DIR --data D
   frozentune predict --model DIR TEXT... | --input FILE
   frozentune explain --model DIR TEXT...
@@ -46,7 +48,8 @@ def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, de
 
 def _backbone_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("backbone")
-    g.add_argument("--backbone", default="minilm", help="Hugging Face id or folder, or an alias (minilm)")
+    g.add_argument("--backbone", default=None, help="Hugging Face id or folder, or an alias: minilm (the default "
+                   "encoder), smollm2-135m (the default causal LM for e2e/webnlg)")
     g.add_argument("--layer", default="-1", help="hidden-state index, or a comma list (0 = embeddings, -1 = last)")
     g.add_argument("--layer-combine", default="mean", choices=("mean", "concat"), help="how several layers combine")
     g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation")
@@ -71,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--max-train", type=int, help="use a stratified sample of this many training examples")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     _backbone_args(t)
+    g = t.add_argument_group("generation (e2e, webnlg)")
+    g.add_argument("--num-beams", type=int, default=1, help="beam width for decoding the test sources (1: greedy)")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="longest generated text, in tokens")
+    g.add_argument("--max-validation", type=int, default=200, help="validation pairs (seeded sample) for early stopping")
+    g.add_argument("--max-test", type=int, help="decode a seeded sample of this many test sources (default: all)")
     from .train import TrainConfig
     _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`)")
 
@@ -81,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--text-field")
     e.add_argument("--label-field")
     e.add_argument("--cache-dir", type=Path)
+
+    gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line)")
+    gen.add_argument("--model", type=Path, required=True)
+    gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation or linearised triples")
+    gen.add_argument("--input", type=Path, help="a file with one source per line, or a .jsonl dataset file (mr / triples)")
+    gen.add_argument("--num-beams", type=int, help="beam width (default: the one the model was trained with)")
+    gen.add_argument("--max-new-tokens", type=int, help="longest output in tokens (default: as trained)")
+    gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")
 
     pr = sub.add_parser("predict", help="label texts with a saved model")
     pr.add_argument("--model", type=Path, required=True)
@@ -148,12 +164,18 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     from . import api
     from .train import TrainConfig
 
+    from .generation import DecodeOptions, is_generation_data, train_generation
+
     options = _method_options(a.method, rest)
     train_cfg = _given(a, TrainConfig)
-    bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if is_generation_data(a.data):
+        train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
+                         a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log)
+        return 0
+    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
-              a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(),
-              log=lambda s: print(s, flush=True))
+              a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log)
     return 0
 
 
@@ -175,6 +197,17 @@ def cmd_predict(a: argparse.Namespace) -> int:
         raise CLIError("nothing to predict: give texts as arguments or --input FILE")
     for row in api.predict(a.model, texts):
         print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from .generation import generate_sources, read_sources
+
+    sources = list(a.sources) + (read_sources(a.input) if a.input else [])
+    if not sources:
+        raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
+    for src, out in zip(sources, generate_sources(a.model, sources, a.num_beams, a.max_new_tokens)):
+        print(json.dumps({"source": src, "output": out}, ensure_ascii=False) if a.json else out, flush=True)
     return 0
 
 
@@ -208,7 +241,7 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
 
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
-    bb = api.BackboneOptions(a.backbone, a.layer, a.layer_combine, a.max_length)
+    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
                     a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty())
     return 0
@@ -247,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .conv.encoder import ConvError
     from .data import DataError
     from .model import ModelLoadError
+    from .prefix import PrefixError
     from .registry import MethodError
 
     ap = _parser()
@@ -258,9 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(a, rest)
         if a.command == "list":
             return cmd_list()
-        return {"eval": cmd_eval, "predict": cmd_predict, "explain": cmd_explain, "cache": cmd_cache,
+        return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
-    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError) as e:
+    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError) as e:
         print(f"frozentune: error: {e}", file=sys.stderr)
         return 2
 

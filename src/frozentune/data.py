@@ -202,7 +202,7 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
         return path.stem, {"train": path}
     if path.is_dir():
         files = _find_split_files(path)
-        if "train" not in files:
+        if "train" not in files and "validation" not in files:
             raise DataError(f"{path}: no train file found (expected train.jsonl / train.csv / "
                             f"train.tsv, optionally validation.* and test.*).")
         return path.name, files
@@ -308,6 +308,9 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
     if name in GENERATION:
         raise DataError(f"{name} is a generation dataset (fields mr/refs or triples/texts); "
                         f"classification methods need text + label data.")
+    if "train" not in files:
+        raise DataError(f"{data}: no train file (found {', '.join(sorted(files))}); a classifier needs "
+                        f"train.jsonl / .csv / .tsv")
     splits = {k: read_split(p, text_field, label_field) for k, p in files.items()}
     train = splits["train"]
     notes = []

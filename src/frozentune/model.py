@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .backbone import Backbone, LayerSpec, Tokenized, pad
+from .backbone import Backbone, LayerSpec, Tokenized, pad, trainable_names
 from .cache import CachedStates
 from .head import Features, Head, Output
 from .registry import MethodConfig, MethodError, create_method, get_method, make_config
@@ -93,17 +93,30 @@ class Classifier(nn.Module):
         self.base_weights_hash = backbone.weights_hash  # before any training touches it
         if cfg.train_backbone:
             self.backbone = backbone.model
-            unfreeze_used(backbone)
+            unfreeze_used(backbone, getattr(cfg, "top_layers", 0))
 
     @property
     def trains_backbone(self) -> bool:
         return bool(self.cfg.train_backbone)
 
+    @property
+    def steers_backbone(self) -> bool:
+        """The head changes what the frozen backbone computes (prefix-tuning): run live, never cached."""
+        return bool(getattr(self.head, "steers_backbone", False))
+
+    @property
+    def runs_live(self) -> bool:
+        return self.trains_backbone or self.steers_backbone
+
     def features(self, b: Batch) -> Features:
         if b.hidden is not None:
+            if self.steers_backbone:
+                raise ValueError(f"method {self.method!r} runs the backbone with its prefix; give token ids, not cached states")
             return Features(b.hidden, b.mask)
         assert b.input_ids is not None
-        if self.trains_backbone:
+        if self.steers_backbone:
+            hidden = self.head.encode(self.backbone_ref, b.input_ids, b.mask.long())  # type: ignore[operator]
+        elif self.trains_backbone:
             hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
         else:
             with torch.no_grad():
@@ -117,7 +130,8 @@ class Classifier(nn.Module):
 
     def trainable_state(self) -> dict[str, Tensor]:
         """What gets saved: the head's state, plus the backbone parameters that were trained."""
-        state = {f"head.{k}": v for k, v in self.head.state_dict().items()}
+        head = self.head.saved_state() if hasattr(self.head, "saved_state") else self.head.state_dict()
+        state = {f"head.{k}": v for k, v in head.items()}
         if self.trains_backbone:
             state |= {f"backbone.{k}": p for k, p in self.backbone.named_parameters() if p.requires_grad}
         return state
@@ -126,17 +140,19 @@ class Classifier(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
 
-def unfreeze_used(backbone: Backbone) -> None:
+def unfreeze_used(backbone: Backbone, top_layers: int = 0) -> None:
     """Make trainable exactly the backbone parameters the chosen layers depend on (not, e.g.,
-    BERT's pooler or layers above the one read), found with one backward pass on 2 tokens."""
+    BERT's pooler or layers above the one read), found with one backward pass on 2 tokens;
+    with top_layers = k, only those of the top k layers."""
     model = backbone.model
     for p in model.parameters():
         p.requires_grad_(True)
         p.grad = None
     ids = torch.full((1, 2), backbone.pad_id(), dtype=torch.long)
     backbone.encode(ids, torch.ones_like(ids)).sum().backward()
-    for p in model.parameters():
-        if p.grad is None:
+    top = set(trainable_names(model, top_layers))
+    for n, p in model.named_parameters():
+        if p.grad is None or n not in top:
             p.requires_grad_(False)
         p.grad = None
 
@@ -194,6 +210,9 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
             raise ModelLoadError(f"{folder}: no {name}; is this a folder written by "
                                  f"`frozentune train --output`?")
     config = json.loads((folder / CONFIG).read_text())
+    if config.get("task") == "generation":
+        raise ModelLoadError(f"{folder}: holds a text generator ({config.get('method')} on "
+                             f"{config['backbone'].get('name')}); use `frozentune generate --model {folder}`")
     b = config["backbone"]
     spec = LayerSpec(tuple(b["layers"]), b["combine"])
     method = get_method(config["method"])  # clear error for an unknown method
@@ -211,6 +230,8 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
                              f"from the one this model was trained on; load the same model files.")
     model = build_classifier(config["method"], backbone, config["labels"], config["options"],
                              cache_dtype=b.get("cache_dtype", "float16"))
+    if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it
+        model.head.prepare_load()
     state = load_file(str(folder / WEIGHTS))
     missing, unexpected = model.load_state_dict(state, strict=False)
     trained = model.trainable_state()  # what the file must hold

@@ -542,3 +542,4 @@ def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, Pref
             raise PrefixError(f"{folder}: this LM's weights differ from the ones the prefix was trained on "
                               f"({config['backbone'].get('name') or 'name not recorded'}); load the same model files.")
     return prefix, cfg, config
+

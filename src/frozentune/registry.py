@@ -25,6 +25,19 @@ class MethodSpec:
     # for a method that trains an encoder of its own instead of reading a pre-trained backbone:
     # (config, max_length, seed=0, load_init=True) → a Backbone with encoder_of == name
     encoder: Callable[..., Any] | None = None
+    # for a method that also adapts a causal LM to generate text (E2E, WebNLG): a class built as
+    # generator(config, lm, tokenizer, lm_name), with .load(folder, lm, tokenizer, lm_name), and its
+    # TrainConfig overrides there; None: classification only
+    generator: type | None = None
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def classifies(self) -> bool:
+        return self.head_cls is not None
+
+    @property
+    def generates(self) -> bool:
+        return self.generator is not None
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -36,18 +49,24 @@ class MethodError(ValueError):
 
 def register_method(name: str, config_cls: type, help: str = "",
                     train_defaults: dict[str, Any] | None = None,
-                    encoder: Callable[..., Any] | None = None) -> Callable[[type], type]:
+                    encoder: Callable[..., Any] | None = None,
+                    generator: type | None = None,
+                    generation_defaults: dict[str, Any] | None = None) -> Callable[[type | None], type | None]:
     """Class decorator: `@register_method("probe", ProbeConfig)` on a Head taking
-    (config, dim, num_labels). `encoder`: see MethodSpec (`api.train` and `model.load` call it
-    instead of loading the backbone named by --backbone)."""
+    (config, dim, num_labels), or called on None for a method that only generates. `encoder`,
+    `generator`, `generation_defaults`: see MethodSpec (`api.train` and `model.load` call `encoder` instead of
+    loading the backbone named by --backbone)."""
     if not (dataclasses.is_dataclass(config_cls) and issubclass(config_cls, MethodConfig)):
         raise TypeError(f"{name}: config must be a dataclass subclassing MethodConfig")
 
-    def deco(head_cls: type) -> type:
+    def deco(head_cls: type | None) -> type | None:
         if name in _METHODS:
             raise ValueError(f"method {name!r} registered twice")
+        if head_cls is None and generator is None:
+            raise TypeError(f"{name}: give a head class, or a generator for a generation-only method")
         _METHODS[name] = MethodSpec(name, config_cls, head_cls, help or (head_cls.__doc__ or "").strip().split("\n")[0],
-                                    dict(train_defaults or {}), encoder)
+                                    dict(train_defaults or {}), encoder,
+                                    generator, dict(generation_defaults or {}))
         return head_cls
     return deco
 
@@ -59,9 +78,13 @@ def get_method(name: str) -> MethodSpec:
     return _METHODS[name]
 
 
-def list_methods() -> list[str]:
+def list_methods(task: str | None = None) -> list[str]:
+    """Registered methods; task "classification" or "generation" keeps those that do it."""
     _load_builtin()
-    return sorted(_METHODS)
+    if task not in (None, "classification", "generation"):
+        raise MethodError(f"task {task!r}: choose classification or generation")
+    return sorted(n for n, s in _METHODS.items()
+                  if task is None or (s.classifies if task == "classification" else s.generates))
 
 
 def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfig:
@@ -89,8 +112,12 @@ def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfi
 def create_method(name: str, dim: int, num_labels: int, options: dict[str, Any] | None = None):
     """(head, config) for method `name` over D=dim states and C=num_labels classes."""
     cfg = make_config(name, options)
+    spec = get_method(name)
+    if not spec.classifies:
+        raise MethodError(f"method {name!r} generates text (E2E, WebNLG); classifiers: "
+                          f"{', '.join(list_methods('classification'))}")
     try:
-        return get_method(name).head_cls(cfg, dim, num_labels), cfg
+        return spec.head_cls(cfg, dim, num_labels), cfg
     except ValueError as e:  # an option that does not fit these shapes
         raise MethodError(str(e)) from None
 

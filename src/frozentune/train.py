@@ -4,7 +4,6 @@ validation accuracy (the best epoch's weights are restored), accuracy and macro-
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -115,48 +114,55 @@ class FitResult:
     stopped_early: bool
 
 
-def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_val: np.ndarray,
-        cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
-    """Train `model` in place; leaves it with the weights of the best validation epoch."""
+def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of what training changes: the trainable parameters and every buffer."""
+    state = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+    return state | {n: b.detach().clone() for n, b in module.named_buffers()}
+
+
+def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.ndarray], torch.Tensor],
+             validate: Callable[[], dict[str, float]], score: Callable[[dict[str, float]], float],
+             cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
+    """The one training loop. `lengths` (N,): tokens per training example (for length-bucketed
+    batches); `batch_loss(idx)`: the mean loss of those examples; `validate()`: validation metrics;
+    `score(metrics)`: higher is better, for early stopping. Leaves `module` with the trainable
+    parameters (and buffers) of the best validation epoch."""
     from transformers import get_linear_schedule_with_warmup
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    device = torch.device(cfg.device)
-    model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in module.parameters() if p.requires_grad]
     if not params:
-        raise ValueError(f"method {model.method!r} has no trainable parameters")
+        raise ValueError(f"{type(module).__name__} has no trainable parameters")
     opt = adamw(params, cfg.lr, cfg.weight_decay)
-    steps_per_epoch = (len(train) + cfg.batch_size - 1) // cfg.batch_size
+    steps_per_epoch = (len(lengths) + cfg.batch_size - 1) // cfg.batch_size
     total = steps_per_epoch * cfg.epochs
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
-    y_train_t = torch.from_numpy(np.asarray(y_train))
 
-    history, best, best_state, bad = [], -1.0, None, 0
+    history, best, best_state, bad = [], -float("inf"), None, 0
     best_epoch, stopped = 0, False
     t_start = time.perf_counter()
     for epoch in range(1, cfg.epochs + 1):
         t0 = time.perf_counter()
-        model.train()
+        module.train()
         loss_sum, n = 0.0, 0
-        for idx in train_batches(train.lengths, cfg.batch_size, rng):
-            out = model(train.batch(idx).to(device))
-            loss = model.head.loss(out, y_train_t[idx].to(device))
+        for idx in train_batches(lengths, cfg.batch_size, rng):
+            loss = batch_loss(idx)
             optimizer_step(loss, opt, params, cfg.max_grad_norm, f"epoch {epoch}", "lower --lr")
             sched.step()
             loss_sum += loss.item() * len(idx)
             n += len(idx)
         epoch_s = time.perf_counter() - t0
-        val_m, _ = evaluate(model, val, y_val, cfg.eval_batch_size)
-        row = {"epoch": epoch, "train_loss": loss_sum / max(n, 1), "val_accuracy": val_m["accuracy"],
-               "val_macro_f1": val_m["macro_f1"], "epoch_seconds": epoch_s}
+        module.eval()
+        val_m = validate()
+        row = {"epoch": epoch, "train_loss": loss_sum / max(n, 1), **{f"val_{k}": v for k, v in val_m.items()},
+               "epoch_seconds": epoch_s}
         history.append(row)
-        log(f"epoch {epoch:>3}/{cfg.epochs}  loss {row['train_loss']:.4f}  val acc {val_m['accuracy']:.2f}"
-            f"  val F1 {val_m['macro_f1']:.2f}  {epoch_s:.1f}s")
-        if val_m["accuracy"] > best:
-            best, best_epoch, bad = val_m["accuracy"], epoch, 0
-            best_state = copy.deepcopy({k: v for k, v in model.trainable_state().items()})
+        shown = "  ".join(f"val {k.replace('_', '-')} {v:.{4 if k == 'loss' else 2}f}" for k, v in val_m.items())
+        log(f"epoch {epoch:>3}/{cfg.epochs}  loss {row['train_loss']:.4f}  {shown}  {epoch_s:.1f}s")
+        if score(val_m) > best:
+            best, best_epoch, bad = score(val_m), epoch, 0
+            best_state = snapshot(module)
         else:
             bad += 1
             if cfg.patience and bad >= cfg.patience:
@@ -164,5 +170,24 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_va
                 log(f"early stop: no validation gain for {bad} epochs; best epoch {best_epoch}")
                 break
     if best_state is not None:
-        model.load_state_dict(best_state, strict=False)
+        module.load_state_dict(best_state, strict=False)
     return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
+
+
+def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_val: np.ndarray,
+        cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
+    """Train a classifier in place (fit_loop on its head's loss, early stopping on validation
+    accuracy); leaves it with the weights of the best validation epoch."""
+    device = torch.device(cfg.device)
+    model.to(device)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"method {model.method!r} has no trainable parameters")
+    y_train_t = torch.from_numpy(np.asarray(y_train))
+
+    def batch_loss(idx: np.ndarray) -> torch.Tensor:
+        return model.head.loss(model(train.batch(idx).to(device)), y_train_t[idx].to(device))
+
+    def validate() -> dict[str, float]:
+        return evaluate(model, val, y_val, cfg.eval_batch_size)[0]
+
+    return fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log)

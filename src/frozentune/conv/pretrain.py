@@ -138,6 +138,8 @@ def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list
                         f".jsonl/.csv/.tsv file with a text field, or a dataset name such as imdb.")
     if not looks_like_path:
         _, files = resolve(corpus)  # a dataset name: its train file (errors name the data folder)
+        if "train" not in files:
+            raise DataError(f"corpus {corpus}: this dataset has no train file to pre-train on")
         path = files["train"]
     if path.suffix.lower() in SUFFIXES:
         texts = []

@@ -25,6 +25,12 @@ class ProbeConfig(MethodConfig):
 class FinetuneConfig(ProbeConfig):
     train_backbone: bool = field(default=True, metadata={
         "help": "train the backbone with the head (the point of this baseline)"})
+    top_layers: int = field(default=0, metadata={
+        "help": "train only the top k layers of the backbone (0: all of it); also for generation (E2E, WebNLG)"})
+
+    def validate(self) -> None:
+        if self.top_layers < 0:
+            raise ValueError(f"finetune: top_layers={self.top_layers}; give 0 (all layers) or a positive count")
 
 
 class LinearHead(Head):
@@ -45,7 +51,15 @@ register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] froz
                 train_defaults={"lr": 1e-2, "epochs": 20, "batch_size": 64, "patience": 5})(LinearHead)
 
 
-@register_method("finetune", FinetuneConfig, "the backbone unfrozen with a linear head, trained end to end",
-                 train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2})
+def _lm_finetuner() -> type:
+    from ..generation import LMFinetuner
+    return LMFinetuner
+
+
+@register_method("finetune", FinetuneConfig, "the backbone unfrozen with a linear head, trained end to end; "
+                 "on E2E/WebNLG the causal LM itself (all or top_layers of it)",
+                 train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2},
+                 generator=_lm_finetuner(),
+                 generation_defaults={"lr": 5e-5, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32})
 class FinetuneHead(LinearHead):
     """Linear head whose backbone is trained too (see `train_backbone`)."""

@@ -1,0 +1,399 @@
+"""Data-to-text generation on a frozen causal LM (E2E, WebNLG): the pairs a run trains on, the
+reference method (fine-tuning all or the top k layers of the LM), the shared training and decoding
+path, and the metrics (sacrebleu BLEU over all references and chrF; ROUGE-L from rouge-score).
+
+Both methods go through the same code: the loss is prefix.prefix_lm_loss (fine-tuning uses a
+zero-length prefix, which the tests hold equal to the plain LM), decoding is prefix.generate, and
+training is train.fit_loop with early stopping on the validation loss. So a comparison between
+prefix-tuning and fine-tuning differs only in what is trained.
+
+Legend: B batch, T tokens, N layers, P prefix positions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .backbone import freeze, trainable_names, weights_hash
+from .data import DataError, GenExample, linearize_triples, load_generation, resolve
+from .prefix import (CONFIG, WEIGHTS, KVShape, PrefixBatch, PrefixError, encode_sources, encode_targets, eos_id_of,
+                     generate, pad_id_of, prefix_lm_loss)
+
+GEN_LM = "smollm2-135m"  # default language model of generation runs
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class GenSplits:
+    """(source, target) pairs to train and validate on; test examples keep all their references."""
+    name: str
+    train: list[tuple[str, str]]
+    validation: list[tuple[str, str]]
+    test: list[GenExample]
+    notes: list[str] = field(default_factory=list)
+
+
+def is_generation_data(data: str) -> bool:
+    """True when `data` names a data-to-text dataset: its first .jsonl record has `mr` or `triples`
+    (reads one line, not the file)."""
+    try:
+        _, files = resolve(data)
+    except DataError:
+        return False
+    for path in files.values():
+        if path.suffix != ".jsonl":
+            return False
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        return False  # the classification reader reports it with its line
+                    return isinstance(rec, dict) and ("mr" in rec or "triples" in rec)
+    return False
+
+
+def _pairs(examples: Sequence[GenExample]) -> list[tuple[str, str]]:
+    return [(ex.source, ref) for ex in examples for ref in ex.refs]
+
+
+def _sample(items: list, n: int | None, rng: np.random.Generator) -> list:
+    """A seeded sample of n items in their original order (all of them when n is None or ≥ len)."""
+    if n is None or n >= len(items):
+        return list(items)
+    if n < 1:
+        raise DataError(f"asked for {n} examples; give at least 1")
+    return [items[i] for i in np.sort(rng.choice(len(items), n, replace=False))]
+
+
+def load_generation_splits(name: str, seed: int = 0, max_train: int | None = None, max_validation: int | None = 200,
+                           max_test: int | None = None, validation_fraction: float = 0.1) -> GenSplits:
+    """Train/validation pairs and test examples of a data-to-text dataset. Training pairs come from
+    `train`, or, when the dataset has none (E2E as shipped here: dev + test), from `validation`, whose
+    sources are then split: a seeded `validation_fraction` of them is held out for validation and the
+    rest trains, so no source is in both. `max_train` samples that many (source, reference) pairs
+    (seeded); `max_validation` caps the validation pairs; `max_test` takes a seeded sample of test
+    examples (in file order)."""
+    _, files = resolve(name)
+    rng = np.random.default_rng(seed)
+    notes = []
+    test = load_generation(name, "test")
+    if "train" in files:
+        train_ex = load_generation(name, "train")
+        val_ex = load_generation(name, "validation") if "validation" in files else []
+        if not val_ex:
+            raise DataError(f"{name}: has train but no validation file; add one for early stopping.")
+    elif "validation" in files:
+        pool = load_generation(name, "validation")
+        order = rng.permutation(len(pool))
+        n_val = max(1, int(round(validation_fraction * len(pool))))
+        val_ex = [pool[i] for i in np.sort(order[:n_val])]
+        train_ex = [pool[i] for i in np.sort(order[n_val:])]
+        notes.append(f"no train split: training pairs come from the {files['validation'].name} file's "
+                     f"{len(train_ex)} sources; {len(val_ex)} other sources ({validation_fraction:.0%}, seed {seed}) "
+                     f"are held out for validation")
+    else:
+        raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
+    train = _sample(_pairs(train_ex), max_train, rng)
+    validation = _sample(_pairs(val_ex), max_validation, rng)
+    if max_test is not None:
+        test = _sample(test, max_test, rng)
+        notes.append(f"test: a seeded sample of {len(test)} examples")
+    return GenSplits(name, train, validation, test, notes)
+
+
+# ----------------------------------------------------------------------------- fine-tuning reference
+class LMFinetuner(nn.Module):
+    """The LM itself trained (all of it, or its top k layers), through the same loss and decoding as
+    prefix-tuning (a zero-length prefix). The LM is a submodule: parameters() is what is trained."""
+
+    def __init__(self, cfg: Any, lm: nn.Module, tok=None, lm_name: str = ""):
+        super().__init__()
+        self.base_hash = weights_hash(lm)  # of the pre-trained weights, before any step
+        self.cfg, self.lm, self.tok, self.lm_name = cfg, lm, tok, lm_name
+        top_layers = self.top_layers = int(getattr(cfg, "top_layers", 0))
+        self.shape = KVShape.from_config(lm.config)
+        freeze(lm)
+        chosen = set(trainable_names(lm, top_layers))
+        for n, p in lm.named_parameters():
+            p.requires_grad_(n in chosen)
+
+    def empty_prefix(self, rows: int) -> PrefixBatch:
+        dev = next(self.lm.parameters()).device
+        return PrefixBatch.single(torch.zeros(self.shape.tensor_shape(0), device=dev), rows)
+
+    def loss(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> Tensor:
+        return prefix_lm_loss(self.lm, self.empty_prefix(len(sources)), sources, targets, self.pad_id())
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, num_beams: int = 1,
+                 **kwargs) -> list[list[int]]:
+        return generate(self.lm, self.empty_prefix(len(prompts)), prompts, self.pad_id(), self.eos_id(),
+                        max_new_tokens, num_beams, **kwargs)
+
+    def pad_id(self) -> int:
+        return pad_id_of(self.lm, self.tok)
+
+    def eos_id(self) -> int | None:
+        return eos_id_of(self.lm, self.tok)
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {f"lm.{n}": p for n, p in self.lm.named_parameters() if p.requires_grad}
+
+    def num_trainable(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def save(self, folder: Path, extra: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().float().cpu().contiguous() for k, v in self.trainable_state().items()}
+        save_file(state, str(folder / WEIGHTS), metadata={"method": "finetune"})
+        config = {"format": "frozentune/1", "method": "finetune", "task": "generation",
+                  "options": dataclasses.asdict(self.cfg),
+                  "backbone": {"name": self.lm_name, "weights_hash": self.base_hash, "trained": True},
+                  **(extra or {})}
+        (folder / CONFIG).write_text(json.dumps(config, indent=2))
+
+    @classmethod
+    def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "LMFinetuner":
+        from safetensors.torch import load_file
+
+        from .registry import make_config
+
+        config = json.loads((Path(folder) / CONFIG).read_text())
+        tuner = cls(make_config("finetune", config["options"]), lm, tok, lm_name)
+        saved = config["backbone"].get("weights_hash")
+        if saved and tuner.base_hash != saved:
+            raise PrefixError(f"{folder}: was fine-tuned from other base weights than "
+                              f"{config['backbone'].get('name')!r} has now; load the same model files")
+        state = {k.removeprefix("lm."): v for k, v in load_file(str(Path(folder) / WEIGHTS)).items()}
+        missing = set(trainable_names(lm, tuner.top_layers)) - set(state)
+        if missing:
+            raise PrefixError(f"{folder / WEIGHTS}: lacks {len(missing)} trained tensors (e.g. {sorted(missing)[0]})")
+        lm.load_state_dict(state, strict=False)
+        return tuner
+
+
+# ----------------------------------------------------------------------------- training and decoding
+def encode_pairs(tok, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+    return encode_sources(tok, [s for s, _ in pairs]), encode_targets(tok, [t for _, t in pairs])
+
+
+@torch.no_grad()
+def mean_loss(tuner: nn.Module, sources: list[list[int]], targets: list[list[int]], batch_size: int = 32) -> float:
+    """Token-weighted mean loss over the target tokens of all pairs."""
+    total, count = 0.0, 0
+    for i in range(0, len(sources), batch_size):
+        s, t = sources[i:i + batch_size], targets[i:i + batch_size]
+        n = sum(len(y) for y in t)
+        total += float(tuner.loss(s, t)) * n
+        count += n
+    return total / max(count, 1)
+
+
+def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[[str], None] = print):
+    """train.fit_loop on the target-token loss; early stopping on the validation loss."""
+    from .train import fit_loop
+
+    src, tgt = encode_pairs(tok, splits.train)
+    vsrc, vtgt = encode_pairs(tok, splits.validation)
+    lengths = np.array([len(a) + len(b) for a, b in zip(src, tgt)])
+
+    def batch_loss(idx: np.ndarray) -> Tensor:
+        return tuner.loss([src[i] for i in idx], [tgt[i] for i in idx])
+
+    def validate() -> dict[str, float]:
+        return {"loss": mean_loss(tuner, vsrc, vtgt, cfg.eval_batch_size)}
+
+    return fit_loop(tuner, lengths, batch_loss, validate, lambda m: -m["loss"], cfg, log)
+
+
+def decode(tuner: nn.Module, tok, sources: Sequence[str], num_beams: int = 1, max_new_tokens: int = 64,
+           batch_size: int = 32, progress: Callable[[int], None] | None = None) -> list[str]:
+    """Generated text for each source, batched by source length (outputs in input order)."""
+    tuner.eval()
+    ids = encode_sources(tok, sources)
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    out: list[str] = [""] * len(ids)
+    step = max(1, batch_size // max(num_beams, 1))
+    for s in range(0, len(order), step):
+        chunk = order[s:s + step]
+        rows = tuner.generate([ids[i] for i in chunk], max_new_tokens=max_new_tokens, num_beams=num_beams)
+        for i, row in zip(chunk, rows):
+            out[i] = tok.decode(row, skip_special_tokens=True).strip()
+        if progress:
+            progress(len(chunk))
+    return out
+
+
+def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Corpus BLEU over all references and chrF (sacrebleu, default 13a tokenisation, cased), and
+    mean ROUGE-L F1 against the best-matching reference (rouge-score, stemmed); all in percent."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} outputs but {len(references)} reference lists")
+    if not hypotheses:
+        raise ValueError("no outputs to score")
+    width = max(len(r) for r in references)
+    streams = [[r[k] if k < len(r) else None for r in references] for k in range(width)]  # None: fewer refs
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    rouge = [scorer.score_multi(list(r), h)["rougeL"].fmeasure for h, r in zip(hypotheses, references)]
+    return {"bleu": sacrebleu.corpus_bleu(list(hypotheses), streams).score,
+            "chrf": sacrebleu.corpus_chrf(list(hypotheses), streams).score,
+            "rouge_l": 100.0 * float(np.mean(rouge))}
+
+
+def grouped_scores(hypotheses: Sequence[str], examples: Sequence[GenExample]) -> dict[str, dict[str, float]]:
+    """Scores over all examples, and over the `seen` / `unseen` ones when they are marked (WebNLG)."""
+    refs = [ex.refs for ex in examples]
+    out = {"all": {**scores(hypotheses, refs), "n": len(examples)}}
+    marks = [ex.meta.get("seen") for ex in examples]
+    for name, want in (("seen", True), ("unseen", False)):
+        keep = [i for i, m in enumerate(marks) if m is want]
+        if keep:
+            out[name] = {**scores([hypotheses[i] for i in keep], [refs[i] for i in keep]), "n": len(keep)}
+    return out
+
+
+# ----------------------------------------------------------------------------- building and loading
+def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok, lm_name: str) -> tuple[nn.Module, Any]:
+    """(tuner, config) for a registered generation method (MethodSpec.generator)."""
+    from .registry import MethodError, get_method, list_methods, make_config
+
+    spec = get_method(method)
+    if not spec.generates:
+        raise MethodError(f"method {method!r} does not generate text; for E2E/WebNLG use one of: "
+                          f"{', '.join(list_methods('generation'))}")
+    cfg = make_config(method, options)
+    return spec.generator(cfg, lm, tok, lm_name), cfg
+
+
+def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
+    """(tuner, tokenizer, config.json) of a saved generation model; loads the LM it names."""
+    from .backbone import load_causal_lm
+    from .registry import get_method
+
+    folder = Path(folder)
+    if not (folder / CONFIG).is_file():
+        raise PrefixError(f"{folder}: no {CONFIG}; give the --output folder of a generation training run")
+    config = json.loads((folder / CONFIG).read_text())
+    if config.get("task") != "generation":
+        raise PrefixError(f"{folder}: holds a {config.get('method')!r} classifier, not a text generator; "
+                          f"use `frozentune predict` for it")
+    name = config["backbone"]["name"]
+    lm, tok = load_causal_lm(name)
+    return get_method(config["method"]).generator.load(folder, lm, tok, name), tok, config
+
+
+# ----------------------------------------------------------------------------- runs
+@dataclass
+class DecodeOptions:
+    num_beams: int = 1           # 1: greedy; Li & Liang decode table-to-text with beam 5
+    max_new_tokens: int = 64
+    batch_size: int = 32         # prompts × beams per generate call
+
+
+def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
+                     train_cfg: dict[str, Any] | None = None, output: Path | None = None,
+                     max_train: int | None = None, max_validation: int | None = 200, max_test: int | None = None,
+                     decoding: DecodeOptions = DecodeOptions(), log: Callable[[str], None] = print) -> dict:
+    """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
+    sources, score them; save to `output` (model, result.json, generations.jsonl)."""
+    import time
+
+    from .api import peak_rss_mb
+    from .backbone import load_causal_lm
+    from .registry import get_method
+    from .train import TrainConfig
+
+    cfg_train = TrainConfig(**{**get_method(method).generation_defaults, **(train_cfg or {})})
+    splits = load_generation_splits(data, cfg_train.seed, max_train, max_validation, max_test)
+    for note in splits.notes:
+        log(f"data: {note}")
+    lm_name = lm_name or GEN_LM
+    lm, tok = load_causal_lm(lm_name)
+    torch.manual_seed(cfg_train.seed)
+    tuner, cfg = build_tuner(method, options, lm, tok, lm_name)
+    device = torch.device(cfg_train.device)
+    lm.to(device)
+    tuner.to(device)
+    lm_params = sum(p.numel() for p in lm.parameters())
+    n_trainable = tuner.num_trainable()
+    log(f"{method} on {splits.name} with {lm_name}: {len(splits.train)} train pairs / {len(splits.validation)} "
+        f"validation pairs / {len(splits.test)} test sources; {n_trainable:,} trainable parameters "
+        f"({100 * n_trainable / lm_params:.3f}% of the LM's {lm_params:,})")
+    fitted = fit_generation(tuner, tok, splits, cfg_train, log)
+    saved_params = sum(v.numel() for v in tuner.trainable_state().values())
+    t0 = time.perf_counter()
+    hyps = decode(tuner, tok, [ex.source for ex in splits.test], decoding.num_beams, decoding.max_new_tokens,
+                  decoding.batch_size)
+    decode_seconds = time.perf_counter() - t0
+    metrics = grouped_scores(hyps, splits.test)
+    result = {
+        "method": method, "data": splits.name, "task": "generation",
+        "config": {"method_options": dataclasses.asdict(cfg), "train": dataclasses.asdict(cfg_train),
+                   "backbone": {"name": lm_name}, "decoding": dataclasses.asdict(decoding),
+                   "max_train": max_train, "max_validation": max_validation, "max_test": max_test,
+                   "data_notes": splits.notes},
+        "metrics": metrics["all"], "metrics_by_group": metrics,
+        "validation": {"loss": min(h["val_loss"] for h in fitted.history)},
+        "trainable_params": n_trainable, "saved_params": saved_params, "backbone_params": lm_params,
+        "train_seconds": fitted.train_seconds, "decode_seconds": decode_seconds,
+        "peak_rss_mb": peak_rss_mb(), "best_epoch": fitted.best_epoch, "history": fitted.history,
+        "sizes": {"train": len(splits.train), "validation": len(splits.validation), "test": len(splits.test)},
+    }
+    m = metrics["all"]
+    log(f"test BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}  ROUGE-L {m['rouge_l']:.2f}  "
+        + "".join(f" [{g}: BLEU {v['bleu']:.2f}]" for g, v in metrics.items() if g != "all")
+        + f"  train {fitted.train_seconds:.0f}s  decode {decode_seconds:.0f}s  peak RSS {result['peak_rss_mb']:.0f} MB")
+    if output is not None:
+        output = Path(output)
+        tuner.save(output, extra={"task": "generation", "train": dataclasses.asdict(cfg_train), "data": splits.name,
+                                  "decoding": dataclasses.asdict(decoding)})
+        (output / "result.json").write_text(json.dumps(result, indent=2))
+        with open(output / "generations.jsonl", "w", encoding="utf-8") as f:
+            for ex, h in zip(splits.test, hyps):
+                f.write(json.dumps({"source": ex.source, "output": h, "refs": ex.refs, **ex.meta},
+                                   ensure_ascii=False) + "\n")
+        log(f"saved to {output}")
+    return result
+
+
+def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | None = None,
+                     max_new_tokens: int | None = None) -> list[str]:
+    """A saved generation model's outputs for sources (linearised tables), decoded with the options
+    its training run used unless given."""
+    tuner, tok, config = load_tuner(model_dir)
+    d = DecodeOptions(**config.get("decoding", {}))
+    return decode(tuner, tok, sources, num_beams or d.num_beams, max_new_tokens or d.max_new_tokens, d.batch_size)
+
+
+def read_sources(path: Path) -> list[str]:
+    """Sources from a file: a .jsonl of E2E (`mr`) or WebNLG (`triples`) records, else one per line."""
+    from .data import read_records
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".jsonl":
+        out = []
+        for n, rec in read_records(path):
+            if "mr" in rec:
+                out.append(str(rec["mr"]))
+            elif "triples" in rec:
+                out.append(linearize_triples(rec["triples"]))
+            else:
+                raise DataError(f"{path}:{n}: a source record needs 'mr' or 'triples'")
+        return out
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,207 @@
+"""Generation runs end to end (prefix-tuning and fine-tuning of a causal LM on E2E/WebNLG-shaped
+data): the data splits, the metrics, top-k-layer fine-tuning, save → load → generate, the CLI, and
+the errors. Tiny random Llama saved as a Hugging Face folder (so the real loading code runs) with a
+word-level tokenizer; slices of the real E2E and WebNLG files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from frozentune import generation as G
+from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
+from frozentune.cli import main
+from frozentune.data import DataError, load_generation
+
+WORDS = ("name eatType food area priceRange familyFriendly near customer rating pub coffee shop restaurant "
+         "the is a an in city centre riverside yes no Blue Spice Aromi Cotto serves Italian English French "
+         "cheap moderate high low there it with and . , [ ] | ;").split()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory) -> Path:
+    """A 2-layer Llama (GQA) + word-level tokenizer saved as an ordinary Hugging Face folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *WORDS])}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                  unk_token="<unk>")
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def e2e_slice(tmp_path_factory, shared_data) -> Path:
+    """E2E as shipped (dev + test, no train): the first 40 dev and 6 test records."""
+    out = tmp_path_factory.mktemp("e2e_slice")
+    for split, n in (("dev", 40), ("test", 6)):
+        lines = (shared_data / "e2e" / f"{split}.jsonl").read_text().splitlines()[:n]
+        (out / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _train(tiny_lm: Path, data: Path, out: Path, *extra: str) -> dict:
+    rc = main(["train", "--data", str(data), "--backbone", str(tiny_lm), "--output", str(out), "--epochs", "2",
+               "--max-train", "24", "--max-validation", "8", "--max-new-tokens", "12", "--seed", "0", *extra])
+    assert rc == 0
+    return json.loads((out / "result.json").read_text())
+
+
+# ----------------------------------------------------------------------------- data
+def test_e2e_splits_hold_out_whole_sources(shared_data):
+    s = G.load_generation_splits("e2e", seed=0, max_train=100)
+    assert len(s.train) == 100 and len(s.validation) == 200 and len(s.test) == 630
+    assert not {src for src, _ in s.train} & {src for src, _ in s.validation}
+    assert any("no train split" in n for n in s.notes)
+    again = G.load_generation_splits("e2e", seed=0, max_train=100)
+    assert again.train == s.train and again.validation == s.validation
+    assert G.load_generation_splits("e2e", seed=1, max_train=100).train != s.train
+    dev = {ex.source: set(ex.refs) for ex in load_generation("e2e", "dev")}
+    assert all(ref in dev[src] for src, ref in s.train)  # real (source, reference) pairs
+
+
+def test_webnlg_uses_its_validation_file_and_seen_marks(shared_data):
+    s = G.load_generation_splits("webnlg", seed=0, max_train=50, max_validation=20, max_test=40)
+    assert (len(s.train), len(s.validation), len(s.test)) == (50, 20, 40)
+    assert {ex.meta["seen"] for ex in s.test} == {True, False}
+    assert " | " in s.train[0][0]
+
+
+def test_is_generation_data(shared_data, tmp_path):
+    assert G.is_generation_data("e2e") and G.is_generation_data("webnlg")
+    assert not G.is_generation_data("trec") and not G.is_generation_data(str(tmp_path / "nope.jsonl"))
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_scores_perfect_and_partial():
+    refs = [["the pub is cheap .", "a cheap pub ."], ["Aromi serves Italian food ."]]  # uneven counts
+    perfect = G.scores(["a cheap pub .", "Aromi serves Italian food ."], refs)
+    assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
+    assert perfect["rouge_l"] == pytest.approx(100.0)
+    worse = G.scores(["a pub .", "Aromi serves food ."], refs)
+    assert all(0 < worse[k] < 100 for k in ("bleu", "chrf", "rouge_l"))
+    with pytest.raises(ValueError, match="2 reference lists"):
+        G.scores(["x"], refs)
+
+
+def test_scores_use_every_reference():
+    import sacrebleu
+
+    hyp = ["the pub near the river is cheap ."]
+    one = G.scores(hyp, [["a pub ."]])["bleu"]
+    two = G.scores(hyp, [["a pub .", "the pub near the river is cheap ."]])["bleu"]
+    assert one < two == pytest.approx(100.0)
+    assert one == pytest.approx(sacrebleu.corpus_bleu(hyp, [["a pub ."]]).score)
+
+
+def test_grouped_scores_split_seen_unseen():
+    from frozentune.data import GenExample
+
+    exs = [GenExample("a", ["x y z w"], {"seen": True}), GenExample("b", ["p q r s"], {"seen": False})]
+    g = G.grouped_scores(["x y z w", "nothing alike here"], exs)
+    assert set(g) == {"all", "seen", "unseen"}
+    assert g["seen"]["bleu"] == pytest.approx(100.0) and g["unseen"]["bleu"] < 1.0
+
+
+# ----------------------------------------------------------------------------- top-k fine-tuning
+def test_top_layers_selects_the_last_blocks(tiny_lm):
+    lm, _ = load_causal_lm(str(tiny_lm))
+    top = trainable_names(lm, 2)
+    assert top and all(n.startswith(("model.layers.1.", "model.layers.2.")) for n in top)
+    assert {n.split(".")[2] for n in top} == {"1", "2"}
+    assert trainable_names(lm, 0) == [n for n, _ in lm.named_parameters()]
+    with pytest.raises(BackboneError, match="has 3 layers"):
+        trainable_names(lm, 4)
+
+
+def test_classification_finetune_top_layers(tiny_bert):
+    from frozentune import model as M
+    from frozentune.backbone import Backbone
+
+    bb = Backbone.load(str(tiny_bert), max_length=16)
+    model = M.build_classifier("finetune", bb, ["a", "b"], {"top_layers": 1})
+    trained = [n for n, p in model.backbone.named_parameters() if p.requires_grad]
+    assert trained and all(n.startswith("encoder.layer.1.") for n in trained)
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("method,extra", [("prefix", ["--prefix-length", "3", "--lr", "1e-2"]),
+                                          ("finetune", ["--top-layers", "1", "--lr", "1e-3"])])
+def test_train_generate_roundtrip(method, extra, tiny_lm, e2e_slice, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    out = tmp_path / method
+    r = _train(tiny_lm, e2e_slice, out, "--method", method, *extra)
+    assert r["task"] == "generation" and r["sizes"] == {"train": 24, "validation": 8, "test": 6}
+    for k in ("bleu", "chrf", "rouge_l"):
+        assert 0.0 <= r["metrics"][k] <= 100.0
+    assert r["train_seconds"] > 0 and r["decode_seconds"] > 0 and r["peak_rss_mb"] > 0
+    # only what was trained is saved
+    saved = load_file(str(out / "model.safetensors"))
+    assert sum(v.numel() for v in saved.values()) == r["saved_params"]
+    if method == "prefix":
+        assert set(saved) == {"prefix"} and saved["prefix"].shape == (3, 2, 2, 3, 8)
+        assert r["trainable_params"] > r["saved_params"]  # the MLP trained but is not saved
+    else:
+        assert r["saved_params"] == r["trainable_params"] and all(k.startswith("lm.model.layers.2.") for k in saved)
+    # save → load → generate gives the texts the run wrote
+    written = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--input", str(e2e_slice / "test.jsonl"), "--json"]) == 0
+    again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [a["output"] for a in again] == [w["output"] for w in written]
+    assert [a["source"] for a in again] == [w["source"] for w in written]
+
+
+def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
+    out = _train(tiny_lm, e2e_slice, tmp_path / "m", "--method", "prefix", "--prefix-length", "2") and tmp_path / "m"
+    lines = tmp_path / "sources.txt"
+    lines.write_text("name[Aromi], food[Italian]\n\nname[Cotto]\n")
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--input", str(lines), "name[Blue Spice]"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+
+
+def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, capsys):
+    # a classifier cannot generate, a generator is not a classifier
+    assert main(["train", "--method", "probe", "--data", str(e2e_slice), "--backbone", str(tiny_lm)]) == 2
+    assert "does not generate text" in capsys.readouterr().err
+    clf = tmp_path / "clf"
+    assert main(["train", "--method", "probe", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--epochs", "1",
+                 "--output", str(clf), "--cache-dir", str(tmp_path / "c"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["generate", "--model", str(clf), "name[Aromi]"]) == 2
+    assert "not a text generator" in capsys.readouterr().err
+    gen = tmp_path / "gen"
+    _train(tiny_lm, e2e_slice, gen, "--method", "prefix", "--prefix-length", "2")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(gen), "some text"]) == 2
+    assert "frozentune generate" in capsys.readouterr().err
+    # no sources, a missing file, a bad LM folder, a non-LM
+    assert main(["generate", "--model", str(gen)]) == 2
+    assert "nothing to generate" in capsys.readouterr().err
+    assert main(["generate", "--model", str(gen), "--input", str(tmp_path / "none.txt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["train", "--method", "prefix", "--data", str(e2e_slice), "--backbone", str(tmp_path / "nolm")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(DataError, match="at least 1"):
+        G.load_generation_splits(str(e2e_slice), max_train=0)
