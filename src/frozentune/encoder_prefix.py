@@ -226,5 +226,5 @@ register_method("prefix", PrefixConfig,
                 "(E2E, WebNLG), or an encoder with a linear head (classification)",
                 train_defaults={"lr": 5e-3, "epochs": 5, "batch_size": 32, "patience": 2},
                 generator=PrefixTuner,
-                generation_defaults={"lr": 1e-3, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32}
+                generation_defaults={"lr": 3e-4, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32}
                 )(PrefixHead)
