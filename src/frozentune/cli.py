@@ -269,8 +269,13 @@ def cmd_list() -> int:
         for opt, typ, default, help_ in describe_options(name):
             t.add_row(_flag(opt), typ, str(default), help_)
         con.print(t)
-        if spec.train_defaults:
+        tasks = [t for t, ok in (("classification", spec.classifies), ("generation (e2e, webnlg)", spec.generates)) if ok]
+        con.print("  tasks: " + ", ".join(tasks))
+        if spec.classifies and spec.train_defaults:
             con.print("  training defaults: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.train_defaults.items()))
+        if spec.generates and spec.generation_defaults:
+            con.print("  training defaults for generation: "
+                      + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.generation_defaults.items()))
     return 0
 
 
