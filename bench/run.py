@@ -115,8 +115,11 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
                                       "--max-test", "400", "--epochs", "3"])
                for m, opts in GEN_METHODS.items() if m != "finetune-top2"],
     # prefix-tuning of the frozen MiniLM encoder (a linear head on its mean-pooled states)
+    # (SST-2 on a 10,000-example sample of train: the prefix runs MiniLM live, forward and backward,
+    # every epoch; the probe on the same sample is the like-for-like frozen head)
     "encoder-prefix": [("prefix-trec", ["--method", "prefix", "--data", "trec"]),
-                       ("prefix-sst2", ["--method", "prefix", "--data", "sst2", "--max-train", "10000"])],
+                       ("prefix-sst2-10k", ["--method", "prefix", "--data", "sst2", "--max-train", "10000"]),
+                       ("probe-sst2-10k", ["--method", "probe", "--data", "sst2", "--max-train", "10000"])],
 }
 
 
