@@ -18,13 +18,7 @@ IMPLS = ("eager", "sdpa")
 VOCAB, HIDDEN, LAYERS, HEADS = 50, 32, 2, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster than two fighting over busy cores (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_bert(impl: str, seed: int = 0):

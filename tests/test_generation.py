@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import word_tokenizer
 from frozentune import generation as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
@@ -20,27 +21,17 @@ WORDS = ("name eatType food area priceRange familyFriendly near customer rating 
          "cheap moderate high low there it with and . , [ ] | ;").split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory) -> Path:
     """A 2-layer Llama (GQA) + word-level tokenizer saved as an ordinary Hugging Face folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny_llama")
-    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *WORDS])}
-    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                  unk_token="<unk>")
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    tok = word_tokenizer(WORDS)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from conftest import word_tokenizer
 from frozentune import prefix as PF
 from frozentune.backbone import pad
 from frozentune.prefix import KVShape, PrefixBatch, PrefixConfig, PrefixTuner
@@ -24,25 +25,12 @@ SOURCES = ["name [ Blue Spice ] , eatType [ pub ]", "name [ Aromi ] , food [ Ita
 TARGETS = ["Blue Spice is a pub .", "Aromi serves Italian food in the city centre .", "there is Cotto ."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster than two fighting over busy cores (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *WORDS])}
-    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>")
+    return word_tokenizer(WORDS)
 
 
 def _llama(vocab: int, seed: int = 0):
