@@ -5,7 +5,9 @@ the three modes interleaved, median of the repeats; every row decodes exactly th
 new tokens (min_new_tokens = max_new_tokens), so throughput does not depend on where rows stop.
 
 The 16 prefixes are the LM's own keys/values on 16 different short phrases (init=words), so they
-have the scale of real activations; --mixed-lengths gives them lengths 4…19 instead of all 10.
+have the scale of real activations. Two settings: all 10 positions long, and lengths 4…19 (the
+mixed batch pads every prefix to 19 with masked slots; its one-prefix baseline uses the 19-long one,
+so both attend to the same number of slots and the ratio measures the mixing alone).
 
   python bench/prefix_mixed.py                 # writes bench/results/prefix-mixed.json
 """
@@ -70,7 +72,8 @@ def main() -> None:
     for name, lengths in (("all prefixes 10 positions", [10] * k), ("prefix lengths 4…19", [4 + i for i in range(k)])):
         ps = prefixes(lm, tok, lengths)
         single, mixed, sequential = "one prefix, one batch", f"{k} prefixes, one batch", f"{k} prefixes one after another"
-        modes = {single: lambda: run(PrefixBatch.single(ps[0], k), sources),
+        longest = max(ps, key=lambda p: p.shape[3])  # the one-prefix batch attends to as many slots as the mixed one
+        modes = {single: lambda: run(PrefixBatch.single(longest, k), sources),
                  mixed: lambda: run(PrefixBatch.mixed(ps), sources),
                  sequential: lambda: [run(PrefixBatch.single(p, 1), [s])[0] for p, s in zip(ps, sources)]}
         run(PrefixBatch.mixed(ps[:2]), sources[:2])  # warm-up
