@@ -161,6 +161,23 @@ def test_train_generate_roundtrip(method, extra, tiny_lm, e2e_slice, tmp_path, c
     again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [a["output"] for a in again] == [w["output"] for w in written]
     assert [a["source"] for a in again] == [w["source"] for w in written]
+    # eval repeats the run's scores
+    assert main(["eval", "--model", str(out), "--data", str(e2e_slice)]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["n"] == 6 and ev["metrics"] == r["metrics"]
+
+
+def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys):
+    out = tmp_path / "w"
+    rc = main(["train", "--method", "prefix", "--prefix-length", "2", "--data", "webnlg", "--backbone", str(tiny_lm),
+               "--output", str(out), "--epochs", "1", "--max-train", "8", "--max-validation", "4", "--max-test", "10",
+               "--max-new-tokens", "6", "--seed", "3"])
+    assert rc == 0
+    r = json.loads((out / "result.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", "--model", str(out), "--data", "webnlg", "--max-test", "10"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["metrics_by_group"] == r["metrics_by_group"]
 
 
 def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):

@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--text-field")
     e.add_argument("--label-field")
     e.add_argument("--cache-dir", type=Path)
+    e.add_argument("--max-test", type=int, help="generation models: score a seeded sample of this many sources")
+    e.add_argument("--num-beams", type=int, help="generation models: beam width (default: as trained)")
 
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line)")
     gen.add_argument("--model", type=Path, required=True)
@@ -181,6 +183,11 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_eval(a: argparse.Namespace) -> int:
     from . import api
+    from .generation import evaluate_generation, is_generation_model
+
+    if is_generation_model(a.model):
+        print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams), indent=2))
+        return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
                                         progress=sys.stderr.isatty()), indent=2))
     return 0

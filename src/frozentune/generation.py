@@ -360,7 +360,8 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     if output is not None:
         output = Path(output)
         tuner.save(output, extra={"task": "generation", "train": dataclasses.asdict(cfg_train), "data": splits.name,
-                                  "decoding": dataclasses.asdict(decoding)})
+                                  "decoding": dataclasses.asdict(decoding),
+                                  "splits": {"max_train": max_train, "max_validation": max_validation}})
         (output / "result.json").write_text(json.dumps(result, indent=2))
         with open(output / "generations.jsonl", "w", encoding="utf-8") as f:
             for ex, h in zip(splits.test, hyps):
@@ -377,6 +378,32 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
     tuner, tok, config = load_tuner(model_dir)
     d = DecodeOptions(**config.get("decoding", {}))
     return decode(tuner, tok, sources, num_beams or d.num_beams, max_new_tokens or d.max_new_tokens, d.batch_size)
+
+
+def is_generation_model(folder: Path) -> bool:
+    """Whether a saved model folder holds a text generator (not a classifier)."""
+    config = Path(folder) / CONFIG
+    return config.is_file() and json.loads(config.read_text()).get("task") == "generation"
+
+
+def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_test: int | None = None,
+                        num_beams: int | None = None, max_new_tokens: int | None = None) -> dict:
+    """BLEU / chrF / ROUGE-L of a saved generation model on a split of a data-to-text dataset.
+    `max_test`: a seeded sample; on the test split the one its training run scored when given the
+    same number (the same seed and draws), so `eval` repeats the run's figures."""
+    tuner, tok, config = load_tuner(model_dir)
+    d = DecodeOptions(**config.get("decoding", {}))
+    if split == "test":  # drawn as the training run drew it (same seed, same earlier draws)
+        sizes = config.get("splits", {})
+        examples = load_generation_splits(data, config.get("train", {}).get("seed", 0), sizes.get("max_train"),
+                                          sizes.get("max_validation", 200), max_test).test
+    else:
+        examples = _sample(load_generation(data, split), max_test, np.random.default_rng(0))
+    hyps = decode(tuner, tok, [ex.source for ex in examples], num_beams or d.num_beams,
+                  max_new_tokens or d.max_new_tokens, d.batch_size)
+    metrics = grouped_scores(hyps, examples)
+    return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
+            "metrics_by_group": metrics}
 
 
 def read_sources(path: Path) -> list[str]:
