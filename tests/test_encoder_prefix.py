@@ -294,3 +294,26 @@ def test_head_model_and_layer_selection():
         torch.testing.assert_close(prefix_encode(bert, pre, ids, mask), states[-1])
         both = prefix_encode(bert, pre, ids, mask, LayerSpec((-1, -2), "concat"))
     torch.testing.assert_close(both, torch.cat([states[-1], states[-2]], -1))
+
+
+def test_words_init_is_the_phrase_activations():
+    """encoder_activations reads layer n's keys/values on the phrase: they equal the layer's own key
+    and value projections of its input states, and a prefix started from them holds exactly them."""
+    from frozentune.encoder_prefix import encoder_activations
+    from frozentune.prefix import PrefixConfig, PrefixEncoder
+
+    model = tiny_bert("sdpa")
+    ids = [5, 7, 9, 11]
+    kv = encoder_activations(model, ids)
+    assert kv.shape == (LAYERS, 2, HEADS, 4, HIDDEN // HEADS)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        states = model(input_ids=x, attention_mask=torch.ones_like(x), output_hidden_states=True).hidden_states
+        for n, layer in enumerate(model.encoder.layer):
+            att = layer.attention.self
+            for j, proj in enumerate((att.key, att.value)):
+                want = proj(states[n])[0].view(4, HEADS, HIDDEN // HEADS).transpose(0, 1)  # (H, P, E)
+                assert torch.allclose(kv[n, j], want, atol=1e-5)
+    enc = PrefixEncoder(PrefixConfig(prefix_length=4), encoder_kv_shape(model.config), HIDDEN)
+    enc.init_from(kv)
+    assert torch.allclose(enc(), kv, atol=1e-4)

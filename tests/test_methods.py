@@ -157,3 +157,16 @@ def test_every_method_can_train_its_backbone(method, bb_factory):
     grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
     assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
     assert all(p.grad is not None for p in model.head.parameters())
+
+
+def test_encoder_prefix_words_init(bb_factory):
+    """prefix on an encoder with init=words starts as the encoder's own keys/values on init_text."""
+    from frozentune.encoder_prefix import encoder_activations
+    from frozentune.prefix import phrase_ids
+
+    bb = bb_factory()
+    model = M.build_classifier("prefix", bb, ["neg", "pos"], {"init": "words", "init_text": "what is it", "prefix_length": 5})
+    want = encoder_activations(bb.model, phrase_ids(bb.tok, "what is it", 5))
+    assert torch.allclose(model.head.prefix(), want, atol=1e-4)
+    with pytest.raises(MethodError, match="train_backbone must be false"):
+        M.build_classifier("prefix", bb, ["neg", "pos"], {"train_backbone": True})

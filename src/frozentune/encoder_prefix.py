@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from .backbone import LayerSpec, select_layers
 from .head import Features, Head, Output, masked_mean
-from .prefix import KVShape, PrefixConfig, PrefixEncoder, PrefixError, PrefixTuner
+from .prefix import KVShape, PrefixConfig, PrefixEncoder, PrefixError, PrefixTuner, phrase_ids
 from .registry import register_method
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -130,6 +130,37 @@ class _PrefixKV:
                 torch.cat([self.values[layer_idx], value_states], dim=2))
 
 
+class _CaptureKV:
+    """Stands in for a cache to read the keys/values every layer computes for the tokens (and
+    returns them unchanged): the encoder's own activations on a phrase, for init=words."""
+
+    def __init__(self, layers: int):
+        self.keys: list[Tensor | None] = [None] * layers
+        self.values: list[Tensor | None] = [None] * layers
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+        return key_states, value_states
+
+
+@torch.no_grad()
+def encoder_activations(model: nn.Module, ids: list[int]) -> Tensor:
+    """The encoder's own keys/values (N, 2, H, P, E) on the tokens `ids` (no [CLS]/[SEP] added),
+    P = len(ids): a prefix that starts as that phrase's activations (Li & Liang §7.4)."""
+    bert = _bert(model)
+    x = torch.tensor([list(ids)], device=bert.embeddings.word_embeddings.weight.device)
+    cap = _CaptureKV(bert.config.num_hidden_layers)
+    bert(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=cap, use_cache=False)
+    if any(k is None for k in cap.keys):
+        raise PrefixError("could not read the encoder's keys/values on init_text: this transformers version no "
+                          "longer passes past_key_values to BERT self-attention; use init=random")
+    return torch.stack([torch.stack([k[0], v[0]]) for k, v in zip(cap.keys, cap.values)]).float()  # type: ignore[index]
+
+
 def _attention_mask(allowed: Tensor, queries: int, impl: str, dtype: torch.dtype) -> Tensor:
     """(B, P+T) bool key mask → the 4D mask (B, 1, T, P+T) of implementation `impl`: bool
     (True = attend) for sdpa, additive float (0 / dtype min, as transformers' eager masks) for eager."""
@@ -194,12 +225,12 @@ class PrefixHead(Head):
         self.prefix: PrefixEncoder | None = None  # built by init_from_backbone (needs the encoder's shape)
 
     def init_from_backbone(self, backbone: Any, labels: list[str]) -> None:
-        if self.cfg.init == "words":
-            raise PrefixError("prefix on an encoder: init=words takes a causal LM's keys/values and is for "
-                              "generation; use init=random (the default) here")
         _bert(backbone.model)  # refuse a non-BERT encoder now, not at the first batch
         shape = encoder_kv_shape(backbone.model.config)
         self.prefix = PrefixEncoder(self.cfg, shape, backbone.model.config.hidden_size)
+        if self.cfg.init == "words":  # the encoder's own keys/values on init_text
+            ids = phrase_ids(backbone.tok, self.cfg.init_text, self.cfg.prefix_length)
+            self.prefix.init_from(encoder_activations(backbone.model, ids))
 
     def encode(self, backbone: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T, D) states of the backbone's chosen layer(s) with this prefix in every layer."""
