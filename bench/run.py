@@ -417,6 +417,25 @@ def webnlg_table() -> str:
     return "\n".join(rows) + "\n\nCommands (`python bench/run.py webnlg`):\n" + _gen_commands(rs)
 
 
+def encoder_prefix_table() -> str:
+    """Prefix-tuning of frozen MiniLM next to the frozen heads and fine-tuning on the same data."""
+    rows = [("trec", "prefix-trec", ["probe-trec", "ytuning-trec", "space-trec", "selfexplain-trec", "finetune-trec"]),
+            ("sst2 (10,000-example sample)", "prefix-sst2-10k", ["probe-sst2-10k"]),
+            ("sst2 (all 60,953)", None, ["probe-sst2", "ytuning-sst2", "space-sst2", "selfexplain-sst2"])]
+    out = ["| data | method | accuracy | macro-F1 | trainable params | train s | s / epoch |", "|---|---|---:|---:|---:|---:|---:|"]
+    for data, pre, others in rows:
+        for name in ([pre] if pre else []) + others:
+            r = _result(name)
+            if r is None:
+                continue
+            h = r.get("history") or []
+            per = sum(x["epoch_seconds"] for x in h) / len(h) if h else float("nan")
+            out.append(f"| {data} | {'**' + r['method'] + '**' if name == pre else r['method']} | "
+                       f"{r['metrics']['accuracy']:.2f} | {r['metrics']['macro_f1']:.2f} | {r['trainable_params']:,} | "
+                       f"{r['train_seconds']:.0f} | {per:.1f} |")
+    return "\n".join(out) if len(out) > 2 else _not_run("run.py encoder-prefix")
+
+
 def prefix_mixed_block() -> str:
     r = _result("prefix-mixed")
     if not r:
@@ -452,6 +471,7 @@ def write_report() -> None:
     text = _replace_block(text, "e2e-lowdata", e2e_table())
     text = _replace_block(text, "webnlg", webnlg_table())
     text = _replace_block(text, "prefix-mixed", prefix_mixed_block())
+    text = _replace_block(text, "encoder-prefix", encoder_prefix_table())
     report.write_text(text)
     print(f"wrote {report}")
 
