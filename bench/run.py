@@ -54,7 +54,7 @@ E2E_EPOCHS = {100: 8, 500: 3}
 def e2e_lowdata(seeds: tuple[int, ...]) -> list[tuple[str, list[str]]]:
     """Low-data E2E (Li & Liang §6.3): N (mr, ref) pairs from e2e/dev, 100 validation pairs from dev
     sources outside them, greedy decoding of all 630 e2e/test MRs, BLEU with all references."""
-    return [(f"gen-e2e{n}-{m}-s{seed}", [*opts, "--data", "e2e", "--max-train", str(n), "--max-validation", "100",
+    return [(f"gen-e2e{n}-{m}-s{seed}", [*opts, "--data", "e2e", "--num-beams", "1", "--max-train", str(n), "--max-validation", "100",
                                          "--epochs", str(E2E_EPOCHS[n]), "--seed", str(seed)])
             for seed in seeds for n in (100, 500) for m, opts in GEN_METHODS.items()]
 
@@ -114,7 +114,7 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
     "e2e": e2e_lowdata((0,)),
     "e2e-seed1": e2e_lowdata((1,)),
     # WebNLG (§6.4): 400 training pairs, 300 test sources (a seeded sample: seen and unseen categories)
-    "webnlg": [(f"gen-webnlg-{m}", [*opts, "--data", "webnlg", "--max-train", "400", "--max-validation", "100",
+    "webnlg": [(f"gen-webnlg-{m}", [*opts, "--data", "webnlg", "--num-beams", "1", "--max-train", "400", "--max-validation", "100",
                                    "--max-test", "300", "--epochs", "3"])
                for m, opts in GEN_METHODS.items() if m != "finetune-top2"],
     # prefix-tuning of the frozen MiniLM encoder (a linear head on its mean-pooled states)

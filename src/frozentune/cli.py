@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     _backbone_args(t)
     g = t.add_argument_group("generation (e2e, webnlg)")
-    g.add_argument("--num-beams", type=int, default=1, help="beam width for decoding the test sources (1: greedy)")
+    g.add_argument("--num-beams", type=int, default=5, help="beam width for decoding the test sources (1: greedy)")
     g.add_argument("--max-new-tokens", type=int, default=64, help="longest generated text, in tokens")
     g.add_argument("--max-validation", type=int, default=200, help="validation pairs (seeded sample) for early stopping")
     g.add_argument("--max-test", type=int, help="decode a seeded sample of this many test sources (default: all)")

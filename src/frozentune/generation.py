@@ -299,7 +299,7 @@ def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
 # ----------------------------------------------------------------------------- runs
 @dataclass
 class DecodeOptions:
-    num_beams: int = 1           # 1: greedy; Li & Liang decode table-to-text with beam 5
+    num_beams: int = 5           # Li & Liang decode table-to-text with beam 5; 1: greedy
     max_new_tokens: int = 64
     batch_size: int = 32         # prompts × beams per generate call
 
