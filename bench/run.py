@@ -112,7 +112,7 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
               for d in ("trec", "sst5", "sst2", "imdb") for m in ("probe", "space") for seed in SEEDS[1:]],
     # issue 6
     "e2e": e2e_lowdata((0,)),
-    "e2e-seed1": e2e_lowdata((1,)),
+    "e2e-seed1": e2e_lowdata((1,)),  # (this session ran its 100-pair half: --only gen-e2e100-*-s1)
     # WebNLG (§6.4): 400 training pairs, 300 test sources (a seeded sample: seen and unseen categories)
     "webnlg": [(f"gen-webnlg-{m}", [*opts, "--data", "webnlg", "--num-beams", "1", "--max-train", "400", "--max-validation", "100",
                                    "--max-test", "300", "--epochs", "3"])
