@@ -52,10 +52,11 @@ def _smollm2_path() -> str:
 
 def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
     """Dequantise a GGUF causal LM to an fp32 safetensors folder (model + tokenizer), atomically."""
+    import copy
     import shutil
     import tempfile
 
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         import gguf  # noqa: F401
@@ -63,7 +64,7 @@ def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
         raise BackboneError("reading a .gguf file needs the package gguf: pip install --no-deps gguf") from None
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+    config = copy.deepcopy(loaded.config)  # the GGUF's config, without the quantisation it was read with
     for attr in ("quantization_config", "gguf_file"):
         if hasattr(config, attr):
             delattr(config, attr)
