@@ -64,7 +64,7 @@ def register_method(name: str, config_cls: type, help: str = "",
             raise ValueError(f"method {name!r} registered twice")
         if head_cls is None and generator is None:
             raise TypeError(f"{name}: give a head class, or a generator for a generation-only method")
-        _METHODS[name] = MethodSpec(name, config_cls, head_cls, help or (head_cls.__doc__ or "").strip().split("\n")[0],
+        _METHODS[name] = MethodSpec(name, config_cls, head_cls, help or ((head_cls or generator).__doc__ or "").strip().split("\n")[0],
                                     dict(train_defaults or {}), encoder,
                                     generator, dict(generation_defaults or {}))
         return head_cls

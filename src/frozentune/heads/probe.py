@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..generation import LMFinetuner
 from ..head import Features, Head, Output, masked_mean
 from ..registry import MethodConfig, register_method
 
@@ -51,15 +52,10 @@ register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] froz
                 train_defaults={"lr": 1e-2, "epochs": 20, "batch_size": 64, "patience": 5})(LinearHead)
 
 
-def _lm_finetuner() -> type:
-    from ..generation import LMFinetuner
-    return LMFinetuner
-
-
 @register_method("finetune", FinetuneConfig, "the backbone unfrozen with a linear head, trained end to end; "
                  "on E2E/WebNLG the causal LM itself (all or top_layers of it)",
                  train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2},
-                 generator=_lm_finetuner(),
+                 generator=LMFinetuner,
                  generation_defaults={"lr": 5e-5, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32})
 class FinetuneHead(LinearHead):
     """Linear head whose backbone is trained too (see `train_backbone`)."""
