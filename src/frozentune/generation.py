@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from .backbone import freeze, trainable_names, weights_hash
+from .model import CONFIG, WEIGHTS, write_saved
 from .data import DataError, GenExample, linearize_triples, load_generation, resolve
-from .prefix import (CONFIG, WEIGHTS, KVShape, PrefixBatch, PrefixError, encode_sources, encode_targets, eos_id_of,
-                     generate, pad_id_of, prefix_lm_loss)
+from .prefix import KVShape, LMTuner, PrefixBatch, PrefixError, encode_sources, encode_targets
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
 
@@ -111,7 +111,7 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
 
 
 # ----------------------------------------------------------------------------- fine-tuning reference
-class LMFinetuner(nn.Module):
+class LMFinetuner(LMTuner):
     """The LM itself trained (all of it, or its top k layers), through the same loss and decoding as
     prefix-tuning (a zero-length prefix). The LM is a submodule: parameters() is what is trained."""
 
@@ -126,42 +126,19 @@ class LMFinetuner(nn.Module):
         for n, p in lm.named_parameters():
             p.requires_grad_(n in chosen)
 
-    def empty_prefix(self, rows: int) -> PrefixBatch:
+    def prefix_batch(self, rows: int, train: bool) -> PrefixBatch:
+        """A zero-length prefix: the plain LM (the tests hold the two equal)."""
         dev = next(self.lm.parameters()).device
         return PrefixBatch.single(torch.zeros(self.shape.tensor_shape(0), device=dev), rows)
-
-    def loss(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> Tensor:
-        return prefix_lm_loss(self.lm, self.empty_prefix(len(sources)), sources, targets, self.pad_id())
-
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, num_beams: int = 1,
-                 **kwargs) -> list[list[int]]:
-        return generate(self.lm, self.empty_prefix(len(prompts)), prompts, self.pad_id(), self.eos_id(),
-                        max_new_tokens, num_beams, **kwargs)
-
-    def pad_id(self) -> int:
-        return pad_id_of(self.lm, self.tok)
-
-    def eos_id(self) -> int | None:
-        return eos_id_of(self.lm, self.tok)
 
     def trainable_state(self) -> dict[str, Tensor]:
         return {f"lm.{n}": p for n, p in self.lm.named_parameters() if p.requires_grad}
 
-    def num_trainable(self) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
-
     def save(self, folder: Path, extra: dict | None = None) -> None:
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().float().cpu().contiguous() for k, v in self.trainable_state().items()}
-        save_file(state, str(folder / WEIGHTS), metadata={"method": "finetune"})
-        config = {"format": "frozentune/1", "method": "finetune", "task": "generation",
-                  "options": dataclasses.asdict(self.cfg),
+        config = {"method": "finetune", "task": "generation", "options": dataclasses.asdict(self.cfg),
                   "backbone": {"name": self.lm_name, "weights_hash": self.base_hash, "trained": True},
                   **(extra or {})}
-        (folder / CONFIG).write_text(json.dumps(config, indent=2))
+        write_saved(folder, {k: v.float() for k, v in self.trainable_state().items()}, config)
 
     @classmethod
     def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "LMFinetuner":
@@ -217,8 +194,8 @@ def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[
     return fit_loop(tuner, lengths, batch_loss, validate, lambda m: -m["loss"], cfg, log)
 
 
-def decode(tuner: nn.Module, tok, sources: Sequence[str], num_beams: int = 1, max_new_tokens: int = 64,
-           batch_size: int = 32, progress: Callable[[int], None] | None = None) -> list[str]:
+def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_new_tokens: int = 64,
+           batch_size: int = 32) -> list[str]:
     """Generated text for each source, batched by source length (outputs in input order)."""
     tuner.eval()
     ids = encode_sources(tok, sources)
@@ -230,8 +207,6 @@ def decode(tuner: nn.Module, tok, sources: Sequence[str], num_beams: int = 1, ma
         rows = tuner.generate([ids[i] for i in chunk], max_new_tokens=max_new_tokens, num_beams=num_beams)
         for i, row in zip(chunk, rows):
             out[i] = tok.decode(row, skip_special_tokens=True).strip()
-        if progress:
-            progress(len(chunk))
     return out
 
 

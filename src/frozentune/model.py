@@ -173,17 +173,22 @@ def build_classifier(method: str, backbone: Backbone, labels: list[str],
     return Classifier(method, cfg, head, backbone, labels, cache_dtype)
 
 
-def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
-    """Write the trained weights (safetensors) and config.json into folder."""
+def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
+    """A saved model folder: folder/model.safetensors (the tensors, contiguous on the CPU) and
+    folder/config.json (`config` after the format tag; config["method"] also tags the weights)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.trainable_state().items()}
-    save_file(state, str(folder / WEIGHTS), metadata={"method": model.method})
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(folder / WEIGHTS),
+              metadata={"method": config["method"]})
+    (folder / CONFIG).write_text(json.dumps({"format": "frozentune/1", **config}, indent=2))
+
+
+def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
+    """Write the trained weights (safetensors) and config.json into folder."""
     bb = model.backbone_ref
     config = {
-        "format": "frozentune/1",
         "method": model.method,
         "options": dataclasses.asdict(model.cfg),
         "backbone": {"name": bb.name, "layers": list(bb.layers.layers), "combine": bb.layers.combine,
@@ -193,7 +198,7 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
         "labels": model.labels,
         **(extra or {}),
     }
-    (folder / CONFIG).write_text(json.dumps(config, indent=2))
+    write_saved(folder, model.trainable_state(), config)
 
 
 class ModelLoadError(RuntimeError):

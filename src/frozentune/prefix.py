@@ -39,10 +39,9 @@ import torch
 from torch import Tensor, nn
 
 from .backbone import freeze, pad, weights_hash
+from .model import CONFIG, WEIGHTS, write_saved
 from .registry import MethodConfig
 
-WEIGHTS = "model.safetensors"  # same names as model.py's saved folders
-CONFIG = "config.json"
 PREFIX_KEY = "prefix"           # the one tensor in WEIGHTS: (N, 2, H, P, E)
 IGNORE = -100                   # label of tokens that carry no loss (Hugging Face's ignore_index)
 
@@ -389,7 +388,46 @@ def encode_targets(tok, targets: Sequence[str]) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------- the method object
-class PrefixTuner(nn.Module):
+class LMTuner(nn.Module):
+    """A causal LM `self.lm` adapted by what a subclass trains, as the trainer and the decoder use it:
+    the loss on target tokens and decoding, both after the prefix batch the subclass gives
+    (`prefix_batch`), so every generation method trains and decodes through the same code."""
+
+    lm: nn.Module
+    tok: Any
+
+    def prefix_batch(self, rows: int, train: bool) -> PrefixBatch:
+        """The prefix of `rows` rows; with `train`, differentiable."""
+        raise NotImplementedError
+
+    def loss(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> Tensor:
+        return prefix_lm_loss(self.lm, self.prefix_batch(len(sources), True), sources, targets, self.pad_id())
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, num_beams: int = 1,
+                 **kwargs) -> list[list[int]]:
+        return generate(self.lm, self.prefix_batch(len(prompts), False), prompts, self.pad_id(), self.eos_id(),
+                        max_new_tokens, num_beams, **kwargs)
+
+    def generate_text(self, sources: Sequence[str], max_new_tokens: int = 64, num_beams: int = 1,
+                      **kwargs) -> list[str]:
+        """Sources (linearised tables) → generated texts, special tokens dropped, in one batch
+        (generation.decode batches many by length)."""
+        if self.tok is None:
+            raise PrefixError("generate_text needs the LM's tokenizer; give tok= when building the tuner")
+        rows = self.generate(encode_sources(self.tok, sources), max_new_tokens, num_beams, **kwargs)
+        return [self.tok.decode(r, skip_special_tokens=True).strip() for r in rows]
+
+    def pad_id(self) -> int:
+        return pad_id_of(self.lm, self.tok)
+
+    def eos_id(self) -> int | None:
+        return eos_id_of(self.lm, self.tok)
+
+    def num_trainable(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+class PrefixTuner(LMTuner):
     """A frozen causal LM plus a trainable PrefixEncoder. Only the encoder is a submodule, so
     `parameters()` is exactly what is trained and `.to()` moves only it (move the LM yourself)."""
 
@@ -411,35 +449,12 @@ class PrefixTuner(nn.Module):
         """(N, 2, H, P, E), differentiable."""
         return self.encoder()
 
-    def loss(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> Tensor:
-        return prefix_lm_loss(self.lm, PrefixBatch.single(self.prefix(), len(sources)), sources, targets,
-                              self.pad_id())
-
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, num_beams: int = 1,
-                 **kwargs) -> list[list[int]]:
-        batch = PrefixBatch.single(self.encoder.materialize(), len(prompts))
-        return generate(self.lm, batch, prompts, self.pad_id(), self.eos_id(), max_new_tokens, num_beams, **kwargs)
-
-    def generate_text(self, sources: Sequence[str], max_new_tokens: int = 64, num_beams: int = 1,
-                      **kwargs) -> list[str]:
-        """Sources (linearised tables) → generated texts, special tokens dropped."""
-        if self.tok is None:
-            raise PrefixError("generate_text needs the LM's tokenizer; give tok= when building the tuner")
-        rows = self.generate(encode_sources(self.tok, sources), max_new_tokens, num_beams, **kwargs)
-        return [self.tok.decode(r, skip_special_tokens=True).strip() for r in rows]
-
-    def pad_id(self) -> int:
-        return pad_id_of(self.lm, self.tok)
-
-    def eos_id(self) -> int | None:
-        return eos_id_of(self.lm, self.tok)
+    def prefix_batch(self, rows: int, train: bool) -> PrefixBatch:
+        return PrefixBatch.single(self.prefix() if train else self.encoder.materialize(), rows)
 
     def trainable_state(self) -> dict[str, Tensor]:
         """What gets saved: the materialised prefix only (the MLP and P' are dropped)."""
         return {PREFIX_KEY: self.encoder.materialize()}
-
-    def num_trainable(self) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
         save_prefix(folder, self.encoder.materialize(), self.cfg, self.lm_name, weights_hash(self.lm), extra)
@@ -497,17 +512,11 @@ def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = 
                 extra: dict | None = None) -> None:
     """folder/model.safetensors: only the materialised prefix (N, 2, H, P, E); folder/config.json:
     method, options, the LM's name and weights hash, the prefix shape."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({PREFIX_KEY: prefix.detach().float().cpu().contiguous()}, str(folder / WEIGHTS),
-              metadata={"method": "prefix"})
     n, _, h, p, e = prefix.shape
-    config = {"format": "frozentune/1", "method": "prefix", "options": dataclasses.asdict(cfg),
+    config = {"method": "prefix", "options": dataclasses.asdict(cfg),
               "backbone": {"name": lm_name, "weights_hash": lm_hash, "trained": False},
               "prefix": {"layers": n, "kv_heads": h, "head_dim": e, "length": p}, **(extra or {})}
-    (folder / CONFIG).write_text(json.dumps(config, indent=2))
+    write_saved(folder, {PREFIX_KEY: prefix.float()}, config)
 
 
 def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, PrefixConfig, dict]:
