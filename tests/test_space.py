@@ -122,3 +122,26 @@ def test_plot_concepts_refuses_other_methods(tiny_bert, trec_slice, tmp_path, ca
     assert code == 0, err
     code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--cache-dir", tmp_path / "cache")
     assert code == 2 and "holds a 'probe' model" in err
+
+
+def test_space_reads_its_own_default_layer_unless_told(tiny_bert, trec_slice, tmp_path, capsys):
+    """`space` registers the layer it reads by default (chosen on validation, bench/REPORT.md);
+    --layer overrides it; other methods keep the last layer; the saved model records the layer."""
+    import dataclasses
+
+    from frozentune import api
+    from frozentune.backbone import LayerSpec
+    from frozentune.registry import get_method
+    own = get_method("space").layer
+    assert own is not None and LayerSpec.parse(own) != LayerSpec((-1,))
+    opts = api.BackboneOptions(str(tiny_bert), max_length=16)
+    assert api.backbone_for("space", opts).layers == LayerSpec.parse(own)
+    assert api.backbone_for("probe", opts).layers == LayerSpec((-1,))
+    assert api.backbone_for("space", dataclasses.replace(opts, layers="-1")).layers == LayerSpec((-1,))
+    out = tmp_path / "space"
+    code, _, err = run(capsys, "train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert,
+                       "--max-length", 32, "--epochs", 1, "--output", out, "--cache-dir", tmp_path / "cache", "--quiet")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["backbone"]["layers"] == list(LayerSpec.parse(own).layers)
+    code, stdout, _ = run(capsys, "list")
+    assert f"reads backbone layer {own}" in stdout

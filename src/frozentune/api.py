@@ -41,12 +41,12 @@ def peak_rss_mb() -> float:
 @dataclasses.dataclass
 class BackboneOptions:
     name: str = "minilm"
-    layers: str = "-1"
+    layers: str | None = None  # None: the method's default layer (MethodSpec.layer), else the last
     combine: str = "mean"
     max_length: int = 128
 
     def load(self) -> Backbone:
-        return Backbone.load(self.name, LayerSpec.parse(self.layers, self.combine), self.max_length)
+        return Backbone.load(self.name, LayerSpec.parse(self.layers or "-1", self.combine), self.max_length)
 
 
 def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | None = None, seed: int = 0) -> Backbone:
@@ -54,7 +54,7 @@ def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | N
     (MethodSpec.encoder, e.g. conv), that encoder built from the method's options at opts.max_length."""
     spec = get_method(method)
     if spec.encoder is None:
-        return opts.load()
+        return dataclasses.replace(opts, layers=opts.layers or spec.layer).load()
     if (opts.name, opts.layers) != (BackboneOptions.name, BackboneOptions.layers):
         raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so --backbone "
                           f"and --layer do not apply; to start from pre-trained weights, give --init DIR "

@@ -50,7 +50,8 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("backbone")
     g.add_argument("--backbone", default=None, help="Hugging Face id or folder, or an alias: minilm (the default "
                    "encoder), smollm2-135m (the default causal LM for e2e/webnlg)")
-    g.add_argument("--layer", default="-1", help="hidden-state index, or a comma list (0 = embeddings, -1 = last)")
+    g.add_argument("--layer", help="hidden-state index, or a comma list (0 = embeddings, -1 = last); "
+                                  "default: the method's own (see `frozentune list`), else -1")
     g.add_argument("--layer-combine", default="mean", choices=("mean", "concat"), help="how several layers combine")
     g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation")
     g.add_argument("--cache-dir", type=Path, default=None, help="feature cache folder (default $FROZENTUNE_CACHE or ~/.cache/frozentune)")
@@ -278,6 +279,8 @@ def cmd_list() -> int:
         con.print(t)
         tasks = [t for t, ok in (("classification", spec.classifies), ("generation (e2e, webnlg)", spec.generates)) if ok]
         con.print("  tasks: " + ", ".join(tasks))
+        if spec.layer is not None:
+            con.print(f"  reads backbone layer {spec.layer} unless --layer says otherwise")
         if spec.classifies and spec.train_defaults:
             con.print("  training defaults: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.train_defaults.items()))
         if spec.generates and spec.generation_defaults:

@@ -30,6 +30,9 @@ class MethodSpec:
     # TrainConfig overrides there; None: classification only
     generator: type | None = None
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # the backbone hidden states this method reads when --layer is not given (LayerSpec syntax,
+    # e.g. "-3"); None: the last layer, like every method
+    layer: str | None = None
 
     @property
     def classifies(self) -> bool:
@@ -51,10 +54,11 @@ def register_method(name: str, config_cls: type, help: str = "",
                     train_defaults: dict[str, Any] | None = None,
                     encoder: Callable[..., Any] | None = None,
                     generator: type | None = None,
-                    generation_defaults: dict[str, Any] | None = None) -> Callable[[type | None], type | None]:
+                    generation_defaults: dict[str, Any] | None = None,
+                    layer: str | None = None) -> Callable[[type | None], type | None]:
     """Class decorator: `@register_method("probe", ProbeConfig)` on a Head taking
     (config, dim, num_labels), or called on None for a method that only generates. `encoder`,
-    `generator`, `generation_defaults`: see MethodSpec (`api.train` and `model.load` call `encoder` instead of
+    `generator`, `generation_defaults`, `layer`: see MethodSpec (`api.train` and `model.load` call `encoder` instead of
     loading the backbone named by --backbone)."""
     if not (dataclasses.is_dataclass(config_cls) and issubclass(config_cls, MethodConfig)):
         raise TypeError(f"{name}: config must be a dataclass subclassing MethodConfig")
@@ -66,7 +70,7 @@ def register_method(name: str, config_cls: type, help: str = "",
             raise TypeError(f"{name}: give a head class, or a generator for a generation-only method")
         _METHODS[name] = MethodSpec(name, config_cls, head_cls, help or ((head_cls or generator).__doc__ or "").strip().split("\n")[0],
                                     dict(train_defaults or {}), encoder,
-                                    generator, dict(generation_defaults or {}))
+                                    generator, dict(generation_defaults or {}), layer)
         return head_cls
     return deco
 
