@@ -26,11 +26,13 @@ RESULTS = HERE / "results"
 RUNS = HERE / "runs"  # saved models (not committed)
 
 # Space Model ablation: (result-name tag, options) and the report rows (label, result-name suffix)
-SPACE_VARIANTS = [("m3", ["--concept-dim", "3"]), ("m64", ["--concept-dim", "64"]),
-                  ("no-intra", ["--intra-weight", "0"]), ("no-inter", ["--inter-weight", "0"]),
-                  ("no-aux", ["--intra-weight", "0", "--inter-weight", "0"]), ("unmasked", ["--no-masked-mean"]),
-                  ("published", ["--concept-dim", "3", "--no-masked-mean"])]
-SPACE_ABLATIONS = [("default (m = 16, intra 1e-3, inter 1e-4, masked mean)", ""), ("m = 3", "-m3"), ("m = 64", "-m64"),
+# (the ablation ran on the last layer, space's default layer until the layer sweep below)
+SPACE_VARIANTS = [(tag, [*opts, "--layer", "-1"]) for tag, opts in [
+    ("last", []), ("m3", ["--concept-dim", "3"]), ("m64", ["--concept-dim", "64"]),
+    ("no-intra", ["--intra-weight", "0"]), ("no-inter", ["--inter-weight", "0"]),
+    ("no-aux", ["--intra-weight", "0", "--inter-weight", "0"]), ("unmasked", ["--no-masked-mean"]),
+    ("published", ["--concept-dim", "3", "--no-masked-mean"])]]
+SPACE_ABLATIONS = [("last layer, m = 16, intra 1e-3, inter 1e-4, masked mean", "-last"), ("m = 3", "-m3"), ("m = 64", "-m64"),
                    ("without the intra-space loss", "-no-intra"), ("without the inter-space loss", "-no-inter"),
                    ("without either", "-no-aux"), ("unmasked mean (padding averaged in)", "-unmasked"),
                    ("as published: m = 3, unmasked mean", "-published")]
@@ -38,6 +40,15 @@ SPACE_ABLATIONS = [("default (m = 16, intra 1e-3, inter 1e-4, masked mean)", "")
 
 
 SEEDS = (0, 1, 2)
+
+# issue 4: which hidden states the concept operators (and, for comparison, the probe) read.
+# MiniLM has hidden states 0 (embeddings) … 6 (last layer); layer 6 is each method's
+# last-layer run (probe-DATA, space-DATA-last). IMDB (an hour of extraction per layer on 2 cores)
+# gets the chosen layer only, where the probe runs beside space's default.
+SWEEP_LAYERS = (2, 3, 4, 5)
+SPACE_LAYER = "-3"  # space's registered default: hidden state 4 of MiniLM's 0…6
+SPACE_L4_VARIANTS = [("m3", ["--concept-dim", "3"]), ("m64", ["--concept-dim", "64"]),
+                     ("no-intra", ["--intra-weight", "0"]), ("unmasked", ["--no-masked-mean"])]
 
 # issue 6: prefix-tuning next to fine-tuning (all layers / top 2) on SmolLM2-135M; the prefix starts
 # from the activations of "table-to-text:" (Li & Liang §7.4: word init helps most with little data).
@@ -107,9 +118,20 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
                                        "--lr", "5e-5", "--epochs", "3", "--batch-size", "32", "--patience", "2"]),
     ],
     # issue 4: how much one seed moves probe and space (seed 0 is each default run above); the
-    # seed sets initialisation, batch order and the carved validation split
-    "seeds": [(f"{m}-{d}-seed{seed}", ["--method", m, *data_args(d), "--seed", str(seed)])
-              for d in ("trec", "sst5", "sst2", "imdb") for m in ("probe", "space") for seed in SEEDS[1:]],
+    # seed sets initialisation, batch order and the carved validation split. Space at its default
+    # layer and at the last one, the probe at the last layer (its default) and at space's layer.
+    "seeds": [(f"{m}-{d}{tag}-seed{seed}", ["--method", m, *data_args(d), *opts, "--seed", str(seed)])
+              for d in ("trec", "sst5", "sst2", "imdb")
+              for m, tag, opts in (("probe", "", []), ("space", "", []), ("space", "-last", ["--layer", "-1"]),
+                                   ("probe", "-L4", ["--layer", SPACE_LAYER]))
+              for seed in SEEDS[1:]],
+    # issue 4: are the options chosen on the last layer still right on layer 4? (SST-2, TREC, SST-5)
+    "space-l4-ablation": [(f"space-{d}-l4-{tag}", ["--method", "space", "--data", d, *opts])
+                          for d in ("sst2", "trec", "sst5") for tag, opts in SPACE_L4_VARIANTS],
+    # issue 4: the layer sweep (validation picks space's default layer)
+    "layers": [(f"{m}-{d}-L{k}", ["--method", m, "--data", d, "--layer", str(k)])
+               for d in ("sst2", "trec", "sst5") for m in ("probe", "space") for k in SWEEP_LAYERS]
+    + [(f"probe-{d}-L4", ["--method", "probe", *data_args(d), "--layer", SPACE_LAYER]) for d in ("imdb",)],
     # issue 6
     "e2e": e2e_lowdata((0,)),
     "e2e-seed1": e2e_lowdata((1,)),  # (this session ran its 100-pair half: --only gen-e2e100-*-s1)
@@ -222,14 +244,19 @@ ABLATIONS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str]]]] = {
         ("k = 4", "-k4"), ("L = 1", "-L1"), ("L = 4", "-L4"), ("D = 384 (backbone width)", "-D384"),
         ("margin loss, D = 384", "-margin-D384")]),
     "space-ablation": ("space", ("sst2", "imdb", "trec", "sst5"), SPACE_ABLATIONS),
+    "space-l4-ablation": ("space", ("sst2", "trec", "sst5"), [
+        ("default (layer 4, m = 16, intra 1e-3, inter 1e-4, masked mean)", ""), ("m = 3", "-l4-m3"),
+        ("m = 64", "-l4-m64"), ("without the intra-space loss", "-l4-no-intra"),
+        ("unmasked mean (padding averaged in)", "-l4-unmasked")]),
     "selfexplain-ablation": ("selfexplain", ("sst5",), [
         ("default (λ = 0.1, max_span_width 5)", ""), ("λ = 0", "-lam0"), ("λ = 1", "-lam1"),
         ("max_span_width 3", "-w3"), ("max_span_width 10", "-w10"), ("all spans", "-wall")]),
 }
-# (block name) → (method, datasets): the method's default runs next to the probe's
-VERSUS_PROBE = {"ytuning-vs-probe": ("ytuning", ("trec", "sst5", "sst2", "imdb")),
-                "space-vs-probe": ("space", ("trec", "sst5", "sst2", "imdb")),
-                "selfexplain-vs-probe": ("selfexplain", ("sst5", "sst2", "trec"))}
+# (block name) → (method, datasets, suffix of the probe run at the method's layer, or ""): the
+# method's default runs next to the probe's
+VERSUS_PROBE = {"ytuning-vs-probe": ("ytuning", ("trec", "sst5", "sst2", "imdb"), ""),
+                "space-vs-probe": ("space", ("trec", "sst5", "sst2", "imdb"), "-L4"),
+                "selfexplain-vs-probe": ("selfexplain", ("sst5", "sst2", "trec"), "")}
 
 
 def _result(name: str) -> dict | None:
@@ -259,39 +286,65 @@ def ablation_table(method: str, datasets: tuple[str, ...], rows: list[tuple[str,
     return "\n".join(out)
 
 
-def versus_probe_table(method: str, datasets: tuple[str, ...]) -> str:
+def versus_probe_table(method: str, datasets: tuple[str, ...], same_layer: str = "") -> str:
     """The method's default run next to the probe's on each dataset: accuracy, gain, macro-F1,
-    trainable parameters, seconds per epoch."""
-    out = [f"| data | probe | {method} | gain | {method} macro-F1 | trainable (share of backbone) | s / epoch (see its note) |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+    trainable parameters, seconds per epoch; with same_layer (a result-name suffix), also the
+    probe reading the method's default layer (probe-DATA{same_layer}) and the gain over it."""
+    extra = f" probe at {method}'s layer | gain there |" if same_layer else ""
+    out = [f"| data | probe | {method} | gain |{extra} {method} macro-F1 | trainable (share of backbone) | s / epoch (see its note) |",
+           "|---|---:|---:|---:|" + ("---:|---:|" if same_layer else "") + "---:|---:|---:|"]
     for data in datasets:
         probe, r = _result(f"probe-{data}"), _result(f"{method}-{data}")
         if not (probe and r):
             shown = f"{probe['metrics']['accuracy']:.2f}" if probe else "not run"
-            out.append(f"| {data} | {shown} | not run | | | | |")
+            out.append(f"| {data} | {shown} | not run | |" + (" | |" if same_layer else "") + " | | |")
             continue
         a, b = probe["metrics"]["accuracy"], r["metrics"]["accuracy"]
+        cells = ""
+        if same_layer:
+            near = _result(f"probe-{data}{same_layer}")
+            cells = (f" {near['metrics']['accuracy']:.2f} | {b - near['metrics']['accuracy']:+.2f} |" if near
+                     else " not run | |")
         hist = r.get("history") or []
         per_epoch = sum(h["epoch_seconds"] for h in hist) / len(hist) if hist else None
-        out.append(f"| {data} | {a:.2f} | {b:.2f} | {b - a:+.2f} | {r['metrics']['macro_f1']:.2f} | {_share(r)} | {fmt(per_epoch, 2)} |")
+        out.append(f"| {data} | {a:.2f} | {b:.2f} | {b - a:+.2f} |{cells} {r['metrics']['macro_f1']:.2f} | {_share(r)} | {fmt(per_epoch, 2)} |")
     return "\n".join(out)
 
 
-def seeds_table(methods: tuple[str, str], datasets: tuple[str, ...]) -> str:
-    """Test accuracy of two methods over the seeds (seed 0 = the default run), their means and the
-    per-seed differences."""
-    a_name, b_name = methods
-    out = [f"| data | {a_name} per seed | {a_name} mean | {b_name} per seed | {b_name} mean | mean gain | "
-           f"seeds where {b_name} ≥ {a_name} |", "|---|---|---:|---|---:|---:|---:|"]
+def seeds_table(series: list[tuple[str, str]], datasets: tuple[str, ...],
+                gains: list[tuple[int, int]]) -> str:
+    """Test accuracy over the seeds (seed 0 = the run without -seedN) of each (label, result name
+    with DATA in it) series, their means, and for each (a, b) in gains the mean of b − a over
+    the seeds and how many seeds have b ≥ a."""
+    out = ["| data | " + " | ".join(f"{label} per seed | mean" for label, _ in series) + " | "
+           + " | ".join(f"{series[b][0]} − {series[a][0]}: mean (seeds ≥ 0)" for a, b in gains) + " |",
+           "|---|" + "---|---:|" * len(series) + "---:|" * len(gains)]
     for data in datasets:
-        runs = {m: [_result(f"{m}-{data}" + (f"-seed{s}" if s else "")) for s in SEEDS] for m in methods}
-        if not all(r for m in methods for r in runs[m]):
-            out.append(f"| {data} | " + " | ".join(["not run (`python bench/run.py seeds`)"] + [""] * 5) + " |")
+        runs = [[_result(name.replace("DATA", data) + (f"-seed{s}" if s else "")) for s in SEEDS] for _, name in series]
+        if not all(r for rs in runs for r in rs):
+            missing = [name.replace("DATA", data) for (_, name), rs in zip(series, runs) if not all(rs)]
+            out.append(f"| {data} | not run: {', '.join(missing)} (`python bench/run.py seeds`) |")
             continue
-        acc = {m: np.array([r["metrics"]["accuracy"] for r in runs[m]]) for m in methods}
-        cells = [f"{' / '.join(f'{x:.2f}' for x in acc[m])} | {acc[m].mean():.2f}" for m in methods]
-        gain = acc[b_name] - acc[a_name]
-        out.append(f"| {data} | {cells[0]} | {cells[1]} | {gain.mean():+.2f} | {int((gain >= 0).sum())} of {len(SEEDS)} |")
+        acc = [np.array([r["metrics"]["accuracy"] for r in rs]) for rs in runs]
+        cells = [f"{' / '.join(f'{x:.2f}' for x in a)} | {a.mean():.2f}" for a in acc]
+        cells += [f"{(acc[b] - acc[a]).mean():+.2f} ({int((acc[b] >= acc[a]).sum())} of {len(SEEDS)})" for a, b in gains]
+        out.append(f"| {data} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def layer_sweep_table(datasets: tuple[str, ...]) -> str:
+    """Validation / test accuracy of probe and space reading each MiniLM hidden state (seed 0)."""
+    out = ["| data | layer | probe val | probe test | space val | space test | space − probe (test) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for data in datasets:
+        for k in (*SWEEP_LAYERS, 6):
+            probe = _result(f"probe-{data}-L{k}" if k != 6 else f"probe-{data}")
+            space = _result(f"space-{data}-L{k}" if k != 6 else f"space-{data}-last")
+            if not (probe and space):
+                out.append(f"| {data} | {k} | not run (`python bench/run.py layers`) | | | | |")
+                continue
+            pv, pt, sv, st = (r[f]["accuracy"] for r in (probe, space) for f in ("validation", "metrics"))
+            out.append(f"| {data} | {k}{' (last)' if k == 6 else ''} | {pv:.2f} | {pt:.2f} | {sv:.2f} | {st:.2f} | {st - pt:+.2f} |")
     return "\n".join(out)
 
 
@@ -430,7 +483,9 @@ def encoder_prefix_table() -> str:
                 continue
             h = r.get("history") or []
             per = sum(x["epoch_seconds"] for x in h) / len(h) if h else float("nan")
-            out.append(f"| {data} | {'**' + r['method'] + '**' if name == pre else r['method']} | "
+            layer = r["config"]["backbone"]["layers"]
+            label = r["method"] + (f" (hidden state {layer})" if layer != "-1" else "")
+            out.append(f"| {data} | {'**' + label + '**' if name == pre else label} | "
                        f"{r['metrics']['accuracy']:.2f} | {r['metrics']['macro_f1']:.2f} | {r['trainable_params']:,} | "
                        f"{r['train_seconds']:.0f} | {per:.1f} |")
     return "\n".join(out) if len(out) > 2 else _not_run("run.py encoder-prefix")
@@ -460,9 +515,12 @@ def write_report() -> None:
     text = _replace_block(text, "results", results_table())
     for block, (method, datasets, rows) in ABLATIONS.items():
         text = _replace_block(text, block, ablation_table(method, datasets, rows))
-    for block, (method, datasets) in VERSUS_PROBE.items():
-        text = _replace_block(text, block, versus_probe_table(method, datasets))
-    text = _replace_block(text, "space-seeds", seeds_table(("probe", "space"), ("trec", "sst5", "sst2", "imdb")))
+    for block, (method, datasets, same_layer) in VERSUS_PROBE.items():
+        text = _replace_block(text, block, versus_probe_table(method, datasets, same_layer))
+    text = _replace_block(text, "space-seeds", seeds_table(
+        [("probe (last layer)", "probe-DATA"), ("probe (layer 4)", "probe-DATA-L4"), ("space (layer 4)", "space-DATA"),
+         ("space (last layer)", "space-DATA-last")], ("trec", "sst5", "sst2", "imdb"), [(0, 2), (1, 2), (0, 3)]))
+    text = _replace_block(text, "space-layers", layer_sweep_table(("sst2", "trec", "sst5")))
     text = _replace_block(text, "span-cost", span_cost_table())
     text = _replace_block(text, "conv-table", conv_table_block())
     text = _replace_block(text, "conv-speed", conv_speed_block())
