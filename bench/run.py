@@ -127,7 +127,9 @@ SUITES: dict[str, list[tuple[str, list[str]]]] = {
               for seed in SEEDS[1:]],
     # issue 4: are the options chosen on the last layer still right on layer 4? (SST-2, TREC, SST-5)
     "space-l4-ablation": [(f"space-{d}-l4-{tag}", ["--method", "space", "--data", d, *opts])
-                          for d in ("sst2", "trec", "sst5") for tag, opts in SPACE_L4_VARIANTS],
+                          for d in ("sst2", "trec", "sst5") for tag, opts in SPACE_L4_VARIANTS]
+    # (and m = 3 on IMDB on layer 4, for the paper's Figure 1: a 3-D concept space per class)
+    + [("space-imdb-l4-m3", ["--method", "space", *data_args("imdb"), "--concept-dim", "3"])],
     # issue 4: the layer sweep (validation picks space's default layer)
     "layers": [(f"{m}-{d}-L{k}", ["--method", m, "--data", d, "--layer", str(k)])
                for d in ("sst2", "trec", "sst5") for m in ("probe", "space") for k in SWEEP_LAYERS]
