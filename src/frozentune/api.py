@@ -44,9 +44,11 @@ class BackboneOptions:
     layers: str | None = None  # None: the method's default layer (MethodSpec.layer), else the last
     combine: str = "mean"
     max_length: int = 128
+    trust_remote_code: bool = False  # let a model that ships Python code run it (never by default)
 
     def load(self) -> Backbone:
-        return Backbone.load(self.name, LayerSpec.parse(self.layers or "-1", self.combine), self.max_length)
+        return Backbone.load(self.name, LayerSpec.parse(self.layers or "-1", self.combine), self.max_length,
+                             trust_remote_code=self.trust_remote_code)
 
 
 def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | None = None, seed: int = 0) -> Backbone:

@@ -124,7 +124,7 @@ def resolve_name(name: str) -> str:
     return ALIASES[name]() if name in ALIASES else name
 
 
-def load_encoder(name: str) -> tuple[nn.Module, "object"]:
+def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face encoder id or folder, frozen and in eval mode."""
     from transformers import AutoModel, AutoTokenizer
 
@@ -338,8 +338,9 @@ class Backbone:
         self._weights_hash: str | None = None
 
     @classmethod
-    def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128) -> "Backbone":
-        model, tok = load_encoder(name)
+    def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128,
+             trust_remote_code: bool = False) -> "Backbone":
+        model, tok = load_encoder(name, trust_remote_code=trust_remote_code)
         spec = layers if isinstance(layers, LayerSpec) else LayerSpec.parse(layers)
         return cls(name, model, tok, spec, max_length)
 

@@ -27,6 +27,13 @@ class CLIError(Exception):
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (the usage itself is one `--help` away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -56,6 +63,8 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation")
     g.add_argument("--cache-dir", type=Path, default=None, help="feature cache folder (default $FROZENTUNE_CACHE or ~/.cache/frozentune)")
     g.add_argument("--rebuild-cache", action="store_true", help="re-extract features even if a cache entry exists (fixes a corrupt one)")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow a Hugging Face model whose folder or "
+                   "hub repository ships its own Python code to run that code (off: such a model is refused)")
 
 
 def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -65,7 +74,7 @@ def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="frozentune", description="Adapt frozen pre-trained language models.")
+    ap = _Parser(prog="frozentune", description="Adapt frozen pre-trained language models.")
     sub = ap.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a method and evaluate it on the test split")
@@ -154,7 +163,7 @@ def _given(a: argparse.Namespace, cls: type) -> dict[str, Any]:
 def _method_options(method: str, rest: Sequence[str]) -> dict[str, Any]:
     """Parse the method's own options out of what the main parser did not know."""
     spec = get_method(method)
-    mp = argparse.ArgumentParser(prog=f"frozentune train --method {method}", add_help=False)
+    mp = _Parser(prog=f"frozentune train --method {method}", add_help=False)
     _add_dataclass_options(mp, spec.config_cls, f"{method} options")
     ns, unknown = mp.parse_known_args(list(rest))
     if unknown:
@@ -176,7 +185,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
                          a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log)
         return 0
-    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length)
+    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log)
     return 0
@@ -249,7 +258,7 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
 
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
-    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length)
+    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
                     a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty())
     return 0
@@ -289,7 +298,38 @@ def cmd_list() -> int:
     return 0
 
 
+class Interrupted(BaseException):
+    """SIGTERM turned into an exception (SIGINT is Python's KeyboardInterrupt), so that every
+    `finally` and temporary-folder cleanup runs exactly as for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+# what an interrupt of the running command leaves behind; commands that keep something set it
+_on_interrupt = {"note": "nothing was saved"}
+
+
+def on_interrupt(note: str) -> None:
+    """Say what an interrupt of the running command keeps (printed in its one-line message)."""
+    _on_interrupt["note"] = note
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
+    traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
+    import signal
+    import threading
+
     from .backbone import BackboneError
     from .cache import CacheError
     from .conv.encoder import ConvError
@@ -300,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = _parser()
     a, rest = ap.parse_known_args(argv)
+    _on_interrupt["note"] = "nothing was saved"
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         if a.command != "train" and rest:
             ap.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -310,8 +354,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError) as e:
-        print(f"frozentune: error: {e}", file=sys.stderr)
+        print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Interrupted) as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        print(f"frozentune: interrupted by {signal.Signals(signum).name}; {_on_interrupt['note']}",
+              file=sys.stderr, flush=True)
+        return 128 + int(signum)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""Run the CLI the way a user does and check the bad-input contract.
+
+`cli(...)` runs `frozentune ARGV` in this process (through `main()`, stdout/stderr captured) and
+checks what every answer to bad input must be: the expected exit status, no Python traceback,
+and, for an error, one line on stderr. `cli_process(...)` does the same in a subprocess (for
+signals). Both append a record to $FROZENTUNE_BAD_INPUT_LOG when it is set:
+bench/bad_input_table.py runs the bad-input tests with it and writes REPORT.md's "Bad input"
+table from these records, so the table is exactly what the tests saw.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+LOG_ENV = "FROZENTUNE_BAD_INPUT_LOG"
+
+
+@dataclass
+class Answer:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def message(self) -> str:
+        """The error line (stderr's last non-empty line)."""
+        lines = [ln for ln in self.err.splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
+
+
+def _record(row: str, argv: list[str], answer: Answer) -> None:
+    path = os.environ.get(LOG_ENV)
+    if not path or not row:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"row": row, "test": test, "argv": argv, "code": answer.code,
+                            "message": answer.message}) + "\n")
+
+
+def check(answer: Answer, code: int, contains: tuple[str, ...] | str = ()) -> Answer:
+    """The contract: exit status `code`; no traceback; an error is one line naming `contains`."""
+    assert "Traceback" not in answer.err, f"traceback instead of a message:\n{answer.err}"
+    assert answer.code == code, f"exit {answer.code}, expected {code}; stderr:\n{answer.err}"
+    if code != 0:
+        errors = [ln for ln in answer.err.splitlines() if ln.startswith("frozentune")]
+        assert len(errors) == 1, f"expected one error line, got:\n{answer.err}"
+        assert "nan" not in answer.message.lower().split(), answer.message
+    for part in ([contains] if isinstance(contains, str) else contains):
+        assert part.lower() in answer.message.lower(), f"{part!r} not in the message: {answer.message}"
+    return answer
+
+
+def cli(*argv: str | Path, code: int = 2, contains: tuple[str, ...] | str = (), row: str = "") -> Answer:
+    """Run `frozentune ARGV` in-process; check the contract; record it under table row `row`."""
+    from frozentune.cli import main
+
+    args = [str(a) for a in argv]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            got = main(args)
+        except SystemExit as e:  # argparse's usage errors
+            got = e.code if isinstance(e.code, int) else 1
+    answer = Answer(int(got or 0), out.getvalue(), err.getvalue())
+    _record(row, args, answer)
+    return check(answer, code, contains)
+
+
+def start(*argv: str | Path, env: dict | None = None) -> subprocess.Popen:
+    """`python -m frozentune.cli ARGV` as a child process (stdout/stderr piped, text)."""
+    return subprocess.Popen([sys.executable, "-m", "frozentune.cli", *map(str, argv)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def finish(proc: subprocess.Popen, argv: list[str], code: int, contains: tuple[str, ...] | str = (),
+           row: str = "", timeout: float = 120) -> Answer:
+    """Wait for a process from `start`, then check and record it like `cli`."""
+    out, err = proc.communicate(timeout=timeout)
+    answer = Answer(proc.returncode, out, err)
+    _record(row, [str(a) for a in argv], answer)
+    return check(answer, code, contains)
