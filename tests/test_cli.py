@@ -86,7 +86,7 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     (["train", "--method", "probe", "--data", "nosuch"], "unknown dataset 'nosuch'"),
     (["train", "--method", "probe", "--data", "trec", "--bogus", "1"], "unknown option(s) --bogus"),
     (["train", "--method", "probe", "--data", "trec", "--backbone", "/no/such/folder"], "folder /no/such/folder does not exist"),
-    (["eval", "--model", "/no/such/model", "--data", "trec"], "no config.json"),
+    (["eval", "--model", "/no/such/model", "--data", "trec"], "/no/such/model: no such folder"),
     (["predict", "--model", "/no/such/model"], "nothing to predict"),
 ])
 def test_bad_input_messages(capsys, argv, needle):

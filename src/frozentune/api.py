@@ -19,7 +19,8 @@ import numpy as np
 from . import model as M
 from .backbone import Backbone, LayerSpec
 from .cache import CachedStates, get_or_build
-from .data import Dataset, TextSplit, encode_labels, load_classification
+from .data import DataError, Dataset, TextSplit, encode_labels, load_classification
+from .output import check_output, staged_output
 from .registry import MethodError, get_method, make_config
 from .train import TrainConfig, evaluate, fit, predict_logits
 
@@ -103,7 +104,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
           output: Path | None = None, text_field: str = "text", label_field: str = "label",
           max_train: int | None = None, cache_root: Path | None = None,
           rebuild_cache: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print) -> dict:
+          log: Callable[[str], None] = print, overwrite: bool = False) -> dict:
     """Train `method` on `data`, evaluate on its test split, save to `output`; returns the
     result dict (also written to output/result.json). A data-to-text dataset (E2E, WebNLG) goes to
     generation.train_generation; use that directly for its decoding options."""
@@ -113,7 +114,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
                                 options, train_cfg, output, max_train, log=log)
     spec = get_method(method)
-    cfg = TrainConfig(**{**spec.train_defaults, **(train_cfg or {})})
+    cfg = train_config(spec.train_defaults, train_cfg)
+    if output is not None:
+        check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
     ds = data if isinstance(data, Dataset) else load_classification(
         data, text_field, label_field, seed=cfg.seed, max_train=max_train)
     bb = backbone if isinstance(backbone, Backbone) else backbone_for(method, backbone, options, cfg.seed)
@@ -153,12 +156,20 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
         f"peak RSS {result['peak_rss_mb']:.0f} MB")
     if output is not None:
-        output = Path(output)
-        M.save(model, output, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
-                                     "text_field": text_field, "label_field": label_field})
-        (output / "result.json").write_text(json.dumps(result, indent=2))
+        with staged_output(Path(output), overwrite) as folder:
+            M.save(model, folder, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
+                                         "text_field": text_field, "label_field": label_field})
+            (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
         log(f"saved to {output}")
     return result
+
+
+def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> TrainConfig:
+    """The method's training defaults with what the user gave; a value that cannot work is a MethodError."""
+    try:
+        return TrainConfig(**{**defaults, **(given or {})}).validate()
+    except ValueError as e:
+        raise MethodError(str(e)) from None
 
 
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
@@ -184,6 +195,12 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     ds = load_classification(data, text_field or saved.get("text_field", "text"),
                              label_field or saved.get("label_field", "label"), seed=seed)
     part: TextSplit = getattr(ds, split)
+    missing, extra = sorted(set(model.labels) - set(ds.labels)), sorted(set(part.labels) - set(model.labels))
+    if extra:
+        raise DataError(f"{part.source}: labels {', '.join(map(repr, extra))} are not among the model's "
+                        f"({', '.join(map(repr, model.labels))})"
+                        + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
+                        + ". Evaluate on data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
 
@@ -248,6 +265,10 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[str]) -> list[dict]:
     model, src = _live(model_dir, texts)
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
+    if not np.isfinite(probs).all():
+        bad = int((~np.isfinite(probs).all(1)).sum())
+        raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
+                               f"{len(texts)} texts; its weights are damaged: train it again")
     return [{"text": t, "label": model.labels[int(p.argmax())],
              "scores": {lab: float(s) for lab, s in zip(model.labels, p)}}
             for t, p in zip(texts, probs)]
@@ -288,8 +309,13 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) 
 
     model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
     if not explains(model.head):
-        able = [m for m in list_methods() if explains(get_method(m).head_cls)]
-        raise ValueError(f"method {model.method!r} returns no explanation; explain works for: {', '.join(able)}")
+        from .generation import model_commands
+
+        saved = getattr(model, "saved_config", {"method": model.method})
+        able = [m for m in list_methods("classification") if explains(get_method(m).head_cls)]
+        raise ValueError(f"{model_dir if not isinstance(model_dir, M.Classifier) else 'this model'}: method "
+                         f"{model.method!r} returns no explanation (explain works for: {', '.join(able)}); "
+                         f"this model supports {', '.join(model_commands(saved))}")
     tokens, views = model.backbone_ref.tokenize_with_views(texts)
     src = M.LiveSource(tokens, model.backbone_ref.pad_id())
     out = []

@@ -83,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--output", type=Path, help="folder for the saved model and result.json")
     t.add_argument("--max-train", type=int, help="use a stratified sample of this many training examples")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--overwrite", action="store_true", help="replace a model already saved in --output (otherwise refused)")
     _backbone_args(t)
     g = t.add_argument_group("generation (e2e, webnlg)")
     g.add_argument("--num-beams", type=int, default=5, help="beam width for decoding the test sources (1: greedy)")
@@ -183,11 +184,12 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     log = lambda s: print(s, flush=True)  # noqa: E731
     if is_generation_data(a.data):
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
-                         a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log)
+                         a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite)
         return 0
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
-              a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log)
+              a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
+              overwrite=a.overwrite)
     return 0
 
 
@@ -196,24 +198,22 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from .generation import evaluate_generation, is_generation_model
 
     if is_generation_model(a.model):
-        print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams), indent=2))
+        print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams), indent=2, allow_nan=False))
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
-                                        progress=sys.stderr.isatty()), indent=2))
+                                        progress=sys.stderr.isatty()), indent=2, allow_nan=False))
     return 0
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
     from . import api
-    texts = list(a.texts)
-    if a.input:
-        if not a.input.is_file():
-            raise CLIError(f"{a.input}: no such file")
-        texts += [line.rstrip("\n") for line in a.input.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from .data import read_lines
+
+    texts = list(a.texts) + (read_lines(a.input, "texts") if a.input else [])
     if not texts:
         raise CLIError("nothing to predict: give texts as arguments or --input FILE")
     for row in api.predict(a.model, texts):
-        print(json.dumps(row, ensure_ascii=False))
+        print(json.dumps(row, ensure_ascii=False, allow_nan=False))
     return 0
 
 
@@ -224,7 +224,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
     for src, out in zip(sources, generate_sources(a.model, sources, a.num_beams, a.max_new_tokens)):
-        print(json.dumps({"source": src, "output": out}, ensure_ascii=False) if a.json else out, flush=True)
+        print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else out, flush=True)
     return 0
 
 
@@ -235,7 +235,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(str(e)) from None
     if a.json:
-        print(json.dumps([{k: r[k] for k in ("text", "label", "explanation")} for r in rows], indent=2))
+        print(json.dumps([{k: r[k] for k in ("text", "label", "explanation")} for r in rows], indent=2, allow_nan=False))
         return 0
     for row in rows:
         print(f"{row['text']}\n  predicted: {row['label']}")
@@ -335,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .conv.encoder import ConvError
     from .data import DataError
     from .model import ModelLoadError
+    from .output import OutputError
     from .prefix import PrefixError
     from .registry import MethodError
 
@@ -353,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_list()
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
-    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError) as e:
+    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
+            OutputError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +48,7 @@ class TextSplit:
     lines: list[int]
     file_texts: list[str] = field(default_factory=list)
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    label_spellings: dict[str, list[str]] = field(default_factory=dict)  # label → raw forms, where several
 
     def __post_init__(self) -> None:
         if not self.file_texts:
@@ -116,10 +119,30 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
     raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv or .tsv.")
 
 
+def _utf8_error(path: Path, e: UnicodeDecodeError, line: int | None = None) -> DataError:
+    """A decoding error as one line: the file, the byte offset (and line) and the way out."""
+    where = f"{path}:{line}" if line else str(path)
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    try:  # the offset of the first bad byte in the whole file
+        head.decode("utf-8")
+        offset = None
+    except UnicodeDecodeError as whole:
+        offset = whole.start
+    at = f"byte offset {offset:,}" if offset is not None else f"byte {e.start} of that line"
+    bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
+    return DataError(f"{where}: not UTF-8 text (byte 0x{bad} at {at}). Save the file as UTF-8, "
+                     f"e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}")
+
+
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise _utf8_error(path, e, n) from None
             if not line.strip():
                 continue
             try:
@@ -138,7 +161,8 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
 def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
     kind = "TSV" if delimiter == "\t" else "CSV"
     out = []
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig drops a byte-order mark; newline="" lets csv read CRLF and quoted newlines
+    with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, strict=True)
         try:
             header = next(reader, None)
@@ -155,31 +179,89 @@ def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
                 out.append((n, dict(zip(header, row))))
         except csv.Error as e:
             raise DataError(f"{path}:{reader.line_num}: not valid {kind}: {e}.") from None
+        except UnicodeDecodeError as e:
+            raise _utf8_error(path, e) from None
     if not out:
         raise DataError(f"{path}: the file has a header but no rows.")
     return out
 
 
+def label_name(value: object) -> str | None:
+    """A label as its name: strings as written (trimmed); numbers, and strings that spell a
+    number, canonically (1, 1.0, "1" and "1.0" are one class "1"; 0.5 is "0.5"); None for a
+    missing label (null, empty)."""
+    if value is None or isinstance(value, (list, dict)):
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = str(value).strip()
+    if not text:
+        return None
+    if isinstance(value, (int, float)) or _NUMBER.fullmatch(text):
+        x = float(text)
+        if math.isfinite(x):
+            return str(int(x)) if x.is_integer() else repr(x)
+    return text
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _describe(value: object) -> str:
+    shown = json.dumps(value, ensure_ascii=False)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def read_lines(path: Path, what: str = "texts") -> list[str]:
+    """The non-empty lines of a plain text file (one text per line), or a DataError saying why not."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder; give a file with one of the {what} per line")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; give a file with one of the {what} per line")
+    try:
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
+    except UnicodeDecodeError as e:
+        raise _utf8_error(path, e) from None
+    if not lines:
+        raise DataError(f"{path}: the file is empty (no non-blank lines); give one of the {what} per line")
+    return lines
+
+
 def read_split(path: Path, text_field: str = "text", label_field: str = "label") -> TextSplit:
-    """A classification split from one file; empty texts and missing fields are errors."""
+    """A classification split from one file. Missing fields, empty / non-string texts and
+    missing labels are errors that name the line and how many rows have the same problem."""
     texts, labels, lines = [], [], []
+    problems: dict[str, list[int]] = {}
+    spellings: dict[str, set[str]] = {}
     for n, rec in read_records(path):
         for fld in (text_field, label_field):
             if fld not in rec:
-                raise DataError(f"{path}:{n}: missing field {fld!r} (fields here: "
-                                f"{', '.join(map(str, rec))}). Choose the fields with "
+                raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: "
+                                f"{', '.join(map(str, rec))}. Choose the fields with "
                                 f"--text-field / --label-field.")
-        text = rec[text_field]
-        if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{path}:{n}: empty text in field {text_field!r}. Remove the line "
-                            f"or fill in the text.")
-        label = rec[label_field]
-        if label is None or (isinstance(label, str) and not label.strip()):
-            raise DataError(f"{path}:{n}: empty label in field {label_field!r}.")
+        text, label = rec[text_field], label_name(rec[label_field])
+        if not isinstance(text, str):
+            kind = "null" if text is None else f"a {type(text).__name__} ({_describe(text)})"
+            problems.setdefault(f"field {text_field!r} holds {kind}, not text", []).append(n)
+        elif not text.strip():
+            problems.setdefault(f"empty text in field {text_field!r}", []).append(n)
+        if label is None:
+            problems.setdefault(f"no label in field {label_field!r} ({_describe(rec[label_field])})", []).append(n)
+        else:
+            spellings.setdefault(label, set()).add(_describe(rec[label_field]))
         texts.append(text)
-        labels.append(str(label))
+        labels.append(label)
         lines.append(n)
-    return TextSplit(texts, labels, str(path), lines)
+    if problems:
+        what, at = min(problems.items(), key=lambda kv: kv[1][0])
+        more = f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})" \
+            if len(at) > 1 else ""
+        raise DataError(f"{path}:{at[0]}: {what}{more}. Fix or remove those rows, or pick the columns "
+                        f"with --text-field / --label-field.")
+    split = TextSplit(texts, labels, str(path), lines)
+    split.label_spellings = {k: sorted(v) for k, v in spellings.items() if len(v) > 1}
+    return split
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -313,7 +395,19 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
                         f"train.jsonl / .csv / .tsv")
     splits = {k: read_split(p, text_field, label_field) for k, p in files.items()}
     train = splits["train"]
-    notes = []
+    notes = [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
+             for split in splits.values() for label, forms in split.label_spellings.items()]
+    classes = sorted(set(train.labels))
+    if len(classes) < 2:
+        raise DataError(f"{train.source}: every training example has the label {classes[0]!r}; a classifier "
+                        f"needs at least two classes (check --label-field).")
+    for name_, split in splits.items():
+        unseen = sorted(set(split.labels) - set(classes))
+        if name_ != "train" and unseen:
+            first = split.lines[next(i for i, lab in enumerate(split.labels) if lab in unseen)]
+            raise DataError(f"{split.source}:{first}: label(s) {', '.join(map(repr, unseen))} of the {name_} split "
+                            f"never occur in train (train has {', '.join(map(repr, classes))}). Fix the labels "
+                            f"or add training examples of them.")
     if "test" not in splits:
         keep, carve = stratified_split(train.labels, 0.1, seed)
         splits["test"] = train.subset(carve, f"{train.source} (10% carved as test, seed {seed})")

@@ -259,16 +259,36 @@ def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     from .backbone import load_causal_lm
     from .registry import get_method
 
+    from .model import known_method, read_saved
+
     folder = Path(folder)
-    if not (folder / CONFIG).is_file():
-        raise PrefixError(f"{folder}: no {CONFIG}; give the --output folder of a generation training run")
-    config = json.loads((folder / CONFIG).read_text())
+    config = read_saved(folder, "the --output folder of a generation training run")
     if config.get("task") != "generation":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} classifier, not a text generator; "
-                          f"use `frozentune predict` for it")
+                          f"it supports {', '.join(model_commands(config))}")
+    spec = known_method(config, folder)
     name = config["backbone"]["name"]
     lm, tok = load_causal_lm(name)
-    return get_method(config["method"]).generator.load(folder, lm, tok, name), tok, config
+    return spec.generator.load(folder, lm, tok, name), tok, config
+
+
+def model_commands(config: dict) -> list[str]:
+    """The commands a saved model (its config.json) supports."""
+    from .head import explains
+    from .registry import MethodError, get_method
+
+    if config.get("task") == "generation":
+        return ["generate", "eval"]
+    cmds = ["predict", "eval"]
+    try:
+        spec = get_method(config.get("method", ""))
+    except MethodError:
+        return cmds
+    if spec.head_cls is not None and explains(spec.head_cls):
+        cmds.append("explain")
+    if spec.name == "space":
+        cmds.append("plot-concepts")
+    return cmds
 
 
 # ----------------------------------------------------------------------------- runs
@@ -278,21 +298,31 @@ class DecodeOptions:
     max_new_tokens: int = 64
     batch_size: int = 32         # prompts × beams per generate call
 
+    def validate(self) -> "DecodeOptions":
+        for name in ("num_beams", "max_new_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise DataError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        return self
+
 
 def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
                      max_train: int | None = None, max_validation: int | None = 200, max_test: int | None = None,
-                     decoding: DecodeOptions = DecodeOptions(), log: Callable[[str], None] = print) -> dict:
+                     decoding: DecodeOptions = DecodeOptions(), log: Callable[[str], None] = print,
+                     overwrite: bool = False) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
     import time
 
-    from .api import peak_rss_mb
+    from .api import peak_rss_mb, train_config
     from .backbone import load_causal_lm
+    from .output import check_output, staged_output
     from .registry import get_method
-    from .train import TrainConfig
 
-    cfg_train = TrainConfig(**{**get_method(method).generation_defaults, **(train_cfg or {})})
+    cfg_train = train_config(get_method(method).generation_defaults, train_cfg)
+    decoding.validate()
+    if output is not None:
+        check_output(Path(output), overwrite)  # before any work
     splits = load_generation_splits(data, cfg_train.seed, max_train, max_validation, max_test)
     for note in splits.notes:
         log(f"data: {note}")
@@ -333,15 +363,15 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         + "".join(f" [{g}: BLEU {v['bleu']:.2f}]" for g, v in metrics.items() if g != "all")
         + f"  train {fitted.train_seconds:.0f}s  decode {decode_seconds:.0f}s  peak RSS {result['peak_rss_mb']:.0f} MB")
     if output is not None:
-        output = Path(output)
-        tuner.save(output, extra={"task": "generation", "train": dataclasses.asdict(cfg_train), "data": splits.name,
-                                  "decoding": dataclasses.asdict(decoding),
-                                  "splits": {"max_train": max_train, "max_validation": max_validation}})
-        (output / "result.json").write_text(json.dumps(result, indent=2))
-        with open(output / "generations.jsonl", "w", encoding="utf-8") as f:
-            for ex, h in zip(splits.test, hyps):
-                f.write(json.dumps({"source": ex.source, "output": h, "refs": ex.refs, **ex.meta},
-                                   ensure_ascii=False) + "\n")
+        with staged_output(Path(output), overwrite) as folder:
+            tuner.save(folder, extra={"task": "generation", "train": dataclasses.asdict(cfg_train), "data": splits.name,
+                                      "decoding": dataclasses.asdict(decoding),
+                                      "splits": {"max_train": max_train, "max_validation": max_validation}})
+            (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
+            with open(folder / "generations.jsonl", "w", encoding="utf-8") as f:
+                for ex, h in zip(splits.test, hyps):
+                    f.write(json.dumps({"source": ex.source, "output": h, "refs": ex.refs, **ex.meta},
+                                       ensure_ascii=False) + "\n")
         log(f"saved to {output}")
     return result
 
@@ -358,7 +388,10 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
 def is_generation_model(folder: Path) -> bool:
     """Whether a saved model folder holds a text generator (not a classifier)."""
     config = Path(folder) / CONFIG
-    return config.is_file() and json.loads(config.read_text()).get("task") == "generation"
+    try:
+        return config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("task") == "generation"
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False  # not a readable config: the classifier loader says what is wrong with it
 
 
 def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_test: int | None = None,
@@ -385,9 +418,11 @@ def read_sources(path: Path) -> list[str]:
     """Sources from a file: a .jsonl of E2E (`mr`) or WebNLG (`triples`) records, else one per line."""
     from .data import read_records
 
+    from .data import read_lines
+
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
+    if path.suffix != ".jsonl" or not path.is_file():
+        return read_lines(path, "sources")
     if path.suffix == ".jsonl":
         out = []
         for n, rec in read_records(path):
@@ -398,4 +433,3 @@ def read_sources(path: Path) -> list[str]:
             else:
                 raise DataError(f"{path}:{n}: a source record needs 'mr' or 'triples'")
         return out
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

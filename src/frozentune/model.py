@@ -182,7 +182,65 @@ def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(folder / WEIGHTS),
               metadata={"method": config["method"]})
-    (folder / CONFIG).write_text(json.dumps({"format": "frozentune/1", **config}, indent=2))
+    config = {"format": "frozentune/1", **config, "weights_file": file_checksum(folder / WEIGHTS)}
+    (folder / CONFIG).write_text(json.dumps(config, indent=2, allow_nan=False))
+
+
+def file_checksum(path: Path) -> dict:
+    """{"bytes", "blake2b"} of a file, read in 1 MiB blocks."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    return {"bytes": Path(path).stat().st_size, "blake2b": digest}
+
+
+def read_saved(folder: Path, kind: str = "a folder written by `frozentune train --output`") -> dict:
+    """A saved model folder's config.json, after checking that model.safetensors is there, whole
+    and the file the config was written with (size and checksum recorded at save time)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"{folder}: no such folder; give {kind}")
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise ModelLoadError(f"{folder}: no {name}; is this {kind}?")
+    try:
+        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{folder / CONFIG}: not valid JSON ({e}); the folder is damaged: train it again") from None
+    if not isinstance(config, dict) or "method" not in config:
+        raise ModelLoadError(f"{folder / CONFIG}: not a frozentune model config (no 'method'); give {kind}")
+    want = config.get("weights_file")
+    if not isinstance(want, dict):
+        raise ModelLoadError(f"{folder / CONFIG}: no checksum of {WEIGHTS} recorded (saved by an older frozentune); "
+                             f"train it again to get a folder whose weights can be verified")
+    got = file_checksum(folder / WEIGHTS)
+    if got != want:
+        what = (f"{got['bytes']:,} bytes, {want['bytes']:,} when saved" if got["bytes"] != want["bytes"]
+                else "same size, different content")
+        raise ModelLoadError(f"{folder / WEIGHTS}: not the weights this model was saved with ({what}: checksum "
+                             f"mismatch); the file was changed or damaged: restore it or train again")
+    return config
+
+
+def load_weights(folder: Path) -> dict[str, Tensor]:
+    """The tensors of folder/model.safetensors (safetensors: no code runs), or ModelLoadError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(Path(folder) / WEIGHTS))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ModelLoadError(f"{Path(folder) / WEIGHTS}: not a readable safetensors file ({e}); "
+                             f"the folder is damaged: train it again") from None
+
+
+def known_method(config: dict, folder: Path):
+    """The registered method a saved config names, or a ModelLoadError naming the folder."""
+    try:
+        return get_method(config["method"])
+    except MethodError as e:
+        raise ModelLoadError(f"{Path(folder) / CONFIG}: names a method this frozentune does not have ({e})") from None
 
 
 def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
@@ -207,20 +265,14 @@ class ModelLoadError(RuntimeError):
 
 def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
     """Rebuild a saved classifier; the backbone is loaded from its recorded id unless given."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
-    for name in (CONFIG, WEIGHTS):
-        if not (folder / name).is_file():
-            raise ModelLoadError(f"{folder}: no {name}; is this a folder written by "
-                                 f"`frozentune train --output`?")
-    config = json.loads((folder / CONFIG).read_text())
+    config = read_saved(folder)
     if config.get("task") == "generation":
         raise ModelLoadError(f"{folder}: holds a text generator ({config.get('method')} on "
                              f"{config['backbone'].get('name')}); use `frozentune generate --model {folder}`")
     b = config["backbone"]
     spec = LayerSpec(tuple(b["layers"]), b["combine"])
-    method = get_method(config["method"])  # clear error for an unknown method
+    method = known_method(config, folder)
     # a method's own encoder is saved whole: it is rebuilt from the saved options and every weight
     # comes from the file, so the weights it started from (random or --init) are not needed again
     own = method.encoder is not None
@@ -237,7 +289,9 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
                              cache_dtype=b.get("cache_dtype", "float16"))
     if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it
         model.head.prepare_load()
-    state = load_file(str(folder / WEIGHTS))
+    state = load_weights(folder)
+    if not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
+        raise ModelLoadError(f"{folder / WEIGHTS}: holds NaN or infinite weights; the model is unusable: train it again")
     missing, unexpected = model.load_state_dict(state, strict=False)
     trained = model.trainable_state()  # what the file must hold
     missing = [k for k in missing if k in trained or (own and k.startswith("backbone."))]

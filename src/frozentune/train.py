@@ -4,6 +4,7 @@ validation accuracy (the best epoch's weights are restored), accuracy and macro-
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -27,6 +28,20 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seed for initialisation, splits and batch order"})
     eval_batch_size: int = field(default=256, metadata={"help": "examples per evaluation batch"})
     device: str = field(default="cpu", metadata={"help": "torch device to train on (cpu, cuda, cuda:1 …)"})
+
+    def validate(self) -> "TrainConfig":
+        """Raise ValueError naming the option (as typed on the command line) whose value cannot work."""
+        rules = [("epochs", self.epochs >= 1, "at least 1"), ("batch_size", self.batch_size >= 1, "at least 1"),
+                 ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
+                 ("lr", math.isfinite(self.lr) and self.lr > 0, "a positive number"),
+                 ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0, "0 or more"),
+                 ("warmup", 0 <= self.warmup <= 1, "a fraction of the steps, 0 to 1"),
+                 ("patience", self.patience >= 0, "0 (never stop early) or more"),
+                 ("max_grad_norm", math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "0 (off) or more")]
+        for name, ok, want in rules:
+            if not ok:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be {want}")
+        return self
 
 
 def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,

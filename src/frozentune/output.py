@@ -1,0 +1,83 @@
+"""Output folders of training runs: checked before any work starts, written whole or not at all.
+
+`check_output` refuses, up front, an --output that is a file, that cannot be written, that holds
+another saved model (unless overwrite) or other files. `staged_output` gives a temporary sibling
+folder to write into; only when everything is written is it renamed into place (an existing
+model it replaces is moved aside first and removed last), so an interrupted or failed run leaves
+the user's folder exactly as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+MODEL_FILES = ("config.json", "model.safetensors", "result.json")
+
+
+class OutputError(ValueError):
+    """--output cannot be used; the message says why and what to do."""
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a folder can be created in `folder` (tried, not guessed: root ignores modes on
+    some file systems and not on others, and a read-only mount refuses everyone)."""
+    try:
+        probe = tempfile.mkdtemp(dir=folder, prefix=".frozentune-write-test-")
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
+
+
+def check_output(output: Path, overwrite: bool = False) -> None:
+    """Raise OutputError unless `output` can receive a saved model: a new path in a writable
+    folder, an empty folder, or (with overwrite) a folder holding a model saved earlier."""
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
+    parent = output.parent if not output.exists() else output
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"--output {output}: {parent} is a file, so the folder cannot be created there")
+    if not _writable(parent if parent != output else output.parent):
+        raise OutputError(f"--output {output}: {parent if parent != output else output.parent} is not writable; "
+                          f"choose a folder you can write to")
+    if not output.is_dir():
+        return
+    present = sorted(p.name for p in output.iterdir())
+    if not present:
+        return
+    if any(name in present for name in MODEL_FILES):
+        if overwrite:
+            return
+        raise OutputError(f"--output {output}: already holds a saved model ({', '.join(n for n in present if n in MODEL_FILES)}); "
+                          f"pass --overwrite to replace it, or choose another folder")
+    raise OutputError(f"--output {output}: is not empty ({len(present)} entries, e.g. {present[0]}) and holds no "
+                      f"saved model; choose a new or empty folder")
+
+
+@contextlib.contextmanager
+def staged_output(output: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder beside `output`; on success it replaces `output` (checked again
+    first); on any exception, interrupts included, it is removed and `output` is untouched."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = output.parent / f".{output.name}.partial-{tag}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        check_output(output, overwrite)
+        old = output.parent / f".{output.name}.replaced-{tag}"
+        if output.is_dir():
+            output.rename(old)
+        tmp.rename(output)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
