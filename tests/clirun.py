@@ -51,7 +51,7 @@ def check(answer: Answer, code: int, contains: tuple[str, ...] | str = ()) -> An
     if code != 0:
         errors = [ln for ln in answer.err.splitlines() if ln.startswith("frozentune")]
         assert len(errors) == 1, f"expected one error line, got:\n{answer.err}"
-        assert "nan" not in answer.message.lower().split(), answer.message
+    assert "NaN" not in answer.out and "Infinity" not in answer.out, f"a non-number printed as an answer:\n{answer.out}"
     for part in ([contains] if isinstance(contains, str) else contains):
         assert part.lower() in answer.message.lower(), f"{part!r} not in the message: {answer.message}"
     return answer

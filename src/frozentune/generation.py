@@ -50,8 +50,9 @@ def is_generation_data(data: str) -> bool:
     for path in files.values():
         if path.suffix != ".jsonl":
             return False
-        with open(path, encoding="utf-8") as f:
-            for line in f:
+        with open(path, "rb") as f:  # bytes: a bad byte further on is the data reader's to report
+            for raw in f:
+                line = raw.decode("utf-8-sig", errors="replace")
                 if line.strip():
                     try:
                         rec = json.loads(line)

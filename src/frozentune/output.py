@@ -40,14 +40,14 @@ def check_output(output: Path, overwrite: bool = False) -> None:
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise OutputError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
-    parent = output.parent if not output.exists() else output
+    parent = output if output.exists() else output.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
         raise OutputError(f"--output {output}: {parent} is a file, so the folder cannot be created there")
-    if not _writable(parent if parent != output else output.parent):
-        raise OutputError(f"--output {output}: {parent if parent != output else output.parent} is not writable; "
-                          f"choose a folder you can write to")
+    for folder in {parent, output.parent} if output.exists() else {parent}:
+        if not _writable(folder):
+            raise OutputError(f"--output {output}: {folder} is not writable; choose a folder you can write to")
     if not output.is_dir():
         return
     present = sorted(p.name for p in output.iterdir())

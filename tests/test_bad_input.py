@@ -1,0 +1,315 @@
+"""Bad input through the CLI: data files, options, output folders, saved models, wrong commands.
+
+Each case runs `frozentune ...` as a user would (tests/clirun.py: exit status 2, one line naming
+what is wrong and where, no traceback) and checks that nothing was written or changed. The
+`row=` texts are the rows of the issue's table; bench/bad_input_table.py builds REPORT.md's
+"Bad input" section from what these tests record.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clirun import cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+R_JSONL = "JSONL with a malformed line (line 1,234 of 5,000)"
+R_CSV = "CSV/TSV with a ragged row, a BOM, CRLF line ends, quoted newlines"
+R_FIELDS = "--text-field/--label-field not present"
+R_EMPTY = "empty text, whitespace-only text, null text or label"
+R_LATIN1 = "non-UTF-8 bytes (Latin-1 file)"
+R_LABELS = 'labels: one class only; a test label unseen in train; ints vs strings mixed (1 and "1")'
+R_OPTIONS = "--epochs 0, --lr -1, --batch-size 0, an option of another method"
+R_OUTPUT = "train --output into a folder that holds another model; into a file; into a read-only folder"
+R_SAVED = ("a saved model whose model.safetensors is corrupt, whose config.json names an unknown method, "
+           "whose weights hash does not match")
+R_EVAL = "eval --data a dataset whose labels differ from the model's"
+R_PREDICT = "predict --input an empty file, a missing file, a directory"
+R_COMMAND = "generate on a classification model, explain on a method without explanations"
+R_NUMBERS = "labels 1 and 1.0 in one file; a number where text belongs"
+R_INPLACE = "a saved model whose weights were overwritten in place, same size"
+R_EARLY = "--output that is a file, a read-only folder or an existing model"
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes (to show a command changed nothing)."""
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def labelled(n: int, labels=("neg", "pos")) -> list[dict]:
+    words = ["good", "bad", "fine", "awful", "great", "dull", "fun", "slow"]
+    return [{"text": f"{words[i % 8]} film number {i}", "label": labels[i % len(labels)]} for i in range(n)]
+
+
+def train_args(data: Path, tiny_bert: Path, tmp_path: Path, *extra) -> list:
+    return ["train", "--method", "probe", "--data", data, "--backbone", tiny_bert, "--max-length", 16,
+            "--epochs", 1, "--cache-dir", tmp_path / "cache", "--quiet", *extra]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tiny_bert) -> Path:
+    """A small trained probe (labels neg / pos) to load, damage and question."""
+    root = tmp_path_factory.mktemp("saved")
+    data = write_jsonl(root / "d" / "train.jsonl", labelled(40))
+    write_jsonl(root / "d" / "test.jsonl", labelled(10))
+    cli(*train_args(root / "d", tiny_bert, root, "--output", root / "model"), code=0)
+    return root / "model"
+
+
+@pytest.fixture
+def model_copy(model_dir, tmp_path) -> Path:
+    out = tmp_path / "model"
+    shutil.copytree(model_dir, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- data files
+def test_malformed_jsonl_line_is_named_and_nothing_cached(tmp_path, tiny_bert):
+    rows = labelled(5000)
+    rows[1233] = '{"text": "broken line", "label": "pos"'  # line 1,234
+    data = write_jsonl(tmp_path / "big.jsonl", rows)
+    cli(*train_args(data, tiny_bert, tmp_path), contains=("big.jsonl:1234", "not valid JSON"), row=R_JSONL)
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv"])
+def test_delimited_bom_crlf_quoted_newlines_read_and_ragged_row_named(tmp_path, tiny_bert, kind):
+    sep = "," if kind == "csv" else "\t"
+    rows = [f'"a good film, truly{chr(10)}over two lines"{sep}pos', f"a bad film{sep}neg"] * 10
+    good = tmp_path / f"good.{kind}"
+    good.write_bytes(("\ufeff" + f"text{sep}label\r\n" + "\r\n".join(rows) + "\r\n").encode("utf-8"))
+    from frozentune.data import read_split
+
+    split = read_split(good)  # BOM dropped from the header, CRLF and the quoted newline kept right
+    assert split.texts[0] == "a good film, truly\nover two lines" and split.labels[:2] == ["pos", "neg"]
+    assert len(split) == 20
+    cli(*train_args(good, tiny_bert, tmp_path), code=0)
+    ragged = tmp_path / f"ragged.{kind}"
+    ragged.write_text(f"text{sep}label\r\nfine film{sep}pos\r\nlost{sep}neg{sep}extra\r\n", encoding="utf-8")
+    cli(*train_args(ragged, tiny_bert, tmp_path), contains=(f"ragged.{kind}:3", "3 fields", "header has 2"), row=R_CSV)
+
+
+def test_missing_fields_list_the_columns_present(tmp_path, tiny_bert):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"sentence": "x", "polarity": "pos"}] * 20)
+    cli(*train_args(data, tiny_bert, tmp_path), contains=("d.jsonl:1", "'text'", "sentence, polarity"), row=R_FIELDS)
+    cli(*train_args(data, tiny_bert, tmp_path, "--text-field", "sentence"),
+        contains=("missing field 'label'", "sentence, polarity"), row=R_FIELDS)
+
+
+@pytest.mark.parametrize("bad,what", [
+    ({"text": "", "label": "pos"}, "empty text"),
+    ({"text": "   \t ", "label": "pos"}, "empty text"),
+    ({"text": None, "label": "pos"}, "holds null"),
+    ({"text": "fine", "label": None}, "no label"),
+])
+def test_empty_or_null_rows_are_errors_with_a_count(tmp_path, tiny_bert, bad, what):
+    """Decision: an error, not a skip (a silently smaller test split changes every metric); the
+    message names the first line and how many rows share the problem."""
+    rows = labelled(30)
+    rows[4] = rows[9] = rows[20] = bad
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cli(*train_args(data, tiny_bert, tmp_path), contains=("d.jsonl:5", what, "3 rows like it", "5, 10, 21"), row=R_EMPTY)
+
+
+def test_latin1_file_names_file_and_byte_offset(tmp_path, tiny_bert):
+    data = tmp_path / "latin1.jsonl"
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in labelled(20))
+    head = len(lines.encode("utf-8"))
+    data.write_bytes(lines.encode("utf-8") + '{"text": "café crème", "label": "pos"}\n'.encode("latin-1"))
+    offset = head + len('{"text": "caf')
+    cli(*train_args(data, tiny_bert, tmp_path), contains=("latin1.jsonl:21", f"byte offset {offset:,}", "0xe9", "iconv"),
+        row=R_LATIN1)
+    csv = tmp_path / "latin1.csv"
+    csv.write_bytes("text,label\n".encode() + "déjà vu,pos\n".encode("latin-1"))
+    cli(*train_args(csv, tiny_bert, tmp_path), contains=("latin1.csv", "byte offset 12", "UTF-8"), row=R_LATIN1)
+
+
+def test_one_class_unseen_test_label_and_mixed_int_string_labels(tmp_path, tiny_bert):
+    one = write_jsonl(tmp_path / "one" / "train.jsonl", labelled(20, ("pos",)))
+    cli(*train_args(one.parent, tiny_bert, tmp_path), contains=("train.jsonl", "'pos'", "at least two classes"), row=R_LABELS)
+    write_jsonl(tmp_path / "unseen" / "train.jsonl", labelled(20))
+    write_jsonl(tmp_path / "unseen" / "test.jsonl", labelled(6) + [{"text": "meh", "label": "neutral"}])
+    cli(*train_args(tmp_path / "unseen", tiny_bert, tmp_path), contains=("test.jsonl:7", "'neutral'", "never occur in train"),
+        row=R_LABELS)
+    mixed = [{"text": r["text"], "label": [1, "1", 0, "0"][i % 4]} for i, r in enumerate(labelled(40))]
+    out = tmp_path / "mixed-model"
+    ans = cli(*train_args(write_jsonl(tmp_path / "mixed.jsonl", mixed), tiny_bert, tmp_path, "--output", out), code=0,
+              row=R_LABELS)
+    assert json.loads((out / "config.json").read_text())["labels"] == ["0", "1"]
+    assert "read as one class '1'" in ans.out
+
+
+def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_bert):
+    rows = [{"text": r["text"], "label": [1, 1.0, 0, 0.0][i % 4]} for i, r in enumerate(labelled(40))]
+    out = tmp_path / "m"
+    ans = cli(*train_args(write_jsonl(tmp_path / "d.jsonl", rows), tiny_bert, tmp_path, "--output", out), code=0,
+              row=R_NUMBERS)
+    assert json.loads((out / "config.json").read_text())["labels"] == ["0", "1"]
+    assert "labels 1, 1.0 read as one class '1'" in ans.out
+    rows[7] = {"text": 42, "label": 1}
+    cli(*train_args(write_jsonl(tmp_path / "n.jsonl", rows), tiny_bert, tmp_path), contains=("n.jsonl:8", "a int (42), not text"),
+        row=R_NUMBERS)
+
+
+# ----------------------------------------------------------------------------- options
+@pytest.mark.parametrize("argv,needle", [
+    (["--epochs", 0], "--epochs 0: must be at least 1"),
+    (["--lr", -1], "--lr -1.0: must be a positive number"),
+    (["--batch-size", 0], "--batch-size 0: must be at least 1"),
+    (["--warmup", 2], "--warmup 2.0"),
+    (["--num-labels", 3], "unknown option(s) --num-labels 3 for method 'probe'"),
+    (["--span-width", 3], "unknown option(s) --span-width 3 for method 'probe'"),
+])
+def test_bad_training_options_refused_before_any_work(tmp_path, tiny_bert, argv, needle):
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "out", *argv), contains=needle, row=R_OPTIONS)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- output folders
+@contextlib.contextmanager
+def read_only_folder(path: Path):
+    """A folder nobody can write to, this process included. As root (which ignores mode bits) a
+    read-only tmpfs is mounted there; otherwise the mode is 0o555."""
+    path.mkdir(parents=True)
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield path
+        finally:
+            path.chmod(0o755)
+        return
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"running as root, and mounting a read-only tmpfs failed ({got.stderr.strip()}): "
+                    f"no way to make a folder root cannot write to")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_output_checked_before_any_work(tmp_path, tiny_bert, model_dir):
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", a_file), contains=("a_file", "is a file"), row=R_EARLY)
+    assert a_file.read_text() == "keep me"
+    existing = tmp_path / "existing"
+    shutil.copytree(model_dir, existing)
+    before = tree(existing)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", existing), contains=("already holds a saved model", "--overwrite"),
+        row=R_EARLY)
+    assert tree(existing) == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", other), contains=("not empty", "notes.txt"), row=R_OUTPUT)
+    with read_only_folder(tmp_path / "ro") as ro:
+        cli(*train_args(data, tiny_bert, tmp_path, "--output", ro / "model"), contains=("not writable",), row=R_EARLY)
+    # refused before any extraction: no cache entry was built by any of these
+    assert not (tmp_path / "cache").exists()
+
+
+def test_output_into_model_file_read_only_and_overwrite(tmp_path, tiny_bert, model_dir):
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30, ("a", "b")))
+    existing = tmp_path / "existing"
+    shutil.copytree(model_dir, existing)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", existing), contains="already holds a saved model", row=R_OUTPUT)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", existing / "config.json"), contains="is a file", row=R_OUTPUT)
+    with read_only_folder(tmp_path / "ro") as ro:
+        cli(*train_args(data, tiny_bert, tmp_path, "--output", ro), contains="not writable", row=R_OUTPUT)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", existing, "--overwrite"), code=0)
+    assert json.loads((existing / "config.json").read_text())["labels"] == ["a", "b"]
+    assert not list(tmp_path.glob(".existing.*")), "no staging folder left beside the output"
+
+
+# ----------------------------------------------------------------------------- saved models
+def test_damaged_saved_models_refuse_to_load(model_copy):
+    weights = model_copy / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    cli("predict", "--model", model_copy, "fine", contains=("model.safetensors", "checksum mismatch"), row=R_SAVED)
+    weights.write_bytes(b"\x00" * 16)
+    cli("predict", "--model", model_copy, "fine", contains=("model.safetensors", "16 bytes"), row=R_SAVED)
+    weights.write_bytes(good)
+    config = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({**config, "method": "telepathy"}))
+    cli("predict", "--model", model_copy, "fine", contains=("config.json", "unknown method 'telepathy'"), row=R_SAVED)
+    (model_copy / "config.json").write_text(json.dumps({**config, "weights_file": {**config["weights_file"], "blake2b": "0" * 32}}))
+    cli("predict", "--model", model_copy, "fine", contains=("checksum mismatch",), row=R_SAVED)
+    (model_copy / "config.json").write_text("{not json")
+    cli("eval", "--model", model_copy, "--data", model_copy, contains=("config.json", "not valid JSON"), row=R_SAVED)
+
+
+def test_corrupt_safetensors_with_matching_checksum_is_refused(model_copy):
+    """The checksum guards against change; a file that was saved broken still fails in one line."""
+    from frozentune.model import file_checksum
+
+    weights = model_copy / "model.safetensors"
+    weights.write_bytes(b"this is not a safetensors file")
+    config = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({**config, "weights_file": file_checksum(weights)}))
+    cli("predict", "--model", model_copy, "fine", contains=("model.safetensors", "not a readable safetensors file"), row=R_SAVED)
+
+
+def test_weights_overwritten_in_place_same_size(model_copy):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    weights = model_copy / "model.safetensors"
+    size = weights.stat().st_size
+    state = load_file(str(weights))
+    save_file({k: np.full_like(v, np.nan) for k, v in state.items()}, str(weights),
+              metadata={"method": "probe"})
+    assert weights.stat().st_size == size
+    ans = cli("predict", "--model", model_copy, "fine", contains=("same size", "checksum mismatch"), row=R_INPLACE)
+    assert ans.out == ""
+    # even with the checksum made to match, NaN weights are refused, never printed as an answer
+    from frozentune.model import file_checksum
+
+    config = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({**config, "weights_file": file_checksum(weights)}))
+    ans = cli("predict", "--model", model_copy, "fine", contains="NaN or infinite weights", row=R_INPLACE)
+    assert ans.out == ""
+
+
+def test_eval_on_data_with_other_labels_names_them(tmp_path, model_dir):
+    data = write_jsonl(tmp_path / "other" / "train.jsonl", labelled(20, ("neg", "neutral")))
+    write_jsonl(tmp_path / "other" / "test.jsonl", labelled(6, ("neg", "neutral")))
+    cli("eval", "--model", model_dir, "--data", tmp_path / "other", "--cache-dir", tmp_path / "cache",
+        contains=("'neutral'", "not among the model's", "'pos' do not occur"), row=R_EVAL)
+    assert data.exists()
+
+
+def test_predict_input_empty_missing_directory(tmp_path, model_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    cli("predict", "--model", model_dir, "--input", empty, contains=("empty.txt", "empty"), row=R_PREDICT)
+    cli("predict", "--model", model_dir, "--input", tmp_path / "nope.txt", contains=("nope.txt", "no such file"), row=R_PREDICT)
+    cli("predict", "--model", model_dir, "--input", tmp_path, contains=("is a folder",), row=R_PREDICT)
+    good = tmp_path / "texts.txt"
+    good.write_text("a fine film\na dull film\n")
+    rows = [json.loads(line) for line in cli("predict", "--model", model_dir, "--input", good, code=0).out.splitlines()]
+    assert [r["label"] in ("neg", "pos") for r in rows] == [True, True]
+
+
+def test_wrong_command_for_the_model_says_what_it_supports(model_dir):
+    cli("generate", "--model", model_dir, "name[Aromi]", contains=("classifier", "supports predict, eval"), row=R_COMMAND)
+    cli("explain", "--model", model_dir, "fine", contains=("no explanation", "supports predict, eval", "ytuning"),
+        row=R_COMMAND)
