@@ -1,0 +1,146 @@
+"""Write REPORT.md's "Bad input" section from what the bad-input tests saw.
+
+    python bench/bad_input_table.py            # run the tests, rewrite the section
+    python bench/bad_input_table.py --check    # run them, fail if the section differs
+
+The tests call the CLI through tests/clirun.py, which appends {row, test, argv, exit code,
+message} to $FROZENTUNE_BAD_INPUT_LOG for every case. This script runs those test files with
+that variable set, then lays the records out under the issue's table rows, in its order. A row
+without a recorded case, or a record under a row that is not in the table, is an error: the
+table cannot claim a case no test ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = ROOT / "bench" / "REPORT.md"
+START, END = "<!-- bad-input:start -->", "<!-- bad-input:end -->"
+TEST_FILES = ["tests/test_bad_input.py", "tests/test_backbone_input.py", "tests/test_cache_integrity.py",
+              "tests/test_interrupts.py", "tests/test_safe_loading.py"]
+
+# (row as the issue words it, what must happen); the order of the issue's table
+ROWS = [
+    ("JSONL with a malformed line (line 1,234 of 5,000)", "names the file and line; nothing cached"),
+    ("CSV/TSV with a ragged row, a BOM, CRLF line ends, quoted newlines",
+     "BOM/CRLF/quoted newlines read correctly; the ragged row named"),
+    ("--text-field/--label-field not present", "lists the columns that are present"),
+    ("empty text, whitespace-only text, null text or label",
+     "an error naming the first line and how many rows share the problem (decided: not skipped)"),
+    ("a text of 2,000,000 characters", "truncated to --max-length tokens without tokenizing it whole; said in the notes"),
+    ("non-UTF-8 bytes (Latin-1 file)", "names file and byte offset; says how to convert it"),
+    ('labels: one class only; a test label unseen in train; ints vs strings mixed (1 and "1")',
+     "clear error / one class per number however it is spelled"),
+    ("--backbone that is not a folder, not an id, or a folder without weights; a decoder-only LM given to a "
+     "classification method", "names what was expected"),
+    ("--layer 99, --layer -9, --layer a", "names the valid range for that backbone"),
+    ("--epochs 0, --lr -1, --batch-size 0, an option of another method", "clear error, before any work"),
+    ("a cache entry truncated, a shard file deleted, meta.json edited",
+     "detected (size/checksum); an error naming the entry and --rebuild-cache"),
+    ("Ctrl-C (SIGINT) and SIGTERM during frozentune cache imdb and during train",
+     "one line, exit 130 / 143; no .partial-* left; rerunning finishes"),
+    ("two frozentune cache of the same entry at the same time", "both end with the same correct entry"),
+    ("train --output into a folder that holds another model; into a file; into a read-only folder",
+     "refuses to overwrite unless --overwrite; clear errors"),
+    ("a saved model whose model.safetensors is corrupt, whose config.json names an unknown method, whose weights "
+     "hash does not match", "refuses to load, says which"),
+    ("eval --data a dataset whose labels differ from the model's", "names the missing/extra labels"),
+    ("predict --input an empty file, a missing file, a directory", "clear error"),
+    ("generate on a classification model, explain on a method without explanations",
+     "says which commands that model supports"),
+    ("labels 1 and 1.0 in one file; a number where text belongs", "one class / a message that says what was found"),
+    ("a cache entry whose files were replaced by another entry's; dim or dtype edited in meta.json",
+     "key, count and shape checked against what was asked; a clear error"),
+    ("a saved model whose weights were overwritten in place, same size",
+     "checksum verified at load; NaN never printed as an answer"),
+    ("--output that is a file, a read-only folder or an existing model", "checked before any work starts"),
+    ("--backbone with a Hugging Face id that contains /; hub unreachable",
+     "the id is tried on the hub; offline, one line and a fast failure"),
+]
+
+
+def shorten(text: str) -> str:
+    """Temporary paths of the test run → `…/name` (they differ every run)."""
+    text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/[^/\s]+/", "…/", text)
+    text = re.sub(r"/tmp/[^\s'\"]*/", "…/", text)
+    return text.replace(str(ROOT) + "/", "")
+
+
+def run_tests(log: Path) -> None:
+    env = {**os.environ, "FROZENTUNE_BAD_INPUT_LOG": str(log)}
+    files = [f for f in TEST_FILES if (ROOT / f).is_file()]
+    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files], cwd=ROOT, env=env)
+    if got.returncode != 0:
+        sys.exit(f"the bad-input tests failed (exit {got.returncode}); fix them before writing the table")
+
+
+def section(records: list[dict]) -> str:
+    known = {row for row, _ in ROWS}
+    stray = sorted({r["row"] for r in records} - known)
+    if stray:
+        sys.exit(f"records under rows that are not in the table: {stray}")
+    lines = [START, "## Bad input (issue 15)", "",
+             "Every row of the issue's table, with the answer each case now gives. Generated by "
+             "`python bench/bad_input_table.py` from the records the tests in "
+             + ", ".join(f"`{f}`" for f in TEST_FILES)
+             + " write through `tests/clirun.py` (the exit status and the line the user sees, temporary paths "
+             "shortened to `…/`). Every case also checks: no traceback, one error line, nothing half-written "
+             "left, the user's files untouched. Exit 2: a usage or data error; 0: handled and done; 130 / 143: "
+             "interrupted by SIGINT / SIGTERM.", "",
+             "| input | expected | test | exit | what the user sees |", "|---|---|---|---|---|"]
+    missing = []
+    for row, expected in ROWS:
+        mine = [r for r in records if r["row"] == row]
+        if not mine:
+            missing.append(row)
+            continue
+        seen, first = set(), True
+        for r in mine:
+            key = (r["test"].split("::")[-1].split("[")[0], r["code"], shorten(r["message"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            cell = lambda s: s.replace("|", "\\|")  # noqa: E731
+            lines.append(f"| {cell(row) if first else ''} | {cell(expected) if first else ''} | `{key[0]}` | {key[1]} | "
+                         f"{cell(key[2]) or '(no message: exit ' + str(key[1]) + ')'} |")
+            first = False
+    if missing:
+        sys.exit("table rows no test recorded: " + "; ".join(missing))
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="fail if REPORT.md's section differs from a fresh run")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "records.jsonl"
+        run_tests(log)
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    new = section(records)
+    report = REPORT.read_text()
+    if START in report:
+        head, rest = report.split(START, 1)
+        updated = head + new + rest.split(END, 1)[1]
+    else:
+        updated = report.rstrip("\n") + "\n\n" + new + "\n"
+    if a.check:
+        if updated != report:
+            sys.exit("REPORT.md's Bad input section differs from what the tests print now: rerun "
+                     "python bench/bad_input_table.py")
+        print("REPORT.md's Bad input section matches the tests")
+        return
+    REPORT.write_text(updated)
+    print(f"wrote the Bad input section ({len(records)} cases) to {REPORT}")
+
+
+if __name__ == "__main__":
+    main()
