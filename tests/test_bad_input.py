@@ -313,3 +313,16 @@ def test_wrong_command_for_the_model_says_what_it_supports(model_dir):
     cli("generate", "--model", model_dir, "name[Aromi]", contains=("classifier", "supports predict, eval"), row=R_COMMAND)
     cli("explain", "--model", model_dir, "fine", contains=("no explanation", "supports predict, eval", "ytuning"),
         row=R_COMMAND)
+
+
+def test_other_options_refused_before_any_work(tmp_path, tiny_bert):
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    cli(*train_args(data, tiny_bert, tmp_path, "--max-train", 1), contains="--max-train 1: give at least 2", row=R_OPTIONS)
+    cli("cache", data, "--backbone", tiny_bert, "--cache-dir", tmp_path / "cache", "--splits", "tran",
+        contains="--splits tran: choose among train, validation, test", row=R_OPTIONS)
+    assert not (tmp_path / "cache").exists()
+    a_file = tmp_path / "ckpt"
+    a_file.write_text("keep me")
+    cli("pretrain", "--arch", "light", "--corpus", data, "--output", a_file, "--steps", 1,
+        contains=("ckpt", "is a file"), row=R_EARLY)
+    assert a_file.read_text() == "keep me"

@@ -280,10 +280,15 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                 log: Callable[[str], None] = print) -> list[dict]:
     """Build the cache entries for a dataset's split files; existing entries are verified in
     full (sizes and checksums) and reported."""
-    from .data import read_split, resolve
+    from .data import SPLIT_NAMES, read_split, resolve
 
-    bb = backbone.load()
     _, files = resolve(data)
+    unknown = [s for s in splits if s not in SPLIT_NAMES]
+    if unknown or not splits:
+        raise DataError(f"--splits {','.join(splits)}: choose among {', '.join(SPLIT_NAMES)}")
+    if not any(s in files for s in splits):
+        raise DataError(f"{data}: has no {' / '.join(splits)} file (it has: {', '.join(files)})")
+    bb = backbone.load()
     out = []
     for split in splits:
         if split not in files:

@@ -268,6 +268,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     from .conv.encoder import EncoderConfig
     from .conv.pretrain import PretrainConfig, pretrain
 
+    if a.output.exists() and not a.output.is_dir():
+        raise CLIError(f"--output {a.output}: is a file; give a folder for the checkpoint (it is created)")
     pretrain(a.output, a.corpus, _given(a, EncoderConfig), _given(a, PretrainConfig), a.resume, a.text_field,
              log=lambda s: print(s, flush=True))
     return 0

@@ -416,6 +416,8 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
     if "validation" not in splits:
         train, splits["validation"], note = carve_validation(train, val_fraction, seed)
         notes.append(note)
+    if max_train is not None and max_train < len(set(train.labels)):
+        raise DataError(f"--max-train {max_train}: give at least {len(set(train.labels))} (one example per class)")
     if max_train is not None and max_train < len(train):
         keep, _ = stratified_split(train.labels, 1 - max_train / len(train), seed)
         train = train.subset(keep)
