@@ -128,6 +128,10 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     src = {name: sources(getattr(ds, name)) for name in ("train", "validation", "test")}
     if sources.extract_seconds:
         log(f"extracted features in {sources.extract_seconds:.1f}s")
+    notes = list(ds.notes)
+    if (note := truncation_note(src.values(), bb.max_length)) is not None:
+        log(f"data: {note}")
+        notes.append(note)
     n_params = model.num_trainable()
     log(f"{method} on {ds.name}: {len(ds.train)} train / {len(ds.validation)} validation / "
         f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
@@ -139,7 +143,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "data": ds.name,
         "config": {"method_options": dataclasses.asdict(model.cfg), "train": dataclasses.asdict(cfg),
                    "backbone": {"name": bb.name, "layers": str(bb.layers), "max_length": bb.max_length},
-                   "max_train": max_train, "data_notes": ds.notes},
+                   "max_train": max_train, "data_notes": notes},
         "metrics": test_m,
         "validation": val_m,
         "trainable_params": n_params,
@@ -162,6 +166,15 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
         log(f"saved to {output}")
     return result
+
+
+def truncation_note(sources, max_length: int) -> str | None:
+    """How many of the texts behind `sources` (live or cached) reached max_length tokens, or None."""
+    reached = sum(int((s.lengths >= max_length).sum()) for s in sources)
+    if not reached:
+        return None
+    total = sum(len(s) for s in sources)
+    return f"{reached:,} of {total:,} texts reached --max-length {max_length} tokens; longer ones were truncated to it"
 
 
 def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> TrainConfig:
@@ -298,8 +311,10 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
         row = {"split": split, "file": str(files[split]), "path": str(cache.path), "examples": cache.n,
                "tokens": int(cache.meta["tokens"]), "extract_seconds": secs,
                "tokens_per_s": cache.meta["tokens"] / secs if secs else None}
+        row["at_max_length"] = int((cache.lengths >= bb.max_length).sum())
         log(f"{split}: {cache.n} examples, {row['tokens']:,} tokens → {cache.path}"
-            + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if secs else " (cached)"))
+            + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if secs else " (cached)")
+            + (f"; {row['at_max_length']:,} reached --max-length {bb.max_length} (truncated)" if row["at_max_length"] else ""))
         out.append(row)
     return out
 

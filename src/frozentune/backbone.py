@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +105,8 @@ class LayerSpec:
             try:
                 layers = tuple(int(x) for x in text.split(",") if x.strip())
             except ValueError:
-                raise BackboneError(f"layer {text!r}: give an index or a comma-separated list "
-                                    f"of indices, e.g. -1 or -1,-2") from None
+                raise BackboneError(f"layer {text!r}: give a hidden-state index (0 = embeddings, -1 = last layer) "
+                                    f"or a comma-separated list of them, e.g. -1 or -1,-2") from None
         else:
             layers = tuple(int(x) for x in text)
         if not layers:
@@ -124,42 +125,167 @@ def resolve_name(name: str) -> str:
     return ALIASES[name]() if name in ALIASES else name
 
 
-def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
-    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen and in eval mode."""
-    from transformers import AutoModel, AutoTokenizer
+# ----------------------------------------------------------------------------- where a model comes from
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+HUB_TIMEOUT_S = 5.0  # one connectivity check of the hub, no retries (huggingface_hub retries ~50 s itself)
 
-    path = resolve_name(name)
-    local = Path(path).expanduser().is_dir()
-    if not local and os.sep in path:
-        raise BackboneError(f"backbone {name!r}: folder {path} does not exist.")
+
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached now (offline mode, or one quick request failed),
+    or None when it answers."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return "offline: HF_HUB_OFFLINE is set"
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path)
-    except OSError as e:
-        raise BackboneError(
-            f"backbone {name!r} could not be loaded ({e.__class__.__name__}: {str(e)[:300]}). "
-            f"Give a local Hugging Face folder, an alias ({', '.join(ALIASES)}), or a hub id "
-            f"reachable from this machine.") from None
+        from huggingface_hub.utils import get_session
+
+        get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
+    except Exception as e:  # any failure to get an answer: DNS, refused, timeout, proxy, offline mode
+        return f"no answer from {constants.ENDPOINT}: {e.__class__.__name__}"
+    return None
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:
+        return False
+
+
+def _check_folder(what: str, name: str, folder: Path) -> None:
+    """A local model folder must hold config.json and weights; say so before transformers does."""
+    expect = "a Hugging Face model folder (config.json, model.safetensors and the tokenizer files, as save_pretrained writes them)"
+    if not (folder / "config.json").is_file():
+        raise BackboneError(f"{what} {name!r}: folder {folder} has no config.json; give {expect}")
+    if not any(next(folder.glob(pattern), None) is not None for pattern in WEIGHT_FILES):
+        raise BackboneError(f"{what} {name!r}: folder {folder} has config.json but no weights (model.safetensors "
+                            f"or pytorch_model.bin); give {expect}")
+
+
+def locate(name: str, what: str = "backbone", aliases: dict | None = None) -> tuple[str, dict]:
+    """(folder or hub id, extra from_pretrained arguments) for a --backbone value: an alias, an
+    existing folder, or a Hugging Face id (`name` or `org/name`) — tried on the hub when it answers,
+    read from the local Hugging Face cache when it does not. Anything else is a BackboneError
+    that says what was expected, raised at once (no network retries)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    aliases = ALIASES if aliases is None else aliases
+    path = aliases[name]() if name in aliases else name
+    local = Path(path).expanduser()
+    if local.is_dir():
+        _check_folder(what, name, local)
+        return str(local), {}
+    alias_list = ", ".join(aliases)
+    if local.exists():
+        raise BackboneError(f"{what} {name!r}: {path} is a file; give the folder that holds it (config.json and "
+                            f"model.safetensors), a Hugging Face id, or an alias ({alias_list})")
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        raise BackboneError(f"{what} {name!r}: not a folder (folder {path} does not exist) and not a Hugging Face "
+                            f"id; give a Hugging Face model folder (config.json and model.safetensors), a hub id "
+                            f"(name or org/name, e.g. sentence-transformers/all-MiniLM-L6-v2), or an alias "
+                            f"({alias_list})") from None
+    why = _hub_unreachable()
+    if why is None:
+        return path, {}
+    if _in_hub_cache(path):
+        return path, {"local_files_only": True}
+    raise BackboneError(f"{what} {name!r}: no folder of that name here, and not in the local Hugging Face cache; "
+                        f"the hub is unreachable ({why}). Download it where there is network "
+                        f"(e.g. `hf download {path}`), or give a local folder or an alias ({alias_list})")
+
+
+def refused_pickle(e: Exception) -> str:
+    """What torch's weights-only unpickler objected to, in one line (for an error message)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(e).split()))
+    found = re.search(r"WeightsUnpickler error: (.+?)(?:\.? Check the documentation|\. |\.?$)", text)
+    return found.group(1) if found else text[:200]
+
+
+LOAD_ERRORS = (OSError, ValueError, KeyError, pickle.UnpicklingError)
+
+
+def _load_error(what: str, name: str, e: Exception, expected: str) -> BackboneError:
+    """A one-line BackboneError for what transformers (or torch or safetensors reading the weights) raised."""
+    from safetensors import SafetensorError
+
+    text = " ".join(str(e).split())
+    if isinstance(e, ValueError) and ("trust_remote_code" in text or "custom code" in text):
+        return BackboneError(f"{what} {name!r} ships its own Python code (auto_map in config.json or "
+                             f"tokenizer_config.json); rerun with --trust-remote-code if you trust it")
+    if isinstance(e, pickle.UnpicklingError):
+        return BackboneError(f"{what} {name!r}: its pytorch_model.bin is not plain weights; torch's weights-only "
+                             f"loader refused it ({refused_pickle(e)}) and nothing in it was run. Use a folder "
+                             f"with model.safetensors")
+    if isinstance(e, SafetensorError):
+        return BackboneError(f"{what} {name!r}: its weights are not a readable safetensors file ({text[:200]}); "
+                             f"the folder is damaged: download or save it again")
+    return BackboneError(f"{what} {name!r} could not be loaded ({e.__class__.__name__}: {text[:300]}). {expected}")
+
+
+ENCODER_HELP = (f"Give a local Hugging Face encoder folder (config.json and model.safetensors), an alias "
+                f"({', '.join(ALIASES)}), or a hub id reachable from this machine.")
+
+
+def _decoder_only(config) -> bool:
+    """A causal (decoder-only) LM: its model type has a causal-LM head but no masked-LM one
+    (BERT-likes have both), or its config says it decodes."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    kind = getattr(config, "model_type", "")
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    return bool(getattr(config, "is_decoder", False)) or (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
+def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
+    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen and in eval mode.
+    A model that ships its own code runs it only with trust_remote_code=True."""
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    def causal(kind: str) -> BackboneError:
+        return BackboneError(
+            f"backbone {name!r} is a causal (decoder-only) language model ({kind}); the classification methods "
+            f"need an encoder (BERT-like, e.g. --backbone minilm). A causal LM is for the generation methods: "
+            f"--method prefix or finetune with --data e2e or webnlg")
+
+    if name in LM_ALIASES:
+        raise causal("the alias of one")
+    path, extra = locate(name, "backbone")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+        if _decoder_only(config):
+            raise causal(config.model_type)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+        model = AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **extra)
+    except (*LOAD_ERRORS, SafetensorError) as e:
+        raise _load_error("backbone", name, e, ENCODER_HELP) from None
     freeze(model)
     return model, tok
 
 
-def load_causal_lm(name: str) -> tuple[nn.Module, "object"]:
+def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
     frozen, in eval mode, fp32."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = LM_ALIASES[name]() if name in LM_ALIASES else name
-    if not Path(path).expanduser().is_dir() and os.sep in path:
-        raise BackboneError(f"language model {name!r}: folder {path} does not exist.")
+    path, extra = locate(name, "language model", LM_ALIASES)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise BackboneError(
-            f"language model {name!r} could not be loaded ({e.__class__.__name__}: {str(e)[:300]}). "
-            f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), or a hub "
-            f"id reachable from this machine.") from None
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
+                                                     **extra)
+    except (*LOAD_ERRORS, SafetensorError) as e:
+        raise _load_error("language model", name, e,
+                          f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
+                          f"or a hub id reachable from this machine.") from None
     freeze(model)
     return model, tok
 
@@ -219,6 +345,20 @@ def tokenizer_hash(tok) -> str:
     return h.hexdigest()
 
 
+def check_layers(name: str, model: nn.Module, spec: LayerSpec) -> None:
+    """Every index of `spec` names one of the model's hidden states (embeddings + one per layer),
+    checked when a Backbone is built, before any text is encoded."""
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not isinstance(layers, int):
+        return  # not a Hugging Face config: select_layers checks at the first encode
+    n = layers + 1
+    for i in spec.layers:
+        if not -n <= i < n:
+            short = Path(name).name if os.sep in name else name
+            raise BackboneError(f"layer {i} out of range: this backbone ({short}, {layers} layers) has hidden states "
+                                f"0..{n - 1} (0 = embeddings, -1 = last); give an index in {-n}..{n - 1}")
+
+
 def select_layers(hidden_states: Sequence[Tensor], spec: LayerSpec) -> Tensor:
     """(B, T, D) or (B, T, D·n) from the model's tuple of (B, T, D) states."""
     n = len(hidden_states)
@@ -249,27 +389,85 @@ def output_dim(model: nn.Module, spec: LayerSpec) -> int:
 
 @dataclass
 class Tokenized:
-    """Token ids of every text, unpadded. ids[i]: (L_i,) int64."""
+    """Token ids of every text, unpadded. ids[i]: (L_i,) int64. max_length: the limit they were
+    cut to; precut: how many texts were so long that only a leading part of their characters was
+    tokenized (see `heads_of`)."""
     ids: list[np.ndarray]
+    max_length: int | None = None
+    precut: int = 0
 
     @property
     def lengths(self) -> np.ndarray:
         return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))
 
+    @property
+    def at_limit(self) -> int:
+        """Texts whose ids reach max_length: truncated to it (or exactly that long)."""
+        return 0 if self.max_length is None else int((self.lengths >= self.max_length).sum())
+
+
+CHARS_PER_TOKEN = 32  # first character budget per token kept: a longer text is cut before it is tokenized
+MAX_CHARS_PER_TOKEN = 2048  # the budget doubles up to this many characters per token, then the cut is kept
+
+
+def _before_last_word(text: str) -> str:
+    """`text` without its last (maybe partial) word and the whitespace before it; '' when it has
+    no whitespace after its first word."""
+    j = len(text)
+    while j > 0 and not text[j - 1].isspace():
+        j -= 1
+    return text[:j].rstrip()
+
+
+def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int]:
+    """(texts, how many were cut): each text, or a leading part of it that tokenizes to the same
+    first max_length tokens, so a text of millions of characters is never tokenized whole.
+
+    The part is the text's first CHARS_PER_TOKEN × max_length characters, ended before the last
+    whitespace in them (the word there may be cut; the words before it tokenize exactly as in the
+    whole text). It is kept when it yields more than max_length tokens; else the budget doubles,
+    up to the whole text. Only at MAX_CHARS_PER_TOKEN × max_length characters is a part kept
+    whatever it yields (cut inside a word if no whitespace is found): the result equals
+    tokenizing the whole text for every text whose first max_length tokens lie within that many
+    characters and end before a whitespace in them."""
+    texts = list(texts)
+    budget, ceiling = CHARS_PER_TOKEN * max_length, MAX_CHARS_PER_TOKEN * max_length
+    todo = [i for i, t in enumerate(texts) if len(t) > budget]
+    cut = 0
+    while todo:
+        windows = [texts[i][:budget] for i in todo]
+        heads = [_before_last_word(w) for w in windows]
+        enc = tok([h or w for h, w in zip(heads, windows)], truncation=True, max_length=max_length + 1,
+                  padding=False, return_attention_mask=False)
+        last, budget = budget >= ceiling, budget * 2
+        again = []
+        for i, head, window, ids in zip(todo, heads, windows, enc["input_ids"]):
+            if (head and len(ids) > max_length) or last:
+                texts[i], cut = head or window, cut + 1
+            elif len(texts[i]) > budget:
+                again.append(i)
+        todo = again
+    return texts, cut
+
 
 def _encode(tok, texts: Sequence[str], max_length: int, **extra):
-    """The one tokenizer call: truncation to max_length (special tokens included), no padding."""
-    return tok(list(texts), truncation=True, max_length=max_length, padding=False,
-               return_attention_mask=False, **extra)
+    """The one tokenizer call: truncation to max_length (special tokens included), no padding;
+    overlong texts are first cut to a leading part with the same first max_length tokens
+    (heads_of). Returns (encoding, how many texts were cut)."""
+    heads, cut = heads_of(tok, texts, max_length)
+    return tok(heads, truncation=True, max_length=max_length, padding=False,
+               return_attention_mask=False, **extra), cut
 
 
-def _ids(enc) -> Tokenized:
-    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]])
+def _ids(enc, max_length: int | None = None, precut: int = 0) -> Tokenized:
+    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]], max_length, precut)
 
 
 def tokenize(tok, texts: Sequence[str], max_length: int) -> Tokenized:
-    """Tokenise with truncation to max_length (special tokens included), no padding."""
-    return _ids(_encode(tok, texts, max_length))
+    """Tokenise with truncation to max_length (special tokens included), no padding. The result
+    says how many texts reached max_length (`at_limit`) and how many were cut by characters first."""
+    enc, cut = _encode(tok, texts, max_length)
+    return _ids(enc, max_length, cut)
 
 
 def length_batches(lengths: np.ndarray, max_tokens: int, max_batch: int) -> list[np.ndarray]:
@@ -333,9 +531,11 @@ class Backbone:
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None and max_length > limit:
             raise BackboneError(f"max_length {max_length} exceeds what {name!r} supports ({limit})")
+        check_layers(name, model, layers)
         self.name, self.model, self.tok = name, model, tok
         self.layers, self.max_length = layers, max_length
         self._weights_hash: str | None = None
+        self.tokenized = {"texts": 0, "at_limit": 0, "precut": 0}  # tallied over every tokenize call
 
     @classmethod
     def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128,
@@ -356,7 +556,24 @@ class Backbone:
         return self._weights_hash
 
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        return tokenize(self.tok, texts, self.max_length)
+        return self._tally(tokenize(self.tok, texts, self.max_length))
+
+    def _tally(self, tokens: Tokenized) -> Tokenized:
+        for k, v in (("texts", len(tokens.ids)), ("at_limit", tokens.at_limit), ("precut", tokens.precut)):
+            self.tokenized[k] += v
+        return tokens
+
+    def truncation_note(self) -> str | None:
+        """One line on what max_length cut in the texts tokenized so far (None if nothing reached it)."""
+        t = self.tokenized
+        if not t["at_limit"]:
+            return None
+        note = (f"{t['at_limit']:,} of {t['texts']:,} texts reached --max-length {self.max_length} tokens; "
+                f"longer ones were truncated to it")
+        if t["precut"]:
+            note += (f"; {t['precut']:,} texts over {CHARS_PER_TOKEN * self.max_length:,} characters were tokenized "
+                     f"from a leading part only (the same first tokens, without tokenizing them whole)")
+        return note
 
     def tokenize_with_views(self, texts: Sequence[str]) -> tuple[Tokenized, list["TokenView"]]:
         """`tokenize`, plus each text's word pieces with their character spans and word indices,
@@ -367,10 +584,10 @@ class Backbone:
             raise BackboneError(f"{self.name!r} has a slow tokenizer, which cannot map tokens back to "
                                 f"characters; explanations need a fast (Rust) tokenizer: save one with "
                                 f"AutoTokenizer.from_pretrained(..., use_fast=True)")
-        enc = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
+        enc, cut = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
         views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k))
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
-        return _ids(enc), views
+        return self._tally(_ids(enc, self.max_length, cut)), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""

@@ -5,26 +5,37 @@ A cache entry is a folder `<root>/<key>/`:
                extraction order (longest first)
   ids.bin      (N_tok,) int32 token ids (for explanations)
   offsets.bin  (N,) int64 first row of example i;  lengths.bin (N,) int32 its token count
-  meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file
+  meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file, and
+               meta_sha, a checksum of meta.json's own content (so an edit of it is found)
 
 The key hashes the model's weights, the tokenizer's definition, the layer choice, max_length,
 the dtype and every text, so a changed input never returns stale states. Entries are built in a
-`.partial-*` folder and renamed into place only when complete; a reader checks sizes and
-checksums and raises CacheError (with the way out) on anything truncated, corrupt or from an
-incompatible format version.
+`.partial-*` folder and renamed into place only when complete, by one process at a time (an
+flock on `<root>/<key>.lock`: a second process asking for the same entry waits, then reads it).
+A reader checks that the entry is the one asked for (key, example count, dimension, dtype), that
+its files' sizes agree with each other and with meta.json, and the checksums; it raises
+CacheError (with the way out) on anything truncated, corrupt, edited, moved or from an
+incompatible format version — never returns wrong states.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
 import os
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no build lock (concurrent builds of one entry then race)
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 import torch
@@ -32,7 +43,7 @@ from torch import Tensor
 
 from .backbone import Backbone, Tokenized, iter_states, tokenizer_hash
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json carries meta_sha
 CHUNK = 64 << 20  # bytes per checksum chunk
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -74,6 +85,13 @@ def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") 
     ident = {k: v for k, v in fields.items() if k != "model"}  # the name is not content
     key = hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=16).hexdigest()
     return key, fields
+
+
+def meta_sha(meta: dict) -> str:
+    """Checksum of a meta.json's content: everything in it but meta_sha, as canonical JSON."""
+    body = json.dumps({k: v for k, v in meta.items() if k != "meta_sha"}, sort_keys=True,
+                      separators=(",", ":"), allow_nan=False)
+    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
 
 
 class _ChunkedWriter:
@@ -155,8 +173,11 @@ class CachedStates:
     and `release` drops mapped pages from this process (they stay in the OS page cache), so
     resident memory stays bounded however large the cache is."""
 
-    def __init__(self, path: Path, verify: str = "full"):
-        """verify: 'full' checks sizes and every checksum (≈0.7 GB/s); 'none' only sizes."""
+    def __init__(self, path: Path, verify: str = "full", key: str | None = None, n: int | None = None,
+                 dim: int | None = None, dtype: str | None = None):
+        """verify: 'full' checks sizes and every checksum (≈0.7 GB/s); 'none' only sizes.
+        key, n, dim, dtype: what the caller asked for (get_or_build passes them); an entry that
+        is not that — files moved or copied from another entry — is a CacheError."""
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
@@ -164,28 +185,89 @@ class CachedStates:
                              f"or rebuild it: rerun with --rebuild-cache (train, cache).")
         try:
             self.meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise CacheError(f"{meta_path}: corrupt metadata. {REBUILD}") from None
+        if not isinstance(self.meta, dict):
+            raise CacheError(f"{meta_path}: corrupt metadata. {REBUILD}")
         if self.meta.get("format") != FORMAT_VERSION:
             raise CacheError(f"{self.path}: cache format {self.meta.get('format')} is not this "
                              f"version's ({FORMAT_VERSION}). {REBUILD}")
+        try:
+            edited = self.meta.get("meta_sha") != meta_sha(self.meta)
+        except ValueError:  # NaN or infinity written into it
+            edited = True
+        if edited:
+            raise CacheError(f"{meta_path}: edited or corrupt (its content does not match its "
+                             f"checksum), so the entry cannot be trusted. {REBUILD}")
+        self._check_fields()
+        self._check_expected(key, n, dim, dtype)
         self._check(verify)
         self.n: int = self.meta["n"]
         self.dim: int = self.meta["dim"]
         self.dtype = DTYPES[self.meta["dtype"]]
-        self.offsets = np.fromfile(self.path / "offsets.bin", dtype=np.int64)
-        self.lengths = np.fromfile(self.path / "lengths.bin", dtype=np.int32).astype(np.int64)
+        self._check_layout()  # reads offsets and lengths
         self._maps = {}
         self.states = self._map("states.bin", self.dtype).reshape(-1, self.dim)  # (N_tok, D)
         self._states_t = torch.from_numpy(self.states)  # same memory, for torch's fast gather
         self.ids = self._map("ids.bin", np.int32)  # (N_tok,)
         self._since_release = 0
 
+    def _check_fields(self) -> None:
+        """Every field the reader relies on is there with a usable type."""
+        m = self.meta
+
+        def count(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        files = m.get("files")
+        dtype = m.get("dtype")
+        bad = [f for f, ok in (("key", isinstance(m.get("key"), str)), ("n", count(m.get("n"))),
+                               ("dim", count(m.get("dim")) and m["dim"] > 0),
+                               ("dtype", isinstance(dtype, str) and dtype in DTYPES),
+                               ("tokens", count(m.get("tokens"))), ("files", isinstance(files, dict)))
+               if not ok]
+        if not bad:
+            for name in FILES:
+                e = files.get(name)
+                if not (isinstance(e, dict) and count(e.get("size")) and isinstance(e.get("chunks"), list)):
+                    bad.append(f"files.{name}")
+        if bad:
+            raise CacheError(f"{self.path / 'meta.json'}: missing or invalid {', '.join(bad)}. {REBUILD}")
+
+    def _check_expected(self, key: str | None, n: int | None, dim: int | None, dtype: str | None) -> None:
+        """The entry is the one its folder name and the caller say it is."""
+        m = self.meta
+        if m["key"] != self.path.name or (key is not None and m["key"] != key):
+            raise CacheError(f"{self.path}: holds the files of another cache entry ({m['key']}), moved or "
+                             f"copied here. {REBUILD}")
+        asked = {"examples": (n, f"holds {m['n']} examples, but {n} texts were asked for"),
+                 "dim": (dim, f"holds states of dimension {m['dim']}, but the backbone's is {dim}"),
+                 "dtype": (dtype, f"holds {m['dtype']} states, but {dtype} was asked for")}
+        for field, (want, says) in asked.items():
+            if want is not None and m["n" if field == "examples" else field] != want:
+                raise CacheError(f"{self.path}: {says}; it is not the entry its key names. {REBUILD}")
+
+    def _check_layout(self) -> None:
+        """File sizes agree with each other, and every example's rows lie inside states.bin."""
+        m, sizes = self.meta, {name: self.meta["files"][name]["size"] for name in FILES}
+        tokens, n = m["tokens"], m["n"]
+        want = {"states.bin": tokens * m["dim"] * np.dtype(self.dtype).itemsize, "ids.bin": tokens * 4,
+                "offsets.bin": n * 8, "lengths.bin": n * 4}
+        for name in FILES:
+            if sizes[name] != want[name]:
+                raise CacheError(f"{self.path / name}: {sizes[name]} bytes, but {n} examples of {tokens} tokens "
+                                 f"× {m['dim']} {m['dtype']} need {want[name]}. {REBUILD}")
+        self.offsets = offs = np.fromfile(self.path / "offsets.bin", dtype=np.int64)
+        self.lengths = lens = np.fromfile(self.path / "lengths.bin", dtype=np.int32).astype(np.int64)
+        if (lens < 0).any() or int(lens.sum()) != tokens or (offs < 0).any() or (offs + lens > tokens).any():
+            raise CacheError(f"{self.path}: offsets.bin and lengths.bin do not describe {tokens} tokens of "
+                             f"{n} examples. {REBUILD}")
+
     def _check(self, verify: str) -> None:
-        files = self.meta.get("files", {})
+        files = self.meta["files"]
         for name in FILES:
             p = self.path / name
-            if name not in files or not p.is_file():
+            if not p.is_file():
                 raise CacheError(f"{p}: missing cache file. {REBUILD}")
             if p.stat().st_size != files[name]["size"]:
                 raise CacheError(f"{p}: truncated or overwritten ({p.stat().st_size} bytes, "
@@ -196,9 +278,10 @@ class CachedStates:
             want = files[name]["chunks"]
             got = _file_sums(self.path / name)
             for c, s in got.items():
-                if s != want[c]:
+                if c >= len(want) or s != want[c]:
+                    end = min((c + 1) * CHUNK, files[name]["size"])
                     raise CacheError(f"{self.path / name}: corrupt (checksum of bytes "
-                                     f"{c * CHUNK}..{(c + 1) * CHUNK} differs). {REBUILD}")
+                                     f"{c * CHUNK}..{end} differs). {REBUILD}")
 
     def _map(self, name: str, dtype) -> np.ndarray:
         if self.meta["files"][name]["size"] == 0:
@@ -258,26 +341,95 @@ def _clean_partials(root: Path) -> None:
 
 def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
           dtype: str = "float16", progress: bool = True, max_tokens: int = 8192) -> BuildStats:
-    """Extract states for every example and atomically publish `<root>/<key>/`."""
+    """Extract states for every example and atomically publish `<root>/<key>/` (an entry already
+    there is replaced). Callers that may run concurrently hold `build_lock(root, key)`."""
     root.mkdir(parents=True, exist_ok=True)
     _clean_partials(root)
-    tmp = root / f"{key}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f"{key}.partial-{tag}"
+    old = root / f"{key}.partial-{tag}-replaced"  # a replaced entry, removed last
     try:
+        tmp.mkdir()
         stats = _extract_into(tmp, backbone, tokens, DTYPES[dtype], progress, max_tokens)
         meta = dict(fields, dim=backbone.dim, key=key,
                     tokens=stats.tokens, extract_seconds=stats.seconds,
                     created=time.strftime("%Y-%m-%dT%H:%M:%S"))
         meta["files"] = stats.files
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        meta["meta_sha"] = meta_sha(meta)
+        with open(tmp / "meta.json", "w") as f:
+            f.write(json.dumps(meta, indent=1))
+            f.flush()
+            os.fsync(f.fileno())
         final = root / key
         if final.exists():
-            shutil.rmtree(final)
+            os.rename(final, old)
         os.rename(tmp, final)
-    except BaseException:
+    except OSError as e:  # disk full, quota, a read-only or vanished folder
+        raise CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
+                         f"or give --cache-dir a writable folder with room") from None
+    finally:  # on success only `old` is left; on any exception, interrupts included, both go
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        shutil.rmtree(old, ignore_errors=True)
     return stats
+
+
+@contextlib.contextmanager
+def build_lock(root: Path, key: str, log: Callable[[str], None]) -> Iterator[bool]:
+    """Hold the exclusive lock on building `<root>/<key>/` (flock on `<root>/<key>.lock`, released
+    by the kernel if the holder dies); yields whether another process held it first (this one
+    waited, saying so through `log`). The lock file is removed on release; a waiter that then
+    holds a lock on a removed file takes the new one instead. Where flock does not work (no
+    fcntl, a network mount without it) this yields False unlocked."""
+    fd = _acquire(root, key, log) if fcntl is not None else None
+    if fd is None:
+        yield False
+        return
+    fd, waited = fd
+    try:
+        yield waited
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(root / f"{key}.lock")
+        os.close(fd)
+
+
+def _acquire(root: Path, key: str, log: Callable[[str], None]) -> tuple[int, bool] | None:
+    """(locked descriptor of the current `<key>.lock`, whether it had to wait), or None when the
+    file system refuses flock."""
+    lock = root / f"{key}.lock"
+    waited = False
+    while True:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise CacheError(f"{root}: cannot write the feature cache there ({e.strerror or e}); "
+                             f"give --cache-dir a writable folder") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not waited:
+                    log(f"cache: waiting for another process that is building the same entry {root / key}")
+                waited = True
+                fcntl.flock(fd, fcntl.LOCK_EX)  # an interrupt while waiting raises here
+            try:
+                st, cur = os.fstat(fd), os.stat(lock)
+                current = (st.st_ino, st.st_dev) == (cur.st_ino, cur.st_dev)
+            except FileNotFoundError:  # its holder removed it on release: lock the new one
+                current = False
+        except BaseException as e:
+            os.close(fd)
+            if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+                return None  # flock unsupported here (ENOLCK, EOPNOTSUPP...)
+            raise
+        if current:
+            return fd, waited
+        os.close(fd)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _extract_into(folder: Path, backbone: Backbone, tokens: Tokenized, dtype,
@@ -342,13 +494,23 @@ class _Progress:
 
 def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = None,
                  dtype: str = "float16", rebuild: bool = False, progress: bool = True,
-                 verify: str = "full") -> tuple[CachedStates, float]:
+                 verify: str = "full", log: Callable[[str], None] = _stderr) -> tuple[CachedStates, float]:
     """The cache entry for these texts, built if absent. Returns (reader, extraction seconds
-    spent now — 0.0 on a hit). A broken entry raises CacheError unless rebuild=True."""
+    spent now — 0.0 on a hit). A broken entry raises CacheError unless rebuild=True. Another
+    process building the same entry is waited for (one line through `log`), then read."""
     root = Path(root) if root is not None else default_root()
     key, fields = cache_key(backbone, texts, dtype)
     path = root / key
+    expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists() and not rebuild:
-        return CachedStates(path, verify=verify), 0.0
-    stats = build(root, key, fields, backbone, backbone.tokenize(texts), dtype, progress)
-    return CachedStates(path, verify="none"), stats.seconds
+        return CachedStates(path, verify=verify, **expect), 0.0
+    with build_lock(root, key, log) as waited:
+        if path.exists() and (not rebuild or waited):
+            # built meanwhile by the process this one waited for (or, with rebuild, its rebuild)
+            try:
+                return CachedStates(path, verify=verify, **expect), 0.0
+            except CacheError:
+                if not rebuild:
+                    raise
+        stats = build(root, key, fields, backbone, backbone.tokenize(texts), dtype, progress)
+        return CachedStates(path, verify="none", **expect), stats.seconds

@@ -179,12 +179,14 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
 
     from .generation import DecodeOptions, is_generation_data, train_generation
 
+    on_interrupt("the output folder is as it was; cache entries already complete are kept")
     options = _method_options(a.method, rest)
     train_cfg = _given(a, TrainConfig)
     log = lambda s: print(s, flush=True)  # noqa: E731
     if is_generation_data(a.data):
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
-                         a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite)
+                         a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite,
+                         trust_remote_code=a.trust_remote_code)
         return 0
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
@@ -258,6 +260,7 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
 
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
+    on_interrupt("entries finished before it are kept, the one being built was removed; rerun to finish")
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
                     a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty())
@@ -270,6 +273,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
     if a.output.exists() and not a.output.is_dir():
         raise CLIError(f"--output {a.output}: is a file; give a folder for the checkpoint (it is created)")
+    on_interrupt(f"the last complete checkpoint in {a.output} is kept; --resume continues from it")
     pretrain(a.output, a.corpus, _given(a, EncoderConfig), _given(a, PretrainConfig), a.resume, a.text_field,
              log=lambda s: print(s, flush=True))
     return 0
@@ -329,9 +333,13 @@ def _one_line(e: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
+    import os
     import signal
     import threading
 
+    # transformers' per-tensor "Loading weights" bars would bury the one line that matters; our own
+    # progress (extraction, training) is shown instead. Read when transformers is first imported.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from .backbone import BackboneError
     from .cache import CacheError
     from .conv.encoder import ConvError

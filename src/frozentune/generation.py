@@ -143,7 +143,7 @@ class LMFinetuner(LMTuner):
 
     @classmethod
     def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "LMFinetuner":
-        from safetensors.torch import load_file
+        from .model import load_weights
 
         from .registry import make_config
 
@@ -153,7 +153,7 @@ class LMFinetuner(LMTuner):
         if saved and tuner.base_hash != saved:
             raise PrefixError(f"{folder}: was fine-tuned from other base weights than "
                               f"{config['backbone'].get('name')!r} has now; load the same model files")
-        state = {k.removeprefix("lm."): v for k, v in load_file(str(Path(folder) / WEIGHTS)).items()}
+        state = {k.removeprefix("lm."): v for k, v in load_weights(folder).items()}
         missing = set(trainable_names(lm, tuner.top_layers)) - set(state)
         if missing:
             raise PrefixError(f"{folder / WEIGHTS}: lacks {len(missing)} trained tensors (e.g. {sorted(missing)[0]})")
@@ -268,9 +268,23 @@ def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} classifier, not a text generator; "
                           f"it supports {', '.join(model_commands(config))}")
     spec = known_method(config, folder)
+    check_safetensors(folder / WEIGHTS)  # before the LM is loaded: a damaged or foreign file is refused at once
     name = config["backbone"]["name"]
     lm, tok = load_causal_lm(name)
     return spec.generator.load(folder, lm, tok, name), tok, config
+
+
+def check_safetensors(path: Path) -> None:
+    """PrefixError unless `path` is a readable safetensors file (its header is parsed, no tensor is
+    read, no code can run)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except (SafetensorError, OSError) as e:
+        raise PrefixError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())}); "
+                          f"the folder is damaged: train it again") from None
 
 
 def model_commands(config: dict) -> list[str]:
@@ -310,7 +324,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
                      max_train: int | None = None, max_validation: int | None = 200, max_test: int | None = None,
                      decoding: DecodeOptions = DecodeOptions(), log: Callable[[str], None] = print,
-                     overwrite: bool = False) -> dict:
+                     overwrite: bool = False, trust_remote_code: bool = False) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
     import time
@@ -328,7 +342,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     for note in splits.notes:
         log(f"data: {note}")
     lm_name = lm_name or GEN_LM
-    lm, tok = load_causal_lm(lm_name)
+    lm, tok = load_causal_lm(lm_name, trust_remote_code=trust_remote_code)
     torch.manual_seed(cfg_train.seed)
     tuner, cfg = build_tuner(method, options, lm, tok, lm_name)
     device = torch.device(cfg_train.device)

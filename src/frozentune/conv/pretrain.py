@@ -206,10 +206,42 @@ def find_checkpoint(path: Path) -> Path:
 
 def read_checkpoint(path: Path) -> tuple[dict, dict[str, Tensor]]:
     """(config, weights) of the checkpoint at `path` (see find_checkpoint)."""
+    folder = find_checkpoint(path)
+    return json.loads((folder / CONFIG).read_text()), load_weights(folder / WEIGHTS)
+
+
+def load_weights(path: Path, device: str = "cpu") -> dict[str, Tensor]:
+    """The tensors of a checkpoint's model.safetensors (no code can run), or a one-line ConvError."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    folder = find_checkpoint(path)
-    return json.loads((folder / CONFIG).read_text()), load_file(str(folder / WEIGHTS))
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError) as e:
+        raise ConvError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())}); the checkpoint is "
+                        f"damaged: restore it or start a new run") from None
+
+
+def load_optimizer(path: Path, device: torch.device) -> dict:
+    """optimizer.pt as `_save_checkpoint` wrote it: {"optimizer": AdamW state, "torch_rng": tensor},
+    read with torch's weights-only unpickler (tensors and plain containers; anything else, such
+    as a pickle that would call a function, is refused before it runs)."""
+    import pickle
+
+    from ..backbone import refused_pickle
+
+    redo = "restore the checkpoint or start a new run without --resume"
+    try:
+        extra = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConvError(f"{path}: not the optimizer state frozentune writes; torch's weights-only loader refused "
+                        f"it ({refused_pickle(e)}) and nothing in it was run: {redo}") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise ConvError(f"{path}: unreadable ({' '.join(str(e).split())[:200]}): {redo}") from None
+    if not (isinstance(extra, dict) and isinstance(extra.get("optimizer"), dict)
+            and isinstance(extra.get("torch_rng"), Tensor)):
+        raise ConvError(f"{path}: not the optimizer state frozentune writes (expected optimizer and torch_rng): {redo}")
+    return extra
 
 
 def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, config: dict,
@@ -320,8 +352,6 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     `output`. `encoder` (EncoderConfig fields) and `run` (PretrainConfig fields) hold only the
     options set by the caller; with `resume`, the saved run continues and only its budget
     (steps, minutes) and bookkeeping may change. Returns the summary written to result.json."""
-    from safetensors.torch import load_file
-
     from ..backbone import tokenizer_hash
 
     output = Path(output)
@@ -349,10 +379,15 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     step, elapsed, tokens_seen, curve = 0, 0.0, 0, []
     if saved is not None:
         folder = find_checkpoint(output)
-        model.load_state_dict(load_file(str(folder / WEIGHTS), device=str(device)))
-        extra = torch.load(folder / OPTIMIZER, map_location=device, weights_only=True)
-        opt.load_state_dict(extra["optimizer"])
-        torch.set_rng_state(extra["torch_rng"])  # dropout continues as it would have
+        weights = load_weights(folder / WEIGHTS, str(device))
+        extra = load_optimizer(folder / OPTIMIZER, device)
+        try:
+            model.load_state_dict(weights)
+            opt.load_state_dict(extra["optimizer"])
+            torch.set_rng_state(extra["torch_rng"])  # dropout continues as it would have
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise ConvError(f"{folder}: the checkpoint does not fit the run it describes "
+                            f"({' '.join(str(e).split())[:200]}); restore it or start a new run") from None
         step, elapsed, tokens_seen = saved["step"], saved["seconds"], saved["tokens_seen"]
         curve = [json.loads(line) for line in (folder / CURVE).read_text().splitlines() if line.strip()]
         log(f"resuming {output} at step {step} ({elapsed:.0f}s trained)")

@@ -1,0 +1,254 @@
+"""Bad --backbone / --layer input and very long texts, through the CLI (issue 15, backbone rows).
+
+Each case runs `frozentune ...` as a user would (tests/clirun.py: exit status, one error line, no
+traceback), records it under its row of the issue's table, and checks that nothing was written to
+--output or the feature cache. The hub is never contacted: tests/conftest.py sets HF_HUB_OFFLINE,
+and the one test that turns it off makes every DNS lookup fail.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+R_BACKBONE = ("--backbone that is not a folder, not an id, or a folder without weights; "
+              "a decoder-only LM given to a classification method")
+R_LAYER = "--layer 99, --layer -9, --layer a"
+R_HUB = "--backbone with a Hugging Face id that contains /; hub unreachable"
+R_LONG = "a text of 2,000,000 characters"
+
+
+def train(tmp_path: Path, data: Path, backbone, *extra) -> list:
+    return ["train", "--method", "probe", "--data", data, "--backbone", backbone, "--max-length", 16, "--epochs", 1,
+            "--cache-dir", tmp_path / "cache", "--output", tmp_path / "out", "--quiet", *extra]
+
+
+def nothing_written(tmp_path: Path) -> None:
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer Llama causal LM with a word-level tokenizer, saved as a Hugging Face folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from conftest import word_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    tok = word_tokenizer(["what", "is", "the", "a", "?"])
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """HF_HUB_OFFLINE in force whatever the environment says (huggingface_hub reads it at import)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Online mode, but every DNS lookup fails, as on a machine without network."""
+    from huggingface_hub import constants
+
+    def fail(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", fail)
+
+
+# ----------------------------------------------------------------------------- not a backbone
+@pytest.mark.parametrize("backbone", ["no/such/thing/x", "./missing", "a name with spaces", "../up/../x"])
+def test_not_a_folder_and_not_an_id(backbone, trec_slice, tmp_path):
+    t0 = time.perf_counter()
+    cli(*train(tmp_path, trec_slice, backbone), row=R_BACKBONE,
+        contains=(f"not a folder (folder {backbone} does not exist) and not a Hugging Face id", "org/name",
+                  "alias (minilm)"))
+    assert time.perf_counter() - t0 < 5
+    nothing_written(tmp_path)
+
+
+def test_folder_without_weights_or_config(tiny_bert, trec_slice, tmp_path):
+    no_weights = tmp_path / "no_weights"
+    shutil.copytree(tiny_bert, no_weights)
+    (no_weights / "model.safetensors").unlink()
+    cli(*train(tmp_path, trec_slice, no_weights), contains=("has config.json but no weights", "model.safetensors"),
+        row=R_BACKBONE)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cli(*train(tmp_path, trec_slice, empty), contains=("has no config.json", "Hugging Face model folder"), row=R_BACKBONE)
+    cli("cache", trec_slice, "--backbone", no_weights / "config.json", "--cache-dir", tmp_path / "cache",
+        contains=("is a file", "give the folder"), row=R_BACKBONE)
+    nothing_written(tmp_path)
+
+
+def test_decoder_only_lm_to_a_classification_method(tiny_llama, trec_slice, tmp_path):
+    a = cli(*train(tmp_path, trec_slice, tiny_llama), row=R_BACKBONE,
+            contains=("causal (decoder-only) language model (llama)", "need an encoder (BERT-like",
+                      "--method prefix or finetune with --data e2e"))
+    assert str(tiny_llama) in a.message
+    cli(*train(tmp_path, trec_slice, "smollm2-135m"), contains="causal (decoder-only) language model", row=R_BACKBONE)
+    nothing_written(tmp_path)
+
+
+# ----------------------------------------------------------------------------- --layer
+@pytest.mark.parametrize("layer", ["99", "-9"])
+def test_layer_out_of_range_names_the_valid_range(layer, tiny_bert, trec_slice, tmp_path):
+    cli(*train(tmp_path, trec_slice, tiny_bert, f"--layer={layer}"), row=R_LAYER,
+        contains=(f"layer {layer} out of range", f"({tiny_bert.name}, 2 layers)", "hidden states 0..2",
+                  "0 = embeddings, -1 = last", "give an index in -3..2"))
+    cli("cache", trec_slice, "--backbone", tiny_bert, f"--layer={layer}", "--cache-dir", tmp_path / "cache",
+        contains="give an index in -3..2", row=R_LAYER)
+    nothing_written(tmp_path)
+
+
+def test_layer_that_is_not_a_number(tiny_bert, trec_slice, tmp_path):
+    cli(*train(tmp_path, trec_slice, tiny_bert, "--layer", "a"), row=R_LAYER,
+        contains=("layer 'a'", "0 = embeddings, -1 = last layer", "e.g. -1 or -1,-2"))
+    nothing_written(tmp_path)
+
+
+def test_layer_range_is_checked_when_the_backbone_is_built(tiny_bert):
+    from frozentune.backbone import Backbone, BackboneError, LayerSpec
+
+    with pytest.raises(BackboneError, match=r"layer 3 out of range.*-3\.\.2"):
+        Backbone.load(str(tiny_bert), LayerSpec((-1, 3)), 16)  # no text encoded yet
+    for ok in (-3, 0, 2):
+        assert Backbone.load(str(tiny_bert), LayerSpec((ok,)), 16).layers.layers == (ok,)
+
+
+# ----------------------------------------------------------------------------- hub ids, no network
+@pytest.mark.parametrize("backbone", ["sentence-transformers/all-MiniLM-L6-v2", "bert-base-uncased"])
+def test_hub_id_offline_fails_fast_in_one_line(backbone, offline, trec_slice, tmp_path):
+    t0 = time.perf_counter()
+    cli(*train(tmp_path, trec_slice, backbone), row=R_HUB,
+        contains=(f"backbone {backbone!r}", "not in the local Hugging Face cache", "hub is unreachable",
+                  "HF_HUB_OFFLINE", "give a local folder"))
+    assert time.perf_counter() - t0 < 5
+    nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("backbone", ["sentence-transformers/all-MiniLM-L6-v2", "bert-base-uncased"])
+def test_hub_id_without_network_fails_fast_in_one_line(backbone, no_network, trec_slice, tmp_path):
+    """Not flagged offline, no connection: one quick check instead of huggingface_hub's ~50 s of retries."""
+    t0 = time.perf_counter()
+    cli("cache", trec_slice, "--backbone", backbone, "--cache-dir", tmp_path / "cache", row=R_HUB,
+        contains=("not in the local Hugging Face cache", "hub is unreachable", "no answer from", "ConnectError"))
+    assert time.perf_counter() - t0 < 5
+    nothing_written(tmp_path)
+
+
+def test_causal_lm_hub_id_fails_fast_too(no_network):
+    from frozentune.backbone import BackboneError, load_causal_lm
+
+    t0 = time.perf_counter()
+    with pytest.raises(BackboneError, match=r"language model 'HuggingFaceTB/SmolLM2-135M': .*hub is unreachable"):
+        load_causal_lm("HuggingFaceTB/SmolLM2-135M")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_hub_id_in_the_local_cache_loads_offline(tiny_bert, offline, monkeypatch, tmp_path):
+    """An org/name id is tried as an id (not refused as a missing folder) and read from the
+    Hugging Face cache when the hub cannot be reached."""
+    from huggingface_hub import constants
+
+    from frozentune.backbone import Backbone
+
+    cache, sha = tmp_path / "hub", "0" * 40
+    repo = cache / "models--acme--tiny-bert"
+    shutil.copytree(tiny_bert, repo / "snapshots" / sha)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)  # no folder acme/tiny-bert here
+    bb = Backbone.load("acme/tiny-bert", max_length=16)
+    assert bb.weights_hash == Backbone.load(str(tiny_bert), max_length=16).weights_hash
+
+
+# ----------------------------------------------------------------------------- long texts
+def test_long_texts_tokenize_as_if_whole(tiny_bert):
+    """Cutting overlong texts by characters first changes no token: ordinary texts, texts just
+    over the budget, whitespace runs, one long word, CJK; several max_lengths."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from frozentune.backbone import CHARS_PER_TOKEN, tokenize
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    rng = random.Random(0)
+    words = ["what", "is", "the", "capital", "of", "Australia", "?", "un-believably", "naïve", "日本語", "😀", "x" * 150,
+             "...", "'s"]
+    seps = [" ", " ", "  ", "\n", "\t", ""]
+
+    def text(n: int) -> str:
+        out = []
+        while sum(map(len, out)) < n:
+            out += [rng.choice(words), rng.choice(seps)]
+        return "".join(out)[:n]
+
+    for max_length in (4, 16, 64):
+        budget = CHARS_PER_TOKEN * max_length
+        texts = [text(rng.choice([5, 60, budget - 1, budget + 1, 3 * budget])) for _ in range(100)]
+        texts += [text(40 * budget) for _ in range(3)]
+        texts += ["", "z" * (3 * budget), "y " * (3 * budget), " " * (3 * budget) + "end", "日本語" * budget]
+        got = tokenize(tok, texts, max_length)
+        whole = tok(texts, truncation=True, max_length=max_length)["input_ids"]
+        assert [x.tolist() for x in got.ids] == whole
+        assert got.precut > 0 and got.at_limit >= got.precut
+        assert got.at_limit == sum(len(x) == max_length for x in whole)
+
+
+def test_a_text_of_two_million_characters_is_cut_fast(tiny_bert):
+    from frozentune.backbone import Backbone
+
+    bb = Backbone.load(str(tiny_bert), max_length=128)
+    long = ("What is the population of the largest city in Australia ? " * 40_000)[:2_000_000]
+    for text in (long, "z" * 2_000_000):  # words, and one word with no whitespace at all ([UNK] for WordPiece)
+        t0 = time.perf_counter()
+        got = bb.tokenize([text, "short one"])
+        assert time.perf_counter() - t0 < 1.0
+        assert got.precut == 1 and len(got.ids[0]) == (128 if text is long else 3)
+    assert len(bb.tokenize([long]).ids[0]) == 128
+    assert bb.tokenize([long]).ids[0].tolist() == bb.tok(long[:20_000], truncation=True, max_length=128)["input_ids"]
+    tokens, views = bb.tokenize_with_views([long])
+    assert tokens.ids[0].tolist() == bb.tokenize([long]).ids[0].tolist() and views[0].text is long
+    assert bb.tokenized == {"texts": 8, "at_limit": 5, "precut": 6}
+    assert bb.truncation_note() == ("5 of 8 texts reached --max-length 128 tokens; longer ones were truncated to it; "
+                                    "6 texts over 4,096 characters were tokenized from a leading part only (the same "
+                                    "first tokens, without tokenizing them whole)")
+
+
+def test_cache_command_on_a_text_of_two_million_characters(tiny_bert, tmp_path):
+    data = tmp_path / "long.jsonl"
+    text = ("How far is it from Denver to Aspen ? " * 60_000)[:2_000_000]
+    rows = [{"text": text, "label": "NUM"}, {"text": "Who wrote Hamlet ?", "label": "HUM"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    t0 = time.perf_counter()
+    a = cli("cache", data, "--backbone", tiny_bert, "--max-length", 32, "--cache-dir", tmp_path / "cache", "--quiet",
+            code=0, row=R_LONG)
+    assert time.perf_counter() - t0 < 30
+    assert "train: 2 examples" in a.out
+    from transformers import AutoTokenizer
+
+    from frozentune.cache import CachedStates
+
+    short = len(AutoTokenizer.from_pretrained(str(tiny_bert))(rows[1]["text"])["input_ids"])
+    entry = next(p for p in (tmp_path / "cache").iterdir() if (p / "meta.json").is_file())
+    assert sorted(CachedStates(entry).lengths.tolist()) == [short, 32]

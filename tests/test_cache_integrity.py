@@ -1,0 +1,208 @@
+"""Damaged, edited or swapped feature-cache entries through the CLI.
+
+Each case builds entries with `frozentune cache` (tiny BERT, a TREC slice), damages one the way
+a user, a disk or a sync tool might, and runs `frozentune cache` / `frozentune train` again: exit
+status 2, one line naming the entry and the way out (--rebuild-cache), no traceback, never states
+read silently; nothing half-written is left and --rebuild-cache then fixes it. `row=` texts are
+the rows of the issue's table (tests/clirun.py records them for REPORT.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clirun import cli
+from frozentune.cache import CachedStates, meta_sha
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+R_DAMAGED = "a cache entry truncated, a shard file deleted, meta.json edited"
+R_SWAPPED = "a cache entry whose files were replaced by another entry's; dim or dtype edited in meta.json"
+
+
+def cache_args(data: Path, tiny_bert: Path, root: Path, *extra) -> list:
+    return ["cache", data, "--backbone", tiny_bert, "--cache-dir", root, "--max-length", 32, "--quiet", *extra]
+
+
+def train_args(data: Path, tiny_bert: Path, root: Path, output: Path, *extra) -> list:
+    return ["train", "--method", "probe", "--data", data, "--backbone", tiny_bert, "--cache-dir", root,
+            "--max-length", 32, "--epochs", 1, "--output", output, "--quiet", *extra]
+
+
+def entries(trec_slice: Path, tiny_bert: Path, root: Path) -> dict[str, Path]:
+    """Build the train and test entries; {split: entry folder}."""
+    out = cli(*cache_args(trec_slice, tiny_bert, root), code=0).out
+    return {m[1]: Path(m[2]) for m in re.finditer(r"^(\w+): \d+ examples, [\d,]+ tokens → (\S+)", out, re.M)}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def leftovers(root: Path) -> list[str]:
+    """Anything in the cache folder besides complete entries: partial folders, lock files."""
+    return sorted(p.name for p in root.iterdir() if ".partial-" in p.name or p.suffix == ".lock")
+
+
+def rewrite_meta(entry: Path, consistent: bool = False, **changes) -> None:
+    """Edit meta.json; consistent=True also recomputes its checksum (a wrong but self-consistent
+    entry: what the deeper checks are for)."""
+    meta = json.loads((entry / "meta.json").read_text())
+    meta.update(changes)
+    if consistent:
+        meta["meta_sha"] = meta_sha(meta)
+    (entry / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def rebuild_fixes_it(trec_slice: Path, tiny_bert: Path, root: Path, entry: Path) -> None:
+    cli(*cache_args(trec_slice, tiny_bert, root, "--rebuild-cache"), code=0)
+    CachedStates(entry)  # complete and verified again
+    assert leftovers(root) == []
+
+
+def assert_refused(argv: list, root: Path, entry: Path, contains: tuple[str, ...], row: str) -> str:
+    """The command fails with one line naming the entry and --rebuild-cache; the cache folder is
+    exactly as it was (nothing rebuilt behind the user's back, nothing half-written)."""
+    before = tree(root)
+    answer = cli(*argv, code=2, contains=(str(entry.name), "--rebuild-cache", *contains), row=row)
+    assert tree(root) == before and leftovers(root) == []
+    return answer.message
+
+
+# ---- truncated, deleted, edited -----------------------------------------------------------------
+
+@pytest.mark.parametrize("damage,contains", [
+    ("truncate-states", ("states.bin", "truncated")),
+    ("truncate-offsets", ("offsets.bin", "truncated")),
+    ("delete-ids", ("ids.bin", "missing cache file")),
+    ("delete-lengths", ("lengths.bin", "missing cache file")),
+    ("flip-byte-states", ("states.bin", "corrupt")),
+    ("delete-meta", ("no meta.json",)),
+])
+def test_damaged_entry_is_refused_then_rebuilt(tiny_bert, trec_slice, tmp_path, damage, contains):
+    root = tmp_path / "cache"
+    entry = entries(trec_slice, tiny_bert, root)["train"]
+    what, name = damage.rsplit("-", 1)
+    path = entry / ("meta.json" if name == "meta" else f"{name}.bin")
+    if what == "truncate":
+        path.write_bytes(path.read_bytes()[:-3])
+    elif what == "delete":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 3] ^= 0x40
+        path.write_bytes(bytes(data))
+    assert_refused(cache_args(trec_slice, tiny_bert, root), root, entry, contains, R_DAMAGED)
+    rebuild_fixes_it(trec_slice, tiny_bert, root, entry)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n", lambda m: m["n"] - 1), ("dim", lambda m: m["dim"] * 2), ("dtype", lambda m: "float32"),
+    ("tokens", lambda m: m["tokens"] - 7), ("key", lambda m: "0" * 32),
+    ("files", lambda m: {**m["files"], "states.bin": {**m["files"]["states.bin"], "size": 0}}),
+    ("created", lambda m: "1999-01-01T00:00:00"), ("meta_sha", lambda m: None),
+])
+def test_edited_meta_is_refused(tiny_bert, trec_slice, tmp_path, field, value):
+    """Any edit of meta.json, in any field, is found (its own checksum), before any state is read."""
+    root = tmp_path / "cache"
+    entry = entries(trec_slice, tiny_bert, root)["train"]
+    meta = json.loads((entry / "meta.json").read_text())
+    rewrite_meta(entry, **{field: value(meta)})
+    assert_refused(cache_args(trec_slice, tiny_bert, root), root, entry,
+                   ("meta.json", "edited or corrupt"), R_DAMAGED)
+    if field == "dim":  # the same through train: no output folder is made
+        out = tmp_path / "model"
+        assert_refused(train_args(trec_slice, tiny_bert, root, out), root, entry, ("edited",), R_SWAPPED)
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+    rebuild_fixes_it(trec_slice, tiny_bert, root, entry)
+
+
+# ---- files of another entry; self-consistent but wrong metadata ---------------------------------
+
+def test_entry_replaced_by_another_entrys_files(tiny_bert, trec_slice, tmp_path):
+    """A sync tool or a hand copy put the test entry's files into the train entry's folder:
+    refused by key (the entry says whose it is), not trained on."""
+    root = tmp_path / "cache"
+    got = entries(trec_slice, tiny_bert, root)
+    train, test = got["train"], got["test"]
+    for f in test.iterdir():
+        shutil.copy2(f, train / f.name)
+    msg = assert_refused(cache_args(trec_slice, tiny_bert, root), root, train,
+                         ("holds the files of another cache entry", test.name), R_SWAPPED)
+    out = tmp_path / "model"
+    assert_refused(train_args(trec_slice, tiny_bert, root, out), root, train, ("another cache entry",), R_SWAPPED)
+    assert not out.exists()
+    # the whole folder renamed onto another key: the same
+    shutil.rmtree(train)
+    test.rename(train)
+    assert_refused(cache_args(trec_slice, tiny_bert, root, "--splits", "train"), root, train,
+                   ("another cache entry",), R_SWAPPED)
+    assert msg
+
+
+def test_entry_bins_replaced_without_meta(tiny_bert, trec_slice, tmp_path):
+    """Only the .bin files copied over: their sizes or checksums give them away."""
+    root = tmp_path / "cache"
+    got = entries(trec_slice, tiny_bert, root)
+    for name in ("states.bin", "ids.bin", "offsets.bin", "lengths.bin"):
+        shutil.copy2(got["test"] / name, got["train"] / name)
+    assert_refused(cache_args(trec_slice, tiny_bert, root), root, got["train"], ("truncated or overwritten",), R_SWAPPED)
+
+
+@pytest.mark.parametrize("field,value,contains", [
+    ("dim", 64, ("dimension 64", "backbone's is 32")),
+    ("dtype", "float32", ("float32 states", "float16 was asked for")),
+    ("n", 119, ("holds 119 examples", "120 texts")),
+    ("tokens", None, ("states.bin", "tokens", "need")),
+])
+def test_consistent_but_wrong_meta(tiny_bert, trec_slice, tmp_path, field, value, contains):
+    """meta.json rewritten with a matching checksum (a buggy writer, a deliberate edit): what it
+    says is still checked against what was asked for and against the files' sizes."""
+    root = tmp_path / "cache"
+    entry = entries(trec_slice, tiny_bert, root)["train"]
+    meta = json.loads((entry / "meta.json").read_text())
+    rewrite_meta(entry, consistent=True, **{field: meta["tokens"] + 1 if value is None else value})
+    assert_refused(cache_args(trec_slice, tiny_bert, root), root, entry, contains, R_SWAPPED)
+    rebuild_fixes_it(trec_slice, tiny_bert, root, entry)
+
+
+def test_ragged_index_out_of_range(tiny_bert, trec_slice, tmp_path):
+    """offsets.bin pointing past the states (checksums and meta recomputed to match): refused."""
+    root = tmp_path / "cache"
+    entry = entries(trec_slice, tiny_bert, root)["train"]
+    offsets = np.fromfile(entry / "offsets.bin", dtype=np.int64)
+    offsets[5] += 10 ** 6
+    offsets.tofile(entry / "offsets.bin")
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["files"]["offsets.bin"]["chunks"] = [hashlib.blake2b(offsets.tobytes(), digest_size=16).hexdigest()]
+    rewrite_meta(entry, consistent=True, files=meta["files"])
+    assert_refused(cache_args(trec_slice, tiny_bert, root), root, entry,
+                   ("do not describe",), R_SWAPPED)
+
+
+def test_disk_full_mid_extraction(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """The disk fills while states are written: one line naming the cache folder and the way
+    out, and the partial entry is removed (the space it took is given back)."""
+    import errno
+
+    import frozentune.cache as C
+
+    real = C._ChunkedWriter.write
+    calls = []
+
+    def fills_up(self, data):
+        calls.append(1)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(C._ChunkedWriter, "write", fills_up)
+    root = tmp_path / "cache"
+    cli(*cache_args(trec_slice, tiny_bert, root), code=2, contains=(str(root), "No space left on device", "--cache-dir"))
+    assert list(root.iterdir()) == []

@@ -1,0 +1,186 @@
+"""Ctrl-C, SIGTERM and a second process, against `frozentune cache` and `frozentune train`.
+
+Each case runs the CLI as a child process on a dataset large enough for the tiny BERT to be
+caught mid-extraction (a few thousand 128-token texts), signals it once extraction has started
+(a `.partial-*` folder exists), and checks: exit 130 / 143 with one line, no traceback, no
+partial folder and no half entry left, the user's output folder as it was; then a rerun
+finishes and its entry reads back whole. `row=` texts are the rows of the issue's table.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import _record, cli, finish, start
+from frozentune.cache import CachedStates
+
+R_SIGNAL = "Ctrl-C (SIGINT) and SIGTERM during frozentune cache imdb and during train"
+R_TWO = "two frozentune cache of the same entry at the same time"
+N_TEXTS = 4000  # × 128 tokens: 1.5-3 s of extraction with the tiny BERT on two cores
+CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # children too: two threads each on two shared cores crawl
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    """A folder with train.jsonl only: N_TEXTS reviews of 150 words (cut to 128 tokens)."""
+    folder = tmp_path_factory.mktemp("big")
+    rng = random.Random(0)
+    words = ("the a film movie actor plot story good bad great awful scene music long short dull "
+             "exciting director script cast ending camera").split()
+    with open(folder / "train.jsonl", "w") as f:
+        for i in range(N_TEXTS):
+            text = " ".join(rng.choice(words) for _ in range(150))
+            f.write(json.dumps({"text": f"{i} {text}", "label": ("neg", "pos")[i % 2]}) + "\n")
+    return folder
+
+
+def cache_argv(data: Path, bert: Path, root: Path) -> list:
+    return ["cache", data, "--backbone", bert, "--cache-dir", root, "--max-length", 128, "--quiet"]
+
+
+def train_argv(data: Path, bert: Path, root: Path, output: Path, epochs: int = 1) -> list:
+    return ["train", "--method", "probe", "--data", data, "--backbone", bert, "--cache-dir", root,
+            "--max-length", 128, "--epochs", epochs, "--patience", 0, "--output", output, "--quiet"]
+
+
+@contextlib.contextmanager
+def sigint_reaches_children():
+    """A child inherits an ignored SIGINT (a test run started in the background has one) and
+    Python then never raises KeyboardInterrupt; with a handler installed here, exec resets it
+    to the default and the child's Python installs its own."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def launch(argv: list):
+    with sigint_reaches_children():
+        return start(*argv, env=ONE_THREAD)
+
+
+def partials(root: Path) -> list[Path]:
+    return sorted(root.glob("*.partial-*")) if root.exists() else []
+
+
+def wait_for(proc, ready, what: str, timeout: float = 60) -> None:
+    """Poll until ready(), failing if the child ends first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the command ended (exit {proc.returncode}) before {what}:\n{out}\n{err}")
+        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
+        time.sleep(0.01)
+
+
+def interrupt(proc, argv: list, sig: int) -> str:
+    proc.send_signal(sig)
+    t_sent = time.monotonic()
+    answer = finish(proc, [str(a) for a in argv], code=CODES[sig],
+                    contains=f"interrupted by {signal.Signals(sig).name}", row=R_SIGNAL, timeout=60)
+    took = time.monotonic() - t_sent
+    assert took < 10, f"took {took:.1f}s to stop after the signal"
+    return answer.message
+
+
+def whole_entry(root: Path, n: int) -> Path:
+    """The only thing in root: one complete entry of n examples that verifies in full."""
+    names = sorted(p.name for p in root.iterdir())
+    assert len(names) == 1 and re.fullmatch(r"[0-9a-f]{32}", names[0]), names
+    entry = CachedStates(root / names[0])
+    assert entry.n == n and entry.meta["tokens"] == n * 128
+    return entry.path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cache_interrupted_leaves_nothing_then_reruns(tiny_bert, big, tmp_path, sig):
+    root = tmp_path / "cache"
+    argv = cache_argv(big, tiny_bert, root)
+    proc = launch(argv)
+    wait_for(proc, lambda: partials(root), "extraction started")
+    interrupt(proc, argv, sig)
+    assert list(root.iterdir()) == [], "a partial folder, an entry or a lock file was left behind"
+    cli(*argv, code=0)  # the rerun builds the entry from scratch
+    whole_entry(root, N_TEXTS)
+
+
+def test_train_interrupted_during_extraction(tiny_bert, big, tmp_path):
+    """Ctrl-C while train builds its cache entry: no entry, no output folder, no staging folder
+    beside it, the user's files untouched; the rerun trains."""
+    root, output = tmp_path / "cache", tmp_path / "runs" / "model"
+    mine = tmp_path / "runs" / "notes.txt"
+    mine.parent.mkdir()
+    mine.write_text("my notes\n")
+    argv = train_argv(big, tiny_bert, root, output)
+    proc = launch(argv)
+    wait_for(proc, lambda: partials(root), "extraction started")
+    interrupt(proc, argv, signal.SIGINT)
+    assert list(root.iterdir()) == []
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["notes.txt"]
+    assert mine.read_text() == "my notes\n"
+    cli(*argv, code=0)
+    assert (output / "result.json").is_file()
+    whole_entry(root, N_TEXTS)
+
+
+def test_train_interrupted_during_epochs_keeps_output_as_it_was(tiny_bert, big, tmp_path):
+    """SIGTERM after extraction, while training: the finished cache entry is kept (whole), the
+    output folder (here: an empty one the user made) is untouched."""
+    root, output = tmp_path / "cache", tmp_path / "model"
+    output.mkdir()
+    argv = train_argv(big, tiny_bert, root, output, epochs=500)
+    proc = launch(argv)
+    lines = []
+
+    def training() -> bool:
+        lines.append(proc.stdout.readline())
+        return "trainable parameters" in lines[-1]
+
+    wait_for(proc, training, "training started", timeout=120)
+    interrupt(proc, argv, signal.SIGTERM)
+    assert list(output.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cache", "model"]
+    whole_entry(root, N_TEXTS)
+
+
+def test_two_caches_of_one_entry_at_once(tiny_bert, big, tmp_path):
+    """The second waits for the first (saying so), then reads the entry the first built."""
+    root = tmp_path / "cache"
+    argv = cache_argv(big, tiny_bert, root)
+    procs = [launch(argv), launch(argv)]
+    answers = [finish(p, [str(a) for a in argv], code=0) for p in procs]
+    built = [a for a in answers if "tok/s" in a.out]
+    cached = [a for a in answers if "(cached)" in a.out]
+    assert len(built) == 1 and len(cached) == 1, [a.out for a in answers]
+    assert "waiting for another process that is building the same entry" in cached[0].err
+    _record(R_TWO, [str(a) for a in argv], cached[0])  # the table shows the one that waited
+    path = whole_entry(root, N_TEXTS)
+    assert all(str(path) in a.out for a in answers)
+
+
+def test_stale_lock_file_does_not_block(tiny_bert, trec_slice, tmp_path):
+    """A lock file left by a killed process (the kernel released its flock) is taken over and
+    removed; nothing waits."""
+    from frozentune.backbone import Backbone
+    from frozentune.cache import cache_key
+    from frozentune.data import read_split
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    bb = Backbone.load(str(tiny_bert), max_length=32)
+    key = cache_key(bb, read_split(trec_slice / "train.jsonl", "text", "label").texts)[0]
+    (root / f"{key}.lock").write_text("")
+    answer = cli("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--max-length", 32,
+                 "--splits", "train", "--quiet", code=0)
+    assert "waiting" not in answer.err and [p.name for p in root.iterdir()] == [key]
