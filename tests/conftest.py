@@ -5,13 +5,75 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(2)
+# two intra-op threads on a shared machine, unless OMP_NUM_THREADS chooses (torch read it already), so
+# that OMP_NUM_THREADS=1 make test really runs the single-thread kernels (another summation order)
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(2)
+
+# A feature cache (and the converted SmolLM2 folder) of this session only, removed at its end: nothing
+# from an earlier run, or ~/.cache/frozentune, is reused, and nothing is left for the next run. Set at
+# import so every fixture, CLI call and subprocess (they inherit the environment) sees it. The owner
+# variable makes a second import of this file, or a child process, reuse it rather than make (and leak) another.
+_OWNER = "FROZENTUNE_TESTS_CACHE_OWNER"
+if _OWNER not in os.environ:
+    os.environ["FROZENTUNE_CACHE"] = tempfile.mkdtemp(prefix="frozentune-tests-")
+    os.environ[_OWNER] = str(os.getpid())
+SESSION_CACHE = os.environ["FROZENTUNE_CACHE"]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get(_OWNER) == str(os.getpid()):  # the process that made it removes it (not a nested run)
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+
+
+# CPU features that change which kernels torch, MKL and oneDNN run (and so the rounding of float32
+# results; no test uses bfloat16, VNNI or AMX arithmetic, and float16 only as the cache's storage format)
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+KERNEL_ENV = ("OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
+def cpu_info() -> tuple[str, set[str]]:
+    """(model name, flags) from /proc/cpuinfo; (platform.processor(), empty) where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine(), set()
+    first = text.split("\n\n", 1)[0]  # the first processor's block
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+    return fields.get("model name", platform.machine()), set(fields.get("flags", "").split())
+
+
+def pytest_report_header(config):
+    return header_lines()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.get_verbosity() < 0:  # -q (make test) hides the header: say it at the end instead
+        for line in header_lines():
+            terminalreporter.write_line(line)
+
+
+def header_lines() -> list[str]:
+    """Which CPU, kernels and threads this run used: the rounding of float32 results depends on them."""
+    model, flags = cpu_info()
+    present = [f for f in CPU_FLAGS if f in flags]
+    env = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if k in os.environ]
+    return [f"cpu: {model}; {os.cpu_count()} logical cores; flags: {' '.join(present) or '(unknown)'}",
+            f"torch {torch.__version__}: cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} intra-op threads (one_thread modules: 1), "
+            f"mkl {torch.backends.mkl.is_available()}, mkldnn {torch.backends.mkldnn.is_available()}"
+            + (f"; {' '.join(env)}" if env else ""),
+            f"FROZENTUNE_CACHE={SESSION_CACHE} (this session's own, removed at its end)"]
 
 
 def make_tiny_bert(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:

@@ -15,6 +15,7 @@ from frozentune.conv.pretrain import IGNORE, find_checkpoint, mask_tokens, pretr
 from frozentune.data import DataError
 from frozentune.registry import MethodError, get_method, make_config
 from frozentune.train import predict_logits
+from numerics import ACTIVATION, assert_close, attention, dot, exact, ffn_block, linear, noise, norm, softmax
 
 TINY = {"layers": 2, "dim": 16, "heads": 2, "kernel_size": 3, "ffn_dim": 32, "dropout": 0.0}
 
@@ -22,6 +23,20 @@ TINY = {"layers": 2, "dim": 16, "heads": 2, "kernel_size": 3, "ffn_dim": 32, "dr
 def tiny_encoder(arch: str, seed: int = 0, **over) -> Encoder:
     torch.manual_seed(seed)
     return Encoder(EncoderConfig(**{**TINY, "arch": arch, **over}, max_length=64), vocab_size=100).eval()
+
+
+def conv_ops(c: int, k: int) -> int:
+    """One convolution output over c channels, k taps: the longest chain is DynamicConv's (predict
+    the kernel from c inputs, softmax over k, sum of k taps); LightConv and DilatedConv do less."""
+    return linear(c) + softmax(k) + dot(k)
+
+
+def encoder_ops(c: EncoderConfig, tokens: int) -> int:
+    """One Encoder forward: token + position embedding, then per layer the mixer (GLU in, the
+    convolution or attention over `tokens`, projection out), its norm and residual, the FFN block; final norm."""
+    inner = attention(tokens, c.dim // c.heads) if c.arch == "transformer" else conv_ops(c.dim, c.kernel_size)
+    mixer = linear(c.dim) + ACTIVATION + inner + linear(c.dim)
+    return 1 + c.layers * (mixer + norm(c.dim) + 1 + ffn_block(c.dim, c.ffn_dim)) + norm(c.dim)
 
 
 def padded_input(B=2, T=9, C=8, seed=0):
@@ -40,12 +55,15 @@ def test_fast_equals_reference_values_and_gradients(conv):
     params = [p for p in conv.parameters()]
     fast, ref = conv(x, mask), conv.reference(x, mask)
     assert fast.shape == x.shape
-    torch.testing.assert_close(fast, ref, atol=1e-6, rtol=1e-5)
+    B, T, C = x.shape
+    k = conv.kernel_size
+    assert_close(fast, ref, ops=conv_ops(C, k), what="values")  # conv1d / shifted sums vs loops: another order
     up = torch.randn_like(fast)  # an arbitrary upstream gradient
     g_fast = torch.autograd.grad((fast * up).sum(), [x, *params])
     g_ref = torch.autograd.grad((ref * up).sum(), [x, *params])
-    for a, b in zip(g_fast, g_ref):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # backward: through the forward chain, then a parameter's gradient sums over all B·T·C uses
+    for name, a, b in zip(["x", *(n for n, _ in conv.named_parameters())], g_fast, g_ref):
+        assert_close(a, b, ops=conv_ops(C, k) + softmax(k) + dot(B * T * C), what=f"gradient of {name}")
 
 
 def test_softmax_kernels_sum_to_one():
@@ -53,10 +71,10 @@ def test_softmax_kernels_sum_to_one():
     x, _ = padded_input()
     w = light.kernel()
     assert w.shape == (2, 5) and (w > 0).all()
-    torch.testing.assert_close(w.sum(-1), torch.ones(2))
+    assert_close(w.sum(-1), torch.ones(2), ops=softmax(5) + dot(5))
     wd = dyn.kernel(x)
     assert wd.shape == (2, 9, 2, 5) and (wd > 0).all()
-    torch.testing.assert_close(wd.sum(-1), torch.ones(2, 9, 2))
+    assert_close(wd.sum(-1), torch.ones(2, 9, 2), ops=linear(8) + softmax(5) + dot(5))
 
 
 def test_padding_is_zeroed_before_the_convolution():
@@ -65,7 +83,8 @@ def test_padding_is_zeroed_before_the_convolution():
         x, mask = padded_input()
         dirty = x.detach().masked_fill(~mask[..., None], 1e6)
         real = mask[..., None].expand_as(x)
-        torch.testing.assert_close(conv(dirty, mask)[real], conv(x.detach(), mask)[real])
+        exact(conv(dirty, mask)[real], conv(x.detach(), mask)[real],
+              "padding is zeroed first: the convolution gets identical inputs, same kernel")
 
 
 # ----------------------------------------------------------------------------- the encoder
@@ -83,8 +102,11 @@ def test_change_reaches_only_the_receptive_field(arch, over):
     with torch.no_grad():
         diff = (enc(ids, mask) - enc(changed, mask)).abs().amax(-1)[0]  # (T,)
     dist = (torch.arange(T) - t).abs()
-    assert (diff[dist > R] < 1e-6).all(), f"{arch}: positions beyond {R} changed: {diff[dist > R]}"
-    assert (diff[dist <= R] > 1e-5).all(), f"{arch}: positions within {R} did not all change: {diff[dist <= R]}"
+    # exact both ways: a position the change cannot reach computes the same kernels (same shapes) on
+    # identical inputs, so it is bitwise unchanged; a reached one moves by a real amount (≥ 1.5e-4 here,
+    # ~600 ulps), so an exact 0 inside R means a dead tap and any difference beyond R a leak
+    assert (diff[dist > R] == 0).all(), f"{arch}: positions beyond {R} changed: {diff[dist > R]}"
+    assert (diff[dist <= R] > 0).all(), f"{arch}: positions within {R} did not all change: {diff[dist <= R]}"
 
 
 def test_transformer_reaches_everywhere():
@@ -95,8 +117,9 @@ def test_transformer_reaches_everywhere():
     changed[0, 0] = 4 if ids[0, 0] != 4 else 3
     mask = torch.ones(1, 30, dtype=torch.bool)
     with torch.no_grad():
-        diff = (enc(ids, mask) - enc(changed, mask)).abs().amax(-1)[0]
-    assert (diff > 1e-6).all()
+        out = enc(ids, mask)
+        diff = (out - enc(changed, mask)).abs().amax(-1)[0]
+    assert (diff > noise(out, ops=encoder_ops(enc.config, 30))).all()  # every position changed beyond rounding
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -110,7 +133,7 @@ def test_padding_does_not_change_real_positions(arch):
         batch = torch.stack([torch.cat([short, junk]), long_])
         mask = torch.tensor([[True] * 7 + [False] * 5, [True] * 12])
         together = enc(batch, mask)[0, :7]
-    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+    assert_close(together, alone, ops=encoder_ops(enc.config, 12))  # batch of 2 vs 1, T 12 vs 7: other blocking
 
 
 def test_parameter_counts_within_five_percent():
@@ -149,12 +172,14 @@ def test_mlm_masking_follows_80_10_10():
     inputs, labels = mask_tokens(ids, eligible, mask_id, replace, 0.15, g)
     chosen = labels != IGNORE
     assert not chosen[~eligible].any(), "a special or padding token was chosen"
-    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
+    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])  # integer ids
     n = int(chosen.sum())
+    # sampling, not rounding (seeded, so deterministic): ~1.5e5 eligible tokens, σ ≈ 9e-4, abs = 5σ
     assert n / int(eligible.sum()) == pytest.approx(0.15, abs=0.005)
     masked = (inputs[chosen] == mask_id).float().mean().item()
     kept = (inputs[chosen] == ids[chosen]).float().mean().item()
     randomised = 1 - masked - kept
+    # sampling: ~2.2e4 chosen tokens, σ ≈ 2.7e-3 (0.8) and 2e-3 (0.1); abs 0.01 = 3.7σ / 5σ
     assert (masked, kept, randomised) == (pytest.approx(0.8, abs=0.01), pytest.approx(0.1, abs=0.01), pytest.approx(0.1, abs=0.01))
     swapped = inputs[chosen & (inputs != mask_id) & (inputs != ids)]
     assert ((swapped >= 10) & (swapped < 1000)).all(), "random replacements come from the allowed ids"
@@ -202,9 +227,10 @@ def test_pretrain_checkpoints_and_resume_equals_one_run(corpus_file, tmp_path):
     assert resumed["step"] == 5
     _, a = read_checkpoint(tmp_path / "whole")
     _, b = read_checkpoint(tmp_path / "split")
+    # exact: resuming restores weights, optimiser and RNG state, then runs the same kernels on the same batches
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resuming changed the run"
     again = [json.loads(line) for line in (tmp_path / "split" / "loss.jsonl").read_text().splitlines()]
-    assert [r["loss"] for r in again] == [r["loss"] for r in curve]
+    assert [r["loss"] for r in again] == [r["loss"] for r in curve]  # exact, as above
 
 
 def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
@@ -230,8 +256,9 @@ def test_init_loads_the_pretrained_encoder(corpus_file, tmp_path):
     build = get_method("conv").encoder
     bb = build(make_config("conv", {**shape, "init": str(tmp_path / "p")}), 16)
     _, state = read_checkpoint(tmp_path / "p")
-    assert torch.equal(bb.model.pos.weight, state["encoder.pos.weight"][:16])
-    assert torch.equal(bb.model.layers[0].mixer.conv.predict.weight, state["encoder.layers.0.mixer.conv.predict.weight"])
+    exact(bb.model.pos.weight, state["encoder.pos.weight"][:16], "weights copied from the checkpoint")
+    exact(bb.model.layers[0].mixer.conv.predict.weight, state["encoder.layers.0.mixer.conv.predict.weight"],
+          "weights copied from the checkpoint")
     with pytest.raises(ConvError, match="pre-trained as `--arch dynamic .*arch light \\(checkpoint: dynamic\\)"):
         build(make_config("conv", {**shape, "arch": "light", "init": str(tmp_path / "p")}), 16)
     with pytest.raises(ConvError, match="positions for 32 tokens; fine-tune with --max-length 32 or less"):
@@ -275,7 +302,7 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
 
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice)
     assert code == 0, err
-    assert json.loads(stdout)["metrics"] == result["metrics"]
+    assert json.loads(stdout)["metrics"] == result["metrics"]  # exact: the same model, kernels and test batches
     from frozentune.data import load_classification
     test = load_classification(str(trec_slice)).test
     texts = tmp_path / "texts.txt"

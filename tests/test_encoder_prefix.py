@@ -13,6 +13,7 @@ from torch import Tensor
 from frozentune.backbone import LayerSpec, freeze, weights_hash
 from frozentune.encoder_prefix import encoder_kv_shape, prefix_encode, prefix_hidden_states
 from frozentune.prefix import PrefixError
+from numerics import ROUNDING, assert_close, exact, linear, prefix_mlp_scale, transformer
 
 IMPLS = ("eager", "sdpa")
 VOCAB, HIDDEN, LAYERS, HEADS = 50, 32, 2, 4
@@ -63,12 +64,24 @@ def plain(model, ids: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
         return tuple(model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states)
 
 
-def assert_states_close(a, b, atol: float = 1e-6, mask: Tensor | None = None) -> None:
+def forward_ops(keys: int) -> int:
+    """Roundings of one tiny-BERT forward whose attention reads `keys` slots (prefix + tokens)."""
+    return transformer(LAYERS, HIDDEN, 2 * HIDDEN, keys, HIDDEN // HEADS)
+
+
+def assert_states_close(a, b, keys: int, mask: Tensor | None = None) -> None:
+    """Every hidden state equal up to fp32 rounding of two forwards along different kernel paths."""
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for n, (x, y) in enumerate(zip(a, b)):
         if mask is not None:
             x, y = x[mask.bool()], y[mask.bool()]
-        torch.testing.assert_close(x, y, atol=atol, rtol=0)
+        assert_close(x, y, ops=forward_ops(keys), what=f"hidden state {n}")
+
+
+def assert_states_equal(a, b, why: str) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        exact(x, y, why)
 
 
 # ----------------------------------------------------------------------------- slow reference
@@ -111,14 +124,15 @@ def test_empty_prefix_is_plain_model(model):
     ids, mask = batch([7, 4, 6])
     want = plain(model, ids, mask)
     with torch.no_grad():
-        assert_states_close(prefix_hidden_states(model, None, ids, mask), want)
-        assert_states_close(prefix_hidden_states(model, random_prefix(model, 0), ids, mask), want)
+        # the prefix path passes a 4D mask (another SDPA/eager kernel path than the plain model): rounding only
+        assert_states_close(prefix_hidden_states(model, None, ids, mask), want, keys=7)
+        assert_states_close(prefix_hidden_states(model, random_prefix(model, 0), ids, mask), want, keys=7)
         off = torch.zeros(3, 5, dtype=torch.bool)
-        assert_states_close(prefix_hidden_states(model, random_prefix(model, 5), ids, mask, off), want)
+        assert_states_close(prefix_hidden_states(model, random_prefix(model, 5), ids, mask, off), want, keys=5 + 7)
         # and a real prefix does change the states (so the comparisons above mean something)
         moved = prefix_hidden_states(model, random_prefix(model, 5), ids, mask)
-    assert (moved[-1] - want[-1]).abs().max() > 0.1
-    torch.testing.assert_close(moved[0], want[0])  # embeddings: the prefix enters in attention only
+    assert (moved[-1] - want[-1]).abs().max() > 0.1  # effect size (states ~1): 100× the rounding bound above
+    exact(moved[0], want[0], "embeddings: the prefix enters in attention only; same embedding kernels, same ids")
 
 
 # ----------------------------------------------------------------------------- 2. slow reference
@@ -132,8 +146,8 @@ def test_matches_reference(model, per_row):
         got = prefix_hidden_states(model, pre, ids, mask, pmask)
         want = reference(model, pre if per_row else pre.expand(4, *pre.shape), ids, mask, pmask)
     assert len(got) == LAYERS + 1
-    assert_states_close(got, want, atol=1e-5)
-    assert (got[-1] - plain(model, ids, mask)[-1]).abs().max() > 0.1
+    assert_states_close(got, want, keys=p + 6)
+    assert (got[-1] - plain(model, ids, mask)[-1]).abs().max() > 0.1  # effect size: 100× the rounding bound
 
 
 # ----------------------------------------------------------------------------- 3. padding invariance
@@ -145,12 +159,12 @@ def test_padding_invariance(model):
         for b in range(3):
             n = int(mask[b].sum())
             alone = prefix_hidden_states(model, pre, ids[b:b + 1, :n], mask[b:b + 1, :n])
-            assert_states_close([s[b:b + 1, :n] for s in together], alone, atol=1e-5)
+            assert_states_close([s[b:b + 1, :n] for s in together], alone, keys=6 + 8)
             # the same row padded further on the right alone
             extra = torch.cat([ids[b:b + 1, :n], torch.zeros(1, 4, dtype=torch.long)], 1)
             extra_mask = torch.cat([mask[b:b + 1, :n], torch.zeros(1, 4, dtype=torch.long)], 1)
             padded = prefix_hidden_states(model, pre, extra, extra_mask)
-            assert_states_close([s[:, :n] for s in padded], alone, atol=1e-5)
+            assert_states_close([s[:, :n] for s in padded], alone, keys=6 + n + 4)
 
 
 # ----------------------------------------------------------------------------- 4. gradients
@@ -187,10 +201,10 @@ def test_per_row_prefixes_equal_rows_alone(model):
             n = int(mask[b].sum())
             own = rows[b][:, :, :, pmask[b]]  # (N, 2, H, P_b, E)
             alone = prefix_hidden_states(model, own, ids[b:b + 1, :n], mask[b:b + 1, :n])
-            assert_states_close([s[b:b + 1, :n] for s in together], alone, atol=1e-5)
+            assert_states_close([s[b:b + 1, :n] for s in together], alone, keys=5 + 7)
         # rows really differ: row 0 with row 1's prefix gives other states
         swapped = prefix_hidden_states(model, rows[1][:, :, :, pmask[1]], ids[:1, :4], mask[:1, :4])
-    assert (swapped[-1] - together[-1][:1, :4]).abs().max() > 0.1
+    assert (swapped[-1] - together[-1][:1, :4]).abs().max() > 0.1  # effect size: 100× the rounding bound
 
 
 # ----------------------------------------------------------------------------- 6. nothing left installed
@@ -214,7 +228,7 @@ def test_nothing_left_installed(model):
     with torch.no_grad():
         prefix_hidden_states(model, pre, ids, mask)
     assert installed(model) == state
-    assert_states_close(plain(model, ids, mask), want, atol=0)
+    assert_states_equal(plain(model, ids, mask), want, "the same call on the same model: a leftover would change it")
 
     # a call that raises inside the forward, after the first layer took its prefix
     def boom(*_):
@@ -227,12 +241,12 @@ def test_nothing_left_installed(model):
     finally:
         handle.remove()
     assert installed(model) == state
-    assert_states_close(plain(model, ids, mask), want, atol=0)
+    assert_states_equal(plain(model, ids, mask), want, "the same call on the same model: a leftover would change it")
 
     # a call refused by the checks
     with pytest.raises(PrefixError):
         prefix_hidden_states(model, pre[:1], ids, mask)
-    assert_states_close(plain(model, ids, mask), want, atol=0)
+    assert_states_equal(plain(model, ids, mask), want, "the same call on the same model: a leftover would change it")
 
 
 # ----------------------------------------------------------------------------- 7. clear errors
@@ -290,10 +304,11 @@ def test_head_model_and_layer_selection():
     pre = random_prefix(bert, 2, seed=14)
     with torch.no_grad():
         states = prefix_hidden_states(bert, pre, ids, mask)
-        assert_states_close(prefix_hidden_states(head, pre, ids, mask), states, atol=1e-6)
-        torch.testing.assert_close(prefix_encode(bert, pre, ids, mask), states[-1])
+        assert_states_equal(prefix_hidden_states(head, pre, ids, mask), states,
+                            "the same BertModel code with the same weights on the same inputs")
+        exact(prefix_encode(bert, pre, ids, mask), states[-1], "the same call; selecting a layer copies nothing")
         both = prefix_encode(bert, pre, ids, mask, LayerSpec((-1, -2), "concat"))
-    torch.testing.assert_close(both, torch.cat([states[-1], states[-2]], -1))
+    exact(both, torch.cat([states[-1], states[-2]], -1), "concatenation copies the same states")
 
 
 def test_words_init_is_the_phrase_activations():
@@ -313,7 +328,9 @@ def test_words_init_is_the_phrase_activations():
             att = layer.attention.self
             for j, proj in enumerate((att.key, att.value)):
                 want = proj(states[n])[0].view(4, HEADS, HIDDEN // HEADS).transpose(0, 1)  # (H, P, E)
-                assert torch.allclose(kv[n, j], want, atol=1e-5)
+                # the same projection, but inside a forward fed a capturing cache (its own mask path)
+                assert_close(kv[n, j], want, ops=forward_ops(4) + linear(HIDDEN), what=f"layer {n} kv {j}")
     enc = PrefixEncoder(PrefixConfig(prefix_length=4), encoder_kv_shape(model.config), HIDDEN)
     enc.init_from(kv)
-    assert torch.allclose(enc(), kv, atol=1e-4)
+    assert_close(enc(), kv, ops=linear(enc.cfg.reparam_hidden) + ROUNDING, scale=prefix_mlp_scale(enc),
+                 what="MLP fitted to the phrase's keys/values")

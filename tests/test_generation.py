@@ -15,6 +15,12 @@ from frozentune import generation as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
 from frozentune.data import DataError, load_generation
+from numerics import ACTIVATION, approx, dot, exact
+
+METRIC_OPS = 4 * (2 + ACTIVATION) + dot(6) + 2 + ACTIVATION
+"""A corpus score from n-gram counts in float64: per order (≤ 4 for BLEU, 6 for chrF) a ratio and a
+log, their sum or mean, the exp / F-measure and ×100; sacrebleu gives 100.00000000000004 (3 ulps)."""
+PERFECT = approx(100.0, ops=METRIC_OPS, dtype=torch.float64)
 
 WORDS = ("name eatType food area priceRange familyFriendly near customer rating pub coffee shop restaurant "
          "the is a an in city centre riverside yes no Blue Spice Aromi Cotto serves Italian English French "
@@ -86,8 +92,8 @@ def test_is_generation_data(shared_data, tmp_path):
 def test_scores_perfect_and_partial():
     refs = [["the pub is cheap .", "a cheap pub ."], ["Aromi serves Italian food ."]]  # uneven counts
     perfect = G.scores(["a cheap pub .", "Aromi serves Italian food ."], refs)
-    assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
-    assert perfect["rouge_l"] == pytest.approx(100.0)
+    assert perfect["bleu"] == PERFECT and perfect["chrf"] == PERFECT
+    assert perfect["rouge_l"] == PERFECT
     worse = G.scores(["a pub .", "Aromi serves food ."], refs)
     assert all(0 < worse[k] < 100 for k in ("bleu", "chrf", "rouge_l"))
     with pytest.raises(ValueError, match="2 reference lists"):
@@ -100,8 +106,8 @@ def test_scores_use_every_reference():
     hyp = ["the pub near the river is cheap ."]
     one = G.scores(hyp, [["a pub ."]])["bleu"]
     two = G.scores(hyp, [["a pub .", "the pub near the river is cheap ."]])["bleu"]
-    assert one < two == pytest.approx(100.0)
-    assert one == pytest.approx(sacrebleu.corpus_bleu(hyp, [["a pub ."]]).score)
+    assert one < two == PERFECT
+    assert one == sacrebleu.corpus_bleu(hyp, [["a pub ."]]).score  # exact: the same call with the same streams
 
 
 def test_grouped_scores_split_seen_unseen():
@@ -110,7 +116,7 @@ def test_grouped_scores_split_seen_unseen():
     exs = [GenExample("a", ["x y z w"], {"seen": True}), GenExample("b", ["p q r s"], {"seen": False})]
     g = G.grouped_scores(["x y z w", "nothing alike here"], exs)
     assert set(g) == {"all", "seen", "unseen"}
-    assert g["seen"]["bleu"] == pytest.approx(100.0) and g["unseen"]["bleu"] < 1.0
+    assert g["seen"]["bleu"] == PERFECT and g["unseen"]["bleu"] < 1.0
 
 
 # ----------------------------------------------------------------------------- top-k fine-tuning
@@ -164,7 +170,7 @@ def test_train_generate_roundtrip(method, extra, tiny_lm, e2e_slice, tmp_path, c
     # eval repeats the run's scores
     assert main(["eval", "--model", str(out), "--data", str(e2e_slice)]) == 0
     ev = json.loads(capsys.readouterr().out)
-    assert ev["n"] == 6 and ev["metrics"] == r["metrics"]
+    assert ev["n"] == 6 and ev["metrics"] == r["metrics"]  # exact: the same model decodes the same batches
 
 
 def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys):
@@ -177,7 +183,7 @@ def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys)
     capsys.readouterr()
     assert main(["eval", "--model", str(out), "--data", "webnlg", "--max-test", "10"]) == 0
     ev = json.loads(capsys.readouterr().out)
-    assert ev["metrics_by_group"] == r["metrics_by_group"]
+    assert ev["metrics_by_group"] == r["metrics_by_group"]  # exact: the same model decodes the same batches
 
 
 def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
@@ -232,7 +238,8 @@ def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
     assert KVShape.from_config(lm.config) == KVShape(30, 3, 64)
     assert saved_numel(PrefixConfig(), KVShape.from_config(lm.config)) == 115_200
     again, _ = load_causal_lm("smollm2-135m")  # from the converted folder now
-    assert torch.equal(again.model.embed_tokens.weight, lm.model.embed_tokens.weight)
+    exact(again.model.embed_tokens.weight, lm.model.embed_tokens.weight,
+          "both loads read the same converted safetensors file")
     tuner = PrefixTuner(PrefixConfig(prefix_length=0), lm, tok)
     ids = G.encode_sources(tok, ["name[Aromi], eatType[pub]"])
     x = torch.tensor(ids)

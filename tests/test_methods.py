@@ -8,6 +8,7 @@ from frozentune.backbone import Backbone
 from frozentune.cache import get_or_build
 from frozentune.registry import MethodError, create_method, get_method, list_methods, make_config
 from frozentune.train import TrainConfig, fit, predict_logits
+from numerics import ROUNDING, approx, assert_close, dot, exact, linear, prefix_mlp_scale
 
 TEXTS = ["good film", "bad film", "what a great movie !", "terrible , boring and long",
          "i loved it", "i hated it", "fine acting", "awful plot"] * 2
@@ -63,6 +64,7 @@ def test_shared_method_checks(method, bb_factory, tmp_path):
     # a few optimiser steps: the method's parameters change; the frozen backbone does not
     head_before = {k: v.clone() for k, v in model.head.state_dict().items()}
     fit(model, src, LABELS, src, LABELS, TrainConfig(epochs=2, batch_size=4, lr=1e-2, patience=0), log=lambda s: None)
+    # exact: a frozen weight is never written, so any bit that differs is a change
     assert any(not torch.equal(head_before[k], v) for k, v in model.head.state_dict().items())
     changed = [k for k, v in bb.model.state_dict().items() if not torch.equal(frozen_before[k], v)]
     if model.trains_backbone:
@@ -83,7 +85,8 @@ def test_shared_method_checks(method, bb_factory, tmp_path):
     before = predict_logits(model, src)
     loaded = M.load(tmp_path / "m", backbone=bb_factory() if not model.trains_backbone else None)
     src2 = source_for(loaded, loaded.backbone_ref, tmp_path / "cache")
-    assert np.array_equal(predict_logits(loaded, src2), before)
+    exact(predict_logits(loaded, src2), before,
+          "safetensors round-trips the weights bit for bit; same kernels on the same batches")
 
 
 @pytest.mark.parametrize("method", list_methods())
@@ -113,7 +116,8 @@ def test_padding_does_not_change_probe_output(bb_factory, tmp_path):
     src = M.CachedSource(cache, np.arange(len(TEXTS)))
     alone = torch.cat([model(src.batch(np.array([i]))).logits for i in range(4)])
     together = model(src.batch(np.arange(4))).logits
-    assert torch.allclose(alone, together, atol=1e-6)
+    # masked mean over ≤ 16 tokens (more zero terms when padded), then the 32-input linear layer; batch 1 vs 4
+    assert_close(alone, together, ops=dot(16) + 1 + linear(32), what="logits")
 
 
 def test_same_seed_same_numbers(bb_factory, tmp_path):
@@ -124,7 +128,7 @@ def test_same_seed_same_numbers(bb_factory, tmp_path):
         r = fit(model, src, LABELS, src, LABELS, TrainConfig(epochs=3, batch_size=4, lr=1e-2, seed=seed, patience=0), log=lambda s: None)
         return [h["train_loss"] for h in r.history], predict_logits(model, src)
     a, b, c = run(0), run(0), run(1)
-    assert a[0] == b[0] and np.array_equal(a[1], b[1])
+    assert a[0] == b[0] and np.array_equal(a[1], b[1])  # exact: same seed, same kernels, same process
     assert a[0] != c[0]
 
 
@@ -139,7 +143,7 @@ def test_early_stopping_restores_best_epoch(bb_factory, tmp_path):
     best = max(h["val_accuracy"] for h in r.history)
     assert r.history[r.best_epoch - 1]["val_accuracy"] == best
     pred = predict_logits(model, src).argmax(1)
-    assert 100.0 * (pred == 1 - LABELS).mean() == pytest.approx(best)
+    assert 100.0 * (pred == 1 - LABELS).mean() == approx(best, ops=3, dtype=torch.float64)  # 100·k/16 in float64
 
 
 # prefix-tuning is by definition a frozen backbone (it refuses train_backbone: test_encoder_prefix)
@@ -167,6 +171,8 @@ def test_encoder_prefix_words_init(bb_factory):
     bb = bb_factory()
     model = M.build_classifier("prefix", bb, ["neg", "pos"], {"init": "words", "init_text": "what is it", "prefix_length": 5})
     want = encoder_activations(bb.model, phrase_ids(bb.tok, "what is it", 5))
-    assert torch.allclose(model.head.prefix(), want, atol=1e-4)
+    enc = model.head.prefix
+    assert_close(enc(), want, ops=linear(enc.cfg.reparam_hidden) + ROUNDING, scale=prefix_mlp_scale(enc),
+                 what="MLP fitted to the phrase's keys/values")
     with pytest.raises(MethodError, match="train_backbone must be false"):
         M.build_classifier("prefix", bb, ["neg", "pos"], {"train_backbone": True})

@@ -7,6 +7,22 @@ from frozentune.backbone import Backbone
 from frozentune.head import Features, Output
 from frozentune.heads.self_explaining import SelfExplainHead, concentration, span_mask, span_tokens
 from frozentune.registry import MethodError, create_method
+from numerics import ACTIVATION, approx, assert_close, dot, exact, linear, softmax
+
+
+def span_ops(D: int = 32) -> int:
+    """h(i, j): h_i ⊙ h_j (1), a projection of D inputs, the sum of the three projections (2), tanh."""
+    return 1 + linear(D) + 2 + ACTIVATION
+
+
+def alpha_ops(n: int, D: int = 32, d: int = 16) -> int:
+    """α over n span slots: span states, the interpretation layer (d inputs), softmax over n."""
+    return span_ops(D) + linear(d) + softmax(n)
+
+
+def logits_ops(n: int, D: int = 32, d: int = 16) -> int:
+    """Logits: α, the α-weighted sum over n span slots, the output layer (d inputs)."""
+    return alpha_ops(n, D, d) + dot(n) + linear(d)
 
 
 def feats(lengths=(7, 5, 3), T=7, D=32, seed=0) -> Features:
@@ -40,11 +56,12 @@ def test_alpha_is_a_distribution_over_exactly_the_valid_spans(special, width):
     alpha = head(f).extras["span_weights"]  # (B, T, W)
     W = width or 7
     assert alpha.shape == (3, 7, W)
-    assert torch.allclose(alpha.sum((1, 2)), torch.ones(3), atol=1e-6)
+    assert_close(alpha.sum((1, 2)), torch.ones(3), ops=softmax(7 * W) + dot(7 * W), what="Σα")
     for b, length in enumerate((7, 5, 3)):
         want = expected_valid(length, 7, W, special == "exclude")
+        # exact (bool): invalid spans are multiplied by 0, valid ones are exp of a finite score > 0
         assert torch.equal(alpha[b] > 0, want), f"row {b} (length {length})"
-    if special == "exclude":  # no weight ever touches [CLS] (position 0) or [SEP] (length − 1)
+    if special == "exclude":  # no weight ever touches [CLS] (position 0) or [SEP] (length − 1); exact zeros
         assert (alpha[:, 0] == 0).all() and alpha[1, 4].sum() == 0 and alpha[1, 3, 1:].sum() == 0
 
 
@@ -81,10 +98,11 @@ def test_padding_does_not_change_the_output(width):
     longer = Features(torch.cat([f.hidden, garbage], 1), torch.cat([f.mask, torch.zeros(3, 4, dtype=torch.bool)], 1))
     a, b = head(f), head(longer)
     assert torch.isfinite(b.logits).all()
-    assert torch.allclose(a.logits, b.logits, atol=1e-6, rtol=0)
     wa, wb = a.extras["span_weights"], b.extras["span_weights"]
-    assert torch.allclose(wa, wb[:, :7, :wa.shape[2]], atol=1e-6, rtol=0)
-    assert wb[:, 7:].sum() == 0 and wb[:, :, wa.shape[2]:].sum() == 0
+    n = wb.shape[1] * wb.shape[2]  # span slots of the longer input: its softmax and weighted sum run over more zeros
+    assert_close(a.logits, b.logits, ops=logits_ops(n), what="logits")
+    assert_close(wa, wb[:, :7, :wa.shape[2]], ops=alpha_ops(n), what="α")
+    assert wb[:, 7:].sum() == 0 and wb[:, :, wa.shape[2]:].sum() == 0  # exact zeros: spans over padding are masked
 
 
 def test_batched_spans_equal_a_loop_over_spans():
@@ -102,14 +120,15 @@ def test_batched_spans_equal_a_loop_over_spans():
         spans = torch.stack(spans)  # (n, D′)
         alpha = torch.softmax(head.interpret(spans).squeeze(-1), 0)  # (n,)
         logits = head.out((alpha[:, None] * spans).sum(0))
-        assert torch.allclose(out.logits[b], logits, atol=1e-5)
+        # batched (fused projections, softmax over all T·W slots) vs one span at a time
+        assert_close(out.logits[b], logits, ops=logits_ops(6 * 3), what=f"logits row {b}")
         got = out.extras["span_weights"][b]
-        assert torch.allclose(torch.stack([got[i, w] for i, w in keys]), alpha, atol=1e-6)
+        assert_close(torch.stack([got[i, w] for i, w in keys]), alpha, ops=alpha_ops(6 * 3), what=f"α row {b}")
     batched = head.span_states(f.hidden, 3)  # (B, T, W, D′)
     i, j = 2, 4
     h = f.hidden[0]
     one = torch.tanh(head.w1(h[i]) + head.w2(h[j]) + head.w3(h[j] - h[i]) + head.w4(h[i] * h[j]))
-    assert torch.allclose(batched[0, i, j - i], one, atol=1e-6)
+    assert_close(batched[0, i, j - i], one, ops=span_ops(), what="span state")
 
 
 def test_loss_is_ce_minus_lambda_times_concentration():
@@ -118,15 +137,17 @@ def test_loss_is_ce_minus_lambda_times_concentration():
     out = head(f)
     ce = torch.nn.functional.cross_entropy(out.logits, y)
     sq = out.extras["span_weights"].pow(2).sum((1, 2))  # (B,)
-    assert torch.allclose(head.loss(out, y), ce - 0.5 * sq.mean(), atol=1e-7)
+    # the same CE; Σα² over (T, W) reduced in another shape, then the batch mean and λ·
+    assert_close(head.loss(out, y), ce - 0.5 * sq.mean(), ops=1 + dot(7 * 5) + dot(3) + 2, what="loss")
     # same logits (same CE): concentrating α on one span lowers the loss
     spread = torch.full((1, 4, 1), 0.25)
     peaked = torch.tensor([[[1.0], [0.0], [0.0], [0.0]]])
     logits = torch.tensor([[0.3, -0.2, 0.1]])
     lo = head.loss(Output(logits, {"span_weights": peaked}), y[:1])
     hi = head.loss(Output(logits, {"span_weights": spread}), y[:1])
-    assert float(hi - lo) == pytest.approx(0.5 * (1.0 - 0.25))
-    assert concentration(peaked).item() == 1.0 and concentration(spread).item() == pytest.approx(0.25)
+    # the same CE in both (same logits): only the two subtractions round, relative to the losses' size
+    assert float(hi - lo) == approx(0.5 * (1.0 - 0.25), ops=3, scale=float(hi))
+    assert concentration(peaked).item() == 1.0 and concentration(spread).item() == 0.25  # exact: powers of two
 
 
 def test_only_special_tokens_and_empty_rows_stay_finite():
@@ -136,12 +157,14 @@ def test_only_special_tokens_and_empty_rows_stay_finite():
     assert torch.isfinite(out.logits).all()
     alpha = out.extras["span_weights"]
     # "[CLS] [SEP]" alone: its spans are made over the special tokens, α still sums to 1
-    assert alpha[0].sum().item() == pytest.approx(1.0) and alpha[1].sum().item() == pytest.approx(1.0)
+    slots = alpha.shape[1] * alpha.shape[2]
+    assert alpha[0].sum().item() == approx(1.0, ops=softmax(slots) + dot(slots))
+    assert alpha[1].sum().item() == approx(1.0, ops=softmax(slots) + dot(slots))
     assert torch.equal(alpha[0] > 0, expected_valid(2, 7, 5, exclude=False))  # (0,0) (0,1) (1,1)
-    assert alpha[1, 0, 0].item() == pytest.approx(1.0)  # a lone token: the one span
+    assert alpha[1, 0, 0].item() == 1.0  # a lone token: the one span; exact: exp(0) / (exp(0) + exp(−inf)·…)
     # no real token: no span, Ĥ = 0, the logits are the output layer's bias
-    assert alpha[2].sum() == 0
-    assert torch.allclose(out.logits[2], head.out.bias)
+    assert alpha[2].sum() == 0  # exact zeros
+    exact(out.logits[2], head.out.bias, "Ĥ = 0 exactly, so the output layer gives 0·W + b = b")
     loss = head.loss(out, torch.tensor([0, 1, 2, 0]))
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in head.parameters() if p.grad is not None)

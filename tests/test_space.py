@@ -3,13 +3,23 @@ explanation and the concept-space picture."""
 import json
 import math
 
-import pytest
 import torch
 
 from frozentune.cli import main
 from frozentune.head import Features
 from frozentune.heads.space import (VAR_EPS, SpaceConfig, SpaceHead, attributions, centroids,
                                     inter_space_loss, intra_space_loss)
+from numerics import ACTIVATION, ROUNDING, approx, assert_close, assert_differs, dot, linear, softmax, sum_of_abs
+
+
+def centroid_ops(D: int, T: int) -> int:
+    """A centroid: tanh of a D-term projection, the (masked) sum over T tokens, the division by the count."""
+    return dot(D) + ACTIVATION + dot(T) + 1
+
+
+def variance_ops(D: int, T: int) -> int:
+    """A variance: the centroid, subtract and square (2), the sum over T tokens, the division."""
+    return centroid_ops(D, T) + 2 + dot(T) + 1
 
 
 def test_padding_does_not_change_centroids_or_logits():
@@ -20,13 +30,15 @@ def test_padding_does_not_change_centroids_or_logits():
     x_padded = torch.cat([x, 7.0 * torch.randn(2, 4, 8)], 1)  # garbage on the padding
     mask_padded = torch.cat([mask, torch.zeros(2, 4, dtype=torch.bool)], 1)
     a, b = head(Features(x, mask)), head(Features(x_padded, mask_padded))
-    assert torch.allclose(a.extras["centroids"], b.extras["centroids"], atol=1e-6)
-    assert torch.allclose(a.extras["concept_variance"], b.extras["concept_variance"], atol=1e-6)
-    assert torch.allclose(a.logits, b.logits, atol=1e-6)
+    # T = 5 vs 9: the sums over tokens run over more (zero-weighted) terms, in another blocking
+    assert_close(a.extras["centroids"], b.extras["centroids"], ops=centroid_ops(8, 9), what="centroids")
+    assert_close(a.extras["concept_variance"], b.extras["concept_variance"], ops=variance_ops(8, 9),
+                 scale=1.0, what="variances")  # scale: the attributions' size (|tanh| ≤ 1) the squares come from
+    assert_close(a.logits, b.logits, ops=centroid_ops(8, 9) + linear(3 * 4), what="logits")
     # the published (unmasked) mean does depend on padding: the option really switches it
     head.cfg.masked_mean = False
     a, b = head(Features(x, mask)), head(Features(x_padded, mask_padded))
-    assert not torch.allclose(a.extras["centroids"], b.extras["centroids"], atol=1e-3)
+    assert_differs(a.extras["centroids"], b.extras["centroids"], ops=centroid_ops(8, 9), what="unmasked centroids")
 
 
 def test_intra_space_loss_is_finite_when_collapsed_and_falls_as_vectors_spread():
@@ -38,9 +50,11 @@ def test_intra_space_loss_is_finite_when_collapsed_and_falls_as_vectors_spread()
         c[:, :, 1::2] -= spread
         _, var = centroids(c, mask)
         values.append(float(intra_space_loss(var)))
-    assert math.isfinite(values[0]) and values[0] == pytest.approx(1.0 / VAR_EPS)
+    # variance exactly 0; ε rounded to float32, 1/x, the mean over 2·3 equal entries
+    assert math.isfinite(values[0]) and values[0] == approx(1.0 / VAR_EPS, ops=ROUNDING + 1 + dot(6) + 1)
     assert values == sorted(values, reverse=True) and len(set(values)) == 4
-    assert values[2] == pytest.approx(1.0 / (0.3 ** 2 + VAR_EPS), rel=1e-5)
+    # ±0.3 rounded to float32, mean and variance over 4 tokens, + ε, 1/x, the mean over 6 (all well conditioned)
+    assert values[2] == approx(1.0 / (0.3 ** 2 + VAR_EPS), ops=ROUNDING + 2 * (dot(4) + 2) + 2 + dot(6) + 1)
 
 
 def test_two_classes_m2_hand_computed():
@@ -56,24 +70,29 @@ def test_two_classes_m2_hand_computed():
     out = head(Features(x, mask))
     t = math.tanh(1.0)
     k0, k1 = [t / 2, t / 2], [-t / 2, -t / 2]
-    assert out.extras["centroids"][0].flatten().tolist() == pytest.approx(k0 + k1, abs=1e-6)
-    assert out.extras["concept_variance"][0].flatten().tolist() == pytest.approx([t * t / 4] * 4, abs=1e-6)
+    # float32 against float64 hand values: D = 2, T = 3 (one token masked)
+    assert out.extras["centroids"][0].flatten().tolist() == approx(k0 + k1, ops=centroid_ops(2, 3))
+    assert out.extras["concept_variance"][0].flatten().tolist() == approx([t * t / 4] * 4, ops=variance_ops(2, 3),
+                                                                            scale=t)  # scale: |C| the squares come from
     z0 = 1.0 * k0[0] + 2.0 * k0[1] + 0.0 * k1[0] - 1.0 * k1[1] + 0.1
     z1 = 0.5 * k0[0] + 0.0 * k0[1] + 1.0 * k1[0] + 0.0 * k1[1] - 0.2
-    assert out.logits[0].tolist() == pytest.approx([z0, z1], abs=1e-6)
+    assert out.logits[0].tolist() == approx([z0, z1], ops=centroid_ops(2, 3) + linear(4), scale=2.0)  # Σ|w·k| ≈ 2
     ce = -z0 + math.log(math.exp(z0) + math.exp(z1))  # true class 0
     intra = 1.0 / (t * t / 4 + VAR_EPS)
     inter = ((1 - k0[0]) + (1 - k0[1]) + (1 + k1[0]) + (1 + k1[1])) / 4
     expected = ce + 0.5 * intra + 0.25 * inter
-    assert head.loss(out, torch.tensor([0])).item() == pytest.approx(expected, rel=1e-6)
+    # CE (softmax over 2, log) on the logits, 1/(var + ε) and 1 − y·k each averaged over 4, the weighted sum
+    loss_ops = centroid_ops(2, 3) + linear(4) + softmax(2) + ACTIVATION + variance_ops(2, 3) + 2 + dot(4) + 1 + 3
+    assert head.loss(out, torch.tensor([0])).item() == approx(expected, ops=loss_ops)
 
 
 def test_inter_space_loss_pushes_true_class_up_and_others_down():
     labels = torch.tensor([1])
     ideal = torch.tensor([[[-1.0, -1.0], [1.0, 1.0]]])  # (B, n, m): true class at +1, other at −1
-    assert float(inter_space_loss(ideal, labels)) == pytest.approx(0.0)
-    assert float(inter_space_loss(-ideal, labels)) == pytest.approx(2.0)
-    assert float(inter_space_loss(torch.zeros(1, 2, 2), labels)) == pytest.approx(1.0)
+    # exact: ±1, 0, 1 − y·k and their mean over 4 are small binary numbers, computed without rounding
+    assert float(inter_space_loss(ideal, labels)) == 0.0
+    assert float(inter_space_loss(-ideal, labels)) == 2.0
+    assert float(inter_space_loss(torch.zeros(1, 2, 2), labels)) == 1.0
 
 
 def test_attributions_match_a_per_class_loop():
@@ -81,7 +100,9 @@ def test_attributions_match_a_per_class_loop():
     x, ops = torch.randn(2, 5, 6), torch.randn(3, 6, 4)
     c = attributions(x, ops)  # (B, n, T, m)
     for i in range(3):
-        assert torch.allclose(c[:, i], torch.tanh(x @ ops[i]), atol=1e-6)
+        # one (D, n·m) product vs n (D, m) products: another blocking of the 6-term sums; |tanh'| ≤ 1
+        assert_close(c[:, i], torch.tanh(x @ ops[i]), ops=dot(6) + ACTIVATION, scale=sum_of_abs(x, ops[i]),
+                     what=f"class {i}")
 
 
 def run(capsys, *args):
