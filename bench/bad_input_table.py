@@ -63,6 +63,10 @@ ROWS = [
     ("--output that is a file, a read-only folder or an existing model", "checked before any work starts"),
     ("--backbone with a Hugging Face id that contains /; hub unreachable",
      "the id is tried on the hub; offline, one line and a fast failure"),
+    ("a pickle that would run code, in place of any file frozentune loads (section 3)",
+     "refused in one line; the code never runs (the test's payload would write a marker file)"),
+    ("a model folder that ships Python code (auto_map), without --trust-remote-code (section 3)",
+     "refused in one line; runs only with the flag"),
 ]
 
 

@@ -27,9 +27,17 @@ class Answer:
     out: str
     err: str
 
+    show: str = ""  # for a success: the line of stdout/stderr containing this is its message
+
     @property
     def message(self) -> str:
-        """The error line (stderr's last non-empty line)."""
+        """What the user sees: an error's line (stderr's last), or for a success the line holding
+        `show` (else stdout's last line)."""
+        if self.code == 0:
+            lines = [ln for ln in (self.out + "\n" + self.err).splitlines() if ln.strip()]
+            chosen = [ln for ln in lines if self.show and self.show in ln]
+            out = [ln for ln in self.out.splitlines() if ln.strip()]
+            return (chosen or out or [""])[-1]
         lines = [ln for ln in self.err.splitlines() if ln.strip()]
         return lines[-1] if lines else ""
 
@@ -57,8 +65,10 @@ def check(answer: Answer, code: int, contains: tuple[str, ...] | str = ()) -> An
     return answer
 
 
-def cli(*argv: str | Path, code: int = 2, contains: tuple[str, ...] | str = (), row: str = "") -> Answer:
-    """Run `frozentune ARGV` in-process; check the contract; record it under table row `row`."""
+def cli(*argv: str | Path, code: int = 2, contains: tuple[str, ...] | str = (), row: str = "",
+        show: str = "") -> Answer:
+    """Run `frozentune ARGV` in-process; check the contract; record it under table row `row` (for a
+    success, the line containing `show` is the one recorded)."""
     from frozentune.cli import main
 
     args = [str(a) for a in argv]
@@ -68,7 +78,7 @@ def cli(*argv: str | Path, code: int = 2, contains: tuple[str, ...] | str = (), 
             got = main(args)
         except SystemExit as e:  # argparse's usage errors
             got = e.code if isinstance(e.code, int) else 1
-    answer = Answer(int(got or 0), out.getvalue(), err.getvalue())
+    answer = Answer(int(got or 0), out.getvalue(), err.getvalue(), show)
     _record(row, args, answer)
     return check(answer, code, contains)
 

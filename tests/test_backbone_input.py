@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -53,34 +52,48 @@ def tiny_llama(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture
-def offline(monkeypatch):
-    """HF_HUB_OFFLINE in force whatever the environment says (huggingface_hub reads it at import)."""
-    from huggingface_hub import constants
+class Lookups:
+    """Counts DNS lookups (each one is a try to reach a host) and fails them all."""
 
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    def __init__(self):
+        self.calls = 0
 
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Online mode, but every DNS lookup fails, as on a machine without network."""
-    from huggingface_hub import constants
-
-    def fail(*args, **kwargs):
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
+
+@pytest.fixture
+def offline(monkeypatch) -> Lookups:
+    """HF_HUB_OFFLINE in force whatever the environment says (huggingface_hub reads it at import);
+    any lookup is counted (offline, there must be none)."""
+    from huggingface_hub import constants
+
+    lookups = Lookups()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(socket, "getaddrinfo", lookups)
+    return lookups
+
+
+@pytest.fixture
+def no_network(monkeypatch) -> Lookups:
+    """Online mode, but every DNS lookup fails, as on a machine without network. "Fails fast" is
+    checked by counting tries, not by timing them: huggingface_hub's retries made ~50 s of them."""
+    from huggingface_hub import constants
+
+    lookups = Lookups()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(socket, "getaddrinfo", fail)
+    monkeypatch.setattr(socket, "getaddrinfo", lookups)
+    return lookups
 
 
 # ----------------------------------------------------------------------------- not a backbone
 @pytest.mark.parametrize("backbone", ["no/such/thing/x", "./missing", "a name with spaces", "../up/../x"])
-def test_not_a_folder_and_not_an_id(backbone, trec_slice, tmp_path):
-    t0 = time.perf_counter()
+def test_not_a_folder_and_not_an_id(backbone, trec_slice, tmp_path, no_network):
     cli(*train(tmp_path, trec_slice, backbone), row=R_BACKBONE,
         contains=(f"not a folder (folder {backbone} does not exist) and not a Hugging Face id", "org/name",
                   "alias (minilm)"))
-    assert time.perf_counter() - t0 < 5
+    assert no_network.calls == 0  # refused before any try to reach the hub
     nothing_written(tmp_path)
 
 
@@ -136,31 +149,28 @@ def test_layer_range_is_checked_when_the_backbone_is_built(tiny_bert):
 # ----------------------------------------------------------------------------- hub ids, no network
 @pytest.mark.parametrize("backbone", ["sentence-transformers/all-MiniLM-L6-v2", "bert-base-uncased"])
 def test_hub_id_offline_fails_fast_in_one_line(backbone, offline, trec_slice, tmp_path):
-    t0 = time.perf_counter()
     cli(*train(tmp_path, trec_slice, backbone), row=R_HUB,
         contains=(f"backbone {backbone!r}", "not in the local Hugging Face cache", "hub is unreachable",
                   "HF_HUB_OFFLINE", "give a local folder"))
-    assert time.perf_counter() - t0 < 5
+    assert offline.calls == 0  # offline: the hub is not even tried
     nothing_written(tmp_path)
 
 
 @pytest.mark.parametrize("backbone", ["sentence-transformers/all-MiniLM-L6-v2", "bert-base-uncased"])
 def test_hub_id_without_network_fails_fast_in_one_line(backbone, no_network, trec_slice, tmp_path):
     """Not flagged offline, no connection: one quick check instead of huggingface_hub's ~50 s of retries."""
-    t0 = time.perf_counter()
     cli("cache", trec_slice, "--backbone", backbone, "--cache-dir", tmp_path / "cache", row=R_HUB,
         contains=("not in the local Hugging Face cache", "hub is unreachable", "no answer from", "ConnectError"))
-    assert time.perf_counter() - t0 < 5
+    assert 1 <= no_network.calls <= 2, no_network.calls  # one try (a lookup per address family at most), no retries
     nothing_written(tmp_path)
 
 
 def test_causal_lm_hub_id_fails_fast_too(no_network):
     from frozentune.backbone import BackboneError, load_causal_lm
 
-    t0 = time.perf_counter()
     with pytest.raises(BackboneError, match=r"language model 'HuggingFaceTB/SmolLM2-135M': .*hub is unreachable"):
         load_causal_lm("HuggingFaceTB/SmolLM2-135M")
-    assert time.perf_counter() - t0 < 5
+    assert 1 <= no_network.calls <= 2, no_network.calls
 
 
 def test_hub_id_in_the_local_cache_loads_offline(tiny_bert, offline, monkeypatch, tmp_path):
@@ -215,24 +225,37 @@ def test_long_texts_tokenize_as_if_whole(tiny_bert):
         assert got.at_limit == sum(len(x) == max_length for x in whole)
 
 
-def test_a_text_of_two_million_characters_is_cut_fast(tiny_bert):
-    from frozentune.backbone import Backbone
+class _Seen:
+    """A tokenizer proxy that records the longest text it was handed."""
+
+    def __init__(self, tok):
+        self.tok, self.longest = tok, 0
+
+    def __call__(self, texts, **kw):
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.tok(texts, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_a_text_of_two_million_characters_is_never_tokenized_whole(tiny_bert):
+    from frozentune.backbone import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, Backbone
 
     bb = Backbone.load(str(tiny_bert), max_length=128)
     long = ("What is the population of the largest city in Australia ? " * 40_000)[:2_000_000]
-    for text in (long, "z" * 2_000_000):  # words, and one word with no whitespace at all ([UNK] for WordPiece)
-        t0 = time.perf_counter()
+    for text, limit in ((long, CHARS_PER_TOKEN), ("z" * 2_000_000, MAX_CHARS_PER_TOKEN)):  # words; one word ([UNK])
+        bb.tok = seen = _Seen(bb.tok)
         got = bb.tokenize([text, "short one"])
-        assert time.perf_counter() - t0 < 1.0
+        bb.tok = seen.tok
+        # the tokenizer saw at most the character budget, never the 2,000,000 characters
+        assert seen.longest <= limit * 128, seen.longest
         assert got.precut == 1 and len(got.ids[0]) == (128 if text is long else 3)
     assert len(bb.tokenize([long]).ids[0]) == 128
     assert bb.tokenize([long]).ids[0].tolist() == bb.tok(long[:20_000], truncation=True, max_length=128)["input_ids"]
     tokens, views = bb.tokenize_with_views([long])
     assert tokens.ids[0].tolist() == bb.tokenize([long]).ids[0].tolist() and views[0].text is long
-    assert bb.tokenized == {"texts": 8, "at_limit": 5, "precut": 6}
-    assert bb.truncation_note() == ("5 of 8 texts reached --max-length 128 tokens; longer ones were truncated to it; "
-                                    "6 texts over 4,096 characters were tokenized from a leading part only (the same "
-                                    "first tokens, without tokenizing them whole)")
+    assert tokens.at_limit == 1 and tokens.precut == 1
 
 
 def test_cache_command_on_a_text_of_two_million_characters(tiny_bert, tmp_path):
@@ -240,10 +263,9 @@ def test_cache_command_on_a_text_of_two_million_characters(tiny_bert, tmp_path):
     text = ("How far is it from Denver to Aspen ? " * 60_000)[:2_000_000]
     rows = [{"text": text, "label": "NUM"}, {"text": "Who wrote Hamlet ?", "label": "HUM"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    t0 = time.perf_counter()
     a = cli("cache", data, "--backbone", tiny_bert, "--max-length", 32, "--cache-dir", tmp_path / "cache", "--quiet",
-            code=0, row=R_LONG)
-    assert time.perf_counter() - t0 < 30
+            code=0, row=R_LONG, show="reached --max-length")
+    assert "1 reached --max-length 32 (truncated)" in a.out
     assert "train: 2 examples" in a.out
     from transformers import AutoTokenizer
 

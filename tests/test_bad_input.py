@@ -98,7 +98,7 @@ def test_delimited_bom_crlf_quoted_newlines_read_and_ragged_row_named(tmp_path, 
     split = read_split(good)  # BOM dropped from the header, CRLF and the quoted newline kept right
     assert split.texts[0] == "a good film, truly\nover two lines" and split.labels[:2] == ["pos", "neg"]
     assert len(split) == 20
-    cli(*train_args(good, tiny_bert, tmp_path), code=0)
+    cli(*train_args(good, tiny_bert, tmp_path), code=0, row=R_CSV, show="test accuracy")
     ragged = tmp_path / f"ragged.{kind}"
     ragged.write_text(f"text{sep}label\r\nfine film{sep}pos\r\nlost{sep}neg{sep}extra\r\n", encoding="utf-8")
     cli(*train_args(ragged, tiny_bert, tmp_path), contains=(f"ragged.{kind}:3", "3 fields", "header has 2"), row=R_CSV)
@@ -149,7 +149,7 @@ def test_one_class_unseen_test_label_and_mixed_int_string_labels(tmp_path, tiny_
     mixed = [{"text": r["text"], "label": [1, "1", 0, "0"][i % 4]} for i, r in enumerate(labelled(40))]
     out = tmp_path / "mixed-model"
     ans = cli(*train_args(write_jsonl(tmp_path / "mixed.jsonl", mixed), tiny_bert, tmp_path, "--output", out), code=0,
-              row=R_LABELS)
+              row=R_LABELS, show="read as one class")
     assert json.loads((out / "config.json").read_text())["labels"] == ["0", "1"]
     assert "read as one class '1'" in ans.out
 
@@ -158,11 +158,11 @@ def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_b
     rows = [{"text": r["text"], "label": [1, 1.0, 0, 0.0][i % 4]} for i, r in enumerate(labelled(40))]
     out = tmp_path / "m"
     ans = cli(*train_args(write_jsonl(tmp_path / "d.jsonl", rows), tiny_bert, tmp_path, "--output", out), code=0,
-              row=R_NUMBERS)
+              row=R_NUMBERS, show="read as one class")
     assert json.loads((out / "config.json").read_text())["labels"] == ["0", "1"]
     assert "labels 1, 1.0 read as one class '1'" in ans.out
     rows[7] = {"text": 42, "label": 1}
-    cli(*train_args(write_jsonl(tmp_path / "n.jsonl", rows), tiny_bert, tmp_path), contains=("n.jsonl:8", "a int (42), not text"),
+    cli(*train_args(write_jsonl(tmp_path / "n.jsonl", rows), tiny_bert, tmp_path), contains=("n.jsonl:8", "a number (42), not text"),
         row=R_NUMBERS)
 
 

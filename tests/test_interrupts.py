@@ -86,12 +86,12 @@ def wait_for(proc, ready, what: str, timeout: float = 60) -> None:
 
 
 def interrupt(proc, argv: list, sig: int) -> str:
+    """Send `sig`; the command must end with its one line and status. That it stopped mid-way (not
+    after finishing) shows in what it leaves: no complete entry, no output (checked by the callers);
+    the 60 s limit only guards against a hang, it is not a speed test."""
     proc.send_signal(sig)
-    t_sent = time.monotonic()
     answer = finish(proc, [str(a) for a in argv], code=CODES[sig],
                     contains=f"interrupted by {signal.Signals(sig).name}", row=R_SIGNAL, timeout=60)
-    took = time.monotonic() - t_sent
-    assert took < 10, f"took {took:.1f}s to stop after the signal"
     return answer.message
 
 

@@ -28,7 +28,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from clirun import cli
+from clirun import cli as _cli
+
+R_PICKLE = "a pickle that would run code, in place of any file frozentune loads (section 3)"
+R_REMOTE = "a model folder that ships Python code (auto_map), without --trust-remote-code (section 3)"
+
+
+def cli(*argv, **kw):
+    """clirun.cli; every refusal here is recorded under the pickle row of REPORT's table."""
+    if kw.get("code", 2) != 0:
+        kw.setdefault("row", R_PICKLE)
+    return _cli(*argv, **kw)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               # torch's weights-only unpickler warns about the raw payload's pickle protocol before refusing it
@@ -251,7 +261,7 @@ def remote_code_folder(tiny_bert, tmp_path, marker) -> Path:
 def test_remote_code_is_refused_without_the_flag(remote_code_folder, trec_slice, tmp_path, marker):
     cli("train", "--method", "probe", "--data", trec_slice, "--backbone", remote_code_folder, "--epochs", 1,
         "--cache-dir", tmp_path / "cache", "--output", tmp_path / "out",
-        contains=("ships its own Python code", "auto_map in config.json", "rerun with --trust-remote-code"))
+        contains=("ships its own Python code", "auto_map in config.json", "rerun with --trust-remote-code"), row=R_REMOTE)
     assert not (tmp_path / "out").exists()
 
 

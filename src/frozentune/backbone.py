@@ -535,7 +535,6 @@ class Backbone:
         self.name, self.model, self.tok = name, model, tok
         self.layers, self.max_length = layers, max_length
         self._weights_hash: str | None = None
-        self.tokenized = {"texts": 0, "at_limit": 0, "precut": 0}  # tallied over every tokenize call
 
     @classmethod
     def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128,
@@ -556,24 +555,7 @@ class Backbone:
         return self._weights_hash
 
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        return self._tally(tokenize(self.tok, texts, self.max_length))
-
-    def _tally(self, tokens: Tokenized) -> Tokenized:
-        for k, v in (("texts", len(tokens.ids)), ("at_limit", tokens.at_limit), ("precut", tokens.precut)):
-            self.tokenized[k] += v
-        return tokens
-
-    def truncation_note(self) -> str | None:
-        """One line on what max_length cut in the texts tokenized so far (None if nothing reached it)."""
-        t = self.tokenized
-        if not t["at_limit"]:
-            return None
-        note = (f"{t['at_limit']:,} of {t['texts']:,} texts reached --max-length {self.max_length} tokens; "
-                f"longer ones were truncated to it")
-        if t["precut"]:
-            note += (f"; {t['precut']:,} texts over {CHARS_PER_TOKEN * self.max_length:,} characters were tokenized "
-                     f"from a leading part only (the same first tokens, without tokenizing them whole)")
-        return note
+        return tokenize(self.tok, texts, self.max_length)
 
     def tokenize_with_views(self, texts: Sequence[str]) -> tuple[Tokenized, list["TokenView"]]:
         """`tokenize`, plus each text's word pieces with their character spans and word indices,
@@ -587,7 +569,7 @@ class Backbone:
         enc, cut = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
         views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k))
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
-        return self._tally(_ids(enc, self.max_length, cut)), views
+        return _ids(enc, self.max_length, cut), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""

@@ -340,6 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers' per-tensor "Loading weights" bars would bury the one line that matters; our own
     # progress (extraction, training) is shown instead. Read when transformers is first imported.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":  # imported already
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     from .backbone import BackboneError
     from .cache import CacheError
     from .conv.encoder import ConvError

@@ -207,6 +207,9 @@ def label_name(value: object) -> str | None:
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
+_JSON_KIND = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+
+
 def _describe(value: object) -> str:
     shown = json.dumps(value, ensure_ascii=False)
     return shown if len(shown) <= 40 else shown[:37] + "..."
@@ -242,7 +245,7 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label")
                                 f"--text-field / --label-field.")
         text, label = rec[text_field], label_name(rec[label_field])
         if not isinstance(text, str):
-            kind = "null" if text is None else f"a {type(text).__name__} ({_describe(text)})"
+            kind = "null" if text is None else f"{_JSON_KIND.get(type(text), 'a value')} ({_describe(text)})"
             problems.setdefault(f"field {text_field!r} holds {kind}, not text", []).append(n)
         elif not text.strip():
             problems.setdefault(f"empty text in field {text_field!r}", []).append(n)
