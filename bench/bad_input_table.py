@@ -74,6 +74,7 @@ def shorten(text: str) -> str:
     """Temporary paths of the test run → `…/name` (they differ every run)."""
     text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/[^/\s]+/", "…/", text)
     text = re.sub(r"/tmp/[^\s'\"]*/", "…/", text)
+    text = re.sub(r"\(\d+\.\ds, [\d,]+ tok/s\)", "(…s, … tok/s)", text)  # timings differ every run
     return text.replace(str(ROOT) + "/", "")
 
 

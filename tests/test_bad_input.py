@@ -98,7 +98,7 @@ def test_delimited_bom_crlf_quoted_newlines_read_and_ragged_row_named(tmp_path, 
     split = read_split(good)  # BOM dropped from the header, CRLF and the quoted newline kept right
     assert split.texts[0] == "a good film, truly\nover two lines" and split.labels[:2] == ["pos", "neg"]
     assert len(split) == 20
-    cli(*train_args(good, tiny_bert, tmp_path), code=0, row=R_CSV, show="test accuracy")
+    cli(*train_args(good, tiny_bert, tmp_path), code=0, row=R_CSV, show="trainable parameters")
     ragged = tmp_path / f"ragged.{kind}"
     ragged.write_text(f"text{sep}label\r\nfine film{sep}pos\r\nlost{sep}neg{sep}extra\r\n", encoding="utf-8")
     cli(*train_args(ragged, tiny_bert, tmp_path), contains=(f"ragged.{kind}:3", "3 fields", "header has 2"), row=R_CSV)
