@@ -23,7 +23,7 @@ demo: install
 	$(BIN)/frozentune train --method probe --data sst2 --backbone minilm --output runs/demo
 
 test: install
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
 clean-venv:
 	rm -rf $(VENV)
