@@ -262,9 +262,8 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label")
             if len(at) > 1 else ""
         raise DataError(f"{path}:{at[0]}: {what}{more}. Fix or remove those rows, or pick the columns "
                         f"with --text-field / --label-field.")
-    split = TextSplit(texts, labels, str(path), lines)
-    split.label_spellings = {k: sorted(v) for k, v in spellings.items() if len(v) > 1}
-    return split
+    return TextSplit(texts, labels, str(path), lines,
+                     label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1})
 
 
 # ----------------------------------------------------------------------------- datasets

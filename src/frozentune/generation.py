@@ -258,8 +258,6 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
 def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     """(tuner, tokenizer, config.json) of a saved generation model; loads the LM it names."""
     from .backbone import load_causal_lm
-    from .registry import get_method
-
     from .model import known_method, read_saved
 
     folder = Path(folder)
@@ -431,20 +429,17 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
 
 def read_sources(path: Path) -> list[str]:
     """Sources from a file: a .jsonl of E2E (`mr`) or WebNLG (`triples`) records, else one per line."""
-    from .data import read_records
-
-    from .data import read_lines
+    from .data import read_lines, read_records
 
     path = Path(path)
     if path.suffix != ".jsonl" or not path.is_file():
         return read_lines(path, "sources")
-    if path.suffix == ".jsonl":
-        out = []
-        for n, rec in read_records(path):
-            if "mr" in rec:
-                out.append(str(rec["mr"]))
-            elif "triples" in rec:
-                out.append(linearize_triples(rec["triples"]))
-            else:
-                raise DataError(f"{path}:{n}: a source record needs 'mr' or 'triples'")
-        return out
+    out = []
+    for n, rec in read_records(path):
+        if "mr" in rec:
+            out.append(str(rec["mr"]))
+        elif "triples" in rec:
+            out.append(linearize_triples(rec["triples"]))
+        else:
+            raise DataError(f"{path}:{n}: a source record needs 'mr' or 'triples'")
+    return out

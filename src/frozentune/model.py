@@ -223,16 +223,23 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
     return config
 
 
-def load_weights(folder: Path) -> dict[str, Tensor]:
-    """The tensors of folder/model.safetensors (safetensors: no code runs), or ModelLoadError."""
+def read_safetensors(path: Path, error: type[Exception] | None = None,
+                     then: str = "the folder is damaged: train it again", device: str = "cpu") -> dict[str, Tensor]:
+    """The tensors of a safetensors file (no code can run), or `error` (default ModelLoadError) in
+    one line naming the file and saying `then` what to do; the one reader of every saved folder."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        return load_file(str(Path(folder) / WEIGHTS))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ModelLoadError(f"{Path(folder) / WEIGHTS}: not a readable safetensors file ({e}); "
-                             f"the folder is damaged: train it again") from None
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError) as e:  # e.g. a pickle in its place: refused, never run
+        raise (error or ModelLoadError)(f"{path}: not a readable safetensors file ({' '.join(str(e).split())}); "
+                                        f"{then}") from None
+
+
+def load_weights(folder: Path) -> dict[str, Tensor]:
+    """The tensors of folder/model.safetensors, or ModelLoadError."""
+    return read_safetensors(Path(folder) / WEIGHTS)
 
 
 def known_method(config: dict, folder: Path):

@@ -45,7 +45,8 @@ def check_output(output: Path, overwrite: bool = False) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise OutputError(f"--output {output}: {parent} is a file, so the folder cannot be created there")
-    for folder in {parent, output.parent} if output.exists() else {parent}:
+    # an existing output is renamed away and replaced (its parent is written), and must itself be writable
+    for folder in (output, output.parent) if output.exists() else (parent,):
         if not _writable(folder):
             raise OutputError(f"--output {output}: {folder} is not writable; choose a folder you can write to")
     if not output.is_dir():

@@ -522,8 +522,7 @@ def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = 
 def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, PrefixConfig, dict]:
     """(prefix (N, 2, H, P, E), options, config.json). With `lm`, the prefix must fit its attention
     and, when a hash was saved, its weights must be the ones it was trained with."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from .model import read_safetensors
 
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
@@ -532,11 +531,7 @@ def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, Pref
     config = json.loads((folder / CONFIG).read_text())
     if config.get("method") != "prefix":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} model, not a prefix")
-    try:
-        state = load_file(str(folder / WEIGHTS))
-    except (SafetensorError, OSError) as e:  # e.g. a pickle or any other file in its place: refused, never run
-        raise PrefixError(f"{folder / WEIGHTS}: not a readable safetensors file ({' '.join(str(e).split())}); "
-                          f"the folder is damaged: train it again") from None
+    state = read_safetensors(folder / WEIGHTS, PrefixError)
     if set(state) != {PREFIX_KEY}:
         raise PrefixError(f"{folder / WEIGHTS}: expected one tensor {PREFIX_KEY!r}, found {sorted(state)}")
     prefix = state[PREFIX_KEY]

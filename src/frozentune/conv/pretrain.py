@@ -212,14 +212,9 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[str, Tensor]]:
 
 def load_weights(path: Path, device: str = "cpu") -> dict[str, Tensor]:
     """The tensors of a checkpoint's model.safetensors (no code can run), or a one-line ConvError."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from ..model import read_safetensors
 
-    try:
-        return load_file(str(path), device=device)
-    except (SafetensorError, OSError) as e:
-        raise ConvError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())}); the checkpoint is "
-                        f"damaged: restore it or start a new run") from None
+    return read_safetensors(path, ConvError, "the checkpoint is damaged: restore it or start a new run", device)
 
 
 def load_optimizer(path: Path, device: torch.device) -> dict:
