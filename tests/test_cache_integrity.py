@@ -186,9 +186,10 @@ def test_ragged_index_out_of_range(tiny_bert, trec_slice, tmp_path):
                    ("do not describe",), R_SWAPPED)
 
 
-def test_disk_full_mid_extraction(tiny_bert, trec_slice, tmp_path, monkeypatch):
-    """The disk fills while states are written: one line naming the cache folder and the way
-    out, and the partial entry is removed (the space it took is given back)."""
+def test_disk_full_while_merging(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """The disk fills while the shards are merged into the entry: one line naming the cache folder,
+    the way out and the finished shards kept; the half-merged entry is removed (its space given
+    back), the shards stay, and the rerun (space freed) resumes from them."""
     import errno
 
     import frozentune.cache as C
@@ -198,11 +199,34 @@ def test_disk_full_mid_extraction(tiny_bert, trec_slice, tmp_path, monkeypatch):
 
     def fills_up(self, data):
         calls.append(1)
-        if len(calls) > 3:
+        if len(calls) > 1:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, data)
 
     monkeypatch.setattr(C._ChunkedWriter, "write", fills_up)
     root = tmp_path / "cache"
+    cli(*cache_args(trec_slice, tiny_bert, root), code=2, contains=(str(root), "No space left on device", "--cache-dir",
+                                                                    "finished shards", "--prune"))
+    assert [p.suffix for p in root.iterdir()] == [".building"] and not list(root.rglob("*.partial-*"))
+    monkeypatch.undo()
+    answer = cli(*cache_args(trec_slice, tiny_bert, root), code=0)
+    assert "resumed" not in answer.err  # nothing left to extract: every shard was finished, only merged now
+    assert [p.suffix for p in root.iterdir()] == ["", ""]  # train and test entries, no build folder
+
+
+def test_disk_full_while_extracting(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """The disk fills while a shard is written: the shard's partial files are removed, the error is
+    one line, and nothing else is left but the build's plan."""
+    import errno
+
+    import frozentune.extract.shards as S
+
+    def fails(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+        yield
+
+    monkeypatch.setattr(S, "iter_states", fails)
+    root = tmp_path / "cache"
     cli(*cache_args(trec_slice, tiny_bert, root), code=2, contains=(str(root), "No space left on device", "--cache-dir"))
-    assert list(root.iterdir()) == []
+    (folder,) = root.iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == [".active", "plan.json"]

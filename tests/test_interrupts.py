@@ -1,10 +1,11 @@
 """Ctrl-C, SIGTERM and a second process, against `frozentune cache` and `frozentune train`.
 
 Each case runs the CLI as a child process on a dataset large enough for the tiny BERT to be
-caught mid-extraction (a few thousand 128-token texts), signals it once extraction has started
-(a `.partial-*` folder exists), and checks: exit 130 / 143 with one line, no traceback, no
-partial folder and no half entry left, the user's output folder as it was; then a rerun
-finishes and its entry reads back whole. `row=` texts are the rows of the issue's table.
+caught mid-extraction (a few thousand 128-token texts, 8 shards), signals it once extraction has
+started (a shard is being written, or finished), and checks: exit 130 / 143 with one line, no
+traceback, no partial shard, no half entry and no lock left — only the build folder with its
+finished shards — and the user's output folder as it was; then a rerun resumes from those shards
+and its entry reads back whole. `row=` texts are the rows of the issue's table.
 """
 from __future__ import annotations
 
@@ -71,7 +72,22 @@ def launch(argv: list):
 
 
 def partials(root: Path) -> list[Path]:
-    return sorted(root.glob("*.partial-*")) if root.exists() else []
+    """Shards being written (and merges in progress)."""
+    return sorted([*root.glob("*.building/shard-*.partial-*"), *root.glob("*.partial-*")]) if root.exists() else []
+
+
+def finished_shards(root: Path) -> list[Path]:
+    return sorted(root.glob("*.building/shard-?????/shard.json")) if root.exists() else []
+
+
+def only_build_folder(root: Path) -> Path:
+    """What an interrupted extraction leaves: one `<key>.building` folder, holding its plan and
+    finished shards only — no entry, no partial shard or merge, no lock file."""
+    names = sorted(p.name for p in root.iterdir())
+    assert len(names) == 1 and names[0].endswith(".building"), f"left behind: {names}"
+    inside = sorted(p.name for p in (root / names[0]).iterdir())
+    assert all(n in ("plan.json", ".active") or re.fullmatch(r"shard-\d{5}", n) for n in inside), inside
+    return root / names[0]
 
 
 def wait_for(proc, ready, what: str, timeout: float = 60) -> None:
@@ -105,14 +121,17 @@ def whole_entry(root: Path, n: int) -> Path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_cache_interrupted_leaves_nothing_then_reruns(tiny_bert, big, tmp_path, sig):
+def test_cache_interrupted_keeps_finished_shards_then_resumes(tiny_bert, big, tmp_path, sig):
     root = tmp_path / "cache"
     argv = cache_argv(big, tiny_bert, root)
     proc = launch(argv)
-    wait_for(proc, lambda: partials(root), "extraction started")
-    interrupt(proc, argv, sig)
-    assert list(root.iterdir()) == [], "a partial folder, an entry or a lock file was left behind"
-    cli(*argv, code=0)  # the rerun builds the entry from scratch
+    wait_for(proc, lambda: finished_shards(root), "a shard finished")
+    message = interrupt(proc, argv, sig)
+    assert "rerun the same command to resume" in message
+    kept = {p.parent.name for p in finished_shards(only_build_folder(root).parent)}
+    assert kept
+    answer = cli(*argv, code=0)  # the rerun extracts only the shards not finished
+    assert f"{len(kept)} of 8 shards were finished before" in answer.err, answer.err
     whole_entry(root, N_TEXTS)
 
 
@@ -127,7 +146,7 @@ def test_train_interrupted_during_extraction(tiny_bert, big, tmp_path):
     proc = launch(argv)
     wait_for(proc, lambda: partials(root), "extraction started")
     interrupt(proc, argv, signal.SIGINT)
-    assert list(root.iterdir()) == []
+    only_build_folder(root)
     assert sorted(p.name for p in mine.parent.iterdir()) == ["notes.txt"]
     assert mine.read_text() == "my notes\n"
     cli(*argv, code=0)

@@ -18,7 +18,8 @@ import numpy as np
 
 from . import model as M
 from .backbone import Backbone, LayerSpec
-from .cache import CachedStates, get_or_build
+from .cache import CachedStates, build_part, get_or_build
+from .extract import Runtime, choose_runtime
 from .data import DataError, Dataset, TextSplit, encode_labels, load_classification
 from .output import check_output, staged_output
 from .registry import MethodError, get_method, make_config
@@ -46,18 +47,40 @@ class BackboneOptions:
     combine: str = "mean"
     max_length: int = 128
     trust_remote_code: bool = False  # let a model that ships Python code run it (never by default)
+    device: str | None = None  # where the frozen pass (and the head) runs; None: auto (a GPU if there is one)
+    precision: str | None = None  # of the frozen pass; None: the device's measured default
 
-    def load(self) -> Backbone:
+    def runtime(self) -> Runtime:
+        return choose_runtime(self.device, self.precision)
+
+    def load(self, runtime: Runtime | None = None) -> Backbone:
+        rt = runtime or self.runtime()
         return Backbone.load(self.name, LayerSpec.parse(self.layers or "-1", self.combine), self.max_length,
-                             trust_remote_code=self.trust_remote_code)
+                             trust_remote_code=self.trust_remote_code, device=rt.device, precision=rt.precision)
 
 
-def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | None = None, seed: int = 0) -> Backbone:
+def saved_runtime(device: str | None, precision: str | None, log: Callable[[str], None]) -> Callable[[dict], tuple]:
+    """For model.load: the device and precision of a saved model's frozen pass — as given, else
+    auto and the precision it was trained with (said through `log`)."""
+    def choose(saved_backbone: dict) -> tuple:
+        rt = choose_runtime(device, precision, saved_backbone.get("precision", "fp32"), "the precision it was trained with")
+        for line in rt.lines:
+            log(line)
+        return rt.device, rt.precision
+    return choose
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | None = None, seed: int = 0,
+                 runtime: Runtime | None = None) -> Backbone:
     """The frozen backbone `opts` names, or, for a method that trains an encoder of its own
     (MethodSpec.encoder, e.g. conv), that encoder built from the method's options at opts.max_length."""
     spec = get_method(method)
     if spec.encoder is None:
-        return dataclasses.replace(opts, layers=opts.layers or spec.layer).load()
+        return dataclasses.replace(opts, layers=opts.layers or spec.layer).load(runtime)
     if (opts.name, opts.layers) != (BackboneOptions.name, BackboneOptions.layers):
         raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so --backbone "
                           f"and --layer do not apply; to start from pre-trained weights, give --init DIR "
@@ -119,10 +142,29 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
     ds = data if isinstance(data, Dataset) else load_classification(
         data, text_field, label_field, seed=cfg.seed, max_train=max_train)
-    bb = backbone if isinstance(backbone, Backbone) else backbone_for(method, backbone, options, cfg.seed)
+    if isinstance(backbone, Backbone):
+        rt = Runtime(backbone.device, backbone.precision, [])
+        bb = backbone
+    else:
+        if backbone.device is None and train_cfg and train_cfg.get("device"):
+            backbone = dataclasses.replace(backbone, device=train_cfg["device"])
+        rt = backbone.runtime()
+        bb = backbone_for(method, backbone, options, cfg.seed, rt)
     for note in ds.notes:
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
+    lines = list(rt.lines)
+    if model.runs_live and bb.precision != "fp32":
+        if isinstance(backbone, BackboneOptions) and backbone.precision is not None:
+            raise MethodError(f"--precision {bb.precision}: method {method!r} trains or steers the backbone, which "
+                              f"it does in fp32; leave --precision out (or give fp32)")
+        bb.set_runtime(rt.device, "fp32")
+        lines[-1] = f"precision: fp32 (method {method!r} trains or steers the backbone)"
+    for line in lines:
+        log(line)
+    cfg = dataclasses.replace(cfg, device=str(rt.device))
+    if model.runs_live:
+        bb.model.to(rt.device)
     sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress)
     y = {name: ds.label_ids(getattr(ds, name)) for name in ("train", "validation", "test")}
     src = {name: sources(getattr(ds, name)) for name in ("train", "validation", "test")}
@@ -142,7 +184,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "method": method,
         "data": ds.name,
         "config": {"method_options": dataclasses.asdict(model.cfg), "train": dataclasses.asdict(cfg),
-                   "backbone": {"name": bb.name, "layers": str(bb.layers), "max_length": bb.max_length},
+                   "backbone": {"name": bb.name, "layers": str(bb.layers), "max_length": bb.max_length,
+                                "device": str(bb.device), "precision": bb.precision},
                    "max_train": max_train, "data_notes": notes},
         "metrics": test_m,
         "validation": val_m,
@@ -187,14 +230,33 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
 
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
                    label_field: str | None = None, cache_root: Path | None = None,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, device: str | None = None, precision: str | None = None,
+                   log: Callable[[str], None] = _stderr) -> dict:
     """Metrics of a saved model on a split of a dataset (the same numbers its training run
-    reported, when given the same data)."""
-    model = M.load(model_dir)
+    reported, when given the same data and precision). precision: of the frozen pass (default:
+    the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
+    model = _load(model_dir, device, precision, log)
     ds, part, y = _saved_split(model, data, split, text_field, label_field)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     m, _ = evaluate(model, sources(part), y)
-    return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m}
+    bb = model.backbone_ref
+    return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m,
+            "device": str(bb.device), "precision": bb.precision}
+
+
+def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | None,
+          log: Callable[[str], None]) -> M.Classifier:
+    """A saved model with its frozen pass on `device` in `precision` (see saved_runtime); its head
+    (and a trained backbone) on that device too."""
+    if isinstance(model_dir, M.Classifier):
+        return model_dir
+    model = M.load(model_dir, runtime=saved_runtime(device, precision, log))
+    if model.runs_live and model.backbone_ref.precision != "fp32":
+        model.backbone_ref.set_runtime(model.backbone_ref.device, "fp32")
+    model.to(model.backbone_ref.device)
+    if model.runs_live:
+        model.backbone_ref.model.to(model.backbone_ref.device)
+    return model
 
 
 def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,
@@ -219,7 +281,8 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
 
 def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split: str = "test",
                   max_points: int = 3000, text_field: str | None = None, label_field: str | None = None,
-                  cache_root: Path | None = None, progress: bool = True) -> dict:
+                  cache_root: Path | None = None, progress: bool = True, device: str | None = None,
+                  precision: str | None = None, log: Callable[[str], None] = _stderr) -> dict:
     """Write a PNG of a `space` model's centroids for a split's examples in concept space (a seeded
     sample of at most max_points), coloured by true label; also return the silhouette score of the
     true labels over the concatenated centroids (1: tight separate classes, 0: overlapping)."""
@@ -228,7 +291,7 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     from .plot import plot_concepts as draw
     from .train import predict_outputs
 
-    model = M.load(model_dir)
+    model = _load(model_dir, device, precision, log)
     if model.method != "space":
         raise ValueError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
                          f"a {model.method!r} model")
@@ -264,18 +327,21 @@ class _Subset:
         return self.src.batch(self.keep[idx])
 
 
-def _live(model_dir: Path | M.Classifier, texts: Sequence[str]) -> tuple[M.Classifier, M.LiveSource]:
+def _live(model_dir: Path | M.Classifier, texts: Sequence[str], device: str | None = None,
+          precision: str | None = None, log: Callable[[str], None] = _stderr) -> tuple[M.Classifier, M.LiveSource]:
     """A saved (or given) model and a live source over texts: the backbone runs on them."""
-    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
+    model = _load(model_dir, device, precision, log)
     bb = model.backbone_ref
     return model, M.LiveSource(bb.tokenize(texts), bb.pad_id())
 
 
-def predict(model_dir: Path | M.Classifier, texts: Sequence[str]) -> list[dict]:
-    """Label and per-label probabilities for each text (backbone run live)."""
+def predict(model_dir: Path | M.Classifier, texts: Sequence[str], device: str | None = None,
+            precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
+    """Label and per-label probabilities for each text (backbone run live, on `device` in
+    `precision`: default auto and the precision the model was trained with)."""
     import torch
 
-    model, src = _live(model_dir, texts)
+    model, src = _live(model_dir, texts, device, precision, log)
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
     if not np.isfinite(probs).all():
@@ -290,36 +356,68 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[str]) -> list[dict]:
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),
                 text_field: str = "text", label_field: str = "label", cache_root: Path | None = None,
                 rebuild: bool = False, progress: bool = True,
-                log: Callable[[str], None] = print) -> list[dict]:
+                log: Callable[[str], None] = print, shard: str | None = None) -> list[dict]:
     """Build the cache entries for a dataset's split files; existing entries are verified in
-    full (sizes and checksums) and reported."""
+    full (sizes and checksums) and reported. An interrupted build resumes from its finished
+    shards. shard 'i/N' (or RANK / WORLD_SIZE from torchrun or accelerate launch) extracts only
+    this process's part; the entry is published when every part is done."""
     from .data import SPLIT_NAMES, read_split, resolve
+    from .extract.shards import part_of
 
+    part = part_of(shard)
+    if part.count > 1 and rebuild:
+        raise DataError(f"--rebuild-cache with a build split in {part.count} parts ({part.how}): the parts would "
+                        f"delete each other's shards; rebuild with one process, or remove the entry first "
+                        f"(`frozentune cache --prune` lists what it removes)")
     _, files = resolve(data)
     unknown = [s for s in splits if s not in SPLIT_NAMES]
     if unknown or not splits:
         raise DataError(f"--splits {','.join(splits)}: choose among {', '.join(SPLIT_NAMES)}")
     if not any(s in files for s in splits):
         raise DataError(f"{data}: has no {' / '.join(splits)} file (it has: {', '.join(files)})")
-    bb = backbone.load()
+    rt = backbone.runtime()
+    for line in rt.lines:
+        log(line)
+    if part.count > 1:
+        log(f"cache: extracting part {part.index} of {part.count} ({part.how}): shards k with k mod {part.count} = "
+            f"{part.index}")
+    bb = backbone.load(rt)
     out = []
     for split in splits:
         if split not in files:
             continue
         texts = read_split(files[split], text_field, label_field).texts
-        cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress)
-        row = {"split": split, "file": str(files[split]), "path": str(cache.path), "examples": cache.n,
-               "tokens": int(cache.meta["tokens"]), "extract_seconds": secs,
-               "tokens_per_s": cache.meta["tokens"] / secs if secs else None}
-        row["at_max_length"] = int((cache.lengths >= bb.max_length).sum())
+        if part.count == 1:
+            cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress)
+            stats = None
+        else:
+            cache, stats = build_part(bb, texts, part, cache_root, progress=progress)
+            secs = stats.seconds if stats is not None else 0.0
+        row = {"split": split, "file": str(files[split]), "device": str(bb.device), "precision": bb.precision,
+               "extract_seconds": secs}
+        if cache is None:
+            report = stats.report
+            row |= {"path": None, "complete": False, "shards_done_now": len(report.done_now),
+                    "shards_missing": report.missing}
+            log(f"{split}: part {part.index}/{part.count} done ({len(report.done_now)} shards, {secs:.1f}s); "
+                f"{len(report.missing)} of {stats.shards} shards are other parts' — the entry is written when the "
+                f"last part finishes")
+            out.append(row)
+            continue
+        row |= {"path": str(cache.path), "complete": True, "examples": cache.n, "tokens": int(cache.meta["tokens"]),
+                "tokens_per_s": (cache.meta["tokens"] / cache.meta["extract_seconds"]
+                                 if secs and part.count == 1 and cache.meta.get("extract_seconds") else None),
+                "at_max_length": int((cache.lengths >= bb.max_length).sum())}
         log(f"{split}: {cache.n} examples, {row['tokens']:,} tokens → {cache.path}"
-            + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if secs else " (cached)")
+            + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if row["tokens_per_s"] else
+               f" (this part: {secs:.1f}s)" if secs else " (cached)")
             + (f"; {row['at_max_length']:,} reached --max-length {bb.max_length} (truncated)" if row["at_max_length"] else ""))
         out.append(row)
     return out
 
 
-def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) -> list[dict]:
+def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5, device: str | None = None,
+            precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
     """Per text: the prediction and the head's explanation of it (what it is depends on the method:
     see each head's `explain`). Each row: text, label, explanation (JSON) and lines (for people)."""
     import torch
@@ -327,7 +425,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) 
     from .head import explains
     from .registry import get_method, list_methods
 
-    model = model_dir if isinstance(model_dir, M.Classifier) else M.load(model_dir)
+    model = _load(model_dir, device, precision, log)
     if not explains(model.head):
         from .generation import model_commands
 
@@ -340,9 +438,10 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5) 
     src = M.LiveSource(tokens, model.backbone_ref.pad_id())
     out = []
     model.eval()
+    device = next(model.parameters()).device
     for i, text in enumerate(texts):
         with torch.no_grad():
-            o = model(src.batch(np.array([i])))
+            o = model(src.batch(np.array([i])).to(device))
         ex = model.head.explain(o, views[i], model.labels, top)
         out.append({"text": text, "label": model.labels[int(o.logits[0].argmax())],
                     "explanation": ex.data, "lines": ex.lines})

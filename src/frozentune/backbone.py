@@ -506,17 +506,30 @@ def pad_id(tok) -> int:
 
 def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
                 max_tokens: int = 8192, max_batch: int = 128,
-                pad_to: int | None = None) -> Iterator[tuple[np.ndarray, Tensor, Tensor]]:
-    """Yield (example indices, states (B, T, D), mask (B, T)) over length-sorted batches.
+                pad_to: int | None = None,
+                batches: Sequence[np.ndarray] | None = None) -> Iterator[tuple[np.ndarray, Tensor, Tensor]]:
+    """Yield (example indices, states (B, T, D), mask (B, T)) over length-sorted batches (or the
+    given `batches` of example indices), run on the model's device; states stay there.
     pad_to pads every batch to that length instead (only to measure what sorting saves)."""
     pid = pad_id(tok)
     lengths = tokens.lengths
-    for idx in length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to),
-                              max_tokens, max_batch):
+    if batches is None:
+        batches = length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to), max_tokens, max_batch)
+    device = _device_of(model)
+    for idx in batches:
         ids, mask = pad([tokens.ids[i] for i in idx], pid, pad_to)
+        ids, mask = ids.to(device), mask.to(device)
         with torch.inference_mode():
             states = encode(model, ids, mask, spec)
         yield idx, states, mask.bool()
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
 
 
 class Backbone:
@@ -525,7 +538,7 @@ class Backbone:
     encoder_of: str | None = None  # the method that built this encoder for itself (see MethodSpec.encoder)
 
     def __init__(self, name: str, model: nn.Module, tok, layers: LayerSpec = LayerSpec(),
-                 max_length: int = 128):
+                 max_length: int = 128, device: str | torch.device = "cpu", precision: str = "fp32"):
         if max_length < 2:
             raise BackboneError(f"max_length {max_length}: must be at least 2")
         limit = getattr(model.config, "max_position_embeddings", None)
@@ -535,13 +548,43 @@ class Backbone:
         self.name, self.model, self.tok = name, model, tok
         self.layers, self.max_length = layers, max_length
         self._weights_hash: str | None = None
+        self._runner: nn.Module | None = None
+        self.set_runtime(device, precision)
+
+    def set_runtime(self, device: str | torch.device, precision: str) -> None:
+        """Where and in what precision the frozen pass runs (`runner`, `states`, cache building).
+        The fp32 `model` stays on the CPU for hashing and for methods that train it."""
+        from .extract.precision import check_precision
+
+        device = torch.device(device)
+        check_precision(precision, device)
+        self.device, self.precision = device, precision
+        self._runner = None
+
+    @property
+    def runner(self) -> nn.Module:
+        """The frozen model as the pass runs it: on `device`, in `precision` (prepared once)."""
+        if self._runner is None:
+            from .extract.precision import prepare
+
+            self._runner = prepare(self.model, self.precision, self.device)
+        return self._runner
+
+    @property
+    def layer_key(self) -> str:
+        """The layer choice with absolute indices (`-3` and `4` of a 6-layer model are one key)."""
+        n = getattr(getattr(self.model, "config", None), "num_hidden_layers", None)
+        if not isinstance(n, int):
+            return str(self.layers)
+        return str(LayerSpec(tuple(i % (n + 1) for i in self.layers.layers), self.layers.combine))
 
     @classmethod
     def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128,
-             trust_remote_code: bool = False) -> "Backbone":
+             trust_remote_code: bool = False, device: str | torch.device = "cpu",
+             precision: str = "fp32") -> "Backbone":
         model, tok = load_encoder(name, trust_remote_code=trust_remote_code)
         spec = layers if isinstance(layers, LayerSpec) else LayerSpec.parse(layers)
-        return cls(name, model, tok, spec, max_length)
+        return cls(name, model, tok, spec, max_length, device, precision)
 
     @property
     def dim(self) -> int:
@@ -574,6 +617,14 @@ class Backbone:
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""
         return encode(self.model, input_ids, attention_mask, self.layers)
+
+    def states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The frozen pass (no gradients): (B, T, D) states computed by `runner` on its device and
+        in its precision, returned as float32 on the inputs' device (what the cache stores, before
+        its own rounding)."""
+        with torch.no_grad():  # not inference_mode: a head may be trained on these (inference tensors refuse that)
+            out = encode(self.runner, input_ids.to(self.device), attention_mask.to(self.device), self.layers)
+        return out.float().to(input_ids.device)
 
     def pad_id(self) -> int:
         return pad_id(self.tok)

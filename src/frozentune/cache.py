@@ -8,10 +8,13 @@ A cache entry is a folder `<root>/<key>/`:
   meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file, and
                meta_sha, a checksum of meta.json's own content (so an edit of it is found)
 
-The key hashes the model's weights, the tokenizer's definition, the layer choice, max_length,
-the dtype and every text, so a changed input never returns stale states. Entries are built in a
-`.partial-*` folder and renamed into place only when complete, by one process at a time (an
-flock on `<root>/<key>.lock`: a second process asking for the same entry waits, then reads it).
+The key hashes the model's weights, the tokenizer's definition, the layer choice (absolute
+indices), max_length, the precision of the pass, the dtype and every text, so a changed input
+never returns stale states. Entries are extracted in shards under `<key>.building/` (resumable,
+splittable across processes: see extract/shards.py), merged into a `.partial-*` folder and
+renamed into place only when complete, by one process at a time (an flock on
+`<root>/<key>.lock`: a second process asking for the same entry waits, then reads it).
+Format-2 entries (before shards) are re-keyed on first use, their states untouched.
 A reader checks that the entry is the one asked for (key, example count, dimension, dtype), that
 its files' sizes agree with each other and with meta.json, and the checksums; it raises
 CacheError (with the way out) on anything truncated, corrupt, edited, moved or from an
@@ -41,9 +44,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .backbone import Backbone, Tokenized, iter_states, tokenizer_hash
+from .backbone import Backbone, Tokenized, tokenizer_hash
+from .extract.errors import ExtractError
+from .extract.shards import (Part, building_dir, extract_part, finished, make_plan, merge,
+                             shards_done_tokens)
 
-FORMAT_VERSION = 2  # 2: meta.json carries meta_sha
+FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
 CHUNK = 64 << 20  # bytes per checksum chunk
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -69,22 +75,22 @@ def texts_hash(texts: Sequence[str]) -> str:
 
 
 def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") -> tuple[str, dict]:
-    """(key, the fields it was made from). Any change in model weights, tokenizer, layers,
-    max_length, dtype or any text changes the key."""
+    """(key, the fields it was made from). Any change in model weights, tokenizer, layers
+    (as absolute indices: -3 and 4 of a 6-layer model are one entry), max_length, the precision
+    of the pass, the stored dtype or any text changes the key; the device does not."""
     fields = {
         "format": FORMAT_VERSION,
         "model": backbone.name,
         "weights": backbone.weights_hash,
         "tokenizer": tokenizer_hash(backbone.tok),
-        "layers": str(backbone.layers),
+        "layers": backbone.layer_key,
         "max_length": backbone.max_length,
+        "precision": backbone.precision,
         "dtype": dtype,
         "texts": texts_hash(texts),
         "n": len(texts),
     }
-    ident = {k: v for k, v in fields.items() if k != "model"}  # the name is not content
-    key = hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=16).hexdigest()
-    return key, fields
+    return _key_of(fields), fields
 
 
 def meta_sha(meta: dict) -> str:
@@ -166,6 +172,9 @@ class BuildStats:
     tokens: int
     seconds: float
     files: dict  # file name → {"size", "chunks"}
+    complete: bool = True  # False: not published by this call (shards missing, or a part of several)
+    report: object = None  # extract.shards.ShardReport of this process's part
+    shards: int = 0
 
 
 class CachedStates:
@@ -328,7 +337,7 @@ class CachedStates:
 
 
 def _clean_partials(root: Path) -> None:
-    """Remove partial folders left by extractions whose process is gone."""
+    """Remove partial folders left by merges whose process is gone."""
     for p in root.glob("*.partial-*"):
         try:
             pid = int(p.name.split(".partial-")[1].split("-")[0])
@@ -339,22 +348,78 @@ def _clean_partials(root: Path) -> None:
             pass
 
 
+def _write_error(root: Path, key: str, e: OSError) -> CacheError:
+    folder = building_dir(root, key)
+    kept = sorted(folder.glob("shard-?????")) if folder.is_dir() else []
+    size = sum(f.stat().st_size for d in kept for f in d.iterdir() if f.is_file())
+    return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
+                      f"or give --cache-dir a writable folder with room"
+                      + (f"; its {len(kept)} finished shards ({size / 1e6:,.1f} MB) are kept in {folder.name}: "
+                         f"rerun to resume from them, or `frozentune cache --prune` removes them" if kept else ""))
+
+
 def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
-          dtype: str = "float16", progress: bool = True, max_tokens: int = 8192) -> BuildStats:
-    """Extract states for every example and atomically publish `<root>/<key>/` (an entry already
-    there is replaced). Callers that may run concurrently hold `build_lock(root, key)`."""
-    root.mkdir(parents=True, exist_ok=True)
-    _clean_partials(root)
+          dtype: str = "float16", progress: bool = True, part: Part = Part(),
+          log: Callable[[str], None] | None = None, shard_tokens: int | None = None,
+          max_tokens: int | None = None) -> BuildStats:
+    """Extract this part's unfinished shards into `<root>/<key>.building/` (extract.shards), and,
+    when every shard is there, publish `<root>/<key>/` atomically (an entry already there is
+    replaced). A build interrupted earlier resumes from its finished shards. Callers that may run
+    concurrently hold `build_lock(root, key)` (for a part of several: `publish` takes it)."""
+    log = log or _stderr
+    plan = make_plan(tokens.lengths, shard_tokens, max_tokens)
+    folder = building_dir(root, key)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _clean_partials(root)
+        owned = [k for k in range(len(plan.shards)) if part.owns(k)]
+        total_ex = sum(plan.examples(k)[1] - plan.examples(k)[0] for k in owned)
+        total_tok = sum(int(tokens.lengths[plan.order[slice(*plan.examples(k))]].sum()) for k in owned)
+        with _Progress(total_ex, total_tok, "extracting", enabled=progress) as bar:
+            if folder.exists():
+                bar.skip(*shards_done_tokens(folder, plan, tokens, part.owns))
+            report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)
+        if report.done_before and report.done_now:
+            log(f"cache: resumed {key}: {len(report.done_before)} of {len(plan.shards)} shards were finished "
+                f"before, {len(report.done_now)} extracted now")
+        if report.missing or part.count > 1:  # a part of several publishes under the build lock (build_part)
+            return BuildStats(len(plan.order), 0, report.seconds, {}, complete=False, report=report,
+                              shards=len(plan.shards))
+        stats = _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens)
+    except OSError as e:  # disk full, quota, a read-only or vanished folder
+        raise _write_error(root, key, e) from None
+    stats.report, stats.seconds = report, report.seconds  # spent by this process now (meta has the total)
+    return stats
+
+
+def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, dtype: str,
+             tokens: Tokenized) -> BuildStats:
+    """Merge the finished shards into `<root>/<key>/` (checked against plan and checksums) and
+    remove the build folder."""
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = root / f"{key}.partial-{tag}"
     old = root / f"{key}.partial-{tag}-replaced"  # a replaced entry, removed last
+    lengths = tokens.lengths
     try:
         tmp.mkdir()
-        stats = _extract_into(tmp, backbone, tokens, DTYPES[dtype], progress, max_tokens)
-        meta = dict(fields, dim=backbone.dim, key=key,
-                    tokens=stats.tokens, extract_seconds=stats.seconds,
-                    created=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        meta["files"] = stats.files
+        writers = {name: _ChunkedWriter(tmp / name) for name in ("states.bin", "ids.bin")}
+        try:
+            merged = merge(folder, key, plan, lengths, dim, dtype, lambda name, b: writers[name].write(b))
+        except ExtractError as e:
+            raise CacheError(str(e)) from None
+        files = {name: w.close() for name, w in writers.items()}
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        in_order = lengths[plan.order]
+        offsets[plan.order] = np.cumsum(in_order) - in_order
+        for name, arr in (("offsets.bin", offsets), ("lengths.bin", lengths.astype(np.int32))):
+            w = _ChunkedWriter(tmp / name)
+            w.write(arr.tobytes())
+            files[name] = w.close()
+        n_tokens = int(lengths.sum())
+        meta = dict(fields, dim=dim, key=key, tokens=n_tokens, extract_seconds=merged["seconds"],
+                    shards=merged["shards"], shard_tokens=plan.settings["shard_tokens"],
+                    devices=merged["devices"], created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        meta["files"] = files
         meta["meta_sha"] = meta_sha(meta)
         with open(tmp / "meta.json", "w") as f:
             f.write(json.dumps(meta, indent=1))
@@ -364,13 +429,81 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         if final.exists():
             os.rename(final, old)
         os.rename(tmp, final)
-    except OSError as e:  # disk full, quota, a read-only or vanished folder
-        raise CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
-                         f"or give --cache-dir a writable folder with room") from None
+        shutil.rmtree(folder, ignore_errors=True)
     finally:  # on success only `old` is left; on any exception, interrupts included, both go
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return stats
+    return BuildStats(len(lengths), n_tokens, merged["seconds"], files, shards=merged["shards"])
+
+
+def publish_when_complete(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
+                          dtype: str = "float16", log: Callable[[str], None] | None = None,
+                          shard_tokens: int | None = None, max_tokens: int | None = None) -> bool:
+    """For a part of several: publish the entry if every shard is finished and no other part has
+    done so yet (under the build lock). Returns whether the entry exists now."""
+    log = log or _stderr
+    final = root / key
+    with build_lock(root, key, log):
+        if final.exists():
+            return True
+        plan = make_plan(tokens.lengths, shard_tokens, max_tokens)
+        folder = building_dir(root, key)
+        if not folder.exists() or len(finished(folder, plan)) < len(plan.shards):
+            return False
+        try:
+            _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens)
+        except OSError as e:
+            raise _write_error(root, key, e) from None
+        return True
+
+
+# ----------------------------------------------------------------------------- format 2 → 3
+def _key_of(fields: dict) -> str:
+    ident = {k: v for k, v in fields.items() if k != "model"}  # the name is not content
+    return hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") -> list[str]:
+    """Keys a format-2 entry of these states had: fp32 states, the layer indices as typed (so
+    `-3` and `4` were two entries). Only an fp32 pass can reuse them."""
+    if backbone.precision != "fp32":
+        return []
+    base = {"format": 2, "weights": backbone.weights_hash, "tokenizer": tokenizer_hash(backbone.tok),
+            "max_length": backbone.max_length, "dtype": dtype, "texts": texts_hash(texts), "n": len(texts)}
+    return list(dict.fromkeys(_key_of(dict(base, layers=layers))
+                              for layers in (str(backbone.layers), backbone.layer_key)))
+
+
+def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str], None]) -> bool:
+    """Re-key a format-2 entry `<root>/<old_key>/` as `<root>/<key>/` (its states are exactly
+    what this version's fp32 pass stores; only meta.json changes: format 3, absolute layers,
+    precision). Returns whether it did; an entry that is not a sound format-2 one is left alone."""
+    src = root / old_key
+    try:
+        meta = json.loads((src / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict) or meta.get("meta_sha") != _safe_sha(meta):
+        return False
+    if meta.get("format") == 2 and meta.get("key") == old_key:
+        new = dict(meta, **fields, key=key, migrated_from=old_key)
+        new["meta_sha"] = meta_sha(new)
+        tmp = src / f".meta.json.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(new, indent=1))
+        os.replace(tmp, src / "meta.json")
+    elif not (meta.get("format") == FORMAT_VERSION and meta.get("key") == key):  # re-keyed, not yet renamed
+        return False
+    os.rename(src, root / key)
+    log(f"cache: re-keyed entry {old_key} → {key} (cache format 2 → {FORMAT_VERSION}: the key now holds absolute "
+        f"layer indices and the precision, fp32); its states are unchanged")
+    return True
+
+
+def _safe_sha(meta: dict) -> str | None:
+    try:
+        return meta_sha(meta)
+    except (TypeError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
@@ -432,40 +565,12 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _extract_into(folder: Path, backbone: Backbone, tokens: Tokenized, dtype,
-                  progress: bool, max_tokens: int) -> BuildStats:
-    n = len(tokens.ids)
-    lengths = tokens.lengths
-    offsets = np.zeros(n, dtype=np.int64)
-    states_w = _ChunkedWriter(folder / "states.bin")
-    ids_w = _ChunkedWriter(folder / "ids.bin")
-    row = 0
-    t0 = time.perf_counter()
-    with _Progress(n, int(lengths.sum()), "extracting", enabled=progress) as bar:
-        for idx, states, mask in iter_states(backbone.model, backbone.tok, tokens,
-                                             backbone.layers, max_tokens=max_tokens):
-            real = states[mask].to(torch.float16 if dtype == np.float16 else torch.float32)
-            lens = lengths[idx]
-            offsets[idx] = row + np.cumsum(lens) - lens
-            states_w.write(real.numpy().tobytes())
-            ids_w.write(np.concatenate([tokens.ids[i] for i in idx]).astype(np.int32).tobytes())
-            row += int(lens.sum())
-            bar.advance(len(idx), int(lens.sum()))
-    seconds = time.perf_counter() - t0
-    files = {"states.bin": states_w.close(), "ids.bin": ids_w.close()}
-    for name, arr in (("offsets.bin", offsets), ("lengths.bin", lengths.astype(np.int32))):
-        w = _ChunkedWriter(folder / name)
-        w.write(arr.tobytes())
-        files[name] = w.close()
-    return BuildStats(n, row, seconds, files)
-
-
 class _Progress:
     """A rich progress bar with examples/s and tokens/s; silent when disabled."""
 
     def __init__(self, total: int, total_tokens: int, label: str, enabled: bool):
         self.enabled, self.total, self.label = enabled, total, label
-        self.done = self.tokens = 0
+        self.done = self.tokens = self.done_before = 0
         self.t0 = time.perf_counter()
 
     def __enter__(self):
@@ -478,6 +583,12 @@ class _Progress:
             self.p.__enter__()
             self.task = self.p.add_task(self.label, total=self.total, rate="")
         return self
+
+    def skip(self, examples: int, tokens: int) -> None:
+        """Count work done before this run (finished shards of an interrupted build), not in the rate."""
+        if self.enabled and examples:
+            self.p.update(self.task, advance=examples)
+        self.done_before = examples
 
     def advance(self, examples: int, tokens: int) -> None:
         self.done += examples
@@ -494,10 +605,13 @@ class _Progress:
 
 def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = None,
                  dtype: str = "float16", rebuild: bool = False, progress: bool = True,
-                 verify: str = "full", log: Callable[[str], None] = _stderr) -> tuple[CachedStates, float]:
-    """The cache entry for these texts, built if absent. Returns (reader, extraction seconds
-    spent now — 0.0 on a hit). A broken entry raises CacheError unless rebuild=True. Another
-    process building the same entry is waited for (one line through `log`), then read."""
+                 verify: str = "full", log: Callable[[str], None] = _stderr,
+                 shard_tokens: int | None = None, max_tokens: int | None = None) -> tuple[CachedStates, float]:
+    """The cache entry for these texts, built if absent (resuming an interrupted build from its
+    finished shards). Returns (reader, extraction seconds spent now — 0.0 on a hit). A broken
+    entry raises CacheError unless rebuild=True. Another process building the same entry is
+    waited for (one line through `log`), then read. A format-2 entry of the same states is
+    re-keyed (one line through `log`)."""
     root = Path(root) if root is not None else default_root()
     key, fields = cache_key(backbone, texts, dtype)
     path = root / key
@@ -505,6 +619,10 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
     if path.exists() and not rebuild:
         return CachedStates(path, verify=verify, **expect), 0.0
     with build_lock(root, key, log) as waited:
+        if not rebuild and not path.exists():
+            for old in legacy_keys(backbone, texts, dtype):
+                if (root / old).is_dir() and migrate(root, old, key, fields, log):
+                    break
         if path.exists() and (not rebuild or waited):
             # built meanwhile by the process this one waited for (or, with rebuild, its rebuild)
             try:
@@ -512,5 +630,40 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
             except CacheError:
                 if not rebuild:
                     raise
-        stats = build(root, key, fields, backbone, backbone.tokenize(texts), dtype, progress)
+        if rebuild:
+            shutil.rmtree(building_dir(root, key), ignore_errors=True)
+        stats = build(root, key, fields, backbone, backbone.tokenize(texts), dtype, progress, log=log,
+                      shard_tokens=shard_tokens, max_tokens=max_tokens)
         return CachedStates(path, verify="none", **expect), stats.seconds
+
+
+def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path | None = None,
+               dtype: str = "float16", progress: bool = True, log: Callable[[str], None] = _stderr,
+               shard_tokens: int | None = None, max_tokens: int | None = None,
+               poll_s: float = 0.5) -> tuple[CachedStates | None, BuildStats | None]:
+    """This process's part of a build split across processes (`--shard i/N`, torchrun, accelerate
+    launch). Returns (reader, stats): the reader once the entry is complete (already, or merged by
+    this process or another); None when other parts still have shards to do and this part does
+    not wait for them (independent --shard processes). Under a launcher every rank waits for the
+    others (polling every poll_s), and all read the same entry."""
+    root = Path(root) if root is not None else default_root()
+    key, fields = cache_key(backbone, texts, dtype)
+    path = root / key
+    expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
+    if path.exists():
+        return CachedStates(path, verify="full", **expect), None
+    tokens = backbone.tokenize(texts)
+    stats = build(root, key, fields, backbone, tokens, dtype, progress, part, log, shard_tokens, max_tokens)
+    if stats.complete or publish_when_complete(root, key, fields, backbone, tokens, dtype, log, shard_tokens,
+                                               max_tokens):
+        return CachedStates(path, verify="none" if stats.complete else "full", **expect), stats
+    if not part.waits:
+        return None, stats
+    said = False
+    while not path.exists():
+        if not said:
+            log(f"cache: part {part.index}/{part.count} done; waiting for the other parts' shards of {key}")
+            said = True
+        time.sleep(poll_s)
+        publish_when_complete(root, key, fields, backbone, tokens, dtype, log, shard_tokens, max_tokens)
+    return CachedStates(path, verify="full", **expect), stats

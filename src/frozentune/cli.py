@@ -38,11 +38,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, defaults: dict | None = None) -> None:
-    """One option per dataclass field; defaults are left unset (None) so only what the user
-    typed overrides the method's own defaults."""
+def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, defaults: dict | None = None,
+                           skip: tuple[str, ...] = ()) -> None:
+    """One option per dataclass field (but `skip`); defaults are left unset (None) so only what the
+    user typed overrides the method's own defaults."""
     g = p.add_argument_group(title)
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         default = (defaults or {}).get(f.name, f.default)
         help_ = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")  # argparse formats help
         typ = f.type if not isinstance(f.type, str) else {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, str)
@@ -65,6 +68,19 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rebuild-cache", action="store_true", help="re-extract features even if a cache entry exists (fixes a corrupt one)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow a Hugging Face model whose folder or "
                    "hub repository ships its own Python code to run that code (off: such a model is refused)")
+    _runtime_args(g)
+
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+
+
+def _runtime_args(g) -> None:
+    """--device and --precision of the frozen pass (and the device of the head)."""
+    g.add_argument("--device", default=None, help="where the backbone and the head run: auto (default: a GPU when "
+                   "there is one, else the CPU), cpu, cuda, cuda:N, mps; said at the start")
+    g.add_argument("--precision", default=None, choices=PRECISIONS, help="precision of the frozen backbone pass "
+                   "(part of the cache key); default: chosen per device from measurements and said at the start "
+                   "(saved models: the one they were trained with)")
 
 
 def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -91,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--max-validation", type=int, default=200, help="validation pairs (seeded sample) for early stopping")
     g.add_argument("--max-test", type=int, help="decode a seeded sample of this many test sources (default: all)")
     from .train import TrainConfig
-    _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`)")
+    _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`)",
+                           skip=("device",))  # --device is the backbone group's: one device for both
 
     e = sub.add_parser("eval", help="evaluate a saved model")
     e.add_argument("--model", type=Path, required=True)
@@ -102,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--cache-dir", type=Path)
     e.add_argument("--max-test", type=int, help="generation models: score a seeded sample of this many sources")
     e.add_argument("--num-beams", type=int, help="generation models: beam width (default: as trained)")
+    _runtime_args(e)
 
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line)")
     gen.add_argument("--model", type=Path, required=True)
@@ -115,12 +133,14 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--model", type=Path, required=True)
     pr.add_argument("texts", nargs="*", help="texts to label")
     pr.add_argument("--input", type=Path, help="a file with one text per line")
+    _runtime_args(pr)
 
     x = sub.add_parser("explain", help="show why a saved model predicts what it does (methods that explain: see `list`)")
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("texts", nargs="+", help="texts to explain")
     x.add_argument("--top", type=int, default=5, help="how many tokens or spans to show")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
+    _runtime_args(x)
 
     pc = sub.add_parser("plot-concepts", help="draw a space model's test centroids in concept space (PNG)")
     pc.add_argument("--model", type=Path, required=True)
@@ -131,10 +151,17 @@ def _parser() -> argparse.ArgumentParser:
     pc.add_argument("--text-field")
     pc.add_argument("--label-field")
     pc.add_argument("--cache-dir", type=Path)
+    _runtime_args(pc)
 
-    c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset")
-    c.add_argument("data", help="dataset name, file or folder")
+    c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset; --list / --prune")
+    c.add_argument("data", nargs="?", help="dataset name, file or folder")
     c.add_argument("--splits", default="train,validation,test")
+    c.add_argument("--shard", metavar="i/N", help="extract only part i of N (0-based), for N independent processes "
+                   "(job arrays); the entry is written when the last part finishes. Under torchrun / accelerate "
+                   "launch the part comes from RANK / WORLD_SIZE")
+    c.add_argument("--list", action="store_true", help="list the entries and interrupted builds in the cache folder")
+    c.add_argument("--prune", action="store_true", help="remove interrupted builds, leftovers and unreadable entries")
+    c.add_argument("--json", action="store_true", help="with --list / --prune: JSON instead of a table")
     c.add_argument("--text-field", default="text")
     c.add_argument("--label-field", default="label")
     c.add_argument("--quiet", action="store_true")
@@ -179,16 +206,26 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
 
     from .generation import DecodeOptions, is_generation_data, train_generation
 
-    on_interrupt("the output folder is as it was; cache entries already complete are kept")
+    on_interrupt("the output folder is as it was; cache entries already complete are kept, and the finished "
+                 "shards of one being built (a rerun resumes from them)")
     options = _method_options(a.method, rest)
     train_cfg = _given(a, TrainConfig)
     log = lambda s: print(s, flush=True)  # noqa: E731
     if is_generation_data(a.data):
+        from .extract import resolve_device
+
+        if a.precision not in (None, "fp32"):
+            raise CLIError(f"--precision {a.precision}: generation methods train through the language model, which "
+                           f"they run in fp32; leave --precision out")
+        device, said = resolve_device(a.device or "auto")
+        log(said)
+        train_cfg["device"] = str(device)
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
                          a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite,
                          trust_remote_code=a.trust_remote_code)
         return 0
-    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
+    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
+                             a.device, a.precision)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
               overwrite=a.overwrite)
@@ -203,7 +240,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams), indent=2, allow_nan=False))
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
-                                        progress=sys.stderr.isatty()), indent=2, allow_nan=False))
+                                        progress=sys.stderr.isatty(), device=a.device, precision=a.precision),
+                     indent=2, allow_nan=False))
     return 0
 
 
@@ -214,7 +252,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     texts = list(a.texts) + (read_lines(a.input, "texts") if a.input else [])
     if not texts:
         raise CLIError("nothing to predict: give texts as arguments or --input FILE")
-    for row in api.predict(a.model, texts):
+    for row in api.predict(a.model, texts, a.device, a.precision):
         print(json.dumps(row, ensure_ascii=False, allow_nan=False))
     return 0
 
@@ -233,7 +271,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def cmd_explain(a: argparse.Namespace) -> int:
     from . import api
     try:
-        rows = api.explain(a.model, a.texts, a.top)
+        rows = api.explain(a.model, a.texts, a.top, a.device, a.precision)
     except ValueError as e:
         raise CLIError(str(e)) from None
     if a.json:
@@ -250,7 +288,7 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
     from . import api
     try:
         r = api.plot_concepts(a.model, a.data, a.output, a.split, a.max_points, a.text_field, a.label_field,
-                              a.cache_dir, progress=sys.stderr.isatty())
+                              a.cache_dir, progress=sys.stderr.isatty(), device=a.device, precision=a.precision)
     except ValueError as e:
         raise CLIError(str(e)) from None
     print(f"wrote {r['png']}: {r['points']:,} of {r['of']:,} {r['data']} {r['split']} examples, {r['drawn']}; "
@@ -260,10 +298,56 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
 
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
-    on_interrupt("entries finished before it are kept, the one being built was removed; rerun to finish")
-    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code)
+    if a.list or a.prune:
+        if a.data is not None or a.list == a.prune:
+            raise CLIError("give either --list or --prune, without a dataset (e.g. frozentune cache --list)")
+        return _cache_folder(a)
+    if a.data is None:
+        raise CLIError("give a dataset to cache (e.g. frozentune cache sst2), or --list / --prune")
+    if a.json:
+        raise CLIError("--json goes with --list or --prune")
+    on_interrupt("entries finished before it are kept, and the finished shards of the one being built: "
+                 "rerun the same command to resume")
+    bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
+                             a.device, a.precision)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
-                    a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty())
+                    a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), shard=a.shard)
+    return 0
+
+
+def _cache_folder(a: argparse.Namespace) -> int:
+    """--list / --prune of the cache folder."""
+    from .cache import default_root
+    from .extract.entries import mb, prune, scan
+
+    root = a.cache_dir or default_root()
+    rows = prune(root) if a.prune else scan(root)
+    if a.json:
+        print(json.dumps([e.row() for e in rows], indent=2, allow_nan=False))
+        return 0
+    if a.prune:
+        for e in rows:
+            print(f"removed {e.path.name} ({e.kind}, {e.status}, {mb(e.bytes)})")
+        print(f"pruned {len(rows)} item(s), {mb(sum(e.bytes for e in rows))} freed in {root}")
+        return 0
+    if not rows:
+        print(f"{root}: no cache entries")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"feature cache {root}", title_justify="left")
+    for col in ("key", "status", "model", "layers", "max len", "precision", "dtype", "examples", "tokens", "size",
+                "created"):
+        t.add_column(col)
+    for e in rows:
+        status = e.status + (f" ({e.shards} shards)" if e.shards else "")
+        t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
+                  str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" if e.examples is not None else "",
+                  f"{e.tokens:,}" if e.tokens is not None else "", mb(e.bytes), e.created)
+    Console(width=200).print(t)
+    print(f"{len(rows)} item(s), {mb(sum(e.bytes for e in rows))}; --prune removes "
+          f"{sum(e.removable for e in rows)} of them (interrupted builds, leftovers, unreadable entries)")
     return 0
 
 
@@ -347,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cache import CacheError
     from .conv.encoder import ConvError
     from .data import DataError
+    from .extract import ExtractError
     from .model import ModelLoadError
     from .output import OutputError
     from .prefix import PrefixError
@@ -368,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
-            OutputError) as e:
+            OutputError, ExtractError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

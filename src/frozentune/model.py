@@ -16,7 +16,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -119,8 +119,7 @@ class Classifier(nn.Module):
         elif self.trains_backbone:
             hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
         else:
-            with torch.no_grad():
-                hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
+            hidden = self.backbone_ref.states(b.input_ids, b.mask.long())  # its device and precision
             # round like the cache did, so live predictions equal cached ones
             hidden = hidden.to(getattr(torch, self.cache_dtype)).float()
         return Features(hidden, b.mask)
@@ -259,7 +258,7 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
         "backbone": {"name": bb.name, "layers": list(bb.layers.layers), "combine": bb.layers.combine,
                      "max_length": bb.max_length, "weights_hash": model.base_weights_hash,
                      "trained": model.trains_backbone,
-                     "cache_dtype": model.cache_dtype},
+                     "cache_dtype": model.cache_dtype, "precision": bb.precision},
         "labels": model.labels,
         **(extra or {}),
     }
@@ -270,8 +269,11 @@ class ModelLoadError(RuntimeError):
     """A saved model folder is missing, incomplete or does not match its backbone."""
 
 
-def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
-    """Rebuild a saved classifier; the backbone is loaded from its recorded id unless given."""
+def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict], tuple[str, str]] | None = None,
+         ) -> Classifier:
+    """Rebuild a saved classifier; the backbone is loaded from its recorded id unless given.
+    runtime(saved backbone config) → (device, precision) of the frozen pass (default: the CPU,
+    in the precision the model was trained with)."""
     folder = Path(folder)
     config = read_saved(folder)
     if config.get("task") == "generation":
@@ -284,8 +286,9 @@ def load(folder: Path, backbone: Backbone | None = None) -> Classifier:
     # comes from the file, so the weights it started from (random or --init) are not needed again
     own = method.encoder is not None
     if backbone is None:
+        device, precision = runtime(b) if runtime is not None else ("cpu", b.get("precision", "fp32"))
         backbone = (method.encoder(make_config(method.name, config["options"]), b["max_length"], load_init=False)
-                    if own else Backbone.load(b["name"], spec, b["max_length"]))
+                    if own else Backbone.load(b["name"], spec, b["max_length"], device=device, precision=precision))
     elif (backbone.layers, backbone.max_length) != (spec, b["max_length"]):
         raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']}, "
                              f"given {backbone.layers} / {backbone.max_length}")

@@ -1,0 +1,374 @@
+"""Extraction in shards: resumable after any interrupt, splittable across processes.
+
+An entry `<root>/<key>/` is built in `<root>/<key>.building/`:
+  plan.json         the key's fields and the plan: extraction order (length-sorted batches, longest
+                    first, exactly as a one-piece build runs them) cut into shards of about
+                    SHARD_TOKENS real tokens; written once, by whoever starts the build
+  shard-00007/      one finished shard: states.bin, ids.bin (its examples' rows, in plan order) and
+                    shard.json (key, plan digest, which examples, sizes, blake2b of each file),
+                    written in `shard-00007.partial-*` and renamed into place only when complete
+  .active           every process extracting holds a shared flock on it (so `cache --prune` can
+                    tell an interrupted build from a running one)
+
+A process extracts the shards it owns (shard k belongs to part k mod N of `--shard i/N`, or of
+RANK/WORLD_SIZE under torchrun / accelerate launch; one process owns all), skipping those already
+finished. An interrupt loses at most the shard being written. When every shard is there, one
+process (under the entry's build lock) checks each against the plan and its checksums and
+concatenates them into the entry's files — the same bytes, in the same order, that one
+uninterrupted process writes for the same device and precision — then removes the folder.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from ..backbone import Backbone, Tokenized, iter_states, length_batches
+from .errors import ExtractError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are not marked active (prune then cannot tell)
+    fcntl = None  # type: ignore[assignment]
+
+SHARD_TOKENS = 1 << 16  # real tokens per shard: ~30 s of MiniLM on one CPU core, a fraction of a second on a GPU
+SHARD_ENV = "FROZENTUNE_SHARD_TOKENS"  # overrides SHARD_TOKENS (e.g. larger shards on a GPU)
+MAX_TOKENS = 8192       # padded tokens per forward batch
+MAX_BATCH = 128         # rows per forward batch
+PLAN_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- which part is this process's
+@dataclass(frozen=True)
+class Part:
+    """Part `index` of `count` equal-by-rotation parts of a build; `how` says where it came from."""
+    index: int = 0
+    count: int = 1
+    how: str = "one process"
+
+    def owns(self, shard: int) -> bool:
+        return shard % self.count == self.index
+
+    @property
+    def waits(self) -> bool:
+        """Under a launcher every rank waits for the others and the entry is read by all; with
+        --shard the processes are independent and each stops after its own shards."""
+        return self.how.startswith("launcher")
+
+
+def part_of(shard: str | None, env: dict | None = None) -> Part:
+    """The part this process builds: from `--shard i/N`, else from RANK / WORLD_SIZE (set by
+    torchrun and accelerate launch), else the whole. Both given and disagreeing is an error."""
+    env = os.environ if env is None else env
+    launched = None
+    if "WORLD_SIZE" in env and int(env.get("WORLD_SIZE", "1")) > 1:
+        try:
+            launched = Part(int(env["RANK"]), int(env["WORLD_SIZE"]),
+                            f"launcher (RANK {env['RANK']} of WORLD_SIZE {env['WORLD_SIZE']})")
+        except (KeyError, ValueError):
+            raise ExtractError("WORLD_SIZE is set but RANK is not a number; start the processes with torchrun or "
+                               "accelerate launch, or give --shard i/N") from None
+    if shard is None:
+        return launched or Part()
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+        raise ExtractError(f"--shard {shard!r}: give i/N with 0 <= i < N, e.g. --shard 0/4 … --shard 3/4 for four "
+                           f"processes")
+    given = Part(int(m.group(1)), int(m.group(2)), f"--shard {m.group(1)}/{m.group(2)}")
+    if launched is not None and (launched.index, launched.count) != (given.index, given.count):
+        raise ExtractError(f"--shard {shard} disagrees with the launcher's RANK {launched.index} / WORLD_SIZE "
+                           f"{launched.count}; under torchrun or accelerate launch leave --shard out")
+    return given
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class Plan:
+    """order (N,): example indices in extraction order; batches: [start, end) positions in order;
+    shards: [first batch, end batch) of each shard."""
+    order: np.ndarray
+    batches: list[tuple[int, int]]
+    shards: list[tuple[int, int]]
+    settings: dict
+
+    def examples(self, k: int) -> tuple[int, int]:
+        """[start, end) positions (in `order`) of shard k's examples."""
+        b0, b1 = self.shards[k]
+        return self.batches[b0][0], self.batches[b1 - 1][1]
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(json.dumps({"settings": self.settings, "batches": self.batches, "shards": self.shards}).encode())
+        h.update(self.order.astype("<i8").tobytes())
+        return h.hexdigest()
+
+
+def shard_tokens_default() -> int:
+    """SHARD_TOKENS, or $FROZENTUNE_SHARD_TOKENS when set."""
+    text = os.environ.get(SHARD_ENV)
+    if text is None:
+        return SHARD_TOKENS
+    if not text.isdigit() or int(text) < 1:
+        raise ExtractError(f"{SHARD_ENV}={text!r}: give a positive number of tokens per shard (default {SHARD_TOKENS})")
+    return int(text)
+
+
+def make_plan(lengths: np.ndarray, shard_tokens: int | None = None, max_tokens: int | None = None,
+              max_batch: int = MAX_BATCH) -> Plan:
+    """Length-sorted batches (backbone.length_batches: the order one process has always used)
+    grouped into shards of at least shard_tokens real tokens (the last may be smaller)."""
+    shard_tokens = shard_tokens or shard_tokens_default()
+    max_tokens = max_tokens or MAX_TOKENS
+    batches_idx = length_batches(lengths, max_tokens, max_batch)
+    order = np.concatenate(batches_idx) if batches_idx else np.zeros(0, dtype=np.int64)
+    batches, start = [], 0
+    for b in batches_idx:
+        batches.append((start, start + len(b)))
+        start += len(b)
+    shards, first, tokens = [], 0, 0
+    for j, (s, e) in enumerate(batches):
+        tokens += int(lengths[order[s:e]].sum())
+        if tokens >= shard_tokens:
+            shards.append((first, j + 1))
+            first, tokens = j + 1, 0
+    if first < len(batches):
+        shards.append((first, len(batches)))
+    settings = {"version": PLAN_VERSION, "shard_tokens": shard_tokens, "max_tokens": max_tokens,
+                "max_batch": max_batch}
+    return Plan(order.astype(np.int64), batches, shards, settings)
+
+
+# ----------------------------------------------------------------------------- files
+def building_dir(root: Path, key: str) -> Path:
+    return root / f"{key}.building"
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}"
+
+
+def _digest_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def open_plan(folder: Path, key: str, fields: dict, plan: Plan) -> None:
+    """Write plan.json, or check that the one there (an interrupted build's) is this plan."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "plan.json"
+    want = {"key": key, "fields": fields, "digest": plan.digest, "shards": len(plan.shards),
+            "examples": len(plan.order), "settings": plan.settings}
+    have = _read_json(path)
+    if have is None:
+        if path.exists():  # unreadable: written by a process killed mid-write is impossible (atomic), so damaged
+            raise ExtractError(f"{path}: damaged plan of an interrupted build; rerun with --rebuild-cache to start over")
+        _write_json(path, want)
+        return
+    if have.get("key") != key or have.get("digest") != plan.digest:
+        raise ExtractError(f"{folder}: an interrupted build of this entry used another plan (shard size or batch "
+                           f"settings of another frozentune version), so its shards cannot be combined with "
+                           f"new ones; rerun with --rebuild-cache to start over")
+
+
+def finished(folder: Path, plan: Plan) -> set[int]:
+    """Shards whose folder is complete (renamed into place with its shard.json)."""
+    return {k for k in range(len(plan.shards)) if (folder / shard_name(k) / "shard.json").is_file()}
+
+
+@contextlib.contextmanager
+def active(folder: Path) -> Iterator[None]:
+    """Mark the build as running (a shared flock on `.active`, released by the kernel if the
+    process dies)."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder / ".active", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def is_running(folder: Path) -> bool:
+    """Some process holds the build's `.active` lock (it is extracting now)."""
+    if fcntl is None or not (folder / ".active").exists():
+        return False
+    try:
+        fd = os.open(folder / ".active", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- extracting
+def _cast(dtype: str) -> torch.dtype:
+    return {"float16": torch.float16, "float32": torch.float32}[dtype]
+
+
+def write_shard(folder: Path, k: int, key: str, plan: Plan, backbone: Backbone, tokens: Tokenized, dtype: str,
+                advance: Callable[[int, int], None]) -> float:
+    """Extract shard k into `folder/shard-0000k/` (atomically); returns the seconds it took."""
+    final = folder / shard_name(k)
+    for old in folder.glob(f"{shard_name(k)}.partial-*"):  # this shard's leftovers from a killed run
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = folder / f"{shard_name(k)}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        p0, p1 = plan.examples(k)
+        t0 = time.perf_counter()
+        n_tokens = 0
+        with open(tmp / "states.bin", "wb") as fs, open(tmp / "ids.bin", "wb") as fi:
+            b0, b1 = plan.shards[k]
+            batches = [plan.order[s:e] for s, e in plan.batches[b0:b1]]
+            for idx, states, mask in iter_states(backbone.runner, backbone.tok, tokens, backbone.layers,
+                                                 batches=batches):
+                real = states[mask].to(_cast(dtype)).cpu()  # (tokens, D): cast where computed, then moved
+                fs.write(real.numpy().tobytes())
+                fi.write(np.concatenate([tokens.ids[i] for i in idx]).astype(np.int32).tobytes())
+                n = int(mask.sum())
+                n_tokens += n
+                advance(len(idx), n)
+            for f in (fs, fi):
+                f.flush()
+                os.fsync(f.fileno())
+        seconds = time.perf_counter() - t0
+        info = {"key": key, "plan": plan.digest, "shard": k, "examples": [p0, p1], "tokens": n_tokens,
+                "seconds": seconds, "device": str(backbone.device), "precision": backbone.precision,
+                "files": {name: {"size": (tmp / name).stat().st_size, "blake2b": _digest_file(tmp / name)}
+                          for name in ("states.bin", "ids.bin")}}
+        _write_json(tmp / "shard.json", info)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "shard.json").is_file():  # not another process's identical copy: a real failure
+                raise
+        return seconds
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class ShardReport:
+    done_now: list[int]        # shards this process extracted
+    done_before: list[int]     # shards found finished (an interrupted build's, or another process's)
+    missing: list[int]         # shards still to be done (by other parts) after this process's work
+    seconds: float             # extraction time spent now
+    shard_seconds: float       # mean seconds per shard extracted now (0 if none)
+
+
+def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Backbone, tokens: Tokenized,
+                 dtype: str, part: Part, progress: Callable[[int, int], None]) -> ShardReport:
+    """Extract every unfinished shard this part owns."""
+    open_plan(folder, key, fields, plan)
+    before = finished(folder, plan)
+    todo = [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
+    spent = []
+    with active(folder):
+        for k in todo:
+            spent.append(write_shard(folder, k, key, plan, backbone, tokens, dtype, progress))
+    done = finished(folder, plan)
+    missing = [k for k in range(len(plan.shards)) if k not in done]
+    return ShardReport(todo, sorted(before), missing, float(sum(spent)),
+                       float(np.mean(spent)) if spent else 0.0)
+
+
+def shards_done_tokens(folder: Path, plan: Plan, tokens: Tokenized, owned: Callable[[int], bool]) -> tuple[int, int]:
+    """(examples, tokens) of already-finished shards that `owned` selects (to start a progress bar there)."""
+    lengths = tokens.lengths
+    ex = tok = 0
+    for k in finished(folder, plan):
+        if owned(k):
+            p0, p1 = plan.examples(k)
+            ex += p1 - p0
+            tok += int(lengths[plan.order[p0:p1]].sum())
+    return ex, tok
+
+
+# ----------------------------------------------------------------------------- combining
+def check_shard(folder: Path, k: int, key: str, plan: Plan, lengths: np.ndarray, dim: int, itemsize: int) -> dict:
+    """shard.json of shard k, after checking it belongs to this key and plan and its files have the
+    sizes its examples need; an ExtractError saying which shard and what to do otherwise."""
+    where = folder / shard_name(k)
+    info = _read_json(where / "shard.json")
+    redo = "delete that shard folder and rerun (only it is extracted again), or rerun with --rebuild-cache"
+    if info is None:
+        raise ExtractError(f"{where}: shard.json missing or unreadable; {redo}")
+    if info.get("key") != key:
+        raise ExtractError(f"{where}: a shard of another cache entry ({info.get('key')}), not of {key}; "
+                           f"shards of different entries cannot be merged: {redo}")
+    if info.get("plan") != plan.digest or info.get("shard") != k:
+        raise ExtractError(f"{where}: made for another plan of this entry (other shard size or batch settings); {redo}")
+    p0, p1 = plan.examples(k)
+    tokens = int(lengths[plan.order[p0:p1]].sum())
+    want = {"states.bin": tokens * dim * itemsize, "ids.bin": tokens * 4}
+    for name, size in want.items():
+        got = (where / name).stat().st_size if (where / name).is_file() else None
+        if got != size or info.get("files", {}).get(name, {}).get("size") != size:
+            raise ExtractError(f"{where / name}: {got} bytes, but its {p1 - p0} examples of {tokens} tokens need "
+                               f"{size}; {redo}")
+    return info
+
+
+def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dtype: str,
+          write: Callable[[str, bytes | memoryview], None]) -> dict:
+    """Stream every shard's files, in plan order, into `write(name, bytes)`; returns totals.
+    Each file's bytes are checked against its shard.json checksum as they pass (a damaged shard
+    is an ExtractError before the entry is published). A missing shard is named."""
+    missing = [k for k in range(len(plan.shards)) if not (folder / shard_name(k) / "shard.json").is_file()]
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
+        raise ExtractError(f"{folder}: {len(missing)} of {len(plan.shards)} shards are not finished ({shown}); "
+                           f"run the parts that own them (shard k belongs to --shard k%N/N) before merging")
+    itemsize = np.dtype(dtype).itemsize
+    infos = [check_shard(folder, k, key, plan, lengths, dim, itemsize) for k in range(len(plan.shards))]
+    seconds = 0.0
+    for k, info in enumerate(infos):
+        for name in ("states.bin", "ids.bin"):
+            h = hashlib.blake2b(digest_size=16)
+            with open(folder / shard_name(k) / name, "rb") as f:
+                while chunk := f.read(16 << 20):
+                    h.update(chunk)
+                    write(name, chunk)
+            if h.hexdigest() != info["files"][name]["blake2b"]:
+                raise ExtractError(f"{folder / shard_name(k) / name}: corrupt (its checksum differs from "
+                                   f"shard.json's); delete that shard folder and rerun, or rerun with --rebuild-cache")
+        seconds += float(info.get("seconds", 0.0))
+    return {"seconds": seconds, "shards": len(infos), "devices": sorted({i.get("device", "?") for i in infos})}

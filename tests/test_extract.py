@@ -1,0 +1,322 @@
+"""The backbone pass (issue 16): device choice, precision in the key, absolute layer keys, shards
+that resume after a kill at any point, parts that merge into the one-process entry, torchrun,
+migration of format-2 entries, cache --list / --prune.
+
+Equality of entries is checked on the files' checksums (meta.json's chunk sums) or byte for byte:
+a resumed or merged build runs the same batches (same shapes, same kernels, same thread count) as
+an uninterrupted one, so its bytes are identical, not merely close.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import frozentune.extract.shards as S
+from frozentune.backbone import Backbone, LayerSpec
+from frozentune.cache import (CacheError, CachedStates, FORMAT_VERSION, build_part, cache_key, get_or_build,
+                              legacy_keys, meta_sha)
+from frozentune.extract import ExtractError, resolve_device
+from frozentune.extract.entries import prune, scan
+from frozentune.extract.shards import Part, building_dir, make_plan, part_of
+
+from clirun import cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BASE = ["a short one .", "a somewhat longer sentence about films and acting .", "ok",
+        "what is the capital of france ?", "the movie was neither good nor bad , just long ."]
+MANY = [f"{t} {i}" for i in range(40) for t in BASE]  # 200 texts, ~1,900 tokens
+SHARD = 150  # real tokens per shard, and batches of ≤ 128 padded tokens (≤ 8 rows of 16): ~12 shards of 2 batches
+KW = dict(shard_tokens=SHARD, max_tokens=128)
+FILES = ("states.bin", "ids.bin", "offsets.bin", "lengths.bin")
+
+
+@pytest.fixture(scope="module")
+def bb(tiny_bert):
+    return Backbone.load(str(tiny_bert), max_length=16)
+
+
+def sums(cache: CachedStates) -> dict:
+    """The entry's content: every file's size and chunk checksums."""
+    return {name: cache.meta["files"][name] for name in FILES}
+
+
+def plan_of(bb, texts=MANY):
+    return make_plan(bb.tokenize(texts).lengths, SHARD, 128)
+
+
+@pytest.fixture(scope="module")
+def reference(bb, tmp_path_factory):
+    """The entry of MANY as one uninterrupted process writes it."""
+    cache, secs = get_or_build(bb, MANY, tmp_path_factory.mktemp("ref"), progress=False, **KW)
+    assert secs > 0
+    return cache
+
+
+def test_plan_is_the_one_process_order(bb):
+    """Shards are runs of the very batches an unsharded pass makes, longest first, each ≥ SHARD real tokens."""
+    from frozentune.backbone import length_batches
+
+    tokens = bb.tokenize(MANY)
+    plan = make_plan(tokens.lengths, SHARD, max_tokens=128)  # small batches: several per shard
+    assert np.array_equal(plan.order, np.concatenate(length_batches(tokens.lengths, 128, 128)))
+    assert len(plan.shards) > 5 and plan.shards[0][0] == 0 and plan.shards[-1][1] == len(plan.batches)
+    assert any(b1 - b0 > 1 for b0, b1 in plan.shards)
+    for k, (b0, b1) in enumerate(plan.shards[:-1]):
+        assert plan.shards[k + 1][0] == b1
+        p0, p1 = plan.examples(k)
+        assert tokens.lengths[plan.order[p0:p1]].sum() >= SHARD
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL/Ctrl-C at a chosen batch (a BaseException: nothing may catch it)."""
+
+
+def kill_after(monkeypatch, batches: int):
+    """The next build dies after yielding `batches` extraction batches (mid-shard or on a boundary)."""
+    real = S.iter_states
+    seen = {"n": 0}
+
+    def dying(*a, **k):
+        for item in real(*a, **k):
+            if seen["n"] == batches:
+                raise Killed
+            seen["n"] += 1
+            yield item
+    monkeypatch.setattr(S, "iter_states", dying)
+
+
+def shard_ends(plan) -> np.ndarray:
+    """Batches extracted when each shard is complete (cumulative)."""
+    return np.cumsum([b1 - b0 for b0, b1 in plan.shards])
+
+
+@pytest.mark.parametrize("kills", [(1,), (3, 2, 7), (0, 4, 4)], ids=["mid-first", "three-kills", "at-boundaries"])
+def test_resume_after_kills_equals_uninterrupted(bb, reference, tmp_path, monkeypatch, kills):
+    """Killed after k more batches, again and again: every kill keeps exactly the shards whose
+    batches were all written (so it loses at most the shard being written), no partial shard is
+    read, and the finished entry has the uninterrupted build's bytes."""
+    root = tmp_path / "cache"
+    plan = plan_of(bb)
+    ends = shard_ends(plan)
+    assert len(plan.shards) >= 8 and (np.diff(np.r_[0, ends]) >= 2).sum() >= 4  # several shards of several batches
+    key = cache_key(bb, MANY)[0]
+    folder = building_dir(root, key)
+    done_batches = 0
+    for k in kills:
+        kill_after(monkeypatch, k)
+        with pytest.raises(Killed):
+            get_or_build(bb, MANY, root, progress=False, **KW)
+        monkeypatch.undo()
+        assert not (root / key).exists(), "no entry before every shard is there"
+        expect = int((ends <= done_batches + k).sum())  # shards whose last batch was written before the kill
+        assert S.finished(folder, plan) == set(range(expect))
+        done_batches = int(ends[expect - 1]) if expect else 0
+    cache, secs = get_or_build(bb, MANY, root, progress=False, **KW)
+    assert secs > 0 and sums(cache) == sums(reference)
+    assert not folder.exists() and not list(root.glob("*.partial-*"))
+
+
+def test_parts_merge_into_the_one_process_entry(bb, reference, tmp_path):
+    """--shard 0/3, 1/3, 2/3 as independent processes: the first two stop with the entry incomplete,
+    the last publishes it, and it is the one-process entry byte for byte."""
+    root = tmp_path / "cache"
+    for i in (2, 0):
+        cache, stats = build_part(bb, MANY, Part(i, 3, f"--shard {i}/3"), root, progress=False, **KW)
+        assert cache is None and not stats.complete and stats.report.missing
+    # a part never publishes outside the build lock, even when its shards were the last ones
+    # (under torchrun the waiting ranks poll publish_when_complete at the same moment)
+    from frozentune.cache import build, publish_when_complete
+
+    key, fields = cache_key(bb, MANY)
+    stats = build(root, key, fields, bb, bb.tokenize(MANY), part=Part(1, 3), progress=False, **KW)
+    assert not stats.complete and not stats.report.missing and not (root / key).exists()
+    assert publish_when_complete(root, key, fields, bb, bb.tokenize(MANY), **KW)
+    cache, stats = build_part(bb, MANY, Part(1, 3, "--shard 1/3"), root, progress=False, **KW)
+    assert stats is None and cache is not None and sums(cache) == sums(reference)
+
+
+def test_merge_refuses_missing_and_foreign_shards(bb, tmp_path):
+    root = tmp_path / "cache"
+    other = [t + " !" for t in MANY]
+    build_part(bb, MANY, Part(0, 2), root, progress=False, **KW)
+    build_part(bb, other, Part(1, 2), root, progress=False, **KW)
+    key, fields = cache_key(bb, MANY)
+    okey = cache_key(bb, other)[0]
+    folder, plan, tokens = building_dir(root, key), plan_of(bb), bb.tokenize(MANY)
+    with pytest.raises(ExtractError, match=r"shards are not finished \(1, 3"):
+        S.merge(folder, key, plan, tokens.lengths, bb.dim, "float16", lambda *a: None)
+    # a shard of another entry put in place of a missing one is refused by name, nothing is published
+    shutil.copytree(building_dir(root, okey) / "shard-00001", folder / "shard-00001")
+    for k in range(3, len(plan.shards), 2):
+        shutil.copytree(building_dir(root, okey) / S.shard_name(k), folder / S.shard_name(k))
+    with pytest.raises(CacheError, match="a shard of another cache entry"):
+        build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
+    assert not (root / key).exists()
+
+
+def test_damaged_shard_is_found_before_publishing(bb, tmp_path):
+    root = tmp_path / "cache"
+    build_part(bb, MANY, Part(0, 2), root, progress=False, **KW)
+    key = cache_key(bb, MANY)[0]
+    f = building_dir(root, key) / "shard-00000" / "states.bin"
+    data = bytearray(f.read_bytes())
+    data[10] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match="shard-00000/states.bin: corrupt"):
+        build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
+    assert not (root / key).exists()
+
+
+def test_part_of_reads_shard_flag_and_launcher_env():
+    assert part_of(None, {}) == Part()
+    assert part_of("1/4", {}).index == 1 and part_of("1/4", {}).count == 4
+    p = part_of(None, {"RANK": "1", "WORLD_SIZE": "2"})
+    assert (p.index, p.count, p.waits) == (1, 2, True)
+    assert not part_of("0/2", {}).waits
+    assert part_of(None, {"RANK": "0", "WORLD_SIZE": "1"}) == Part()
+    for bad in ("2/2", "x", "1/0", "-1/2"):
+        with pytest.raises(ExtractError, match="give i/N"):
+            part_of(bad, {})
+    with pytest.raises(ExtractError, match="disagrees with the launcher"):
+        part_of("0/2", {"RANK": "1", "WORLD_SIZE": "2"})
+
+
+def test_layer_key_is_absolute(tiny_bert):
+    """On a 2-layer model hidden states are 0..2: -1 and 2 (and -3 and 0) are one entry."""
+    a = Backbone.load(str(tiny_bert), LayerSpec((-1,)), max_length=16)
+    b = Backbone.load(str(tiny_bert), LayerSpec((2,)), max_length=16)
+    c = Backbone.load(str(tiny_bert), LayerSpec((1,)), max_length=16)
+    assert a.layer_key == b.layer_key == "2" and cache_key(a, BASE)[0] == cache_key(b, BASE)[0]
+    assert cache_key(c, BASE)[0] != cache_key(a, BASE)[0]
+    assert Backbone.load(str(tiny_bert), LayerSpec((-3, -1), "concat"), max_length=16).layer_key == "0,2:concat"
+
+
+def test_precision_is_in_the_key_and_device_is_not(bb):
+    key32 = cache_key(bb, BASE)[0]
+    bb.set_runtime("cpu", "bf16")
+    try:
+        assert cache_key(bb, BASE)[0] != key32 and cache_key(bb, BASE)[1]["precision"] == "bf16"
+    finally:
+        bb.set_runtime("cpu", "fp32")
+    assert cache_key(bb, BASE)[0] == key32 and "device" not in cache_key(bb, BASE)[1]
+
+
+def test_format2_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
+    """An entry written before shards (format 2: layers as typed, no precision) is re-keyed on
+    first use — same states, no extraction — and said so."""
+    bb = Backbone.load(str(tiny_bert), LayerSpec((-1,)), max_length=16)
+    root = tmp_path / "cache"
+    cache, _ = get_or_build(bb, BASE, root, progress=False)
+    content, key = sums(cache), cache.meta["key"]
+    old_key = legacy_keys(bb, BASE)[0]
+    meta = {k: v for k, v in cache.meta.items() if k not in ("precision", "shards", "shard_tokens", "devices")}
+    meta.update(format=2, layers="-1", key=old_key)
+    meta["meta_sha"] = meta_sha(meta)
+    os.rename(root / key, root / old_key)
+    (root / old_key / "meta.json").write_text(json.dumps(meta))
+    assert [e.status for e in scan(root)] == ["old format (re-keyed on next use)"]
+    said = []
+    again, secs = get_or_build(bb, BASE, root, progress=False, log=said.append)
+    assert secs == 0.0 and again.meta["key"] == key and sums(again) == content
+    assert again.meta["format"] == FORMAT_VERSION and again.meta["precision"] == "fp32"
+    assert any("re-keyed" in s and old_key in s for s in said) and not (root / old_key).exists()
+    # an entry under `--layer 2` finds it too: one entry for both spellings
+    b2 = Backbone.load(str(tiny_bert), LayerSpec((2,)), max_length=16)
+    assert get_or_build(b2, BASE, root, progress=False)[1] == 0.0
+
+
+def test_devices(monkeypatch):
+    dev, said = resolve_device("cpu")
+    assert dev == torch.device("cpu") and said.startswith("device: cpu")
+    if not torch.cuda.is_available():
+        dev, said = resolve_device("auto")
+        assert dev.type in ("cpu", "mps") and "auto →" in said
+        for spec in ("cuda", "cuda:1"):
+            with pytest.raises(ExtractError, match=f"--device {spec}: .*Use --device cpu"):
+                resolve_device(spec)
+    with pytest.raises(ExtractError, match="give auto .*cpu, cuda, cuda:N or mps"):
+        resolve_device("tpu")
+
+
+def test_cli_device_and_shard_errors(tiny_bert, trec_slice, tmp_path):
+    base = ("cache", str(trec_slice), "--backbone", str(tiny_bert), "--cache-dir", str(tmp_path / "c"), "--quiet")
+    if not torch.cuda.is_available():
+        cli(*base, "--device", "cuda", code=2, contains=("--device cuda",))
+    cli(*base, "--device", "gpu0", code=2, contains=("--device 'gpu0'",))
+    cli(*base, "--shard", "2/2", code=2, contains=("--shard", "0 <= i < N"))
+    cli(*base, "--shard", "0/2", "--rebuild-cache", code=2, contains=("--rebuild-cache",))
+    cli("cache", "--list", str(trec_slice), code=2, contains=("--list",))
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+def test_list_and_prune(bb, tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    get_or_build(bb, BASE, root, progress=False)
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    monkeypatch.undo()
+    (root / "deadbeef.partial-999999999-x").mkdir()  # a merge whose process is gone
+    rows = {e.kind: e for e in scan(root)}
+    assert rows["entry"].status == "ok" and rows["entry"].precision == "fp32" and rows["entry"].examples == len(BASE)
+    assert rows["building"].status == "interrupted" and rows["building"].shards.endswith(f"/{len(plan_of(bb).shards)}")
+    answer = cli("cache", "--list", "--cache-dir", str(root), code=0)
+    assert "interrupted" in answer.out and "ok" in answer.out
+    gone = prune(root)
+    assert sorted(e.kind for e in gone) == ["building", "partial"]
+    assert [e.kind for e in scan(root)] == ["entry"]
+    assert get_or_build(bb, BASE, root, progress=False)[1] == 0.0  # the entry is intact
+
+
+def test_running_build_is_not_pruned(bb, tmp_path):
+    root = tmp_path / "cache"
+    key, fields = cache_key(bb, MANY)
+    folder = building_dir(root, key)
+    S.open_plan(folder, key, fields, plan_of(bb))
+    with S.active(folder):
+        assert [e.status for e in scan(root)] == ["running"] and prune(root) == []
+    assert [e.status for e in scan(root)] == ["interrupted"]
+
+
+def _entry_files(root: Path) -> dict:
+    entries = [p for p in root.iterdir() if p.is_dir() and "." not in p.name]
+    assert len(entries) == 2, entries  # train and test
+    return {json.loads((p / "meta.json").read_text())["n"]: {f: (p / f).read_bytes() for f in FILES} for p in entries}
+
+
+def test_torchrun_two_processes_equal_one(tiny_bert, trec_slice, tmp_path):
+    """`frozentune cache` under torchrun (2 CPU processes, one thread each) writes the entry one
+    process (one thread) writes, byte for byte; each rank reports its part."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", FROZENTUNE_SHARD_TOKENS="300")
+    args = ["-m", "frozentune.cli", "cache", str(trec_slice), "--backbone", str(tiny_bert), "--quiet",
+            "--precision", "fp32", "--device", "cpu"]
+    one = subprocess.run([sys.executable, *args, "--cache-dir", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          *args, "--cache-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "part 0 of 2" in two.stdout and "part 1 of 2" in two.stdout
+    assert _entry_files(tmp_path / "one") == _entry_files(tmp_path / "two")
+    assert not list((tmp_path / "two").glob("*.building"))
+
+
+def test_fp32_states_are_the_ones_before_shards(bb, reference):
+    """The fp32 pass stores exactly what the one-piece extraction stored before shards existed
+    (same batches, same model, same cast), so re-keyed format-2 entries hold the right states."""
+    from frozentune.backbone import iter_states
+
+    tokens = bb.tokenize(MANY)
+    old = b"".join(states[mask].to(torch.float16).numpy().tobytes()
+                   for _, states, mask in iter_states(bb.model, bb.tok, tokens, bb.layers, max_tokens=128))
+    assert old == (reference.path / "states.bin").read_bytes()  # exact: the same kernels on the same batches
