@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -329,9 +330,13 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
 
     from .api import peak_rss_mb, train_config
     from .backbone import load_causal_lm
+    from .distributed import read_launch
     from .output import check_output, staged_output
-    from .registry import get_method
+    from .registry import MethodError, get_method
 
+    if (launch := read_launch(os.environ)).world_size > 1:
+        raise MethodError(f"training on {data} (generation) runs in one process only, but this is one of "
+                          f"{launch.world_size} ({launch.how}); run it without torchrun / accelerate launch")
     cfg_train = train_config(get_method(method).generation_defaults, train_cfg)
     decoding.validate()
     if output is not None:

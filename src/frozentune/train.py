@@ -1,11 +1,21 @@
 """One training loop for every method: heads on cached features and methods that run the
 backbone live. AdamW, linear warm-up/decay, seeded length-bucketed batches, early stopping on
 validation accuracy (the best epoch's weights are restored), accuracy and macro-F1.
+
+Started by `torchrun` or `accelerate launch` (WORLD_SIZE > 1), the loop runs data-parallel with
+exact global-batch semantics: every rank draws the same global batch, computes the loss of its
+contiguous slice weighted by the slice's share of the batch, and the gradients are summed over
+the ranks before clipping and the step (see `distributed`). The update is the one-process update
+on the global batch up to float summation order; only dropout differs (its masks are drawn per
+slice, from a per-rank seed). Validation runs on rank 0 and its metrics are sent to every rank,
+so all ranks take the same early-stopping decision; only rank 0 logs.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -13,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import distributed
 from .model import Classifier, Source
 
 
@@ -121,6 +132,30 @@ def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[
     opt.step()
 
 
+def shared_step(part: torch.Tensor | None, opt: torch.optim.Optimizer, params: list[nn.Parameter],
+                max_grad_norm: float, where: str, advice: str) -> float:
+    """One update from this rank's part of the global batch's loss (weighted so that the parts of all
+    ranks sum to it; None for a rank whose slice is empty): backward, sum the gradients and the
+    parts over the ranks, refuse a non-finite global loss (on every rank alike), clip the summed
+    gradient's norm (0: off), step. Returns the global loss. In one process: optimizer_step."""
+    if distributed.world_size() == 1:
+        assert part is not None
+        optimizer_step(part, opt, params, max_grad_norm, where, advice)
+        return part.item()
+    opt.zero_grad(set_to_none=True)
+    value = 0.0
+    if part is not None:
+        part.backward()  # a non-finite part is refused below, once all ranks know the sum
+        value = part.item()
+    (total,) = distributed.reduce_gradients(params, [value])
+    if not math.isfinite(total):
+        raise FloatingPointError(f"{where}: loss became {total}; {advice}")
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    return total
+
+
 @dataclass
 class FitResult:
     history: list[dict]
@@ -139,16 +174,30 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
              validate: Callable[[], dict[str, float]], score: Callable[[dict[str, float]], float],
              cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
     """The one training loop. `lengths` (N,): tokens per training example (for length-bucketed
-    batches); `batch_loss(idx)`: the mean loss of those examples; `validate()`: validation metrics;
-    `score(metrics)`: higher is better, for early stopping. Leaves `module` with the trainable
-    parameters (and buffers) of the best validation epoch."""
+    batches); `batch_loss(idx)`: the mean loss of those examples (data-parallel: the mean over
+    examples of per-example losses, so that a slice's mean times its share of the batch is its part
+    of the batch's mean); `validate()`: validation metrics; `score(metrics)`: higher is better, for
+    early stopping. Leaves `module` with the trainable parameters (and buffers) of the best
+    validation epoch. history rows hold the epoch's mean training loss and each step's
+    (step_losses), the validation metrics and the epoch's seconds (rank 0's under a launcher)."""
     from transformers import get_linear_schedule_with_warmup
 
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
+    world = distributed.launch().world_size
+    if world > 1 and not distributed.is_main():
+        log = _silent
+    torch.manual_seed(distributed.rank_seed(cfg.seed))  # dropout: rank 0 draws as one process would
+    rng = np.random.default_rng(cfg.seed)  # the batches: the same on every rank
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"{type(module).__name__} has no trainable parameters")
+    if world > 1:
+        run = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "device"}
+        distributed.check_same("the trainable parameters, training set and options",
+                               (distributed.param_signature(module), len(lengths),
+                                zlib.crc32(np.ascontiguousarray(lengths, dtype=np.int64).tobytes()), run))
+        distributed.broadcast_module(module)
+        log(f"data-parallel: {world} processes ({distributed.launch().how}), each a slice of every batch of "
+            f"{cfg.batch_size}")
     opt = adamw(params, cfg.lr, cfg.weight_decay)
     steps_per_epoch = (len(lengths) + cfg.batch_size - 1) // cfg.batch_size
     total = steps_per_epoch * cfg.epochs
@@ -160,18 +209,26 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
     for epoch in range(1, cfg.epochs + 1):
         t0 = time.perf_counter()
         module.train()
-        loss_sum, n = 0.0, 0
+        loss_sum, n, steps = 0.0, 0, []
         for idx in train_batches(lengths, cfg.batch_size, rng):
-            loss = batch_loss(idx)
-            optimizer_step(loss, opt, params, cfg.max_grad_norm, f"epoch {epoch}", "lower --lr")
+            if world == 1:
+                part = batch_loss(idx)
+            else:  # this rank's slice, weighted by its share; an empty slice still joins the gradient sum
+                mine = distributed.shard(idx)
+                part = batch_loss(mine) * (len(mine) / len(idx)) if len(mine) else None
+            loss = shared_step(part, opt, params, cfg.max_grad_norm, f"epoch {epoch}", "lower --lr")
             sched.step()
-            loss_sum += loss.item() * len(idx)
+            steps.append(loss)
+            loss_sum += loss * len(idx)
             n += len(idx)
         epoch_s = time.perf_counter() - t0
         module.eval()
-        val_m = validate()
+        if world == 1:
+            val_m = validate()
+        else:  # rank 0 validates; every rank then decides on its numbers
+            val_m, epoch_s = distributed.broadcast_object((validate(), epoch_s) if distributed.is_main() else None)
         row = {"epoch": epoch, "train_loss": loss_sum / max(n, 1), **{f"val_{k}": v for k, v in val_m.items()},
-               "epoch_seconds": epoch_s}
+               "epoch_seconds": epoch_s, "step_losses": steps}
         history.append(row)
         shown = "  ".join(f"val {k.replace('_', '-')} {v:.{4 if k == 'loss' else 2}f}" for k, v in val_m.items())
         log(f"epoch {epoch:>3}/{cfg.epochs}  loss {row['train_loss']:.4f}  {shown}  {epoch_s:.1f}s")
@@ -189,11 +246,15 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
     return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
 
 
+def _silent(line: str) -> None:
+    """The log of ranks other than 0."""
+
+
 def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_val: np.ndarray,
         cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
     """Train a classifier in place (fit_loop on its head's loss, early stopping on validation
     accuracy); leaves it with the weights of the best validation epoch."""
-    device = torch.device(cfg.device)
+    device = distributed.device(cfg.device)  # under a launcher, a bare "cuda" is this rank's GPU
     model.to(device)
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"method {model.method!r} has no trainable parameters")

@@ -17,10 +17,20 @@ Output folder:
 A checkpoint is written into a temporary folder and renamed into place, then `latest` is switched
 (temp file + rename), so an interrupted run always leaves a complete checkpoint to resume.
 
+Started by `torchrun` or `accelerate launch` (WORLD_SIZE > 1), it runs data-parallel: every rank
+builds the same masked global batch for a step, runs a contiguous slice of its sequences, and
+back-propagates the sum of its slice's cross-entropies divided by the global batch's number of
+predicted positions; the gradients are summed over the ranks (see `distributed`). So each step,
+and the loss in loss.jsonl, equal the one-process ones up to float summation order (dropout
+aside: its masks are drawn per slice, from a per-rank seed). Rank 0 alone prints and writes the
+output folder; the checkpoint keeps every rank's random state, so a resumed run continues as an
+uninterrupted one would (with the same number of processes).
+
 Legend: B batch, T tokens, D width, V vocabulary, N positions chosen for prediction.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -36,7 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..train import adamw, optimizer_step
+from .. import distributed
+from ..train import adamw, shared_step
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
 
 FORMAT = "frozentune-mlm/1"
@@ -101,13 +112,14 @@ class MaskedLM(nn.Module):
         self.mlm = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
         self.bias = nn.Parameter(torch.zeros(encoder.vocab_size))
 
-    def forward(self, inputs: Tensor, mask: Tensor, labels: Tensor) -> Tensor:
-        """inputs, mask, labels (B, T) → mean cross-entropy over the chosen positions."""
+    def forward(self, inputs: Tensor, mask: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+        """inputs, mask, labels (B, T) → the cross-entropy over the chosen positions: their mean,
+        or (reduction "sum") their sum (0 when none is chosen)."""
         h = self.encoder(inputs, mask)            # (B, T, D)
         chosen = labels != IGNORE                 # (B, T)
         z = self.mlm(h[chosen])                   # (N, D)
         logits = F.linear(z, self.encoder.tok.weight, self.bias)  # (N, V)
-        return F.cross_entropy(logits, labels[chosen])
+        return F.cross_entropy(logits, labels[chosen], reduction=reduction)
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -240,7 +252,7 @@ def load_optimizer(path: Path, device: torch.device) -> dict:
 
 
 def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, config: dict,
-                     curve: list[dict]) -> Path:
+                     curve: list[dict], rank_rngs: list[Tensor] | None = None) -> Path:
     from safetensors.torch import save_file
 
     name = f"step-{config['step']:07d}"
@@ -250,7 +262,10 @@ def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, 
     tmp.mkdir()
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
-    torch.save({"optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / OPTIMIZER)
+    extra = {"optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()}
+    if rank_rngs is not None:  # data-parallel: every rank's state (rank 0's is torch_rng)
+        extra["rank_rngs"] = rank_rngs
+    torch.save(extra, tmp / OPTIMIZER)
     (tmp / CURVE).write_text("".join(json.dumps(r) + "\n" for r in curve))
     (tmp / CONFIG).write_text(json.dumps(config, indent=2))
     final = output / name
@@ -350,12 +365,18 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     from ..backbone import tokenizer_hash
 
     output = Path(output)
+    world = distributed.launch().world_size
+    main = distributed.is_main()
+    if not main:
+        log = _silent
     enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
     enc_cfg.validate()
     run_cfg.validate()
-    output.mkdir(parents=True, exist_ok=True)
-    for stale in output.glob(".tmp-*"):  # left by an interrupted checkpoint write
-        shutil.rmtree(stale, ignore_errors=True)
+    distributed.barrier()  # every rank has read the output folder as it was before rank 0 writes to it
+    if main:
+        output.mkdir(parents=True, exist_ok=True)
+        for stale in output.glob(".tmp-*"):  # left by an interrupted checkpoint write
+            shutil.rmtree(stale, ignore_errors=True)
 
     tok = load_tokenizer()
     t0 = time.perf_counter()
@@ -367,9 +388,11 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['corpus']['chunks']:,} chunks "
                         f"then, {len(data.chunks):,} now); resume with the same corpus or start a new run")
 
-    device = torch.device(run_cfg.device)
+    device = distributed.device(run_cfg.device)  # under a launcher, a bare "cuda" is this rank's GPU
     torch.manual_seed(run_cfg.seed)
     model = MaskedLM(Encoder(enc_cfg, len(tok))).to(device)
+    if not main:  # dropout: rank 0 continues the stream as one process would, the others draw their own
+        torch.manual_seed(distributed.rank_seed(run_cfg.seed))
     opt = adamw(list(model.parameters()), run_cfg.lr, run_cfg.weight_decay)
     step, elapsed, tokens_seen, curve = 0, 0.0, 0, []
     if saved is not None:
@@ -379,7 +402,12 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         try:
             model.load_state_dict(weights)
             opt.load_state_dict(extra["optimizer"])
-            torch.set_rng_state(extra["torch_rng"])  # dropout continues as it would have
+            rngs = extra.get("rank_rngs")
+            if world == 1 or (isinstance(rngs, list) and len(rngs) == world):
+                # dropout continues as it would have
+                torch.set_rng_state((extra["torch_rng"] if world == 1 else rngs[distributed.rank()]).cpu())
+            else:  # a run saved by another number of processes: fresh per-rank streams
+                torch.manual_seed(distributed.rank_seed(run_cfg.seed + int(saved["step"])))
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise ConvError(f"{folder}: the checkpoint does not fit the run it describes "
                             f"({' '.join(str(e).split())[:200]}); restore it or start a new run") from None
@@ -391,6 +419,12 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         f"budget: {run_cfg.steps or '∞'} steps, {run_cfg.minutes or '∞'} minutes")
 
     batches, tok_hash, params = Batches(data.chunks, tok, run_cfg), tokenizer_hash(tok), list(model.parameters())
+    if world > 1:
+        distributed.check_same("the model, corpus and run", (distributed.param_signature(model), data.describe(),
+                                                             dataclasses.asdict(run_cfg) | {"device": None}, step))
+        distributed.broadcast_module(model)
+        log(f"data-parallel: {world} processes ({distributed.launch().how}), each a slice of every batch of "
+            f"{run_cfg.batch_size}")
 
     def checkpoint() -> None:
         config = {"format": FORMAT, "encoder": dataclasses.asdict(enc_cfg), "vocab_size": len(tok),
@@ -398,7 +432,9 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
                   "corpus": {"spec": corpus, "text_field": text_field, **data.describe()},
                   "step": step, "seconds": elapsed, "tokens_seen": tokens_seen,
                   "loss": curve[-1]["loss"] if curve else None}
-        _save_checkpoint(output, model, opt, config, curve)
+        rngs = distributed.gather_objects(torch.get_rng_state()) if world > 1 else None
+        if main:
+            _save_checkpoint(output, model, opt, config, curve, rngs)
 
     def spent() -> str | None:
         if run_cfg.steps and step >= run_cfg.steps:
@@ -408,10 +444,11 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         return None
 
     live = output / CURVE
-    live.write_text("".join(json.dumps(r) + "\n" for r in curve))  # a resumed run drops what came after its checkpoint
+    if main:  # a resumed run drops what came after its checkpoint
+        live.write_text("".join(json.dumps(r) + "\n" for r in curve))
     last_saved = step if saved is not None else -1
     model.train()
-    with open(live, "a") as curve_file:
+    with open(live, "a") if main else contextlib.nullcontext() as curve_file:
         while (stopped := spent()) is None:
             step += 1
             t_step = time.perf_counter()
@@ -419,15 +456,24 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             lr = lr_at(step, run_cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss = model(inputs.to(device), real.to(device), labels.to(device))
-            optimizer_step(loss, opt, params, run_cfg.max_grad_norm, f"step {step}",
-                           "lower --lr or raise --warmup-steps")
+            if world == 1:
+                part = model(inputs.to(device), real.to(device), labels.to(device))
+            else:  # this rank's rows; its part of the batch's mean: its sum over the batch's predicted positions
+                rows = slice(*distributed.shard_bounds(len(inputs), world, distributed.rank()))
+                chosen = int((labels != IGNORE).sum())
+                part = (model(inputs[rows].to(device), real[rows].to(device), labels[rows].to(device), "sum") / chosen
+                        if rows.stop > rows.start else None)
+            loss = shared_step(part, opt, params, run_cfg.max_grad_norm, f"step {step}",
+                               "lower --lr or raise --warmup-steps")
             elapsed += time.perf_counter() - t_step
+            if world > 1:  # rank 0's clock for everyone: the --minutes budget stops all ranks at the same step
+                elapsed = distributed.broadcast_object(elapsed)
             tokens_seen += int(real.sum())
-            row = {"step": step, "loss": loss.item(), "lr": lr, "seconds": round(elapsed, 3), "tokens": tokens_seen}
+            row = {"step": step, "loss": loss, "lr": lr, "seconds": round(elapsed, 3), "tokens": tokens_seen}
             curve.append(row)
-            curve_file.write(json.dumps(row) + "\n")
-            curve_file.flush()
+            if curve_file is not None:
+                curve_file.write(json.dumps(row) + "\n")
+                curve_file.flush()
             if step % run_cfg.log_every == 0:
                 recent = [r["loss"] for r in curve[-run_cfg.log_every:]]
                 log(f"step {step:>6}  loss {sum(recent) / len(recent):.4f}  lr {lr:.2e}  {elapsed:.0f}s  "
@@ -437,13 +483,19 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
                 last_saved = step
     if last_saved != step:
         checkpoint()
+    distributed.barrier()  # the last checkpoint is in place before any rank reads it below
     tail = [r["loss"] for r in curve[-run_cfg.log_every:]]
     result = {"output": str(output), "checkpoint": str(find_checkpoint(output)), "arch": enc_cfg.arch,
               "encoder": dataclasses.asdict(enc_cfg), "run": dataclasses.asdict(run_cfg), "corpus": data.describe(),
               "step": step, "stopped_by": stopped, "train_seconds": elapsed, "prepare_seconds": prepare_seconds,
               "tokens_seen": tokens_seen, "tokens_per_s": tokens_seen / elapsed if elapsed else None,
               "final_loss": sum(tail) / len(tail) if tail else None, "encoder_params": n_params}
-    (output / "result.json").write_text(json.dumps(result, indent=2))
+    if main:
+        (output / "result.json").write_text(json.dumps(result, indent=2))
     log(f"stopped at step {step} ({stopped} budget spent): loss {result['final_loss'] or float('nan'):.4f} "
         f"(mean of the last {len(tail)} steps), {elapsed:.0f}s; checkpoint {result['checkpoint']}")
     return result
+
+
+def _silent(line: str) -> None:
+    """The log of ranks other than 0."""
