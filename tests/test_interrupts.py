@@ -202,5 +202,5 @@ def test_stale_lock_file_does_not_block(tiny_bert, trec_slice, tmp_path):
     key = cache_key(bb, read_split(trec_slice / "train.jsonl", "text", "label").texts)[0]
     (root / f"{key}.lock").write_text("")
     answer = cli("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--max-length", 32,
-                 "--splits", "train", "--quiet", code=0)
+                 "--splits", "train", "--quiet", "--precision", "fp32", code=0)  # the key computed above
     assert "waiting" not in answer.err and [p.name for p in root.iterdir()] == [key]

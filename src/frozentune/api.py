@@ -202,7 +202,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     log(f"test accuracy {test_m['accuracy']:.2f}  macro-F1 {test_m['macro_f1']:.2f}  "
         f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
         f"peak RSS {result['peak_rss_mb']:.0f} MB")
-    if output is not None:
+    from . import distributed
+
+    if output is not None and distributed.is_main():  # data-parallel ranks hold the same weights: rank 0 saves
         with staged_output(Path(output), overwrite) as folder:
             M.save(model, folder, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
                                          "text_field": text_field, "label_field": label_field})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -210,7 +211,10 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                  "shards of one being built (a rerun resumes from them)")
     options = _method_options(a.method, rest)
     train_cfg = _given(a, TrainConfig)
-    log = lambda s: print(s, flush=True)  # noqa: E731
+    from .distributed import read_launch
+
+    main_rank = read_launch(os.environ).rank == 0  # under torchrun / accelerate launch only rank 0 prints
+    log = (lambda s: print(s, flush=True)) if main_rank else (lambda s: None)  # noqa: E731
     if is_generation_data(a.data):
         from .extract import resolve_device
 
@@ -431,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cache import CacheError
     from .conv.encoder import ConvError
     from .data import DataError
+    from .distributed import DistributedError
     from .extract import ExtractError
     from .model import ModelLoadError
     from .output import OutputError
@@ -453,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
-            OutputError, ExtractError) as e:
+            OutputError, ExtractError, DistributedError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

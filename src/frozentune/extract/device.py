@@ -23,6 +23,14 @@ def _mps() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
+def _local_rank() -> int:
+    import os
+
+    from ..distributed import read_launch
+
+    return read_launch(os.environ).local_rank
+
+
 def resolve_device(spec: str | torch.device | None = "auto") -> tuple[torch.device, str]:
     """(device, one line saying what was chosen and why) for a --device value. An absent or
     unknown device is an ExtractError that lists what this machine has."""
@@ -33,7 +41,8 @@ def resolve_device(spec: str | torch.device | None = "auto") -> tuple[torch.devi
     have = ["cpu"] + [f"cuda:{i}" for i in range(n)] + (["mps"] if _mps() else [])
     if spec == "auto":
         if n:
-            return torch.device("cuda:0"), f"device: auto → cuda:0 ({torch.cuda.get_device_name(0)})"
+            i = _local_rank() % n  # under torchrun / accelerate launch each process takes its own GPU
+            return torch.device(f"cuda:{i}"), f"device: auto → cuda:{i} ({torch.cuda.get_device_name(i)})"
         if _mps():
             return torch.device("mps"), "device: auto → mps (Apple GPU)"
         return torch.device("cpu"), f"device: auto → cpu (no GPU found; {cpu_summary()})"

@@ -70,15 +70,16 @@ class Part:
 def part_of(shard: str | None, env: dict | None = None) -> Part:
     """The part this process builds: from `--shard i/N`, else from RANK / WORLD_SIZE (set by
     torchrun and accelerate launch), else the whole. Both given and disagreeing is an error."""
+    from ..distributed import DistributedError, read_launch
+
     env = os.environ if env is None else env
     launched = None
-    if "WORLD_SIZE" in env and int(env.get("WORLD_SIZE", "1")) > 1:
-        try:
-            launched = Part(int(env["RANK"]), int(env["WORLD_SIZE"]),
-                            f"launcher (RANK {env['RANK']} of WORLD_SIZE {env['WORLD_SIZE']})")
-        except (KeyError, ValueError):
-            raise ExtractError("WORLD_SIZE is set but RANK is not a number; start the processes with torchrun or "
-                               "accelerate launch, or give --shard i/N") from None
+    try:
+        info = read_launch(env)
+    except DistributedError as e:
+        raise ExtractError(f"{e}; start the processes with torchrun or accelerate launch, or give --shard i/N") from None
+    if info.world_size > 1:
+        launched = Part(info.rank, info.world_size, f"launcher ({info.how}: rank {info.rank} of {info.world_size})")
     if shard is None:
         return launched or Part()
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
