@@ -515,7 +515,7 @@ def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
     lengths = tokens.lengths
     if batches is None:
         batches = length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to), max_tokens, max_batch)
-    device = _device_of(model)
+    device = device_of(model)
     for idx in batches:
         ids, mask = pad([tokens.ids[i] for i in idx], pid, pad_to)
         ids, mask = ids.to(device), mask.to(device)
@@ -524,7 +524,8 @@ def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
         yield idx, states, mask.bool()
 
 
-def _device_of(model: nn.Module) -> torch.device:
+def device_of(model: nn.Module) -> torch.device:
+    """The device of a module's first parameter (or buffer); the CPU for one without either."""
     for t in model.parameters():
         return t.device
     for t in model.buffers():

@@ -8,7 +8,6 @@ cache entry is extracted in shards that survive interrupts and split across proc
 """
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 

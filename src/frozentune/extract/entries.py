@@ -2,13 +2,12 @@
 (`frozentune cache --prune`)."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import is_running
+from .shards import is_running, read_json
 
 
 @dataclass
@@ -62,14 +61,6 @@ def _pid_alive(text: str) -> bool:
     return True
 
 
-def _json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _describe(fields: dict) -> dict:
     return {"model": str(fields.get("model", "")), "layers": str(fields.get("layers", "")),
             "max_length": fields.get("max_length"), "precision": str(fields.get("precision", "fp32")),
@@ -92,7 +83,7 @@ def scan(root: Path) -> list[Entry]:
                              "running" if alive else "leftover of a merge", _size(p)))
             continue
         if p.name.endswith(".building"):
-            plan = _json(p / "plan.json")
+            plan = read_json(p / "plan.json")
             if plan is None:
                 out.append(Entry(p, "building", "interrupted", _size(p)))
                 continue
@@ -102,7 +93,7 @@ def scan(root: Path) -> list[Entry]:
             out.append(Entry(p, "building", status, _size(p), shards=f"{done}/{total}",
                              **_describe(plan.get("fields", {}))))
             continue
-        meta = _json(p / "meta.json")
+        meta = read_json(p / "meta.json")
         if meta is None or meta.get("meta_sha") != _safe_sha(meta):
             out.append(Entry(p, "entry", "unreadable", _size(p)))
             continue

@@ -50,6 +50,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from ..backbone import device_of
 from .device import cpu_features, native_bf16
 from .errors import ExtractError
 
@@ -154,14 +155,6 @@ def _frozen_copy(model: nn.Module, device: torch.device) -> nn.Module:
     return c
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
 def _same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False
@@ -195,7 +188,7 @@ def prepare(model: nn.Module, precision: str, device: torch.device) -> nn.Module
     check_precision(precision, device)
     if precision == "fp32":
         frozen = not model.training and not any(p.requires_grad for p in model.parameters())
-        if frozen and _same_device(_model_device(model), device):
+        if frozen and _same_device(device_of(model), device):
             return model
         return _frozen_copy(model, device)
     if precision in ("bf16", "fp16"):

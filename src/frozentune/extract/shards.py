@@ -174,7 +174,7 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -188,7 +188,7 @@ def open_plan(folder: Path, key: str, fields: dict, plan: Plan) -> None:
     path = folder / "plan.json"
     want = {"key": key, "fields": fields, "digest": plan.digest, "shards": len(plan.shards),
             "examples": len(plan.order), "settings": plan.settings}
-    have = _read_json(path)
+    have = read_json(path)
     if have is None:
         if path.exists():  # unreadable: written by a process killed mid-write is impossible (atomic), so damaged
             raise ExtractError(f"{path}: damaged plan of an interrupted build; rerun with --rebuild-cache to start over")
@@ -328,7 +328,7 @@ def check_shard(folder: Path, k: int, key: str, plan: Plan, lengths: np.ndarray,
     """shard.json of shard k, after checking it belongs to this key and plan and its files have the
     sizes its examples need; an ExtractError saying which shard and what to do otherwise."""
     where = folder / shard_name(k)
-    info = _read_json(where / "shard.json")
+    info = read_json(where / "shard.json")
     redo = "delete that shard folder and rerun (only it is extracted again), or rerun with --rebuild-cache"
     if info is None:
         raise ExtractError(f"{where}: shard.json missing or unreadable; {redo}")
