@@ -192,7 +192,11 @@ def prepare(model: nn.Module, precision: str, device: torch.device) -> nn.Module
             return model
         return _frozen_copy(model, device)
     if precision in ("bf16", "fp16"):
-        return AutocastModel(_frozen_copy(model, device), device.type, DTYPES[precision]).eval()
+        copy_ = _frozen_copy(model, device)
+        for m in copy_.modules():  # autocast would cast these weights on every call; once is enough and
+            if isinstance(m, nn.Linear):  # gives the same products (on a quiet run 1.85x → 1.87x fp32 on SST-2,
+                m.to(DTYPES[precision])  # identical states; bench/bf16_linears.py)
+        return AutocastModel(copy_, device.type, DTYPES[precision]).eval()
     return quantize_int8(model)
 
 
