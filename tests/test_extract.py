@@ -139,7 +139,7 @@ def test_parts_merge_into_the_one_process_entry(bb, reference, tmp_path):
     key, fields = cache_key(bb, MANY)
     stats = build(root, key, fields, bb, bb.tokenize(MANY), part=Part(1, 3), progress=False, **KW)
     assert not stats.complete and not stats.report.missing and not (root / key).exists()
-    assert publish_when_complete(root, key, fields, bb, bb.tokenize(MANY), **KW)
+    assert publish_when_complete(root, key, fields, bb, bb.tokenize(MANY), plan_of(bb))
     cache, stats = build_part(bb, MANY, Part(1, 3, "--shard 1/3"), root, progress=False, **KW)
     assert stats is None and cache is not None and sums(cache) == sums(reference)
 

@@ -154,17 +154,15 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
     lines = list(rt.lines)
-    if model.runs_live and bb.precision != "fp32":
-        if isinstance(backbone, BackboneOptions) and backbone.precision is not None:
-            raise MethodError(f"--precision {bb.precision}: method {method!r} trains or steers the backbone, which "
-                              f"it does in fp32; leave --precision out (or give fp32)")
-        bb.set_runtime(rt.device, "fp32")
+    if model.runs_live and bb.precision != "fp32" and isinstance(backbone, BackboneOptions) \
+            and backbone.precision is not None:
+        raise MethodError(f"--precision {bb.precision}: method {method!r} trains or steers the backbone, which "
+                          f"it does in fp32; leave --precision out (or give fp32)")
+    if _live_backbone_on(model, rt.device):
         lines[-1] = f"precision: fp32 (method {method!r} trains or steers the backbone)"
     for line in lines:
         log(line)
     cfg = dataclasses.replace(cfg, device=str(rt.device))
-    if model.runs_live:
-        bb.model.to(rt.device)
     sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress)
     y = {name: ds.label_ids(getattr(ds, name)) for name in ("train", "validation", "test")}
     src = {name: sources(getattr(ds, name)) for name in ("train", "validation", "test")}
@@ -253,12 +251,22 @@ def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | N
     if isinstance(model_dir, M.Classifier):
         return model_dir
     model = M.load(model_dir, runtime=saved_runtime(device, precision, log))
-    if model.runs_live and model.backbone_ref.precision != "fp32":
-        model.backbone_ref.set_runtime(model.backbone_ref.device, "fp32")
+    _live_backbone_on(model, model.backbone_ref.device)
     model.to(model.backbone_ref.device)
-    if model.runs_live:
-        model.backbone_ref.model.to(model.backbone_ref.device)
     return model
+
+
+def _live_backbone_on(model: M.Classifier, device) -> bool:
+    """A method that trains or steers the backbone runs it itself, in fp32, on `device`: set that up.
+    Returns whether the backbone's precision had to be changed to fp32 for it."""
+    if not model.runs_live:
+        return False
+    bb = model.backbone_ref
+    changed = bb.precision != "fp32"
+    if changed:
+        bb.set_runtime(device, "fp32")
+    bb.model.to(device)
+    return changed
 
 
 def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,

@@ -46,8 +46,7 @@ from torch import Tensor
 
 from .backbone import Backbone, Tokenized, tokenizer_hash
 from .extract.errors import ExtractError
-from .extract.shards import (Part, building_dir, extract_part, finished, make_plan, merge,
-                             shards_done_tokens)
+from .extract.shards import Part, Plan, building_dir, extract_part, finished, make_plan, merge, work_of
 
 FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
 CHUNK = 64 << 20  # bytes per checksum chunk
@@ -373,11 +372,10 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         root.mkdir(parents=True, exist_ok=True)
         _clean_partials(root)
         owned = [k for k in range(len(plan.shards)) if part.owns(k)]
-        total_ex = sum(plan.examples(k)[1] - plan.examples(k)[0] for k in owned)
-        total_tok = sum(int(tokens.lengths[plan.order[slice(*plan.examples(k))]].sum()) for k in owned)
-        with _Progress(total_ex, total_tok, "extracting", enabled=progress) as bar:
+        with _Progress(*work_of(plan, tokens.lengths, owned), "extracting", enabled=progress) as bar:
             if folder.exists():
-                bar.skip(*shards_done_tokens(folder, plan, tokens, part.owns))
+                done = finished(folder, plan)
+                bar.skip(work_of(plan, tokens.lengths, [k for k in owned if k in done])[0])
             report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)
         if report.done_before and report.done_now:
             log(f"cache: resumed {key}: {len(report.done_before)} of {len(plan.shards)} shards were finished "
@@ -436,17 +434,15 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
     return BuildStats(len(lengths), n_tokens, merged["seconds"], files, shards=merged["shards"])
 
 
-def publish_when_complete(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
-                          dtype: str = "float16", log: Callable[[str], None] | None = None,
-                          shard_tokens: int | None = None, max_tokens: int | None = None) -> bool:
-    """For a part of several: publish the entry if every shard is finished and no other part has
-    done so yet (under the build lock). Returns whether the entry exists now."""
+def publish_when_complete(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized, plan: Plan,
+                          dtype: str = "float16", log: Callable[[str], None] | None = None) -> bool:
+    """For a part of several: publish the entry if every shard of `plan` is finished and no other
+    part has done so yet (under the build lock). Returns whether the entry exists now."""
     log = log or _stderr
     final = root / key
     with build_lock(root, key, log):
         if final.exists():
             return True
-        plan = make_plan(tokens.lengths, shard_tokens, max_tokens)
         folder = building_dir(root, key)
         if not folder.exists() or len(finished(folder, plan)) < len(plan.shards):
             return False
@@ -570,7 +566,7 @@ class _Progress:
 
     def __init__(self, total: int, total_tokens: int, label: str, enabled: bool):
         self.enabled, self.total, self.label = enabled, total, label
-        self.done = self.tokens = self.done_before = 0
+        self.done = self.tokens = 0
         self.t0 = time.perf_counter()
 
     def __enter__(self):
@@ -584,11 +580,10 @@ class _Progress:
             self.task = self.p.add_task(self.label, total=self.total, rate="")
         return self
 
-    def skip(self, examples: int, tokens: int) -> None:
+    def skip(self, examples: int) -> None:
         """Count work done before this run (finished shards of an interrupted build), not in the rate."""
         if self.enabled and examples:
             self.p.update(self.task, advance=examples)
-        self.done_before = examples
 
     def advance(self, examples: int, tokens: int) -> None:
         self.done += examples
@@ -653,9 +648,9 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
     if path.exists():
         return CachedStates(path, verify="full", **expect), None
     tokens = backbone.tokenize(texts)
+    plan = make_plan(tokens.lengths, shard_tokens, max_tokens)  # made once: the wait below polls with it
     stats = build(root, key, fields, backbone, tokens, dtype, progress, part, log, shard_tokens, max_tokens)
-    if stats.complete or publish_when_complete(root, key, fields, backbone, tokens, dtype, log, shard_tokens,
-                                               max_tokens):
+    if stats.complete or publish_when_complete(root, key, fields, backbone, tokens, plan, dtype, log):
         return CachedStates(path, verify="none" if stats.complete else "full", **expect), stats
     if not part.waits:
         return None, stats
@@ -665,5 +660,5 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
             log(f"cache: part {part.index}/{part.count} done; waiting for the other parts' shards of {key}")
             said = True
         time.sleep(poll_s)
-        publish_when_complete(root, key, fields, backbone, tokens, dtype, log, shard_tokens, max_tokens)
+        publish_when_complete(root, key, fields, backbone, tokens, plan, dtype, log)
     return CachedStates(path, verify="full", **expect), stats

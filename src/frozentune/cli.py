@@ -72,11 +72,10 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
     _runtime_args(g)
 
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
-
-
 def _runtime_args(g) -> None:
     """--device and --precision of the frozen pass (and the device of the head)."""
+    from .extract.precision import PRECISIONS
+
     g.add_argument("--device", default=None, help="where the backbone and the head run: auto (default: a GPU when "
                    "there is one, else the CPU), cpu, cuda, cuda:N, mps; said at the start")
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="precision of the frozen backbone pass "

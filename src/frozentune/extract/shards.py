@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -311,15 +311,13 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
                        float(np.mean(spent)) if spent else 0.0)
 
 
-def shards_done_tokens(folder: Path, plan: Plan, tokens: Tokenized, owned: Callable[[int], bool]) -> tuple[int, int]:
-    """(examples, tokens) of already-finished shards that `owned` selects (to start a progress bar there)."""
-    lengths = tokens.lengths
+def work_of(plan: Plan, lengths: np.ndarray, shards: Iterable[int]) -> tuple[int, int]:
+    """(examples, tokens) of these shards (a progress bar's total, or what was done before it)."""
     ex = tok = 0
-    for k in finished(folder, plan):
-        if owned(k):
-            p0, p1 = plan.examples(k)
-            ex += p1 - p0
-            tok += int(lengths[plan.order[p0:p1]].sum())
+    for k in shards:
+        p0, p1 = plan.examples(k)
+        ex += p1 - p0
+        tok += int(lengths[plan.order[p0:p1]].sum())
     return ex, tok
 
 
