@@ -27,7 +27,7 @@ TEXTS = ["good film", "bad film", "what a great movie !", "terrible , boring and
 LABELS = np.array([1, 0] * 8)
 # fit: 16 examples in batches of 5 → 5, 5, 5, 1 a epoch: slices 3/2 and, for the last batch, 1/0 (rank 1
 # empty); 2 epochs, 8 steps. pretrain: batches of 5 sequences (3/2), and of 1 (rank 1 always empty).
-FIT = {"epochs": 2, "batch_size": 5, "lr": 1e-3, "patience": 0, "warmup": 0.0, "seed": 0}
+FIT = {"epochs": 2, "batch_size": 5, "lr": 1e-3, "patience": 0, "warmup": 0.0, "seed": 0, "min_steps": 0}  # the 2 epochs as they are (no step floor)
 ENC = {"arch": "light", "layers": 2, "dim": 32, "heads": 4, "kernel_size": 3, "ffn_dim": 64, "max_length": 32,
        "dropout": 0.0}
 RUN = {"batch_size": 5, "lr": 1e-3, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 100, "seed": 0}

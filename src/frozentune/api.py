@@ -23,7 +23,8 @@ from .extract import Runtime, choose_runtime
 from .data import DataError, Dataset, TextSplit, encode_labels, load_classification
 from .output import check_output, staged_output
 from .registry import MethodError, get_method, make_config
-from .train import TrainConfig, evaluate, fit, predict_logits
+from .crossval import fit_cv
+from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits
 
 
 def peak_rss_mb() -> float:
@@ -127,10 +128,14 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
           output: Path | None = None, text_field: str = "text", label_field: str = "label",
           max_train: int | None = None, cache_root: Path | None = None,
           rebuild_cache: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print, overwrite: bool = False) -> dict:
+          log: Callable[[str], None] = print, overwrite: bool = False, shots: int | None = None) -> dict:
     """Train `method` on `data`, evaluate on its test split, save to `output`; returns the
     result dict (also written to output/result.json). A data-to-text dataset (E2E, WebNLG) goes to
-    generation.train_generation; use that directly for its decoding options."""
+    generation.train_generation; use that directly for its decoding options.
+
+    A frozen head on fewer than --cv-below training examples is not early-stopped on a carved
+    validation split: k-fold cross-validation on train picks its number of steps and it is refit on
+    all of train (crossval.py; result.json's "selection" says what was done)."""
     from .generation import is_generation_data, train_generation
 
     if isinstance(data, str) and is_generation_data(data):
@@ -140,8 +145,10 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     cfg = train_config(spec.train_defaults, train_cfg)
     if output is not None:
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
+    may_cv = cfg.cv_folds >= 2 and not runs_live(method, options)
     ds = data if isinstance(data, Dataset) else load_classification(
-        data, text_field, label_field, seed=cfg.seed, max_train=max_train)
+        data, text_field, label_field, seed=cfg.seed, max_train=max_train, shots=shots,
+        carve_below=cfg.cv_below if may_cv else 0)
     if isinstance(backbone, Backbone):
         rt = Runtime(backbone.device, backbone.precision, [])
         bb = backbone
@@ -164,8 +171,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         log(line)
     cfg = dataclasses.replace(cfg, device=str(rt.device))
     sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress)
-    y = {name: ds.label_ids(getattr(ds, name)) for name in ("train", "validation", "test")}
-    src = {name: sources(getattr(ds, name)) for name in ("train", "validation", "test")}
+    parts = [name for name in ("train", "validation", "test") if len(getattr(ds, name))]  # validation may be empty
+    y = {name: ds.label_ids(getattr(ds, name)) for name in parts}
+    src = {name: sources(getattr(ds, name)) for name in parts}
     if sources.extract_seconds:
         log(f"extracted features in {sources.extract_seconds:.1f}s")
     notes = list(ds.notes)
@@ -175,8 +183,24 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     n_params = model.num_trainable()
     log(f"{method} on {ds.name}: {len(ds.train)} train / {len(ds.validation)} validation / "
         f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
-    fitted = fit(model, src["train"], y["train"], src["validation"], y["validation"], cfg, log)
-    val_m, _ = evaluate(model, src["validation"], y["validation"], cfg.eval_batch_size)
+    val_src, y_val = src.get("validation"), y.get("validation")
+    if may_cv and len(ds.train) < cfg.cv_below:
+        log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: {cfg.cv_folds}-fold "
+            f"cross-validation on train picks the number of steps"
+            + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
+        model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
+                                          src["train"], y["train"], val_src, y_val, cfg, log)
+    else:
+        if val_src is None:
+            raise DataError(f"{ds.name}: the validation split is empty; give a validation file, or train a frozen "
+                            f"head with --cv-folds 2 or more")
+        plan = plan_steps(len(ds.train), cfg)
+        log(f"schedule: {plan.why}; early stopping on {len(ds.validation)} validation examples "
+            f"(--patience {cfg.patience})" + ("; methods that train or steer the backbone do not cross-validate"
+                                               if model.runs_live and len(ds.train) < cfg.cv_below else ""))
+        fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan)
+        selection = {"how": "validation", "schedule": plan.why}
+    val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size)[0] if val_src is not None else None
     test_m, _ = evaluate(model, src["test"], y["test"], cfg.eval_batch_size)
     result = {
         "method": method,
@@ -184,7 +208,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "config": {"method_options": dataclasses.asdict(model.cfg), "train": dataclasses.asdict(cfg),
                    "backbone": {"name": bb.name, "layers": str(bb.layers), "max_length": bb.max_length,
                                 "device": str(bb.device), "precision": bb.precision},
-                   "max_train": max_train, "data_notes": notes},
+                   "max_train": max_train, "shots": shots, "data_notes": notes},
         "metrics": test_m,
         "validation": val_m,
         "trainable_params": n_params,
@@ -194,6 +218,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "train_seconds": fitted.train_seconds,
         "peak_rss_mb": peak_rss_mb(),
         "best_epoch": fitted.best_epoch,
+        "selection": selection,
         "history": fitted.history,
         "sizes": {"train": len(ds.train), "validation": len(ds.validation), "test": len(ds.test)},
     }
@@ -209,6 +234,14 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
         log(f"saved to {output}")
     return result
+
+
+def runs_live(method: str, options: dict[str, Any] | None = None) -> bool:
+    """Whether `method` with `options` trains or steers a backbone (so it reads no cache), known
+    before any model is built."""
+    spec = get_method(method)
+    return (spec.encoder is not None or bool(make_config(method, options).train_backbone)
+            or bool(getattr(spec.head_cls, "steers_backbone", False)))
 
 
 def truncation_note(sources, max_length: int) -> str | None:

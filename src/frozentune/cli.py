@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     _data_args(t)
     t.add_argument("--output", type=Path, help="folder for the saved model and result.json")
     t.add_argument("--max-train", type=int, help="use a stratified sample of this many training examples")
+    t.add_argument("--shots", type=int, metavar="K", help="use K training examples of each class (seeded by --seed; "
+                   "whole sentences of a phrase treebank) for few-shot runs")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--overwrite", action="store_true", help="replace a model already saved in --output (otherwise refused)")
     _backbone_args(t)
@@ -179,6 +181,19 @@ def _parser() -> argparse.ArgumentParser:
     _add_dataclass_options(pt, EncoderConfig, "encoder")
     _add_dataclass_options(pt, PretrainConfig, "pre-training")
 
+    sw = sub.add_parser("sweep", help="train methods × layers × learning rates × weight decays × seeds from one cache; "
+                        "a table, a plot and the best point saved as a model")
+    _data_args(sw)
+    sw.add_argument("--methods", default="probe", help="comma list of frozen heads (default: probe)")
+    sw.add_argument("--layers", help="comma list of hidden-state indices, e.g. -1,-3 (default: each method's own)")
+    sw.add_argument("--lr", help="comma list of peak learning rates (default: each method's own)")
+    sw.add_argument("--weight-decay", help="comma list of AdamW weight decays (default: each method's own)")
+    sw.add_argument("--seeds", default="0,1,2", help="comma list of seeds: each setting is trained once per seed")
+    sw.add_argument("--shots", type=int, metavar="K", help="K training examples per class (drawn with each seed)")
+    sw.add_argument("--max-train", type=int, help="a stratified sample of this many training examples")
+    sw.add_argument("--output", type=Path, help="folder for sweep.md, sweep.json, sweep.png and best/ (the best point's model)")
+    sw.add_argument("--overwrite", action="store_true", help="replace a sweep already saved in --output")
+    _backbone_args(sw)
     sub.add_parser("list", help="list the methods and their options")
     return ap
 
@@ -217,6 +232,9 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     if is_generation_data(a.data):
         from .extract import resolve_device
 
+        if a.shots is not None:
+            raise CLIError(f"--shots {a.shots}: few-shot sampling is for classification data (K examples per class); "
+                           f"for E2E/WebNLG give --max-train")
         if a.precision not in (None, "fp32"):
             raise CLIError(f"--precision {a.precision}: generation methods train through the language model, which "
                            f"they run in fp32; leave --precision out")
@@ -231,7 +249,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                              a.device, a.precision)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
-              overwrite=a.overwrite)
+              overwrite=a.overwrite, shots=a.shots)
     return 0
 
 
@@ -366,6 +384,28 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from . import api
+    from .sweep import Grid, run_sweep
+
+    if a.layer is not None:
+        raise CLIError("sweep: give the layers to try with --layers (a comma list), not --layer")
+    grid = Grid.parse(a.methods, a.layers, a.lr, a.weight_decay, a.seeds)
+    bb = api.BackboneOptions(a.backbone or "minilm", None, a.layer_combine, a.max_length, a.trust_remote_code,
+                             a.device, a.precision)
+    on_interrupt("the output folder is as it was; cache entries already complete are kept")
+    points = grid.points()
+    print(f"sweep: {len(points)} points ({len(grid.methods)} method(s) × {len(grid.layers)} layer setting(s) × "
+          f"{len(grid.lrs)} lr × {len(grid.weight_decays)} weight decay × {len(grid.seeds)} seed(s)) on {a.data}",
+          flush=True)
+    result = run_sweep(grid, a.data, bb, a.output, a.shots, a.max_train, a.text_field, a.label_field, a.cache_dir,
+                       overwrite=a.overwrite, log=lambda s: print(s, flush=True))
+    from .sweep.run import markdown
+
+    print(markdown(result, a.data))
+    return 0
+
+
 def cmd_list() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -455,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.command == "list":
             return cmd_list()
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
-                "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain}[a.command](a)
+                "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
             OutputError, ExtractError, DistributedError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)

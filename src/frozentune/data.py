@@ -380,14 +380,45 @@ def carve_validation(train: TextSplit, fraction: float, seed: int) -> tuple[Text
     return train.subset(keep), val, note
 
 
+def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, str]:
+    """(K examples of each class, note): a seeded sample without replacement, drawn from the whole
+    texts when train is a phrase treebank (a few-shot user labels sentences, not their phrases).
+    A class with fewer than K examples is an error naming it."""
+    inside = inside_other_texts(train.texts)
+    treebank = bool(inside.mean() >= PHRASE_SHARE)
+    pool = np.flatnonzero(~inside) if treebank else np.arange(len(train))
+    labels = np.array(train.labels, dtype=object)[pool]
+    rng = np.random.default_rng(seed)
+    keep = []
+    for lab in sorted(set(train.labels)):
+        members = pool[labels == lab]
+        if len(members) < shots:
+            raise DataError(f"--shots {shots}: class {lab!r} has only {len(members)} training examples"
+                            + (" among the whole texts" if treebank else "") + f"; give --shots {len(members)} or fewer")
+        keep.append(rng.choice(members, shots, replace=False))
+    idx = np.sort(np.concatenate(keep))
+    where = "whole texts (train is a phrase treebank)" if treebank else "train"
+    return (train.subset(idx, f"{train.source} ({shots} per class, seed {seed})"),
+            f"--shots {shots}: {len(idx)} examples, {shots} of each class drawn from {where} (seed {seed})")
+
+
 def load_classification(data: str, text_field: str = "text", label_field: str = "label",
                         val_fraction: float = 0.1, seed: int = 0,
-                        max_train: int | None = None) -> Dataset:
+                        max_train: int | None = None, shots: int | None = None,
+                        carve_below: int = 0) -> Dataset:
     """Load a classification dataset by name, folder or file.
 
-    A missing validation split is carved from train (stratified, seeded); a single file also
-    gives up 10% as the test split. `max_train` keeps a stratified sample of train (for quick runs).
+    A missing validation split is carved from train (stratified, seeded), unless train has fewer
+    than `carve_below` examples (the trainer then cross-validates on train, and validation is an
+    empty split); a single file also gives up 10% as the test split. `shots` keeps K examples of
+    each class (seeded; whole sentences of a phrase treebank), before any validation carve.
+    `max_train` keeps a stratified sample of train after it (for quick runs).
     """
+    if shots is not None and max_train is not None:
+        raise DataError(f"--shots {shots} and --max-train {max_train}: give one of them (K per class, or a "
+                        f"stratified sample of a total size)")
+    if shots is not None and shots < 1:
+        raise DataError(f"--shots {shots}: give the number of examples per class, 1 or more")
     name, files = resolve(data)
     if name in GENERATION:
         raise DataError(f"{name} is a generation dataset (fields mr/refs or triples/texts); "
@@ -415,7 +446,14 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
         splits["test"] = train.subset(carve, f"{train.source} (10% carved as test, seed {seed})")
         train = train.subset(keep)
         notes.append(f"no test split: carved 10% of {files['train']} (seed {seed})")
-    if "validation" not in splits:
+    if shots is not None:
+        train, note = sample_shots(train, shots, seed)
+        notes.append(note)
+    if "validation" not in splits and len(train) < carve_below:
+        splits["validation"] = TextSplit([], [], f"{train.source} (no validation split)", [])
+        notes.append(f"no validation split: train has {len(train)} examples (under {carve_below}), so none is carved; "
+                     f"cross-validation on train chooses the number of steps")
+    elif "validation" not in splits:
         train, splits["validation"], note = carve_validation(train, val_fraction, seed)
         notes.append(note)
     if max_train is not None and max_train < len(set(train.labels)):

@@ -27,6 +27,16 @@ from . import distributed
 from .model import Classifier, Source
 
 
+# Defaults for small training sets (bench/few_shot.py measures them; REPORT.md "Few labels"):
+# at 8 examples per class and batch 64 an epoch is one step, so 10-20 epochs were 10-20 steps and
+# every head stayed at chance. MIN_STEPS is the floor of a run's optimiser steps. Below CV_BELOW
+# examples a carved validation split has under 100 examples: its accuracy has a standard error of
+# about 5 points, larger than the gains early stopping compares, so k-fold cross-validation on
+# train chooses the number of steps instead.
+MIN_STEPS = 200
+CV_BELOW = 1000
+
+
 @dataclass
 class TrainConfig:
     epochs: int = field(default=10, metadata={"help": "passes over the training set"})
@@ -39,6 +49,13 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seed for initialisation, splits and batch order"})
     eval_batch_size: int = field(default=256, metadata={"help": "examples per evaluation batch"})
     device: str = field(default="cpu", metadata={"help": "torch device to train on (cpu, cuda, cuda:1 …)"})
+    steps: int = field(default=0, metadata={"help": "optimiser steps in all (0: --epochs passes over train, at least --min-steps)"})
+    min_steps: int = field(default=MIN_STEPS, metadata={
+        "help": "the fewest optimiser steps a run takes however small train is, so 16 examples are seen often enough (0: no floor)"})
+    cv_folds: int = field(default=5, metadata={
+        "help": "below --cv-below training examples, stratified k-fold cross-validation on train picks the number of steps "
+                "instead of early stopping on a handful of validation examples (0 or 1: off)"})
+    cv_below: int = field(default=CV_BELOW, metadata={"help": "train size under which --cv-folds applies (frozen heads)"})
 
     def validate(self) -> "TrainConfig":
         """Raise ValueError naming the option (as typed on the command line) whose value cannot work."""
@@ -48,7 +65,9 @@ class TrainConfig:
                  ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0, "0 or more"),
                  ("warmup", 0 <= self.warmup <= 1, "a fraction of the steps, 0 to 1"),
                  ("patience", self.patience >= 0, "0 (never stop early) or more"),
-                 ("max_grad_norm", math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "0 (off) or more")]
+                 ("max_grad_norm", math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "0 (off) or more"),
+                 ("steps", self.steps >= 0, "0 (from --epochs) or more"), ("min_steps", self.min_steps >= 0, "0 (no floor) or more"),
+                 ("cv_folds", self.cv_folds >= 0, "0 (off) or at least 2"), ("cv_below", self.cv_below >= 0, "0 (never) or more")]
         for name, ok, want in rules:
             if not ok:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be {want}")
@@ -170,17 +189,59 @@ def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return state | {n: b.detach().clone() for n, b in module.named_buffers()}
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """How many optimiser steps a run takes and when it validates. `total` steps, validation every
+    `every` steps (and after the last), `warmup` steps of linear warm-up, then linear decay to 0
+    (`constant`: the rate stays at its peak, so the model after s steps is the one a run of s steps
+    gives; cross-validation relies on that). `why`: the one line a run prints about it."""
+    total: int
+    every: int
+    warmup: int
+    constant: bool
+    why: str
+    at: tuple[int, ...] = ()  # validate after these steps instead of every `every` (the last is `total`)
+
+    def bounds(self) -> list[int]:
+        """The steps after which validation runs, ascending, ending at total."""
+        if self.at:
+            return sorted(set(min(max(1, s), self.total) for s in self.at) | {self.total})
+        return [min(r * self.every, self.total) for r in range(1, math.ceil(self.total / self.every) + 1)]
+
+
+def plan_steps(n: int, cfg: TrainConfig, constant: bool = False, rounds: int | None = None) -> Schedule:
+    """The schedule for n training examples: --steps if given, else --epochs passes over train
+    (ceil(n/B) steps each), raised to --min-steps. Validation happens `rounds` times (default: once
+    per epoch, or --epochs times over a raised schedule)."""
+    per_epoch = max(1, math.ceil(n / cfg.batch_size))
+    from_epochs = per_epoch * cfg.epochs
+    if cfg.steps:
+        total, why = cfg.steps, f"{cfg.steps} steps (--steps)"
+    elif from_epochs < cfg.min_steps:
+        total = cfg.min_steps
+        why = (f"{total} steps: {cfg.epochs} epochs of {n} examples would be {from_epochs} steps, under the floor of "
+               f"{cfg.min_steps} (--min-steps), so train is seen {total * min(n, cfg.batch_size) / max(n, 1):.0f} times")
+    else:
+        total, why = from_epochs, f"{from_epochs} steps ({cfg.epochs} epochs of {per_epoch})"
+    every = per_epoch if total == from_epochs and rounds is None else max(1, math.ceil(total / (rounds or cfg.epochs)))
+    return Schedule(total, every, int(cfg.warmup * total), constant, why + (", constant rate after warm-up" if constant else ""))
+
+
 def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.ndarray], torch.Tensor],
              validate: Callable[[], dict[str, float]], score: Callable[[dict[str, float]], float],
-             cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
+             cfg: TrainConfig, log: Callable[[str], None] = print, schedule: Schedule | None = None,
+             select: bool = True) -> FitResult:
     """The one training loop. `lengths` (N,): tokens per training example (for length-bucketed
     batches); `batch_loss(idx)`: the mean loss of those examples (data-parallel: the mean over
     examples of per-example losses, so that a slice's mean times its share of the batch is its part
-    of the batch's mean); `validate()`: validation metrics; `score(metrics)`: higher is better, for
-    early stopping. Leaves `module` with the trainable parameters (and buffers) of the best
-    validation epoch. history rows hold the epoch's mean training loss and each step's
-    (step_losses), the validation metrics and the epoch's seconds (rank 0's under a launcher)."""
-    from transformers import get_linear_schedule_with_warmup
+    of the batch's mean); `validate()`: validation metrics ({} where there is nothing to validate
+    on); `score(metrics)`: higher is better. `schedule`: steps and validation rounds (default
+    plan_steps). `select`: stop early (--patience) and leave `module` with the trainable parameters
+    (and buffers) of the best validation round; False: run every step and keep the last weights.
+    history rows, one per validation round: the round ("epoch"), its last step, the mean training
+    loss and each step's (step_losses), the validation metrics and the round's seconds (rank 0's
+    under a launcher). Batches are drawn epoch by epoch (seeded), whatever the rounds."""
+    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
     world = distributed.launch().world_size
     if world > 1 and not distributed.is_main():
@@ -198,25 +259,36 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
         distributed.broadcast_module(module)
         log(f"data-parallel: {world} processes ({distributed.launch().how}), each a slice of every batch of "
             f"{cfg.batch_size}")
+    sch = schedule or plan_steps(len(lengths), cfg)
     opt = adamw(params, cfg.lr, cfg.weight_decay)
-    steps_per_epoch = (len(lengths) + cfg.batch_size - 1) // cfg.batch_size
-    total = steps_per_epoch * cfg.epochs
-    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
+    sched = (get_constant_schedule_with_warmup(opt, sch.warmup) if sch.constant
+             else get_linear_schedule_with_warmup(opt, sch.warmup, sch.total))
+    bounds = sch.bounds()
+    rounds = len(bounds)
+    by_epoch = not sch.at and sch.every == math.ceil(len(lengths) / cfg.batch_size)  # rounds are epochs: say "epoch"
+
+    def batches():
+        while True:  # epoch after epoch, each a fresh seeded permutation
+            yield from train_batches(lengths, cfg.batch_size, rng)
 
     history, best, best_state, bad = [], -float("inf"), None, 0
     best_epoch, stopped = 0, False
+    draw = batches()
     t_start = time.perf_counter()
-    for epoch in range(1, cfg.epochs + 1):
+    for rnd in range(1, rounds + 1):
         t0 = time.perf_counter()
         module.train()
         loss_sum, n, steps = 0.0, 0, []
-        for idx in train_batches(lengths, cfg.batch_size, rng):
+        done = bounds[rnd - 2] if rnd > 1 else 0
+        for _ in range(bounds[rnd - 1] - done):
+            idx = next(draw)
             if world == 1:
                 part = batch_loss(idx)
             else:  # this rank's slice, weighted by its share; an empty slice still joins the gradient sum
                 mine = distributed.shard(idx)
                 part = batch_loss(mine) * (len(mine) / len(idx)) if len(mine) else None
-            loss = shared_step(part, opt, params, cfg.max_grad_norm, f"epoch {epoch}", "lower --lr")
+            loss = shared_step(part, opt, params, cfg.max_grad_norm,
+                               f"epoch {rnd}" if by_epoch else f"step {done + len(steps) + 1}", "lower --lr")
             sched.step()
             steps.append(loss)
             loss_sum += loss * len(idx)
@@ -227,19 +299,24 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
             val_m = validate()
         else:  # rank 0 validates; every rank then decides on its numbers
             val_m, epoch_s = distributed.broadcast_object((validate(), epoch_s) if distributed.is_main() else None)
-        row = {"epoch": epoch, "train_loss": loss_sum / max(n, 1), **{f"val_{k}": v for k, v in val_m.items()},
-               "epoch_seconds": epoch_s, "step_losses": steps}
+        row = {"epoch": rnd, "step": bounds[rnd - 1], "train_loss": loss_sum / max(n, 1),
+               **{f"val_{k}": v for k, v in val_m.items()}, "epoch_seconds": epoch_s, "step_losses": steps}
         history.append(row)
         shown = "  ".join(f"val {k.replace('_', '-')} {v:.{4 if k == 'loss' else 2}f}" for k, v in val_m.items())
-        log(f"epoch {epoch:>3}/{cfg.epochs}  loss {row['train_loss']:.4f}  {shown}  {epoch_s:.1f}s")
+        where = f"epoch {rnd:>3}/{rounds}" if by_epoch else f"step {row['step']:>5}/{sch.total}"
+        log(f"{where}  loss {row['train_loss']:.4f}  {shown}  {epoch_s:.1f}s".replace("    ", "  "))
+        if not select or not val_m:
+            best_epoch = rnd
+            continue
         if score(val_m) > best:
-            best, best_epoch, bad = score(val_m), epoch, 0
+            best, best_epoch, bad = score(val_m), rnd, 0
             best_state = snapshot(module)
         else:
             bad += 1
             if cfg.patience and bad >= cfg.patience:
                 stopped = True
-                log(f"early stop: no validation gain for {bad} epochs; best epoch {best_epoch}")
+                unit = "epoch" if by_epoch else "validation round"
+                log(f"early stop: no validation gain for {bad} {unit}s; best {unit} {best_epoch}")
                 break
     if best_state is not None:
         module.load_state_dict(best_state, strict=False)
@@ -250,10 +327,12 @@ def _silent(line: str) -> None:
     """The log of ranks other than 0."""
 
 
-def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_val: np.ndarray,
-        cfg: TrainConfig, log: Callable[[str], None] = print) -> FitResult:
-    """Train a classifier in place (fit_loop on its head's loss, early stopping on validation
-    accuracy); leaves it with the weights of the best validation epoch."""
+def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | None, y_val: np.ndarray | None,
+        cfg: TrainConfig, log: Callable[[str], None] = print, schedule: Schedule | None = None,
+        select: bool = True) -> FitResult:
+    """Train a classifier in place: fit_loop on its head's loss. With `select`, early stopping on
+    validation accuracy leaves it with the weights of the best validation round; without (or with
+    no validation split, val None), it runs the whole schedule and keeps the last weights."""
     device = distributed.device(cfg.device)  # under a launcher, a bare "cuda" is this rank's GPU
     model.to(device)
     if not any(p.requires_grad for p in model.parameters()):
@@ -264,6 +343,15 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source, y_va
         return model.head.loss(model(train.batch(idx).to(device)), y_train_t[idx].to(device))
 
     def validate() -> dict[str, float]:
-        return evaluate(model, val, y_val, cfg.eval_batch_size)[0]
+        return {} if val is None else scored(model, val, y_val, cfg.eval_batch_size)
 
-    return fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log)
+    return fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log, schedule, select)
+
+
+def scored(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
+    """Accuracy and macro-F1 (percent) and the mean cross-entropy of softmax(logits) ("loss", the
+    tie-break between equally accurate rounds)."""
+    logits = torch.from_numpy(predict_logits(model, src, batch_size))
+    y_t = torch.from_numpy(np.asarray(y))
+    return metrics(np.asarray(y), logits.argmax(1).numpy(), len(model.labels)) | {
+        "loss": float(nn.functional.cross_entropy(logits, y_t))}

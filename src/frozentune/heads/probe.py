@@ -40,6 +40,9 @@ class LinearHead(Head):
     def __init__(self, cfg: ProbeConfig, dim: int, num_labels: int):
         super().__init__()
         self.cfg = cfg
+        # logits linear in the weights: cross-entropy is convex, so few-label runs solve it exactly
+        # (crossval.fit_convex_cv); a trained backbone or dropout makes it otherwise
+        self.convex = not cfg.train_backbone and cfg.dropout == 0
         self.drop = nn.Dropout(cfg.dropout)
         self.out = nn.Linear(dim, num_labels)
 

@@ -1,0 +1,132 @@
+"""Few labels (issue 21): every frozen head with its defaults against scikit-learn's
+LogisticRegression on the same frozen states, K examples per class, several seeds, same run.
+
+  OMP_NUM_THREADS=1 python bench/few_shot.py --threads 1            # all cells (resumes: done cells are kept)
+  python bench/few_shot.py --report                                 # the table from results/few_shot.json
+
+For each dataset, K and seed: `load_classification(data, shots=K, seed=seed)` draws the sample
+(`frozentune train --shots K --seed seed` draws the same); each head is trained by `api.train`
+on it exactly as the CLI does (its defaults: cross-validation below 1,000 examples), and scored on
+the test split. Beside it, on the same sample: `LogisticRegression()` (scikit-learn defaults,
+max_iter raised to 1000 so that it converges) on the mean-pooled states of the last layer and of
+the layer each head reads (space: -3). All states come from one cache per dataset and layer,
+built in the default precision of this CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+METHODS = ("probe", "space", "ytuning", "selfexplain")
+LAYER_OF = {"space": "-3"}  # the heads' registered defaults; the others read the last layer
+
+
+def pooled(src, rows_n: int) -> np.ndarray:
+    """(N, D) mean over real tokens of a cached source's states."""
+    import torch
+
+    out = []
+    for s in range(0, rows_n, 256):
+        b = src.batch(np.arange(s, min(s + 256, rows_n)))
+        m = b.mask.unsqueeze(-1).float()
+        out.append(((b.hidden.float() * m).sum(1) / m.sum(1)).numpy())
+    return np.concatenate(out)
+
+
+def logistic(xtr, ytr, xte, yte) -> tuple[float, float]:
+    from sklearn.linear_model import LogisticRegression
+
+    t0 = time.perf_counter()
+    clf = LogisticRegression(max_iter=1000).fit(xtr, ytr)
+    return 100.0 * float((clf.predict(xte) == yte).mean()), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="sst2,trec,sst5")
+    ap.add_argument("--shots", default="8,16,32,64", help="K per class; 'full' for the whole train set")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "few_shot.json")
+    ap.add_argument("--report", action="store_true")
+    a = ap.parse_args()
+    if a.report:
+        print(report(json.loads(a.out.read_text())))
+        return
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from frozentune import api
+    from frozentune.data import load_classification
+    from frozentune.extract.device import cpu_summary
+
+    done = json.loads(a.out.read_text()) if a.out.exists() else {
+        "command": "bench/few_shot.py " + " ".join(sys.argv[1:]), "threads": a.threads, "cpu": cpu_summary(),
+        "machine": platform.machine(), "torch": torch.__version__, "rows": []}
+    have = {(r["data"], r["shots"], r["seed"], r["method"]) for r in done["rows"]}
+    backbones: dict[str, object] = {}
+
+    def backbone(layer: str):
+        if layer not in backbones:
+            backbones[layer] = api.BackboneOptions(layers=layer).load()
+        return backbones[layer]
+
+    def save(row: dict) -> None:
+        done["rows"].append(row)
+        a.out.write_text(json.dumps(done, indent=1))
+        print(json.dumps(row), flush=True)
+
+    for data in a.data.split(","):
+        for shots in a.shots.split(","):
+            k = None if shots == "full" else int(shots)
+            for seed in map(int, a.seeds.split(",")):
+                ds = load_classification(data, seed=seed, shots=k, carve_below=1000)
+                y = {s: ds.label_ids(getattr(ds, s)) for s in ("train", "test")}
+                for layer in sorted({"-1", *(LAYER_OF.get(m, "-1") for m in a.methods.split(","))}):
+                    name = f"logreg@{layer}"
+                    if (data, shots, seed, name) in have:
+                        continue
+                    sf = api.SourceFactory(backbone(layer), False, None, False, False)
+                    x = {s: pooled(sf(getattr(ds, s)), len(getattr(ds, s))) for s in ("train", "test")}
+                    acc, secs = logistic(x["train"], y["train"], x["test"], y["test"])
+                    save({"data": data, "shots": shots, "seed": seed, "method": name, "n_train": len(ds.train),
+                          "accuracy": acc, "seconds": secs})
+                for method in a.methods.split(","):
+                    if (data, shots, seed, method) in have:
+                        continue
+                    t0 = time.perf_counter()
+                    r = api.train(method, ds, backbone(LAYER_OF.get(method, "-1")), train_cfg={"seed": seed},
+                                  progress=False, log=lambda s: None)
+                    save({"data": data, "shots": shots, "seed": seed, "method": method, "n_train": len(ds.train),
+                          "accuracy": r["metrics"]["accuracy"], "seconds": time.perf_counter() - t0,
+                          "train_seconds": r["train_seconds"], "selection": {
+                              k_: v for k_, v in r["selection"].items() if k_ in ("how", "folds", "chosen_steps")}})
+
+
+def report(d: dict) -> str:
+    rows = d["rows"]
+    methods = [m for m in (*METHODS, "logreg@-1", "logreg@-3") if any(r["method"] == m for r in rows)]
+    lines = [f"`{d['command']}` — {d['threads']} thread(s), {d['cpu']}; "
+             "test accuracy, mean ± std over seeds (n seeds); logreg@L: LogisticRegression on layer L mean-pooled", "",
+             "| data | K/class | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        for shots in dict.fromkeys(r["shots"] for r in rows if r["data"] == data):
+            cells = []
+            for m in methods:
+                acc = [r["accuracy"] for r in rows if (r["data"], r["shots"], r["method"]) == (data, shots, m)]
+                cells.append(f"{np.mean(acc):.1f} ± {np.std(acc):.1f} ({len(acc)})" if acc else "")
+            lines.append(f"| {data} | {shots} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Training from few labels: stratified k-fold cross-validation on train picks the number of
+optimiser steps, then the head is refit on all of train for that many.
+
+Below `TrainConfig.cv_below` examples a validation split would hold a handful of examples (the
+run that motivated this: "29 train / 3 validation", stopped at epoch 1), so frozen heads are not
+early-stopped on one. Instead each fold trains a fresh head (same seed, same initialisation) on
+k-1 folds for the planned schedule with a constant rate after warm-up, scoring the held-out fold
+at evenly spaced checkpoints; the fewest steps whose mean held-out accuracy is within one standard error of
+the best checkpoint's (one_se) is the number of steps of the refit. With a constant
+rate, a fold's model at step s is the model a run of s steps gives, so the refit runs exactly the
+schedule that was scored.
+
+Legend: N training examples, k folds, R checkpoints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .model import Batch, Classifier, Source
+from .train import FitResult, Schedule, TrainConfig, fit, plan_steps
+
+CHECKPOINTS = 10  # held-out scores per fold run (R)
+# A head whose loss is convex in its parameters (the probe: a linear layer on pooled states, no
+# dropout) is solved exactly instead: full-batch L-BFGS on cross-entropy + ||W||²/(2·C·N), the
+# objective of scikit-learn's LogisticRegression(C), with C chosen by the same folds from C_GRID (one_se: the smallest C within one standard error).
+C_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
+
+
+def checkpoints(total: int, r: int = CHECKPOINTS) -> tuple[int, ...]:
+    """R steps from total/20 to total, spaced geometrically: the best count for a few dozen
+    examples is often a few dozen steps, so the short end is sampled more finely."""
+    lo = max(1, total / 20)
+    return tuple(sorted({int(round(lo * (total / lo) ** (i / (r - 1)))) for i in range(r)})) if total > 1 else (1,)
+
+
+@dataclass
+class Subset:
+    """Rows `idx` of a source, as a source (what a fold trains or is scored on)."""
+    src: Source
+    idx: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.src.lengths[self.idx]
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def batch(self, idx: np.ndarray) -> Batch:
+        return self.src.batch(self.idx[idx])
+
+
+def folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """k stratified, seeded (train rows, held-out rows) pairs: every example is held out exactly
+    once, and each class is spread over the folds as evenly as its count allows."""
+    from sklearn.model_selection import StratifiedKFold
+
+    skf = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+    return [(np.sort(a), np.sort(b)) for a, b in skf.split(np.zeros(len(y)), y)]
+
+
+def choose_folds(y: np.ndarray, k: int, labels: list[str]) -> tuple[int, str | None]:
+    """(folds to use, a note where it differs from k): k, or the smallest class count when a class
+    has fewer than k examples (at least 2); 0 when some class has a single example (no fold could
+    both train on it and hold it out)."""
+    counts = np.bincount(y, minlength=len(labels))
+    smallest = int(counts[counts > 0].min())
+    if smallest >= k:
+        return k, None
+    name = labels[int(np.flatnonzero(counts == smallest)[0])]
+    if smallest >= 2:
+        return smallest, (f"class {name!r} has {smallest} training examples, fewer than --cv-folds {k}: "
+                          f"{smallest}-fold cross-validation")
+    return 0, (f"class {name!r} has a single training example, so no fold could hold it out: no cross-validation; "
+               f"the planned steps are trained without selection (give 2 or more examples per class)")
+
+
+def one_se(acc: np.ndarray, mean_loss: np.ndarray) -> int:
+    """The choice among candidates ordered simplest first (fewest steps, smallest C), from (k, R)
+    held-out accuracies: the simplest whose mean accuracy is within one standard error of the best
+    candidate's (the one-standard-error rule, Hastie et al., ESL §7.10). With a few held-out
+    examples per fold the best mean is mostly noise; the rule trades it for the simpler model.
+    The best candidate is the highest mean accuracy, then the lowest mean cross-entropy."""
+    mean = acc.mean(0)
+    best = max(range(acc.shape[1]), key=lambda j: (round(float(mean[j]), 9), -float(mean_loss[j])))
+    se = float(acc[:, best].std(ddof=1) / np.sqrt(acc.shape[0])) if acc.shape[0] > 1 else 0.0
+    return next(j for j in range(acc.shape[1]) if mean[j] >= mean[best] - se - 1e-9)
+
+
+def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
+           y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print
+           ) -> tuple[Classifier, FitResult, dict]:
+    """(model refit on all of train, its FitResult, what cross-validation did). `build()` makes a
+    fresh classifier with the run's seed. `val`, when given, is scored after every refit round for
+    the record only; it chooses nothing."""
+    first = build()
+    labels = first.labels
+    if getattr(first.head, "convex", False):
+        return fit_convex_cv(build, train, y, val, y_val, cfg, log)
+    k, note = choose_folds(y, cfg.cv_folds, labels)
+    if note:
+        log(f"cross-validation: {note}")
+    plan = plan_steps(len(y), cfg, constant=True)
+    plan = dataclasses.replace(plan, at=checkpoints(plan.total))
+    info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why}
+    t0 = time.perf_counter()
+    if k >= 2:
+        acc, loss = [], []
+        for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
+            model = build()
+            r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, _quiet, plan, select=False)
+            acc.append([h["val_accuracy"] for h in r.history])
+            loss.append([h["val_loss"] for h in r.history])
+            steps = [h["step"] for h in r.history]
+        mean_acc, mean_loss = np.mean(acc, 0), np.mean(loss, 0)
+        pick = one_se(np.asarray(acc), mean_loss)
+        chosen = steps[pick]
+        info["score"] = float(mean_acc[pick])
+        info |= {"checkpoints": steps, "mean_accuracy": mean_acc.tolist(), "std_accuracy": np.std(acc, 0).tolist(),
+                 "mean_loss": mean_loss.tolist(), "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
+        log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
+            + " ".join(f"{s}:{a:.1f}" for s, a in zip(steps, mean_acc))
+            + f"; refit on all {len(y)} examples for {chosen} steps")
+    else:
+        chosen = plan.total
+        info |= {"chosen_steps": chosen, "seconds": 0.0}
+    refit = Schedule(chosen, max(1, -(-chosen // 4)), plan.warmup, True, f"{chosen} steps chosen by cross-validation")
+    model = build()
+    fitted = fit(model, train, y, val, y_val, cfg, log, refit, select=False)
+    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"])
+    return model, fitted, info
+
+
+def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter: int = 500) -> None:
+    """Solve a convex head in place: full-batch L-BFGS (strong Wolfe line search) on the mean
+    cross-entropy plus ||W||²/(2·c·N) over its matrices (biases unpenalised), i.e. scikit-learn's
+    LogisticRegression(C=c) objective divided by N."""
+    import torch
+
+    device = next(model.parameters()).device
+    batch = src.batch(np.arange(len(src))).to(device)
+    y_t = torch.from_numpy(np.asarray(y)).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
+                            tolerance_change=1e-10, line_search_fn="strong_wolfe")
+    model.train()
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(batch).logits, y_t)
+        loss = loss + sum((p * p).sum() for p in params if p.ndim >= 2) / (2 * c * len(y))
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    model.eval()
+
+
+def fit_convex_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
+                  y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print
+                  ) -> tuple[Classifier, FitResult, dict]:
+    """fit_cv for a convex head: the folds choose C from C_GRID (one_se), then the head
+    is solved on all of train with it."""
+    from .train import scored
+
+    t0 = time.perf_counter()
+    k, note = choose_folds(y, cfg.cv_folds, build().labels)
+    if note:
+        log(f"cross-validation: {note}")
+    info: dict = {"how": "cross-validation", "solver": "lbfgs", "folds": k, "note": note, "grid": list(C_GRID)}
+    chosen = 1.0
+    if k >= 2:
+        acc = np.zeros((k, len(C_GRID)))
+        loss = np.zeros_like(acc)
+        for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
+            for j, c in enumerate(C_GRID):
+                model = build().to(cfg.device)
+                fit_convex(model, Subset(train, tr), y[tr], c)
+                m = scored(model, Subset(train, held), y[held], cfg.eval_batch_size)
+                acc[i, j], loss[i, j] = m["accuracy"], m["loss"]
+        mean_acc, mean_loss = acc.mean(0), loss.mean(0)
+        pick = one_se(acc, mean_loss)
+        chosen = C_GRID[pick]
+        info["score"] = float(mean_acc[pick])
+        info |= {"mean_accuracy": mean_acc.tolist(), "std_accuracy": acc.std(0).tolist(), "mean_loss": mean_loss.tolist()}
+        log(f"cross-validation: {k} folds, L-BFGS (convex head) with L2 strength C: held-out accuracy "
+            + " ".join(f"C={c:g}:{a:.1f}" for c, a in zip(C_GRID, mean_acc)) + f"; refit on all {len(y)} with C={chosen:g}")
+    else:
+        log(f"cross-validation: none possible; L-BFGS with C={chosen:g} (scikit-learn's default)")
+    model = build().to(cfg.device)
+    t1 = time.perf_counter()
+    fit_convex(model, train, y, chosen)
+    val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
+    info |= {"C": chosen, "seconds": time.perf_counter() - t0}
+    row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()}, "epoch_seconds": time.perf_counter() - t1}
+    return model, FitResult([row], 1, time.perf_counter() - t0, False), info
+
+
+def _quiet(line: str) -> None:
+    """Fold runs do not print their rounds; the summary line says what they found."""

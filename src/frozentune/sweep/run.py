@@ -1,0 +1,180 @@
+"""Running a sweep: one dataset, one backbone per layer, one `api.train` per point."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..registry import get_method
+from .grid import Grid, Point
+
+
+@dataclass
+class SweepResult:
+    rows: list[dict]          # one per point: its setting, seed, score, test accuracy, seconds
+    table: list[dict]         # one per setting: mean ± std over seeds
+    best: dict                # the table row with the highest mean score
+    seconds: dict = field(default_factory=dict)  # wall, extraction, fits, loading
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def point_score(result: dict) -> tuple[float, str]:
+    """(score, what it is) of a train result: validation accuracy where there is a validation
+    split, else the cross-validated held-out accuracy of what the folds chose."""
+    if result.get("validation"):
+        return float(result["validation"]["accuracy"]), "validation accuracy"
+    sel = result["selection"]
+    if sel.get("score") is None:
+        raise ValueError("this run has neither a validation split nor cross-validation folds to score it by; "
+                         "give 2 or more examples per class, or a validation file")
+    return float(sel["score"]), "cross-validated accuracy"
+
+
+def effective_layer(p: Point) -> str:
+    return p.layer or get_method(p.method).layer or "-1"
+
+
+def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots: int | None = None,
+              max_train: int | None = None, text_field: str = "text", label_field: str = "label",
+              cache_root: Path | None = None, train_cfg: dict | None = None, overwrite: bool = False,
+              log: Callable[[str], None] = print) -> SweepResult:
+    """Train every point of `grid` on `data` (`backbone`: api.BackboneOptions; its layers are the
+    grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares."""
+    from .. import api
+    from ..data import load_classification
+    from ..output import check_output
+    from ..train import CV_BELOW
+
+    t_start = time.perf_counter()
+    if output is not None:
+        check_output(Path(output), overwrite)
+    points = grid.points()
+    base = dict(train_cfg or {})
+    seeds = {p.seed for p in points}
+    datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
+                                       carve_below=base.get("cv_below", CV_BELOW)) for s in sorted(seeds)}
+    backbones: dict[str, object] = {}
+    rows, extract_s, load_s = [], 0.0, 0.0
+    for i, p in enumerate(points, 1):
+        layer = effective_layer(p)
+        if layer not in backbones:
+            t0 = time.perf_counter()
+            backbones[layer] = dataclasses.replace(backbone, layers=layer).load()
+            load_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
+                      progress=False, log=_quiet)
+        score, what = point_score(r)
+        extract_s += r["extract_seconds"]
+        row = {"method": p.method, "layer": layer, "lr": r["config"]["train"]["lr"],
+               "weight_decay": r["config"]["train"]["weight_decay"], "seed": p.seed, "score": score, "score_is": what,
+               "test_accuracy": r["metrics"]["accuracy"], "train_seconds": r["train_seconds"],
+               "extract_seconds": r["extract_seconds"], "seconds": time.perf_counter() - t0,
+               "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C")}}
+        rows.append(row)
+        log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
+            f"{what} {score:.2f}, test {row['test_accuracy']:.2f}  ({row['seconds']:.1f}s"
+            + (f", of which extraction {row['extract_seconds']:.1f}s" if row["extract_seconds"] else "") + ")")
+    table = tabulate(rows)
+    best = max(table, key=lambda t: (t["score_mean"], -t["score_std"]))
+    result = SweepResult(rows, table, best)
+    if output is not None:
+        from ..output import staged_output
+
+        t0 = time.perf_counter()
+        first = min(best["seeds"])
+        with staged_output(Path(output), overwrite) as folder:
+            api.train(best["method"], datasets[first], backbones[best["layer"]],
+                      train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
+                      output=folder / "best", cache_root=cache_root, progress=False, log=_quiet)
+            result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
+            write(result, folder, data)
+        log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
+            f"{best['score_is']} {best['score_mean']:.2f} ± {best['score_std']:.2f}; saved to {Path(output) / 'best'} "
+            f"(seed {first}); table in {Path(output) / 'sweep.md'}")
+    else:
+        result.seconds = _seconds(t_start, extract_s, load_s, rows, 0.0)
+    return result
+
+
+def _seconds(t_start: float, extract_s: float, load_s: float, rows: list[dict], save_s: float) -> dict:
+    fits = sum(r["seconds"] - r["extract_seconds"] for r in rows)
+    return {"wall": time.perf_counter() - t_start, "extraction": extract_s, "backbone_loading": load_s,
+            "fits": fits, "saving_best": save_s, "points": len(rows)}
+
+
+def tabulate(rows: list[dict]) -> list[dict]:
+    """One row per setting (method, layer, lr, weight decay): score and test accuracy, mean ± std
+    (population) over its seeds, ordered as first seen."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["layer"], r["lr"], r["weight_decay"]), []).append(r)
+    out = []
+    for (method, layer, lr, wd), rs in groups.items():
+        s, t = np.array([r["score"] for r in rs]), np.array([r["test_accuracy"] for r in rs])
+        out.append({"method": method, "layer": layer, "lr": lr, "weight_decay": wd, "seeds": [r["seed"] for r in rs],
+                    "score_is": rs[0]["score_is"], "score_mean": float(s.mean()), "score_std": float(s.std()),
+                    "test_mean": float(t.mean()), "test_std": float(t.std()),
+                    "seconds_mean": float(np.mean([r["seconds"] - r["extract_seconds"] for r in rs]))})
+    return out
+
+
+def markdown(result: SweepResult, data: str) -> str:
+    lines = [f"# sweep on {data}: {len(result.rows)} points, {len(result.table)} settings", "",
+             "| method | layer | lr | weight decay | seeds | score (mean ± std) | test accuracy | fit s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in sorted(result.table, key=lambda t: -t["score_mean"]):
+        mark = " **best**" if t is result.best else ""
+        lines.append(f"| {t['method']}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | {len(t['seeds'])} | "
+                     f"{t['score_mean']:.2f} ± {t['score_std']:.2f} | {t['test_mean']:.2f} ± {t['test_std']:.2f} | "
+                     f"{t['seconds_mean']:.1f} |")
+    if any("C" in r["selection"] for r in result.rows):
+        lines += ["", "The probe's points on fewer than --cv-below examples are solved by L-BFGS with their C chosen "
+                      "by cross-validation: --lr and --weight-decay do not change them."]
+    s = result.seconds
+    if s:
+        lines += ["", f"score: {result.best['score_is']}. Wall {s['wall']:.1f}s: extraction {s['extraction']:.1f}s, "
+                      f"backbone loading {s['backbone_loading']:.1f}s, {s['points']} fits {s['fits']:.1f}s, "
+                      f"saving the best {s['saving_best']:.1f}s."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: SweepResult, path: Path) -> None:
+    """Score (mean ± std over seeds) of every setting, best first, with test accuracy beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = sorted(result.table, key=lambda t: -t["score_mean"])
+    names = [f"{t['method']} L{t['layer']} lr{t['lr']:g} wd{t['weight_decay']:g}" for t in table]
+    y = np.arange(len(table))
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.28 * len(table)))
+    ax.errorbar([t["score_mean"] for t in table], y - 0.15, xerr=[t["score_std"] for t in table], fmt="o",
+                label=table[0]["score_is"] if table else "score")
+    ax.errorbar([t["test_mean"] for t in table], y + 0.15, xerr=[t["test_std"] for t in table], fmt="s",
+                label="test accuracy")
+    ax.set_yticks(y, names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("accuracy (%), mean ± std over seeds")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(result: SweepResult, folder: Path, data: str) -> None:
+    (folder / "sweep.json").write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
+    (folder / "sweep.md").write_text(markdown(result, data))
+    plot(result, folder / "sweep.png")
+
+
+def _quiet(line: str) -> None:
+    """Points do not print their training rounds; the sweep prints one line per point."""
