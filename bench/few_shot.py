@@ -58,9 +58,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "few_shot.json")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_s34.json",
+                                                             HERE / "results" / "setfit_peer.json"],
+                    help="with --report: more result files (other seeds, SetFit) whose rows join the table")
     a = ap.parse_args()
     if a.report:
-        print(report(json.loads(a.out.read_text())))
+        d = json.loads(a.out.read_text())
+        for extra in a.merge:
+            if extra.exists():
+                more = json.loads(extra.read_text())
+                d["rows"] += more["rows"]
+                d.setdefault("merged", []).append(more["command"])
+        print(report(d))
         return
     import torch
 
@@ -114,9 +123,10 @@ def main() -> None:
 
 def report(d: dict) -> str:
     rows = d["rows"]
-    methods = [m for m in (*METHODS, "logreg@-1", "logreg@-3") if any(r["method"] == m for r in rows)]
-    lines = [f"`{d['command']}` — {d['threads']} thread(s), {d['cpu']}; "
-             "test accuracy, mean ± std over seeds (n seeds); logreg@L: LogisticRegression on layer L mean-pooled", "",
+    methods = [m for m in (*METHODS, "logreg@-1", "logreg@-3", "setfit") if any(r["method"] == m for r in rows)]
+    lines = [f"`{d['command']}`" + "".join(f" + `{c}`" for c in d.get("merged", [])) + f" — {d['threads']} thread(s), "
+             f"{d['cpu']}; test accuracy, mean ± std over seeds (n seeds); logreg@L: LogisticRegression on layer L "
+             "mean-pooled; last row of each dataset: mean seconds per run (fit + test scoring; logreg: fit only)", "",
              "| data | K/class | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for data in dict.fromkeys(r["data"] for r in rows):
         for shots in dict.fromkeys(r["shots"] for r in rows if r["data"] == data):
@@ -125,6 +135,8 @@ def report(d: dict) -> str:
                 acc = [r["accuracy"] for r in rows if (r["data"], r["shots"], r["method"]) == (data, shots, m)]
                 cells.append(f"{np.mean(acc):.1f} ± {np.std(acc):.1f} ({len(acc)})" if acc else "")
             lines.append(f"| {data} | {shots} | " + " | ".join(cells) + " |")
+        secs = [np.mean([r["seconds"] for r in rows if (r["data"], r["method"]) == (data, m)] or [np.nan]) for m in methods]
+        lines.append(f"| {data} | seconds | " + " | ".join(f"{s:.1f}" for s in secs) + " |")
     return "\n".join(lines)
 
 

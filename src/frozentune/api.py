@@ -230,7 +230,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if output is not None and distributed.is_main():  # data-parallel ranks hold the same weights: rank 0 saves
         with staged_output(Path(output), overwrite) as folder:
             M.save(model, folder, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
-                                         "text_field": text_field, "label_field": label_field})
+                                         "text_field": text_field, "label_field": label_field, "shots": shots})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
         log(f"saved to {output}")
     return result
