@@ -58,16 +58,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "few_shot.json")
     ap.add_argument("--report", action="store_true")
-    ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_s34.json",
+    ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_probe.json",
                                                              HERE / "results" / "setfit_peer.json"],
-                    help="with --report: more result files (other seeds, SetFit) whose rows join the table")
+                    help="with --report: more result files (a rerun of some cells, SetFit) whose rows join the "
+                         "table; a cell in a later file replaces the same cell of an earlier one")
     a = ap.parse_args()
     if a.report:
         d = json.loads(a.out.read_text())
         for extra in a.merge:
             if extra.exists():
                 more = json.loads(extra.read_text())
-                d["rows"] += more["rows"]
+                key = lambda r: (r["data"], r["shots"], r["seed"], r["method"])  # noqa: E731
+                again = {key(r) for r in more["rows"]}
+                d["rows"] = [r for r in d["rows"] if key(r) not in again] + more["rows"]
                 d.setdefault("merged", []).append(more["command"])
         print(report(d))
         return
