@@ -140,6 +140,17 @@ def report(d: dict) -> str:
             lines.append(f"| {data} | {shots} | " + " | ".join(cells) + " |")
         secs = [np.mean([r["seconds"] for r in rows if (r["data"], r["method"]) == (data, m)] or [np.nan]) for m in methods]
         lines.append(f"| {data} | seconds | " + " | ".join(f"{s:.1f}" for s in secs) + " |")
+    lines += ["", "Goal check (mean over seeds; a cell counts where both sides exist):"]
+    mean = {}
+    for r in rows:
+        mean.setdefault((r["data"], r["shots"], r["method"]), []).append(r["accuracy"])
+    for m in METHODS:
+        for ref in dict.fromkeys(("logreg@-1", f"logreg@{LAYER_OF.get(m, '-1')}")):
+            gaps = [np.mean(mean[(d_, k, m)]) - np.mean(mean[(d_, k, ref)]) for (d_, k, mm) in mean
+                    if mm == m and (d_, k, ref) in mean]
+            if gaps:
+                lines.append(f"- {m} vs {ref}: at or above in {sum(g >= 0 for g in gaps)} of {len(gaps)} cells; "
+                             f"gap from {min(gaps):+.1f} to {max(gaps):+.1f} points")
     return "\n".join(lines)
 
 
