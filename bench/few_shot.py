@@ -58,7 +58,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "few_shot.json")
     ap.add_argument("--report", action="store_true")
-    ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_probe.json",
+    ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_s34a.json",
+                                                             HERE / "results" / "few_shot_s34b.json",
+                                                             HERE / "results" / "few_shot_probe.json",
                                                              HERE / "results" / "setfit_peer.json"],
                     help="with --report: more result files (a rerun of some cells, SetFit) whose rows join the "
                          "table; a cell in a later file replaces the same cell of an earlier one")

@@ -214,6 +214,8 @@ def dataclasses_replace(bb, layer):
     (["--methods", "probe", "--lr", "fast"], "comma list of numbers"),
     (["--methods", "probe", "--layers", "top"], "hidden-state indices"),
     (["--methods", "nope"], "unknown method 'nope'"),
+    (["--methods", "probe", "--rebuild-cache"], "extract once per point"),
+    (["--methods", "probe", "--layer", "-1"], "not --layer"),
 ])
 def test_sweep_refuses_bad_grids(capsys, trec_slice, args, message):
     code, _, err = run(capsys, "sweep", "--data", trec_slice, *args)

@@ -390,6 +390,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
     if a.layer is not None:
         raise CLIError("sweep: give the layers to try with --layers (a comma list), not --layer")
+    if a.rebuild_cache:
+        raise CLIError("sweep: every point reads the cache, so --rebuild-cache would extract once per point; rebuild "
+                       "it first with `frozentune cache DATA --rebuild-cache` (with the same --backbone and a --layer)")
     grid = Grid.parse(a.methods, a.layers, a.lr, a.weight_decay, a.seeds)
     bb = api.BackboneOptions(a.backbone or "minilm", None, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision)
