@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -30,14 +29,13 @@ LAYER_OF = {"space": "-3"}  # the heads' registered defaults; the others read th
 
 
 def pooled(src, rows_n: int) -> np.ndarray:
-    """(N, D) mean over real tokens of a cached source's states."""
-    import torch
+    """(N, D) mean over real tokens of a cached source's states (the probe's pooling)."""
+    from frozentune.head import masked_mean
 
     out = []
     for s in range(0, rows_n, 256):
         b = src.batch(np.arange(s, min(s + 256, rows_n)))
-        m = b.mask.unsqueeze(-1).float()
-        out.append(((b.hidden.float() * m).sum(1) / m.sum(1)).numpy())
+        out.append(masked_mean(b.hidden.float(), b.mask).numpy())
     return np.concatenate(out)
 
 

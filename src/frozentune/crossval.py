@@ -5,8 +5,8 @@ Below `TrainConfig.cv_below` examples a validation split would hold a handful of
 run that motivated this: "29 train / 3 validation", stopped at epoch 1), so frozen heads are not
 early-stopped on one. Instead each fold trains a fresh head (same seed, same initialisation) on
 k-1 folds for the planned schedule with a constant rate after warm-up, scoring the held-out fold
-at evenly spaced checkpoints; the fewest steps whose mean held-out accuracy is within one standard error of
-the best checkpoint's (one_se) is the number of steps of the refit. With a constant
+at geometrically spaced checkpoints; the fewest steps whose mean held-out accuracy is within one
+standard error of the best checkpoint's (one_se) is the number of steps of the refit. With a constant
 rate, a fold's model at step s is the model a run of s steps gives, so the refit runs exactly the
 schedule that was scored.
 
@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from .model import Batch, Classifier, Source
-from .train import FitResult, Schedule, TrainConfig, fit, plan_steps
+from .train import FitResult, Schedule, TrainConfig, fit, plan_steps, scored, silent
 
 CHECKPOINTS = 10  # held-out scores per fold run (R)
 # A head whose loss is convex in its parameters (the probe: a linear layer on pooled states, no
@@ -106,12 +106,11 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     fresh classifier with the run's seed. `val`, when given, is scored after every refit round for
     the record only; it chooses nothing."""
     first = build()
-    labels = first.labels
-    if getattr(first.head, "convex", False):
-        return fit_convex_cv(build, train, y, val, y_val, cfg, log)
-    k, note = choose_folds(y, cfg.cv_folds, labels)
+    k, note = choose_folds(y, cfg.cv_folds, first.labels)
     if note:
         log(f"cross-validation: {note}")
+    if getattr(first.head, "convex", False):
+        return fit_convex_cv(build, k, note, train, y, val, y_val, cfg, log)
     plan = plan_steps(len(y), cfg, constant=True)
     plan = dataclasses.replace(plan, at=checkpoints(plan.total))
     info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why}
@@ -120,16 +119,16 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         acc, loss = [], []
         for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
             model = build()
-            r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, _quiet, plan, select=False)
+            r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, silent, plan, select=False)
             acc.append([h["val_accuracy"] for h in r.history])
             loss.append([h["val_loss"] for h in r.history])
             steps = [h["step"] for h in r.history]
         mean_acc, mean_loss = np.mean(acc, 0), np.mean(loss, 0)
         pick = one_se(np.asarray(acc), mean_loss)
         chosen = steps[pick]
-        info["score"] = float(mean_acc[pick])
-        info |= {"checkpoints": steps, "mean_accuracy": mean_acc.tolist(), "std_accuracy": np.std(acc, 0).tolist(),
-                 "mean_loss": mean_loss.tolist(), "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
+        info |= {"score": float(mean_acc[pick]), "checkpoints": steps, "mean_accuracy": mean_acc.tolist(),
+                 "std_accuracy": np.std(acc, 0).tolist(), "mean_loss": mean_loss.tolist(), "chosen_steps": chosen,
+                 "seconds": time.perf_counter() - t0}
         log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
             + " ".join(f"{s}:{a:.1f}" for s, a in zip(steps, mean_acc))
             + f"; refit on all {len(y)} examples for {chosen} steps")
@@ -168,17 +167,12 @@ def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter
     model.eval()
 
 
-def fit_convex_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
-                  y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print
+def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, train: Source, y: np.ndarray,
+                  val: Source | None, y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print
                   ) -> tuple[Classifier, FitResult, dict]:
-    """fit_cv for a convex head: the folds choose C from C_GRID (one_se, preferring C_DEFAULT), then the head
-    is solved on all of train with it."""
-    from .train import scored
-
+    """fit_cv for a convex head, over the k folds (and their note) fit_cv chose: the folds choose C
+    from C_GRID (one_se, preferring C_DEFAULT), then the head is solved on all of train with it."""
     t0 = time.perf_counter()
-    k, note = choose_folds(y, cfg.cv_folds, build().labels)
-    if note:
-        log(f"cross-validation: {note}")
     info: dict = {"how": "cross-validation", "solver": "lbfgs", "folds": k, "note": note, "grid": list(C_GRID)}
     chosen = C_DEFAULT
     if k >= 2:
@@ -193,8 +187,7 @@ def fit_convex_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray,
         mean_acc, mean_loss = acc.mean(0), loss.mean(0)
         pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT))
         chosen = C_GRID[pick]
-        info["score"] = float(mean_acc[pick])
-        info |= {"mean_accuracy": mean_acc.tolist(), "std_accuracy": acc.std(0).tolist(), "mean_loss": mean_loss.tolist()}
+        info |= {"score": float(mean_acc[pick]), "mean_accuracy": mean_acc.tolist(), "std_accuracy": acc.std(0).tolist(), "mean_loss": mean_loss.tolist()}
         log(f"cross-validation: {k} folds, L-BFGS (convex head) with L2 strength C: held-out accuracy "
             + " ".join(f"C={c:g}:{a:.1f}" for c, a in zip(C_GRID, mean_acc)) + f"; refit on all {len(y)} with C={chosen:g}")
     else:
@@ -206,7 +199,3 @@ def fit_convex_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray,
     info |= {"C": chosen, "seconds": time.perf_counter() - t0}
     row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()}, "epoch_seconds": time.perf_counter() - t1}
     return model, FitResult([row], 1, time.perf_counter() - t0, False), info
-
-
-def _quiet(line: str) -> None:
-    """Fold runs do not print their rounds; the summary line says what they found."""

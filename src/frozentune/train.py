@@ -209,10 +209,10 @@ class Schedule:
         return [min(r * self.every, self.total) for r in range(1, math.ceil(self.total / self.every) + 1)]
 
 
-def plan_steps(n: int, cfg: TrainConfig, constant: bool = False, rounds: int | None = None) -> Schedule:
+def plan_steps(n: int, cfg: TrainConfig, constant: bool = False) -> Schedule:
     """The schedule for n training examples: --steps if given, else --epochs passes over train
-    (ceil(n/B) steps each), raised to --min-steps. Validation happens `rounds` times (default: once
-    per epoch, or --epochs times over a raised schedule)."""
+    (ceil(n/B) steps each), raised to --min-steps. Validation happens once per epoch, or --epochs
+    times over a raised or given number of steps."""
     per_epoch = max(1, math.ceil(n / cfg.batch_size))
     from_epochs = per_epoch * cfg.epochs
     if cfg.steps:
@@ -223,7 +223,7 @@ def plan_steps(n: int, cfg: TrainConfig, constant: bool = False, rounds: int | N
                f"{cfg.min_steps} (--min-steps), so train is seen {total * min(n, cfg.batch_size) / max(n, 1):.0f} times")
     else:
         total, why = from_epochs, f"{from_epochs} steps ({cfg.epochs} epochs of {per_epoch})"
-    every = per_epoch if total == from_epochs and rounds is None else max(1, math.ceil(total / (rounds or cfg.epochs)))
+    every = per_epoch if total == from_epochs else max(1, math.ceil(total / cfg.epochs))
     return Schedule(total, every, int(cfg.warmup * total), constant, why + (", constant rate after warm-up" if constant else ""))
 
 
@@ -245,7 +245,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
 
     world = distributed.launch().world_size
     if world > 1 and not distributed.is_main():
-        log = _silent
+        log = silent
     torch.manual_seed(distributed.rank_seed(cfg.seed))  # dropout: rank 0 draws as one process would
     rng = np.random.default_rng(cfg.seed)  # the batches: the same on every rank
     params = [p for p in module.parameters() if p.requires_grad]
@@ -323,8 +323,9 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
     return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
 
 
-def _silent(line: str) -> None:
-    """The log of ranks other than 0."""
+def silent(line: str) -> None:
+    """A log that prints nothing: ranks other than 0, fold runs, sweep points (their callers print
+    one summary line instead)."""
 
 
 def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | None, y_val: np.ndarray | None,

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import distributed
-from ..train import adamw, shared_step
+from ..train import adamw, shared_step, silent
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
 
 FORMAT = "frozentune-mlm/1"
@@ -368,7 +368,7 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     world = distributed.launch().world_size
     main = distributed.is_main()
     if not main:
-        log = _silent
+        log = silent
     enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
     enc_cfg.validate()
     run_cfg.validate()
@@ -495,7 +495,3 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     log(f"stopped at step {step} ({stopped} budget spent): loss {result['final_loss'] or float('nan'):.4f} "
         f"(mean of the last {len(tail)} steps), {elapsed:.0f}s; checkpoint {result['checkpoint']}")
     return result
-
-
-def _silent(line: str) -> None:
-    """The log of ranks other than 0."""

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..registry import get_method
+from ..train import silent
 from .grid import Grid, Point
 
 
@@ -70,7 +71,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             load_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
-                      progress=False, log=_quiet)
+                      progress=False, log=silent)
         score, what = point_score(r)
         extract_s += r["extract_seconds"]
         row = {"method": p.method, "layer": layer, "lr": r["config"]["train"]["lr"],
@@ -93,7 +94,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
         with staged_output(Path(output), overwrite) as folder:
             api.train(best["method"], datasets[first], backbones[best["layer"]],
                       train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
-                      output=folder / "best", cache_root=cache_root, progress=False, log=_quiet)
+                      output=folder / "best", cache_root=cache_root, progress=False, log=silent)
             result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
             write(result, folder, data)
         log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
@@ -174,7 +175,3 @@ def write(result: SweepResult, folder: Path, data: str) -> None:
     (folder / "sweep.json").write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
     (folder / "sweep.md").write_text(markdown(result, data))
     plot(result, folder / "sweep.png")
-
-
-def _quiet(line: str) -> None:
-    """Points do not print their training rounds; the sweep prints one line per point."""
