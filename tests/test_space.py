@@ -126,7 +126,8 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
     for row in ex.values():
         assert len(row["centroid"]) == m and all(-1 <= v <= 1 for v in row["centroid"])
         assert len(row["tokens"]) == 2
-        assert all(tok in "Who invented the telephone ?" for tok, _ in row["tokens"])  # words, not [CLS]
+        assert all(t["text"] in "Who invented the telephone ?" for t in row["tokens"])  # words, not [CLS]
+        assert all("Who invented the telephone ?"[t["start"]:t["end"]] == t["text"] for t in row["tokens"])
 
     png = tmp_path / "pic" / "concepts.png"
     code, stdout, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", png,

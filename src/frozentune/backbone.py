@@ -587,6 +587,26 @@ class Backbone:
         spec = layers if isinstance(layers, LayerSpec) else LayerSpec.parse(layers)
         return cls(name, model, tok, spec, max_length, device, precision)
 
+    def with_layers(self, layers: LayerSpec) -> "Backbone":
+        """This backbone reading other layers: the same model, tokenizer, prepared runner and weights
+        hash (shared, not copied), so several heads can be loaded on one frozen pass."""
+        import copy
+
+        check_layers(self.name, self.model, layers)
+        _ = self.runner, self.weights_hash  # prepared once, here, so every view shares them
+        view = copy.copy(self)
+        view.layers = layers
+        return view
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
+        """The frozen pass's every hidden state (embeddings, then one per layer), each (B, T, D) in
+        the runner's dtype on its device: what `states` selects from, for callers that serve several
+        layer choices from one pass (select with `select_layers`, then cast as `states` does)."""
+        with torch.no_grad():
+            out = self.runner(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                              output_hidden_states=True)
+        return tuple(out.hidden_states)
+
     @property
     def dim(self) -> int:
         return output_dim(self.model, self.layers)

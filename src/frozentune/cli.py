@@ -9,6 +9,7 @@
   frozentune plot-concepts --model DIR --data D [--output PNG]
   frozentune cache DATA --backbone B
   frozentune pretrain --arch A --corpus imdb|FILE --output DIR [--steps N] [--minutes M] [--resume]
+  frozentune serve MODEL_DIR... [--host 127.0.0.1 --port 8000 --device --precision]
   frozentune list
 """
 from __future__ import annotations
@@ -194,6 +195,14 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--output", type=Path, help="folder for sweep.md, sweep.json, sweep.png and best/ (the best point's model)")
     sw.add_argument("--overwrite", action="store_true", help="replace a sweep already saved in --output")
     _backbone_args(sw)
+    sv = sub.add_parser("serve", help="serve saved models over HTTP: every task from one backbone pass, "
+                        "batched across requests; a page at /, the API at /docs")
+    sv.add_argument("models", nargs="+", type=Path, help="saved model folders, or folders of them")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    _runtime_args(sv)
+    from .serve.engine import ServeOptions
+    _add_dataclass_options(sv, ServeOptions, "batching and limits", skip=())
     sub.add_parser("list", help="list the methods and their options")
     return ap
 
@@ -409,6 +418,22 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .serve import Engine, ServeOptions
+    from .serve.app import serve
+
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(ServeOptions) if getattr(a, f.name) is not None}
+    try:
+        options = ServeOptions(**given).validate()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if not 0 < a.port < 65536:
+        raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
+    engine = Engine.load(a.models, a.device, a.precision, options, log=lambda line: print(line, file=sys.stderr, flush=True))
+    serve(engine, a.host, a.port, log=lambda line: print(line, file=sys.stderr, flush=True))
+    return 0
+
+
 def cmd_list() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -483,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .output import OutputError
     from .prefix import PrefixError
     from .registry import MethodError
+    from .serve.models import ServeError
 
     ap = _parser()
     a, rest = ap.parse_known_args(argv)
@@ -498,9 +524,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.command == "list":
             return cmd_list()
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
-                "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep}[a.command](a)
+                "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
+                "serve": cmd_serve}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
-            OutputError, ExtractError, DistributedError) as e:
+            OutputError, ExtractError, DistributedError, ServeError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

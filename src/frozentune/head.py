@@ -55,6 +55,14 @@ class TokenView:
         return self.text[chars[0]:chars[1]] if chars else " ".join(self.pieces[i:j + 1])
 
 
+    def weighted(self, i: int, weight: float) -> dict:
+        """Piece i as an explanation shows it: {text, start, end, weight}, the text and character range
+        [start, end) of its whole word (start/end null for a special token), weight rounded to 4 places."""
+        chars = self.char_range(i)
+        return {"text": self.surface(i), "start": chars[0] if chars else None, "end": chars[1] if chars else None,
+                "weight": round(weight, 4)}
+
+
 @dataclass
 class Explanation:
     """What a head says about one prediction: `data` is JSON-serialisable, `lines` are for people."""

@@ -100,18 +100,19 @@ class SpaceHead(Head):
 
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
         """Per class: its centroid (and the centroid's mean) and the tokens whose attribution,
-        tanh(E·P_i) averaged over the m dimensions, is highest."""
+        tanh(E·P_i) averaged over the m dimensions, is highest ({text, start, end, weight}: the
+        token's word and its character range [start, end) in the text)."""
         k = out.extras["centroids"][0]  # (n, m)
         scores = out.extras["token_scores"][0, :, :len(tokens.pieces)]  # (n, T)
         real = [t for t, (s, e) in enumerate(tokens.offsets) if e > s] or list(range(len(tokens.pieces)))
         data, lines = {}, []
         for i, lab in enumerate(labels):
             w, j = scores[i, real].topk(min(top, len(real)))
-            toks = [(tokens.surface(real[int(t)]), round(float(v), 4)) for v, t in zip(w, j)]
+            toks = [tokens.weighted(real[int(t)], float(v)) for v, t in zip(w, j)]
             data[lab] = {"centroid": [round(float(x), 4) for x in k[i]], "centroid_mean": round(float(k[i].mean()), 4),
                          "tokens": toks}
             lines.append(f"{lab:>14}: centroid mean {float(k[i].mean()):+.3f}   "
-                         + "  ".join(f"{t} {v:+.2f}" for t, v in toks))
+                         + "  ".join(f"{t['text']} {t['weight']:+.2f}" for t in toks))
         return Explanation({"classes": data}, lines)
 
 

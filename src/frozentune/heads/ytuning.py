@@ -111,13 +111,15 @@ class YTuningHead(Head):
         return Output(scores, {"label_attention": label_attn})
 
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
-        """Per label, the tokens its last-layer cross-attention weighted most."""
+        """Per label, the tokens its last-layer cross-attention weighted most ({text, start, end,
+        weight}: the token's word and its character range [start, end) in the text, null for a
+        special token)."""
         attn = out.extras["label_attention"][0, :, :len(tokens.pieces)]  # (C, T)
         per_label, lines = {}, []
         for c, lab in enumerate(labels):
             w, j = attn[c].topk(min(top, attn.shape[1]))
-            per_label[lab] = [(tokens.surface(int(t)), round(float(v), 4)) for v, t in zip(w, j)]
-            lines.append(f"{lab:>14}: " + "  ".join(f"{t} {v:.2f}" for t, v in per_label[lab]))
+            per_label[lab] = [tokens.weighted(int(t), float(v)) for v, t in zip(w, j)]
+            lines.append(f"{lab:>14}: " + "  ".join(f"{t['text']} {t['weight']:.2f}" for t in per_label[lab]))
         return Explanation({"attention": per_label}, lines)
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:

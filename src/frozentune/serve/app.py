@@ -1,0 +1,207 @@
+"""The HTTP API over an Engine (FastAPI on uvicorn): JSON endpoints described by OpenAPI
+(/openapi.json, /docs), Prometheus metrics, the page, and a bad request answered with a 4xx and a
+message while the server goes on serving.
+
+  GET  /                 the page (page.html)
+  GET  /health           {"status": "ok", ...}
+  GET  /v1/models        the served tasks and the batching options
+  POST /v1/classify      {"texts": [...] | "text": "...", "tasks": [...]?, "explain": false, "top": 5}
+  POST /v1/explain       the same, explanations on, only tasks that explain
+  POST /v1/generate      {"prefix": "name", "sources": [...] | "source": "...", "num_beams"?, "max_new_tokens"?}
+  GET  /metrics          Prometheus text format
+
+Every error is {"error": message} with its status: 400 malformed JSON, 404 unknown task, 413 too
+many texts or too long a source, 422 a field of the wrong type or value, 503 + Retry-After when the
+queue is full or the server is stopping, 500 when a batch failed (its message).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .batcher import BatchStats, Overloaded
+from .engine import Engine, RequestError
+
+PAGE = Path(__file__).with_name("page.html")
+
+
+class Classify(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str] | None = Field(None, description="texts to classify (or `text` for one)")
+    text: str | None = None
+    tasks: list[str] | None = Field(None, description="task names (default: every classification task)")
+    explain: bool = Field(False, description="add each task's explanation where its method gives one")
+    top: int = Field(5, description="explanations: how many tokens or spans")
+
+
+class Explain(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str] | None = None
+    text: str | None = None
+    tasks: list[str] | None = Field(None, description="task names (default: every task that explains)")
+    top: int = 5
+
+
+class Generate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefix: str = Field(..., description="the generation task (its folder's name)")
+    sources: list[str] | None = None
+    source: str | None = None
+    num_beams: int | None = Field(None, description="default: as the model was trained")
+    max_new_tokens: int | None = None
+
+
+def _one(body: Any, many: str, one: str) -> list:
+    given = [k for k in (many, one) if getattr(body, k) is not None]
+    if len(given) != 1:
+        raise RequestError(f"give either {many!r} (a list) or {one!r} (one string), not {'both' if given else 'neither'}")
+    return getattr(body, many) if given[0] == many else [getattr(body, one)]
+
+
+def _validation_message(errors: list[dict]) -> tuple[int, str]:
+    """A RequestValidationError's errors as (status, one line)."""
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            return 400, f"the body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))}); send a JSON object"
+    parts = []
+    for e in errors[:3]:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        where = "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in loc).lstrip(".") or "the body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return 422, "; ".join(parts) + ("" if len(errors) <= 3 else f" (and {len(errors) - 3} more)")
+
+
+def create_app(engine: Engine):
+    """The FastAPI app serving `engine`; closing the app (lifespan end) closes the engine after
+    the requests in flight are answered."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    requests = Counter("frozentune_requests", "HTTP requests answered", ["endpoint", "status"], registry=registry)
+    latency = Histogram("frozentune_request_seconds", "time from request to answer", ["endpoint"], registry=registry,
+                        buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+    rows = Histogram("frozentune_batch_rows", "rows (texts or sources) per batch", ["group"], registry=registry,
+                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    batch_seconds = Histogram("frozentune_batch_seconds", "time to run one batch", ["group"], registry=registry,
+                              buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+    passes = Counter("frozentune_batches", "batches run (one backbone pass or decode each)", ["group"], registry=registry)
+    Gauge("frozentune_queue_rows", "rows waiting for a batch", registry=registry).set_function(lambda: engine.batcher.depth)
+
+    def on_batch(s: BatchStats) -> None:
+        rows.labels(s.group).observe(s.rows)
+        batch_seconds.labels(s.group).observe(s.seconds)
+        passes.labels(s.group).inc()
+
+    engine.observe(on_batch)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.close()  # uvicorn runs this after the requests in flight were answered
+
+    app = FastAPI(title="frozentune serve", version="1", lifespan=lifespan,
+                  description="Many tasks on one frozen backbone pass: classify, explain, generate.")
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        endpoint = getattr(route, "path", "other")
+        requests.labels(endpoint, str(response.status_code)).inc()
+        latency.labels(endpoint).observe(time.perf_counter() - start)
+        return response
+
+    def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return error(*_validation_message(list(exc.errors())))
+
+    @app.exception_handler(RequestError)
+    async def bad(request: Request, exc: RequestError):
+        return error(exc.status, str(exc))
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, exc: Overloaded):
+        return error(503, str(exc), {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        return error(500, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "tasks": len(engine.tasks), "queue_rows": engine.batcher.depth,
+                "uptime_s": round(time.time() - engine.started, 1)}
+
+    @app.get("/v1/models")
+    async def models():
+        o = engine.options
+        return {"tasks": engine.describe(), "groups": [g.label for g in engine.groups],
+                "batching": {"batch_tokens": o.batch_tokens, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue,
+                             "max_texts": o.max_texts}}
+
+    @app.post("/v1/classify")
+    async def classify(body: Classify):
+        return await engine.aclassify(_one(body, "texts", "text"), body.tasks, body.explain, body.top)
+
+    @app.post("/v1/explain")
+    async def explain(body: Explain):
+        return await engine.aexplain(_one(body, "texts", "text"), body.tasks, body.top)
+
+    @app.post("/v1/generate")
+    async def generate(body: Generate):
+        return await engine.agenerate(body.prefix, _one(body, "sources", "source"), body.num_beams, body.max_new_tokens)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class Running:
+    """A uvicorn server in a thread of this process (tests, benchmarks, notebooks): `url`, `stop()`."""
+
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 30.0):
+        import uvicorn
+
+        config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="warning",
+                                timeout_graceful_shutdown=graceful_s, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="frozentune-serve", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {host}:{port}")
+            time.sleep(0.01)
+        sock = self.server.servers[0].sockets[0].getsockname()
+        self.url = f"http://{host}:{sock[1]}"
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop accepting, answer what is in flight, close the engine."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, log=print) -> None:
+    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight, and return."""
+    import uvicorn
+
+    log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics)")
+    uvicorn.run(create_app(engine), host=host, port=port, log_level="info", timeout_graceful_shutdown=30)

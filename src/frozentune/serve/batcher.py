@@ -1,0 +1,144 @@
+"""Dynamic batching: jobs from concurrent requests wait a short while in one queue and run together.
+
+A job is one row of work (a text for one pass, a source for one LM) with a `group` (the pass or LM
+that runs it), a `key` (jobs share a batch only when group and key are equal: e.g. the beam width of
+a generation) and a `cost` in padded tokens. One worker thread takes the oldest job, gathers the
+later jobs of its group and key in arrival order while the batch's padded size (rows × the longest
+cost) stays within the token budget, waits at most `max_wait_s` after the oldest job arrived for
+the batch to fill, runs it, and answers each job's future. Past `max_queue` waiting jobs a submit is
+refused (`Overloaded`, with a Retry-After estimate from the recent throughput): memory stays bounded.
+
+One worker is deliberate: every batch uses all the cores (or the GPU) it runs on, so two batches at
+once would only take turns.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+
+class Overloaded(RuntimeError):
+    """The queue is full: try again after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Job:
+    group: Any                 # what runs it: has run(jobs) -> results, one per job
+    key: Hashable              # jobs of one batch have equal keys
+    cost: int                  # padded tokens this row occupies (its length)
+    payload: Any
+    future: Future = field(default_factory=Future)
+    t0: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BatchStats:
+    rows: int
+    tokens: int     # rows × the longest cost: the padded size that ran
+    seconds: float
+    waited: float   # how long the oldest job waited before its batch started
+    group: str
+
+
+class Batcher:
+    def __init__(self, batch_tokens: int = 8192, max_wait_s: float = 0.005, max_queue: int = 1024,
+                 max_rows: int = 256, on_batch: Callable[[BatchStats], None] | None = None):
+        if batch_tokens < 1 or max_queue < 1 or max_rows < 1 or max_wait_s < 0:
+            raise ValueError("batch_tokens, max_queue and max_rows must be at least 1, max_wait_s at least 0")
+        self.batch_tokens, self.max_wait_s, self.max_queue, self.max_rows = batch_tokens, max_wait_s, max_queue, max_rows
+        self.on_batch = on_batch
+        self._pending: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._rate = 0.0  # jobs per second of the recent batches (exponential mean), for Retry-After
+        self._thread = threading.Thread(target=self._loop, name="frozentune-batcher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ submitting
+    def submit(self, jobs: Sequence[Job]) -> list[Future]:
+        """Queue jobs (all or none); their futures get each job's result or exception."""
+        with self._cv:
+            if self._closing:
+                raise Overloaded("the server is shutting down", 1)
+            if len(self._pending) + len(jobs) > self.max_queue:
+                raise Overloaded(f"{len(self._pending)} rows are waiting (the bound is {self.max_queue}); "
+                                 f"retry shortly", self.retry_after())
+            self._pending.extend(jobs)
+            self._cv.notify()
+        return [j.future for j in jobs]
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has drained at the recent rate (at least 1)."""
+        return max(1, math.ceil(len(self._pending) / self._rate)) if self._rate > 0 else 1
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish every queued job, then stop the worker."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the worker
+    def _take(self) -> list[Job] | None:
+        """Under the lock: the next batch (oldest job first), or None when closing with nothing left."""
+        while True:
+            while not self._pending and not self._closing:
+                self._cv.wait()
+            if not self._pending:
+                return None
+            first = self._pending[0]
+            batch, full = self._gather(first)
+            left = first.t0 + self.max_wait_s - time.perf_counter()
+            if full or left <= 0 or self._closing:
+                for j in batch:
+                    self._pending.remove(j)
+                return batch
+            self._cv.wait(left)
+
+    def _gather(self, first: Job) -> tuple[list[Job], bool]:
+        """Jobs of first's group and key, in arrival order, within the budget; whether it is full."""
+        batch, longest = [], 0
+        for j in self._pending:
+            if j.group is not first.group or j.key != first.key:
+                continue
+            grown = max(longest, j.cost)
+            if batch and (grown * (len(batch) + 1) > self.batch_tokens or len(batch) >= self.max_rows):
+                return batch, True
+            batch.append(j)
+            longest = grown
+        return batch, longest * len(batch) >= self.batch_tokens or len(batch) >= self.max_rows
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                batch = self._take()
+            if batch is None:
+                return
+            start = time.perf_counter()
+            try:
+                results = batch[0].group.run(batch)
+            except Exception as e:  # answered to every request of the batch; the worker goes on
+                for j in batch:
+                    j.future.set_exception(e)
+                continue
+            seconds = time.perf_counter() - start
+            for j, r in zip(batch, results):
+                j.future.set_result(r)
+            rate = len(batch) / max(seconds, 1e-6)
+            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+            if self.on_batch is not None:
+                self.on_batch(BatchStats(len(batch), max(j.cost for j in batch) * len(batch), seconds,
+                                         start - batch[0].t0, getattr(batch[0].group, "label", "?")))

@@ -1,0 +1,245 @@
+"""Engine: the served tasks on one dynamic batcher, callable from Python (blocking or awaitable) and
+from the HTTP app, which adds nothing but transport.
+
+    engine = Engine.load(["runs/a", "runs/b"])           # or a folder of saved models
+    engine.classify(["text", ...], tasks=None, explain=False, top=5)
+    engine.generate("e2e-prefix", ["name[Aromi] ..."], num_beams=None, max_new_tokens=None)
+    await engine.aclassify(...); await engine.agenerate(...)
+    engine.close()                                        # finishes what is queued
+
+A classify request becomes one job per text and per pass group (heads on one frozen backbone are
+one group: one pass); a generate request one job per source. Jobs of concurrent requests share
+batches (batcher.py). Requests are checked before anything is queued: a bad one raises
+RequestError (with the HTTP status it maps to) and queues nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .batcher import BatchStats, Batcher, Job
+from .models import Task, find_models, load_tasks
+
+
+class RequestError(ValueError):
+    """A request that cannot be served as given; `status` is the HTTP status it is answered with."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ServeOptions:
+    batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per batch (rows × the longest row)"})
+    max_wait_ms: float = field(default=5.0, metadata={"help": "how long the oldest waiting row may wait for its "
+                                                               "batch to fill, in milliseconds"})
+    max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
+                                                           "request is answered 503 with Retry-After"})
+    max_texts: int = field(default=64, metadata={"help": "texts or sources in one request (more: 413)"})
+    max_top: int = field(default=50, metadata={"help": "explain: the most tokens or spans a request may ask for"})
+    max_beams: int = field(default=8, metadata={"help": "generate: the widest beam a request may ask for"})
+    max_new_tokens: int = field(default=256, metadata={"help": "generate: the most new tokens a request may ask for"})
+
+    def validate(self) -> "ServeOptions":
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < (0 if f.name == "max_wait_ms" else 1):
+                raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least "
+                                 f"{0 if f.name == 'max_wait_ms' else 1}")
+        return self
+
+
+Assemble = Callable[[list], Any]
+
+
+class Engine:
+    def __init__(self, tasks: Sequence[Task], options: ServeOptions | None = None):
+        self.options = (options or ServeOptions()).validate()
+        self.tasks = {t.name: t for t in tasks}
+        self.started = time.time()
+        self.batches: list[BatchStats] = []  # the most recent ones (bounded), for tests and /v1/models
+        self._observers: list[Callable[[BatchStats], None]] = []
+        o = self.options
+        self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch)
+
+    @classmethod
+    def load(cls, paths: Sequence[Path | str], device: str | None = None, precision: str | None = None,
+             options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
+        """Every saved model under `paths` (model folders, or folders of them), loaded once."""
+        options = (options or ServeOptions()).validate()
+        return cls(load_tasks(find_models(paths), device, precision, log), options)
+
+    # ------------------------------------------------------------------ observing
+    def observe(self, fn: Callable[[BatchStats], None]) -> None:
+        """Call fn(stats) after every batch (from the batcher's thread)."""
+        self._observers.append(fn)
+
+    def _on_batch(self, stats: BatchStats) -> None:
+        self.batches.append(stats)
+        del self.batches[:-1000]
+        for fn in self._observers:
+            fn(stats)
+
+    @property
+    def groups(self) -> list:
+        return list(dict.fromkeys(t.group for t in self.tasks.values()))
+
+    def describe(self) -> list[dict]:
+        return [t.describe() for t in self.tasks.values()]
+
+    def close(self, timeout: float | None = None) -> None:
+        self.batcher.close(timeout)
+
+    # ------------------------------------------------------------------ classify
+    def _texts(self, texts: Any, what: str = "texts") -> list[str]:
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+            raise RequestError(f"{what}: give a list of strings")
+        if not texts:
+            raise RequestError(f"{what}: the list is empty; give at least one")
+        if len(texts) > self.options.max_texts:
+            raise RequestError(f"{what}: {len(texts)} in one request; the limit is {self.options.max_texts} "
+                               f"(send several requests, or start the server with a higher --max-texts)", 413)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise RequestError(f"{what}[{i}]: a {type(t).__name__}, not a string")
+            if not t.strip():
+                raise RequestError(f"{what}[{i}]: empty; give some text")
+        return list(texts)
+
+    def _chosen(self, tasks: Sequence[str] | None, kind: str, explaining: bool = False) -> list[Task]:
+        mine = [t for t in self.tasks.values() if t.kind == kind]
+        if tasks is None:
+            if not mine:
+                raise RequestError(f"this server has no {kind} tasks (it serves: {', '.join(self.tasks) or 'nothing'})", 404)
+            return [t for t in mine if t.explains] if explaining and any(t.explains for t in mine) else mine
+        if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)) or not tasks:
+            raise RequestError("tasks: give a non-empty list of task names, or leave it out for all")
+        out = []
+        for name in dict.fromkeys(tasks):
+            task = self.tasks.get(name) if isinstance(name, str) else None
+            if task is None or task.kind != kind:
+                known = ", ".join(t.name for t in mine) or "none"
+                raise RequestError(f"task {name!r}: not a {kind} task of this server (its {kind} tasks: {known})", 404)
+            if explaining and not task.explains:
+                able = ", ".join(t.name for t in mine if t.explains) or "none"
+                raise RequestError(f"task {name!r} ({task.method}) gives no explanation; tasks that do: {able}", 422)
+            out.append(task)
+        return out
+
+    def _top(self, top: Any) -> int:
+        if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= self.options.max_top:
+            raise RequestError(f"top {top!r}: give a whole number from 1 to {self.options.max_top}")
+        return top
+
+    def plan_classify(self, texts: Any, tasks: Sequence[str] | None = None, explain: bool = False,
+                      top: int = 5, explaining_only: bool = False) -> tuple[list[Job], Assemble]:
+        """The jobs of a classify (or, with explain, explain) request, and how to build its answer
+        from their results; raises RequestError for a bad request (nothing queued)."""
+        texts = self._texts(texts)
+        chosen = self._chosen(tasks, "classify", explaining_only)
+        top = self._top(top)
+        jobs: list[Job] = []
+        per_text: list[list[tuple[Job, Any]]] = [[] for _ in texts]
+        for group in dict.fromkeys(t.group for t in chosen):
+            names = {t.name for t in chosen if t.group is group}
+            views = explain and any(t.explains for t in chosen if t.group is group)
+            ids, vs = group.tokenize(texts, views)
+            for i, (x, v) in enumerate(zip(ids, vs)):
+                job = Job(group, None, len(x), {"ids": x, "view": v, "tasks": names, "explain": top if explain else None})
+                jobs.append(job)
+                per_text[i].append((job, group))
+
+        def assemble(results: list) -> dict:
+            got = {id(j): r for j, r in zip(jobs, results)}
+            rows = []
+            for i, text in enumerate(texts):
+                merged: dict[str, Any] = {}
+                cut = []
+                for job, group in per_text[i]:
+                    merged |= got[id(job)]
+                    if job.cost >= group.max_length:
+                        cut.append(group.max_length)
+                row: dict[str, Any] = {"chars": len(text), "tasks": {t.name: merged[t.name] for t in chosen}}
+                row["truncated"] = bool(cut)
+                if cut:
+                    row["note"] = (f"the text reached max_length ({min(cut)} tokens, special tokens included): "
+                                   f"what follows was not read")
+                rows.append(row)
+            return {"tasks": [t.name for t in chosen], "results": rows}
+
+        return jobs, assemble
+
+    def classify(self, texts: Sequence[str], tasks: Sequence[str] | None = None, explain: bool = False,
+                 top: int = 5) -> dict:
+        """{"tasks": [names], "results": [per text {"tasks": {name: {label, scores[, explanation, lines]}},
+        "truncated", "chars"}]} — blocking."""
+        return self._wait(*self.plan_classify(texts, tasks, explain, top))
+
+    async def aclassify(self, texts: Sequence[str], tasks: Sequence[str] | None = None, explain: bool = False,
+                        top: int = 5) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, explain, top))
+
+    def explain(self, texts: Sequence[str], tasks: Sequence[str] | None = None, top: int = 5) -> dict:
+        """classify with explanations, for tasks that explain (all of them by default) — blocking."""
+        return self._wait(*self.plan_classify(texts, tasks, True, top, explaining_only=True))
+
+    async def aexplain(self, texts: Sequence[str], tasks: Sequence[str] | None = None, top: int = 5) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, True, top, explaining_only=True))
+
+    # ------------------------------------------------------------------ generate
+    def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,
+                      max_new_tokens: int | None = None) -> tuple[list[Job], Assemble]:
+        from ..prefix import encode_sources
+
+        if not isinstance(prefix, str):
+            raise RequestError("prefix: give the name of a generation task")
+        task = self._chosen([prefix], "generate")[0]
+        sources = self._texts(sources, "sources")
+        beams = task.decoding["num_beams"] if num_beams is None else num_beams
+        new = task.decoding["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+        o = self.options
+        for name, value, most in (("num_beams", beams, o.max_beams), ("max_new_tokens", new, o.max_new_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise RequestError(f"{name} {value!r}: give a whole number from 1 to {most}")
+        group = task.group
+        context = getattr(group.lm.config, "max_position_embeddings", None) or 2048
+        room = context - new - (task.prefix.shape[3] if task.prefix is not None else 0)
+        for i, s in enumerate(sources):  # characters first: a huge source is refused without tokenising it
+            if len(s) > 64 * max(room, 1):
+                raise RequestError(f"sources[{i}]: {len(s):,} characters, far more than this LM's room of "
+                                   f"{max(room, 0)} tokens for a source; shorten it", 413)
+        ids = encode_sources(group.tok, sources)
+        for i, x in enumerate(ids):
+            if len(x) > room:
+                raise RequestError(f"sources[{i}]: {len(x)} tokens; with max_new_tokens {new} and the prefix this LM's "
+                                   f"context of {context} leaves {max(room, 0)}: shorten it or ask for fewer new tokens", 413)
+        jobs = [Job(group, (beams, new), (len(x) + new) * beams, {"ids": x, "task": task}) for x in ids]
+
+        def assemble(results: list) -> dict:
+            return {"prefix": task.name, "num_beams": beams, "max_new_tokens": new,
+                    "outputs": [{"source": s, **r} for s, r in zip(sources, results)]}
+
+        return jobs, assemble
+
+    def generate(self, prefix: str, sources: Sequence[str], num_beams: int | None = None,
+                 max_new_tokens: int | None = None) -> dict:
+        """{"prefix", "num_beams", "max_new_tokens", "outputs": [{source, output, tokens}]} — blocking."""
+        return self._wait(*self.plan_generate(prefix, sources, num_beams, max_new_tokens))
+
+    async def agenerate(self, prefix: str, sources: Sequence[str], num_beams: int | None = None,
+                        max_new_tokens: int | None = None) -> dict:
+        return await self._await(*self.plan_generate(prefix, sources, num_beams, max_new_tokens))
+
+    # ------------------------------------------------------------------ waiting
+    def _wait(self, jobs: list[Job], assemble: Assemble):
+        futures: list[Future] = self.batcher.submit(jobs)
+        return assemble([f.result() for f in futures])
+
+    async def _await(self, jobs: list[Job], assemble: Assemble):
+        futures = self.batcher.submit(jobs)
+        return assemble(list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))))

@@ -1,0 +1,305 @@
+"""What `frozentune serve` serves: saved model folders, each loaded once, grouped by the pass they share.
+
+Groups (each runs one batch of jobs at a time; see batcher.py):
+  FrozenPass  classifiers that read one frozen backbone (same weights, max_length, device and
+              precision): one forward pass per batch, every hidden state kept, and each head reads
+              its own layer choice from it, so N heads cost one pass plus N small heads.
+  LivePass    a classifier that runs or steers the backbone itself (finetune, encoder prefix): its
+              own pass, still batched across requests.
+  LMGroup     generators on one causal LM: prefixes of different tasks (and lengths) in one batch
+              (Li & Liang §8.2), greedy or beam; a fine-tuned LM is a group of its own.
+
+A job's payload is a dict; a group's run(jobs) returns one result per job. Every number a group
+returns is computed the way `frozentune predict` / `explain` / `generate` compute it (the tests
+hold them equal).
+
+Legend: B rows of a batch, T tokens, C classes.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .. import model as M
+from ..backbone import Backbone, LayerSpec, pad, select_layers
+from ..head import Features, Output, TokenView, explains
+
+
+class ServeError(ValueError):
+    """The models given to serve cannot be served as asked."""
+
+
+def find_models(paths: Sequence[Path | str]) -> list[Path]:
+    """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if (p / M.CONFIG).is_file():
+            found.append(p)
+        elif p.is_dir():
+            subs = sorted(q for q in p.iterdir() if (q / M.CONFIG).is_file())
+            if not subs:
+                raise ServeError(f"{p}: neither a saved model (no {M.CONFIG}) nor a folder of saved models; give "
+                                 f"folders written by `frozentune train --output`")
+            found += subs
+        else:
+            raise ServeError(f"{p}: no such folder; give folders written by `frozentune train --output`")
+    if not found:
+        raise ServeError("no model folders given; give folders written by `frozentune train --output`")
+    names: dict[str, Path] = {}
+    for f in found:
+        if f.name in names and names[f.name].resolve() != f.resolve():
+            raise ServeError(f"two models would be served as {f.name!r} ({names[f.name]} and {f}); a task is named "
+                             f"after its folder: rename one")
+        names[f.name] = f
+    return list(dict.fromkeys(names.values()))
+
+
+def read_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / M.CONFIG).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise M.ModelLoadError(f"{folder / M.CONFIG}: not readable ({e}); the folder is damaged: train it again") from None
+
+
+# ----------------------------------------------------------------------------- tasks
+@dataclass
+class Task:
+    """One served model: a classifier or a generator, by its folder's name."""
+    name: str
+    folder: Path
+    kind: str                          # "classify" | "generate"
+    method: str
+    group: Any
+    model: M.Classifier | None = None  # classifiers
+    tuner: Any = None                  # generators
+    prefix: Tensor | None = None       # prefix generators: the materialised (N, 2, H, P, E)
+    decoding: dict = field(default_factory=dict)  # generators: num_beams, max_new_tokens as trained
+
+    @property
+    def explains(self) -> bool:
+        return self.model is not None and explains(self.model.head)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.model.labels) if self.model is not None else []
+
+    def describe(self) -> dict:
+        d = {"name": self.name, "kind": self.kind, "method": self.method, "folder": str(self.folder),
+             "group": self.group.label}
+        if self.model is not None:
+            bb = self.model.backbone_ref
+            d |= {"labels": self.labels, "explains": self.explains, "backbone": bb.name,
+                  "layers": list(bb.layers.layers), "max_length": bb.max_length, "device": str(bb.device),
+                  "precision": bb.precision if not self.model.runs_live else "fp32",
+                  "shares_pass": isinstance(self.group, FrozenPass)}
+        else:
+            d |= {"backbone": self.group.lm_name, "decoding": self.decoding, "device": str(self.group.device),
+                  "precision": "fp32", "shares_batches": self.prefix is not None}
+        return d
+
+
+def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) -> list[dict]:
+    """Label and per-label probabilities (softmax of the logits in float32, as `predict`), and the
+    head's explanation where the job asks for one, for the given rows of a head's output."""
+    probs = torch.softmax(out.logits.float().cpu(), -1)  # (B, C)
+    res = []
+    for i in rows:
+        p = probs[i]
+        if not torch.isfinite(p).all():
+            raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
+                               f"weights are damaged: train it again")
+        row: dict[str, Any] = {"label": task.labels[int(p.argmax())],
+                               "scores": {lab: float(s) for lab, s in zip(task.labels, p.tolist())}}
+        job = jobs[i].payload
+        if job["explain"] is not None and task.explains:
+            one = Output(out.logits[i:i + 1], {k: v[i:i + 1] for k, v in out.extras.items()})
+            ex = task.model.head.explain(one, job["view"], task.labels, job["explain"])
+            row |= {"explanation": ex.data, "lines": ex.lines}
+        res.append(row)
+    return res
+
+
+def _batch(jobs: Sequence, pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    ids, mask = pad([j.payload["ids"] for j in jobs], pad_id)  # (B, T), (B, T)
+    return ids.to(device), mask.to(device)
+
+
+class ClassifierGroup:
+    """What FrozenPass and LivePass share: tokenising for their backbone and answering rows."""
+    backbone: Backbone
+    tasks: list[Task]
+    label: str
+
+    def __init__(self) -> None:
+        self.passes = 0  # backbone forward passes run (the tests count them)
+        self.tasks = []
+
+    @property
+    def max_length(self) -> int:
+        return self.backbone.max_length
+
+    def tokenize(self, texts: Sequence[str], views: bool) -> tuple[list, list[TokenView | None]]:
+        """Token ids of each text (cut to max_length) and, when views, the pieces with character offsets."""
+        if views:
+            tokens, vs = self.backbone.tokenize_with_views(texts)
+            return tokens.ids, list(vs)
+        return self.backbone.tokenize(texts).ids, [None] * len(texts)
+
+    def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
+        """{task name: row} per job, for the tasks each job asked for of this group."""
+        results: list[dict] = [{} for _ in jobs]
+        for task in self.tasks:
+            rows = [i for i, j in enumerate(jobs) if task.name in j.payload["tasks"]]
+            if rows:
+                for i, row in zip(rows, classify_rows(task, outputs(task, rows), jobs, rows)):
+                    results[i][task.name] = row
+        return results
+
+
+class FrozenPass(ClassifierGroup):
+    """Heads on one frozen backbone: one pass per batch for all of them."""
+
+    def __init__(self, backbone: Backbone):
+        super().__init__()
+        self.backbone = backbone
+        self.label = f"{Path(backbone.name).name} max_length {backbone.max_length} {backbone.precision} on {backbone.device}"
+
+    def run(self, jobs: Sequence) -> list[dict]:
+        bb = self.backbone
+        ids, mask = _batch(jobs, bb.pad_id(), bb.device)
+        states = bb.hidden_states(ids, mask)  # every layer, one pass
+        self.passes += 1
+        fmask = mask.bool()
+
+        def outputs(task: Task, rows: list[int]) -> Output:
+            m = task.model
+            # as Classifier.features: the chosen layers, float32, rounded like the cache stores them
+            hidden = select_layers(states, m.backbone_ref.layers).float().to(getattr(torch, m.cache_dtype)).float()
+            with torch.no_grad():
+                return m.head(Features(hidden[rows], fmask[rows]))
+
+        return self.answer(jobs, outputs)
+
+
+class LivePass(ClassifierGroup):
+    """A classifier that runs (or steers) the backbone itself: its own pass per batch."""
+
+    def __init__(self, model: M.Classifier):
+        super().__init__()
+        self.backbone, self.model = model.backbone_ref, model
+        self.label = f"{Path(self.backbone.name).name} ({model.method}, its own pass)"
+
+    def run(self, jobs: Sequence) -> list[dict]:
+        device = next(self.model.parameters()).device
+        ids, mask = _batch(jobs, self.backbone.pad_id(), device)
+        with torch.no_grad():
+            out = self.model(M.Batch(mask=mask.bool(), input_ids=ids))
+        self.passes += 1
+        return self.answer(jobs, lambda task, rows: Output(out.logits[rows], {k: v[rows] for k, v in out.extras.items()}))
+
+
+class LMGroup:
+    """Generators on one causal LM: each row after its own prefix, all rows of a batch in one decode."""
+
+    def __init__(self, lm: torch.nn.Module, tok, lm_name: str, device: torch.device):
+        self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
+        self.tasks: list[Task] = []
+        self.passes = 0  # decode calls
+        self.label = f"{Path(lm_name).name} (generation) on {device}"
+
+    def run(self, jobs: Sequence) -> list[dict]:
+        from ..prefix import PrefixBatch, eos_id_of, generate, pad_id_of
+
+        beams, max_new = jobs[0].key
+        prompts = [j.payload["ids"] for j in jobs]
+        tasks = [j.payload["task"] for j in jobs]
+        if tasks[0].prefix is None:  # a fine-tuned LM: the group has that one task
+            rows = tasks[0].tuner.generate(prompts, max_new_tokens=max_new, num_beams=beams)
+        else:
+            pb = PrefixBatch.mixed([t.prefix for t in tasks])
+            rows = generate(self.lm, pb, prompts, pad_id_of(self.lm, self.tok), eos_id_of(self.lm, self.tok),
+                            max_new, beams)
+        self.passes += 1
+        return [{"output": self.tok.decode(r, skip_special_tokens=True).strip(), "tokens": len(r)} for r in rows]
+
+
+# ----------------------------------------------------------------------------- loading
+Log = Callable[[str], None]
+
+
+def load_tasks(folders: Sequence[Path], device: str | None, precision: str | None, log: Log) -> list[Task]:
+    """Every folder loaded once; frozen classifiers on the same backbone share one FrozenPass and
+    prefix generators on the same LM one LMGroup."""
+    from ..generation import is_generation_model
+
+    frozen: dict[tuple, FrozenPass] = {}
+    lms: dict[str, LMGroup] = {}
+    tasks = []
+    for folder in folders:
+        if is_generation_model(folder):
+            task = _load_generator(folder, device, lms, log)
+        else:
+            task = _load_classifier(folder, device, precision, frozen, log)
+        task.group.tasks.append(task)
+        tasks.append(task)
+        log(f"serve: {task.name}: {task.method} → {task.group.label}")
+    return tasks
+
+
+def _load_classifier(folder: Path, device: str | None, precision: str | None, frozen: dict, log: Log) -> Task:
+    from ..api import _load, saved_runtime
+    from ..model import known_method
+
+    config = M.read_saved(folder)
+    spec = known_method(config, folder)
+    b = config["backbone"]
+    live = bool(b.get("trained")) or spec.encoder is not None or bool(getattr(spec.head_cls, "steers_backbone", False))
+    if live:
+        model = _load(folder, device, precision, log)
+        group: ClassifierGroup = LivePass(model)
+        return Task(folder.name, folder, "classify", config["method"], group, model=model)
+    rt = saved_runtime(device, precision, log)(b)
+    key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1])
+    if key not in frozen:
+        bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1])
+        frozen[key] = FrozenPass(bb)
+    group = frozen[key]
+    view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
+    model = M.load(folder, backbone=view)
+    model.to(view.device)
+    return Task(folder.name, folder, "classify", config["method"], group, model=model)
+
+
+def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Task:
+    from ..backbone import load_causal_lm
+    from ..extract import resolve_device
+    from ..generation import check_safetensors, DecodeOptions
+    from ..model import known_method, read_saved
+    from ..prefix import PrefixTuner
+
+    config = read_saved(folder, "the --output folder of a generation training run")
+    spec = known_method(config, folder)
+    check_safetensors(folder / M.WEIGHTS)
+    name = config["backbone"]["name"]
+    dev, _ = resolve_device(device or "auto")
+    decoding = DecodeOptions(**config.get("decoding", {}))
+    shares = spec.generator is PrefixTuner
+    if shares and name in lms:
+        group = lms[name]
+    else:
+        lm, tok = load_causal_lm(name)
+        group = LMGroup(lm, tok, name, dev)
+        if shares:
+            lms[name] = group
+    tuner = spec.generator.load(folder, group.lm, group.tok, name)
+    tuner.eval()
+    group.lm.to(dev)
+    tuner.to(dev)
+    prefix = tuner.encoder.materialize().detach() if shares else None
+    return Task(folder.name, folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
+                decoding={"num_beams": decoding.num_beams, "max_new_tokens": decoding.max_new_tokens})
