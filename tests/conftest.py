@@ -111,6 +111,20 @@ def word_tokenizer(words: list[str]):
                                    eos_token="<eos>", unk_token="<unk>")
 
 
+def make_tiny_llama(folder: Path, words: list[str], seed: int = 0) -> Path:
+    """A 3-layer Llama (grouped-query attention) + word-level tokenizer saved as an ordinary Hugging Face folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = word_tokenizer(words)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))

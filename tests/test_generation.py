@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import word_tokenizer
+from conftest import make_tiny_llama
 from frozentune import generation as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
@@ -32,18 +32,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory) -> Path:
-    """A 2-layer Llama (GQA) + word-level tokenizer saved as an ordinary Hugging Face folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    tok = word_tokenizer(WORDS)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    """A 3-layer Llama (GQA) + word-level tokenizer saved as an ordinary Hugging Face folder."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), WORDS)
 
 
 @pytest.fixture(scope="module")

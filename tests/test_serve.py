@@ -1,0 +1,362 @@
+"""`frozentune serve`: many saved models behind one HTTP server, in-process on an ephemeral port.
+
+Tiny seeded models saved by the real CLI: five classifiers on one tiny BERT (probe, space, ytuning,
+selfexplain, and a probe on another layer: one shared frozen pass), a fine-tuned classifier (its own
+pass), and two prefixes on a tiny Llama. Checked: every response equals `predict` / `explain` /
+`generate` on the same model and text; the backbone runs once per batch whatever the number of
+heads; batched answers equal one-by-one answers; every bad request gets its 4xx and the server goes
+on; a full queue gets 503 + Retry-After; shutdown answers what is in flight; the page in headless
+Chromium.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from clirun import cli
+from conftest import make_tiny_llama
+from frozentune import api
+from frozentune.cli import main
+from frozentune.generation import generate_sources
+from numerics import assert_close, tol
+
+httpx = pytest.importorskip("httpx")
+from frozentune.serve import Engine, Overloaded, RequestError, ServeOptions  # noqa: E402
+from frozentune.serve.app import Running  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CLASSIFIERS = {"probe": [], "space": [], "ytuning": [], "selfexplain": [], "probe-layer1": ["--layer", "1"]}
+TEXTS = ["Who invented the telephone ?", "How far is the moon from the Earth ?",
+         "What is the capital city of Australia and why was it chosen ?", "Name a bird ."]
+WORDS = "name eatType food area near pub coffee shop the is a in city centre riverside Aromi Cotto serves Italian French cheap . , [ ]".split()
+SOURCES = ["name[Aromi], food[Italian]", "name[Cotto], eatType[pub], area[riverside]", "name[Aromi]"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_bert, trec_slice, shared_data) -> Path:
+    """A folder of saved models: the five frozen classifiers, a fine-tuned one and two prefixes."""
+    root = tmp_path_factory.mktemp("served")
+    for name, extra in CLASSIFIERS.items():
+        method = name.split("-")[0]
+        assert main(["train", "--method", method, "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
+                     str(root / name), "--epochs", "1", "--precision", "fp32", "--seed", "0", *extra]) == 0
+    assert main(["train", "--method", "finetune", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
+                 str(root / "finetuned"), "--epochs", "1", "--top-layers", "1", "--seed", "0"]) == 0
+    lm = make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), WORDS)
+    e2e = tmp_path_factory.mktemp("e2e")
+    for split, n in (("dev", 24), ("test", 4)):
+        lines = (shared_data / "e2e" / f"{split}.jsonl").read_text().splitlines()[:n]
+        (e2e / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    for name, seed in (("prefix-a", 0), ("prefix-b", 1)):
+        assert main(["train", "--method", "prefix", "--data", str(e2e), "--backbone", str(lm), "--output", str(root / name),
+                     "--epochs", "1", "--max-train", "16", "--max-validation", "4", "--max-new-tokens", "6",
+                     "--prefix-length", str(2 + seed), "--lr", "1e-2", "--num-beams", "1", "--seed", str(seed)]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    e = Engine.load([models], log=lambda line: None)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    running = Running(engine)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+# ----------------------------------------------------------------------------- loading and grouping
+def test_models_are_grouped_by_the_pass_they_share(engine):
+    d = {t["name"]: t for t in engine.describe()}
+    assert set(d) == {*CLASSIFIERS, "finetuned", "prefix-a", "prefix-b"}
+    frozen = {d[n]["group"] for n in CLASSIFIERS}
+    assert len(frozen) == 1 and all(d[n]["shares_pass"] for n in CLASSIFIERS)  # layers -1 and 1: one pass
+    assert not d["finetuned"]["shares_pass"] and d["finetuned"]["group"] not in frozen
+    assert d["prefix-a"]["group"] == d["prefix-b"]["group"] and d["prefix-a"]["shares_batches"]
+    assert d["space"]["explains"] and not d["probe"]["explains"]
+    assert engine.tasks["probe"].group.backbone.model is engine.tasks["space"].model.backbone_ref.model  # loaded once
+
+
+def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
+    group = engine.tasks["probe"].group
+    calls = []
+    hook = group.backbone.runner.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        before = len(engine.batches)
+        out = engine.classify(TEXTS)  # one request: its four texts wait together and run as one batch
+        batches = engine.batches[before:]
+    finally:
+        hook.remove()
+    heads = [n for n in out["tasks"] if engine.tasks[n].group is group]
+    assert len(heads) == 5
+    frozen_batches = [b for b in batches if b.group == group.label]
+    assert len(calls) == len(frozen_batches) == 1 and frozen_batches[0].rows == len(TEXTS)
+
+
+# ----------------------------------------------------------------------------- equal to the CLI's answers
+def test_classify_equals_predict(models, client):
+    """One text per request, one request at a time: each is a batch of one, as `predict` on that
+    text alone is, so the same kernels see the same input and the answers are identical."""
+    for name in [*CLASSIFIERS, "finetuned"]:
+        for text in TEXTS:
+            r = client.post("/v1/classify", json={"text": text, "tasks": [name]})
+            assert r.status_code == 200, r.text
+            got = r.json()["results"][0]["tasks"][name]
+            want = api.predict(models / name, [text], log=quiet)[0]
+            assert got["label"] == want["label"] and got["scores"] == want["scores"], name
+
+
+def test_explain_equals_explain(models, client):
+    for name in ("space", "ytuning", "selfexplain"):
+        for text in TEXTS[:2]:
+            r = client.post("/v1/explain", json={"text": text, "tasks": [name], "top": 3})
+            assert r.status_code == 200, r.text
+            got = r.json()["results"][0]["tasks"][name]
+            want = api.explain(models / name, [text], top=3, log=quiet)[0]
+            assert got["label"] == want["label"] and got["explanation"] == want["explanation"], name
+            assert got["lines"] == want["lines"]
+
+
+def test_explanations_carry_character_ranges(client):
+    text = TEXTS[0]
+    r = client.post("/v1/explain", json={"text": text, "top": 2}).json()["results"][0]["tasks"]
+    marks = (r["selfexplain"]["explanation"]["spans"] + r["ytuning"]["explanation"]["attention"][r["ytuning"]["label"]]
+             + r["space"]["explanation"]["classes"][r["space"]["label"]]["tokens"])
+    for m in marks:
+        if m["start"] is not None:
+            assert text[m["start"]:m["end"]] == m["text"]
+
+
+def test_generate_equals_generate(models, client):
+    for name in ("prefix-a", "prefix-b"):
+        for src in SOURCES:
+            r = client.post("/v1/generate", json={"prefix": name, "source": src})
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["output"] == generate_sources(models / name, [src])[0]
+
+
+# ----------------------------------------------------------------------------- batching across requests
+def test_concurrent_requests_share_batches_and_answer_as_alone(engine):
+    alone = [engine.classify([t]) for t in TEXTS]
+    slow = ServeOptions(max_wait_ms=200.0)  # a long wait, so the concurrent requests surely meet
+    e = Engine(list(engine.tasks.values()), slow)
+    try:
+        with ThreadPoolExecutor(len(TEXTS)) as pool:
+            together = list(pool.map(lambda t: e.classify([t]), TEXTS))
+        assert max(b.rows for b in e.batches) > 1  # requests did share a batch
+    finally:
+        e.close()
+    for a, b in zip(alone, together):
+        for name in a["tasks"]:
+            x, y = a["results"][0]["tasks"][name], b["results"][0]["tasks"][name]
+            assert x["label"] == y["label"], name
+            # another batch: other padding and blocking in float32, then the states' float16 rounding
+            # (one float16 rounding of a state may flip); probabilities are at most 1
+            assert_close(torch.tensor(list(y["scores"].values())), torch.tensor(list(x["scores"].values())),
+                         rtol=tol(torch.float16, 1), scale=1.0, what=name)
+
+
+def test_mixed_prefixes_in_one_batch_generate_as_alone(engine):
+    alone = {(p, s): engine.generate(p, [s])["outputs"][0]["output"] for p in ("prefix-a", "prefix-b") for s in SOURCES}
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=200.0))
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            got = dict(zip(alone, pool.map(lambda k: e.generate(k[0], [k[1]])["outputs"][0]["output"], alone)))
+        assert max(b.rows for b in e.batches) > 1
+    finally:
+        e.close()
+    assert got == alone
+
+
+def test_async_api(engine):
+    async def both():
+        return await asyncio.gather(engine.aclassify(TEXTS[:1], ["probe"]), engine.agenerate("prefix-a", SOURCES[:1]))
+    c, g = asyncio.run(both())
+    assert c["results"][0]["tasks"]["probe"]["label"] and isinstance(g["outputs"][0]["output"], str)
+
+
+# ----------------------------------------------------------------------------- bad requests
+BAD = [
+    ("malformed JSON", "/v1/classify", b'{"texts": ["a"', 400, "not valid JSON"),
+    ("texts not a list", "/v1/classify", {"texts": "a"}, 422, "texts"),
+    ("a text not a string", "/v1/classify", {"texts": [3]}, 422, "texts[0]"),
+    ("empty text", "/v1/classify", {"texts": ["  "]}, 422, "empty"),
+    ("no texts", "/v1/classify", {"texts": []}, 422, "empty"),
+    ("text and texts", "/v1/classify", {"text": "a", "texts": ["b"]}, 422, "not both"),
+    ("unknown task", "/v1/classify", {"text": "a", "tasks": ["nope"]}, 404, "probe"),
+    ("a generator asked to classify", "/v1/classify", {"text": "a", "tasks": ["prefix-a"]}, 404, "not a classify task"),
+    ("explain a task that cannot", "/v1/explain", {"text": "a", "tasks": ["probe"]}, 422, "no explanation"),
+    ("top out of range", "/v1/explain", {"text": "a", "top": 0}, 422, "top"),
+    ("unknown field", "/v1/classify", {"text": "a", "colour": 1}, 422, "colour"),
+    ("too many texts", "/v1/classify", {"texts": ["a"] * 65}, 413, "limit is 64"),
+    ("unknown prefix", "/v1/generate", {"prefix": "nope", "source": "a"}, 404, "prefix-a"),
+    ("beam out of range", "/v1/generate", {"prefix": "prefix-a", "source": "a", "num_beams": 99}, 422, "num_beams"),
+    ("a source of 1 MB", "/v1/generate", {"prefix": "prefix-a", "source": "name " * 200_000}, 413, "shorten"),
+]
+
+
+@pytest.mark.parametrize("what,path,body,status,says", BAD, ids=[b[0] for b in BAD])
+def test_bad_request_is_answered_and_the_server_goes_on(what, path, body, status, says, client):
+    if isinstance(body, bytes):
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert says in r.json()["error"]
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
+
+
+def test_a_megabyte_text_is_cut_to_max_length_and_said(client):
+    r = client.post("/v1/classify", json={"text": "word " * 200_000, "tasks": ["probe", "space"]})
+    assert r.status_code == 200
+    row = r.json()["results"][0]
+    assert row["truncated"] and "max_length (128 tokens" in row["note"] and row["chars"] == 1_000_000
+
+
+class Gate:
+    """Holds a group's batches until opened: a slow backbone, to fill the queue on purpose."""
+
+    def __init__(self, group):
+        self.group, self.run, self.open, self.entered = group, group.run, threading.Event(), threading.Event()
+
+    def __enter__(self):
+        def held(jobs):
+            self.entered.set()
+            self.open.wait(30)
+            return self.run(jobs)
+        self.group.run = held
+        return self
+
+    def __exit__(self, *exc):
+        self.open.set()
+        self.group.run = self.run
+
+
+def test_full_queue_is_answered_503_with_retry_after(engine):
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_queue=2, max_wait_ms=0.0))
+    running = Running(e)
+    try:
+        with Gate(engine.tasks["probe"].group) as gate, httpx.Client(base_url=running.url, timeout=60) as c, \
+                ThreadPoolExecutor(2) as pool:
+            first = pool.submit(c.post, "/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]})
+            assert gate.entered.wait(30)  # the worker holds the first batch
+            second = pool.submit(c.post, "/v1/classify", json={"texts": TEXTS[:2], "tasks": ["probe"]})
+            deadline = time.monotonic() + 30
+            while e.batcher.depth < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            r = c.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]})
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1 and "bound is 2" in r.json()["error"]
+            gate.open.set()
+            assert first.result().status_code == 200 and second.result().status_code == 200
+            assert c.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_shutdown_answers_requests_in_flight(engine):
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=0.0))
+    running = Running(e)
+    with Gate(engine.tasks["probe"].group) as gate, httpx.Client(base_url=running.url, timeout=60) as c, \
+            ThreadPoolExecutor(2) as pool:
+        flight = pool.submit(c.post, "/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]})
+        assert gate.entered.wait(30)
+        stopping = pool.submit(running.stop)
+        time.sleep(0.3)  # the server is shutting down while the request waits on its batch
+        gate.open.set()
+        assert flight.result().status_code == 200
+        stopping.result()
+    assert not running.thread.is_alive()
+    with pytest.raises(Overloaded):
+        e.classify(TEXTS[:1])  # the engine was closed with the app
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(running.url + "/health", timeout=5)
+
+
+def test_engine_checks_requests_before_queueing(engine):
+    depth = engine.batcher.depth
+    for bad in ("one string", [], [""], [None]):
+        with pytest.raises(RequestError):
+            engine.classify(bad)  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="max_new_tokens"):
+        engine.generate("prefix-a", ["a"], max_new_tokens=0)
+    assert engine.batcher.depth == depth
+
+
+# ----------------------------------------------------------------------------- metrics, OpenAPI, CLI
+def test_metrics_and_openapi(client):
+    client.post("/v1/classify", json={"text": TEXTS[0]})
+    text = client.get("/metrics").text
+    for name in ("frozentune_requests_total", "frozentune_request_seconds_bucket", "frozentune_batch_rows_bucket",
+                 "frozentune_queue_rows"):
+        assert name in text
+    assert 'endpoint="/v1/classify",status="200"' in text
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/classify", "/v1/explain", "/v1/generate", "/v1/models", "/health"} <= set(spec["paths"])
+    models = client.get("/v1/models").json()
+    assert len(models["tasks"]) == 8 and models["batching"]["max_texts"] == 64
+
+
+def test_serve_cli_refuses_bad_input(tmp_path, models):
+    cli("serve", tmp_path / "nothing", contains="no such folder", row="serve: a model folder that does not exist")
+    (tmp_path / "empty").mkdir()
+    cli("serve", tmp_path / "empty", contains="neither a saved model", row="serve: a folder without models")
+    cli("serve", models / "probe", "--port", "70000", contains="--port 70000", row="serve: a port out of range")
+    cli("serve", models / "probe", "--max-texts", "0", contains="--max-texts 0", row="serve: a limit below 1")
+    twin = tmp_path / "again" / "probe"
+    shutil.copytree(models / "probe", twin)
+    cli("serve", models / "probe", twin, contains="rename one", row="serve: two models with one name")
+
+
+# ----------------------------------------------------------------------------- the page
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def test_page_in_headless_chromium(server, tmp_path):
+    """The page as a person sees it: every task's card with its prediction and bars, and the
+    explanations drawn on the text. The screenshot is written to $FROZENTUNE_SCREENSHOTS when set
+    (docs/serve-page.png was made this way)."""
+    exe = chromium()
+    if exe is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the page was not rendered")
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+             "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", server.url + "/"], capture_output=True, text=True, timeout=120).stdout
+    for name in [*CLASSIFIERS, "finetuned"]:
+        assert f'data-task="{name}"' in dom, f"no card for {name}"
+    assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
+    assert "predicts <b>" in dom and "generation prefixes" in dom
+    shot = tmp_path / "serve-page.png"
+    subprocess.run([*flags, "--window-size=1280,1100", f"--screenshot={shot}", server.url + "/"],
+                   capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    if os.environ.get("FROZENTUNE_SCREENSHOTS"):
+        shutil.copy(shot, Path(os.environ["FROZENTUNE_SCREENSHOTS"]) / shot.name)
