@@ -213,7 +213,8 @@ class Engine:
             if len(s) > 64 * max(room, 1):
                 raise RequestError(f"sources[{i}]: {len(s):,} characters, far more than this LM's room of "
                                    f"{max(room, 0)} tokens for a source; shorten it", 413)
-        ids = encode_sources(group.tok, sources)
+        with group.tokenizer_lock:
+            ids = encode_sources(group.tok, sources)
         for i, x in enumerate(ids):
             if len(x) > room:
                 raise RequestError(f"sources[{i}]: {len(x)} tokens; with max_new_tokens {new} and the prefix this LM's "

@@ -18,6 +18,7 @@ Legend: B rows of a batch, T tokens, C classes.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -138,6 +139,7 @@ class ClassifierGroup:
     def __init__(self) -> None:
         self.passes = 0  # backbone forward passes run (the tests count them)
         self.tasks = []
+        self.tokenizer_lock = threading.Lock()  # a fast tokenizer refuses concurrent calls ("Already borrowed")
 
     @property
     def max_length(self) -> int:
@@ -145,10 +147,11 @@ class ClassifierGroup:
 
     def tokenize(self, texts: Sequence[str], views: bool) -> tuple[list, list[TokenView | None]]:
         """Token ids of each text (cut to max_length) and, when views, the pieces with character offsets."""
-        if views:
-            tokens, vs = self.backbone.tokenize_with_views(texts)
-            return tokens.ids, list(vs)
-        return self.backbone.tokenize(texts).ids, [None] * len(texts)
+        with self.tokenizer_lock:
+            if views:
+                tokens, vs = self.backbone.tokenize_with_views(texts)
+                return tokens.ids, list(vs)
+            return self.backbone.tokenize(texts).ids, [None] * len(texts)
 
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
         """{task name: row} per job, for the tasks each job asked for of this group."""
@@ -210,6 +213,7 @@ class LMGroup:
         self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
         self.tasks: list[Task] = []
         self.passes = 0  # decode calls
+        self.tokenizer_lock = threading.Lock()
         self.label = f"{Path(lm_name).name} (generation) on {device}"
 
     def run(self, jobs: Sequence) -> list[dict]:
