@@ -1,8 +1,8 @@
 """`frozentune serve`: many saved models behind one HTTP server, in-process on an ephemeral port.
 
 Tiny seeded models saved by the real CLI: five classifiers on one tiny BERT (probe, space, ytuning,
-selfexplain, and a probe on another layer: one shared frozen pass), a fine-tuned classifier (its own
-pass), and two prefixes on a tiny Llama. Checked: every response equals `predict` / `explain` /
+selfexplain, and a probe on another layer: one shared frozen pass), a fine-tuned classifier and an
+encoder prefix (a pass of their own each), and two prefixes on a tiny Llama. Checked: every response equals `predict` / `explain` /
 `generate` on the same model and text; the backbone runs once per batch whatever the number of
 heads; batched answers equal one-by-one answers; every bad request gets its 4xx and the server goes
 on; a full queue gets 503 + Retry-After; shutdown answers what is in flight; the page in headless
@@ -37,6 +37,7 @@ from frozentune.serve.app import Running  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CLASSIFIERS = {"probe": [], "space": [], "ytuning": [], "selfexplain": [], "probe-layer1": ["--layer", "1"]}
+LIVE = ("finetuned", "encoder-prefix")  # classifiers that run the backbone themselves
 TEXTS = ["Who invented the telephone ?", "How far is the moon from the Earth ?",
          "What is the capital city of Australia and why was it chosen ?", "Name a bird ."]
 WORDS = "name eatType food area near pub coffee shop the is a in city centre riverside Aromi Cotto serves Italian French cheap . , [ ]".split()
@@ -53,6 +54,8 @@ def models(tmp_path_factory, tiny_bert, trec_slice, shared_data) -> Path:
                      str(root / name), "--epochs", "1", "--precision", "fp32", "--seed", "0", *extra]) == 0
     assert main(["train", "--method", "finetune", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
                  str(root / "finetuned"), "--epochs", "1", "--top-layers", "1", "--seed", "0"]) == 0
+    assert main(["train", "--method", "prefix", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
+                 str(root / "encoder-prefix"), "--epochs", "1", "--prefix-length", "2", "--seed", "0"]) == 0
     lm = make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), WORDS)
     e2e = tmp_path_factory.mktemp("e2e")
     for split, n in (("dev", 24), ("test", 4)):
@@ -92,10 +95,12 @@ def quiet(line: str) -> None:
 # ----------------------------------------------------------------------------- loading and grouping
 def test_models_are_grouped_by_the_pass_they_share(engine):
     d = {t["name"]: t for t in engine.describe()}
-    assert set(d) == {*CLASSIFIERS, "finetuned", "prefix-a", "prefix-b"}
+    assert set(d) == {*CLASSIFIERS, *LIVE, "prefix-a", "prefix-b"}
     frozen = {d[n]["group"] for n in CLASSIFIERS}
     assert len(frozen) == 1 and all(d[n]["shares_pass"] for n in CLASSIFIERS)  # layers -1 and 1: one pass
-    assert not d["finetuned"]["shares_pass"] and d["finetuned"]["group"] not in frozen
+    for name in LIVE:  # they run (or steer) the backbone themselves: a pass of their own each
+        assert not d[name]["shares_pass"] and d[name]["group"] not in frozen
+    assert d["finetuned"]["group"] != d["encoder-prefix"]["group"]
     assert d["prefix-a"]["group"] == d["prefix-b"]["group"] and d["prefix-a"]["shares_batches"]
     assert d["space"]["explains"] and not d["probe"]["explains"]
     assert engine.tasks["probe"].group.backbone.model is engine.tasks["space"].model.backbone_ref.model  # loaded once
@@ -121,7 +126,7 @@ def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
 def test_classify_equals_predict(models, client):
     """One text per request, one request at a time: each is a batch of one, as `predict` on that
     text alone is, so the same kernels see the same input and the answers are identical."""
-    for name in [*CLASSIFIERS, "finetuned"]:
+    for name in [*CLASSIFIERS, *LIVE]:
         for text in TEXTS:
             r = client.post("/v1/classify", json={"text": text, "tasks": [name]})
             assert r.status_code == 200, r.text
@@ -318,7 +323,7 @@ def test_metrics_and_openapi(client):
     spec = client.get("/openapi.json").json()
     assert {"/v1/classify", "/v1/explain", "/v1/generate", "/v1/models", "/health"} <= set(spec["paths"])
     models = client.get("/v1/models").json()
-    assert len(models["tasks"]) == 8 and models["batching"]["max_texts"] == 64
+    assert len(models["tasks"]) == 9 and models["batching"]["max_texts"] == 64
 
 
 def test_serve_cli_refuses_bad_input(tmp_path, models):
@@ -350,7 +355,7 @@ def test_page_in_headless_chromium(server, tmp_path):
     flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
              "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*flags, "--dump-dom", server.url + "/"], capture_output=True, text=True, timeout=120).stdout
-    for name in [*CLASSIFIERS, "finetuned"]:
+    for name in [*CLASSIFIERS, *LIVE]:
         assert f'data-task="{name}"' in dom, f"no card for {name}"
     assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
     assert "predicts <b>" in dom and "generation prefixes" in dom
