@@ -197,6 +197,11 @@ def test_mixed_prefixes_in_one_batch_generate_as_alone(engine):
     assert got == alone
 
 
+def test_min_new_tokens_holds_the_end_back(engine):
+    out = engine.generate("prefix-a", SOURCES, max_new_tokens=5, min_new_tokens=5)["outputs"]
+    assert all(o["tokens"] == 5 for o in out)
+
+
 def test_async_api(engine):
     async def both():
         return await asyncio.gather(engine.aclassify(TEXTS[:1], ["probe"]), engine.agenerate("prefix-a", SOURCES[:1]))
@@ -220,6 +225,10 @@ BAD = [
     ("too many texts", "/v1/classify", {"texts": ["a"] * 65}, 413, "limit is 64"),
     ("unknown prefix", "/v1/generate", {"prefix": "nope", "source": "a"}, 404, "prefix-a"),
     ("beam out of range", "/v1/generate", {"prefix": "prefix-a", "source": "a", "num_beams": 99}, 422, "num_beams"),
+    ("min_new_tokens above max_new_tokens", "/v1/generate", {"prefix": "prefix-a", "source": "a", "max_new_tokens": 4,
+                                                              "min_new_tokens": 5}, 422, "min_new_tokens"),
+    ("no such endpoint", "/v1/nothing", {"text": "a"}, 404, "no such endpoint"),
+    ("a body that is not UTF-8", "/v1/classify", b'{"text": "\xff\xfe"}', 400, "could not be read"),
     ("a source of 1 MB", "/v1/generate", {"prefix": "prefix-a", "source": "name " * 200_000}, 413, "shorten"),
 ]
 

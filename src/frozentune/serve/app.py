@@ -54,6 +54,7 @@ class Generate(BaseModel):
     source: str | None = None
     num_beams: int | None = Field(None, description="default: as the model was trained")
     max_new_tokens: int | None = None
+    min_new_tokens: int = Field(0, description="no end-of-text before this many new tokens")
 
 
 def _one(body: Any, many: str, one: str) -> list:
@@ -82,6 +83,7 @@ def create_app(engine: Engine):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     registry = CollectorRegistry()
@@ -131,6 +133,15 @@ def create_app(engine: Engine):
     async def bad(request: Request, exc: RequestError):
         return error(exc.status, str(exc))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http(request: Request, exc: StarletteHTTPException):  # unknown path, wrong method, unreadable body
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            detail = f"no such endpoint {request.url.path}; see /docs"
+        elif exc.status_code == 400 and "parsing the body" in detail:
+            detail = "the body could not be read (not UTF-8 JSON?); send a JSON object"
+        return error(exc.status_code, detail, getattr(exc, "headers", None))
+
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
         return error(503, str(exc), {"Retry-After": str(exc.retry_after)})
@@ -165,7 +176,8 @@ def create_app(engine: Engine):
 
     @app.post("/v1/generate")
     async def generate(body: Generate):
-        return await engine.agenerate(body.prefix, _one(body, "sources", "source"), body.num_beams, body.max_new_tokens)
+        return await engine.agenerate(body.prefix, _one(body, "sources", "source"), body.num_beams, body.max_new_tokens,
+                                      body.min_new_tokens)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():

@@ -193,7 +193,7 @@ class Engine:
 
     # ------------------------------------------------------------------ generate
     def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,
-                      max_new_tokens: int | None = None) -> tuple[list[Job], Assemble]:
+                      max_new_tokens: int | None = None, min_new_tokens: int = 0) -> tuple[list[Job], Assemble]:
         from ..prefix import encode_sources
 
         if not isinstance(prefix, str):
@@ -206,6 +206,8 @@ class Engine:
         for name, value, most in (("num_beams", beams, o.max_beams), ("max_new_tokens", new, o.max_new_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
                 raise RequestError(f"{name} {value!r}: give a whole number from 1 to {most}")
+        if not isinstance(min_new_tokens, int) or isinstance(min_new_tokens, bool) or not 0 <= min_new_tokens <= new:
+            raise RequestError(f"min_new_tokens {min_new_tokens!r}: give a whole number from 0 to max_new_tokens ({new})")
         group = task.group
         context = getattr(group.lm.config, "max_position_embeddings", None) or 2048
         room = context - new - (task.prefix.shape[3] if task.prefix is not None else 0)
@@ -219,7 +221,7 @@ class Engine:
             if len(x) > room:
                 raise RequestError(f"sources[{i}]: {len(x)} tokens; with max_new_tokens {new} and the prefix this LM's "
                                    f"context of {context} leaves {max(room, 0)}: shorten it or ask for fewer new tokens", 413)
-        jobs = [Job(group, (beams, new), (len(x) + new) * beams, {"ids": x, "task": task}) for x in ids]
+        jobs = [Job(group, (beams, new, min_new_tokens), (len(x) + new) * beams, {"ids": x, "task": task}) for x in ids]
 
         def assemble(results: list) -> dict:
             return {"prefix": task.name, "num_beams": beams, "max_new_tokens": new,
@@ -228,13 +230,14 @@ class Engine:
         return jobs, assemble
 
     def generate(self, prefix: str, sources: Sequence[str], num_beams: int | None = None,
-                 max_new_tokens: int | None = None) -> dict:
-        """{"prefix", "num_beams", "max_new_tokens", "outputs": [{source, output, tokens}]} — blocking."""
-        return self._wait(*self.plan_generate(prefix, sources, num_beams, max_new_tokens))
+                 max_new_tokens: int | None = None, min_new_tokens: int = 0) -> dict:
+        """{"prefix", "num_beams", "max_new_tokens", "outputs": [{source, output, tokens}]} — blocking.
+        min_new_tokens > 0 keeps the end-of-text token away until that many (Hugging Face generate's option)."""
+        return self._wait(*self.plan_generate(prefix, sources, num_beams, max_new_tokens, min_new_tokens))
 
     async def agenerate(self, prefix: str, sources: Sequence[str], num_beams: int | None = None,
-                        max_new_tokens: int | None = None) -> dict:
-        return await self._await(*self.plan_generate(prefix, sources, num_beams, max_new_tokens))
+                        max_new_tokens: int | None = None, min_new_tokens: int = 0) -> dict:
+        return await self._await(*self.plan_generate(prefix, sources, num_beams, max_new_tokens, min_new_tokens))
 
     # ------------------------------------------------------------------ waiting
     def _wait(self, jobs: list[Job], assemble: Assemble):

@@ -178,13 +178,16 @@ class FrozenPass(ClassifierGroup):
         states = bb.hidden_states(ids, mask)  # every layer, one pass
         self.passes += 1
         fmask = mask.bool()
+        chosen: dict[tuple, Tensor] = {}  # heads reading the same layers share their selection
 
         def outputs(task: Task, rows: list[int]) -> Output:
             m = task.model
-            # as Classifier.features: the chosen layers, float32, rounded like the cache stores them
-            hidden = select_layers(states, m.backbone_ref.layers).float().to(getattr(torch, m.cache_dtype)).float()
+            key = (m.backbone_ref.layers, m.cache_dtype)
+            if key not in chosen:  # as Classifier.features: the layers, float32, rounded as the cache stores them
+                chosen[key] = select_layers(states, key[0]).float().to(getattr(torch, key[1])).float()
+            hidden = chosen[key] if len(rows) == len(jobs) else chosen[key][rows]
             with torch.no_grad():
-                return m.head(Features(hidden[rows], fmask[rows]))
+                return m.head(Features(hidden, fmask if len(rows) == len(jobs) else fmask[rows]))
 
         return self.answer(jobs, outputs)
 
@@ -219,15 +222,16 @@ class LMGroup:
     def run(self, jobs: Sequence) -> list[dict]:
         from ..prefix import PrefixBatch, eos_id_of, generate, pad_id_of
 
-        beams, max_new = jobs[0].key
+        beams, max_new, min_new = jobs[0].key
+        extra = {"min_new_tokens": min_new} if min_new else {}
         prompts = [j.payload["ids"] for j in jobs]
         tasks = [j.payload["task"] for j in jobs]
         if tasks[0].prefix is None:  # a fine-tuned LM: the group has that one task
-            rows = tasks[0].tuner.generate(prompts, max_new_tokens=max_new, num_beams=beams)
+            rows = tasks[0].tuner.generate(prompts, max_new_tokens=max_new, num_beams=beams, **extra)
         else:
             pb = PrefixBatch.mixed([t.prefix for t in tasks])
             rows = generate(self.lm, pb, prompts, pad_id_of(self.lm, self.tok), eos_id_of(self.lm, self.tok),
-                            max_new, beams)
+                            max_new, beams, **extra)
         self.passes += 1
         return [{"output": self.tok.decode(r, skip_special_tokens=True).strip(), "tokens": len(r)} for r in rows]
 
