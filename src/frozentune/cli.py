@@ -200,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("models", nargs="+", type=Path, help="saved model folders, or folders of them")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
     _runtime_args(sv)
     from .serve.engine import ServeOptions
     _add_dataclass_options(sv, ServeOptions, "batching and limits", skip=())
@@ -430,7 +431,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 < a.port < 65536:
         raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
     engine = Engine.load(a.models, a.device, a.precision, options, log=lambda line: print(line, file=sys.stderr, flush=True))
-    serve(engine, a.host, a.port, log=lambda line: print(line, file=sys.stderr, flush=True))
+    on_interrupt("the server stopped accepting and answered the requests in flight")
+    serve(engine, a.host, a.port, a.access_log, log=lambda line: print(line, file=sys.stderr, flush=True))
     return 0
 
 

@@ -211,9 +211,11 @@ class Running:
         self.thread.join(timeout)
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, log=print) -> None:
-    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight, and return."""
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print) -> None:
+    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight, and return.
+    access_log: one line per request on stderr (off by default: under load it costs server CPU)."""
     import uvicorn
 
     log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics)")
-    uvicorn.run(create_app(engine), host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
+    uvicorn.run(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
+                timeout_graceful_shutdown=30)
