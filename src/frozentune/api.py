@@ -391,9 +391,12 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[str], device: str | 
         bad = int((~np.isfinite(probs).all(1)).sum())
         raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
                                f"{len(texts)} texts; its weights are damaged: train it again")
-    return [{"text": t, "label": model.labels[int(p.argmax())],
-             "scores": {lab: float(s) for lab, s in zip(model.labels, p)}}
-            for t, p in zip(texts, probs)]
+    return [{"text": t, **labelled(model.labels, p)} for t, p in zip(texts, probs)]
+
+
+def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
+    """{"label", "scores"} of one text from its per-label probabilities (the first of tied maxima)."""
+    return {"label": labels[int(np.argmax(probs))], "scores": {lab: float(s) for lab, s in zip(labels, probs)}}
 
 
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),

@@ -203,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
     _runtime_args(sv)
     from .serve.engine import ServeOptions
-    _add_dataclass_options(sv, ServeOptions, "batching and limits", skip=())
+    _add_dataclass_options(sv, ServeOptions, "batching and limits")
     sub.add_parser("list", help="list the methods and their options")
     return ap
 
@@ -430,9 +430,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     if not 0 < a.port < 65536:
         raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
-    engine = Engine.load(a.models, a.device, a.precision, options, log=lambda line: print(line, file=sys.stderr, flush=True))
+    from .api import _stderr
+    engine = Engine.load(a.models, a.device, a.precision, options, log=_stderr)
     on_interrupt("the server stopped accepting and answered the requests in flight")
-    serve(engine, a.host, a.port, a.access_log, log=lambda line: print(line, file=sys.stderr, flush=True))
+    serve(engine, a.host, a.port, a.access_log, log=_stderr)
     return 0
 
 

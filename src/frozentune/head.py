@@ -54,14 +54,13 @@ class TokenView:
         chars = self.char_range(i, j, whole_words)
         return self.text[chars[0]:chars[1]] if chars else " ".join(self.pieces[i:j + 1])
 
-
-    def weighted(self, i: int, weight: float) -> dict:
-        """Piece i as an explanation shows it: {text, start, end, weight}, the text and character range
-        [start, end) of its whole word (start/end null for a special token), weight rounded to 4 places."""
-        chars = self.char_range(i)
-        return {"text": self.surface(i), "start": chars[0] if chars else None, "end": chars[1] if chars else None,
+    def weighted(self, i: int, weight: float, j: int | None = None) -> dict:
+        """Pieces i..j (j defaults to i) as an explanation shows them: {text, start, end, weight}, the
+        text and character range [start, end) of their whole words (start/end null when they are all
+        special tokens), weight rounded to 4 places."""
+        chars = self.char_range(i, j)
+        return {"text": self.surface(i, j), "start": chars[0] if chars else None, "end": chars[1] if chars else None,
                 "weight": round(weight, 4)}
-
 
 @dataclass
 class Explanation:

@@ -153,11 +153,7 @@ class SelfExplainHead(Head):
         if alpha.shape[0] < n:
             raise ValueError(f"span weights cover {alpha.shape[0]} tokens but the input has {n}; "
                              f"pass the head's output for this input alone")
-        spans = []
-        for i, j, weight in top_spans(alpha[:n], top):
-            chars = tokens.char_range(i, j)
-            spans.append({"text": tokens.surface(i, j), "start": chars[0] if chars else None,
-                          "end": chars[1] if chars else None, "weight": round(weight, 4)})
+        spans = [tokens.weighted(i, weight, j) for i, j, weight in top_spans(alpha[:n], top)]
         lines = [f'{s["weight"]:.2f}  "{s["text"]}"' for s in spans]
         return Explanation({"spans": spans}, lines)
 

@@ -144,28 +144,25 @@ class Engine:
         chosen = self._chosen(tasks, "classify", explaining_only)
         top = self._top(top)
         jobs: list[Job] = []
-        per_text: list[list[tuple[Job, Any]]] = [[] for _ in texts]
+        per_text: list[list[int]] = [[] for _ in texts]  # each text's jobs (one per pass group), by index
         for group in dict.fromkeys(t.group for t in chosen):
             names = {t.name for t in chosen if t.group is group}
             views = explain and any(t.explains for t in chosen if t.group is group)
             ids, vs = group.tokenize(texts, views)
             for i, (x, v) in enumerate(zip(ids, vs)):
-                job = Job(group, None, len(x), {"ids": x, "view": v, "tasks": names, "explain": top if explain else None})
-                jobs.append(job)
-                per_text[i].append((job, group))
+                per_text[i].append(len(jobs))
+                jobs.append(Job(group, None, len(x), {"ids": x, "view": v, "tasks": names,
+                                                      "explain": top if explain else None}))
 
         def assemble(results: list) -> dict:
-            got = {id(j): r for j, r in zip(jobs, results)}
             rows = []
             for i, text in enumerate(texts):
                 merged: dict[str, Any] = {}
-                cut = []
-                for job, group in per_text[i]:
-                    merged |= got[id(job)]
-                    if job.cost >= group.max_length:
-                        cut.append(group.max_length)
-                row: dict[str, Any] = {"chars": len(text), "tasks": {t.name: merged[t.name] for t in chosen}}
-                row["truncated"] = bool(cut)
+                for k in per_text[i]:
+                    merged |= results[k]
+                cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].cost >= jobs[k].group.max_length]
+                row: dict[str, Any] = {"chars": len(text), "tasks": {t.name: merged[t.name] for t in chosen},
+                                       "truncated": bool(cut)}
                 if cut:
                     row["note"] = (f"the text reached max_length ({min(cut)} tokens, special tokens included): "
                                    f"what follows was not read")

@@ -107,6 +107,8 @@ class Task:
 def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) -> list[dict]:
     """Label and per-label probabilities (softmax of the logits in float32, as `predict`), and the
     head's explanation where the job asks for one, for the given rows of a head's output."""
+    from ..api import labelled
+
     probs = torch.softmax(out.logits.float().cpu(), -1)  # (B, C)
     res = []
     for i in rows:
@@ -114,8 +116,7 @@ def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) 
         if not torch.isfinite(p).all():
             raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
                                f"weights are damaged: train it again")
-        row: dict[str, Any] = {"label": task.labels[int(p.argmax())],
-                               "scores": {lab: float(s) for lab, s in zip(task.labels, p.tolist())}}
+        row: dict[str, Any] = labelled(task.labels, p.tolist())
         job = jobs[i].payload
         if job["explain"] is not None and task.explains:
             one = Output(out.logits[i:i + 1], {k: v[i:i + 1] for k, v in out.extras.items()})
@@ -137,7 +138,6 @@ class ClassifierGroup:
     label: str
 
     def __init__(self) -> None:
-        self.passes = 0  # backbone forward passes run (the tests count them)
         self.tasks = []
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer refuses concurrent calls ("Already borrowed")
 
@@ -176,7 +176,6 @@ class FrozenPass(ClassifierGroup):
         bb = self.backbone
         ids, mask = _batch(jobs, bb.pad_id(), bb.device)
         states = bb.hidden_states(ids, mask)  # every layer, one pass
-        self.passes += 1
         fmask = mask.bool()
         chosen: dict[tuple, Tensor] = {}  # heads reading the same layers share their selection
 
@@ -205,7 +204,6 @@ class LivePass(ClassifierGroup):
         ids, mask = _batch(jobs, self.backbone.pad_id(), device)
         with torch.no_grad():
             out = self.model(M.Batch(mask=mask.bool(), input_ids=ids))
-        self.passes += 1
         return self.answer(jobs, lambda task, rows: Output(out.logits[rows], {k: v[rows] for k, v in out.extras.items()}))
 
 
@@ -215,7 +213,6 @@ class LMGroup:
     def __init__(self, lm: torch.nn.Module, tok, lm_name: str, device: torch.device):
         self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
         self.tasks: list[Task] = []
-        self.passes = 0  # decode calls
         self.tokenizer_lock = threading.Lock()
         self.label = f"{Path(lm_name).name} (generation) on {device}"
 
@@ -232,7 +229,6 @@ class LMGroup:
             pb = PrefixBatch.mixed([t.prefix for t in tasks])
             rows = generate(self.lm, pb, prompts, pad_id_of(self.lm, self.tok), eos_id_of(self.lm, self.tok),
                             max_new, beams, **extra)
-        self.passes += 1
         return [{"output": self.tok.decode(r, skip_special_tokens=True).strip(), "tokens": len(r)} for r in rows]
 
 
@@ -260,14 +256,13 @@ def load_tasks(folders: Sequence[Path], device: str | None, precision: str | Non
 
 
 def _load_classifier(folder: Path, device: str | None, precision: str | None, frozen: dict, log: Log) -> Task:
-    from ..api import _load, saved_runtime
+    from ..api import _load, runs_live, saved_runtime
     from ..model import known_method
 
     config = M.read_saved(folder)
-    spec = known_method(config, folder)
+    known_method(config, folder)
     b = config["backbone"]
-    live = bool(b.get("trained")) or spec.encoder is not None or bool(getattr(spec.head_cls, "steers_backbone", False))
-    if live:
+    if runs_live(config["method"], config["options"]):  # trains or steers the backbone, or has its own encoder
         model = _load(folder, device, precision, log)
         group: ClassifierGroup = LivePass(model)
         return Task(folder.name, folder, "classify", config["method"], group, model=model)
