@@ -11,8 +11,9 @@ minus sign is deliberate: Σα² is largest when α sits on one span, so subtrac
 concentrated weights (the paper maximises log p(y|x) + λΣα²). λ is `reg_lambda` (≥ 0).
 
 Cost: W₃ is linear, so W₁h_i + W₂h_j + W₃(h_j − h_i) = (W₁ − W₃)h_i + (W₂ + W₃)h_j exactly; these two
-per-token projections are computed once (B, T, D′). Only W₄(h_i ⊙ h_j) needs the span itself,
-computed one width at a time from shifted views. Memory grows as T·W (the span tensor
+per-token projections are one matmul (B, T, 2D′), from weights folded at each call (the parameters
+stay the paper's four maps). Only W₄(h_i ⊙ h_j) needs the span itself, computed one width at a
+time from shifted views. Memory grows as T·W (the span tensor
 (B, T, W, D′)), never T², unless W = 0 ("all spans", W = T).
 
 Which spans are valid: every token of the span is real (Features.mask) and, with
@@ -120,11 +121,14 @@ class SelfExplainHead(Head):
 
     def span_states(self, hidden: Tensor, width: int) -> Tensor:
         """(B, T, D) → (B, T, W, D′): entry [b, i, w] is h(i, i + w); zeros past the input's end.
-        Per-token projections once, then one shifted product per width (no loop over spans)."""
+        W₃ folded into the two per-token maps (one matmul for both), then one shifted product per
+        width (no loop over spans)."""
         B, T, _ = hidden.shape
-        start = self.w1(hidden) - self.w3(hidden)  # (B, T, D′) (W₁ − W₃) h_i + bias
-        end = self.w2(hidden) + self.w3(hidden)  # (B, T, D′) (W₂ + W₃) h_j
-        pre = start.new_zeros(B, T, width, start.shape[-1])  # (B, T, W, D′)
+        d = self.w4.out_features
+        fused = torch.cat([self.w1.weight - self.w3.weight, self.w2.weight + self.w3.weight])  # (2D′, D)
+        bias = torch.cat([self.w1.bias, self.w1.bias.new_zeros(d)])  # (2D′,) the one bias goes with h_i
+        start, end = F.linear(hidden, fused, bias).split(d, -1)  # (B, T, D′) (W₁ − W₃)h_i + b, (W₂ + W₃)h_j
+        pre = start.new_zeros(B, T, width, d)  # (B, T, W, D′)
         for w in range(width):
             n = T - w  # spans of this width that end inside the input
             pre[:, :n, w] = start[:, :n] + end[:, w:] + self.w4(hidden[:, :n] * hidden[:, w:])
