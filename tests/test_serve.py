@@ -88,6 +88,25 @@ def client(server):
         yield c
 
 
+@pytest.fixture(scope="module")
+def unpadded(engine):
+    """The same tasks behind a server whose batches are padded to the longest row only, as
+    `predict` pads: a text alone then runs through exactly predict's kernels and shapes."""
+    e = Engine(list(engine.tasks.values()), ServeOptions(pad_multiple=1))
+    running = Running(e)
+    with httpx.Client(base_url=running.url, timeout=60) as c:
+        yield c
+    running.stop()
+
+
+def close_scores(got: dict, want: dict, what: str) -> None:
+    """Probabilities of one row computed at another padded length: other blocking in float32, then
+    the states' float16 rounding (one float16 rounding of a state may flip); probabilities are at most 1."""
+    assert got["label"] == want["label"], what
+    assert_close(torch.tensor(list(got["scores"].values())), torch.tensor(list(want["scores"].values())),
+                 rtol=tol(torch.float16, 1), scale=1.0, what=what)
+
+
 def quiet(line: str) -> None:
     pass
 
@@ -123,27 +142,30 @@ def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
 
 
 # ----------------------------------------------------------------------------- equal to the CLI's answers
-def test_classify_equals_predict(models, client):
+def test_classify_equals_predict(models, client, unpadded):
     """One text per request, one request at a time: each is a batch of one, as `predict` on that
-    text alone is, so the same kernels see the same input and the answers are identical."""
+    text alone is. Padded to the longest row (--pad-multiple 1) the same kernels see the same input
+    and the answers are identical; at the default multiple, equal within float rounding."""
     for name in [*CLASSIFIERS, *LIVE]:
         for text in TEXTS:
-            r = client.post("/v1/classify", json={"text": text, "tasks": [name]})
-            assert r.status_code == 200, r.text
-            got = r.json()["results"][0]["tasks"][name]
             want = api.predict(models / name, [text], log=quiet)[0]
+            exact, padded = (c.post("/v1/classify", json={"text": text, "tasks": [name]}) for c in (unpadded, client))
+            assert exact.status_code == 200 and padded.status_code == 200, (exact.text, padded.text)
+            got = exact.json()["results"][0]["tasks"][name]
             assert got["label"] == want["label"] and got["scores"] == want["scores"], name
+            close_scores(padded.json()["results"][0]["tasks"][name], want, name)
 
 
-def test_explain_equals_explain(models, client):
+def test_explain_equals_explain(models, client, unpadded):
     for name in ("space", "ytuning", "selfexplain"):
         for text in TEXTS[:2]:
-            r = client.post("/v1/explain", json={"text": text, "tasks": [name], "top": 3})
-            assert r.status_code == 200, r.text
-            got = r.json()["results"][0]["tasks"][name]
             want = api.explain(models / name, [text], top=3, log=quiet)[0]
+            exact, padded = (c.post("/v1/explain", json={"text": text, "tasks": [name], "top": 3}) for c in (unpadded, client))
+            assert exact.status_code == 200 and padded.status_code == 200, (exact.text, padded.text)
+            got = exact.json()["results"][0]["tasks"][name]
             assert got["label"] == want["label"] and got["explanation"] == want["explanation"], name
             assert got["lines"] == want["lines"]
+            close_scores(padded.json()["results"][0]["tasks"][name], api.predict(models / name, [text], log=quiet)[0], name)
 
 
 def test_explanations_carry_character_ranges(client):
@@ -177,12 +199,7 @@ def test_concurrent_requests_share_batches_and_answer_as_alone(engine):
         e.close()
     for a, b in zip(alone, together):
         for name in a["tasks"]:
-            x, y = a["results"][0]["tasks"][name], b["results"][0]["tasks"][name]
-            assert x["label"] == y["label"], name
-            # another batch: other padding and blocking in float32, then the states' float16 rounding
-            # (one float16 rounding of a state may flip); probabilities are at most 1
-            assert_close(torch.tensor(list(y["scores"].values())), torch.tensor(list(x["scores"].values())),
-                         rtol=tol(torch.float16, 1), scale=1.0, what=name)
+            close_scores(b["results"][0]["tasks"][name], a["results"][0]["tasks"][name], name)
 
 
 def test_mixed_prefixes_in_one_batch_generate_as_alone(engine):
@@ -195,6 +212,62 @@ def test_mixed_prefixes_in_one_batch_generate_as_alone(engine):
     finally:
         e.close()
     assert got == alone
+
+
+class SlowGroup:
+    """A stand-in pass for the batcher: each batch takes `seconds` and records its rows."""
+
+    def __init__(self, seconds: float, refill: bool):
+        self.seconds, self.refill, self.rows, self.label = seconds, refill, [], "slow"
+        self.started = threading.Event()
+
+    def run(self, jobs):
+        self.rows.append(len(jobs))
+        self.started.set()
+        time.sleep(self.seconds)
+        return [j.payload for j in jobs]
+
+
+def test_refill_merges_clients_that_came_back_late():
+    """Two cohorts of 2 (the second arrives while the first batch runs) become one batch of 4: the
+    batch after the first waits for the clients just answered instead of starting with 2 rows."""
+    from frozentune.serve.batcher import Batcher, Job
+
+    group = SlowGroup(0.5, refill=True)
+    # the first cohort's two rows meet within 0.1 s; the second's wait longer than that for their batch
+    b = Batcher(max_wait_s=0.1, refill_wait_s=2.0)
+    rounds = 3
+
+    def client(i: int) -> None:
+        for r in range(rounds):
+            assert b.submit([Job(group, "k", 1, (i, r))])[0].result(30) == (i, r)
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            first = [pool.submit(client, i) for i in range(2)]
+            assert group.started.wait(30)  # the first cohort's batch is running
+            later = [pool.submit(client, i) for i in range(2, 4)]
+            for f in first + later:
+                f.result(60)
+    finally:
+        b.close()
+    assert group.rows[0] == 2 and group.rows[1:] == [4] * (rounds - 1) + [2], group.rows
+
+
+def test_refill_does_not_hold_a_lone_client():
+    """One client sending one request after another: its next request is the whole target, so
+    no batch waits for the refill limit (5 s here)."""
+    from frozentune.serve.batcher import Batcher, Job
+
+    group = SlowGroup(0.01, refill=True)
+    b = Batcher(max_wait_s=0.0, refill_wait_s=5.0)
+    t = time.perf_counter()
+    try:
+        for r in range(5):
+            assert b.submit([Job(group, "k", 1, r)])[0].result(30) == r
+    finally:
+        b.close()
+    assert time.perf_counter() - t < 4.0 and group.rows == [1] * 5
 
 
 def test_min_new_tokens_holds_the_end_back(engine):

@@ -8,6 +8,16 @@ cost) stays within the token budget, waits at most `max_wait_s` after the oldest
 the batch to fill, runs it, and answers each job's future. Past `max_queue` waiting jobs a submit is
 refused (`Overloaded`, with a Retry-After estimate from the recent throughput): memory stays bounded.
 
+Refill (groups with `refill = True`: generation). A decode runs for seconds and costs little more
+for 8 rows than for 4, so its batches should hold every client that is waiting. Left alone they
+split into cohorts: while one batch decodes, the clients it does not hold queue up; when it ends,
+they start at once, and the clients just answered come back a few milliseconds later, too late, and
+queue for the next one. So when a refill group's batch ends, the next batch of that group and key
+waits until the rows just answered plus the rows that were already waiting are there again (their
+clients' next requests), or `refill_wait_s` has passed since the worker became free, whichever is
+first, and never while another group's rows are waiting. A lone client sending one request after
+another is not slowed: its target is its own next request.
+
 One worker is deliberate: every batch uses all the cores (or the GPU) it runs on, so two batches at
 once would only take turns.
 """
@@ -51,10 +61,14 @@ class BatchStats:
 
 class Batcher:
     def __init__(self, batch_tokens: int = 8192, max_wait_s: float = 0.005, max_queue: int = 1024,
-                 max_rows: int = 256, on_batch: Callable[[BatchStats], None] | None = None):
-        if batch_tokens < 1 or max_queue < 1 or max_rows < 1 or max_wait_s < 0:
-            raise ValueError("batch_tokens, max_queue and max_rows must be at least 1, max_wait_s at least 0")
+                 max_rows: int = 256, on_batch: Callable[[BatchStats], None] | None = None,
+                 refill_wait_s: float = 0.05):
+        if batch_tokens < 1 or max_queue < 1 or max_rows < 1 or max_wait_s < 0 or refill_wait_s < 0:
+            raise ValueError("batch_tokens, max_queue and max_rows must be at least 1, max_wait_s and "
+                             "refill_wait_s at least 0")
         self.batch_tokens, self.max_wait_s, self.max_queue, self.max_rows = batch_tokens, max_wait_s, max_queue, max_rows
+        self.refill_wait_s = refill_wait_s
+        self._refill: tuple[Any, Hashable, int, float] | None = None  # (group, key, rows to wait for, until)
         self.on_batch = on_batch
         self._pending: deque[Job] = deque()
         self._cv = threading.Condition()
@@ -101,12 +115,25 @@ class Batcher:
                 return None
             first = self._pending[0]
             batch, full = self._gather(first)
-            left = first.t0 + self.max_wait_s - time.perf_counter()
+            left = max(first.t0 + self.max_wait_s, self._refill_until(first, len(batch))) - time.perf_counter()
             if full or left <= 0 or self._closing:
+                self._refill = None
                 for j in batch:
                     self._pending.remove(j)
                 return batch
             self._cv.wait(left)
+
+    def _refill_until(self, first: Job, rows: int) -> float:
+        """Under the lock: until when first's batch of `rows` waits for the rows of the batch just
+        answered to come back (see Refill above); 0 when it does not wait."""
+        if self._refill is None:
+            return 0.0
+        group, key, target, until = self._refill
+        if first.group is not group or first.key != key or rows >= target:
+            return 0.0
+        if any(j.group is not group or j.key != key for j in self._pending):
+            return 0.0  # another group's rows are waiting: do not hold them up
+        return until
 
     def _gather(self, first: Job) -> tuple[list[Job], bool]:
         """Jobs of first's group and key, in arrival order, within the budget; whether it is full."""
@@ -135,6 +162,12 @@ class Batcher:
                     j.future.set_exception(e)
                 continue
             seconds = time.perf_counter() - start
+            group, key = batch[0].group, batch[0].key
+            if getattr(group, "refill", False) and self.refill_wait_s > 0:
+                with self._cv:  # set before the answers go out, so that no returning row is missed
+                    waiting = sum(1 for j in self._pending if j.group is group and j.key == key)
+                    self._refill = (group, key, min(len(batch) + waiting, self.max_rows),
+                                    time.perf_counter() + self.refill_wait_s)
             for j, r in zip(batch, results):
                 j.future.set_result(r)
             rate = len(batch) / max(seconds, 1e-6)

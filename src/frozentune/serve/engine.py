@@ -39,6 +39,12 @@ class ServeOptions:
     batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per batch (rows × the longest row)"})
     max_wait_ms: float = field(default=5.0, metadata={"help": "how long the oldest waiting row may wait for its "
                                                                "batch to fill, in milliseconds"})
+    refill_wait_ms: float = field(default=50.0, metadata={
+        "help": "generate: after a batch, how long the next one may wait for the clients just answered to send "
+                "again, so that they share it (0: off), in milliseconds"})
+    pad_multiple: int = field(default=16, metadata={
+        "help": "classify: pad each batch to a multiple of this many tokens (at most max_length), so that batches "
+                "come in few shapes and the kernels' per-shape caches stop growing (1: pad to the longest row)"})
     max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
                                                            "request is answered 503 with Retry-After"})
     max_texts: int = field(default=64, metadata={"help": "texts or sources in one request (more: 413)"})
@@ -48,9 +54,9 @@ class ServeOptions:
 
     def validate(self) -> "ServeOptions":
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) < (0 if f.name == "max_wait_ms" else 1):
-                raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least "
-                                 f"{0 if f.name == 'max_wait_ms' else 1}")
+            least = 0 if f.name.endswith("_ms") else 1
+            if getattr(self, f.name) < least:
+                raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least {least}")
         return self
 
 
@@ -65,7 +71,8 @@ class Engine:
         self.batches: list[BatchStats] = []  # the most recent ones (bounded), for tests and /v1/models
         self._observers: list[Callable[[BatchStats], None]] = []
         o = self.options
-        self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch)
+        self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch,
+                               refill_wait_s=o.refill_wait_ms / 1000.0)
 
     @classmethod
     def load(cls, paths: Sequence[Path | str], device: str | None = None, precision: str | None = None,
@@ -151,7 +158,8 @@ class Engine:
             ids, vs = group.tokenize(texts, views)
             for i, (x, v) in enumerate(zip(ids, vs)):
                 per_text[i].append(len(jobs))
-                jobs.append(Job(group, None, len(x), {"ids": x, "view": v, "tasks": names,
+                # the key is the padding multiple: a classify batch's rows are padded alike
+                jobs.append(Job(group, self.options.pad_multiple, len(x), {"ids": x, "view": v, "tasks": names,
                                                       "explain": top if explain else None}))
 
         def assemble(results: list) -> dict:

@@ -9,9 +9,11 @@ Groups (each runs one batch of jobs at a time; see batcher.py):
   LMGroup     generators on one causal LM: prefixes of different tasks (and lengths) in one batch
               (Li & Liang §8.2), greedy or beam; a fine-tuned LM is a group of its own.
 
-A job's payload is a dict; a group's run(jobs) returns one result per job. Every number a group
-returns is computed the way `frozentune predict` / `explain` / `generate` compute it (the tests
-hold them equal).
+A job's payload is a dict and its key says how its batch is shaped (classify: the --pad-multiple of
+the padded length; generate: beams, max and min new tokens); a group's run(jobs) returns one result
+per job. Every number a group returns is computed the way `frozentune predict` / `explain` /
+`generate` compute it (the tests hold them equal: identical with --pad-multiple 1 for a text alone,
+within float rounding otherwise).
 
 Legend: B rows of a batch, T tokens, C classes.
 """
@@ -126,9 +128,14 @@ def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) 
     return res
 
 
-def _batch(jobs: Sequence, pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    ids, mask = pad([j.payload["ids"] for j in jobs], pad_id)  # (B, T), (B, T)
-    return ids.to(device), mask.to(device)
+def _batch(jobs: Sequence, pad_id: int, device: torch.device, multiple: int, max_length: int) -> tuple[Tensor, Tensor]:
+    """(B, T) ids and mask, T = the longest row rounded up to `multiple` (at most max_length): with
+    few distinct shapes the kernels' per-shape caches and the allocator's heap stop growing under
+    varied traffic (bench/results/serve_memory.md)."""
+    ids = [j.payload["ids"] for j in jobs]
+    longest = max(len(x) for x in ids)
+    ids, mask = pad(ids, pad_id, to_length=max(longest, min(-(-longest // multiple) * multiple, max_length)))
+    return ids.to(device), mask.to(device)  # (B, T), (B, T)
 
 
 class ClassifierGroup:
@@ -174,7 +181,7 @@ class FrozenPass(ClassifierGroup):
 
     def run(self, jobs: Sequence) -> list[dict]:
         bb = self.backbone
-        ids, mask = _batch(jobs, bb.pad_id(), bb.device)
+        ids, mask = _batch(jobs, bb.pad_id(), bb.device, jobs[0].key, bb.max_length)  # key: --pad-multiple
         states = bb.hidden_states(ids, mask)  # every layer, one pass
         fmask = mask.bool()
         chosen: dict[tuple, Tensor] = {}  # heads reading the same layers share their selection
@@ -201,7 +208,7 @@ class LivePass(ClassifierGroup):
 
     def run(self, jobs: Sequence) -> list[dict]:
         device = next(self.model.parameters()).device
-        ids, mask = _batch(jobs, self.backbone.pad_id(), device)
+        ids, mask = _batch(jobs, self.backbone.pad_id(), device, jobs[0].key, self.backbone.max_length)
         with torch.no_grad():
             out = self.model(M.Batch(mask=mask.bool(), input_ids=ids))
         return self.answer(jobs, lambda task, rows: Output(out.logits[rows], {k: v[rows] for k, v in out.extras.items()}))
@@ -209,6 +216,8 @@ class LivePass(ClassifierGroup):
 
 class LMGroup:
     """Generators on one causal LM: each row after its own prefix, all rows of a batch in one decode."""
+
+    refill = True  # a decode's batch waits briefly for the clients just answered (batcher.py, Refill)
 
     def __init__(self, lm: torch.nn.Module, tok, lm_name: str, device: torch.device):
         self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
