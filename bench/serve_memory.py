@@ -48,9 +48,7 @@ def one(multiple: int, batches: int, threads: int, models: Path) -> dict:
         series.append([batches, round(proc.memory_info().rss / 2**20, 1)])
     finally:
         engine.close()
-    shapes = sorted({(b.rows, b.tokens // b.rows) for b in engine.batches})
-    return {"pad_multiple": multiple, "seconds": round(time.perf_counter() - t0, 1), "rss_series_mb": series,
-            "distinct_shapes_last_1000": len(shapes)}
+    return {"pad_multiple": multiple, "seconds": round(time.perf_counter() - t0, 1), "rss_series_mb": series}
 
 
 def main() -> int:
@@ -90,11 +88,11 @@ def markdown(r: dict) -> str:
     lines = [f"# Serving engine memory under varied batch shapes (bench/serve_memory.py)", "",
              f"`{r['command']}` ({r['date']}; torch {r['torch']}, {r['threads']} thread(s); one process per row; "
              f"{r['batches']} batches of 1-16 SST-2 test texts, seeded, on the 8 heads of serve_load.py).", "",
-             "| --pad-multiple | distinct shapes (last 1000 batches) | seconds | RSS at batch 0 MB | at 100 | at end | end / at 100 |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| --pad-multiple | seconds | RSS at batch 0 MB | at 100 | at end | end / at 100 |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for run in r["runs"]:
         s = dict((i, v) for i, v in run["rss_series_mb"])
-        lines.append(f"| {run['pad_multiple']} | {run['distinct_shapes_last_1000']} | {run['seconds']} | {s[0]:.0f} | "
+        lines.append(f"| {run['pad_multiple']} | {run['seconds']} | {s[0]:.0f} | "
                      f"{s[100]:.0f} | {s[r['batches']]:.0f} | {s[r['batches']] / s[100]:.2f}x |")
     lines += ["", "RSS every 100 batches (MB):", ""]
     lines += [f"- {run['pad_multiple']}: " + ", ".join(f"{v:.0f}" for _, v in run["rss_series_mb"]) for run in r["runs"]]

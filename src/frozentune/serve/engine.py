@@ -42,7 +42,7 @@ class ServeOptions:
     refill_wait_ms: float = field(default=50.0, metadata={
         "help": "generate: after a batch, how long the next one may wait for the clients just answered to send "
                 "again, so that they share it (0: off), in milliseconds"})
-    pad_multiple: int = field(default=16, metadata={
+    pad_multiple: int = field(default=8, metadata={
         "help": "classify: pad each batch to a multiple of this many tokens (at most max_length), so that batches "
                 "come in few shapes and the kernels' per-shape caches stop growing (1: pad to the longest row)"})
     max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
