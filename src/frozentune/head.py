@@ -62,6 +62,7 @@ class TokenView:
         return {"text": self.surface(i, j), "start": chars[0] if chars else None, "end": chars[1] if chars else None,
                 "weight": round(weight, 4)}
 
+
 @dataclass
 class Explanation:
     """What a head says about one prediction: `data` is JSON-serialisable, `lines` are for people."""

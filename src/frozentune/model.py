@@ -79,6 +79,11 @@ class LiveSource:
         return Batch(mask=mask.bool(), input_ids=ids)
 
 
+def as_cached(hidden: Tensor, cache_dtype: str) -> Tensor:
+    """(B, T, D) states rounded as the feature cache stores them (cache_dtype), back in float32."""
+    return hidden.float().to(getattr(torch, cache_dtype)).float()
+
+
 class Classifier(nn.Module):
     """head(backbone states). The backbone is a registered submodule only when it is trained,
     so `trainable_state` and the optimiser see exactly what is trained."""
@@ -120,8 +125,7 @@ class Classifier(nn.Module):
             hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
         else:
             hidden = self.backbone_ref.states(b.input_ids, b.mask.long())  # its device and precision
-            # round like the cache did, so live predictions equal cached ones
-            hidden = hidden.to(getattr(torch, self.cache_dtype)).float()
+            hidden = as_cached(hidden, self.cache_dtype)  # so live predictions equal cached ones
         return Features(hidden, b.mask)
 
     def forward(self, b: Batch) -> Output:

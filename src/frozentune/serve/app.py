@@ -150,9 +150,11 @@ def create_app(engine: Engine):
     async def failed(request: Request, exc: Exception):
         return error(500, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
 
+    page_html = PAGE.read_text(encoding="utf-8")  # read once, with the app
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
-        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+        return HTMLResponse(page_html)
 
     @app.get("/health")
     async def health():

@@ -63,6 +63,13 @@ class ServeOptions:
 Assemble = Callable[[list], Any]
 
 
+def whole(name: str, value: Any, least: int, most: int, most_text: str | None = None) -> int:
+    """value, if it is an int (not a bool) from least to most; else RequestError naming the field."""
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+        raise RequestError(f"{name} {value!r}: give a whole number from {least} to {most_text or most}")
+    return value
+
+
 class Engine:
     def __init__(self, tasks: Sequence[Task], options: ServeOptions | None = None):
         self.options = (options or ServeOptions()).validate()
@@ -138,10 +145,6 @@ class Engine:
             out.append(task)
         return out
 
-    def _top(self, top: Any) -> int:
-        if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= self.options.max_top:
-            raise RequestError(f"top {top!r}: give a whole number from 1 to {self.options.max_top}")
-        return top
 
     def plan_classify(self, texts: Any, tasks: Sequence[str] | None = None, explain: bool = False,
                       top: int = 5, explaining_only: bool = False) -> tuple[list[Job], Assemble]:
@@ -149,7 +152,7 @@ class Engine:
         from their results; raises RequestError for a bad request (nothing queued)."""
         texts = self._texts(texts)
         chosen = self._chosen(tasks, "classify", explaining_only)
-        top = self._top(top)
+        top = whole("top", top, 1, self.options.max_top)
         jobs: list[Job] = []
         per_text: list[list[int]] = [[] for _ in texts]  # each text's jobs (one per pass group), by index
         for group in dict.fromkeys(t.group for t in chosen):
@@ -207,12 +210,9 @@ class Engine:
         sources = self._texts(sources, "sources")
         beams = task.decoding["num_beams"] if num_beams is None else num_beams
         new = task.decoding["max_new_tokens"] if max_new_tokens is None else max_new_tokens
-        o = self.options
-        for name, value, most in (("num_beams", beams, o.max_beams), ("max_new_tokens", new, o.max_new_tokens)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
-                raise RequestError(f"{name} {value!r}: give a whole number from 1 to {most}")
-        if not isinstance(min_new_tokens, int) or isinstance(min_new_tokens, bool) or not 0 <= min_new_tokens <= new:
-            raise RequestError(f"min_new_tokens {min_new_tokens!r}: give a whole number from 0 to max_new_tokens ({new})")
+        whole("num_beams", beams, 1, self.options.max_beams)
+        whole("max_new_tokens", new, 1, self.options.max_new_tokens)
+        whole("min_new_tokens", min_new_tokens, 0, new, f"max_new_tokens ({new})")
         group = task.group
         context = getattr(group.lm.config, "max_position_embeddings", None) or 2048
         room = context - new - (task.prefix.shape[3] if task.prefix is not None else 0)

@@ -19,7 +19,6 @@ Legend: B rows of a batch, T tokens, C classes.
 """
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,13 +59,6 @@ def find_models(paths: Sequence[Path | str]) -> list[Path]:
                              f"after its folder: rename one")
         names[f.name] = f
     return list(dict.fromkeys(names.values()))
-
-
-def read_config(folder: Path) -> dict:
-    try:
-        return json.loads((folder / M.CONFIG).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise M.ModelLoadError(f"{folder / M.CONFIG}: not readable ({e}); the folder is damaged: train it again") from None
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -190,7 +182,7 @@ class FrozenPass(ClassifierGroup):
             m = task.model
             key = (m.backbone_ref.layers, m.cache_dtype)
             if key not in chosen:  # as Classifier.features: the layers, float32, rounded as the cache stores them
-                chosen[key] = select_layers(states, key[0]).float().to(getattr(torch, key[1])).float()
+                chosen[key] = M.as_cached(select_layers(states, key[0]), key[1])
             hidden = chosen[key] if len(rows) == len(jobs) else chosen[key][rows]
             with torch.no_grad():
                 return m.head(Features(hidden, fmask if len(rows) == len(jobs) else fmask[rows]))
