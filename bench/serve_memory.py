@@ -23,21 +23,21 @@ import sys
 import time
 from pathlib import Path
 
+from serve_load import HEADS as SERVED, MODELS, short_texts  # the heads serve_load.py trains, and its texts
+
 HERE = Path(__file__).resolve().parent
-HEADS = ["probe-l4", "space-l4", "ytuning-l4", "selfexplain-l4", "probe-last", "space-last", "ytuning-last",
-         "selfexplain-last"]
+HEADS = [name for name, _, _ in SERVED]
 
 
 def one(multiple: int, batches: int, threads: int, models: Path) -> dict:
     """In this process: the engine's RSS every 100 batches, and the time taken."""
     import psutil
     import torch
-    from frozentune.data import data_root, read_split
     from frozentune.serve import Engine, ServeOptions
 
     torch.set_num_threads(threads)
     engine = Engine.load([models / n for n in HEADS], options=ServeOptions(pad_multiple=multiple), log=lambda m: None)
-    texts = list(read_split(data_root() / "sst2" / "test.jsonl").texts)
+    texts = short_texts()
     rng, proc, series = random.Random(0), psutil.Process(), []
     t0 = time.perf_counter()
     try:
@@ -56,10 +56,12 @@ def main() -> int:
     ap.add_argument("--pad-multiple", default="1,16", help="comma list; each runs in its own process")
     ap.add_argument("--batches", type=int, default=1500)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--models", type=Path, default=HERE / "runs" / "serve-models" / "heads")
+    ap.add_argument("--models", type=Path, default=MODELS / "heads")
     ap.add_argument("--output", type=Path, default=HERE / "results" / "serve_memory.json")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.batches < 100:
+        ap.error(f"--batches {a.batches}: give at least 100 (memory is read every 100 batches, and compared from batch 100)")
     if a.child is not None:
         print(json.dumps(one(a.child, a.batches, a.threads, a.models)))
         return 0

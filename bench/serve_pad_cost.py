@@ -8,9 +8,9 @@ set run 3 times interleaved at --pad-multiple 1 and 8; best of 3.
 import random, time, torch
 torch.set_num_threads(1)
 from frozentune.serve import Engine, ServeOptions
-from frozentune.data import data_root, read_split
-texts = list(read_split(data_root() / "sst2" / "test.jsonl").texts)
-h = "bench/runs/serve-models/heads/probe-l4"  # made by serve_load.py
+from serve_load import MODELS, short_texts
+texts = short_texts()
+h = MODELS / "heads" / "probe-l4"  # made by serve_load.py
 engines = {m: Engine.load([h], options=ServeOptions(pad_multiple=m), log=lambda x: None) for m in (1, 8)}
 rng = random.Random(0)
 for rows in (1, 16):
