@@ -22,6 +22,7 @@ from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import DataError, Dataset, TextSplit, encode_labels, load_classification
 from .output import check_output, staged_output
+from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
 from .crossval import fit_cv
 from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits
@@ -112,15 +113,16 @@ class SourceFactory:
         return float(sum(c.meta.get("extract_seconds", 0.0) for c in self._caches.values()))
 
     def __call__(self, split: TextSplit) -> M.Source:
+        sep = separator_ids(self.backbone.tok) if split.is_pair else None
         if self.live:
-            return M.LiveSource(self.backbone.tokenize(split.texts), self.backbone.pad_id())
+            return M.LiveSource(self.backbone.tokenize(split.texts), self.backbone.pad_id(), sep)
         key = id(split.file_texts)
         if key not in self._caches:
             cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root,
                                        rebuild=self.rebuild, progress=self.progress)
             self._caches[key] = cache
             self.extract_seconds += secs
-        return M.CachedSource(self._caches[key], split.rows)
+        return M.CachedSource(self._caches[key], split.rows, sep)
 
 
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone = BackboneOptions(),
@@ -128,14 +130,17 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
           output: Path | None = None, text_field: str = "text", label_field: str = "label",
           max_train: int | None = None, cache_root: Path | None = None,
           rebuild_cache: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print, overwrite: bool = False, shots: int | None = None) -> dict:
+          log: Callable[[str], None] = print, overwrite: bool = False, shots: int | None = None,
+          pair_field: str | None = None) -> dict:
     """Train `method` on `data`, evaluate on its test split, save to `output`; returns the
     result dict (also written to output/result.json). A data-to-text dataset (E2E, WebNLG) goes to
     generation.train_generation; use that directly for its decoding options.
 
     A frozen head on fewer than --cv-below training examples is not early-stopped on a carved
     validation split: k-fold cross-validation on train picks its number of steps and it is refit on
-    all of train (crossval.py; result.json's "selection" says what was done)."""
+    all of train (crossval.py; result.json's "selection" says what was done).
+
+    pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
     from .generation import is_generation_data, train_generation
 
     if isinstance(data, str) and is_generation_data(data):
@@ -148,7 +153,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     may_cv = cfg.cv_folds >= 2 and not runs_live(method, options)
     ds = data if isinstance(data, Dataset) else load_classification(
         data, text_field, label_field, seed=cfg.seed, max_train=max_train, shots=shots,
-        carve_below=cfg.cv_below if may_cv else 0)
+        carve_below=cfg.cv_below if may_cv else 0, pair_field=pair_field)
     if isinstance(backbone, Backbone):
         rt = Runtime(backbone.device, backbone.precision, [])
         bb = backbone
@@ -160,6 +165,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     for note in ds.notes:
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
+    model.pair_fields = pair_fields_of(ds)
     lines = list(rt.lines)
     if model.runs_live and bb.precision != "fp32" and isinstance(backbone, BackboneOptions) \
             and backbone.precision is not None:
@@ -200,11 +206,14 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                                                if model.runs_live and len(ds.train) < cfg.cv_below else ""))
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan)
         selection = {"how": "validation", "schedule": plan.why}
-    val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size)[0] if val_src is not None else None
-    test_m, _ = evaluate(model, src["test"], y["test"], cfg.eval_batch_size)
+    positive = positive_label(ds.name, ds.labels)
+    val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size, positive)[0] if val_src is not None else None
+    test_m, _ = evaluate(model, src["test"], y["test"], cfg.eval_batch_size, positive)
     result = {
         "method": method,
         "data": ds.name,
+        "fields": {"text": ds.text_field, "text_pair": ds.pair_field},
+        "positive_label": positive[1] if positive else None,  # the class of metrics' positive_f1
         "config": {"method_options": dataclasses.asdict(model.cfg), "train": dataclasses.asdict(cfg),
                    "backbone": {"name": bb.name, "layers": str(bb.layers), "max_length": bb.max_length,
                                 "device": str(bb.device), "precision": bb.precision},
@@ -223,14 +232,16 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "sizes": {"train": len(ds.train), "validation": len(ds.validation), "test": len(ds.test)},
     }
     log(f"test accuracy {test_m['accuracy']:.2f}  macro-F1 {test_m['macro_f1']:.2f}  "
-        f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
+        + (f"F1[{positive[1]}] {test_m['positive_f1']:.2f}  " if positive else "")
+        + f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
         f"peak RSS {result['peak_rss_mb']:.0f} MB")
     from . import distributed
 
     if output is not None and distributed.is_main():  # data-parallel ranks hold the same weights: rank 0 saves
         with staged_output(Path(output), overwrite) as folder:
             M.save(model, folder, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
-                                         "text_field": text_field, "label_field": label_field, "shots": shots})
+                                         "text_field": ds.text_field, "text_pair_field": ds.pair_field,
+                                         "label_field": label_field, "shots": shots})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
         log(f"saved to {output}")
     return result
@@ -264,16 +275,19 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
                    label_field: str | None = None, cache_root: Path | None = None,
                    progress: bool = True, device: str | None = None, precision: str | None = None,
-                   log: Callable[[str], None] = _stderr) -> dict:
+                   log: Callable[[str], None] = _stderr, pair_field: str | None = None) -> dict:
     """Metrics of a saved model on a split of a dataset (the same numbers its training run
     reported, when given the same data and precision). precision: of the frozen pass (default:
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
     model = _load(model_dir, device, precision, log)
-    ds, part, y = _saved_split(model, data, split, text_field, label_field)
+    ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field)
+    check_inputs(model, part.texts[:1])
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
-    m, _ = evaluate(model, sources(part), y)
+    m, _ = evaluate(model, sources(part), y, positive=positive_label(ds.name, model.labels))
     bb = model.backbone_ref
+    positive = positive_label(ds.name, model.labels)
     return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m,
+            "positive_label": positive[1] if positive else None,
             "device": str(bb.device), "precision": bb.precision}
 
 
@@ -303,7 +317,7 @@ def _live_backbone_on(model: M.Classifier, device) -> bool:
 
 
 def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,
-                 label_field: str | None) -> tuple[Dataset, TextSplit, np.ndarray]:
+                 label_field: str | None, pair_field: str | None = None) -> tuple[Dataset, TextSplit, np.ndarray]:
     """A split of `data` read the way the model was trained (fields, seed for carved splits),
     with its labels encoded in the model's label order."""
     if split not in ("train", "validation", "test"):
@@ -311,7 +325,8 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     saved = model.saved_config  # type: ignore[attr-defined]
     seed = saved.get("train", {}).get("seed", 0)
     ds = load_classification(data, text_field or saved.get("text_field", "text"),
-                             label_field or saved.get("label_field", "label"), seed=seed)
+                             label_field or saved.get("label_field", "label"), seed=seed,
+                             pair_field=pair_field or (None if text_field else saved.get("text_pair_field")))
     part: TextSplit = getattr(ds, split)
     missing, extra = sorted(set(model.labels) - set(ds.labels)), sorted(set(part.labels) - set(model.labels))
     if extra:
@@ -370,18 +385,68 @@ class _Subset:
         return self.src.batch(self.keep[idx])
 
 
-def _live(model_dir: Path | M.Classifier, texts: Sequence[str], device: str | None = None,
+def _live(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
           precision: str | None = None, log: Callable[[str], None] = _stderr) -> tuple[M.Classifier, M.LiveSource]:
     """A saved (or given) model and a live source over texts: the backbone runs on them."""
     model = _load(model_dir, device, precision, log)
+    pairs = check_inputs(model, texts)
     bb = model.backbone_ref
-    return model, M.LiveSource(bb.tokenize(texts), bb.pad_id())
+    return model, M.LiveSource(bb.tokenize(texts), bb.pad_id(), separator_ids(bb.tok) if pairs else None)
 
 
-def predict(model_dir: Path | M.Classifier, texts: Sequence[str], device: str | None = None,
+def read_inputs(model_dir: Path, path: Path, text_field: str | None = None,
+                pair_field: str | None = None) -> list[Text]:
+    """The inputs in a file for a saved model: a .jsonl/.csv/.tsv file's text field (and, for a model
+    trained on pairs, its second text's field) — the model's field names unless given — or a plain
+    file's lines, one text each (not for a pair model: a line cannot hold two texts unambiguously)."""
+    from .data import SUFFIXES, read_lines, read_texts
+
+    saved = M.read_saved(Path(model_dir))
+    pair = pair_field or saved.get("text_pair_field")
+    if Path(path).suffix.lower() in SUFFIXES:
+        return read_texts(path, text_field or saved.get("text_field") or "text", pair)
+    if pair:
+        raise DataError(f"{path}: the model takes sentence pairs ({saved.get('text_field')}, {pair}); give them in a "
+                        f".jsonl / .csv / .tsv file with both fields, or as --pair FIRST SECOND")
+    return read_lines(path, "texts")
+
+
+def check_inputs(model: M.Classifier, texts: Sequence[Text]) -> bool:
+    """Whether `texts` are pairs; a PairError when they are not what the model was trained on
+    (pairs for a pair model, single texts otherwise), naming the fields it was trained with."""
+    pairs = pair_kind(texts)
+    fields = model.pair_fields
+    if fields is None:  # a model built here and not trained through `train`: whatever it is given
+        return pairs
+    if fields[1] is not None and not pairs:
+        raise PairError(f"this model was trained on sentence pairs ({fields[0]}, {fields[1]}): give each input as "
+                        f"a pair — `--pair FIRST SECOND` on the command line, an --input file with both fields, "
+                        f"or (first, second) tuples in Python")
+    if fields[1] is None and pairs:
+        raise PairError(f"this model was trained on single texts (field {fields[0]!r}), not pairs: give one text "
+                        f"per input (glue the two texts yourself if that is what you mean)")
+    return pairs
+
+
+def text_row(text: Text) -> dict:
+    """An input as a result row shows it: {"text"} or, for a pair, {"text", "text_pair"}."""
+    return {"text": text[0], "text_pair": text[1]} if is_pair(text) else {"text": text}
+
+
+def pair_fields_of(ds: Dataset) -> tuple[str, str | None]:
+    return ds.text_field, ds.pair_field
+
+
+def positive_label(name: str, labels: Sequence[str]) -> tuple[int, str] | None:
+    """(index, name) of the class a named dataset reports F1 of (MRPC: equivalent), or None."""
+    lab = POSITIVE.get(name)
+    return (list(labels).index(lab), lab) if lab in labels else None
+
+
+def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
-    """Label and per-label probabilities for each text (backbone run live, on `device` in
-    `precision`: default auto and the precision the model was trained with)."""
+    """Label and per-label probabilities for each text or (first, second) pair (backbone run live,
+    on `device` in `precision`: default auto and the precision the model was trained with)."""
     import torch
 
     model, src = _live(model_dir, texts, device, precision, log)
@@ -391,7 +456,7 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[str], device: str | 
         bad = int((~np.isfinite(probs).all(1)).sum())
         raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
                                f"{len(texts)} texts; its weights are damaged: train it again")
-    return [{"text": t, **labelled(model.labels, p)} for t, p in zip(texts, probs)]
+    return [{**text_row(t), **labelled(model.labels, p)} for t, p in zip(texts, probs)]
 
 
 def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
@@ -402,12 +467,13 @@ def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),
                 text_field: str = "text", label_field: str = "label", cache_root: Path | None = None,
                 rebuild: bool = False, progress: bool = True,
-                log: Callable[[str], None] = print, shard: str | None = None) -> list[dict]:
+                log: Callable[[str], None] = print, shard: str | None = None,
+                pair_field: str | None = None) -> list[dict]:
     """Build the cache entries for a dataset's split files; existing entries are verified in
     full (sizes and checksums) and reported. An interrupted build resumes from its finished
     shards. shard 'i/N' (or RANK / WORLD_SIZE from torchrun or accelerate launch) extracts only
     this process's part; the entry is published when every part is done."""
-    from .data import SPLIT_NAMES, read_split, resolve
+    from .data import SPLIT_NAMES, read_split, resolve, text_fields
     from .extract.shards import part_of
 
     part = part_of(shard)
@@ -415,7 +481,8 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
         raise DataError(f"--rebuild-cache with a build split in {part.count} parts ({part.how}): the parts would "
                         f"delete each other's shards; rebuild with one process, or remove the entry first "
                         f"(`frozentune cache --prune` lists what it removes)")
-    _, files = resolve(data)
+    name, files = resolve(data)
+    text_field, pair_field = text_fields(name, text_field, pair_field)
     unknown = [s for s in splits if s not in SPLIT_NAMES]
     if unknown or not splits:
         raise DataError(f"--splits {','.join(splits)}: choose among {', '.join(SPLIT_NAMES)}")
@@ -432,7 +499,7 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     for split in splits:
         if split not in files:
             continue
-        texts = read_split(files[split], text_field, label_field).texts
+        texts = read_split(files[split], text_field, label_field, pair_field).texts
         if part.count == 1:
             cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress)
             stats = None
@@ -462,7 +529,7 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     return out
 
 
-def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5, device: str | None = None,
+def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5, device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
     """Per text: the prediction and the head's explanation of it (what it is depends on the method:
     see each head's `explain`). Each row: text, label, explanation (JSON) and lines (for people)."""
@@ -480,8 +547,10 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5, 
         raise ValueError(f"{model_dir if not isinstance(model_dir, M.Classifier) else 'this model'}: method "
                          f"{model.method!r} returns no explanation (explain works for: {', '.join(able)}); "
                          f"this model supports {', '.join(model_commands(saved))}")
-    tokens, views = model.backbone_ref.tokenize_with_views(texts)
-    src = M.LiveSource(tokens, model.backbone_ref.pad_id())
+    pairs = check_inputs(model, texts)
+    bb = model.backbone_ref
+    tokens, views = bb.tokenize_with_views(texts)
+    src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
     out = []
     model.eval()
     device = next(model.parameters()).device
@@ -489,7 +558,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[str], top: int = 5, 
         with torch.no_grad():
             o = model(src.batch(np.array([i])).to(device))
         ex = model.head.explain(o, views[i], model.labels, top)
-        out.append({"text": text, "label": model.labels[int(o.logits[0].argmax())],
+        out.append({**text_row(text), "label": model.labels[int(o.logits[0].argmax())],
                     "explanation": ex.data, "lines": ex.lines})
     return out
 

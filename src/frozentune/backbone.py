@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .pairs import Text, is_pair, pair_kind, unzip
+
 
 def _minilm_path() -> str:
     try:
@@ -374,11 +376,20 @@ def select_layers(hidden_states: Sequence[Tensor], spec: LayerSpec) -> Tensor:
     return torch.cat(chosen, -1)
 
 
-def encode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, spec: LayerSpec) -> Tensor:
-    """Token states (B, T, D) of the chosen layer(s). Gradients flow if the model is trainable."""
+def _types(token_type_ids: Tensor | None) -> dict:
+    """The token type ids as a model keyword (sentence pairs), or nothing: a model that takes none
+    (e.g. a decoder) is never given them."""
+    return {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+
+
+def encode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, spec: LayerSpec,
+           token_type_ids: Tensor | None = None) -> Tensor:
+    """Token states (B, T, D) of the chosen layer(s). Gradients flow if the model is trainable.
+    token_type_ids: (B, T), for sentence pairs of a tokenizer that has them."""
     if spec.layers == (-1,):
-        return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return model(input_ids=input_ids, attention_mask=attention_mask, **_types(token_type_ids)).last_hidden_state
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                **_types(token_type_ids))
     return select_layers(out.hidden_states, spec)
 
 
@@ -391,10 +402,21 @@ def output_dim(model: nn.Module, spec: LayerSpec) -> int:
 class Tokenized:
     """Token ids of every text, unpadded. ids[i]: (L_i,) int64. max_length: the limit they were
     cut to; precut: how many texts were so long that only a leading part of their characters was
-    tokenized (see `heads_of`)."""
+    tokenized (see `heads_of`). types[i]: (L_i,) token type ids, for sentence pairs of a tokenizer
+    that has them (BERT-style: 0 on the first text, 1 on the second); None otherwise."""
     ids: list[np.ndarray]
     max_length: int | None = None
     precut: int = 0
+    types: list[np.ndarray] | None = None
+
+    def padded(self, idx: Sequence[int], pad_id: int, to_length: int | None = None,
+               left: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(B, T) ids, (B, T) mask and (B, T) token types (None without types) of examples idx."""
+        ids, mask = pad([self.ids[i] for i in idx], pad_id, to_length, left)
+        if self.types is None:
+            return ids, mask, None
+        types, _ = pad([self.types[i] for i in idx], 0, ids.shape[1], left)
+        return ids, mask, types
 
     @property
     def lengths(self) -> np.ndarray:
@@ -450,20 +472,29 @@ def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int
     return texts, cut
 
 
-def _encode(tok, texts: Sequence[str], max_length: int, **extra):
+def _encode(tok, texts: Sequence[Text], max_length: int, **extra):
     """The one tokenizer call: truncation to max_length (special tokens included), no padding;
     overlong texts are first cut to a leading part with the same first max_length tokens
-    (heads_of). Returns (encoding, how many texts were cut)."""
-    heads, cut = heads_of(tok, texts, max_length)
+    (heads_of). Sentence pairs are encoded as the tokenizer encodes pairs, `tok(firsts, seconds)`,
+    truncated `longest_first` (each text is cut first as a single text would be: no text keeps
+    more than max_length tokens either way). Returns (encoding, how many texts were cut)."""
+    if pair_kind(texts):
+        firsts, seconds = unzip(texts)  # type: ignore[arg-type]
+        (a, cut_a), (b, cut_b) = heads_of(tok, firsts, max_length), heads_of(tok, seconds, max_length)
+        return tok(a, b, truncation="longest_first", max_length=max_length, padding=False,
+                   return_attention_mask=False, **extra), cut_a + cut_b
+    heads, cut = heads_of(tok, texts, max_length)  # type: ignore[arg-type]
     return tok(heads, truncation=True, max_length=max_length, padding=False,
-               return_attention_mask=False, **extra), cut
+               return_attention_mask=False, return_token_type_ids=False, **extra), cut
 
 
 def _ids(enc, max_length: int | None = None, precut: int = 0) -> Tokenized:
-    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]], max_length, precut)
+    types = enc.get("token_type_ids")
+    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]], max_length, precut,
+                     None if types is None else [np.asarray(x, dtype=np.int64) for x in types])
 
 
-def tokenize(tok, texts: Sequence[str], max_length: int) -> Tokenized:
+def tokenize(tok, texts: Sequence[Text], max_length: int) -> Tokenized:
     """Tokenise with truncation to max_length (special tokens included), no padding. The result
     says how many texts reached max_length (`at_limit`) and how many were cut by characters first."""
     enc, cut = _encode(tok, texts, max_length)
@@ -517,10 +548,10 @@ def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
         batches = length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to), max_tokens, max_batch)
     device = device_of(model)
     for idx in batches:
-        ids, mask = pad([tokens.ids[i] for i in idx], pid, pad_to)
+        ids, mask, types = tokens.padded(idx, pid, pad_to)
         ids, mask = ids.to(device), mask.to(device)
         with torch.inference_mode():
-            states = encode(model, ids, mask, spec)
+            states = encode(model, ids, mask, spec, None if types is None else types.to(device))
         yield idx, states, mask.bool()
 
 
@@ -598,13 +629,15 @@ class Backbone:
         view.layers = layers
         return view
 
-    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor,
+                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         """The frozen pass's every hidden state (embeddings, then one per layer), each (B, T, D) in
         the runner's dtype on its device: what `states` selects from, for callers that serve several
         layer choices from one pass (select with `select_layers`, then cast as `states` does)."""
         with torch.no_grad():
             out = self.runner(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
-                              output_hidden_states=True)
+                              output_hidden_states=True,
+                              **_types(None if token_type_ids is None else token_type_ids.to(self.device)))
         return tuple(out.hidden_states)
 
     @property
@@ -618,10 +651,10 @@ class Backbone:
             self._weights_hash = weights_hash(self.model)
         return self._weights_hash
 
-    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+    def tokenize(self, texts: Sequence[Text]) -> Tokenized:
         return tokenize(self.tok, texts, self.max_length)
 
-    def tokenize_with_views(self, texts: Sequence[str]) -> tuple[Tokenized, list["TokenView"]]:
+    def tokenize_with_views(self, texts: Sequence[Text]) -> tuple[Tokenized, list["TokenView"]]:
         """`tokenize`, plus each text's word pieces with their character spans and word indices,
         from the same tokenizer call (needs a fast tokenizer, which reports offsets)."""
         from .head import TokenView
@@ -631,20 +664,23 @@ class Backbone:
                                 f"characters; explanations need a fast (Rust) tokenizer: save one with "
                                 f"AutoTokenizer.from_pretrained(..., use_fast=True)")
         enc, cut = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
-        views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k))
+        views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k),
+                           enc.sequence_ids(k) if is_pair(t) else [])
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
         return _ids(enc, self.max_length, cut), views
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """(B, T) ids and mask → (B, T, D) states; differentiable when the model is trainable."""
-        return encode(self.model, input_ids, attention_mask, self.layers)
+    def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """(B, T) ids and mask (and token types, for pairs) → (B, T, D) states; differentiable when
+        the model is trainable."""
+        return encode(self.model, input_ids, attention_mask, self.layers, token_type_ids)
 
-    def states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """The frozen pass (no gradients): (B, T, D) states computed by `runner` on its device and
         in its precision, returned as float32 on the inputs' device (what the cache stores, before
         its own rounding)."""
         with torch.no_grad():  # not inference_mode: a head may be trained on these (inference tensors refuse that)
-            out = encode(self.runner, input_ids.to(self.device), attention_mask.to(self.device), self.layers)
+            out = encode(self.runner, input_ids.to(self.device), attention_mask.to(self.device), self.layers,
+                         None if token_type_ids is None else token_type_ids.to(self.device))
         return out.float().to(input_ids.device)
 
     def pad_id(self) -> int:

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .backbone import Backbone, Tokenized, tokenizer_hash
+from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
 from .extract.shards import Part, Plan, building_dir, extract_part, finished, make_plan, merge, work_of
 
@@ -64,12 +65,16 @@ def default_root() -> Path:
     return Path(os.environ.get("FROZENTUNE_CACHE", Path.home() / ".cache" / "frozentune")) / "features"
 
 
-def texts_hash(texts: Sequence[str]) -> str:
+def texts_hash(texts: Sequence[Text]) -> str:
+    """Hash of every text in order; a sentence pair hashes both its texts, marked as a pair."""
     h = hashlib.blake2b(digest_size=16)
     for t in texts:
-        b = t.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
+        for part in (t if isinstance(t, tuple) else (t,)):
+            b = part.encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+        if isinstance(t, tuple):
+            h.update(b"\xffpair")
     return h.hexdigest()
 
 
@@ -89,6 +94,8 @@ def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") 
         "texts": texts_hash(texts),
         "n": len(texts),
     }
+    if pair_kind(texts):  # sentence pairs (encoded as pairs): never the entry of the same texts glued
+        fields["pairs"] = True
     return _key_of(fields), fields
 
 

@@ -85,9 +85,24 @@ def _runtime_args(g) -> None:
 
 
 def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--data", required=required, help="dataset name (sst2, sst5, trec, imdb), a .jsonl/.csv/.tsv file, or a folder of train/validation/test files")
+    p.add_argument("--data", required=required, help="dataset name (sst2, sst5, trec, imdb; pairs: snli, rte, mrpc), "
+                   "a .jsonl/.csv/.tsv file, or a folder of train/validation/test files")
     p.add_argument("--text-field", default="text")
+    p.add_argument("--text-pair-field", help=PAIR_HELP)
     p.add_argument("--label-field", default="label")
+
+
+PAIR_HELP = "the second text's field, for sentence pairs (e.g. --text-field premise --text-pair-field hypothesis); snli, rte and mrpc pick theirs"
+
+
+def _input_args(p: argparse.ArgumentParser) -> None:
+    """Inputs of predict / explain besides the positional texts: pairs and files."""
+    p.add_argument("--pair", nargs=2, action="append", metavar=("FIRST", "SECOND"), default=[],
+                   help="a sentence pair (e.g. premise and hypothesis), for a model trained on pairs; repeatable")
+    p.add_argument("--input", type=Path, help="a file with one text per line, or a .jsonl/.csv/.tsv file whose "
+                   "text (and, for a pair model, second text) fields are the model's or --text-field / --text-pair-field")
+    p.add_argument("--text-field", help="with a .jsonl/.csv/.tsv --input: the text field (default: the model's)")
+    p.add_argument("--text-pair-field", help="with a .jsonl/.csv/.tsv --input: the second text's field (default: the model's)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True)
     e.add_argument("--split", default="test", choices=("train", "validation", "test"))
     e.add_argument("--text-field")
+    e.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
     e.add_argument("--label-field")
     e.add_argument("--cache-dir", type=Path)
     e.add_argument("--max-test", type=int, help="generation models: score a seeded sample of this many sources")
@@ -135,12 +151,13 @@ def _parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("predict", help="label texts with a saved model")
     pr.add_argument("--model", type=Path, required=True)
     pr.add_argument("texts", nargs="*", help="texts to label")
-    pr.add_argument("--input", type=Path, help="a file with one text per line")
+    _input_args(pr)
     _runtime_args(pr)
 
     x = sub.add_parser("explain", help="show why a saved model predicts what it does (methods that explain: see `list`)")
     x.add_argument("--model", type=Path, required=True)
-    x.add_argument("texts", nargs="+", help="texts to explain")
+    x.add_argument("texts", nargs="*", help="texts to explain")
+    _input_args(x)
     x.add_argument("--top", type=int, default=5, help="how many tokens or spans to show")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
     _runtime_args(x)
@@ -166,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--prune", action="store_true", help="remove interrupted builds, leftovers and unreadable entries")
     c.add_argument("--json", action="store_true", help="with --list / --prune: JSON instead of a table")
     c.add_argument("--text-field", default="text")
+    c.add_argument("--text-pair-field", help=PAIR_HELP)
     c.add_argument("--label-field", default="label")
     c.add_argument("--quiet", action="store_true")
     _backbone_args(c)
@@ -259,7 +277,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                              a.device, a.precision)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
-              overwrite=a.overwrite, shots=a.shots)
+              overwrite=a.overwrite, shots=a.shots, pair_field=a.text_pair_field)
     return 0
 
 
@@ -271,18 +289,30 @@ def cmd_eval(a: argparse.Namespace) -> int:
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams), indent=2, allow_nan=False))
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
-                                        progress=sys.stderr.isatty(), device=a.device, precision=a.precision),
+                                        progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
+                                        pair_field=a.text_pair_field),
                      indent=2, allow_nan=False))
     return 0
 
 
+def _inputs(a: argparse.Namespace, verb: str) -> list:
+    """The texts and pairs given to predict / explain: arguments, --pair, then --input."""
+    from . import api
+
+    texts = list(a.texts) + [tuple(p) for p in a.pair]
+    if a.input:
+        texts += api.read_inputs(a.model, a.input, a.text_field, a.text_pair_field)
+    elif a.text_field or a.text_pair_field:
+        raise CLIError("--text-field / --text-pair-field pick the fields of an --input file; give --input FILE")
+    if not texts:
+        raise CLIError(f"nothing to {verb}: give texts as arguments, --pair FIRST SECOND, or --input FILE")
+    return texts
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
     from . import api
-    from .data import read_lines
 
-    texts = list(a.texts) + (read_lines(a.input, "texts") if a.input else [])
-    if not texts:
-        raise CLIError("nothing to predict: give texts as arguments or --input FILE")
+    texts = _inputs(a, "predict")
     for row in api.predict(a.model, texts, a.device, a.precision):
         print(json.dumps(row, ensure_ascii=False, allow_nan=False))
     return 0
@@ -301,15 +331,18 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_explain(a: argparse.Namespace) -> int:
     from . import api
+    texts = _inputs(a, "explain")
     try:
-        rows = api.explain(a.model, a.texts, a.top, a.device, a.precision)
+        rows = api.explain(a.model, texts, a.top, a.device, a.precision)
     except ValueError as e:
         raise CLIError(str(e)) from None
     if a.json:
-        print(json.dumps([{k: r[k] for k in ("text", "label", "explanation")} for r in rows], indent=2, allow_nan=False))
+        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "explanation") if k in r} for r in rows],
+                         indent=2, allow_nan=False))
         return 0
     for row in rows:
-        print(f"{row['text']}\n  predicted: {row['label']}")
+        shown = f"{row['text']}\n  ⟷ {row['text_pair']}" if "text_pair" in row else row["text"]
+        print(f"{shown}\n  predicted: {row['label']}")
         for line in row["lines"]:
             print(f"  {line}")
     return 0
@@ -342,7 +375,8 @@ def cmd_cache(a: argparse.Namespace) -> int:
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
-                    a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), shard=a.shard)
+                    a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), shard=a.shard,
+                    pair_field=a.text_pair_field)
     return 0
 
 
@@ -412,7 +446,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           f"{len(grid.lrs)} lr × {len(grid.weight_decays)} weight decay × {len(grid.seeds)} seed(s)) on {a.data}",
           flush=True)
     result = run_sweep(grid, a.data, bb, a.output, a.shots, a.max_train, a.text_field, a.label_field, a.cache_dir,
-                       overwrite=a.overwrite, log=lambda s: print(s, flush=True))
+                       overwrite=a.overwrite, log=lambda s: print(s, flush=True), pair_field=a.text_pair_field)
     from .sweep.run import markdown
 
     print(markdown(result, a.data))
@@ -510,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .model import ModelLoadError
     from .output import OutputError
     from .prefix import PrefixError
+    from .pairs import PairError
     from .registry import MethodError
     from .serve.models import ServeError
 
@@ -530,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
                 "serve": cmd_serve}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
-            OutputError, ExtractError, DistributedError, ServeError) as e:
+            OutputError, ExtractError, DistributedError, ServeError, PairError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

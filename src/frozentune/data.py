@@ -17,12 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .pairs import PAIR_FIELDS, Text, is_pair
+
 CLASSIFICATION = {
     # name: canonical label order (used as the model's output order)
     "sst2": ["negative", "positive"],
     "sst5": ["very negative", "negative", "neutral", "positive", "very positive"],
     "trec": ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"],
     "imdb": ["negative", "positive"],
+    "snli": ["entailment", "neutral", "contradiction"],
+    "rte": ["entailment", "not_entailment"],
+    "mrpc": ["not_equivalent", "equivalent"],
 }
 GENERATION = {"e2e", "webnlg"}
 SPLIT_NAMES = ("train", "validation", "test")
@@ -39,14 +44,15 @@ class DataError(ValueError):
 class TextSplit:
     """One split of a classification dataset. `lines[i]` is the 1-based line of example i.
 
+    A text is a string, or for sentence-pair data a (first, second) pair of strings (`pairs.Text`).
     `file_texts` holds every text of the file the split came from and `rows[i]` the position of
     example i in it, so splits carved from one file share one feature-cache entry (changing the
     validation fraction or seed never re-extracts)."""
-    texts: list[str]
+    texts: list[Text]
     labels: list[str]
     source: str
     lines: list[int]
-    file_texts: list[str] = field(default_factory=list)
+    file_texts: list[Text] = field(default_factory=list)
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     label_spellings: dict[str, list[str]] = field(default_factory=dict)  # label → raw forms, where several
 
@@ -57,6 +63,11 @@ class TextSplit:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    @property
+    def is_pair(self) -> bool:
+        """Whether its texts are sentence pairs."""
+        return bool(self.file_texts) and is_pair(self.file_texts[0])
 
     def subset(self, idx: np.ndarray | list[int], source: str | None = None) -> "TextSplit":
         idx = [int(i) for i in idx]
@@ -74,6 +85,8 @@ class Dataset:
     test: TextSplit
     labels: list[str]
     notes: list[str] = field(default_factory=list)
+    text_field: str = "text"
+    pair_field: str | None = None   # the second text's field, for sentence-pair data
 
     def label_ids(self, split: TextSplit) -> np.ndarray:
         """(N,) int64 label indices; a label training never saw is an error naming its line."""
@@ -231,24 +244,53 @@ def read_lines(path: Path, what: str = "texts") -> list[str]:
     return lines
 
 
-def read_split(path: Path, text_field: str = "text", label_field: str = "label") -> TextSplit:
-    """A classification split from one file. Missing fields, empty / non-string texts and
-    missing labels are errors that name the line and how many rows have the same problem."""
+def _text_problem(value: object, fld: str) -> str | None:
+    """Why `value` (field `fld` of a record) is not a usable text, or None."""
+    if not isinstance(value, str):
+        kind = "null" if value is None else f"{_JSON_KIND.get(type(value), 'a value')} ({_describe(value)})"
+        return f"field {fld!r} holds {kind}, not text"
+    if not value.strip():
+        return f"empty text in field {fld!r}"
+    return None
+
+
+def read_texts(path: Path, text_field: str = "text", pair_field: str | None = None) -> list[Text]:
+    """The texts (pairs with `pair_field`) of a .jsonl/.csv/.tsv file, no labels needed: what
+    predict reads. A missing field or an empty / non-string text is an error naming the line."""
+    out: list[Text] = []
+    fields = (text_field, pair_field) if pair_field else (text_field,)
+    for n, rec in read_records(Path(path)):
+        for fld in fields:
+            if fld not in rec:
+                flag = "--text-pair-field" if fld == pair_field else "--text-field"
+                raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: {', '.join(map(str, rec))}. "
+                                f"Choose the field with {flag}.")
+            if (why := _text_problem(rec[fld], fld)) is not None:
+                raise DataError(f"{path}:{n}: {why}. Fix or remove the row.")
+        out.append((rec[text_field], rec[pair_field]) if pair_field else rec[text_field])
+    return out
+
+
+def read_split(path: Path, text_field: str = "text", label_field: str = "label",
+               pair_field: str | None = None) -> TextSplit:
+    """A classification split from one file; with `pair_field`, each text is the pair (text_field,
+    pair_field). Missing fields, empty / non-string texts and missing labels are errors that name
+    the line and how many rows have the same problem."""
     texts, labels, lines = [], [], []
     problems: dict[str, list[int]] = {}
     spellings: dict[str, set[str]] = {}
+    fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
     for n, rec in read_records(path):
-        for fld in (text_field, label_field):
+        for fld in fields:
             if fld not in rec:
+                flag = "--text-pair-field" if fld == pair_field else "--text-field / --label-field"
                 raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: "
-                                f"{', '.join(map(str, rec))}. Choose the fields with "
-                                f"--text-field / --label-field.")
-        text, label = rec[text_field], label_name(rec[label_field])
-        if not isinstance(text, str):
-            kind = "null" if text is None else f"{_JSON_KIND.get(type(text), 'a value')} ({_describe(text)})"
-            problems.setdefault(f"field {text_field!r} holds {kind}, not text", []).append(n)
-        elif not text.strip():
-            problems.setdefault(f"empty text in field {text_field!r}", []).append(n)
+                                f"{', '.join(map(str, rec))}. Choose the fields with {flag}.")
+        label = label_name(rec[label_field])
+        for fld in fields[:-1]:
+            if (why := _text_problem(rec[fld], fld)) is not None:
+                problems.setdefault(why, []).append(n)
+        text = (rec[text_field], rec[pair_field]) if pair_field else rec[text_field]
         if label is None:
             problems.setdefault(f"no label in field {label_field!r} ({_describe(rec[label_field])})", []).append(n)
         else:
@@ -261,7 +303,7 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label")
         more = f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})" \
             if len(at) > 1 else ""
         raise DataError(f"{path}:{at[0]}: {what}{more}. Fix or remove those rows, or pick the columns "
-                        f"with --text-field / --label-field.")
+                        f"with --text-field / --label-field" + (" / --text-pair-field." if pair_field else "."))
     return TextSplit(texts, labels, str(path), lines,
                      label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1})
 
@@ -341,8 +383,11 @@ def sub_phrases(texts: list[str]) -> set[Phrase]:
     return out
 
 
-def inside_other_texts(texts: list[str]) -> np.ndarray:
-    """(N,) bool: text i is a strict sub-phrase of another text (both ≤ MAX_PHRASE_WORDS words)."""
+def inside_other_texts(texts: list[Text]) -> np.ndarray:
+    """(N,) bool: text i is a strict sub-phrase of another text (both ≤ MAX_PHRASE_WORDS words).
+    Sentence pairs are never a phrase treebank: all False."""
+    if texts and is_pair(texts[0]):
+        return np.zeros(len(texts), dtype=bool)
     grams = sub_phrases(texts)
     return np.array([_words(t) in grams for t in texts], dtype=bool)
 
@@ -402,11 +447,23 @@ def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, st
             f"--shots {shots}: {len(idx)} examples, {shots} of each class drawn from {where} (seed {seed})")
 
 
-def load_classification(data: str, text_field: str = "text", label_field: str = "label",
+def text_fields(name: str, text_field: str | None, pair_field: str | None) -> tuple[str, str | None]:
+    """(text field, pair field or None) to read: as given; a named pair dataset (snli, rte, mrpc)
+    given no --text-field reads its two fields; anything else given none reads `text`."""
+    if text_field in (None, "text") and pair_field is None and name in PAIR_FIELDS:
+        return PAIR_FIELDS[name]
+    if pair_field is not None and pair_field == (text_field or "text"):
+        raise DataError(f"--text-pair-field {pair_field!r} is the --text-field too; name the field of the "
+                        f"second text of each pair")
+    return text_field or "text", pair_field
+
+
+def load_classification(data: str, text_field: str | None = "text", label_field: str = "label",
                         val_fraction: float = 0.1, seed: int = 0,
                         max_train: int | None = None, shots: int | None = None,
-                        carve_below: int = 0) -> Dataset:
-    """Load a classification dataset by name, folder or file.
+                        carve_below: int = 0, pair_field: str | None = None) -> Dataset:
+    """Load a classification dataset by name, folder or file. With `pair_field` (or a named pair
+    dataset: snli, rte, mrpc) every text is a (text_field, pair_field) sentence pair.
 
     A missing validation split is carved from train (stratified, seeded), unless train has fewer
     than `carve_below` examples (the trainer then cross-validates on train, and validation is an
@@ -426,7 +483,8 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
     if "train" not in files:
         raise DataError(f"{data}: no train file (found {', '.join(sorted(files))}); a classifier needs "
                         f"train.jsonl / .csv / .tsv")
-    splits = {k: read_split(p, text_field, label_field) for k, p in files.items()}
+    text_field, pair_field = text_fields(name, text_field, pair_field)
+    splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
     train = splits["train"]
     notes = [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
              for split in splits.values() for label, forms in split.label_spellings.items()]
@@ -463,7 +521,7 @@ def load_classification(data: str, text_field: str = "text", label_field: str = 
         train = train.subset(keep)
         notes.append(f"train limited to {len(train)} examples (stratified, seed {seed})")
     labels = label_order(name, train.labels)
-    return Dataset(name, train, splits["validation"], splits["test"], labels, notes)
+    return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field)
 
 
 def label_order(name: str, train_labels: list[str]) -> list[str]:

@@ -171,13 +171,14 @@ def _attention_mask(allowed: Tensor, queries: int, impl: str, dtype: torch.dtype
 
 
 def prefix_hidden_states(model: nn.Module, prefix: Tensor | None, input_ids: Tensor, attention_mask: Tensor,
-                         prefix_mask: Tensor | None = None) -> tuple[Tensor, ...]:
+                         prefix_mask: Tensor | None = None,
+                         token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
     """The encoder's hidden states when every layer's self-attention also attends to the prefix:
     the tuple `output_hidden_states=True` gives (embeddings, then every layer), each (B, T, D).
 
     prefix: (N, 2, H, P, E) shared by all rows, (B, N, 2, H, P, E) one per row, or None (P = 0).
     input_ids, attention_mask: (B, T), the mask 1 on real tokens. prefix_mask: (B, P) bool, True on
-    the real prefix slots (default all). Gradients flow into `prefix` (and into the model only if
+    the real prefix slots (default all). token_type_ids: (B, T) for sentence pairs. Gradients flow into `prefix` (and into the model only if
     its parameters require them: a model from `load_encoder` is frozen)."""
     bert = _bert(model)
     shape = encoder_kv_shape(bert.config)
@@ -193,8 +194,9 @@ def prefix_hidden_states(model: nn.Module, prefix: Tensor | None, input_ids: Ten
     allowed = torch.cat([pmask, attention_mask.to(device).bool()], dim=1)     # (B, P+T)
     cache = _PrefixKV([kv[:, n, 0] for n in range(shape.layers)], [kv[:, n, 1] for n in range(shape.layers)])
     mask = _attention_mask(allowed, t, bert.config._attn_implementation, dtype)
+    types = {} if token_type_ids is None else {"token_type_ids": token_type_ids.to(device)}
     out = bert(input_ids=input_ids, attention_mask=mask, past_key_values=cache, use_cache=False,
-               output_hidden_states=True)
+               output_hidden_states=True, **types)
     if cache.calls != [1] * shape.layers:
         raise PrefixError(f"the prefix did not reach every layer exactly once (calls per layer: {cache.calls}); "
                           f"this transformers version no longer passes past_key_values to BERT self-attention "
@@ -203,10 +205,12 @@ def prefix_hidden_states(model: nn.Module, prefix: Tensor | None, input_ids: Ten
 
 
 def prefix_encode(model: nn.Module, prefix: Tensor | None, input_ids: Tensor, attention_mask: Tensor,
-                  spec: LayerSpec = LayerSpec(), prefix_mask: Tensor | None = None) -> Tensor:
+                  spec: LayerSpec = LayerSpec(), prefix_mask: Tensor | None = None,
+                  token_type_ids: Tensor | None = None) -> Tensor:
     """`backbone.encode` with a prefix: token states (B, T, D) (or (B, T, D·n) for concat) of the
     layer(s) in `spec`."""
-    return select_layers(prefix_hidden_states(model, prefix, input_ids, attention_mask, prefix_mask), spec)
+    return select_layers(prefix_hidden_states(model, prefix, input_ids, attention_mask, prefix_mask,
+                                              token_type_ids), spec)
 
 
 # ----------------------------------------------------------------------------- the classification method
@@ -232,10 +236,12 @@ class PrefixHead(Head):
             ids = phrase_ids(backbone.tok, self.cfg.init_text, self.cfg.prefix_length)
             self.prefix.init_from(encoder_activations(backbone.model, ids))
 
-    def encode(self, backbone: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def encode(self, backbone: Any, input_ids: Tensor, attention_mask: Tensor,
+               token_type_ids: Tensor | None = None) -> Tensor:
         """(B, T, D) states of the backbone's chosen layer(s) with this prefix in every layer."""
         assert self.prefix is not None, "init_from_backbone was not called"
-        return prefix_encode(backbone.model, self.prefix(), input_ids, attention_mask, backbone.layers)
+        return prefix_encode(backbone.model, self.prefix(), input_ids, attention_mask, backbone.layers,
+                             token_type_ids=token_type_ids)
 
     def forward(self, f: Features) -> Output:
         return Output(self.out(masked_mean(f.hidden, f.mask)))  # (B, C)

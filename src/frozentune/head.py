@@ -10,57 +10,94 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .pairs import Text
+
 
 @dataclass
 class Features:
     hidden: Tensor  # (B, T, D) frozen token states, float32
     mask: Tensor    # (B, T) bool, True on real tokens
+    separator: Tensor | None = None  # (B, T) bool, True on the tokens between a pair's two texts; None for single texts
 
 
 @dataclass
 class TokenView:
     """One input as the backbone saw it: its word pieces (special tokens included), the character
     span of each in the original text ((0, 0) for special tokens) and the tokenizer's word index
-    of each (None for special tokens), so that pieces can be shown as the words they belong to."""
-    text: str
+    of each (None for special tokens), so that pieces can be shown as the words they belong to.
+
+    For a sentence pair, `text` is the pair (first, second) and `seqs` says which of the two each
+    piece comes from (0, 1; None for special tokens); its character spans are offsets into that
+    text. A group of pieces from both texts has no one character range (see `char_range`)."""
+    text: Text
     pieces: list[str]
     offsets: list[tuple[int, int]]
     words: list[int | None] = field(default_factory=list)
+    seqs: list[int | None] = field(default_factory=list)
+
+    def part(self, i: int) -> int:
+        """Which text piece i comes from: 0 for a single text; 0 or 1 in a pair (None-marked special
+        tokens count with the text before them)."""
+        if not self.seqs:
+            return 0
+        while i > 0 and self.seqs[i] is None:
+            i -= 1
+        return self.seqs[i] or 0
 
     def widen(self, i: int, j: int) -> tuple[int, int]:
-        """Pieces i..j grown to whole words: a span that starts or ends inside a word takes all of it."""
-        w = self.words
+        """Pieces i..j grown to whole words: a span that starts or ends inside a word takes all of it
+        (word indices restart in a pair's second text, so growth stays inside the piece's own text)."""
+        w, same = self.words, (lambda a, b: not self.seqs or self.seqs[a] == self.seqs[b])
         if not w:
             return i, j
-        while i > 0 and w[i] is not None and w[i - 1] == w[i]:
+        while i > 0 and w[i] is not None and w[i - 1] == w[i] and same(i - 1, i):
             i -= 1
-        while j + 1 < len(w) and w[j] is not None and w[j + 1] == w[j]:
+        while j + 1 < len(w) and w[j] is not None and w[j + 1] == w[j] and same(j, j + 1):
             j += 1
         return i, j
 
     def char_range(self, i: int, j: int | None = None, whole_words: bool = True) -> tuple[int, int] | None:
-        """Character range [start, end) in `text` of pieces i..j (inclusive; j defaults to i), grown
-        to whole words unless whole_words=False; None when they are all special tokens."""
+        """Character range [start, end) of pieces i..j (inclusive; j defaults to i) in the text they
+        come from (`part`), grown to whole words unless whole_words=False; None when they are all
+        special tokens, or when they come from both texts of a pair."""
         j = i if j is None else j
         if whole_words:
             i, j = self.widen(i, j)
-        spans = [self.offsets[t] for t in range(i, j + 1) if self.offsets[t][1] > self.offsets[t][0]]
-        return (spans[0][0], spans[-1][1]) if spans else None
+        real = [t for t in range(i, j + 1) if self.offsets[t][1] > self.offsets[t][0]]
+        if not real or (self.seqs and len({self.seqs[t] for t in real}) > 1):
+            return None
+        return self.offsets[real[0]][0], self.offsets[real[-1]][1]
+
+    def _first_real(self, i: int, j: int) -> int:
+        """The first piece of i..j (grown to whole words) that has characters; i when none has."""
+        i, j = self.widen(i, j)
+        return next((t for t in range(i, j + 1) if self.offsets[t][1] > self.offsets[t][0]), i)
+
+    def source(self, i: int) -> str:
+        """The text piece i comes from: the single text, or the pair's first or second."""
+        return self.text[self.part(i)] if isinstance(self.text, tuple) else self.text
 
     def surface(self, i: int, j: int | None = None, whole_words: bool = True) -> str:
         """The original text of pieces i..j (see char_range), or the pieces themselves when they
-        are all special tokens."""
+        are all special tokens (or span both texts of a pair)."""
         j = i if j is None else j
         chars = self.char_range(i, j, whole_words)
-        return self.text[chars[0]:chars[1]] if chars else " ".join(self.pieces[i:j + 1])
+        if chars is None:
+            return " ".join(self.pieces[i:j + 1])
+        return self.source(self._first_real(i, j))[chars[0]:chars[1]]
 
     def weighted(self, i: int, weight: float, j: int | None = None) -> dict:
         """Pieces i..j (j defaults to i) as an explanation shows them: {text, start, end, weight}, the
         text and character range [start, end) of their whole words (start/end null when they are all
-        special tokens), weight rounded to 4 places."""
+        special tokens), weight rounded to 4 places. For a pair, also `part`: 0 when the range is in
+        the first text, 1 in the second, null when it has none."""
+        j = i if j is None else j
         chars = self.char_range(i, j)
-        return {"text": self.surface(i, j), "start": chars[0] if chars else None, "end": chars[1] if chars else None,
-                "weight": round(weight, 4)}
+        out = {"text": self.surface(i, j), "start": chars[0] if chars else None, "end": chars[1] if chars else None,
+               "weight": round(weight, 4)}
+        if self.seqs:
+            out["part"] = self.part(self._first_real(i, j)) if chars else None
+        return out
 
 
 @dataclass

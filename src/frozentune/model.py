@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from .backbone import Backbone, LayerSpec, Tokenized, pad, trainable_names
 from .cache import CachedStates
 from .head import Features, Head, Output
+from .pairs import separator_mask
 from .registry import MethodConfig, MethodError, create_method, get_method, make_config
 
 WEIGHTS = "model.safetensors"
@@ -33,13 +34,17 @@ CONFIG = "config.json"
 
 @dataclass
 class Batch:
-    """Either cached states or token ids to run through the backbone."""
-    mask: Tensor                     # (B, T) bool
-    hidden: Tensor | None = None     # (B, T, D) float32
-    input_ids: Tensor | None = None  # (B, T) int64
+    """Either cached states or token ids to run through the backbone; for sentence pairs, also
+    where the separator between the two texts is (and the token types, to run the backbone)."""
+    mask: Tensor                          # (B, T) bool
+    hidden: Tensor | None = None          # (B, T, D) float32
+    input_ids: Tensor | None = None       # (B, T) int64
+    token_type_ids: Tensor | None = None  # (B, T) int64, pairs of a tokenizer that has them
+    separator: Tensor | None = None       # (B, T) bool, pairs: the tokens between the two texts
 
     def to(self, device: torch.device) -> "Batch":
-        return Batch(*(None if t is None else t.to(device) for t in (self.mask, self.hidden, self.input_ids)))
+        return Batch(*(None if t is None else t.to(device) for t in
+                       (self.mask, self.hidden, self.input_ids, self.token_type_ids, self.separator)))
 
 
 class Source(Protocol):
@@ -50,10 +55,11 @@ class Source(Protocol):
 
 
 class CachedSource:
-    """Examples `rows` of a cache entry."""
+    """Examples `rows` of a cache entry. `sep`: for sentence pairs, the tokenizer's separator ids
+    (pairs.separator_ids), found again in the cached token ids to mark where one text ends."""
 
-    def __init__(self, cache: CachedStates, rows: np.ndarray):
-        self.cache, self.rows = cache, np.asarray(rows, dtype=np.int64)
+    def __init__(self, cache: CachedStates, rows: np.ndarray, sep: tuple[int, ...] | None = None):
+        self.cache, self.rows, self.sep = cache, np.asarray(rows, dtype=np.int64), sep
         self.lengths = cache.lengths[self.rows]
 
     def __len__(self) -> int:
@@ -61,22 +67,26 @@ class CachedSource:
 
     def batch(self, idx: np.ndarray) -> Batch:
         hidden, mask = self.cache.batch(self.rows[idx])
-        return Batch(mask=mask, hidden=hidden)
+        if self.sep is None:
+            return Batch(mask=mask, hidden=hidden)
+        ids, _ = pad([self.cache.token_ids(int(r)) for r in self.rows[idx]], 0, mask.shape[1])
+        return Batch(mask=mask, hidden=hidden, separator=separator_mask(ids, mask, self.sep))
 
 
 class LiveSource:
-    """Token ids; the model runs the backbone on them."""
+    """Token ids; the model runs the backbone on them. `sep` as for CachedSource."""
 
-    def __init__(self, tokens: Tokenized, pad_id: int):
-        self.tokens, self.pad_id = tokens, pad_id
+    def __init__(self, tokens: Tokenized, pad_id: int, sep: tuple[int, ...] | None = None):
+        self.tokens, self.pad_id, self.sep = tokens, pad_id, sep
         self.lengths = tokens.lengths
 
     def __len__(self) -> int:
         return len(self.tokens.ids)
 
     def batch(self, idx: np.ndarray) -> Batch:
-        ids, mask = pad([self.tokens.ids[i] for i in idx], self.pad_id)
-        return Batch(mask=mask.bool(), input_ids=ids)
+        ids, mask, types = self.tokens.padded(idx, self.pad_id)
+        sep = None if self.sep is None else separator_mask(ids, mask.bool(), self.sep)
+        return Batch(mask=mask.bool(), input_ids=ids, token_type_ids=types, separator=sep)
 
 
 def as_cached(hidden: Tensor, cache_dtype: str) -> Tensor:
@@ -95,6 +105,9 @@ class Classifier(nn.Module):
         self.backbone_ref = backbone
         self.labels = list(labels)
         self.cache_dtype = cache_dtype
+        # (text field, pair field or None) it was trained on: predict refuses the other kind of input.
+        # None: not known (built directly, not by `train` or `load`)
+        self.pair_fields: tuple[str, str | None] | None = None
         self.base_weights_hash = backbone.weights_hash  # before any training touches it
         if cfg.train_backbone:
             self.backbone = backbone.model
@@ -117,16 +130,17 @@ class Classifier(nn.Module):
         if b.hidden is not None:
             if self.steers_backbone:
                 raise ValueError(f"method {self.method!r} runs the backbone with its prefix; give token ids, not cached states")
-            return Features(b.hidden, b.mask)
+            return Features(b.hidden, b.mask, b.separator)
         assert b.input_ids is not None
+        types = b.token_type_ids
         if self.steers_backbone:
-            hidden = self.head.encode(self.backbone_ref, b.input_ids, b.mask.long())  # type: ignore[operator]
+            hidden = self.head.encode(self.backbone_ref, b.input_ids, b.mask.long(), types)  # type: ignore[operator]
         elif self.trains_backbone:
-            hidden = self.backbone_ref.encode(b.input_ids, b.mask.long())
+            hidden = self.backbone_ref.encode(b.input_ids, b.mask.long(), types)
         else:
-            hidden = self.backbone_ref.states(b.input_ids, b.mask.long())  # its device and precision
+            hidden = self.backbone_ref.states(b.input_ids, b.mask.long(), types)  # its device and precision
             hidden = as_cached(hidden, self.cache_dtype)  # so live predictions equal cached ones
-        return Features(hidden, b.mask)
+        return Features(hidden, b.mask, b.separator)
 
     def forward(self, b: Batch) -> Output:
         return self.head(self.features(b))
@@ -314,5 +328,6 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     model.eval()
     model.saved_config = config  # type: ignore[attr-defined]
+    model.pair_fields = (config.get("text_field", "text"), config.get("text_pair_field"))
     return model
 

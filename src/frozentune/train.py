@@ -93,13 +93,18 @@ def eval_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int) -> dict[str, float]:
-    """Accuracy and macro-F1 in percent."""
+def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int,
+            positive: tuple[int, str] | None = None) -> dict[str, float]:
+    """Accuracy and macro-F1 in percent; with `positive` (index, name), also the F1 of that class
+    (`positive_f1`, as MRPC is reported)."""
     from sklearn.metrics import accuracy_score, f1_score
 
-    return {"accuracy": 100.0 * accuracy_score(y_true, y_pred),
-            "macro_f1": 100.0 * f1_score(y_true, y_pred, average="macro",
-                                         labels=list(range(num_labels)), zero_division=0)}
+    out = {"accuracy": 100.0 * accuracy_score(y_true, y_pred),
+           "macro_f1": 100.0 * f1_score(y_true, y_pred, average="macro",
+                                        labels=list(range(num_labels)), zero_division=0)}
+    if positive is not None:
+        out["positive_f1"] = 100.0 * f1_score(y_true, y_pred, labels=[positive[0]], average="macro", zero_division=0)
+    return out
 
 
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
@@ -127,9 +132,10 @@ def predict_outputs(model: Classifier, src: Source, extras: Sequence[str] = (),
     return out
 
 
-def evaluate(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 256) -> tuple[dict, np.ndarray]:
+def evaluate(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 256,
+             positive: tuple[int, str] | None = None) -> tuple[dict, np.ndarray]:
     pred = predict_logits(model, src, batch_size).argmax(1)
-    return metrics(y, pred, len(model.labels)), pred
+    return metrics(y, pred, len(model.labels), positive), pred
 
 
 def adamw(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:

@@ -119,7 +119,12 @@ def make_mixer(s: EncoderShape, layer: int) -> nn.Module:
 
 
 class Encoder(nn.Module):
-    """ids (B, T), mask (B, T) bool → token states (B, T, D)."""
+    """ids (B, T), mask (B, T) bool (and segments (B, T): 0 on a pair's first text, 1 on its
+    second) → token states (B, T, D).
+
+    The segment embedding starts at zero, so single texts (pre-training) are unchanged by it; it
+    is learnt when the encoder is fine-tuned on sentence pairs. A checkpoint or saved model from
+    before it existed loads with it at zero."""
 
     def __init__(self, cfg: EncoderConfig, vocab_size: int):
         super().__init__()
@@ -127,6 +132,8 @@ class Encoder(nn.Module):
         self.config, self.vocab_size = cfg, vocab_size
         self.tok = nn.Embedding(vocab_size, cfg.dim)
         self.pos = nn.Embedding(cfg.max_length, cfg.dim)
+        self.seg = nn.Embedding(2, cfg.dim)
+        nn.init.zeros_(self.seg.weight)
         nn.init.normal_(self.tok.weight, std=0.02)
         nn.init.normal_(self.pos.weight, std=0.02)
         self.drop = nn.Dropout(cfg.dropout)
@@ -134,13 +141,21 @@ class Encoder(nn.Module):
                                     for i in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.dim)
 
-    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # saved before the segment embedding existed: it is zero, as a new encoder's
+        state_dict.setdefault(prefix + "seg.weight", torch.zeros_like(self.seg.weight))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, ids: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
         T = ids.shape[1]
         if T > self.config.max_length:
             raise ConvError(f"{T} tokens, but the position table has {self.config.max_length} rows: "
                             f"truncate inputs to max_length {self.config.max_length}")
         mask = mask.bool()
-        x = self.drop(self.tok(ids) + self.pos(torch.arange(T, device=ids.device)))  # (B, T, D)
+        x = self.tok(ids) + self.pos(torch.arange(T, device=ids.device))  # (B, T, D)
+        if segments is not None:
+            x = x + self.seg(segments.clamp(0, 1))
+        x = self.drop(x)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)
@@ -157,7 +172,7 @@ def parameter_counts(shape: EncoderShape | None = None, vocab_size: int = 30522,
         with torch.device("meta"):
             enc = Encoder(cfg, vocab_size)
         total = sum(p.numel() for p in enc.parameters())
-        emb = enc.tok.weight.numel() + enc.pos.weight.numel()
+        emb = enc.tok.weight.numel() + enc.pos.weight.numel() + enc.seg.weight.numel()
         out[arch] = {"total": total, "non_embedding": total - emb}
     return out
 

@@ -56,8 +56,9 @@ class ConvBackbone(Backbone):
     def dim(self) -> int:
         return self.model.config.dim
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model(input_ids, attention_mask.bool())
+    def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """token_type_ids: the MiniLM tokenizer's for a pair (0 first text, 1 second): the segments."""
+        return self.model(input_ids, attention_mask.bool(), token_type_ids)
 
 
 def build_encoder(cfg: ConvConfig, max_length: int, seed: int = 0, load_init: bool = True) -> ConvBackbone:

@@ -20,7 +20,13 @@ Which spans are valid: every token of the span is real (Features.mask) and, with
 `special_tokens=exclude` (default), neither the first nor the last real token of the input, which
 are the [CLS]/[SEP] a BERT-style tokenizer adds, so the rationales are words. An input made of
 nothing but those (≤ 2 real tokens, e.g. an empty text) has no word to weigh: its spans are then
-made over its special tokens, so α stays a distribution. A row with no real token at all (never
+made over its special tokens, so α stays a distribution.
+
+Sentence pairs: no span may contain the separator between the two texts (Features.separator), so
+every span lies inside the premise or inside the hypothesis. A span across it would be the end of
+one sentence glued to the start of the other: not a phrase of either, with no one character range
+to show, and a rationale a reader cannot check against either text. Spans are still scored jointly
+over both texts (one softmax), so α says which text the prediction leaned on. A row with no real token at all (never
 produced by a tokenizer) has no valid span: α = 0 there, Ĥ = 0 and its logits are the output bias.
 
 Span layout (extras["span_weights"], α): entry [b, i, w] is the span (i, i + w); 0 where invalid.
@@ -138,7 +144,10 @@ class SelfExplainHead(Head):
         T = f.hidden.shape[1]
         width = min(self.cfg.max_span_width or T, T)
         hidden = f.hidden.masked_fill(~f.mask[..., None], 0.0)  # (B, T, D) padding can hold no NaN/inf
-        valid = span_mask(span_tokens(f.mask, self.cfg.special_tokens == "exclude"), width)  # (B, T, W)
+        allowed = span_tokens(f.mask, self.cfg.special_tokens == "exclude")  # (B, T)
+        if f.separator is not None:  # a pair: spans stay inside one of its texts
+            allowed = allowed & ~f.separator
+        valid = span_mask(allowed, width)  # (B, T, W)
         spans = self.span_states(hidden, width)  # (B, T, W, D′)
         alpha = masked_softmax(self.interpret(spans).squeeze(-1), valid)  # (B, T, W)
         pooled = torch.einsum("btw,btwd->bd", alpha, spans)  # (B, D′) Ĥ

@@ -45,7 +45,7 @@ def effective_layer(p: Point) -> str:
 def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots: int | None = None,
               max_train: int | None = None, text_field: str = "text", label_field: str = "label",
               cache_root: Path | None = None, train_cfg: dict | None = None, overwrite: bool = False,
-              log: Callable[[str], None] = print) -> SweepResult:
+              log: Callable[[str], None] = print, pair_field: str | None = None) -> SweepResult:
     """Train every point of `grid` on `data` (`backbone`: api.BackboneOptions; its layers are the
     grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares."""
     from .. import api
@@ -60,7 +60,8 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     base = dict(train_cfg or {})
     seeds = {p.seed for p in points}
     datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
-                                       carve_below=base.get("cv_below", CV_BELOW)) for s in sorted(seeds)}
+                                       carve_below=base.get("cv_below", CV_BELOW), pair_field=pair_field)
+                for s in sorted(seeds)}
     backbones: dict[str, object] = {}
     rows, extract_s, load_s = [], 0.0, 0.0
     for i, p in enumerate(points, 1):
