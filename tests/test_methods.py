@@ -6,6 +6,7 @@ import torch
 from frozentune import model as M
 from frozentune.backbone import Backbone
 from frozentune.cache import get_or_build
+from frozentune.pairs import pair_kind, separator_ids
 from frozentune.registry import MethodError, create_method, get_method, list_methods, make_config
 from frozentune.train import TrainConfig, fit, predict_logits
 from numerics import ROUNDING, approx, assert_close, dot, exact, linear, prefix_mlp_scale
@@ -13,6 +14,9 @@ from numerics import ROUNDING, approx, assert_close, dot, exact, linear, prefix_
 TEXTS = ["good film", "bad film", "what a great movie !", "terrible , boring and long",
          "i loved it", "i hated it", "fine acting", "awful plot"] * 2
 LABELS = np.array([1, 0] * 8)
+# the same examples as sentence pairs (a premise-like first text, a claim about it second)
+PAIRS = [(t, "it is " + ("good" if y else "bad")) for t, y in zip(TEXTS, LABELS)]
+INPUTS = {"single": TEXTS, "pair": PAIRS}
 
 
 # options for methods whose defaults are too big for these tests: conv's own encoder (default: 4
@@ -31,20 +35,28 @@ def bb_factory(tiny_bert):
     return make
 
 
-def source_for(model, bb, root):
+def source_for(model, bb, root, texts=TEXTS):
+    sep = separator_ids(bb.tok) if pair_kind(texts) else None
     if model.runs_live:
-        return M.LiveSource(bb.tokenize(TEXTS), bb.pad_id())
-    cache, _ = get_or_build(bb, TEXTS, root, progress=False)
-    return M.CachedSource(cache, np.arange(len(TEXTS)))
+        return M.LiveSource(bb.tokenize(texts), bb.pad_id(), sep)
+    cache, _ = get_or_build(bb, texts, root, progress=False)
+    return M.CachedSource(cache, np.arange(len(texts)), sep)
 
 
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
 @pytest.mark.parametrize("method", list_methods("classification"))
-def test_shared_method_checks(method, bb_factory, tmp_path):
+def test_shared_method_checks(method, inputs, bb_factory, tmp_path):
+    texts = INPUTS[inputs]
     bb = bb_factory(method)
     frozen_before = {k: v.clone() for k, v in bb.model.state_dict().items()}
     model = M.build_classifier(method, bb, ["neg", "pos"], OPTIONS.get(method), seed=0)
-    src = source_for(model, bb, tmp_path / "cache")
+    src = source_for(model, bb, tmp_path / "cache", texts)
     idx = np.arange(len(TEXTS))
+    if inputs == "pair":  # the batch says where the two texts meet, and the backbone gets their token types
+        b = src.batch(idx)
+        assert b.separator is not None and (b.separator.sum(1) == len(separator_ids(bb.tok))).all()
+        if model.runs_live:
+            assert b.token_type_ids is not None and (b.token_type_ids.amax(1) == 1).all()
 
     # shapes and a finite loss
     out = model(src.batch(idx))
@@ -84,7 +96,7 @@ def test_shared_method_checks(method, bb_factory, tmp_path):
     assert any(k.startswith("backbone.") for k in saved) == model.trains_backbone
     before = predict_logits(model, src)
     loaded = M.load(tmp_path / "m", backbone=bb_factory() if not model.trains_backbone else None)
-    src2 = source_for(loaded, loaded.backbone_ref, tmp_path / "cache")
+    src2 = source_for(loaded, loaded.backbone_ref, tmp_path / "cache", texts)
     exact(predict_logits(loaded, src2), before,
           "safetensors round-trips the weights bit for bit; same kernels on the same batches")
 

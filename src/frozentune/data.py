@@ -465,6 +465,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     """Load a classification dataset by name, folder or file. With `pair_field` (or a named pair
     dataset: snli, rte, mrpc) every text is a (text_field, pair_field) sentence pair.
 
+    A folder with validation and test files but no train file (SNLI here: its train split is not
+    available offline) trains on the validation file, a note says so.
     A missing validation split is carved from train (stratified, seeded), unless train has fewer
     than `carve_below` examples (the trainer then cross-validates on train, and validation is an
     empty split); a single file also gives up 10% as the test split. `shots` keeps K examples of
@@ -480,14 +482,20 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     if name in GENERATION:
         raise DataError(f"{name} is a generation dataset (fields mr/refs or triples/texts); "
                         f"classification methods need text + label data.")
-    if "train" not in files:
+    trains_on_validation = "train" not in files and "validation" in files and "test" in files
+    if "train" not in files and not trains_on_validation:
         raise DataError(f"{data}: no train file (found {', '.join(sorted(files))}); a classifier needs "
                         f"train.jsonl / .csv / .tsv")
+    if trains_on_validation:  # e.g. snli offline: its 549k train split is not there
+        files = {"train": files["validation"], "test": files["test"]}
     text_field, pair_field = text_fields(name, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
     train = splits["train"]
     notes = [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
              for split in splits.values() for label, forms in split.label_spellings.items()]
+    if trains_on_validation:
+        notes.append(f"no train file: training on {files['train']} (the validation split; a validation split "
+                     f"is carved from it below), scored on {files['test']}")
     classes = sorted(set(train.labels))
     if len(classes) < 2:
         raise DataError(f"{train.source}: every training example has the label {classes[0]!r}; a classifier "
