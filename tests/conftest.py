@@ -162,3 +162,16 @@ def trec_slice(tmp_path_factory, shared_data) -> Path:
 @pytest.fixture
 def cache_root(tmp_path) -> Path:
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def mrpc_slice(tmp_path_factory, shared_data) -> Path:
+    """FROZENTUNE_DATA-style root holding `mrpc/` with 60 train, 20 validation and 30 test pairs of
+    the real files (so the named dataset's fields and positive class apply)."""
+    root = tmp_path_factory.mktemp("pairdata")
+    (root / "mrpc").mkdir()
+    for split, n in (("train", 60), ("validation", 20), ("test", 30)):
+        with open(shared_data / "mrpc" / f"{split}.jsonl") as f:
+            lines = [next(f) for _ in range(n)]
+        (root / "mrpc" / f"{split}.jsonl").write_text("".join(lines))
+    return root

@@ -5,7 +5,8 @@ message while the server goes on serving.
   GET  /                 the page (page.html)
   GET  /health           {"status": "ok", ...}
   GET  /v1/models        the served tasks and the batching options
-  POST /v1/classify      {"texts": [...] | "text": "...", "tasks": [...]?, "explain": false, "top": 5}
+  POST /v1/classify      {"texts": [...] | "text": "..." | "pairs": [[a, b], ...] | "pair": [a, b],
+                         "tasks": [...]?, "explain": false, "top": 5}   (pairs: for tasks trained on pairs)
   POST /v1/explain       the same, explanations on, only tasks that explain
   POST /v1/generate      {"prefix": "name", "sources": [...] | "source": "...", "num_beams"?, "max_new_tokens"?}
   GET  /metrics          Prometheus text format
@@ -34,6 +35,9 @@ class Classify(BaseModel):
     model_config = ConfigDict(extra="forbid")
     texts: list[str] | None = Field(None, description="texts to classify (or `text` for one)")
     text: str | None = None
+    pairs: list[list[str]] | None = Field(None, description="sentence pairs [first, second] for tasks trained on "
+                                          "pairs (or `pair` for one)")
+    pair: list[str] | None = None
     tasks: list[str] | None = Field(None, description="task names (default: every classification task)")
     explain: bool = Field(False, description="add each task's explanation where its method gives one")
     top: int = Field(5, description="explanations: how many tokens or spans")
@@ -43,6 +47,8 @@ class Explain(BaseModel):
     model_config = ConfigDict(extra="forbid")
     texts: list[str] | None = None
     text: str | None = None
+    pairs: list[list[str]] | None = None
+    pair: list[str] | None = None
     tasks: list[str] | None = Field(None, description="task names (default: every task that explains)")
     top: int = 5
 
@@ -55,6 +61,17 @@ class Generate(BaseModel):
     num_beams: int | None = Field(None, description="default: as the model was trained")
     max_new_tokens: int | None = None
     min_new_tokens: int = Field(0, description="no end-of-text before this many new tokens")
+
+
+def _inputs(body: Any) -> tuple[list, bool]:
+    """(the request's texts or pairs, whether pairs): exactly one of texts, text, pairs, pair."""
+    given = [k for k in ("texts", "text", "pairs", "pair") if getattr(body, k) is not None]
+    if len(given) != 1:
+        raise RequestError("give one of 'texts' (a list), 'text' (one string), 'pairs' (a list of [first, second]) "
+                           "or 'pair' ([first, second]), not " + (" and ".join(given) if given else "none"))
+    k = given[0]
+    value = getattr(body, k)
+    return ([value] if k in ("text", "pair") else value), k in ("pairs", "pair")
 
 
 def _one(body: Any, many: str, one: str) -> list:
@@ -170,11 +187,13 @@ def create_app(engine: Engine):
 
     @app.post("/v1/classify")
     async def classify(body: Classify):
-        return await engine.aclassify(_one(body, "texts", "text"), body.tasks, body.explain, body.top)
+        texts, pairs = _inputs(body)
+        return await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs)
 
     @app.post("/v1/explain")
     async def explain(body: Explain):
-        return await engine.aexplain(_one(body, "texts", "text"), body.tasks, body.top)
+        texts, pairs = _inputs(body)
+        return await engine.aexplain(texts, body.tasks, body.top, pairs)
 
     @app.post("/v1/generate")
     async def generate(body: Generate):

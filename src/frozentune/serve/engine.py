@@ -110,23 +110,44 @@ class Engine:
         self.batcher.close(timeout)
 
     # ------------------------------------------------------------------ classify
-    def _texts(self, texts: Any, what: str = "texts") -> list[str]:
+    def _texts(self, texts: Any, what: str = "texts", pairs: bool = False) -> list:
+        """The request's texts (or, with pairs, its (first, second) pairs), checked."""
         if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-            raise RequestError(f"{what}: give a list of strings")
+            raise RequestError(f"{what}: give a list of " + ("[first, second] pairs" if pairs else "strings"))
         if not texts:
             raise RequestError(f"{what}: the list is empty; give at least one")
         if len(texts) > self.options.max_texts:
             raise RequestError(f"{what}: {len(texts)} in one request; the limit is {self.options.max_texts} "
                                f"(send several requests, or start the server with a higher --max-texts)", 413)
+        out = []
         for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise RequestError(f"{what}[{i}]: a {type(t).__name__}, not a string")
-            if not t.strip():
-                raise RequestError(f"{what}[{i}]: empty; give some text")
-        return list(texts)
+            if pairs:
+                if isinstance(t, str) or not isinstance(t, (list, tuple)) or len(t) != 2:
+                    raise RequestError(f"{what}[{i}]: give a pair [first, second] of strings")
+                parts = [(f"{what}[{i}][{k}]", x) for k, x in enumerate(t)]
+            else:
+                parts = [(f"{what}[{i}]", t)]
+            for where, x in parts:
+                if not isinstance(x, str):
+                    raise RequestError(f"{where}: a {type(x).__name__}, not a string")
+                if not x.strip():
+                    raise RequestError(f"{where}: empty; give some text")
+            out.append(tuple(t) if pairs else t)
+        return out
 
-    def _chosen(self, tasks: Sequence[str] | None, kind: str, explaining: bool = False) -> list[Task]:
+    def _chosen(self, tasks: Sequence[str] | None, kind: str, explaining: bool = False,
+                pairs: bool | None = None) -> list[Task]:
+        """The tasks a request asks for (all of `kind` by default); for classify, `pairs` says which
+        input it sent: by default the tasks that take that input, and a named task that takes the
+        other is refused."""
         mine = [t for t in self.tasks.values() if t.kind == kind]
+        if tasks is None and pairs is not None and mine:
+            fitting = [t for t in mine if t.pairs == pairs]
+            if not fitting:
+                other = "single texts (send `texts`)" if pairs else "sentence pairs (send `pairs`)"
+                raise RequestError(f"no task of this server takes {'sentence pairs' if pairs else 'single texts'}; "
+                                   f"its classify tasks ({', '.join(t.name for t in mine)}) take {other}", 422)
+            mine = fitting
         if tasks is None:
             if not mine:
                 raise RequestError(f"this server has no {kind} tasks (it serves: {', '.join(self.tasks) or 'nothing'})", 404)
@@ -139,6 +160,10 @@ class Engine:
             if task is None or task.kind != kind:
                 known = ", ".join(t.name for t in mine) or "none"
                 raise RequestError(f"task {name!r}: not a {kind} task of this server (its {kind} tasks: {known})", 404)
+            if pairs is not None and task.pairs != pairs:
+                fields = " and ".join(f for f in (task.model.pair_fields or ()) if f)
+                raise RequestError(f"task {name!r} takes " + (f"sentence pairs ({fields}): send `pairs`" if task.pairs
+                                   else "single texts: send `texts`"), 422)
             if explaining and not task.explains:
                 able = ", ".join(t.name for t in mine if t.explains) or "none"
                 raise RequestError(f"task {name!r} ({task.method}) gives no explanation; tasks that do: {able}", 422)
@@ -147,23 +172,25 @@ class Engine:
 
 
     def plan_classify(self, texts: Any, tasks: Sequence[str] | None = None, explain: bool = False,
-                      top: int = 5, explaining_only: bool = False) -> tuple[list[Job], Assemble]:
-        """The jobs of a classify (or, with explain, explain) request, and how to build its answer
-        from their results; raises RequestError for a bad request (nothing queued)."""
-        texts = self._texts(texts)
-        chosen = self._chosen(tasks, "classify", explaining_only)
+                      top: int = 5, explaining_only: bool = False, pairs: bool = False) -> tuple[list[Job], Assemble]:
+        """The jobs of a classify (or, with explain, explain) request of texts (or, with pairs,
+        [first, second] sentence pairs), and how to build its answer from their results; raises
+        RequestError for a bad request (nothing queued)."""
+        texts = self._texts(texts, "pairs" if pairs else "texts", pairs)
+        chosen = self._chosen(tasks, "classify", explaining_only, pairs)
         top = whole("top", top, 1, self.options.max_top)
         jobs: list[Job] = []
         per_text: list[list[int]] = [[] for _ in texts]  # each text's jobs (one per pass group), by index
         for group in dict.fromkeys(t.group for t in chosen):
             names = {t.name for t in chosen if t.group is group}
             views = explain and any(t.explains for t in chosen if t.group is group)
-            ids, vs = group.tokenize(texts, views)
-            for i, (x, v) in enumerate(zip(ids, vs)):
+            tokens, vs = group.tokenize(texts, views)
+            for i, (x, v) in enumerate(zip(tokens.ids, vs)):
                 per_text[i].append(len(jobs))
                 # the key is the padding multiple: a classify batch's rows are padded alike
-                jobs.append(Job(group, self.options.pad_multiple, len(x), {"ids": x, "view": v, "tasks": names,
-                                                      "explain": top if explain else None}))
+                jobs.append(Job(group, self.options.pad_multiple, len(x), {
+                    "ids": x, "view": v, "tasks": names, "explain": top if explain else None, "pair": pairs,
+                    "types": None if tokens.types is None else tokens.types[i]}))
 
         def assemble(results: list) -> dict:
             rows = []
@@ -172,7 +199,8 @@ class Engine:
                 for k in per_text[i]:
                     merged |= results[k]
                 cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].cost >= jobs[k].group.max_length]
-                row: dict[str, Any] = {"chars": len(text), "tasks": {t.name: merged[t.name] for t in chosen},
+                chars = sum(map(len, text)) if pairs else len(text)
+                row: dict[str, Any] = {"chars": chars, "tasks": {t.name: merged[t.name] for t in chosen},
                                        "truncated": bool(cut)}
                 if cut:
                     row["note"] = (f"the text reached max_length ({min(cut)} tokens, special tokens included): "
@@ -182,22 +210,24 @@ class Engine:
 
         return jobs, assemble
 
-    def classify(self, texts: Sequence[str], tasks: Sequence[str] | None = None, explain: bool = False,
-                 top: int = 5) -> dict:
+    def classify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
+                 top: int = 5, pairs: bool = False) -> dict:
         """{"tasks": [names], "results": [per text {"tasks": {name: {label, scores[, explanation, lines]}},
         "truncated", "chars"}]} — blocking."""
-        return self._wait(*self.plan_classify(texts, tasks, explain, top))
+        return self._wait(*self.plan_classify(texts, tasks, explain, top, pairs=pairs))
 
-    async def aclassify(self, texts: Sequence[str], tasks: Sequence[str] | None = None, explain: bool = False,
-                        top: int = 5) -> dict:
-        return await self._await(*self.plan_classify(texts, tasks, explain, top))
+    async def aclassify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
+                        top: int = 5, pairs: bool = False) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, explain, top, pairs=pairs))
 
-    def explain(self, texts: Sequence[str], tasks: Sequence[str] | None = None, top: int = 5) -> dict:
+    def explain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
+                pairs: bool = False) -> dict:
         """classify with explanations, for tasks that explain (all of them by default) — blocking."""
-        return self._wait(*self.plan_classify(texts, tasks, True, top, explaining_only=True))
+        return self._wait(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs))
 
-    async def aexplain(self, texts: Sequence[str], tasks: Sequence[str] | None = None, top: int = 5) -> dict:
-        return await self._await(*self.plan_classify(texts, tasks, True, top, explaining_only=True))
+    async def aexplain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
+                       pairs: bool = False) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs))
 
     # ------------------------------------------------------------------ generate
     def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,

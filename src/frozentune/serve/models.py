@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 
 from .. import model as M
-from ..backbone import Backbone, LayerSpec, pad, select_layers
+from ..backbone import Backbone, LayerSpec, Tokenized, pad, select_layers
 from ..head import Features, Output, TokenView, explains
+from ..pairs import Text, separator_ids, separator_mask
 
 
 class ServeError(ValueError):
@@ -83,12 +84,20 @@ class Task:
     def labels(self) -> list[str]:
         return list(self.model.labels) if self.model is not None else []
 
+    @property
+    def pairs(self) -> bool:
+        """Whether the classifier was trained on sentence pairs (and so takes pairs, not texts)."""
+        f = self.model.pair_fields if self.model is not None else None
+        return f is not None and f[1] is not None
+
     def describe(self) -> dict:
         d = {"name": self.name, "kind": self.kind, "method": self.method, "folder": str(self.folder),
              "group": self.group.label}
         if self.model is not None:
             bb = self.model.backbone_ref
             d |= {"labels": self.labels, "explains": self.explains, "backbone": bb.name,
+                  "input": "pair" if self.pairs else "text",
+                  "fields": [f for f in (self.model.pair_fields or ("text",)) if f],
                   "layers": list(bb.layers.layers), "max_length": bb.max_length, "device": str(bb.device),
                   "precision": bb.precision if not self.model.runs_live else "fp32",
                   "shares_pass": isinstance(self.group, FrozenPass)}
@@ -100,34 +109,54 @@ class Task:
 
 def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) -> list[dict]:
     """Label and per-label probabilities (softmax of the logits in float32, as `predict`), and the
-    head's explanation where the job asks for one, for the given rows of a head's output."""
+    head's explanation where the job asks for one. `out` holds the head's output for `rows` of the
+    batch only, in that order: its row k is the batch's row rows[k]."""
     from ..api import labelled
 
-    probs = torch.softmax(out.logits.float().cpu(), -1)  # (B, C)
+    probs = torch.softmax(out.logits.float().cpu(), -1)  # (len(rows), C)
     res = []
-    for i in rows:
-        p = probs[i]
+    for k, i in enumerate(rows):
+        p = probs[k]
         if not torch.isfinite(p).all():
             raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
                                f"weights are damaged: train it again")
         row: dict[str, Any] = labelled(task.labels, p.tolist())
         job = jobs[i].payload
         if job["explain"] is not None and task.explains:
-            one = Output(out.logits[i:i + 1], {k: v[i:i + 1] for k, v in out.extras.items()})
+            one = Output(out.logits[k:k + 1], {name: v[k:k + 1] for name, v in out.extras.items()})
             ex = task.model.head.explain(one, job["view"], task.labels, job["explain"])
             row |= {"explanation": ex.data, "lines": ex.lines}
         res.append(row)
     return res
 
 
-def _batch(jobs: Sequence, pad_id: int, device: torch.device, multiple: int, max_length: int) -> tuple[Tensor, Tensor]:
-    """(B, T) ids and mask, T = the longest row rounded up to `multiple` (at most max_length): with
+@dataclass
+class Padded:
+    """A classify batch as the pass takes it: (B, T) ids and mask; for rows that are sentence pairs,
+    (B, T) token types (zeros on single texts: the model's own default) and the separator mask."""
+    ids: Tensor
+    mask: Tensor
+    types: Tensor | None = None
+    separator: Tensor | None = None
+
+
+def _batch(jobs: Sequence, pad_id: int, device: torch.device, multiple: int, max_length: int,
+           tok: Any = None) -> Padded:
+    """The jobs padded to T = the longest row rounded up to `multiple` (at most max_length): with
     few distinct shapes the kernels' per-shape caches and the allocator's heap stop growing under
-    varied traffic (bench/results/serve_memory.md)."""
+    varied traffic (bench/results/serve_memory.md). Pairs and single texts may share a batch."""
     ids = [j.payload["ids"] for j in jobs]
     longest = max(len(x) for x in ids)
     ids, mask = pad(ids, pad_id, to_length=max(longest, min(-(-longest // multiple) * multiple, max_length)))
-    return ids.to(device), mask.to(device)  # (B, T), (B, T)
+    out = Padded(ids.to(device), mask.to(device))  # (B, T), (B, T)
+    is_pair = torch.tensor([j.payload.get("pair", False) for j in jobs])
+    if bool(is_pair.any()):
+        types = [j.payload.get("types") for j in jobs]
+        if any(t is not None for t in types):
+            out.types = pad([t if t is not None else [0] * len(x) for t, x in zip(types, ids)], 0,
+                            to_length=ids.shape[1])[0].to(device)
+        out.separator = (separator_mask(ids, mask.bool(), separator_ids(tok)) & is_pair[:, None]).to(device)
+    return out
 
 
 class ClassifierGroup:
@@ -144,13 +173,14 @@ class ClassifierGroup:
     def max_length(self) -> int:
         return self.backbone.max_length
 
-    def tokenize(self, texts: Sequence[str], views: bool) -> tuple[list, list[TokenView | None]]:
-        """Token ids of each text (cut to max_length) and, when views, the pieces with character offsets."""
+    def tokenize(self, texts: Sequence[Text], views: bool) -> tuple[Tokenized, list[TokenView | None]]:
+        """Token ids (and, for pairs, token types) of each text or pair, cut to max_length, and, when
+        views, the pieces with character offsets."""
         with self.tokenizer_lock:
             if views:
                 tokens, vs = self.backbone.tokenize_with_views(texts)
-                return tokens.ids, list(vs)
-            return self.backbone.tokenize(texts).ids, [None] * len(texts)
+                return tokens, list(vs)
+            return self.backbone.tokenize(texts), [None] * len(texts)
 
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
         """{task name: row} per job, for the tasks each job asked for of this group."""
@@ -173,9 +203,9 @@ class FrozenPass(ClassifierGroup):
 
     def run(self, jobs: Sequence) -> list[dict]:
         bb = self.backbone
-        ids, mask = _batch(jobs, bb.pad_id(), bb.device, jobs[0].key, bb.max_length)  # key: --pad-multiple
-        states = bb.hidden_states(ids, mask)  # every layer, one pass
-        fmask = mask.bool()
+        b = _batch(jobs, bb.pad_id(), bb.device, jobs[0].key, bb.max_length, bb.tok)  # key: --pad-multiple
+        states = bb.hidden_states(b.ids, b.mask, b.types)  # every layer, one pass
+        fmask, sep = b.mask.bool(), b.separator
         chosen: dict[tuple, Tensor] = {}  # heads reading the same layers share their selection
 
         def outputs(task: Task, rows: list[int]) -> Output:
@@ -183,9 +213,11 @@ class FrozenPass(ClassifierGroup):
             key = (m.backbone_ref.layers, m.cache_dtype)
             if key not in chosen:  # as Classifier.features: the layers, float32, rounded as the cache stores them
                 chosen[key] = M.as_cached(select_layers(states, key[0]), key[1])
-            hidden = chosen[key] if len(rows) == len(jobs) else chosen[key][rows]
+            every = len(rows) == len(jobs)
+            hidden = chosen[key] if every else chosen[key][rows]
             with torch.no_grad():
-                return m.head(Features(hidden, fmask if len(rows) == len(jobs) else fmask[rows]))
+                return m.head(Features(hidden, fmask if every else fmask[rows],
+                                       None if sep is None else sep if every else sep[rows]))
 
         return self.answer(jobs, outputs)
 
@@ -200,9 +232,10 @@ class LivePass(ClassifierGroup):
 
     def run(self, jobs: Sequence) -> list[dict]:
         device = next(self.model.parameters()).device
-        ids, mask = _batch(jobs, self.backbone.pad_id(), device, jobs[0].key, self.backbone.max_length)
+        b = _batch(jobs, self.backbone.pad_id(), device, jobs[0].key, self.backbone.max_length, self.backbone.tok)
         with torch.no_grad():
-            out = self.model(M.Batch(mask=mask.bool(), input_ids=ids))
+            out = self.model(M.Batch(mask=b.mask.bool(), input_ids=b.ids, token_type_ids=b.types,
+                                     separator=b.separator))
         return self.answer(jobs, lambda task, rows: Output(out.logits[rows], {k: v[rows] for k, v in out.extras.items()}))
 
 

@@ -1,0 +1,181 @@
+"""Sentence pairs: encoding, cache keys, explanations, data errors and the CLI, on the tiny BERT
+(real MiniLM tokenizer) and a slice of the real MRPC files."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clirun import cli
+from frozentune import api
+from frozentune import model as M
+from frozentune.backbone import Backbone
+from frozentune.cache import cache_key, get_or_build
+from frozentune.data import DataError, load_classification, read_split, read_texts, text_fields
+from frozentune.pairs import PairError, glue, pair_kind, second_start, separator_ids, separator_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PAIRS = [("A man is playing a guitar on stage.", "A person makes music."),
+         ("Two dogs run through the snow.", "The animals are asleep indoors."),
+         ("The unbelievably long-winded speaker kept talking.", "Someone spoke.")]
+LONG = ("word " * 300, "another sentence that is also rather long " * 20)
+
+
+@pytest.fixture(scope="module")
+def bb(tiny_bert):
+    return Backbone.load(str(tiny_bert), max_length=32)
+
+
+def test_pair_encoding_is_the_tokenizers_own(bb):
+    for max_length in (32, 12):  # 12: both texts are cut, longest first
+        bb.max_length = max_length
+        tokens = bb.tokenize(PAIRS + [LONG])
+        a, b = [p[0] for p in PAIRS + [LONG]], [p[1] for p in PAIRS + [LONG]]
+        want = bb.tok(a, b, truncation="longest_first", max_length=max_length)
+        assert [t.tolist() for t in tokens.ids] == want["input_ids"]
+        assert [t.tolist() for t in tokens.types] == want["token_type_ids"]
+        assert max(len(x) for x in tokens.ids) == max_length
+    bb.max_length = 32
+    # single texts carry no token types (the model's default of zeros), pairs do
+    assert bb.tokenize(["one text"]).types is None
+
+
+def test_separator_found_again_in_the_ids(bb):
+    sep = separator_ids(bb.tok)
+    assert sep == (bb.tok.sep_token_id,)
+    tokens = bb.tokenize(PAIRS)
+    enc = bb.tok([p[0] for p in PAIRS], [p[1] for p in PAIRS], truncation="longest_first", max_length=32)
+    for k, ids in enumerate(tokens.ids):
+        seq = enc.sequence_ids(k)
+        assert second_start(ids.tolist(), sep) == seq.index(1)  # the first token of the second text
+    ids, mask, _ = tokens.padded(range(len(PAIRS)), bb.pad_id())
+    marked = separator_mask(ids, mask.bool(), sep)
+    for k in range(len(PAIRS)):
+        assert marked[k].nonzero().flatten().tolist() == [enc.sequence_ids(k).index(1) - 1]
+
+
+def test_cache_keys_of_pairs_and_glued_texts_differ(bb):
+    key_pair, fields = cache_key(bb, PAIRS)
+    key_glued, _ = cache_key(bb, [glue(p) for p in PAIRS])
+    key_swapped, _ = cache_key(bb, [(b, a) for a, b in PAIRS])
+    assert len({key_pair, key_glued, key_swapped}) == 3
+    assert fields["pairs"] is True
+    assert cache_key(bb, list(PAIRS))[0] == key_pair  # same pairs, same entry
+
+
+def test_pair_states_are_one_pass_with_token_types(bb, tmp_path):
+    """The cached states of a pair are the backbone's states of the pair encoding, token types
+    included (they change the states: type 1 has its own embedding)."""
+    cache, _ = get_or_build(bb, PAIRS, tmp_path, progress=False)
+    tokens = bb.tokenize(PAIRS)
+    ids, mask, types = tokens.padded([0], bb.pad_id())
+    with torch.no_grad():
+        want = bb.states(ids, mask, types)[0]
+        without = bb.states(ids, mask)[0]
+    got, _ = cache.batch(np.array([0]))
+    # fp16 cache rounding of fp32 states: 2^-11 relative, plus float error of a 2-layer pass
+    torch.testing.assert_close(got[0], want, rtol=2 ** -10, atol=2 ** -10)
+    assert not torch.allclose(want, without, atol=1e-3)
+
+
+def test_mixed_inputs_and_wrong_kind_are_refused(bb, tmp_path):
+    with pytest.raises(PairError, match="mix sentence pairs and single texts"):
+        pair_kind([PAIRS[0], "single"])
+    model = M.build_classifier("probe", bb, ["neg", "pos"])
+    model.pair_fields = ("premise", "hypothesis")
+    with pytest.raises(PairError, match=r"trained on sentence pairs \(premise, hypothesis\).*--pair FIRST SECOND"):
+        api.predict(model, ["just one"])
+    model.pair_fields = ("text", None)
+    with pytest.raises(PairError, match="trained on single texts"):
+        api.predict(model, [PAIRS[0]])
+
+
+def test_selfexplain_spans_stay_inside_one_text(bb):
+    """Every span of a pair lies inside the premise or the hypothesis; its offsets slice the text
+    it names, and the separator is never in one."""
+    model = M.build_classifier("selfexplain", bb, ["neg", "pos"], {"max_span_width": 4, "dim": 16}, seed=0)
+    model.pair_fields = ("premise", "hypothesis")
+    rows = api.explain(model, PAIRS, top=200)
+    seen_parts = set()
+    for (first, second), row in zip(PAIRS, rows):
+        assert row["text"] == first and row["text_pair"] == second
+        for span in row["explanation"]["spans"]:
+            assert "[SEP]" not in span["text"] and span["part"] in (0, 1)
+            source = (first, second)[span["part"]]
+            assert source[span["start"]:span["end"]] == span["text"]
+            seen_parts.add(span["part"])
+    assert seen_parts == {0, 1}
+
+
+@pytest.mark.parametrize("method", ["ytuning", "space"])
+def test_token_explanations_name_their_text(bb, method):
+    model = M.build_classifier(method, bb, ["neg", "pos"], seed=0)
+    model.pair_fields = ("premise", "hypothesis")
+    rows = api.explain(model, PAIRS[:1], top=50)
+    pieces = [p for group in _weighted_pieces(rows[0]["explanation"]) for p in group]
+    assert pieces and {p["part"] for p in pieces if p["start"] is not None} <= {0, 1}
+    for p in pieces:
+        if p["start"] is not None:
+            assert PAIRS[0][p["part"]][p["start"]:p["end"]] == p["text"]
+
+
+def _weighted_pieces(explanation: dict):
+    """Every list of {text, start, end, weight} in an explanation (their layout differs per method)."""
+    if isinstance(explanation, dict):
+        if {"text", "start", "end", "weight"} <= set(explanation):
+            yield [explanation]
+        for v in explanation.values():
+            yield from _weighted_pieces(v)
+    elif isinstance(explanation, list):
+        for v in explanation:
+            yield from _weighted_pieces(v)
+
+
+def test_missing_pair_field_names_the_line(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_text(json.dumps({"premise": "a", "hypothesis": "b", "label": "x"}) + "\n"
+                 + json.dumps({"premise": "c", "label": "y"}) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl:2: missing field 'hypothesis'.*--text-pair-field"):
+        read_split(f, "premise", "label", "hypothesis")
+    with pytest.raises(DataError, match=r"train.jsonl:2: missing field 'hypothesis'"):
+        read_texts(f, "premise", "hypothesis")
+    f.write_text(json.dumps({"premise": "a", "hypothesis": " ", "label": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl:1: empty text in field 'hypothesis'"):
+        read_split(f, "premise", "label", "hypothesis")
+    with pytest.raises(DataError, match="is the --text-field too"):
+        text_fields("x", "premise", "premise")
+
+
+def test_named_pair_datasets_pick_their_fields(monkeypatch, mrpc_slice):
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    ds = load_classification("mrpc")
+    assert (ds.text_field, ds.pair_field) == ("sentence1", "sentence2")
+    assert all(isinstance(t, tuple) and len(t) == 2 for t in ds.train.texts)
+    assert ds.labels == ["not_equivalent", "equivalent"]
+    assert text_fields("mrpc", "sentence1", None) == ("sentence1", None)  # a field given: a single text
+
+
+def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
+    """train on pairs → eval reports F1 of `equivalent` → predict --pair and --input with both
+    fields agree → a single text is refused with what to do."""
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    out, cache = tmp_path / "m", tmp_path / "cache"
+    cli("train", "--method", "probe", "--data", "mrpc", "--backbone", tiny_bert, "--max-length", 48,
+        "--output", out, "--cache-dir", cache, "--quiet", code=0)
+    result = json.loads((out / "result.json").read_text())
+    assert result["fields"] == {"text": "sentence1", "text_pair": "sentence2"}
+    assert result["positive_label"] == "equivalent" and 0 <= result["metrics"]["positive_f1"] <= 100
+    ev = cli("eval", "--model", out, "--data", "mrpc", "--cache-dir", cache, code=0)
+    assert json.loads(ev.out)["metrics"] == result["metrics"]
+    first = json.loads((mrpc_slice / "mrpc" / "test.jsonl").read_text().splitlines()[0])
+    by_arg = cli("predict", "--model", out, "--pair", first["sentence1"], first["sentence2"], code=0)
+    by_file = cli("predict", "--model", out, "--input", mrpc_slice / "mrpc" / "test.jsonl", code=0)
+    row = json.loads(by_arg.out)
+    assert row == json.loads(by_file.out.splitlines()[0])
+    assert row["text"] == first["sentence1"] and row["text_pair"] == first["sentence2"]
+    cli("predict", "--model", out, "just one text", contains="trained on sentence pairs (sentence1, sentence2)")
+    plain = tmp_path / "lines.txt"
+    plain.write_text("one\ntwo\n")
+    cli("predict", "--model", out, "--input", plain, contains="give them in a .jsonl / .csv / .tsv file")

@@ -1,0 +1,120 @@
+"""`frozentune serve` with sentence pairs: pair tasks beside a single-text task on one tiny BERT.
+
+Checked: `pairs` requests answer as `predict` / `explain` do on the same pairs; texts go to the
+text tasks and pairs to the pair tasks by default, and naming a task of the other kind is a 422
+that says what to send; a batch holding pairs and single texts together answers each row as it is
+answered alone (token types zero on the single rows, the separator only on pair rows).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frozentune import api
+from frozentune.cli import main
+
+httpx = pytest.importorskip("httpx")
+from frozentune.serve import Engine, RequestError, ServeOptions  # noqa: E402
+from frozentune.serve.app import Running  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PAIR_TASKS = {"pair-probe": ["--method", "probe"], "pair-se": ["--method", "selfexplain"],
+              "pair-ft": ["--method", "finetune", "--top-layers", "1"]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_bert, trec_slice, mrpc_slice, monkeypatch_module) -> Path:
+    root = tmp_path_factory.mktemp("served_pairs")
+    monkeypatch_module.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    for name, args in PAIR_TASKS.items():
+        assert main(["train", *args, "--data", "mrpc", "--backbone", str(tiny_bert), "--output", str(root / name),
+                     "--epochs", "1", "--precision", "fp32", "--seed", "0", "--quiet"]) == 0
+    assert main(["train", "--method", "probe", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
+                 str(root / "text-probe"), "--epochs", "1", "--precision", "fp32", "--seed", "0", "--quiet"]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    e = Engine.load([models], options=ServeOptions(pad_multiple=1), log=lambda line: None)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def pairs(mrpc_slice) -> list[tuple[str, str]]:
+    rows = [json.loads(x) for x in (mrpc_slice / "mrpc" / "test.jsonl").read_text().splitlines()[:3]]
+    return [(r["sentence1"], r["sentence2"]) for r in rows]
+
+
+def test_pairs_answer_as_predict_and_explain(engine, models, pairs):
+    got = engine.classify([list(p) for p in pairs], pairs=True)
+    assert set(got["tasks"]) == set(PAIR_TASKS)
+    for name in PAIR_TASKS:
+        want = api.predict(models / name, pairs)
+        for row, w in zip(got["results"], want):
+            # pad_multiple 1: each batch is padded as predict pads it; fp32 both ways
+            assert row["tasks"][name]["label"] == w["label"]
+            np.testing.assert_allclose(list(row["tasks"][name]["scores"].values()), list(w["scores"].values()),
+                                       rtol=1e-5, atol=1e-6)
+    ex = engine.explain([list(pairs[0])], tasks=["pair-se"], top=3, pairs=True)
+    want = api.explain(models / "pair-se", pairs[:1], top=3)[0]["explanation"]
+    assert ex["results"][0]["tasks"]["pair-se"]["explanation"]["spans"] == want["spans"]
+    for span in want["spans"]:
+        assert pairs[0][span["part"]][span["start"]:span["end"]] == span["text"]
+
+
+def test_inputs_go_to_the_tasks_that_take_them(engine, pairs):
+    assert engine.classify(["What is a bird ?"])["tasks"] == ["text-probe"]
+    with pytest.raises(RequestError, match=r"task 'pair-probe' takes sentence pairs \(sentence1 and sentence2\): send `pairs`"):
+        engine.classify(["What is a bird ?"], tasks=["pair-probe"])
+    with pytest.raises(RequestError, match="task 'text-probe' takes single texts: send `texts`"):
+        engine.classify([list(pairs[0])], tasks=["text-probe"], pairs=True)
+    with pytest.raises(RequestError, match=r"pairs\[0\]: give a pair \[first, second\]"):
+        engine.classify(["just one"], pairs=True)
+    with pytest.raises(RequestError, match=r"pairs\[0\]\[1\]: empty"):
+        engine.classify([["a premise", " "]], pairs=True)
+
+
+def test_pairs_and_texts_in_one_batch_answer_as_alone(engine, pairs):
+    """One frozen pass over a pair row and a text row: each answered as in a batch of its own."""
+    group = engine.tasks["pair-probe"].group
+    assert engine.tasks["text-probe"].group is group  # one frozen pass serves both kinds
+    pj, _ = engine.plan_classify([list(pairs[0])], ["pair-probe", "pair-se"], pairs=True)
+    tj, _ = engine.plan_classify(["Name a bird ."], ["text-probe"])
+    together = group.run(pj + tj)
+    alone = group.run(pj) + group.run(tj)
+    for a, b in zip(together, alone):
+        for name in a:
+            np.testing.assert_allclose(list(a[name]["scores"].values()), list(b[name]["scores"].values()),
+                                       rtol=1e-4, atol=1e-6)  # other padding: float sums in another order
+
+
+def test_http_pairs(models, pairs):
+    engine = Engine.load([models], log=lambda line: None)
+    running = Running(engine)
+    try:
+        with httpx.Client(base_url=running.url, timeout=30) as c:
+            r = c.post("/v1/classify", json={"pair": list(pairs[0]), "tasks": ["pair-probe"]})
+            assert r.status_code == 200 and r.json()["results"][0]["tasks"]["pair-probe"]["label"]
+            r = c.post("/v1/classify", json={"pairs": [list(p) for p in pairs]})
+            assert r.status_code == 200 and set(r.json()["tasks"]) == set(PAIR_TASKS)
+            r = c.post("/v1/classify", json={"pair": list(pairs[0]), "text": "both"})
+            assert r.status_code == 422 and "not text and pair" in r.json()["error"]
+            r = c.post("/v1/classify", json={"pair": ["only one"]})
+            assert r.status_code == 422 and "give a pair [first, second]" in r.json()["error"]
+            kinds = {t["name"]: t.get("input") for t in c.get("/v1/models").json()["tasks"]}
+            assert kinds["pair-probe"] == "pair" and kinds["text-probe"] == "text"
+    finally:
+        running.stop()
