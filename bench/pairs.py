@@ -3,6 +3,7 @@ against the same pair glued into one text (the workaround before pair input), sa
 
   OMP_NUM_THREADS=1 python bench/pairs.py --methods probe,ytuning,space,selfexplain     # resumes: done cells kept
   OMP_NUM_THREADS=1 python bench/pairs.py --methods finetune,prefix --data rte --max-train 1000 --epochs 2 --seeds 0
+  OMP_NUM_THREADS=1 python bench/pairs.py --methods selfexplain --unfrozen --lr 5e-5 --data rte --max-train 1000 --epochs 2 --seeds 0 --inputs pair
   python bench/pairs.py --report                                                        # results/pairs.md
 
 Data (../shared/data): SNLI trains on its validation file (9,842; 10% carved as validation,
@@ -74,14 +75,17 @@ def run(args) -> None:
             variants = {"pair": base, "glued": glued(base)}
             for method in args.methods.split(","):
                 for kind in args.inputs.split(","):
-                    cell = (name, method, kind, seed, args.max_train, args.epochs)
+                    label = method + (" (unfrozen)" if args.unfrozen else "")
+                    cell = (name, label, kind, seed, args.max_train, args.epochs)
                     if cell in done:
                         continue
                     t0 = time.perf_counter()
+                    cfg = {"seed": seed, **({"epochs": args.epochs} if args.epochs else {}),
+                           **({"lr": args.lr} if args.lr else {})}
                     r = api.train(method, variants[kind], api.BackboneOptions(),
-                                  train_cfg={"seed": seed, **({"epochs": args.epochs} if args.epochs else {})},
-                                  progress=False, log=lambda s: None)
-                    row = {"data": name, "method": method, "input": kind, "seed": seed, "max_train": args.max_train,
+                                  options={"train_backbone": True} if args.unfrozen else None,
+                                  train_cfg=cfg, progress=False, log=lambda s: None)
+                    row = {"data": name, "method": label, "lr": r["config"]["train"]["lr"], "input": kind, "seed": seed, "max_train": args.max_train,
                            "epochs": args.epochs, "accuracy": r["metrics"]["accuracy"],
                            "macro_f1": r["metrics"]["macro_f1"], "positive_f1": r["metrics"].get("positive_f1"),
                            "sizes": r["sizes"], "best_epoch": r["best_epoch"], "train_seconds": r["train_seconds"],
@@ -91,7 +95,7 @@ def run(args) -> None:
                            "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python"] + sys.argv)}
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
-                    print(f"{name} {method} {kind} seed {seed}: acc {row['accuracy']:.2f}"
+                    print(f"{name} {label} {kind} seed {seed}: acc {row['accuracy']:.2f}"
                           + (f" F1 {row['positive_f1']:.2f}" if row["positive_f1"] is not None else "")
                           + f" ({row['wall_seconds']:.0f}s)", flush=True)
 
@@ -136,6 +140,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, help="cap on epochs (default: each method's own)")
     ap.add_argument("--max-train", type=int)
+    ap.add_argument("--unfrozen", action="store_true", help="train the backbone with the head (train_backbone)")
+    ap.add_argument("--lr", type=float, help="peak learning rate (default: each method's own)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report", action="store_true")

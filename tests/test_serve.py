@@ -289,7 +289,7 @@ BAD = [
     ("a text not a string", "/v1/classify", {"texts": [3]}, 422, "texts[0]"),
     ("empty text", "/v1/classify", {"texts": ["  "]}, 422, "empty"),
     ("no texts", "/v1/classify", {"texts": []}, 422, "empty"),
-    ("text and texts", "/v1/classify", {"text": "a", "texts": ["b"]}, 422, "not both"),
+    ("text and texts", "/v1/classify", {"text": "a", "texts": ["b"]}, 422, "not texts and text"),
     ("unknown task", "/v1/classify", {"text": "a", "tasks": ["nope"]}, 404, "probe"),
     ("a generator asked to classify", "/v1/classify", {"text": "a", "tasks": ["prefix-a"]}, 404, "not a classify task"),
     ("explain a task that cannot", "/v1/explain", {"text": "a", "tasks": ["probe"]}, 422, "no explanation"),

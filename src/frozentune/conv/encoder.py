@@ -122,9 +122,10 @@ class Encoder(nn.Module):
     """ids (B, T), mask (B, T) bool (and segments (B, T): 0 on a pair's first text, 1 on its
     second) → token states (B, T, D).
 
-    The segment embedding starts at zero, so single texts (pre-training) are unchanged by it; it
-    is learnt when the encoder is fine-tuned on sentence pairs. A checkpoint or saved model from
-    before it existed loads with it at zero."""
+    The segment embedding starts at zero, so it changes nothing until trained. Single texts are
+    segment 0 throughout (its row 0 then acts as one learnt bias vector, in pre-training too); the
+    second text of a pair is segment 1, learnt when the encoder is fine-tuned on pairs. A checkpoint
+    or saved model from before it existed loads with it at zero, and computes what it did."""
 
     def __init__(self, cfg: EncoderConfig, vocab_size: int):
         super().__init__()
@@ -152,10 +153,8 @@ class Encoder(nn.Module):
             raise ConvError(f"{T} tokens, but the position table has {self.config.max_length} rows: "
                             f"truncate inputs to max_length {self.config.max_length}")
         mask = mask.bool()
-        x = self.tok(ids) + self.pos(torch.arange(T, device=ids.device))  # (B, T, D)
-        if segments is not None:
-            x = x + self.seg(segments.clamp(0, 1))
-        x = self.drop(x)
+        seg = self.seg(segments.clamp(0, 1)) if segments is not None else self.seg.weight[0]  # (B, T, D) or (D,)
+        x = self.drop(self.tok(ids) + self.pos(torch.arange(T, device=ids.device)) + seg)  # (B, T, D)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)
