@@ -13,7 +13,9 @@ MSR's labelled test (1,725), with F1 of `equivalent` beside accuracy.
 
 "pair": `load_classification(name)` reads the two fields as a pair (what `frozentune train
 --data snli` does). "glued": the same splits with each pair replaced by `first + " " + second`
-(one text, no separator, no token types). Each cell is `api.train` with the method's defaults,
+(one text, no separator, no token types). "sep" (an ablation, `--inputs sep`): glued with
+" [SEP] ", which MiniLM's tokenizer reads as its separator: the pair's token ids with every token
+type 0 (and truncation from the end), i.e. pair encoding without the second segment's embedding. Each cell is `api.train` with the method's defaults,
 except `--epochs` (a cap, stated in the table) and `--max-train` where given. Results are
 appended to results/pairs.jsonl one cell at a time.
 """
@@ -33,9 +35,9 @@ OUT = HERE / "results" / "pairs.jsonl"
 DATA = ("snli", "rte", "mrpc")
 
 
-def glued(ds):
-    """The dataset with every pair glued into one text; splits that shared a file still share one
-    list (so they share one cache entry, as the pair splits do)."""
+def glued(ds, joiner: str = " "):
+    """The dataset with every pair glued into one text (with `joiner` between); splits that shared a
+    file still share one list (so they share one cache entry, as the pair splits do)."""
     import dataclasses
 
     from frozentune.data import TextSplit
@@ -46,8 +48,8 @@ def glued(ds):
     def one(split: TextSplit) -> TextSplit:
         key = id(split.file_texts)
         if key not in files:
-            files[key] = [glue(t) for t in split.file_texts]
-        return TextSplit([glue(t) for t in split.texts], split.labels, split.source + " (glued)", split.lines,
+            files[key] = [glue(t, joiner) for t in split.file_texts]
+        return TextSplit([glue(t, joiner) for t in split.texts], split.labels, split.source + " (glued)", split.lines,
                          files[key], split.rows)
 
     return dataclasses.replace(ds, train=one(ds.train), validation=one(ds.validation), test=one(ds.test),
@@ -72,7 +74,10 @@ def run(args) -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         for name in args.data.split(","):
             base = load_classification(name, seed=seed, max_train=args.max_train)
-            variants = {"pair": base, "glued": glued(base)}
+            variants = {"pair": base, "glued": glued(base),
+                        # the pair's own ids (the tokenizer reads "[SEP]" as its separator) but every token
+                        # type 0 and truncation from the end only: what the token types add
+                        "sep": glued(base, " [SEP] ")}
             for method in args.methods.split(","):
                 for kind in args.inputs.split(","):
                     label = method + (" (unfrozen)" if args.unfrozen else "")
@@ -101,12 +106,18 @@ def run(args) -> None:
 
 
 def report(path: Path) -> str:
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x]
+    rows, seen = [], set()
+    for r in (json.loads(x) for x in path.read_text().splitlines() if x):
+        cell = (r["data"], r["method"], r["input"], r["seed"], r["max_train"], r["epochs"])
+        if cell not in seen:  # two runs of one cell (processes that overlapped): the first counts
+            seen.add(cell)
+            rows.append(r)
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
         groups.setdefault((r["data"], r["method"], r["max_train"], r["epochs"]), {}).setdefault(r["input"], []).append(r)
     lines = ["| data | method | train | epochs (cap) | seeds | pair: accuracy | glued: accuracy | pair − glued | "
-             "pair: F1 (pos.) | glued: F1 (pos.) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "[SEP]-glued, types 0 (seed 0) | pair: F1 (pos.) | glued: F1 (pos.) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
 
     def ms(rs: list[dict], key: str) -> str:
         v = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
@@ -114,17 +125,20 @@ def report(path: Path) -> str:
             return "–"
         return f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if len(v) > 1 else f"{v[0]:.1f}"
 
-    for (data, method, max_train, epochs), by in sorted(groups.items(), key=lambda kv: (DATA.index(kv[0][0]), kv[0][1])):
-        p, g = by.get("pair", []), by.get("glued", [])
+    order = ["probe", "ytuning", "space", "selfexplain", "prefix", "finetune"]
+    for (data, method, max_train, epochs), by in sorted(
+            groups.items(), key=lambda kv: (DATA.index(kv[0][0]), order.index(kv[0][1].split()[0]), kv[0][1])):
+        p, g, sep = by.get("pair", []), by.get("glued", []), by.get("sep", [])
         seeds = sorted({r["seed"] for r in p} & {r["seed"] for r in g})
         diff = "–"
         if seeds:
             d = np.array([next(r["accuracy"] for r in p if r["seed"] == s) - next(r["accuracy"] for r in g if r["seed"] == s)
                           for s in seeds])
             diff = f"{d.mean():+.1f}" + (f" ± {d.std(ddof=1):.1f}" if len(d) > 1 else "")
-        n = (p or g)[0]["sizes"]["train"]
+        n = (p or g or sep)[0]["sizes"]["train"]
         lines.append(f"| {data} | {method} | {n:,} | {epochs or 'default'} | {len(seeds)} | {ms(p, 'accuracy')} | "
-                     f"{ms(g, 'accuracy')} | {diff} | {ms(p, 'positive_f1')} | {ms(g, 'positive_f1')} |")
+                     f"{ms(g, 'accuracy')} | {diff} | {ms(sep, 'accuracy')} | {ms(p, 'positive_f1')} | "
+                     f"{ms(g, 'positive_f1')} |")
     first = rows[0] if rows else {}
     head = (f"Commands: see bench/pairs.py; rows from {path.name} ({len(rows)} cells; {first.get('machine', '?')}, "
             f"{first.get('threads', '?')} torch thread(s), frozen pass in {first.get('precision', '?')}). Mean ± std over "

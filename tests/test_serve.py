@@ -431,19 +431,25 @@ def test_page_in_headless_chromium(server, tmp_path):
     """The page as a person sees it: every task's card with its prediction and bars, and the
     explanations drawn on the text. The screenshot is written to $FROZENTUNE_SCREENSHOTS when set
     (docs/serve-page.png was made this way)."""
+    dom = render_page(server.url, tmp_path, "serve-page.png", "1280,1100")
+    for name in [*CLASSIFIERS, *LIVE]:
+        assert f'data-task="{name}"' in dom, f"no card for {name}"
+    assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
+    assert "predicts <b>" in dom and "generation prefixes" in dom
+
+
+def render_page(url: str, tmp_path: Path, shot_name: str, window: str) -> str:
+    """The page at `url` in headless Chromium (skips without it): its DOM after the scripts ran, and a
+    screenshot checked to exist, copied to $FROZENTUNE_SCREENSHOTS when set."""
     exe = chromium()
     if exe is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the page was not rendered")
     flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
              "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*flags, "--dump-dom", server.url + "/"], capture_output=True, text=True, timeout=120).stdout
-    for name in [*CLASSIFIERS, *LIVE]:
-        assert f'data-task="{name}"' in dom, f"no card for {name}"
-    assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
-    assert "predicts <b>" in dom and "generation prefixes" in dom
-    shot = tmp_path / "serve-page.png"
-    subprocess.run([*flags, "--window-size=1280,1100", f"--screenshot={shot}", server.url + "/"],
-                   capture_output=True, timeout=120)
+    dom = subprocess.run([*flags, "--dump-dom", url + "/"], capture_output=True, text=True, timeout=120).stdout
+    shot = tmp_path / shot_name
+    subprocess.run([*flags, f"--window-size={window}", f"--screenshot={shot}", url + "/"], capture_output=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
     if os.environ.get("FROZENTUNE_SCREENSHOTS"):
         shutil.copy(shot, Path(os.environ["FROZENTUNE_SCREENSHOTS"]) / shot.name)
+    return dom

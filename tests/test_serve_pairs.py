@@ -124,31 +124,15 @@ def test_page_shows_pair_tasks_in_headless_chromium(models, tmp_path):
     """The page with pair tasks beside a text task: a second box appears, every task gets its card,
     and the pair cards shade both texts (first / second). The screenshot goes to
     $FROZENTUNE_SCREENSHOTS when set (docs/serve-page-pairs.png was made this way)."""
-    import os
-    import shutil
-    import subprocess
+    from test_serve import render_page
 
-    from test_serve import chromium
-
-    exe = chromium()
-    if exe is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the page was not rendered")
     engine = Engine.load([models], log=lambda line: None)
     running = Running(engine)
     try:
-        flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-                 "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
-        dom = subprocess.run([*flags, "--dump-dom", running.url + "/"], capture_output=True, text=True,
-                             timeout=120).stdout
+        dom = render_page(running.url, tmp_path, "serve-page-pairs.png", "1280,1300")
         for name in [*PAIR_TASKS, "text-probe"]:
             assert f'data-task="{name}"' in dom, f"no card for {name}"
         assert 'id="pairbox" hidden' not in dom and "second:</span>" in dom
         assert "pair (sentence1, sentence2)" in dom
-        shot = tmp_path / "serve-page-pairs.png"
-        subprocess.run([*flags, "--window-size=1280,1300", f"--screenshot={shot}", running.url + "/"],
-                       capture_output=True, timeout=120)
-        assert shot.is_file() and shot.stat().st_size > 10_000
-        if os.environ.get("FROZENTUNE_SCREENSHOTS"):
-            shutil.copy(shot, Path(os.environ["FROZENTUNE_SCREENSHOTS"]) / shot.name)
     finally:
         running.stop()
