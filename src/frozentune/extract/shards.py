@@ -251,8 +251,8 @@ def write_shard(folder: Path, k: int, key: str, plan: Plan, backbone: Backbone, 
     for old in folder.glob(f"{shard_name(k)}.partial-*"):  # this shard's leftovers from a killed run
         shutil.rmtree(old, ignore_errors=True)
     tmp = folder / f"{shard_name(k)}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    try:  # mkdir inside: an interrupt raised as it returns must still remove the folder
+        tmp.mkdir()
         p0, p1 = plan.examples(k)
         t0 = time.perf_counter()
         n_tokens = 0
