@@ -165,7 +165,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     for note in ds.notes:
         log(f"data: {note}")
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
-    model.pair_fields = pair_fields_of(ds)
+    model.pair_fields = (ds.text_field, ds.pair_field)
     lines = list(rt.lines)
     if model.runs_live and bb.precision != "fp32" and isinstance(backbone, BackboneOptions) \
             and backbone.precision is not None:
@@ -283,9 +283,9 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field)
     check_inputs(model, part.texts[:1])
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
-    m, _ = evaluate(model, sources(part), y, positive=positive_label(ds.name, model.labels))
-    bb = model.backbone_ref
     positive = positive_label(ds.name, model.labels)
+    m, _ = evaluate(model, sources(part), y, positive=positive)
+    bb = model.backbone_ref
     return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m,
             "positive_label": positive[1] if positive else None,
             "device": str(bb.device), "precision": bb.precision}
@@ -415,14 +415,14 @@ def check_inputs(model: M.Classifier, texts: Sequence[Text]) -> bool:
     """Whether `texts` are pairs; a PairError when they are not what the model was trained on
     (pairs for a pair model, single texts otherwise), naming the fields it was trained with."""
     pairs = pair_kind(texts)
-    fields = model.pair_fields
+    fields, takes = model.pair_fields, model.takes_pairs
     if fields is None:  # a model built here and not trained through `train`: whatever it is given
         return pairs
-    if fields[1] is not None and not pairs:
+    if takes and not pairs:
         raise PairError(f"this model was trained on sentence pairs ({fields[0]}, {fields[1]}): give each input as "
                         f"a pair — `--pair FIRST SECOND` on the command line, an --input file with both fields, "
                         f"or (first, second) tuples in Python")
-    if fields[1] is None and pairs:
+    if not takes and pairs:
         raise PairError(f"this model was trained on single texts (field {fields[0]!r}), not pairs: give one text "
                         f"per input (glue the two texts yourself if that is what you mean)")
     return pairs
@@ -431,10 +431,6 @@ def check_inputs(model: M.Classifier, texts: Sequence[Text]) -> bool:
 def text_row(text: Text) -> dict:
     """An input as a result row shows it: {"text"} or, for a pair, {"text", "text_pair"}."""
     return {"text": text[0], "text_pair": text[1]} if is_pair(text) else {"text": text}
-
-
-def pair_fields_of(ds: Dataset) -> tuple[str, str | None]:
-    return ds.text_field, ds.pair_field
 
 
 def positive_label(name: str, labels: Sequence[str]) -> tuple[int, str] | None:

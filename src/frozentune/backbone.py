@@ -376,7 +376,7 @@ def select_layers(hidden_states: Sequence[Tensor], spec: LayerSpec) -> Tensor:
     return torch.cat(chosen, -1)
 
 
-def _types(token_type_ids: Tensor | None) -> dict:
+def token_type_kwargs(token_type_ids: Tensor | None) -> dict:
     """The token type ids as a model keyword (sentence pairs), or nothing: a model that takes none
     (e.g. a decoder) is never given them."""
     return {} if token_type_ids is None else {"token_type_ids": token_type_ids}
@@ -387,9 +387,9 @@ def encode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, spec: La
     """Token states (B, T, D) of the chosen layer(s). Gradients flow if the model is trainable.
     token_type_ids: (B, T), for sentence pairs of a tokenizer that has them."""
     if spec.layers == (-1,):
-        return model(input_ids=input_ids, attention_mask=attention_mask, **_types(token_type_ids)).last_hidden_state
+        return model(input_ids=input_ids, attention_mask=attention_mask, **token_type_kwargs(token_type_ids)).last_hidden_state
     out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                **_types(token_type_ids))
+                **token_type_kwargs(token_type_ids))
     return select_layers(out.hidden_states, spec)
 
 
@@ -637,7 +637,7 @@ class Backbone:
         with torch.no_grad():
             out = self.runner(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
                               output_hidden_states=True,
-                              **_types(None if token_type_ids is None else token_type_ids.to(self.device)))
+                              **token_type_kwargs(None if token_type_ids is None else token_type_ids.to(self.device)))
         return tuple(out.hidden_states)
 
     @property

@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -254,17 +255,24 @@ def _text_problem(value: object, fld: str) -> str | None:
     return None
 
 
+def _require_fields(path: Path, n: int, rec: dict, fields: Sequence[str], pair_field: str | None, flags: str) -> None:
+    """A DataError naming line n when the record lacks one of `fields`, and the option that picks it
+    (--text-pair-field for the pair's second field, `flags` for the others)."""
+    for fld in fields:
+        if fld not in rec:
+            flag = "--text-pair-field" if fld == pair_field else flags
+            raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: {', '.join(map(str, rec))}. "
+                            f"Choose the field{'s' if '/' in flag else ''} with {flag}.")
+
+
 def read_texts(path: Path, text_field: str = "text", pair_field: str | None = None) -> list[Text]:
     """The texts (pairs with `pair_field`) of a .jsonl/.csv/.tsv file, no labels needed: what
     predict reads. A missing field or an empty / non-string text is an error naming the line."""
     out: list[Text] = []
     fields = (text_field, pair_field) if pair_field else (text_field,)
     for n, rec in read_records(Path(path)):
+        _require_fields(path, n, rec, fields, pair_field, "--text-field")
         for fld in fields:
-            if fld not in rec:
-                flag = "--text-pair-field" if fld == pair_field else "--text-field"
-                raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: {', '.join(map(str, rec))}. "
-                                f"Choose the field with {flag}.")
             if (why := _text_problem(rec[fld], fld)) is not None:
                 raise DataError(f"{path}:{n}: {why}. Fix or remove the row.")
         out.append((rec[text_field], rec[pair_field]) if pair_field else rec[text_field])
@@ -281,11 +289,7 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     spellings: dict[str, set[str]] = {}
     fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
     for n, rec in read_records(path):
-        for fld in fields:
-            if fld not in rec:
-                flag = "--text-pair-field" if fld == pair_field else "--text-field / --label-field"
-                raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: "
-                                f"{', '.join(map(str, rec))}. Choose the fields with {flag}.")
+        _require_fields(path, n, rec, fields, pair_field, "--text-field / --label-field")
         label = label_name(rec[label_field])
         for fld in fields[:-1]:
             if (why := _text_problem(rec[fld], fld)) is not None:

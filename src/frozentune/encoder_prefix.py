@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .backbone import LayerSpec, select_layers
+from .backbone import LayerSpec, select_layers, token_type_kwargs
 from .head import Features, Head, Output, masked_mean
 from .prefix import KVShape, PrefixConfig, PrefixEncoder, PrefixError, PrefixTuner, phrase_ids
 from .registry import register_method
@@ -194,9 +194,9 @@ def prefix_hidden_states(model: nn.Module, prefix: Tensor | None, input_ids: Ten
     allowed = torch.cat([pmask, attention_mask.to(device).bool()], dim=1)     # (B, P+T)
     cache = _PrefixKV([kv[:, n, 0] for n in range(shape.layers)], [kv[:, n, 1] for n in range(shape.layers)])
     mask = _attention_mask(allowed, t, bert.config._attn_implementation, dtype)
-    types = {} if token_type_ids is None else {"token_type_ids": token_type_ids.to(device)}
+    types = None if token_type_ids is None else token_type_ids.to(device)
     out = bert(input_ids=input_ids, attention_mask=mask, past_key_values=cache, use_cache=False,
-               output_hidden_states=True, **types)
+               output_hidden_states=True, **token_type_kwargs(types))
     if cache.calls != [1] * shape.layers:
         raise PrefixError(f"the prefix did not reach every layer exactly once (calls per layer: {cache.calls}); "
                           f"this transformers version no longer passes past_key_values to BERT self-attention "

@@ -114,6 +114,11 @@ class Classifier(nn.Module):
             unfreeze_used(backbone, getattr(cfg, "top_layers", 0))
 
     @property
+    def takes_pairs(self) -> bool | None:
+        """Whether it was trained on sentence pairs; None when not known (see pair_fields)."""
+        return None if self.pair_fields is None else self.pair_fields[1] is not None
+
+    @property
     def trains_backbone(self) -> bool:
         return bool(self.cfg.train_backbone)
 

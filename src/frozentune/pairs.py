@@ -59,12 +59,6 @@ def glue(pair: tuple[str, str], joiner: str = " ") -> str:
     return pair[0] + joiner + pair[1]
 
 
-def describe(text: Text, width: int = 60) -> str:
-    """A text or pair as shown in a log line or an error."""
-    s = f"{text[0]!r} / {text[1]!r}" if is_pair(text) else repr(text)
-    return s if len(s) <= width else s[:width - 3] + "..."
-
-
 def separator_ids(tok) -> tuple[int, ...]:
     """The token ids the tokenizer puts between the first and the second text of a pair (e.g. (102,)
     for BERT's [SEP], (2, 2) for RoBERTa's </s></s>); () for a tokenizer that adds none. Read from
@@ -102,15 +96,4 @@ def separator_mask(ids: Tensor, mask: Tensor, sep: tuple[int, ...]) -> Tensor:
     found = hit.any(1)  # (B,)
     start = hit.float().argmax(1) + 1  # (B,) first hit (position in ids)
     pos = torch.arange(T, device=ids.device)[None, :]
-    out = (pos >= start[:, None]) & (pos < start[:, None] + n) & found[:, None]
-    return out
-
-
-def second_start(ids: Sequence[int], sep: tuple[int, ...]) -> int | None:
-    """Index of the first token of the second text in one pair's ids (after the first separator),
-    or None when no separator is found."""
-    n = len(sep)
-    for p in range(1, len(ids) - n + 1):
-        if tuple(ids[p:p + n]) == sep:
-            return p + n
-    return None
+    return (pos >= start[:, None]) & (pos < start[:, None] + n) & found[:, None]

@@ -87,8 +87,7 @@ class Task:
     @property
     def pairs(self) -> bool:
         """Whether the classifier was trained on sentence pairs (and so takes pairs, not texts)."""
-        f = self.model.pair_fields if self.model is not None else None
-        return f is not None and f[1] is not None
+        return self.model is not None and bool(self.model.takes_pairs)
 
     def describe(self) -> dict:
         d = {"name": self.name, "kind": self.kind, "method": self.method, "folder": str(self.folder),
