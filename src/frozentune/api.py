@@ -236,6 +236,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         + f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
         f"peak RSS {result['peak_rss_mb']:.0f} MB")
     from . import distributed
+    from .export.card import write_card_from_files
 
     if output is not None and distributed.is_main():  # data-parallel ranks hold the same weights: rank 0 saves
         with staged_output(Path(output), overwrite) as folder:
@@ -243,6 +244,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                                          "text_field": ds.text_field, "text_pair_field": ds.pair_field,
                                          "label_field": label_field, "shots": shots})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
+            write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
         log(f"saved to {output}")
     return result
 

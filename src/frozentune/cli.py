@@ -10,6 +10,8 @@
   frozentune cache DATA --backbone B
   frozentune pretrain --arch A --corpus imdb|FILE --output DIR [--steps N] [--minutes M] [--resume]
   frozentune serve MODEL_DIR... [--host 127.0.0.1 --port 8000 --device --precision]
+  frozentune export --model DIR --format peft --output OUT
+  frozentune import --format peft --adapter DIR --output OUT [--backbone LM]
   frozentune list
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .export import FORMATS as EXPORT_FORMATS
 from .registry import describe_options, get_method, list_methods
 
 
@@ -222,6 +225,19 @@ def _parser() -> argparse.ArgumentParser:
     _runtime_args(sv)
     from .serve.engine import ServeOptions
     _add_dataclass_options(sv, ServeOptions, "batching and limits")
+    ex = sub.add_parser("export", help="write a saved model in another library's format (peft: a prefix-tuning "
+                        "adapter folder PeftModel.from_pretrained loads)")
+    ex.add_argument("--model", type=Path, required=True, help="a saved model folder (prefix: --method prefix on a generation dataset)")
+    ex.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    ex.add_argument("--output", type=Path, required=True, help="the folder to write (new or empty; --overwrite replaces an earlier one)")
+    ex.add_argument("--overwrite", action="store_true")
+    im = sub.add_parser("import", help="make a frozentune model folder from another library's (peft: a prefix-tuning "
+                        "adapter of a causal LM), for generate / eval / serve")
+    im.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    im.add_argument("--adapter", type=Path, required=True, help="the folder PEFT's save_pretrained wrote")
+    im.add_argument("--output", type=Path, required=True)
+    im.add_argument("--backbone", help="the causal LM (default: the adapter's base_model_name_or_path)")
+    im.add_argument("--overwrite", action="store_true")
     sub.add_parser("list", help="list the methods and their options")
     return ap
 
@@ -471,6 +487,24 @@ def cmd_serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(a: argparse.Namespace) -> int:
+    from .api import _stderr
+    from .export.peft import export_peft
+
+    on_interrupt("nothing was written")
+    export_peft(a.model, a.output, a.overwrite, log=_stderr)
+    return 0
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    from .api import _stderr
+    from .export.peft import import_peft
+
+    on_interrupt("nothing was written")
+    import_peft(a.adapter, a.output, a.backbone, a.overwrite, log=_stderr)
+    return 0
+
+
 def cmd_list() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -540,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .conv.encoder import ConvError
     from .data import DataError
     from .distributed import DistributedError
+    from .export import ExportError
     from .extract import ExtractError
     from .model import ModelLoadError
     from .output import OutputError
@@ -563,9 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_list()
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
-                "serve": cmd_serve}[a.command](a)
+                "serve": cmd_serve, "export": cmd_export, "import": cmd_import}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
-            OutputError, ExtractError, DistributedError, ServeError, PairError) as e:
+            OutputError, ExtractError, DistributedError, ServeError, PairError, ExportError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

@@ -331,6 +331,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     from .api import peak_rss_mb, train_config
     from .backbone import load_causal_lm
     from .distributed import read_launch
+    from .export.card import write_card_from_files
     from .output import check_output, staged_output
     from .registry import MethodError, get_method
 
@@ -386,6 +387,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                                       "decoding": dataclasses.asdict(decoding),
                                       "splits": {"max_train": max_train, "max_validation": max_validation}})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
+            write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
             with open(folder / "generations.jsonl", "w", encoding="utf-8") as f:
                 for ex, h in zip(splits.test, hyps):
                     f.write(json.dumps({"source": ex.source, "output": h, "refs": ex.refs, **ex.meta},

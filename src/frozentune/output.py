@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-MODEL_FILES = ("config.json", "model.safetensors", "result.json")
+MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors")
 
 
 class OutputError(ValueError):

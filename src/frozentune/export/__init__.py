@@ -1,0 +1,17 @@
+"""Taking a frozentune model where another stack runs it, and bringing one back.
+
+  frozentune export --model DIR --format peft --output OUT     a PEFT prefix-tuning adapter folder
+  frozentune import --format peft --adapter DIR --output OUT   a PEFT prefix adapter as a frozentune model
+
+`peft` holds the conversion of prefixes (frozentune's (N, 2, H, P, E) tensor ⇄ PEFT's flat
+`prompt_embeddings`); `card` writes the README.md model card a saved folder carries so it can be
+uploaded to the Hugging Face Hub as it is.
+"""
+from __future__ import annotations
+
+
+class ExportError(ValueError):
+    """A model or adapter that cannot be converted; the message says why and what to do."""
+
+
+FORMATS = ("peft",)

