@@ -401,11 +401,11 @@ def read_inputs(model_dir: Path, path: Path, text_field: str | None = None,
     """The inputs in a file for a saved model: a .jsonl/.csv/.tsv file's text field (and, for a model
     trained on pairs, its second text's field) — the model's field names unless given — or a plain
     file's lines, one text each (not for a pair model: a line cannot hold two texts unambiguously)."""
-    from .data import SUFFIXES, read_lines, read_texts
+    from .data import SUFFIXES, is_hf_split_folder, read_lines, read_texts
 
     saved = M.read_saved(Path(model_dir))
     pair = pair_field or saved.get("text_pair_field")
-    if Path(path).suffix.lower() in SUFFIXES:
+    if Path(path).suffix.lower() in SUFFIXES or is_hf_split_folder(Path(path)):
         return read_texts(path, text_field or saved.get("text_field") or "text", pair)
     if pair:
         raise DataError(f"{path}: the model takes sentence pairs ({saved.get('text_field')}, {pair}); give them in a "

@@ -89,7 +89,8 @@ def _runtime_args(g) -> None:
 
 def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--data", required=required, help="dataset name (sst2, sst5, trec, imdb; pairs: snli, rte, mrpc), "
-                   "a .jsonl/.csv/.tsv file, or a folder of train/validation/test files")
+                   "a .jsonl/.csv/.tsv/.parquet/.arrow file, a folder of train/validation/test files, or a folder "
+                   "written by datasets' save_to_disk")
     p.add_argument("--text-field", default="text")
     p.add_argument("--text-pair-field", help=PAIR_HELP)
     p.add_argument("--label-field", default="label")
@@ -102,7 +103,7 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     """Inputs of predict / explain besides the positional texts: pairs and files."""
     p.add_argument("--pair", nargs=2, action="append", metavar=("FIRST", "SECOND"), default=[],
                    help="a sentence pair (e.g. premise and hypothesis), for a model trained on pairs; repeatable")
-    p.add_argument("--input", type=Path, help="a file with one text per line, or a .jsonl/.csv/.tsv file whose "
+    p.add_argument("--input", type=Path, help="a file with one text per line, or a .jsonl/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
                    "text (and, for a pair model, second text) fields are the model's or --text-field / --text-pair-field")
     p.add_argument("--text-field", help="with a .jsonl/.csv/.tsv --input: the text field (default: the model's)")
     p.add_argument("--text-pair-field", help="with a .jsonl/.csv/.tsv --input: the second text's field (default: the model's)")

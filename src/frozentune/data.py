@@ -34,7 +34,11 @@ GENERATION = {"e2e", "webnlg"}
 SPLIT_NAMES = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": "train", "validation": "validation", "valid": "validation",
                  "dev": "validation", "val": "validation", "test": "test"}
-SUFFIXES = (".jsonl", ".csv", ".tsv")
+SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".arrow")
+ARROW_SUFFIXES = (".parquet", ".arrow")  # read through Hugging Face `datasets` (the `hf` extra)
+HF_FOLDER_FILES = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes (DatasetDict, Dataset)
+FORMATS_HELP = ".jsonl, .csv, .tsv, .parquet or .arrow file, a folder of train/validation/test files, a folder " \
+               "written by datasets' save_to_disk"
 
 
 class DataError(ValueError):
@@ -121,16 +125,61 @@ def data_root() -> Path:
 
 # ----------------------------------------------------------------------------- raw records
 def read_records(path: Path) -> list[tuple[int, dict]]:
-    """All records of a .jsonl/.csv/.tsv file as (line number, dict)."""
+    """All records of a .jsonl/.csv/.tsv file as (line number, dict); of a .parquet / .arrow file
+    or a `save_to_disk` folder of one split as (row number from 1, dict)."""
+    if is_hf_split_folder(path):
+        return read_hf(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file. Give a .jsonl, .csv or .tsv file, a folder of "
-                        f"train/validation/test files, or a dataset name ({', '.join(sorted(CLASSIFICATION | dict.fromkeys(GENERATION)))}).")
+        raise DataError(f"{path}: no such file. Give a {FORMATS_HELP}, "
+                        f"or a dataset name ({', '.join(sorted(CLASSIFICATION | dict.fromkeys(GENERATION)))}).")
     suffix = path.suffix.lower()
     if suffix == ".jsonl" or suffix == ".json":
         return _read_jsonl(path)
     if suffix in (".csv", ".tsv"):
         return _read_delimited(path, "\t" if suffix == ".tsv" else ",")
-    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv or .tsv.")
+    if suffix in ARROW_SUFFIXES:
+        return read_hf(path)
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv, .tsv, .parquet or .arrow.")
+
+
+def is_hf_split_folder(path: Path) -> bool:
+    """Whether `path` is one split written by `Dataset.save_to_disk` (state.json + .arrow files)."""
+    return path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def read_hf(path: Path) -> list[tuple[int, dict]]:
+    """The rows of a Parquet file, an Arrow file written by `datasets`, or one split saved by
+    `save_to_disk`, read with Hugging Face `datasets` (memory-mapped, nothing copied to its cache),
+    as (row number from 1, dict). Class-label columns (ClassLabel) come back as their names."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: Parquet, Arrow and save_to_disk data are read with Hugging Face datasets: "
+                        f"pip install 'frozentune[hf]' (or pip install datasets)") from None
+    try:
+        if path.is_dir():
+            ds = datasets.load_from_disk(str(path))
+        elif path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(str(path))
+            ds = datasets.Dataset(table)  # its features (ClassLabel names) come from the file's schema metadata
+        else:
+            ds = datasets.Dataset.from_file(str(path))
+    except (OSError, ValueError, FileNotFoundError, KeyError) as e:  # pyarrow's errors are OSError / ValueError
+        raise DataError(f"{path}: not readable as {'a save_to_disk folder' if path.is_dir() else path.suffix[1:] + ' data'} "
+                        f"({' '.join(str(e).split())[:300]}); check the file, or write it again") from None
+    if isinstance(ds, datasets.DatasetDict):
+        raise DataError(f"{path}: a DatasetDict folder (splits {', '.join(ds)}); give the folder itself as --data, "
+                        f"not to --input, or one split's subfolder")
+    names = {k: f.names for k, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
+    out = []
+    for n, row in enumerate(ds, 1):
+        for k, labels in names.items():
+            v = row.get(k)
+            row[k] = labels[v] if isinstance(v, int) and 0 <= v < len(labels) else None  # -1: no label (GLUE test)
+        out.append((n, row))
+    return out
 
 
 def _utf8_error(path: Path, e: UnicodeDecodeError, line: int | None = None) -> DataError:
@@ -315,6 +364,13 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
 # ----------------------------------------------------------------------------- datasets
 def _find_split_files(folder: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
+    if (folder / "dataset_dict.json").is_file():  # DatasetDict.save_to_disk: one subfolder per split
+        for p in sorted(folder.iterdir()):
+            if is_hf_split_folder(p) and p.name.lower() in SPLIT_ALIASES:
+                found.setdefault(SPLIT_ALIASES[p.name.lower()], p)
+        return found
+    if is_hf_split_folder(folder):  # Dataset.save_to_disk: one split, used as train
+        return {"train": folder}
     for p in sorted(folder.iterdir()):
         if p.suffix.lower() in SUFFIXES and p.stem.lower() in SPLIT_ALIASES:
             split = SPLIT_ALIASES[p.stem.lower()]
@@ -333,8 +389,9 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
     if path.is_dir():
         files = _find_split_files(path)
         if "train" not in files and "validation" not in files:
-            raise DataError(f"{path}: no train file found (expected train.jsonl / train.csv / "
-                            f"train.tsv, optionally validation.* and test.*).")
+            raise DataError(f"{path}: no train file found (expected train.jsonl / .csv / .tsv / .parquet / "
+                            f".arrow, optionally validation.* and test.*; or a save_to_disk folder with a train "
+                            f"split).")
         return path.name, files
     if os.sep not in data and not path.suffix:
         folder = data_root() / data
