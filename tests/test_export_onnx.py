@@ -1,0 +1,122 @@
+"""`frozentune export --format onnx`: every frozen classification head on a tiny BERT in one graph,
+ONNX Runtime against PyTorch on batch 1, one token and ragged batches of other sizes than the one
+traced; `predict --onnx` gives predict's labels; a pair model's graph takes token types; what cannot
+be exported is refused with the reason.
+
+Tolerance: the graph and PyTorch both round the backbone's states to float16 (as the cache does);
+the float32 kernels before that rounding differ (ONNX Runtime's vs torch's), so a state may land on
+the other side of a float16 rounding boundary: one float16 rounding, relative to the outputs' scale.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from clirun import cli
+from numerics import assert_close, exact, tol
+
+pytest.importorskip("onnxruntime", reason="the onnx extra: pip install 'frozentune[onnx]'")
+pytest.importorskip("onnxscript", reason="the onnx extra: pip install 'frozentune[onnx]'")
+
+from frozentune.export.onnx import OnnxClassifier, build_graph, example_inputs, load_heads, session  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+HEADS = ("probe", "ytuning", "space", "selfexplain")
+TEXTS = ["Who invented the telephone ?", "How far is the moon from the Earth ?", "Name a bird .",
+         "What is the capital city of Australia and why was it chosen over Sydney ?"]
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory, tiny_bert, trec_slice) -> Path:
+    root = tmp_path_factory.mktemp("onnx_heads")
+    for m in HEADS:
+        cli("train", "--method", m, "--data", trec_slice, "--backbone", tiny_bert, "--output", root / m, "--epochs", "1",
+            "--precision", "fp32", "--seed", "0", "--cache-dir", root / "cache", "--quiet", code=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def graph_dir(heads, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("onnx") / "graph"
+    ans = cli("export", "--model", *(heads / m for m in HEADS), "--format", "onnx", "--output", out, code=0,
+              show="wrote")
+    assert "4 head(s)" in ans.message
+    return out
+
+
+def test_one_graph_matches_pytorch_for_every_head(heads, graph_dir):
+    meta = json.loads((graph_dir / "onnx.json").read_text())
+    assert [h["name"] for h in meta["heads"]] == list(HEADS)
+    assert meta["inputs"] == ["input_ids", "attention_mask"]
+    assert {"selfexplain.span_weights", "ytuning.label_attention", "space.token_scores"} <= set(meta["outputs"])
+    loaded = load_heads([heads / m for m in HEADS])
+    graph, bb = build_graph(loaded), loaded[0][1].backbone_ref
+    sess = session(graph_dir / "model.onnx", threads=1)
+    for batch, tokens in ((1, 1), (1, 2), (1, 3), (2, 3), (1, 6), (2, 7), (5, 23)):  # traced at 2×7; the others not
+        ids, mask, _ = example_inputs(bb, False, batch, tokens, seed=10 + batch)
+        with torch.no_grad():
+            want = graph(ids, mask)
+        got = sess.run(graph.output_names, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+        for name, g, w in zip(graph.output_names, got, want):
+            assert g.shape == tuple(w.shape), f"{name}: {g.shape} vs {tuple(w.shape)} at {batch}×{tokens}"
+            assert_close(torch.from_numpy(g), w, rtol=tol(torch.float16, 1), what=f"{name} at {batch}×{tokens}")
+
+
+def test_predict_onnx_gives_predicts_labels(heads, graph_dir):
+    ans = cli("predict", "--onnx", graph_dir, *TEXTS, code=0)
+    rows = [json.loads(line) for line in ans.out.splitlines()]
+    assert [r["text"] for r in rows] == TEXTS
+    for m in HEADS:
+        want = [json.loads(line) for line in cli("predict", "--model", heads / m, "--precision", "fp32", *TEXTS,
+                                                 code=0).out.splitlines()]
+        for r, w in zip(rows, want):
+            assert r["tasks"][m]["label"] == w["label"], m
+            assert_close(torch.tensor(list(r["tasks"][m]["scores"].values())), torch.tensor(list(w["scores"].values())),
+                         rtol=tol(torch.float16, 1), scale=1.0, what=f"{m} probabilities")
+
+
+def test_one_head_prints_predicts_rows(heads, tmp_path):
+    cli("export", "--model", heads / "probe", "--format", "onnx", "--output", tmp_path / "g", code=0)
+    (tmp_path / "q.txt").write_text("\n".join(TEXTS) + "\n")
+    rows = [json.loads(line) for line in cli("predict", "--onnx", tmp_path / "g", "--input", tmp_path / "q.txt",
+                                             code=0).out.splitlines()]
+    assert len(rows) == 4 and set(rows[0]) == {"text", "label", "scores"}
+
+
+def test_pair_model_graph(tiny_bert, mrpc_slice, tmp_path, monkeypatch):
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    cli("train", "--method", "selfexplain", "--data", "mrpc", "--backbone", tiny_bert, "--output", tmp_path / "m",
+        "--epochs", "1", "--precision", "fp32", "--cache-dir", tmp_path / "c", "--quiet", code=0)
+    cli("export", "--model", tmp_path / "m", "--format", "onnx", "--output", tmp_path / "g", code=0)
+    graph = OnnxClassifier(tmp_path / "g")
+    assert graph.pairs and graph.meta["inputs"][-1] == "token_type_ids"
+    pair = ("The cat sat on the mat .", "A cat was sitting on a mat .")
+    got = json.loads(cli("predict", "--onnx", tmp_path / "g", "--pair", *pair, code=0).out)
+    want = json.loads(cli("predict", "--model", tmp_path / "m", "--precision", "fp32", "--pair", *pair, code=0).out)
+    assert got["label"] == want["label"]
+    cli("predict", "--onnx", tmp_path / "g", "a single text", contains="takes sentence pairs")
+    # the separator is found in the graph: spans never cross it (a span weight on the separator is 0)
+    out = graph.run([pair])
+    sep = graph.tok(*pair)["input_ids"].index(graph.tok.sep_token_id)
+    exact(torch.from_numpy(out["m.span_weights"][0, sep]), torch.zeros(out["m.span_weights"].shape[2]),
+          "spans starting on the separator are masked to exactly 0")
+
+
+def test_what_cannot_be_exported(heads, tiny_bert, tiny_bert_other, trec_slice, tmp_path):
+    out = tmp_path / "g"
+    cli("train", "--method", "finetune", "--data", trec_slice, "--backbone", tiny_bert, "--output", tmp_path / "ft",
+        "--epochs", "1", "--top-layers", "1", "--quiet", code=0)
+    cli("export", "--model", tmp_path / "ft", "--format", "onnx", "--output", out,
+        contains=("trains its encoder", "frozen backbone"), row="export --format onnx of a fine-tuned model")
+    cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert_other, "--output", tmp_path / "other",
+        "--epochs", "1", "--cache-dir", tmp_path / "c", "--quiet", code=0)
+    cli("export", "--model", heads / "probe", tmp_path / "other", "--format", "onnx", "--output", out,
+        contains="one graph holds one backbone pass", row="export --format onnx of heads on two backbones")
+    cli("export", "--model", heads / "probe", heads / "space", "--format", "onnx", "--name", "a", "a", "--output", out,
+        contains="both be named 'a'")
+    cli("export", "--model", heads / "probe", heads / "space", "--format", "peft", "--output", out, contains="one --model")
+    cli("predict", "--onnx", heads / "probe", "a text", contains="no onnx.json")
+    assert not out.exists()
