@@ -126,6 +126,7 @@ def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fre
     args = ["--arch", arch, "--corpus", "imdb", *s["encoder"], *s["pretrain"],
             *(["--steps", str(steps)] if steps else ["--minutes", str(minutes)])]
     resume = (out / "latest").is_file()
+    before = json.loads((out / "result.json").read_text())["step"] if (out / "result.json").is_file() else None
     shown = "frozentune pretrain " + " ".join(shlex.quote(x) for x in args)
     print(f"== {name}: {shown}" + ("  (resuming)" if resume else ""), flush=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
@@ -137,8 +138,16 @@ def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fre
     result = json.loads((out / "result.json").read_text())
     curve = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines() if line.strip()]
     every = max(1, len(curve) // 200)
-    result.update(name=name, command=shown, wall_seconds=time.perf_counter() - t0, machine=machine(threads),
-                  date=time.strftime("%Y-%m-%d %H:%M"), loss_curve=curve[::every] + ([curve[-1]] if curve and (len(curve) - 1) % every else []))
+    earlier = _result(name)
+    idle = resume and before == result["step"]  # a resume that trained nothing
+    if idle and earlier and earlier.get("checkpoint") == result["checkpoint"]:
+        print(f"   {name}: already at its budget ({result['step']} steps); kept", flush=True)
+        return out  # the recorded run stays as it was
+    # the date of a pre-training is when its last checkpoint was written (fine-tunes after it use it)
+    written = time.localtime(Path(result["checkpoint"]).stat().st_mtime)
+    result.update(name=name, command=shown, wall_seconds=None if idle else time.perf_counter() - t0, machine=machine(threads),
+                  date=time.strftime("%Y-%m-%d %H:%M", written),
+                  loss_curve=curve[::every] + ([curve[-1]] if curve and (len(curve) - 1) % every else []))
     if note:
         result["note"] = note
     RESULTS.mkdir(exist_ok=True)
@@ -164,20 +173,32 @@ def selected(name: str, only: list[str] | None) -> bool:
     return only is None or name in only or all(part in name.split("-") for part in only)
 
 
+TABLE = ("sst2", "trec", "imdb")  # the shape of the paper's Table 2
+
+
+def stale(result: dict | None, pre: dict | None) -> bool:
+    """A pre-trained fine-tune made before the current pre-training run (from an earlier checkpoint)."""
+    return bool(result and pre and result.get("date", "") < pre.get("date", ""))
+
+
 def report(scale: str) -> str:
     """Test accuracy per arch and dataset, without and with pre-training, and the gain."""
     sfx = suffix(scale)
-    head = " | ".join(f"{d} scratch | {d} pre-trained | {d} gain" for d in DATASETS)
+    head = " | ".join(f"{d} scratch | {d} pre-trained | {d} gain" for d in TABLE)
     out = [f"| arch | parameters | pre-training (steps, MLM loss) | {head} | mean gain |",
-           "|---|---:|---|" + "---:|" * (3 * len(DATASETS) + 1)]
+           "|---|---:|---|" + "---:|" * (3 * len(TABLE) + 1)]
+    marked = False
     for arch in ARCHS:
         pre = _result(f"conv-pretrain-{arch}{sfx}")
         cells, gains, params = [], [], "–"
-        for data in DATASETS:
+        for data in TABLE:
             a, b = _result(f"conv-{arch}-{data}-scratch{sfx}"), _result(f"conv-{arch}-{data}-pretrained{sfx}")
             if a and params == "–":
                 params = f"{a['trainable_params']:,}"
-            cells += [f"{a['metrics']['accuracy']:.2f}" if a else "not run", f"{b['metrics']['accuracy']:.2f}" if b else "not run"]
+            mark = "†" if stale(b, pre) else ""
+            marked |= bool(mark)
+            cells += [f"{a['metrics']['accuracy']:.2f}" if a else "not run",
+                      f"{b['metrics']['accuracy']:.2f}{mark}" if b else "not run"]
             if a and b:
                 gains.append(b["metrics"]["accuracy"] - a["metrics"]["accuracy"])
                 cells.append(f"{gains[-1]:+.2f}")
@@ -186,10 +207,43 @@ def report(scale: str) -> str:
         pre_cell = (f"{pre['step']:,} steps in {pre['train_seconds'] / 60:.1f} min, {pre['final_loss']:.2f}" if pre else "not run")
         mean = f"{sum(gains) / len(gains):+.2f}" if gains else ""
         out.append(f"| {arch} | {params} | {pre_cell} | {' | '.join(cells)} | {mean} |")
+    if marked:
+        out.append("\n† fine-tuned from the earlier pre-training of the same arch and settings (a 10-minute budget, "
+                   "163–172 steps, 2026-11-21), whose checkpoint was replaced by the one in the pre-training column.")
     names = [f"conv-pretrain-{arch}{sfx}" for arch in ARCHS] + [
-        f"conv-{arch}-{data}-{kind}{sfx}" for arch in ARCHS for data in DATASETS for kind in ("scratch", "pretrained")]
+        f"conv-{arch}-{data}-{kind}{sfx}" for arch in ARCHS for data in TABLE for kind in ("scratch", "pretrained")]
     cmds = [f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" for r in map(_result, names) if r]
     return "\n".join(out) + "\n\nCommands (`python bench/conv_table.py" + (f" --scale {scale}" if sfx else "") + "`):\n" + "\n".join(cmds)
+
+
+def pairs_report(scale: str = "cpu") -> str:
+    """The pair claim: each encoder from the same pre-training budget on SST-2 (single sentences)
+    and on SNLI and RTE (pairs), and its gap to the Transformer on each: does the gap open on pairs?"""
+    sfx = suffix(scale)
+    data = ("sst2", *PAIRS)
+    acc = {(arch, d, kind): _result(f"conv-{arch}-{d}-{kind}{sfx}") for arch in ARCHS for d in data
+           for kind in ("scratch", "pretrained")}
+
+    def a(arch, d, kind="pretrained"):
+        r = acc[(arch, d, kind)]
+        return None if r is None or stale(r, _result(f"conv-pretrain-{arch}{sfx}")) else r["metrics"]["accuracy"]
+
+    head = " | ".join(f"{d} pre-trained | {d} − transformer" for d in data)
+    out = [f"| arch | pre-training | {head} | snli scratch | rte scratch |",
+           "|---|---|" + "---:|" * (2 * len(data) + 2)]
+    for arch in ARCHS:
+        pre = _result(f"conv-pretrain-{arch}{sfx}")
+        cells = []
+        for d in data:
+            x, t = a(arch, d), a("transformer", d)
+            cells += ["not run" if x is None else f"{x:.2f}",
+                      "" if x is None or t is None or arch == "transformer" else f"{x - t:+.2f}"]
+        cells += ["not run" if a(arch, d, "scratch") is None else f"{a(arch, d, 'scratch'):.2f}" for d in PAIRS]
+        pre_cell = f"{pre['step']} steps, MLM loss {pre['final_loss']:.2f}" if pre else "not run"
+        out.append(f"| {arch} | {pre_cell} | {' | '.join(cells)} |")
+    names = [f"conv-{arch}-{d}-{kind}{sfx}" for arch in ARCHS for d in data for kind in ("pretrained", "scratch")]
+    cmds = [f"- `{r['name']}` ({r['date']}): `{r['command']}`" for r in map(_result, names) if r]
+    return "\n".join(out) + "\n\nCommands:\n" + "\n".join(cmds)
 
 
 def main() -> None:
@@ -203,7 +257,7 @@ def main() -> None:
                                    "pretrained, pretrain) that a run must all have")
     ap.add_argument("--threads", type=int, help="torch threads per run (OMP_NUM_THREADS)")
     ap.add_argument("--fresh", action="store_true", help="delete the selected pre-training runs and start them again")
-    ap.add_argument("--report", action="store_true", help="only print the table")
+    ap.add_argument("--report", action="store_true", help="only print the tables")
     ap.add_argument("--note", default="", help="a remark stored with each result (e.g. what ran beside it)")
     a = ap.parse_args()
     if not a.report:
@@ -222,6 +276,8 @@ def main() -> None:
             for name, args in fine:
                 run_one(name, args, threads=a.threads, note=a.note)
     print(report(a.scale))
+    print()
+    print(pairs_report(a.scale))
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--overwrite", action="store_true")
     im = sub.add_parser("import", help="make a frozentune model folder from another library's (peft: a prefix-tuning "
                         "adapter of a causal LM), for generate / eval / serve")
-    im.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    im.add_argument("--format", required=True, choices=("peft",), help="peft: a prefix-tuning adapter folder")
     im.add_argument("--adapter", type=Path, required=True, help="the folder PEFT's save_pretrained wrote")
     im.add_argument("--output", type=Path, required=True)
     im.add_argument("--backbone", help="the causal LM (default: the adapter's base_model_name_or_path)")

@@ -17,7 +17,8 @@ batches of other shapes than the one it was traced with (one token; ragged rows)
 is compared with PyTorch: a dimension fixed at export time, or a mask handled differently, fails
 there. The figures go into onnx.json.
 
-OUT holds model.onnx, the tokenizer files and onnx.json (heads, labels, outputs, input fields,
+OUT holds model.onnx (and model.onnx.data, its weights, which the exporter keeps beside it), the
+tokenizer files and onnx.json (heads, labels, outputs, input fields,
 max_length, the backbone and its weights hash, the parity check).
 """
 from __future__ import annotations
@@ -203,11 +204,16 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
                 "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
                 "check": check, "export_seconds": export_seconds}
         (folder / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
-    size = (output / GRAPH).stat().st_size
-    log(f"wrote {output / GRAPH} ({size / 2**20:.1f} MiB): {len(heads)} head(s) ({', '.join(n for n, _ in heads)}) on "
+    size = graph_bytes(output)
+    log(f"wrote {output / GRAPH} ({size / 2**20:.1f} MiB with its weights file): {len(heads)} head(s) ({', '.join(n for n, _ in heads)}) on "
         f"one {bb.name} pass; inputs {', '.join(graph.input_names)}; ONNX Runtime vs PyTorch on batches "
         f"{', '.join(f'{b}×{t}' for b, t in CHECK_SHAPES)}: max relative difference {worst:.1e}")
     return meta
+
+
+def graph_bytes(folder: Path) -> int:
+    """Size of the graph with its external weights file (the exporter keeps large weights beside it)."""
+    return sum(p.stat().st_size for p in Path(folder).glob(GRAPH + "*"))
 
 
 def _require(*modules: str) -> None:
