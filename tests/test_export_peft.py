@@ -194,14 +194,13 @@ def test_adapters_frozentune_cannot_read_are_clear_errors(lms, tmp_path):
     lora.save_pretrained(str(tmp_path / "lora"))
     out = tmp_path / "out"
     cli("import", "--format", "peft", "--adapter", tmp_path / "lora", "--output", out,
-        contains=("LORA adapter", "prefix-tuning adapters only", "merge_and_unload"), row="a LoRA adapter given to import")
+        contains=("LORA adapter", "prefix-tuning adapters only", "merge_and_unload"))
     # a prefix adapter for another model: the Llama's adapter onto the GPT-2
     made = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lms["llama"])),
                                peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
     made.save_pretrained(str(tmp_path / "llama_prefix"))
     cli("import", "--format", "peft", "--adapter", tmp_path / "llama_prefix", "--output", out, "--backbone", lms["gpt2"],
-        contains=("made for a model with 3 layers", "Give --backbone the model it was trained on"),
-        row="a prefix adapter of another base model")
+        contains=("made for a model with 3 layers", "Give --backbone the model it was trained on"))
     # no adapter_config.json; a pickle-only adapter; a damaged config
     (tmp_path / "empty").mkdir()
     cli("import", "--format", "peft", "--adapter", tmp_path / "empty", "--output", out, contains="no adapter_config.json")
@@ -221,7 +220,7 @@ def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, t
         "--cache-dir", tmp_path / "c", "--quiet", code=0)
     assert (clf / "README.md").read_text().startswith("---\nlibrary_name: frozentune")
     cli("export", "--model", clf, "--format", "peft", "--output", tmp_path / "p",
-        contains=("'probe' classifier", "prefix-tuning adapters"), row="export --format peft of a classifier")
+        contains=("'probe' classifier", "prefix-tuning adapters"))
     empty = saved_prefix(lms["llama"], tmp_path / "zero", length=0)
     cli("export", "--model", empty, "--format", "peft", "--output", tmp_path / "p", contains="0 positions")
     folder = saved_prefix(lms["llama"], tmp_path / "m")

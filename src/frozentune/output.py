@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors")
+MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
+               "onnx.json", "model.onnx")
 
 
 class OutputError(ValueError):
