@@ -133,20 +133,17 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
 
 def build_graph(heads: list[tuple[str, object]]) -> Graph:
     """The Graph of loaded heads; each head's explanation outputs are found by running it once."""
+    from ..backbone import select_layers, token_type_kwargs
+    from ..head import Features
     from ..pairs import separator_ids
 
     bb = heads[0][1].backbone_ref
-    pairs = bool(heads[0][1].takes_pairs)
-    sep = separator_ids(bb.tok) if pairs else None
-    ids, mask, types = example_inputs(bb, pairs, 2, 7)
-    probe = Graph(bb.model, heads, sep, {n: [] for n, _ in heads}, types is not None).eval()
+    sep = separator_ids(bb.tok) if heads[0][1].takes_pairs else None
+    ids, mask, types = example_inputs(bb, sep is not None, 2, 7)
     extras = {}
-    from ..backbone import select_layers, token_type_kwargs
-    from ..head import Features
-
     with torch.no_grad():
-        hs = probe.encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True,
-                           **token_type_kwargs(types)).hidden_states
+        hs = bb.model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                      **token_type_kwargs(types)).hidden_states
         for name, m in heads:
             o = m.head(Features(select_layers(hs, m.backbone_ref.layers), mask.bool()))
             extras[name] = sorted(k for k, v in o.extras.items() if isinstance(v, Tensor))
