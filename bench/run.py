@@ -408,6 +408,14 @@ def conv_table_block() -> str:
     return report("cpu")
 
 
+def conv_pairs_block() -> str:
+    """Each encoder from one pre-training budget on SST-2, SNLI and RTE (bench/conv_table.py)."""
+    if not any(RESULTS.glob("conv-*-snli-*.json")):
+        return _not_run("conv_table.py")
+    from conv_table import pairs_report
+    return pairs_report("cpu")
+
+
 def conv_speed_block() -> str:
     """Throughput and step memory against length (bench/conv_speed.py)."""
     r = _result("conv-speed")
@@ -525,6 +533,7 @@ def write_report() -> None:
     text = _replace_block(text, "space-layers", layer_sweep_table(("sst2", "trec", "sst5")))
     text = _replace_block(text, "span-cost", span_cost_table())
     text = _replace_block(text, "conv-table", conv_table_block())
+    text = _replace_block(text, "conv-pairs", conv_pairs_block())
     text = _replace_block(text, "conv-speed", conv_speed_block())
     text = _replace_block(text, "span-concentration", span_concentration_table())
     text = _replace_block(text, "rationales", rationales_block())
