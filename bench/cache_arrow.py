@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run import write_result  # noqa: E402  (bench/run.py)
 OUT = HERE / "results" / "cache_arrow"
 
 
@@ -104,8 +106,6 @@ def main() -> None:
                   "command": "python bench/cache_arrow.py " + " ".join(sys.argv[1:])}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps(result, indent=2))
     md = (f"| format | size | a batch of {a.batch_size} (median of {a.batches}, ms) |\n|---|---:|---:|\n"
           f"| frozentune cache entry | {result['native_mib']} MiB | {result['batch_ms']['native']} |\n"
           f"| datasets Arrow (save_to_disk) | {result['arrow_mib']} MiB | {result['batch_ms']['arrow']} |\n\n"
@@ -113,8 +113,7 @@ def main() -> None:
           f"{result['arrow_write_s']} s to write; a batch read from it takes {result['arrow_over_native']}× the "
           f"cache's time (same states, checked equal). datasets {datasets.__version__}, 1 thread, "
           f"{result['date']}. `{result['command'].strip()}`\n")
-    OUT.with_suffix(".md").write_text(md)
-    print(md)
+    write_result(OUT, result, md)
 
 
 if __name__ == "__main__":

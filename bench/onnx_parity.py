@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run import write_result  # noqa: E402  (bench/run.py)
 OUT = HERE / "results" / "onnx_parity"
 DEFAULT = [HERE / "runs" / "serve-models" / "heads" / f"{m}-last" for m in ("probe", "ytuning", "space", "selfexplain")]
 
@@ -113,8 +115,6 @@ def main() -> None:
               "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
               "machine": f"{platform.machine()}, {a.threads} thread(s)", "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": "python bench/onnx_parity.py " + " ".join(sys.argv[1:])}
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps(result, indent=2))
     lines = ["| output | max abs difference (ORT − PyTorch) | max abs probability difference | labels equal to predict --precision fp32 |",
              "|---|---:|---:|---:|"]
     for name in graph.output_names:
@@ -127,8 +127,7 @@ def main() -> None:
     lines.append(f"\n{len(texts)} SST-2 test sentences, MiniLM, {len(heads)} heads in one {result['graph_mib']} MiB graph "
                  f"(export {result['export_seconds']} s); {a.threads} thread(s), best of {a.repeats}, interleaved; "
                  f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; {result['date']}. `{result['command'].strip()}`")
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_result(OUT, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run import write_result  # noqa: E402  (bench/run.py)
 RUNS = HERE / "runs"
 OUT = HERE / "results" / "peft_roundtrip"
 TRAIN = ["--method", "prefix", "--init", "words", "--data", "e2e", "--max-train", "100", "--max-validation", "50",
@@ -164,8 +166,6 @@ def main() -> None:
               "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
               "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": "python bench/peft_roundtrip.py " + " ".join(sys.argv[1:])}
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps(result, indent=2))
     md = (f"| direction | prompts | identical greedy outputs | max abs logit difference on the prompts |\n|---|---:|---:|---:|\n"
           f"| frozentune → PEFT (prefix trained here) | {forward['prompts']} | {forward['identical']} | {forward['max_abs_logit_diff']:.2e} |\n"
           f"| PEFT → frozentune (prefix trained by PEFT, {a.peft_steps} steps) | {backward['prompts']} | {backward['identical']} | {backward['max_abs_logit_diff']:.2e} |\n\n"
@@ -173,8 +173,7 @@ def main() -> None:
           f"SmolLM2-135M (smollm2-135m), fp32, greedy, up to {a.new_tokens} new tokens, one prompt at a time; "
           f"PEFT {peft.__version__}, torch {torch.__version__}, {a.threads} thread(s), {result['date']}. "
           f"`{result['command'].strip()}`\n")
-    OUT.with_suffix(".md").write_text(md)
-    print(md)
+    write_result(OUT, result, md)
 
 
 if __name__ == "__main__":

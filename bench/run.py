@@ -156,6 +156,15 @@ def machine(threads: int | None = None) -> str:
             f"{threads or torch.get_num_threads()} threads")
 
 
+def write_result(out: Path, result: dict, md: str) -> None:
+    """A single-purpose script's figures: out.json (the numbers, command, machine, date) and out.md
+    (the table REPORT.md quotes), which is also printed."""
+    out.parent.mkdir(exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    out.with_suffix(".md").write_text(md)
+    print(md)
+
+
 def run_one(name: str, args: list[str], threads: int | None = None, concurrent: int = 1, note: str = "") -> dict:
     """One `frozentune train` process; with `threads`, torch in it uses that many (OMP_NUM_THREADS).
     With concurrent > 1 its output goes to runs/NAME.log instead of the terminal."""
