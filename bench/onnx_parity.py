@@ -16,7 +16,6 @@ Results: bench/results/onnx_parity.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time

@@ -19,7 +19,6 @@ The LM runs in fp32 on the CPU, 1 thread unless --threads.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import subprocess
 import sys
@@ -47,7 +46,7 @@ def frozentune(*args: str) -> None:
 
 def greedy_pair(tuner, peft_model, prompts: list[list[int]], new_tokens: int, eos: int, pad: int) -> dict:
     """Both decoders on each prompt alone; identical rows and the largest prompt-logit difference."""
-    from frozentune.prefix import PrefixBatch, prefix_forward
+    from frozentune.prefix import PrefixBatch, prefix_forward, until_eos
 
     same, worst, first_diff = 0, 0.0, None
     for i, ids in enumerate(prompts):
@@ -56,8 +55,7 @@ def greedy_pair(tuner, peft_model, prompts: list[list[int]], new_tokens: int, eo
             ours = tuner.generate([ids], max_new_tokens=new_tokens)[0]
             out = peft_model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
                                       do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos)
-            row = out[0, len(ids):].tolist()
-            theirs = row[:row.index(eos)] if eos in row else row
+            theirs = until_eos(out[0, len(ids):].tolist(), eos)
             a = prefix_forward(tuner.lm, PrefixBatch.single(tuner.encoder.materialize(), 1), x, torch.ones_like(x)).logits
             b = peft_model(input_ids=x, attention_mask=torch.ones_like(x)).logits
         worst = max(worst, float((a - b).abs().max()))
@@ -73,11 +71,10 @@ def train_with_peft(lm_name: str, steps: int, seed: int, log) -> Path:
     from peft import PrefixTuningConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from frozentune.backbone import LM_ALIASES
+    from frozentune.backbone import LM_ALIASES, load_causal_lm
     from frozentune.data import load_generation
     from frozentune.generation import encode_pairs
     from frozentune.prefix import pack_pairs
-    from frozentune.backbone import load_causal_lm
 
     out = RUNS / f"peft-made-prefix-{steps}"
     if (out / "adapter_model.safetensors").is_file():

@@ -19,7 +19,7 @@ from clirun import cli
 from conftest import make_tiny_llama, word_tokenizer
 from frozentune.backbone import load_causal_lm
 from frozentune.export.peft import from_peft, to_peft
-from frozentune.prefix import PrefixBatch, PrefixConfig, PrefixTuner, encode_sources, prefix_forward
+from frozentune.prefix import PrefixBatch, PrefixConfig, PrefixTuner, encode_sources, prefix_forward, until_eos
 from numerics import assert_close, exact, linear, transformer
 
 peft = pytest.importorskip("peft", reason="PEFT interop needs the peft extra: pip install 'frozentune[peft]'")
@@ -73,8 +73,7 @@ def peft_greedy(model, ids: list[int]) -> list[int]:
     with torch.no_grad():
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
                              do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=2)
-    row = out[0, len(ids):].tolist()
-    return row[:row.index(2)] if 2 in row else row
+    return until_eos(out[0, len(ids):].tolist(), 2)
 
 
 def frozentune_greedy(folder: Path, lm_dir: Path, ids: list[int]) -> list[int]:

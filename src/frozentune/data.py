@@ -36,7 +36,6 @@ SPLIT_ALIASES = {"train": "train", "validation": "validation", "valid": "validat
                  "dev": "validation", "val": "validation", "test": "test"}
 SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".arrow")
 ARROW_SUFFIXES = (".parquet", ".arrow")  # read through Hugging Face `datasets` (the `hf` extra)
-HF_FOLDER_FILES = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes (DatasetDict, Dataset)
 FORMATS_HELP = ".jsonl, .csv, .tsv, .parquet or .arrow file, a folder of train/validation/test files, a folder " \
                "written by datasets' save_to_disk"
 
@@ -166,7 +165,7 @@ def read_hf(path: Path) -> list[tuple[int, dict]]:
             ds = datasets.Dataset(table)  # its features (ClassLabel names) come from the file's schema metadata
         else:
             ds = datasets.Dataset.from_file(str(path))
-    except (OSError, ValueError, FileNotFoundError, KeyError) as e:  # pyarrow's errors are OSError / ValueError
+    except (OSError, ValueError, KeyError) as e:  # pyarrow's errors are OSError / ValueError
         raise DataError(f"{path}: not readable as {'a save_to_disk folder' if path.is_dir() else path.suffix[1:] + ' data'} "
                         f"({' '.join(str(e).split())[:300]}); check the file, or write it again") from None
     if isinstance(ds, datasets.DatasetDict):

@@ -75,9 +75,6 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                     + (f"; input field(s) {text}" if text else "") + ".")
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(f"`{x}`" for x in config["labels"]) + ".")
-    if config.get("imported"):
-        imp = config["imported"]
-        body.append(f"**Imported** from a {imp.get('format')} adapter ({imp.get('from')}); no frozentune metrics.")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation)]
     body += ["## How to use", _usage(config, generation, exported)]
     return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
@@ -94,9 +91,17 @@ def write_card_from_files(folder: Path) -> Path:
     """The card of a saved folder from its own config.json and result.json."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    result_path = folder / "result.json"
-    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
-    return write_card(folder, config, result)
+    return write_card(folder, config, read_result(folder))
+
+
+def read_result(folder: Path) -> dict:
+    """A saved folder's result.json, or {} when it has none or it is unreadable (the card then says
+    the metrics were not recorded)."""
+    path = Path(folder) / "result.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
 
 
 def _sizes_line(config: dict, result: dict) -> str:

@@ -42,7 +42,8 @@ OPSET = 18
 # round the states to float16; a state that lands on the other side of a float16 rounding boundary
 # moves by one float16 ulp (2^-11 relative), so a few 1e-4 relative is what two correct runs can differ by
 PARITY = 1e-3
-CHECK_SHAPES = ((1, 1), (1, 3), (2, 4), (3, 17))  # (batch, tokens) other than the traced (2, 7): dynamic dims hold
+TRACE_SHAPE = (2, 7)  # (batch, tokens) of the example the exporter traces
+CHECK_SHAPES = ((1, 1), (1, 3), (2, 4), (3, 17))  # (batch, tokens) other than TRACE_SHAPE: dynamic dims hold
 
 
 class Graph(nn.Module):
@@ -68,9 +69,13 @@ class Graph(nn.Module):
     def input_names(self) -> list[str]:
         return ["input_ids", "attention_mask"] + (["token_type_ids"] if self.types else [])
 
+    def outputs_of(self, name: str) -> list[str]:
+        """Head `name`'s outputs: its logits, then its explanation tensors."""
+        return [f"{name}.{k}" for k in ["logits", *self.extras[name]]]
+
     @property
     def output_names(self) -> list[str]:
-        return [f"{n}.{k}" for n in self.names for k in ["logits", *self.extras[n]]]
+        return [o for n in self.names for o in self.outputs_of(n)]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None):
         from ..backbone import select_layers, token_type_kwargs
@@ -108,15 +113,11 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
         if config.get("task") == "generation":
             raise ExportError(f"{d}: a text generator ({config.get('method')}); --format onnx exports classifiers "
                               f"(a prefix goes to PEFT with --format peft)")
-        method = config.get("method")
-        if method in ("finetune", "conv") or (config.get("options") or {}).get("train_backbone"):
-            raise ExportError(f"{d}: method {method!r} trains its encoder, so it shares no frozen pass; --format onnx "
-                              f"exports heads on a frozen backbone (probe, ytuning, space, selfexplain)")
-        m = M.load(d, runtime=lambda b: ("cpu", "fp32"))
+        m = M.load(d, runtime=lambda b: ("cpu", "fp32"))  # also sets the fields it was trained on
         if m.runs_live:
-            raise ExportError(f"{d}: method {m.method!r} changes what the backbone computes (a prefix inside it), so "
-                              f"it shares no frozen pass; --format onnx exports probe, ytuning, space and selfexplain")
-        m.pair_fields = (config.get("text_field") or "text", config.get("text_pair_field"))
+            why = "trains its encoder" if m.trains_backbone else "changes what the backbone computes (a prefix inside it)"
+            raise ExportError(f"{d}: method {m.method!r} {why}, so it shares no frozen pass; --format onnx exports "
+                              f"heads on a frozen backbone (probe, ytuning, space, selfexplain)")
         heads.append((name, m.eval()))
     first = heads[0][1]
     for name, m in heads[1:]:
@@ -139,7 +140,7 @@ def build_graph(heads: list[tuple[str, object]]) -> Graph:
 
     bb = heads[0][1].backbone_ref
     sep = separator_ids(bb.tok) if heads[0][1].takes_pairs else None
-    ids, mask, types = example_inputs(bb, sep is not None, 2, 7)
+    ids, mask, types = example_inputs(bb, sep is not None, *TRACE_SHAPE)
     extras = {}
     with torch.no_grad():
         hs = bb.model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
@@ -195,9 +196,9 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
         meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET,
                 "inputs": graph.input_names, "outputs": graph.output_names,
                 "heads": [{"name": n, "method": m.method, "labels": m.labels, "layers": list(m.backbone_ref.layers.layers),
-                           "outputs": [f"{n}.{k}" for k in ["logits", *graph.extras[n]]], "from": str(d)}
+                           "outputs": graph.outputs_of(n), "from": str(d)}
                           for (n, m), d in zip(heads, model_dirs)],
-                "pairs": bool(heads[0][1].takes_pairs), "fields": list(heads[0][1].pair_fields or ("text", None)),
+                "pairs": bool(heads[0][1].takes_pairs), "fields": list(heads[0][1].pair_fields),
                 "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
                 "check": check, "export_seconds": export_seconds}
         (folder / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
@@ -223,7 +224,7 @@ def _require(*modules: str) -> None:
 
 def _export(graph: Graph, bb, path: Path) -> None:
     """torch.onnx (dynamo) with dynamic batch and token dimensions."""
-    ids, mask, types = example_inputs(bb, graph.sep is not None, 2, 7)
+    ids, mask, types = example_inputs(bb, graph.sep is not None, *TRACE_SHAPE)
     batch = torch.export.Dim("batch", min=1)
     tokens = torch.export.Dim("tokens", min=graph.min_tokens, max=max(bb.max_length, graph.min_tokens + 1))
     args = (ids, mask) + ((types,) if graph.types else ())

@@ -21,7 +21,6 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import Tensor
 
 from . import ExportError
@@ -76,7 +75,7 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     from safetensors.torch import save_file
 
     from ..output import check_output, staged_output
-    from .card import write_card
+    from .card import read_result, write_card
 
     model_dir, output = Path(model_dir), Path(output)
     prefix, config = _saved_prefix(model_dir)
@@ -91,7 +90,7 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     with staged_output(output, overwrite) as folder:
         cfg.save_pretrained(str(folder))
         save_file({PEFT_KEY: flat}, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        write_card(folder, config, _result(model_dir), exported={"format": "peft", "from": str(model_dir),
+        write_card(folder, config, read_result(model_dir), exported={"format": "peft", "from": str(model_dir),
                                                                    "base_model_name_or_path": base})
     summary = {"format": "peft", "output": str(output), "base_model_name_or_path": base,
                "num_virtual_tokens": p, "num_layers": n, "kv_heads": h, "head_dim": e,
@@ -115,14 +114,6 @@ def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
                           f"of a causal LM, i.e. models trained with --method prefix on a generation dataset")
     prefix, _, config = load_prefix(model_dir)
     return prefix, config
-
-
-def _result(model_dir: Path) -> dict:
-    path = Path(model_dir) / "result.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}  # the card then says the metrics were not recorded
 
 
 # ----------------------------------------------------------------------------- import
