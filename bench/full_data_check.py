@@ -2,6 +2,7 @@
 produced bench/results/<method>-<data>.json, run again with today's defaults, side by side.
 
   OMP_NUM_THREADS=1 python bench/full_data_check.py --threads 1 --data trec,sst5 --methods probe,space,ytuning,selfexplain
+  python bench/full_data_check.py --report          # the table REPORT.md quotes, from the results file
 
 Those results were measured before the backbone-precision option existed, in fp32; the default
 on a CPU with native bf16 is now bf16 (a separate change, issue 16), so the rerun gives
@@ -26,7 +27,11 @@ def main() -> None:
     ap.add_argument("--methods", default="probe,space,ytuning,selfexplain")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "full_data_check.json")
+    ap.add_argument("--report", action="store_true")
     a = ap.parse_args()
+    if a.report:
+        print(report(json.loads(a.out.read_text())))
+        return
     import torch
 
     torch.set_num_threads(a.threads)
@@ -50,6 +55,17 @@ def main() -> None:
             done["rows"].append(row)
             a.out.write_text(json.dumps(done, indent=1))
             print(json.dumps(row), flush=True)
+
+
+def report(d: dict) -> str:
+    """Before (the REPORT command's result file) against now, per data and head."""
+    lines = [f"`{d['command']}` — {d['threads']} thread(s); test accuracy (%)", "",
+             "| data | method | before | now | difference | best epoch before → now | schedule now | seconds |",
+             "|---|---|---:|---:|---:|---|---|---:|"]
+    for r in d["rows"]:
+        lines.append(f"| {r['data']} | {r['method']} | {r['before']:.2f} | {r['now']:.2f} | {r['diff']:+.2f} | "
+                     f"{r['best_epoch_before']} → {r['best_epoch_now']} | {r['schedule']} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
