@@ -153,6 +153,9 @@ def test_import_generates_what_peft_generates(arch, projection, lms, tmp_path):
     assert "5 virtual tokens" in ans.message
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["method"] == "prefix" and config["imported"]["format"] == "peft"
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert "library_name: frozentune" in card and "Imported from a PEFT adapter" in card
+    assert "Not recorded (no result.json in the folder)." in card  # trained elsewhere: no metrics claimed
     model = load_peft(lm_dir, tmp_path / "adapter")
     _, tok = load_causal_lm(str(lm_dir))
     for ids in encode_sources(tok, SOURCES):

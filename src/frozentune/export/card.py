@@ -73,6 +73,11 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
         text = " and ".join(f"`{v}`" for v in (fields.get("text"), fields.get("text_pair")) if v)
         body.append(f"**Data.** {data}" + (f" ({', '.join(parts)} examples)" if parts else "")
                     + (f"; input field(s) {text}" if text else "") + ".")
+    if (imported := config.get("imported")) and not exported:
+        body.append(f"**Origin.** Imported from a {imported.get('format', '?').upper()} adapter "
+                    f"(`{imported.get('from', '?')}`, PEFT {imported.get('peft_version') or 'version not recorded'}); "
+                    f"it was trained elsewhere, so this folder records no training run. `frozentune eval` "
+                    f"measures it on your data.")
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(f"`{x}`" for x in config["labels"]) + ".")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation)]

@@ -185,6 +185,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     from ..generation import DecodeOptions
     from ..output import check_output, staged_output
     from ..prefix import KVShape, PrefixConfig, save_prefix
+    from .card import write_card_from_files
 
     adapter_dir, output = Path(adapter_dir), Path(output)
     cfg, flat = read_peft_adapter(adapter_dir)
@@ -211,6 +212,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     with staged_output(output, overwrite) as folder:
         save_prefix(folder, prefix, options, name, weights_hash(lm),
                     extra={"task": "generation", "decoding": dataclasses.asdict(DecodeOptions()), "imported": imported})
+        write_card_from_files(folder)
     log(f"imported a PEFT prefix-tuning adapter ({prefix.shape[3]} virtual tokens, {n} layers) for {name} into "
         f"{output}; generate / eval / serve read it. Prompts are encoded as frozentune's prefix runs encode them "
         f"(source, then the tokenizer's bos as separator)")
