@@ -2,7 +2,10 @@
 frozen heads and its encoder prefix, on the same data, the same thread, one process.
 
   OMP_NUM_THREADS=1 python bench/peers.py --threads 1 --data trec,sst2     # resumes: done rows are kept
-  python bench/peers.py --report                                           # table + plot from results/peers.json
+  python bench/peers.py --report                                           # table + plot from results/peers*.json
+
+`--parts frozentune,peft,sweep` splits the work between processes (each with its own `--out
+results/peers-NAME.json`), e.g. the frozentune part in one and the PEFT part in another, one thread each.
 
 What runs, per dataset (train split minus the carved validation, as `frozentune train` uses it):
 - frozentune: probe, space, ytuning, selfexplain through `api.train` with their defaults, on a cache
@@ -117,11 +120,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--live-epochs", default="", help="e.g. trec=5,sst2=1 (the defaults)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "peers.json")
-    ap.add_argument("--report", action="store_true")
+    ap.add_argument("--parts", default="frozentune,peft,sweep",
+                    help="which parts to run (comma-separated): frozentune, peft, sweep; parts run as separate "
+                         "processes write separate --out files, which --report joins")
+    ap.add_argument("--second-lora", default="trec", help="data on which the sweep part also times a 2nd LoRA point")
+    ap.add_argument("--report", action="store_true", help="table + plot from every results/peers*.json")
     a = ap.parse_args()
     if a.report:
-        print(report(json.loads(a.out.read_text()), HERE / "peers.png"))
+        print(report(_joined(sorted((HERE / "results").glob("peers*.json"))), HERE / "peers.png"))
         return
+    parts = set(a.parts.split(","))
     import torch
 
     torch.set_num_threads(a.threads)
@@ -143,9 +151,9 @@ def main() -> None:
     for data in a.data.split(","):
         ds = load_classification(data, seed=0)
         cache = HERE / "runs" / f"peers-cache-{data}"
-        if not any((data, m) in have for m in HEADS):
+        if "frozentune" in parts and not any((data, m) in have for m in HEADS):
             shutil.rmtree(cache, ignore_errors=True)  # the first head on each layer pays for its extraction
-        for method in (*HEADS, "prefix"):
+        for method in (*HEADS, "prefix") if "frozentune" in parts else ():
             if (data, method) in have:
                 continue
             cfg = {"seed": 0, **({"epochs": live_epochs[data]} if method == "prefix" else {})}
@@ -156,11 +164,11 @@ def main() -> None:
                   "wall_seconds": time.perf_counter() - t0, "extract_seconds": r["extract_seconds"] or 0.0,
                   "train_seconds": r["train_seconds"], "trainable_params": r["trainable_params"],
                   "n_train": len(ds.train), **({"epochs": live_epochs[data]} if method == "prefix" else {})})
-        for kind in ("lora", "peft-prefix"):
+        for kind in ("lora", "peft-prefix") if "peft" in parts else ():
             if (data, kind) not in have:
                 save({"data": data, "name": kind, "family": "peft", "n_train": len(ds.train),
                       **train_peft(kind, ds, live_epochs[data], PEFT_LR[kind], seed=0)})
-        for i, (lr, seed) in enumerate(PROBE_POINTS):
+        for i, (lr, seed) in enumerate(PROBE_POINTS if "sweep" in parts else ()):
             name = f"probe-point-{i + 1}"
             if (data, name) not in have:
                 t0 = time.perf_counter()
@@ -169,11 +177,17 @@ def main() -> None:
                 save({"data": data, "name": name, "family": "sweep", "lr": lr, "seed": seed,
                       "accuracy": r["metrics"]["accuracy"], "wall_seconds": time.perf_counter() - t0,
                       "extract_seconds": r["extract_seconds"] or 0.0, "train_seconds": r["train_seconds"]})
-        if (data, "lora-point-2") not in have:
+        if "sweep" in parts and data in a.second_lora.split(",") and (data, "lora-point-2") not in have:
             t0 = time.perf_counter()
             row = train_peft("lora", ds, live_epochs[data], 1e-3, seed=0)
             save({"data": data, "name": "lora-point-2", "family": "sweep", "n_train": len(ds.train),
                   "wall_seconds": time.perf_counter() - t0, **row})
+
+
+def _joined(files: list[Path]) -> dict:
+    """One results dict from several peers files (parts run as separate processes)."""
+    ds = [json.loads(f.read_text()) for f in files]
+    return {**ds[0], "command": "` + `".join(d["command"] for d in ds), "rows": [r for d in ds for r in d["rows"]]}
 
 
 def report(d: dict, plot: Path) -> str:
