@@ -14,7 +14,9 @@ What runs, per dataset (train split minus the carved validation, as `frozentune 
 - PEFT 0.21 on `AutoModelForSequenceClassification` (MiniLM + its pooler + a new linear layer):
   LoRA r 8, alpha 16, dropout 0.1 on query/value, lr 3e-4; prefix-tuning, 20 virtual tokens, lr 1e-2.
   Both are the values of PEFT's own sequence-classification examples. AdamW, batch 32, linear decay
-  after 6% warm-up, max_length 128; no early stopping (the test set is scored at a few points along
+  after 6% warm-up, max_length 128; shuffled batches as Hugging Face's Trainer draws them by default,
+  or with `--bucketed` the length-bucketed batches frozentune's live methods train on (padding is
+  most of the difference in seconds per step); no early stopping (the test set is scored at a few points along
   the way for the curve, outside the timed training).
 - Live methods get the same budget of passes over train: `--live-epochs` (TREC 5, SST-2 1 by default;
   one SST-2 epoch is about 1,900 steps of MiniLM forward and backward).
@@ -74,7 +76,18 @@ def accuracy(model, tok, texts: list[str], y: np.ndarray, batch: int = 64) -> fl
     return 100.0 * float((np.concatenate(pred) == y).mean())
 
 
-def train_peft(kind: str, ds, epochs: int, lr: float, seed: int, scores: int = 4) -> dict:
+def epoch_batches(lengths: np.ndarray, rng: np.random.Generator, bucketed: bool) -> list[np.ndarray]:
+    """Batches of 32 for one epoch: shuffled (Hugging Face Trainer's default) or frozentune's
+    length-bucketed batches (train.train_batches), which its live methods use."""
+    from frozentune.train import train_batches
+
+    if bucketed:
+        return train_batches(lengths, 32, rng)
+    order = rng.permutation(len(lengths))
+    return [order[s:s + 32] for s in range(0, len(order), 32)]
+
+
+def train_peft(kind: str, ds, epochs: int, lr: float, seed: int, bucketed: bool = False, scores: int = 4) -> dict:
     """One PEFT run: AdamW, batch 32, linear decay after 6% warm-up; the test set is scored `scores`
     times along the way (outside the timed part) and at the end."""
     import torch
@@ -93,13 +106,12 @@ def train_peft(kind: str, ds, epochs: int, lr: float, seed: int, scores: int = 4
     sched = get_linear_schedule_with_warmup(opt, int(0.06 * total), total)
     every = math.ceil(total / scores)
     rng = np.random.default_rng(seed)
+    lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=128)["input_ids"]])
     curve, secs, step = [], 0.0, 0
     model.train()
     for _ in range(epochs):
-        order = rng.permutation(len(texts))
-        for s in range(0, len(order), 32):
+        for idx in epoch_batches(lengths, rng, bucketed):
             t0 = time.perf_counter()
-            idx = order[s:s + 32]
             enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=128, return_tensors="pt")
             loss = model(**enc, labels=y_tr[idx]).loss
             loss.backward()
@@ -111,6 +123,7 @@ def train_peft(kind: str, ds, epochs: int, lr: float, seed: int, scores: int = 4
             if step % every == 0 or step == total:
                 curve.append([step, secs, accuracy(model, tok, ds.test.texts, y_te)])
     return {"accuracy": curve[-1][2], "train_seconds": secs, "steps": total, "epochs": epochs, "lr": lr,
+            "batches": "bucketed" if bucketed else "shuffled",
             "curve": curve, "trainable_params": sum(p.numel() for p in params)}
 
 
@@ -124,6 +137,9 @@ def main() -> None:
                     help="which parts to run (comma-separated): frozentune, peft, sweep; parts run as separate "
                          "processes write separate --out files, which --report joins")
     ap.add_argument("--second-lora", default="trec", help="data on which the sweep part also times a 2nd LoRA point")
+    ap.add_argument("--bucketed", action="store_true",
+                    help="PEFT runs on frozentune's length-bucketed batches (rows named NAME-bucketed) instead of "
+                         "shuffled ones")
     ap.add_argument("--report", action="store_true", help="table + plot from every results/peers*.json")
     a = ap.parse_args()
     if a.report:
@@ -165,9 +181,10 @@ def main() -> None:
                   "train_seconds": r["train_seconds"], "trainable_params": r["trainable_params"],
                   "n_train": len(ds.train), **({"epochs": live_epochs[data]} if method == "prefix" else {})})
         for kind in ("lora", "peft-prefix") if "peft" in parts else ():
-            if (data, kind) not in have:
-                save({"data": data, "name": kind, "family": "peft", "n_train": len(ds.train),
-                      **train_peft(kind, ds, live_epochs[data], PEFT_LR[kind], seed=0)})
+            name = kind + ("-bucketed" if a.bucketed else "")
+            if (data, name) not in have:
+                save({"data": data, "name": name, "family": "peft", "n_train": len(ds.train),
+                      **train_peft(kind, ds, live_epochs[data], PEFT_LR[kind], seed=0, bucketed=a.bucketed)})
         for i, (lr, seed) in enumerate(PROBE_POINTS if "sweep" in parts else ()):
             name = f"probe-point-{i + 1}"
             if (data, name) not in have:
@@ -204,13 +221,17 @@ def report(d: dict, plot: Path) -> str:
             layer = "-3" if r["name"] == "space" else "-1"
             if r["extract_seconds"]:
                 layer_cost[(r["data"], layer)] = r["extract_seconds"]
-    for r in sorted(rows, key=lambda r: list(dict.fromkeys(x["data"] for x in rows)).index(r["data"])):
+    order = [*HEADS, "prefix", "lora", "lora-bucketed", "peft-prefix", "peft-prefix-bucketed"]
+    for r in sorted(rows, key=lambda r: (r["data"], order.index(r["name"]) if r["name"] in order else len(order))):
         if r["family"] == "sweep":
             continue
         ext = 0.0
         if r["family"] == "frozentune" and r["name"] != "prefix":
             ext = layer_cost.get((r["data"], "-3" if r["name"] == "space" else "-1"), 0.0)
-        what = r["name"] + (f" ({r['epochs']} ep)" if "epochs" in r else "")
+        shown = {"prefix": "encoder prefix (frozentune, live)", "lora": "PEFT LoRA", "peft-prefix": "PEFT prefix-tuning"}
+        base = r["name"].removesuffix("-bucketed")
+        what = (shown.get(base, base) + (", bucketed batches" if r["name"].endswith("-bucketed") else "")
+                + (f" ({r['epochs']} ep)" if "epochs" in r else ""))
         lines.append(f"| {r['data']} | {what} | {r['accuracy']:.2f} | {r['trainable_params']:,} | "
                      f"{ext:,.0f} | {r['train_seconds']:,.0f} | {ext + r['train_seconds']:,.0f} |")
         data = r["data"]
@@ -230,8 +251,8 @@ def report(d: dict, plot: Path) -> str:
         for i, label in ((0, "1st (includes extraction for frozentune)"), (2, "2nd"), (5, "5th")):
             fz = first if i == 0 else by.get(f"probe-point-{i}", {}).get("train_seconds")
             lo = lora1 if i == 0 else lora2 if i == 2 else None
-            lines.append(f"| {data} | {label} | {'' if fz is None else f'{fz:,.1f}'} | "
-                         f"{'' if lo is None else f'{lo:,.0f}'} |")
+            lines.append(f"| {data} | {label} | {'not run' if fz is None else f'{fz:,.1f}'} | "
+                         f"{'not run' if lo is None else f'{lo:,.0f}'} |")
     _plot(rows, layer_cost, plot)
     lines += ["", f"Plot: {plot.name} (accuracy against seconds; PEFT runs as curves of their scored points)."]
     return "\n".join(lines)
@@ -242,14 +263,17 @@ def _plot(rows: list[dict], layer_cost: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     datas = list(dict.fromkeys(r["data"] for r in rows))
     fig, axes = plt.subplots(1, len(datas), figsize=(6.4 * len(datas), 4.6), squeeze=False)
     for ax, data in zip(axes[0], datas):
-        for r in (r for r in rows if r["data"] == data and r["family"] != "sweep"):
+        for r in (r for r in rows if r["data"] == data and (r["family"] != "sweep" or "curve" in r)):
             if "curve" in r:
                 c = np.array(r["curve"])
-                ax.plot(c[:, 1], c[:, 2], marker="o", label=f"PEFT {r['name']}")
+                kind = "lora" if r["name"].startswith("lora") else "prefix"
+                ax.plot(c[:, 1], c[:, 2], marker="o", linestyle="--" if r.get("batches") == "bucketed" else "-",
+                        label=f"PEFT {kind}, lr {r['lr']:g}, {r.get('batches', 'shuffled')} batches")
             else:
                 ext = 0.0 if r["name"] == "prefix" else layer_cost.get((data, "-3" if r["name"] == "space" else "-1"), 0.0)
                 x = ext + r["train_seconds"]
@@ -257,6 +281,9 @@ def _plot(rows: list[dict], layer_cost: dict, path: Path) -> None:
                 ax.annotate(("encoder prefix" if r["name"] == "prefix" else r["name"]), (x, r["accuracy"]),
                             textcoords="offset points", xytext=(5, -10), fontsize=8)
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("seconds on one thread (extraction + training; log scale)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"{data}: frozentune (points) vs PEFT on MiniLM (curves)")
