@@ -87,6 +87,23 @@ def epoch_batches(lengths: np.ndarray, rng: np.random.Generator, bucketed: bool)
     return [order[s:s + 32] for s in range(0, len(order), 32)]
 
 
+def padding(data: str) -> dict:
+    """Token positions one epoch of batches of 32 holds, shuffled against length-bucketed, for the
+    train split's MiniLM tokens (max_length 128), seed 0."""
+    from transformers import AutoTokenizer
+
+    from frozentune.backbone import resolve_name
+    from frozentune.data import load_classification
+
+    texts = load_classification(data, seed=0).train.texts
+    tok = AutoTokenizer.from_pretrained(resolve_name("minilm"))
+    lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=128)["input_ids"]])
+    held = {kind: int(sum(lengths[b].max() * len(b) for b in epoch_batches(lengths, np.random.default_rng(0), kind)))
+            for kind in (False, True)}
+    return {"data": data, "real_tokens": int(lengths.sum()), "shuffled": held[False], "bucketed": held[True],
+            "ratio": held[False] / held[True]}
+
+
 def train_peft(kind: str, ds, epochs: int, lr: float, seed: int, bucketed: bool = False, scores: int = 4) -> dict:
     """One PEFT run: AdamW, batch 32, linear decay after 6% warm-up; the test set is scored `scores`
     times along the way (outside the timed part) and at the end."""
@@ -141,7 +158,14 @@ def main() -> None:
                     help="PEFT runs on frozentune's length-bucketed batches (rows named NAME-bucketed) instead of "
                          "shuffled ones")
     ap.add_argument("--report", action="store_true", help="table + plot from every results/peers*.json")
+    ap.add_argument("--padding", action="store_true", help="token positions per epoch, shuffled vs bucketed batches")
     a = ap.parse_args()
+    if a.padding:
+        print("| data | real tokens | held by shuffled batches | by bucketed batches | ratio |\n|---|---:|---:|---:|---:|")
+        for data in a.data.split(","):
+            r = padding(data)
+            print(f"| {data} | {r['real_tokens']:,} | {r['shuffled']:,} | {r['bucketed']:,} | {r['ratio']:.2f} |")
+        return
     if a.report:
         print(report(_joined(sorted((HERE / "results").glob("peers*.json"))), HERE / "peers.png"))
         return
@@ -266,18 +290,21 @@ def _plot(rows: list[dict], layer_cost: dict, path: Path) -> None:
     from matplotlib import ticker
 
     datas = list(dict.fromkeys(r["data"] for r in rows))
-    fig, axes = plt.subplots(1, len(datas), figsize=(6.4 * len(datas), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(datas), figsize=(6.4 * len(datas), 5.6), squeeze=False)
     for ax, data in zip(axes[0], datas):
         for r in (r for r in rows if r["data"] == data and (r["family"] != "sweep" or "curve" in r)):
             if "curve" in r:
                 c = np.array(r["curve"])
                 kind = "lora" if r["name"].startswith("lora") else "prefix"
-                ax.plot(c[:, 1], c[:, 2], marker="o", linestyle="--" if r.get("batches") == "bucketed" else "-",
+                colour = {"prefix": "tab:orange", "lora": "tab:blue" if r["lr"] < 1e-3 else "tab:cyan"}[kind]
+                ax.plot(c[:, 1], c[:, 2], marker="o", color=colour,
+                        linestyle="--" if r.get("batches") == "bucketed" else "-",
                         label=f"PEFT {kind}, lr {r['lr']:g}, {r.get('batches', 'shuffled')} batches")
             else:
                 ext = 0.0 if r["name"] == "prefix" else layer_cost.get((data, "-3" if r["name"] == "space" else "-1"), 0.0)
                 x = ext + r["train_seconds"]
-                ax.scatter([x], [r["accuracy"]], marker="s" if r["name"] == "prefix" else "D", zorder=3)
+                ax.scatter([x], [r["accuracy"]], marker="s" if r["name"] == "prefix" else "D", zorder=3,
+                           color="tab:purple" if r["name"] == "prefix" else "dimgray")
                 ax.annotate(("encoder prefix" if r["name"] == "prefix" else r["name"]), (x, r["accuracy"]),
                             textcoords="offset points", xytext=(5, -10), fontsize=8)
         ax.set_xscale("log")
@@ -289,7 +316,7 @@ def _plot(rows: list[dict], layer_cost: dict, path: Path) -> None:
         ax.set_title(f"{data}: frozentune (points) vs PEFT on MiniLM (curves)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -425,6 +425,23 @@ def conv_pairs_block() -> str:
     return pairs_report("cpu")
 
 
+def peers_block() -> str:
+    """frozentune's heads and encoder prefix beside PEFT LoRA / prefix-tuning (bench/peers.py); also draws peers.png."""
+    files = sorted(RESULTS.glob("peers*.json"))
+    if not files:
+        return _not_run("peers.py")
+    from peers import _joined, report
+    return report(_joined(files), HERE / "peers.png")
+
+
+def setfit_grid_block() -> str:
+    """SetFit beside the best frozen head per (data, K) (bench/setfit_peer.py)."""
+    if not (RESULTS / "setfit_peer.json").exists():
+        return _not_run("setfit_peer.py")
+    from setfit_peer import grid_report
+    return grid_report()
+
+
 def conv_speed_block() -> str:
     """Throughput and step memory against length (bench/conv_speed.py)."""
     r = _result("conv-speed")
@@ -550,6 +567,8 @@ def write_report() -> None:
     text = _replace_block(text, "webnlg", webnlg_table())
     text = _replace_block(text, "prefix-mixed", prefix_mixed_block())
     text = _replace_block(text, "encoder-prefix", encoder_prefix_table())
+    text = _replace_block(text, "peers", peers_block())
+    text = _replace_block(text, "setfit-grid", setfit_grid_block())
     report.write_text(text)
     print(f"wrote {report}")
 
