@@ -84,7 +84,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 model = SetFitModel.from_pretrained(path)
                 trainer = Trainer(model=model, train_dataset=Dataset.from_dict({"text": ds.train.texts, "label": y_train}),
-                                  args=setfit.TrainingArguments(seed=seed, max_steps=a.max_steps if capped else -1))
+                                  args=setfit.TrainingArguments(seed=seed, max_steps=a.max_steps if capped else -1,
+                                                                output_dir=str(HERE / "runs" / "setfit-checkpoints")))
                 row = {"data": data, "shots": shots, "seed": seed, "method": "setfit", "n_train": len(ds.train),
                        "default_steps": steps, "capped": capped}
                 try:
