@@ -204,3 +204,28 @@ def test_stale_lock_file_does_not_block(tiny_bert, trec_slice, tmp_path):
     answer = cli("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--max-length", 32,
                  "--splits", "train", "--quiet", "--precision", "fp32", code=0)  # the key computed above
     assert "waiting" not in answer.err and [p.name for p in root.iterdir()] == [key]
+
+
+def test_an_interrupt_a_library_wrapped_is_still_an_interrupt(monkeypatch, capsys):
+    """A SIGTERM that lands inside a lazy import of transformers comes out as its ModuleNotFoundError
+    raised from our Interrupted (seen in CI): the command still ends as interrupted, in one line."""
+    from frozentune import cli as cli_module
+
+    def wrapped() -> int:
+        try:
+            cli_module._raise_interrupted(signal.SIGTERM, None)
+        except cli_module.Interrupted as e:
+            raise ModuleNotFoundError("Could not import module 'get_constant_schedule_with_warmup'") from e
+        return 0
+
+    monkeypatch.setattr(cli_module, "cmd_list", wrapped)
+    assert cli_module.main(["list"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.startswith("frozentune: interrupted by SIGTERM") and "Traceback" not in err
+
+    def unrelated() -> int:
+        raise ModuleNotFoundError("no module named x")
+
+    monkeypatch.setattr(cli_module, "cmd_list", unrelated)
+    with pytest.raises(ModuleNotFoundError):  # an error with no interrupt behind it is not hidden
+        cli_module.main(["list"])

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -581,6 +582,26 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+def _interrupt_in_chain(e: BaseException) -> BaseException | None:
+    """The Interrupted / KeyboardInterrupt behind `e`, if a library caught the signal's exception and
+    raised its own from it (transformers does when a signal lands inside one of its lazy imports)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (Interrupted, KeyboardInterrupt)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _report_interrupt(e: BaseException) -> int:
+    """The one line an interrupted command prints; its exit status 128 + the signal."""
+    signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+    print(f"frozentune: interrupted by {signal.Signals(signum).name}; {_on_interrupt['note']}",
+          file=sys.stderr, flush=True)
+    return 128 + int(signum)
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
@@ -588,8 +609,6 @@ def _one_line(e: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
-    import os
-    import signal
     import threading
 
     # transformers' per-tensor "Loading weights" bars would bury the one line that matters; our own
@@ -633,10 +652,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:
-        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-        print(f"frozentune: interrupted by {signal.Signals(signum).name}; {_on_interrupt['note']}",
-              file=sys.stderr, flush=True)
-        return 128 + int(signum)
+        return _report_interrupt(e)
+    except Exception as e:
+        if (cause := _interrupt_in_chain(e)) is None:
+            raise
+        return _report_interrupt(cause)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
