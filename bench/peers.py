@@ -40,10 +40,22 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-HEADS = ("probe", "space", "ytuning", "selfexplain")
+from few_shot import METHODS as HEADS  # noqa: E402  (bench/few_shot.py: the four frozen heads)
 PEFT_LR = {"lora": 3e-4, "peft-prefix": 1e-2}
 LIVE_EPOCHS = {"trec": 5, "sst2": 1}
 PROBE_POINTS = [(1e-2, 0), (1e-3, 0), (1e-2, 1), (1e-3, 1), (1e-2, 2)]
+
+
+def layer_of(method: str) -> str:
+    """The hidden state a frozentune method reads by default (its registration; the last if none)."""
+    from frozentune.registry import get_method
+
+    return get_method(method).layer or "-1"
+
+
+def token_lengths(tok, texts: list[str]) -> np.ndarray:
+    """(N,) MiniLM token counts of texts, truncated at max_length 128 as every run here encodes them."""
+    return np.array([len(x) for x in tok(texts, truncation=True, max_length=128)["input_ids"]])
 
 
 def peft_model(kind: str, n_labels: int, seed: int):
@@ -97,7 +109,7 @@ def padding(data: str) -> dict:
 
     texts = load_classification(data, seed=0).train.texts
     tok = AutoTokenizer.from_pretrained(resolve_name("minilm"))
-    lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=128)["input_ids"]])
+    lengths = token_lengths(tok, texts)
     held = {kind: int(sum(lengths[b].max() * len(b) for b in epoch_batches(lengths, np.random.default_rng(0), kind)))
             for kind in (False, True)}
     return {"data": data, "real_tokens": int(lengths.sum()), "shuffled": held[False], "bucketed": held[True],
@@ -123,7 +135,7 @@ def train_peft(kind: str, ds, epochs: int, lr: float, seed: int, bucketed: bool 
     sched = get_linear_schedule_with_warmup(opt, int(0.06 * total), total)
     every = math.ceil(total / scores)
     rng = np.random.default_rng(seed)
-    lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=128)["input_ids"]])
+    lengths = token_lengths(tok, texts)
     curve, secs, step = [], 0.0, 0
     model.train()
     for _ in range(epochs):
@@ -242,7 +254,7 @@ def report(d: dict, plot: Path) -> str:
     layer_cost: dict[tuple[str, str], float] = {}
     for r in rows:
         if r["family"] == "frozentune":
-            layer = "-3" if r["name"] == "space" else "-1"
+            layer = layer_of(r["name"])
             if r["extract_seconds"]:
                 layer_cost[(r["data"], layer)] = r["extract_seconds"]
     order = [*HEADS, "prefix", "lora", "lora-bucketed", "peft-prefix", "peft-prefix-bucketed"]
@@ -251,7 +263,7 @@ def report(d: dict, plot: Path) -> str:
             continue
         ext = 0.0
         if r["family"] == "frozentune" and r["name"] != "prefix":
-            ext = layer_cost.get((r["data"], "-3" if r["name"] == "space" else "-1"), 0.0)
+            ext = layer_cost.get((r["data"], layer_of(r["name"])), 0.0)
         shown = {"prefix": "encoder prefix (frozentune, live)", "lora": "PEFT LoRA", "peft-prefix": "PEFT prefix-tuning"}
         base = r["name"].removesuffix("-bucketed")
         what = (shown.get(base, base) + (", bucketed batches" if r["name"].endswith("-bucketed") else "")
@@ -269,7 +281,7 @@ def report(d: dict, plot: Path) -> str:
               "| data | point | frozentune probe on the cache | PEFT LoRA |", "|---|---|---:|---:|"]
     for data in dict.fromkeys(r["data"] for r in rows):
         by = {r["name"]: r for r in rows if r["data"] == data}
-        first = layer_cost.get((data, "-1"), 0.0) + by["probe"]["train_seconds"] if "probe" in by else None
+        first = layer_cost.get((data, layer_of("probe")), 0.0) + by["probe"]["train_seconds"] if "probe" in by else None
         lora1 = by.get("lora", {}).get("train_seconds")
         lora2 = by.get("lora-point-2", {}).get("train_seconds")
         for i, label in ((0, "1st (includes extraction for frozentune)"), (2, "2nd"), (5, "5th")):
@@ -301,7 +313,7 @@ def _plot(rows: list[dict], layer_cost: dict, path: Path) -> None:
                         linestyle="--" if r.get("batches") == "bucketed" else "-",
                         label=f"PEFT {kind}, lr {r['lr']:g}, {r.get('batches', 'shuffled')} batches")
             else:
-                ext = 0.0 if r["name"] == "prefix" else layer_cost.get((data, "-3" if r["name"] == "space" else "-1"), 0.0)
+                ext = 0.0 if r["name"] == "prefix" else layer_cost.get((data, layer_of(r["name"])), 0.0)
                 x = ext + r["train_seconds"]
                 ax.scatter([x], [r["accuracy"]], marker="s" if r["name"] == "prefix" else "D", zorder=3,
                            color="tab:purple" if r["name"] == "prefix" else "dimgray")

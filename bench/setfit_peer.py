@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-HEADS = ("probe", "space", "ytuning", "selfexplain")
+from few_shot import METHODS as HEADS  # noqa: E402  (bench/few_shot.py: the four frozen heads)
 
 
 def default_steps(labels: list[int], batch: int = 16) -> int:
@@ -118,7 +118,7 @@ def grid_report() -> str:
     (seed 0, extraction included in the seconds)."""
     from statistics import mean, pstdev
 
-    setfit = [r for r in _rows("setfit_peer.json", "setfit_peer_sst2_full.json")]
+    setfit = _rows("setfit_peer.json", "setfit_peer_sst2_full.json")
     heads = [r for r in _rows("few_shot.json", "few_shot_s34a.json", "few_shot_s34b.json", "few_shot_probe.json")
              if r["method"] in HEADS]
     for r in _rows("peers.json"):  # full train set, seed 0
