@@ -231,7 +231,7 @@ def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
     exact(again.model.embed_tokens.weight, lm.model.embed_tokens.weight,
           "both loads read the same converted safetensors file")
     tuner = PrefixTuner(PrefixConfig(prefix_length=0), lm, tok)
-    ids = G.encode_sources(tok, ["name[Aromi], eatType[pub]"])
+    ids = tuner.encode_sources(["name[Aromi], eatType[pub]"])
     x = torch.tensor(ids)
     plain = lm.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False)
     assert tuner.generate(ids, max_new_tokens=4)[0] == until_eos(plain[0, x.shape[1]:].tolist(), tuner.eos_id())

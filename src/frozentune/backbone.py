@@ -292,6 +292,46 @@ def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Modul
     return model, tok
 
 
+def load_seq2seq_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
+    """(model, tokenizer) for any Hugging Face encoder-decoder LM id or folder (BART, T5, …),
+    frozen, in eval mode, fp32."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    path, extra = locate(name, "language model", LM_ALIASES)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
+                                                      **extra)
+    except (*LOAD_ERRORS, SafetensorError) as e:
+        raise _load_error("language model", name, e,
+                          "Give a local Hugging Face folder of an encoder-decoder LM (BART, T5), or a hub id "
+                          "reachable from this machine.") from None
+    freeze(model)
+    return model, tok
+
+
+def is_seq2seq_name(name: str, trust_remote_code: bool = False) -> bool:
+    """Whether the LM a --backbone value names is an encoder-decoder (reads its config.json only)."""
+    from transformers import AutoConfig
+
+    path, extra = locate(name, "language model", LM_ALIASES)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+    except LOAD_ERRORS as e:
+        raise _load_error("language model", name, e,
+                          "Give a local Hugging Face folder of a language model (causal or encoder-decoder), an "
+                          f"alias ({', '.join(LM_ALIASES)}), or a hub id reachable from this machine.") from None
+    return bool(getattr(config, "is_encoder_decoder", False))
+
+
+def load_generation_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
+    """A causal LM or an encoder-decoder LM, whichever `name` holds (its config says)."""
+    if is_seq2seq_name(name, trust_remote_code):
+        return load_seq2seq_lm(name, trust_remote_code)
+    return load_causal_lm(name, trust_remote_code)
+
+
 def freeze(model: nn.Module) -> None:
     model.eval()
     for p in model.parameters():

@@ -89,6 +89,13 @@ def _runtime_args(g) -> None:
                    "(saved models: the one they were trained with)")
 
 
+def _pair_field_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source-field", help="generation from any pairs file: the source text's field (default: "
+                   "source; E2E's mr and WebNLG's triples are read as they are)")
+    p.add_argument("--target-field", help="generation: the target text's field (default: target; a list, or a "
+                   "list in the same name + s, e.g. targets, gives several references)")
+
+
 def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--data", required=required, help="dataset name (sst2, sst5, trec, imdb; pairs: snli, rte, mrpc), "
                    "a .jsonl/.csv/.tsv/.parquet/.arrow file, a folder of train/validation/test files, or a folder "
@@ -118,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a method and evaluate it on the test split")
     t.add_argument("--method", required=True, help=f"one of: {', '.join(list_methods())}")
     _data_args(t)
+    _pair_field_args(t)
     t.add_argument("--output", type=Path, help="folder for the saved model and result.json")
     t.add_argument("--max-train", type=int, help="use a stratified sample of this many training examples")
     t.add_argument("--shots", type=int, metavar="K", help="use K training examples of each class (seeded by --seed; "
@@ -141,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--text-field")
     e.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
     e.add_argument("--label-field")
+    _pair_field_args(e)
     e.add_argument("--cache-dir", type=Path)
     e.add_argument("--max-test", type=int, help="generation models: score a seeded sample of this many sources")
     e.add_argument("--num-beams", type=int, help="generation models: beam width (default: as trained)")
@@ -149,7 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line)")
     gen.add_argument("--model", type=Path, required=True)
     gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation or linearised triples")
-    gen.add_argument("--input", type=Path, help="a file with one source per line, or a .jsonl dataset file (mr / triples)")
+    gen.add_argument("--input", type=Path, help="a file with one source per line, or a .jsonl/.csv/.tsv dataset file "
+                     "(source / mr / triples)")
+    gen.add_argument("--source-field", help="with a .jsonl/.csv/.tsv --input: the source field (default: source)")
     gen.add_argument("--num-beams", type=int, help="beam width (default: the one the model was trained with)")
     gen.add_argument("--max-new-tokens", type=int, help="longest output in tokens (default: as trained)")
     gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")
@@ -282,7 +293,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
 
     main_rank = read_launch(os.environ).rank == 0  # under torchrun / accelerate launch only rank 0 prints
     log = (lambda s: print(s, flush=True)) if main_rank else (lambda s: None)  # noqa: E731
-    if is_generation_data(a.data):
+    if is_generation_data(a.data, a.source_field, a.target_field):
         from .extract import resolve_device
 
         if a.shots is not None:
@@ -296,7 +307,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         train_cfg["device"] = str(device)
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
                          a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite,
-                         trust_remote_code=a.trust_remote_code)
+                         trust_remote_code=a.trust_remote_code, fields=(a.source_field, a.target_field))
         return 0
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision)
@@ -311,7 +322,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from .generation import evaluate_generation, is_generation_model
 
     if is_generation_model(a.model):
-        print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams), indent=2, allow_nan=False))
+        print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
+                                             source_field=a.source_field, target_field=a.target_field),
+                         indent=2, allow_nan=False))
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
                                         progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
@@ -357,7 +370,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 def cmd_generate(a: argparse.Namespace) -> int:
     from .generation import generate_sources, read_sources
 
-    sources = list(a.sources) + (read_sources(a.input) if a.input else [])
+    sources = list(a.sources) + (read_sources(a.input, a.source_field) if a.input else [])
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
     for src, out in zip(sources, generate_sources(a.model, sources, a.num_beams, a.max_new_tokens)):

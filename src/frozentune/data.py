@@ -617,22 +617,52 @@ def linearize_triples(triples: list[list[str]]) -> str:
     return " ; ".join(" | ".join(str(x).replace("_", " ") for x in t) for t in triples)
 
 
-def load_generation(name: str, split: str) -> list[GenExample]:
-    """E2E (`mr` → `refs`) or WebNLG (`triples` → `texts`) examples of one split."""
+def _references(path: Path, n: int, rec: dict, target_field: str) -> list:
+    """A pairs record's reference texts: the list in `<target_field>s` when it has one (SciTLDR's
+    `targets`: every reference), else the target field (one string, or a list of them)."""
+    many = rec.get(target_field + "s")
+    if isinstance(many, list) and many:
+        return many
+    if target_field not in rec:
+        raise DataError(f"{path}:{n}: no {target_field!r} field (has: {', '.join(map(str, rec))}); name the target "
+                        f"field with --target-field")
+    value = rec[target_field]
+    return value if isinstance(value, list) else [value]
+
+
+def load_generation(name: str, split: str, source_field: str | None = None,
+                    target_field: str | None = None) -> list[GenExample]:
+    """Examples of one split: E2E (`mr` → `refs`), WebNLG (`triples` → `texts`), or any source → target
+    pairs file (fields `source` / `target` unless named; see `_references` for several references)."""
     _, files = resolve(name)
     split = SPLIT_ALIASES.get(split, split)
     if split not in files:
         raise DataError(f"{name}: no {split!r} split (have: {', '.join(files)}).")
+    pairs = source_field is not None or target_field is not None
+    sf, tf = source_field or "source", target_field or "target"
     out = []
     for n, rec in read_records(files[split]):
-        if "mr" in rec:
+        if not pairs and "mr" in rec:
             src, refs = rec["mr"], rec.get("refs")
-        elif "triples" in rec:
+        elif not pairs and "triples" in rec:
             src, refs = linearize_triples(rec["triples"]), rec.get("texts")
+        elif pairs or sf in rec:
+            if sf not in rec:
+                raise DataError(f"{files[split]}:{n}: no {sf!r} field (has: {', '.join(map(str, rec))}); name the "
+                                f"source field with --source-field")
+            src, refs = rec[sf], _references(files[split], n, rec, tf)
+            if not isinstance(src, str) or not src.strip():
+                raise DataError(f"{files[split]}:{n}: the source ({sf!r}) must be non-empty text, got {_describe(src)}")
         else:
-            raise DataError(f"{files[split]}:{n}: a generation record needs 'mr' or 'triples'.")
+            raise DataError(f"{files[split]}:{n}: a generation record needs 'mr' (E2E), 'triples' (WebNLG) or "
+                            f"'source' and 'target' fields; for other names give --source-field / --target-field")
         if not isinstance(refs, list) or not refs:
-            raise DataError(f"{files[split]}:{n}: no reference texts ('refs' / 'texts').")
+            raise DataError(f"{files[split]}:{n}: no reference texts ('refs' / 'texts' / '{tf}').")
+        bad = [r for r in refs if not isinstance(r, str) or not r.strip()]
+        if bad:
+            raise DataError(f"{files[split]}:{n}: a reference text must be non-empty text, got {_describe(bad[0])}")
         meta = {k: v for k, v in rec.items() if k in ("category", "eid", "seen")}
-        out.append(GenExample(src, [str(r) for r in refs], meta))
+        out.append(GenExample(str(src), [str(r) for r in refs], meta))
+    if not out:
+        raise DataError(f"{files[split]}: no examples")
     return out

@@ -39,7 +39,9 @@ from torch import Tensor, nn
 
 from .backbone import LayerSpec, select_layers, token_type_kwargs
 from .head import Features, Head, Output, masked_mean
+from .generation import ByArchitecture
 from .prefix import KVShape, PrefixConfig, PrefixEncoder, PrefixError, PrefixTuner, phrase_ids
+from .seq2seq import Seq2SeqPrefixTuner
 from .registry import register_method
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -262,6 +264,6 @@ register_method("prefix", PrefixConfig,
                 "trainable key/value prefixes at every layer of the frozen model: a causal LM generating text "
                 "(E2E, WebNLG), or an encoder with a linear head (classification)",
                 train_defaults={"lr": 1e-3, "epochs": 5, "batch_size": 32, "patience": 2},
-                generator=PrefixTuner,
+                generator=ByArchitecture(PrefixTuner, Seq2SeqPrefixTuner),
                 generation_defaults={"lr": 3e-4, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32}
                 )(PrefixHead)

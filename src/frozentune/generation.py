@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from .backbone import freeze, trainable_names, weights_hash
 from .model import CONFIG, WEIGHTS, write_saved
 from .data import DataError, GenExample, linearize_triples, load_generation, resolve
-from .prefix import KVShape, LMTuner, PrefixBatch, PrefixError, encode_sources, encode_targets
+from .prefix import KVShape, LMTuner, PrefixBatch, PrefixError
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
 
@@ -41,14 +41,22 @@ class GenSplits:
     notes: list[str] = field(default_factory=list)
 
 
-def is_generation_data(data: str) -> bool:
-    """True when `data` names a data-to-text dataset: its first .jsonl record has `mr` or `triples`
-    (reads one line, not the file)."""
+def is_generation_data(data: str, source_field: str | None = None, target_field: str | None = None) -> bool:
+    """True when `data` is a source → target dataset: a source or target field is named, or its
+    first .jsonl record has `mr` (E2E), `triples` (WebNLG) or `source` and `target`, or its .csv /
+    .tsv header has `source` and `target` (reads one line, not the file)."""
+    if source_field is not None or target_field is not None:
+        return True
     try:
         _, files = resolve(data)
     except DataError:
         return False
     for path in files.values():
+        if path.suffix in (".csv", ".tsv"):
+            import csv
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+                header = next(csv.reader(f, delimiter="\t" if path.suffix == ".tsv" else ","), [])
+            return {"source", "target"} <= set(header)
         if path.suffix != ".jsonl":
             return False
         with open(path, "rb") as f:  # bytes: a bad byte further on is the data reader's to report
@@ -59,7 +67,8 @@ def is_generation_data(data: str) -> bool:
                         rec = json.loads(line)
                     except json.JSONDecodeError:
                         return False  # the classification reader reports it with its line
-                    return isinstance(rec, dict) and ("mr" in rec or "triples" in rec)
+                    return isinstance(rec, dict) and ("mr" in rec or "triples" in rec
+                                                      or {"source", "target"} <= set(rec))
     return False
 
 
@@ -77,7 +86,8 @@ def _sample(items: list, n: int | None, rng: np.random.Generator) -> list:
 
 
 def load_generation_splits(name: str, seed: int = 0, max_train: int | None = None, max_validation: int | None = 200,
-                           max_test: int | None = None, validation_fraction: float = 0.1) -> GenSplits:
+                           max_test: int | None = None, validation_fraction: float = 0.1,
+                           fields: tuple[str | None, str | None] = (None, None)) -> GenSplits:
     """Train/validation pairs and test examples of a data-to-text dataset. Training pairs come from
     `train`, or, when the dataset has none (E2E as shipped here: dev + test), from `validation`, whose
     sources are then split: a seeded `validation_fraction` of them is held out for validation and the
@@ -87,23 +97,28 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
     _, files = resolve(name)
     rng = np.random.default_rng(seed)
     notes = []
-    test = load_generation(name, "test")
-    if "train" in files:
-        train_ex = load_generation(name, "train")
-        val_ex = load_generation(name, "validation") if "validation" in files else []
-        if not val_ex:
-            raise DataError(f"{name}: has train but no validation file; add one for early stopping.")
-    elif "validation" in files:
-        pool = load_generation(name, "validation")
+    test = load_generation(name, "test", *fields) if "test" in files else None
+    held_out = "validation" if "validation" in files else "train"
+    if "train" in files and "validation" in files:
+        train_ex = load_generation(name, "train", *fields)
+        val_ex = load_generation(name, "validation", *fields)
+    elif held_out in files:  # one file to train on: hold out whole sources of it for validation
+        pool = load_generation(name, held_out, *fields)
+        if len(pool) < 2:
+            raise DataError(f"{files[held_out]}: {len(pool)} example; give at least 2 (one is held out to validate)")
         order = rng.permutation(len(pool))
         n_val = max(1, int(round(validation_fraction * len(pool))))
         val_ex = [pool[i] for i in np.sort(order[:n_val])]
         train_ex = [pool[i] for i in np.sort(order[n_val:])]
-        notes.append(f"no train split: training pairs come from the {files['validation'].name} file's "
-                     f"{len(train_ex)} sources; {len(val_ex)} other sources ({validation_fraction:.0%}, seed {seed}) "
-                     f"are held out for validation")
+        notes.append(f"no {'train' if held_out == 'validation' else 'validation'} split: training pairs come from the "
+                     f"{files[held_out].name} file's {len(train_ex)} sources; {len(val_ex)} other sources "
+                     f"({validation_fraction:.0%}, seed {seed}) are held out for validation")
     else:
         raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
+    if test is None:
+        test = val_ex
+        notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
+                     "only, never trained on)")
     train = _sample(_pairs(train_ex), max_train, rng)
     validation = _sample(_pairs(val_ex), max_validation, rng)
     if max_test is not None:
@@ -137,7 +152,8 @@ class LMFinetuner(LMTuner):
         return {f"lm.{n}": p for n, p in self.lm.named_parameters() if p.requires_grad}
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
-        config = {"method": "finetune", "task": "generation", "options": dataclasses.asdict(self.cfg),
+        config = {"method": "finetune", "task": "generation", "architecture": architecture(self.lm),
+                  "options": dataclasses.asdict(self.cfg),
                   "backbone": {"name": self.lm_name, "weights_hash": self.base_hash, "trained": True},
                   **(extra or {})}
         write_saved(folder, {k: v.float() for k, v in self.trainable_state().items()}, config)
@@ -162,9 +178,40 @@ class LMFinetuner(LMTuner):
         return tuner
 
 
+def architecture(lm: nn.Module) -> str:
+    """What a saved generator records, so it is never loaded on the other kind of LM."""
+    return "encoder-decoder" if getattr(lm.config, "is_encoder_decoder", False) else "causal"
+
+
+class ByArchitecture:
+    """A generation method's generator (MethodSpec.generator): the causal-LM class or the
+    encoder-decoder one, picked by the LM it is given, so `--method prefix` (or finetune) is one
+    method on both kinds of LM."""
+
+    def __init__(self, causal: type, seq2seq: type):
+        self.causal, self.seq2seq = causal, seq2seq
+        self.__doc__ = causal.__doc__
+
+    def pick(self, lm: nn.Module) -> type:
+        return self.seq2seq if architecture(lm) == "encoder-decoder" else self.causal
+
+    def __call__(self, cfg: Any, lm: nn.Module, tok=None, lm_name: str = ""):
+        return self.pick(lm)(cfg, lm, tok, lm_name)
+
+    def load(self, folder: Path, lm: nn.Module, tok=None, lm_name: str = ""):
+        config = json.loads((Path(folder) / CONFIG).read_text())
+        saved, have = config.get("architecture", "causal"), architecture(lm)
+        if saved != have:
+            kinds = {"causal": "a decoder-only (causal) LM", "encoder-decoder": "an encoder-decoder LM"}
+            raise PrefixError(f"{folder}: was trained on {kinds.get(saved, saved)} "
+                              f"({config.get('backbone', {}).get('name') or 'not recorded'}) and cannot be loaded on "
+                              f"{kinds[have]} ({type(lm).__name__}); load the model it was trained on")
+        return self.pick(lm).load(folder, lm, tok, lm_name)
+
+
 # ----------------------------------------------------------------------------- training and decoding
-def encode_pairs(tok, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
-    return encode_sources(tok, [s for s, _ in pairs]), encode_targets(tok, [t for _, t in pairs])
+def encode_pairs(tuner: LMTuner, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+    return tuner.encode_sources([s for s, _ in pairs]), tuner.encode_targets([t for _, t in pairs])
 
 
 @torch.no_grad()
@@ -183,8 +230,8 @@ def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[
     """train.fit_loop on the target-token loss; early stopping on the validation loss."""
     from .train import fit_loop
 
-    src, tgt = encode_pairs(tok, splits.train)
-    vsrc, vtgt = encode_pairs(tok, splits.validation)
+    src, tgt = encode_pairs(tuner, splits.train)
+    vsrc, vtgt = encode_pairs(tuner, splits.validation)
     lengths = np.array([len(a) + len(b) for a, b in zip(src, tgt)])
 
     def batch_loss(idx: np.ndarray) -> Tensor:
@@ -200,7 +247,7 @@ def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_
            batch_size: int = 32) -> list[str]:
     """Generated text for each source, batched by source length (outputs in input order)."""
     tuner.eval()
-    ids = encode_sources(tok, sources)
+    ids = tuner.encode_sources(sources)
     order = np.argsort([len(x) for x in ids], kind="stable")
     out: list[str] = [""] * len(ids)
     step = max(1, batch_size // max(num_beams, 1))
@@ -214,7 +261,8 @@ def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_
 
 def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
     """Corpus BLEU over all references and chrF (sacrebleu, default 13a tokenisation, cased), and
-    mean ROUGE-L F1 against the best-matching reference (rouge-score, stemmed); all in percent."""
+    mean ROUGE-1 / ROUGE-2 / ROUGE-L F1 against the best-matching reference (rouge-score, stemmed);
+    all in percent."""
     import sacrebleu
     from rouge_score import rouge_scorer
 
@@ -224,11 +272,12 @@ def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> di
         raise ValueError("no outputs to score")
     width = max(len(r) for r in references)
     streams = [[r[k] if k < len(r) else None for r in references] for k in range(width)]  # None: fewer refs
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    rouge = [scorer.score_multi(list(r), h)["rougeL"].fmeasure for h, r in zip(hypotheses, references)]
+    kinds = {"rouge_1": "rouge1", "rouge_2": "rouge2", "rouge_l": "rougeL"}
+    scorer = rouge_scorer.RougeScorer(list(kinds.values()), use_stemmer=True)
+    rouge = [scorer.score_multi(list(r), h) for h, r in zip(hypotheses, references)]
     return {"bleu": sacrebleu.corpus_bleu(list(hypotheses), streams).score,
             "chrf": sacrebleu.corpus_chrf(list(hypotheses), streams).score,
-            "rouge_l": 100.0 * float(np.mean(rouge))}
+            **{ours: 100.0 * float(np.mean([x[theirs].fmeasure for x in rouge])) for ours, theirs in kinds.items()}}
 
 
 def grouped_scores(hypotheses: Sequence[str], examples: Sequence[GenExample]) -> dict[str, dict[str, float]]:
@@ -258,7 +307,7 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
 
 def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     """(tuner, tokenizer, config.json) of a saved generation model; loads the LM it names."""
-    from .backbone import load_causal_lm
+    from .backbone import load_generation_lm
     from .model import known_method, read_saved
 
     folder = Path(folder)
@@ -269,7 +318,7 @@ def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     spec = known_method(config, folder)
     check_safetensors(folder / WEIGHTS)  # before the LM is loaded: a damaged or foreign file is refused at once
     name = config["backbone"]["name"]
-    lm, tok = load_causal_lm(name)
+    lm, tok = load_generation_lm(name)
     return spec.generator.load(folder, lm, tok, name), tok, config
 
 
@@ -323,13 +372,14 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
                      max_train: int | None = None, max_validation: int | None = 200, max_test: int | None = None,
                      decoding: DecodeOptions = DecodeOptions(), log: Callable[[str], None] = print,
-                     overwrite: bool = False, trust_remote_code: bool = False) -> dict:
+                     overwrite: bool = False, trust_remote_code: bool = False,
+                     fields: tuple[str | None, str | None] = (None, None)) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
     import time
 
     from .api import peak_rss_mb, train_config
-    from .backbone import load_causal_lm
+    from .backbone import load_generation_lm
     from .distributed import read_launch
     from .export.card import write_card_from_files
     from .output import check_output, staged_output
@@ -342,11 +392,11 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     decoding.validate()
     if output is not None:
         check_output(Path(output), overwrite)  # before any work
-    splits = load_generation_splits(data, cfg_train.seed, max_train, max_validation, max_test)
+    splits = load_generation_splits(data, cfg_train.seed, max_train, max_validation, max_test, fields=fields)
     for note in splits.notes:
         log(f"data: {note}")
     lm_name = lm_name or GEN_LM
-    lm, tok = load_causal_lm(lm_name, trust_remote_code=trust_remote_code)
+    lm, tok = load_generation_lm(lm_name, trust_remote_code=trust_remote_code)
     torch.manual_seed(cfg_train.seed)
     tuner, cfg = build_tuner(method, options, lm, tok, lm_name)
     device = torch.device(cfg_train.device)
@@ -385,7 +435,8 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         with staged_output(Path(output), overwrite) as folder:
             tuner.save(folder, extra={"task": "generation", "train": dataclasses.asdict(cfg_train), "data": splits.name,
                                       "decoding": dataclasses.asdict(decoding),
-                                      "splits": {"max_train": max_train, "max_validation": max_validation}})
+                                      "splits": {"max_train": max_train, "max_validation": max_validation},
+                                      "fields": {"source": fields[0], "target": fields[1]}})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
             write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
             with open(folder / "generations.jsonl", "w", encoding="utf-8") as f:
@@ -415,18 +466,21 @@ def is_generation_model(folder: Path) -> bool:
 
 
 def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_test: int | None = None,
-                        num_beams: int | None = None, max_new_tokens: int | None = None) -> dict:
+                        num_beams: int | None = None, max_new_tokens: int | None = None,
+                        source_field: str | None = None, target_field: str | None = None) -> dict:
     """BLEU / chrF / ROUGE-L of a saved generation model on a split of a data-to-text dataset.
     `max_test`: a seeded sample; on the test split the one its training run scored when given the
     same number (the same seed and draws), so `eval` repeats the run's figures."""
     tuner, tok, config = load_tuner(model_dir)
     d = DecodeOptions(**config.get("decoding", {}))
+    saved = config.get("fields") or {}
+    fields = (source_field or saved.get("source"), target_field or saved.get("target"))
     if split == "test":  # drawn as the training run drew it (same seed, same earlier draws)
         sizes = config.get("splits", {})
         examples = load_generation_splits(data, config.get("train", {}).get("seed", 0), sizes.get("max_train"),
-                                          sizes.get("max_validation", 200), max_test).test
+                                          sizes.get("max_validation", 200), max_test, fields=fields).test
     else:
-        examples = _sample(load_generation(data, split), max_test, np.random.default_rng(0))
+        examples = _sample(load_generation(data, split, *fields), max_test, np.random.default_rng(0))
     hyps = decode(tuner, tok, [ex.source for ex in examples], num_beams or d.num_beams,
                   max_new_tokens or d.max_new_tokens, d.batch_size)
     metrics = grouped_scores(hyps, examples)
@@ -434,19 +488,25 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
             "metrics_by_group": metrics}
 
 
-def read_sources(path: Path) -> list[str]:
-    """Sources from a file: a .jsonl of E2E (`mr`) or WebNLG (`triples`) records, else one per line."""
+def read_sources(path: Path, source_field: str | None = None) -> list[str]:
+    """Sources from a file: a .jsonl / .csv / .tsv of E2E (`mr`), WebNLG (`triples`) or pairs records
+    (`source`, or `source_field`), else one per line."""
     from .data import read_lines, read_records
 
     path = Path(path)
-    if path.suffix != ".jsonl" or not path.is_file():
+    if path.suffix.lower() not in (".jsonl", ".csv", ".tsv") or not path.is_file():
         return read_lines(path, "sources")
+    field = source_field or "source"
     out = []
     for n, rec in read_records(path):
-        if "mr" in rec:
+        if field in rec and isinstance(rec[field], str) and rec[field].strip():
+            out.append(rec[field])
+        elif source_field is None and "mr" in rec:
             out.append(str(rec["mr"]))
-        elif "triples" in rec:
+        elif source_field is None and "triples" in rec:
             out.append(linearize_triples(rec["triples"]))
         else:
-            raise DataError(f"{path}:{n}: a source record needs 'mr' or 'triples'")
+            raise DataError(f"{path}:{n}: a source record needs non-empty text in {field!r}"
+                            + (" (or 'mr' / 'triples')" if source_field is None else "")
+                            + f"; it has {', '.join(map(str, rec))}. Name the field with --source-field")
     return out

@@ -414,8 +414,16 @@ class LMTuner(nn.Module):
         (generation.decode batches many by length)."""
         if self.tok is None:
             raise PrefixError("generate_text needs the LM's tokenizer; give tok= when building the tuner")
-        rows = self.generate(encode_sources(self.tok, sources), max_new_tokens, num_beams, **kwargs)
+        rows = self.generate(self.encode_sources(sources), max_new_tokens, num_beams, **kwargs)
         return [self.tok.decode(r, skip_special_tokens=True).strip() for r in rows]
+
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source texts → the token ids `generate` and `loss` take (here: x, then the separator)."""
+        return encode_sources(self.tok, texts)
+
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target texts → the token ids `loss` scores (here: ' ' + y, then eos)."""
+        return encode_targets(self.tok, texts)
 
     def pad_id(self) -> int:
         return pad_id_of(self.lm, self.tok)
@@ -434,6 +442,9 @@ class PrefixTuner(LMTuner):
     def __init__(self, cfg: PrefixConfig, lm: nn.Module, tok=None, lm_name: str = ""):
         super().__init__()
         cfg.validate()
+        if getattr(lm.config, "is_encoder_decoder", False):
+            raise PrefixError(f"{type(lm).__name__} is an encoder-decoder model; its prefix is "
+                              f"frozentune.seq2seq.Seq2SeqPrefixTuner (--method prefix picks it by the model)")
         freeze(lm)
         self.__dict__["lm"] = lm  # not registered: frozen, never saved
         self.cfg, self.tok, self.lm_name = cfg, tok, lm_name
@@ -513,7 +524,7 @@ def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = 
     """folder/model.safetensors: only the materialised prefix (N, 2, H, P, E); folder/config.json:
     method, options, the LM's name and weights hash, the prefix shape."""
     n, _, h, p, e = prefix.shape
-    config = {"method": "prefix", "options": dataclasses.asdict(cfg),
+    config = {"method": "prefix", "architecture": "causal", "options": dataclasses.asdict(cfg),
               "backbone": {"name": lm_name, "weights_hash": lm_hash, "trained": False},
               "prefix": {"layers": n, "kv_heads": h, "head_dim": e, "length": p}, **(extra or {})}
     write_saved(folder, {PREFIX_KEY: prefix.float()}, config)
@@ -531,6 +542,10 @@ def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, Pref
     config = json.loads((folder / CONFIG).read_text())
     if config.get("method") != "prefix":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} model, not a prefix")
+    if config.get("architecture", "causal") != "causal":
+        raise PrefixError(f"{folder}: an encoder-decoder prefix cannot be loaded on a decoder-only LM; load it with "
+                          f"the encoder-decoder model it was trained on "
+                          f"({config.get('backbone', {}).get('name') or 'not recorded'})")
     state = read_safetensors(folder / WEIGHTS, PrefixError)
     if set(state) != {PREFIX_KEY}:
         raise PrefixError(f"{folder / WEIGHTS}: expected one tensor {PREFIX_KEY!r}, found {sorted(state)}")

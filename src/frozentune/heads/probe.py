@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..generation import LMFinetuner
+from ..generation import ByArchitecture, LMFinetuner
+from ..seq2seq import Seq2SeqFinetuner
 from ..head import Features, Head, Output, masked_mean
 from ..registry import MethodConfig, register_method
 
@@ -58,7 +59,7 @@ register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] froz
 @register_method("finetune", FinetuneConfig, "the backbone unfrozen with a linear head, trained end to end; "
                  "on E2E/WebNLG the causal LM itself (all or top_layers of it)",
                  train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2},
-                 generator=LMFinetuner,
+                 generator=ByArchitecture(LMFinetuner, Seq2SeqFinetuner),
                  generation_defaults={"lr": 5e-5, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32})
 class FinetuneHead(LinearHead):
     """Linear head whose backbone is trained too (see `train_backbone`)."""

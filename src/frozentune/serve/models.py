@@ -320,11 +320,14 @@ def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Ta
 
     config = read_saved(folder, "the --output folder of a generation training run")
     spec = known_method(config, folder)
+    if config.get("architecture") == "encoder-decoder":
+        raise ServeError(f"{folder}: an encoder-decoder generator ({config['backbone'].get('name')}); serve batches "
+                         f"causal-LM prefixes only so far. Run it with `frozentune generate --model {folder}`")
     check_safetensors(folder / M.WEIGHTS)
     name = config["backbone"]["name"]
     dev, _ = resolve_device(device or "auto")
     decoding = DecodeOptions(**config.get("decoding", {}))
-    shares = spec.generator is PrefixTuner
+    shares = getattr(spec.generator, "causal", spec.generator) is PrefixTuner
     if shares and name in lms:
         group = lms[name]
     else:
