@@ -535,6 +535,14 @@ def prefix_mixed_block() -> str:
     return report(r)
 
 
+def seq2seq_tiny_block() -> str:
+    r = _result("seq2seq-tiny")
+    if not r:
+        return _not_run("seq2seq_tiny.py")
+    from seq2seq_tiny import report
+    return report(r)
+
+
 def _replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text:
@@ -566,6 +574,7 @@ def write_report() -> None:
     text = _replace_block(text, "e2e-lowdata", e2e_table())
     text = _replace_block(text, "webnlg", webnlg_table())
     text = _replace_block(text, "prefix-mixed", prefix_mixed_block())
+    text = _replace_block(text, "seq2seq-tiny", seq2seq_tiny_block())
     text = _replace_block(text, "encoder-prefix", encoder_prefix_table())
     text = _replace_block(text, "peers", peers_block())
     text = _replace_block(text, "setfit-grid", setfit_grid_block())

@@ -125,6 +125,37 @@ def make_tiny_llama(folder: Path, words: list[str], seed: int = 0) -> Path:
     return folder
 
 
+# Tiny encoder-decoder LMs (tests/test_seq2seq*.py): ids as word_tokenizer's (pad 0, bos 1, eos 2);
+# init_std / initializer_factor raised so that the random models have decisive next-token distributions.
+def make_bart(vocab: int, seed: int = 0):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                     init_std=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+                     forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(seed)
+    return BartForConditionalGeneration(cfg).eval()
+
+
+def make_t5(vocab: int, seed: int = 0):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                   initializer_factor=8.0, pad_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+                   dropout_rate=0.0)
+    torch.manual_seed(seed)
+    return T5ForConditionalGeneration(cfg).eval()
+
+
+def make_tiny_bart(folder: Path, words: list[str], seed: int = 0) -> Path:
+    """make_bart + word-level tokenizer saved as an ordinary Hugging Face folder."""
+    tok = word_tokenizer(words)
+    make_bart(len(tok), seed).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import seq2seq_reference as REF
-from conftest import make_tiny_llama, word_tokenizer
+from conftest import make_bart, make_t5, make_tiny_llama, word_tokenizer
 from frozentune.backbone import pad
 from frozentune.prefix import PrefixConfig, PrefixError, PrefixTuner
 from frozentune.seq2seq import (KINDS, Seq2SeqPrefixTuner, greedy_reference, load_seq2seq_prefix, mixed, prefixed,
@@ -22,7 +22,7 @@ from frozentune.seq2seq.tuner import saved_numel
 from numerics import assert_close, linear, transformer
 
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
-PAD, EOS = 0, 2
+PAD, EOS = 0, 2  # conftest.word_tokenizer's ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,27 +30,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def tok():
     return word_tokenizer(WORDS)
-
-
-def make_bart(vocab: int, seed: int = 0):
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    cfg = BartConfig(vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                     init_std=0.2, pad_token_id=PAD, bos_token_id=1, eos_token_id=EOS, decoder_start_token_id=EOS,
-                     forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0)
-    torch.manual_seed(seed)
-    return BartForConditionalGeneration(cfg).eval()
-
-
-def make_t5(vocab: int, seed: int = 0):
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    cfg = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                   initializer_factor=8.0, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD,
-                   dropout_rate=0.0)
-    torch.manual_seed(seed)
-    return T5ForConditionalGeneration(cfg).eval()
 
 
 MAKERS = {"bart": make_bart, "t5": make_t5}
@@ -286,3 +265,36 @@ def test_bart_base_prefix_size_from_its_config():
     cfg = BartConfig(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
                      decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265)
     assert saved_numel(200, shapes_from_config(cfg)) == 200 * 3 * 6 * 2 * 768
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_given_no_mask_follows_the_module(causal):
+    """transformers may pass no mask (nothing to hide); a causal module then still hides later keys:
+    query i of the last Q sees keys up to S − Q + i."""
+    from frozentune.seq2seq.attention import prefixed_attention
+    from numerics import attention
+
+    module = torch.nn.Module()
+    module.is_causal = causal
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8)
+    got, _ = prefixed_attention(module, q, k, v, None)
+    allowed = torch.ones(3, 5, dtype=torch.bool).tril(2) if causal else torch.ones(3, 5, dtype=torch.bool)
+    scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~allowed, float("-inf"))
+    want = (scores.softmax(-1) @ v).transpose(1, 2)
+    assert_close(got, want, ops=attention(5, 8), what="attention")
+
+
+@pytest.mark.parametrize("arch_name", ["bart", "t5"])
+def test_finetune_top_layers_takes_the_top_block_of_encoder_and_decoder(arch_name, tok):
+    from frozentune.registry import get_method, make_config
+
+    lm = {"bart": make_bart, "t5": make_t5}[arch_name](len(tok))
+    tuner = get_method("finetune").generator(make_config("finetune", {"top_layers": 1}), lm, tok, "tiny")
+    trained = [n for n, p in lm.named_parameters() if p.requires_grad]
+    layer = {"bart": ("encoder.layers.1.", "decoder.layers.1."), "t5": ("encoder.block.1.", "decoder.block.1.")}[arch_name]
+    assert trained and all(any(x in n for x in layer) for n in trained)
+    assert {x for x in layer if any(x in n for n in trained)} == set(layer)  # both sides
+    loss = tuner.loss(ids_of(tok, SOURCES), ids_of(tok, ["c d", "e", "f g h"]))
+    loss.backward()
+    assert all(p.grad is not None for p in lm.parameters() if p.requires_grad)

@@ -340,8 +340,9 @@ def freeze(model: nn.Module) -> None:
 
 def layer_index(param_name: str) -> int | None:
     """Index of the transformer block a parameter belongs to (`model.layers.3.…`, `h.3.…`,
-    `encoder.layer.3.…`), or None for embeddings, final norm and head."""
-    m = re.search(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.", param_name)
+    `encoder.layer.3.…`, T5's `encoder.block.3.layer.0.…`: the first numbered level), or None for
+    embeddings, final norm and head."""
+    m = re.search(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.", param_name)
     return int(m.group(1)) if m else None
 
 

@@ -428,7 +428,8 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         "sizes": {"train": len(splits.train), "validation": len(splits.validation), "test": len(splits.test)},
     }
     m = metrics["all"]
-    log(f"test BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}  ROUGE-L {m['rouge_l']:.2f}  "
+    log(f"test BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}  ROUGE-1/2/L {m['rouge_1']:.2f}/{m['rouge_2']:.2f}/"
+        f"{m['rouge_l']:.2f}  "
         + "".join(f" [{g}: BLEU {v['bleu']:.2f}]" for g, v in metrics.items() if g != "all")
         + f"  train {fitted.train_seconds:.0f}s  decode {decode_seconds:.0f}s  peak RSS {result['peak_rss_mb']:.0f} MB")
     if output is not None:

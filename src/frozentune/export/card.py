@@ -113,8 +113,9 @@ def _sizes_line(config: dict, result: dict) -> str:
     trained, total = result.get("trainable_params"), result.get("backbone_params")
     saved = result.get("saved_params")
     prefix = config.get("prefix")
-    if prefix and saved is None:
-        saved = prefix["layers"] * 2 * prefix["kv_heads"] * prefix["length"] * prefix["head_dim"]
+    kinds = prefix if prefix and "length" not in prefix else ({"": prefix} if prefix else {})  # encoder-decoder: 3
+    if kinds and saved is None:
+        saved = sum(p["layers"] * 2 * p["kv_heads"] * p["length"] * p["head_dim"] for p in kinds.values())
     parts = []
     if isinstance(trained, int):
         parts.append(f"{trained:,} parameters trained")
@@ -123,9 +124,9 @@ def _sizes_line(config: dict, result: dict) -> str:
     if isinstance(total, int):
         parts.append(f"the backbone has {total:,}" + (" and was trained too" if (config.get("backbone") or {}).get("trained")
                                                       else " and stayed frozen"))
-    if prefix:
-        parts.append(f"prefix of {prefix['length']} positions × {prefix['layers']} layers × {prefix['kv_heads']} "
-                     f"key/value heads × {prefix['head_dim']} dims")
+    for kind, p in kinds.items():
+        parts.append(f"{kind + ' ' if kind else ''}prefix of {p['length']} positions × {p['layers']} layers × "
+                     f"{p['kv_heads']} key/value heads × {p['head_dim']} dims")
     return ("**Size.** " + "; ".join(parts) + ".") if parts else "**Size.** not recorded."
 
 
@@ -144,7 +145,7 @@ def _backbone_line(name: str, base: str | None, backbone: dict) -> str:
 def _metrics_table(metrics: dict | None, generation: bool) -> str:
     if not metrics:
         return "Not recorded (no result.json in the folder)."
-    keys = [k for k in (("bleu", "chrf", "rouge_l") if generation else ("accuracy", "macro_f1", "positive_f1"))
+    keys = [k for k in (("bleu", "chrf", "rouge_1", "rouge_2", "rouge_l") if generation else ("accuracy", "macro_f1", "positive_f1"))
             if isinstance(metrics.get(k), (int, float))]
     if not keys:
         return "Not recorded."
