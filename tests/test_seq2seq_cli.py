@@ -99,3 +99,20 @@ def test_pairs_errors_say_what_to_do(bart_dir, scitldr_slice, tmp_path):
         row="pairs: an empty source")
     cli("train", "--method", "probe", "--data", scitldr_slice, "--backbone", bart_dir, contains="does not generate text",
         row="pairs: a classifier method on pairs data")
+
+
+def test_an_encoder_decoder_prefix_has_no_peft_or_serve_form(bart_dir, tmp_path):
+    pytest.importorskip("peft")
+    from frozentune.prefix import PrefixConfig
+    from frozentune.seq2seq import Seq2SeqPrefixTuner
+    from frozentune.backbone import load_seq2seq_lm
+
+    lm, tok = load_seq2seq_lm(str(bart_dir))
+    Seq2SeqPrefixTuner(PrefixConfig(prefix_length=2), lm, tok, str(bart_dir)).save(
+        tmp_path / "m", extra={"task": "generation"})
+    cli("export", "--model", tmp_path / "m", "--format", "peft", "--output", tmp_path / "p",
+        contains="no PEFT form", row="export --format peft of an encoder-decoder prefix")
+    assert not (tmp_path / "p").exists()
+    from frozentune.serve.models import ServeError, load_tasks
+    with pytest.raises(ServeError, match="frozentune generate"):
+        load_tasks([tmp_path / "m"], "cpu", None, lambda s: None)

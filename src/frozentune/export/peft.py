@@ -112,6 +112,10 @@ def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
         kind = "text generator" if config.get("task") == "generation" else "classifier"
         raise ExportError(f"{model_dir}: holds a {method!r} {kind}; --format peft writes prefix-tuning adapters "
                           f"of a causal LM, i.e. models trained with --method prefix on a generation dataset")
+    if config.get("architecture") == "encoder-decoder":
+        raise ExportError(f"{model_dir}: an encoder-decoder prefix (encoder, decoder and cross-attention); PEFT's "
+                          f"prefix-tuning adapters hold decoder prefixes of a causal LM only, so this one has no "
+                          f"PEFT form. Use it here (generate / eval)")
     prefix, _, config = load_prefix(model_dir)
     return prefix, config
 
