@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "bench" / "REPORT.md"
 START, END = "<!-- bad-input:start -->", "<!-- bad-input:end -->"
 TEST_FILES = ["tests/test_bad_input.py", "tests/test_backbone_input.py", "tests/test_cache_integrity.py",
+              "tests/test_seq2seq_cli.py",
               "tests/test_interrupts.py", "tests/test_safe_loading.py"]
 
 # (row as the issue words it, what must happen); the order of the issue's table
@@ -67,6 +68,9 @@ ROWS = [
      "refused in one line; the code never runs (the test's payload would write a marker file)"),
     ("a model folder that ships Python code (auto_map), without --trust-remote-code (section 3)",
      "refused in one line; runs only with the flag"),
+    ("source → target pairs (issue 19): a field the file lacks, an empty source, a classifier method on pairs "
+     "data, an encoder-decoder prefix exported to PEFT",
+     "names the missing field and --source-field / --target-field; says what the data is for; says why"),
 ]
 
 
