@@ -156,6 +156,15 @@ def make_tiny_bart(folder: Path, words: list[str], seed: int = 0) -> Path:
     return folder
 
 
+def head_of_files(source: Path, out: Path, counts: dict[str, int]) -> Path:
+    """out/<split>.jsonl: the first `n` lines of source/<split>.jsonl for each split (a slice of a shared dataset)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in counts.items():
+        lines = (source / f"{split}.jsonl").read_text().splitlines()[:n]
+        (out / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_tiny_llama
+from conftest import head_of_files, make_tiny_llama
 from frozentune import generation as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
@@ -39,11 +39,7 @@ def tiny_lm(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def e2e_slice(tmp_path_factory, shared_data) -> Path:
     """E2E as shipped (dev + test, no train): the first 40 dev and 6 test records."""
-    out = tmp_path_factory.mktemp("e2e_slice")
-    for split, n in (("dev", 40), ("test", 6)):
-        lines = (shared_data / "e2e" / f"{split}.jsonl").read_text().splitlines()[:n]
-        (out / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    return out
+    return head_of_files(shared_data / "e2e", tmp_path_factory.mktemp("e2e_slice"), {"dev": 40, "test": 6})
 
 
 def _train(tiny_lm: Path, data: Path, out: Path, *extra: str) -> dict:

@@ -241,9 +241,9 @@ def test_prefixes_of_one_kind_of_lm_are_refused_by_the_other(lm, tok, tmp_path):
         Seq2SeqPrefixTuner(PrefixConfig(prefix_length=2), llama, tok)
     tuner_of(lm, tok).save(tmp_path / "s2s")
     PrefixTuner(PrefixConfig(prefix_length=2), llama, tok).save(tmp_path / "causal")
-    with pytest.raises(PrefixError, match="encoder-decoder prefix cannot be loaded on a decoder-only"):
+    with pytest.raises(PrefixError, match="prefix for an encoder-decoder LM cannot be loaded on a decoder-only"):
         PrefixTuner.load(tmp_path / "s2s", llama, tok)
-    with pytest.raises(PrefixError, match="decoder-only .causal LM. prefix cannot be loaded on an encoder-decoder"):
+    with pytest.raises(PrefixError, match="prefix for a decoder-only .causal. LM cannot be loaded on an encoder-decoder"):
         Seq2SeqPrefixTuner.load(tmp_path / "causal", lm, tok)
     with pytest.raises(PrefixError, match="cannot be loaded on an encoder-decoder LM"):
         from frozentune.registry import get_method

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clirun import cli
-from conftest import make_tiny_bart
+from conftest import head_of_files, make_tiny_bart
 from frozentune.cli import main
 
 WORDS = ("we propose a new method for learning the of and to in is that with on neural networks model models "
@@ -28,11 +28,8 @@ def bart_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def scitldr_slice(tmp_path_factory, shared_data) -> Path:
-    out = tmp_path_factory.mktemp("scitldr_slice")
-    for split, n in (("train", 24), ("validation", 6), ("test", 5)):
-        lines = (shared_data / "scitldr" / f"{split}.jsonl").read_text().splitlines()[:n]
-        (out / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    return out
+    return head_of_files(shared_data / "scitldr", tmp_path_factory.mktemp("scitldr_slice"),
+                         {"train": 24, "validation": 6, "test": 5})
 
 
 def _train(bart_dir: Path, data: Path, out: Path, *extra: str) -> dict:

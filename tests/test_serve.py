@@ -11,7 +11,6 @@ Chromium.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 from clirun import cli
-from conftest import make_tiny_llama
+from conftest import head_of_files, make_tiny_llama
 from frozentune import api
 from frozentune.cli import main
 from frozentune.generation import generate_sources
@@ -57,10 +56,7 @@ def models(tmp_path_factory, tiny_bert, trec_slice, shared_data) -> Path:
     assert main(["train", "--method", "prefix", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
                  str(root / "encoder-prefix"), "--epochs", "1", "--prefix-length", "2", "--seed", "0"]) == 0
     lm = make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), WORDS)
-    e2e = tmp_path_factory.mktemp("e2e")
-    for split, n in (("dev", 24), ("test", 4)):
-        lines = (shared_data / "e2e" / f"{split}.jsonl").read_text().splitlines()[:n]
-        (e2e / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    e2e = head_of_files(shared_data / "e2e", tmp_path_factory.mktemp("e2e"), {"dev": 24, "test": 4})
     for name, seed in (("prefix-a", 0), ("prefix-b", 1)):
         assert main(["train", "--method", "prefix", "--data", str(e2e), "--backbone", str(lm), "--output", str(root / name),
                      "--epochs", "1", "--max-train", "16", "--max-validation", "4", "--max-new-tokens", "6",

@@ -273,42 +273,35 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
     return model, tok
 
 
-def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
-    """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
-    frozen, in eval mode, fp32."""
+def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool) -> tuple[nn.Module, "object"]:
+    """(model, tokenizer) through transformers' `auto_class`, frozen, in eval mode, fp32."""
+    import transformers
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, extra = locate(name, "language model", LM_ALIASES)
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
-                                                     **extra)
+        tok = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+        model = getattr(transformers, auto_class).from_pretrained(path, dtype=torch.float32,
+                                                                  trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
-        raise _load_error("language model", name, e,
-                          f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
-                          f"or a hub id reachable from this machine.") from None
+        raise _load_error("language model", name, e, expected) from None
     freeze(model)
     return model, tok
+
+
+def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
+    """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
+    frozen, in eval mode, fp32."""
+    return _load_lm(name, "AutoModelForCausalLM",
+                    f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
+                    f"or a hub id reachable from this machine.", trust_remote_code)
 
 
 def load_seq2seq_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face encoder-decoder LM id or folder (BART, T5, …),
     frozen, in eval mode, fp32."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    path, extra = locate(name, "language model", LM_ALIASES)
-    try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
-        model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
-                                                      **extra)
-    except (*LOAD_ERRORS, SafetensorError) as e:
-        raise _load_error("language model", name, e,
-                          "Give a local Hugging Face folder of an encoder-decoder LM (BART, T5), or a hub id "
-                          "reachable from this machine.") from None
-    freeze(model)
-    return model, tok
+    return _load_lm(name, "AutoModelForSeq2SeqLM", "Give a local Hugging Face folder of an encoder-decoder LM "
+                    "(BART, T5), or a hub id reachable from this machine.", trust_remote_code)
 
 
 def is_seq2seq_name(name: str, trust_remote_code: bool = False) -> bool:

@@ -530,9 +530,12 @@ def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = 
     write_saved(folder, {PREFIX_KEY: prefix.float()}, config)
 
 
-def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, PrefixConfig, dict]:
-    """(prefix (N, 2, H, P, E), options, config.json). With `lm`, the prefix must fit its attention
-    and, when a hash was saved, its weights must be the ones it was trained with."""
+ARCHITECTURES = {"causal": "a decoder-only (causal) LM", "encoder-decoder": "an encoder-decoder LM"}
+
+
+def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str, Tensor]]:
+    """(config.json, tensors) of a saved prefix for an LM of `architecture` (causal / encoder-decoder);
+    a PrefixError that says what the folder is otherwise."""
     from .model import read_safetensors
 
     folder = Path(folder)
@@ -542,28 +545,47 @@ def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, Pref
     config = json.loads((folder / CONFIG).read_text())
     if config.get("method") != "prefix":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} model, not a prefix")
-    if config.get("architecture", "causal") != "causal":
-        raise PrefixError(f"{folder}: an encoder-decoder prefix cannot be loaded on a decoder-only LM; load it with "
-                          f"the encoder-decoder model it was trained on "
+    saved = config.get("architecture", "causal")
+    if saved != architecture:
+        raise PrefixError(f"{folder}: a prefix for {ARCHITECTURES.get(saved, saved)} cannot be loaded on "
+                          f"{ARCHITECTURES[architecture]}; load it with the model it was trained on "
                           f"({config.get('backbone', {}).get('name') or 'not recorded'})")
-    state = read_safetensors(folder / WEIGHTS, PrefixError)
+    return config, read_safetensors(folder / WEIGHTS, PrefixError)
+
+
+def saved_options(config: dict) -> PrefixConfig:
+    known = {f.name for f in dataclasses.fields(PrefixConfig)}
+    return PrefixConfig(**{k: v for k, v in config["options"].items() if k in known})
+
+
+def check_fits(folder: Path, config: dict, lm: nn.Module, shapes: dict[str, tuple[KVShape, tuple[int, int, int]]]) -> None:
+    """PrefixError unless each saved prefix (N, H, E) fits the LM's shape of that kind, and the LM's weights
+    hash is the one saved (when one was)."""
+    name = config["backbone"].get("name") or "not recorded"
+    for what, (want, (n, h, e)) in shapes.items():
+        if (n, h, e) != (want.layers, want.heads, want.head_dim):
+            raise PrefixError(f"{folder}: the {what} is for {n} layers × {h} kv heads × {e} dims; this model has "
+                              f"{want.layers} × {want.heads} × {want.head_dim}. Load the model it was trained on "
+                              f"({name}).")
+    saved_hash = config["backbone"].get("weights_hash")
+    if saved_hash and weights_hash(lm) != saved_hash:
+        raise PrefixError(f"{folder}: this model's weights differ from the ones the prefix was trained on "
+                          f"({name}); load the same model files.")
+
+
+def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, PrefixConfig, dict]:
+    """(prefix (N, 2, H, P, E), options, config.json). With `lm`, the prefix must fit its attention
+    and, when a hash was saved, its weights must be the ones it was trained with."""
+    folder = Path(folder)
+    config, state = read_prefix_folder(folder, "causal")
     if set(state) != {PREFIX_KEY}:
         raise PrefixError(f"{folder / WEIGHTS}: expected one tensor {PREFIX_KEY!r}, found {sorted(state)}")
     prefix = state[PREFIX_KEY]
     s = config["prefix"]
     if tuple(prefix.shape) != (s["layers"], 2, s["kv_heads"], s["length"], s["head_dim"]):
         raise PrefixError(f"{folder}: prefix tensor {tuple(prefix.shape)} does not match config.json {s}")
-    known = {f.name for f in dataclasses.fields(PrefixConfig)}
-    cfg = PrefixConfig(**{k: v for k, v in config["options"].items() if k in known})
     if lm is not None:
-        shape, (n, _, h, _, e) = KVShape.from_config(lm.config), prefix.shape
-        if (n, h, e) != (shape.layers, shape.heads, shape.head_dim):
-            raise PrefixError(f"{folder}: the prefix is for {n} layers × {h} kv heads × {e} dims; this LM has "
-                              f"{shape.layers} × {shape.heads} × {shape.head_dim}. Load the LM it was trained on "
-                              f"({config['backbone'].get('name') or 'not recorded'}).")
-        saved_hash = config["backbone"].get("weights_hash")
-        if saved_hash and weights_hash(lm) != saved_hash:
-            raise PrefixError(f"{folder}: this LM's weights differ from the ones the prefix was trained on "
-                              f"({config['backbone'].get('name') or 'name not recorded'}); load the same model files.")
-    return prefix, cfg, config
+        n, _, h, _, e = prefix.shape
+        check_fits(folder, config, lm, {"prefix": (KVShape.from_config(lm.config), (n, h, e))})
+    return prefix, saved_options(config), config
 

@@ -19,7 +19,6 @@ calls only and no cache, the reference the tests hold `generate` against.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -27,9 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from ..backbone import freeze, pad, weights_hash
-from ..model import CONFIG, WEIGHTS, write_saved
-from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, phrase_ids,
-                      until_eos)
+from ..model import WEIGHTS, write_saved
+from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, check_fits,
+                      phrase_ids, read_prefix_folder, saved_options, until_eos)
 from .attention import KINDS, Site, find_sites, prefixes_set, site_activations
 
 ARCHITECTURE = "encoder-decoder"
@@ -231,20 +230,8 @@ class Seq2SeqPrefixTuner(Seq2SeqTuner):
 def load_seq2seq_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Prefixes, PrefixConfig, dict]:
     """({kind: (N, 2, H, P, E)}, options, config.json) of a saved encoder-decoder prefix; with `lm`,
     it must fit the LM's attention and the weights it was trained on."""
-    from ..model import read_safetensors
-
     folder = Path(folder)
-    for name in (CONFIG, WEIGHTS):
-        if not (folder / name).is_file():
-            raise PrefixError(f"{folder}: no {name}; is this a folder written by a prefix-tuning run?")
-    config = json.loads((folder / CONFIG).read_text())
-    if config.get("method") != "prefix":
-        raise PrefixError(f"{folder}: holds a {config.get('method')!r} model, not a prefix")
-    if config.get("architecture") != ARCHITECTURE:
-        raise PrefixError(f"{folder}: a decoder-only (causal LM) prefix cannot be loaded on an encoder-decoder model; "
-                          f"load it with the causal LM it was trained on "
-                          f"({config.get('backbone', {}).get('name') or 'not recorded'})")
-    state = read_safetensors(folder / WEIGHTS, PrefixError)
+    config, state = read_prefix_folder(folder, ARCHITECTURE)
     want = {f"prefix.{k}" for k in KINDS}
     if set(state) != want:
         raise PrefixError(f"{folder / WEIGHTS}: expected tensors {sorted(want)}, found {sorted(state)}")
@@ -252,26 +239,15 @@ def load_seq2seq_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Pref
     for kind, s in config["prefix"].items():
         if tuple(prefixes[kind].shape) != (s["layers"], 2, s["kv_heads"], s["length"], s["head_dim"]):
             raise PrefixError(f"{folder}: {kind} prefix {tuple(prefixes[kind].shape)} does not match config.json {s}")
-    known = {f.name for f in dataclasses.fields(PrefixConfig)}
-    cfg = PrefixConfig(**{k: v for k, v in config["options"].items() if k in known})
     if lm is not None:
         if not is_seq2seq(lm):
-            raise PrefixError(f"{folder}: an encoder-decoder prefix cannot be loaded on the decoder-only "
+            raise PrefixError(f"{folder}: a prefix for an encoder-decoder LM cannot be loaded on the decoder-only "
                               f"{type(lm).__name__}; load the model it was trained on "
                               f"({config['backbone'].get('name') or 'not recorded'})")
         shapes = shapes_of(find_sites(lm))
-        for kind, p in prefixes.items():
-            n, _, h, _, e = p.shape
-            want_shape = shapes[kind]
-            if (n, h, e) != (want_shape.layers, want_shape.heads, want_shape.head_dim):
-                raise PrefixError(f"{folder}: the {kind} prefix is for {n} layers × {h} heads × {e} dims; this model "
-                                  f"has {want_shape.layers} × {want_shape.heads} × {want_shape.head_dim}. Load the "
-                                  f"model it was trained on ({config['backbone'].get('name') or 'not recorded'}).")
-        saved_hash = config["backbone"].get("weights_hash")
-        if saved_hash and weights_hash(lm) != saved_hash:
-            raise PrefixError(f"{folder}: this model's weights differ from the ones the prefix was trained on "
-                              f"({config['backbone'].get('name') or 'name not recorded'}); load the same model files.")
-    return prefixes, cfg, config
+        check_fits(folder, config, lm, {f"{k} prefix": (shapes[k], (p.shape[0], p.shape[2], p.shape[4]))
+                                        for k, p in prefixes.items()})
+    return prefixes, saved_options(config), config
 
 
 def saved_numel(prefix_length: int, shapes: dict[str, KVShape]) -> int:
