@@ -402,6 +402,13 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     device = torch.device(cfg_train.device)
     lm.to(device)
     tuner.to(device)
+    if hasattr(tuner, "sources_cut"):  # an encoder takes at most its position table: say how many sources are cut
+        for part, texts in (("training", [src for src, _ in splits.train]), ("test", [ex.source for ex in splits.test])):
+            cut, limit = tuner.sources_cut(texts)
+            if cut:
+                splits.notes.append(f"{cut} of {len(texts)} {part} sources are longer than the {limit} tokens "
+                                    f"{lm_name} takes; their ends are cut off")
+                log(f"data: {splits.notes[-1]}")
     lm_params = sum(p.numel() for p in lm.parameters())
     n_trainable = tuner.num_trainable()
     log(f"{method} on {splits.name} with {lm_name}: {len(splits.train)} train pairs / {len(splits.validation)} "

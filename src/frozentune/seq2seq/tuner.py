@@ -155,6 +155,13 @@ class Seq2SeqTuner(LMTuner):
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
         return encode_texts(self._tok(), texts, self.eos_id(), max_source_tokens(self.lm, self.tok))
 
+    def sources_cut(self, texts: Sequence[str]) -> tuple[int, int | None]:
+        """(how many of `texts` are longer than the model takes, that limit): encode_sources cuts them."""
+        limit = max_source_tokens(self.lm, self.tok)
+        if limit is None:
+            return 0, None
+        return sum(len(ids) > limit for ids in encode_texts(self._tok(), texts, self.eos_id(), None)), limit
+
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
         if self.eos_id() is None:
             raise PrefixError("the tokenizer has no eos token; generation could not learn to stop")
