@@ -307,7 +307,7 @@ def test_save_load_generates_identical_text(lm, tok, tmp_path):
 
 def test_load_refuses_another_lm(llama, gpt2, tok, tmp_path):
     PrefixTuner(SMALL, llama, tok).save(tmp_path / "run")
-    with pytest.raises(PF.PrefixError, match="Load the LM it was trained on"):
+    with pytest.raises(PF.PrefixError, match="Load the model it was trained on"):
         PF.load_prefix(tmp_path / "run", gpt2)
     with pytest.raises(PF.PrefixError, match="weights differ"):
         PF.load_prefix(tmp_path / "run", _llama(len(tok), seed=1))
