@@ -34,9 +34,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-train", type=int, default=500)
-    ap.add_argument("--max-test", type=int, default=200)
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--max-train", type=int, default=200)
+    ap.add_argument("--max-test", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     out = HERE / "runs" / "scitldr-prefix"
