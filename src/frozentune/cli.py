@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line)")
     gen.add_argument("--model", type=Path, required=True)
-    gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation or linearised triples")
+    gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation, linearised triples, or any source text")
     gen.add_argument("--input", type=Path, help="a file with one source per line, or a .jsonl/.csv/.tsv dataset file "
                      "(source / mr / triples)")
     gen.add_argument("--source-field", help="with a .jsonl/.csv/.tsv --input: the source field (default: source)")

@@ -261,8 +261,9 @@ class PrefixHead(Head):
 
 
 register_method("prefix", PrefixConfig,
-                "trainable key/value prefixes at every layer of the frozen model: a causal LM generating text "
-                "(E2E, WebNLG), or an encoder with a linear head (classification)",
+                "trainable key/value prefixes at every layer of the frozen model: a causal or encoder-decoder LM "
+                "generating text (E2E, WebNLG, any source/target pairs), or an encoder with a linear head "
+                "(classification)",
                 train_defaults={"lr": 1e-3, "epochs": 5, "batch_size": 32, "patience": 2},
                 generator=ByArchitecture(PrefixTuner, Seq2SeqPrefixTuner),
                 generation_defaults={"lr": 3e-4, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32}

@@ -1,6 +1,7 @@
-"""Data-to-text generation on a frozen causal LM (E2E, WebNLG): the pairs a run trains on, the
-reference method (fine-tuning all or the top k layers of the LM), the shared training and decoding
-path, and the metrics (sacrebleu BLEU over all references and chrF; ROUGE-L from rouge-score).
+"""Source → target generation (E2E, WebNLG, any pairs file) on a frozen LM, causal or encoder-decoder
+(seq2seq/): the pairs a run trains on, the reference method (fine-tuning all or the top k layers of
+the LM), the shared training and decoding path, and the metrics (sacrebleu BLEU over all references
+and chrF; ROUGE-1/2/L from rouge-score).
 
 Both methods go through the same code: the loss is prefix.prefix_lm_loss (fine-tuning uses a
 zero-length prefix, which the tests hold equal to the plain LM), decoding is prefix.generate, and

@@ -57,7 +57,7 @@ register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] froz
 
 
 @register_method("finetune", FinetuneConfig, "the backbone unfrozen with a linear head, trained end to end; "
-                 "on E2E/WebNLG the causal LM itself (all or top_layers of it)",
+                 "on generation data the LM itself, causal or encoder-decoder (all or top_layers of it)",
                  train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2},
                  generator=ByArchitecture(LMFinetuner, Seq2SeqFinetuner),
                  generation_defaults={"lr": 5e-5, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32})
