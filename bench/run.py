@@ -543,6 +543,14 @@ def seq2seq_tiny_block() -> str:
     return report(r)
 
 
+def scitldr_block() -> str:
+    r = _result("scitldr")
+    if not r:
+        return _not_run("scitldr.py")
+    from scitldr import report
+    return report(r)
+
+
 def _replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text:
@@ -575,6 +583,7 @@ def write_report() -> None:
     text = _replace_block(text, "webnlg", webnlg_table())
     text = _replace_block(text, "prefix-mixed", prefix_mixed_block())
     text = _replace_block(text, "seq2seq-tiny", seq2seq_tiny_block())
+    text = _replace_block(text, "scitldr", scitldr_block())
     text = _replace_block(text, "encoder-prefix", encoder_prefix_table())
     text = _replace_block(text, "peers", peers_block())
     text = _replace_block(text, "setfit-grid", setfit_grid_block())
