@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from clirun import cli
 from conftest import head_of_files, make_tiny_bart
@@ -102,7 +103,7 @@ def test_pairs_errors_say_what_to_do(bart_dir, scitldr_slice, tmp_path):
         row=ROW)
 
 
-def test_an_encoder_decoder_prefix_has_no_peft_or_serve_form(bart_dir, tmp_path):
+def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):
     pytest.importorskip("peft")
     from frozentune.prefix import PrefixConfig
     from frozentune.seq2seq import Seq2SeqPrefixTuner
@@ -114,6 +115,35 @@ def test_an_encoder_decoder_prefix_has_no_peft_or_serve_form(bart_dir, tmp_path)
     cli("export", "--model", tmp_path / "m", "--format", "peft", "--output", tmp_path / "p",
         contains="no PEFT form", row=ROW)
     assert not (tmp_path / "p").exists()
-    from frozentune.serve.models import ServeError, load_tasks
-    with pytest.raises(ServeError, match="frozentune generate"):
-        load_tasks([tmp_path / "m"], "cpu", None, lambda s: None)
+
+
+def test_serve_batches_encoder_decoder_prefixes_as_each_alone(bart_dir, tmp_path):
+    """Two prefixes of one BART share one LM and one batch; each answer equals `frozentune generate`'s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from frozentune.backbone import load_seq2seq_lm
+    from frozentune.generation import generate_sources
+    from frozentune.prefix import PrefixConfig
+    from frozentune.seq2seq import Seq2SeqPrefixTuner
+    from frozentune.serve.engine import Engine, ServeOptions
+
+    lm, tok = load_seq2seq_lm(str(bart_dir))
+    for name, length, seed in (("a", 2, 0), ("b", 4, 1)):
+        torch.manual_seed(seed)
+        Seq2SeqPrefixTuner(PrefixConfig(prefix_length=length, reparam=False), lm, tok, str(bart_dir)).save(
+            tmp_path / name, extra={"task": "generation", "decoding": {"num_beams": 2, "max_new_tokens": 6}})
+    sources = ["we propose a new method", "deep neural networks", "this paper show results on tasks"]
+    alone = {(p, s): generate_sources(tmp_path / p, [s])[0] for p in ("a", "b") for s in sources}
+    assert len(set(alone.values())) > 1
+    e = Engine.load([tmp_path / "a", tmp_path / "b"], "cpu", None, ServeOptions(max_wait_ms=200.0), log=lambda s: None)
+    try:
+        assert len({id(t.group) for t in e.tasks.values()}) == 1  # one LM for both prefixes
+        with ThreadPoolExecutor(6) as pool:
+            got = dict(zip(alone, pool.map(lambda k: e.generate(k[0], [k[1]])["outputs"][0]["output"], alone)))
+        assert max(b.rows for b in e.batches) > 1  # requests did share a batch
+        from frozentune.serve.engine import RequestError
+        with pytest.raises(RequestError, match="encoder takes 64"):
+            e.generate("a", [" ".join(["data"] * 80)])
+    finally:
+        e.close()
+    assert got == alone

@@ -244,18 +244,28 @@ class Engine:
         whole("max_new_tokens", new, 1, self.options.max_new_tokens)
         whole("min_new_tokens", min_new_tokens, 0, new, f"max_new_tokens ({new})")
         group = task.group
+        seq2seq = getattr(group.lm.config, "is_encoder_decoder", False)
         context = getattr(group.lm.config, "max_position_embeddings", None) or 2048
-        room = context - new - (task.prefix.shape[3] if task.prefix is not None else 0)
+        if seq2seq:  # the source has the encoder to itself; the new tokens fill the decoder's positions
+            from ..seq2seq.tuner import encode_texts, max_source_tokens
+            room = max_source_tokens(group.lm, group.tok) or context
+            if new > context:
+                raise RequestError(f"max_new_tokens {new}: this model's decoder takes {context} positions; ask for fewer")
+        else:
+            room = context - new - (task.prefix.shape[3] if task.prefix is not None else 0)
         for i, s in enumerate(sources):  # characters first: a huge source is refused without tokenising it
             if len(s) > 64 * max(room, 1):
                 raise RequestError(f"sources[{i}]: {len(s):,} characters, far more than this LM's room of "
                                    f"{max(room, 0)} tokens for a source; shorten it", 413)
         with group.tokenizer_lock:
-            ids = encode_sources(group.tok, sources)
+            ids = (encode_texts(group.tok, sources, task.tuner.eos_id(), None) if seq2seq  # uncut: checked below
+                   else encode_sources(group.tok, sources))
         for i, x in enumerate(ids):
             if len(x) > room:
-                raise RequestError(f"sources[{i}]: {len(x)} tokens; with max_new_tokens {new} and the prefix this LM's "
-                                   f"context of {context} leaves {max(room, 0)}: shorten it or ask for fewer new tokens", 413)
+                raise RequestError(f"sources[{i}]: {len(x)} tokens; " + (
+                    f"this model's encoder takes {room}: shorten it" if seq2seq else
+                    f"with max_new_tokens {new} and the prefix this LM's context of {context} leaves {max(room, 0)}: "
+                    f"shorten it or ask for fewer new tokens"), 413)
         jobs = [Job(group, (beams, new, min_new_tokens), (len(x) + new) * beams, {"ids": x, "task": task}) for x in ids]
 
         def assemble(results: list) -> dict:

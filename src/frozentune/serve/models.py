@@ -73,7 +73,7 @@ class Task:
     group: Any
     model: M.Classifier | None = None  # classifiers
     tuner: Any = None                  # generators
-    prefix: Tensor | None = None       # prefix generators: the materialised (N, 2, H, P, E)
+    prefix: Tensor | dict | None = None  # prefix generators: the materialised (N, 2, H, P, E); encoder-decoder: per kind
     decoding: dict = field(default_factory=dict)  # generators: num_beams, max_new_tokens as trained
 
     @property
@@ -239,7 +239,8 @@ class LivePass(ClassifierGroup):
 
 
 class LMGroup:
-    """Generators on one causal LM: each row after its own prefix, all rows of a batch in one decode."""
+    """Generators on one LM (causal or encoder-decoder): each row after its own prefix, all rows of a batch in
+    one decode."""
 
     refill = True  # a decode's batch waits briefly for the clients just answered (batcher.py, Refill)
 
@@ -258,6 +259,10 @@ class LMGroup:
         tasks = [j.payload["task"] for j in jobs]
         if tasks[0].prefix is None:  # a fine-tuned LM: the group has that one task
             rows = tasks[0].tuner.generate(prompts, max_new_tokens=max_new, num_beams=beams, **extra)
+        elif isinstance(tasks[0].prefix, dict):  # encoder-decoder: {kind: prefix}, the sites shared by the group
+            from ..seq2seq import mixed, seq2seq_generate
+            rows = seq2seq_generate(self.lm, tasks[0].tuner.sites, mixed([t.prefix for t in tasks]), prompts,
+                                    pad_id_of(self.lm, self.tok), eos_id_of(self.lm, self.tok), max_new, beams, **extra)
         else:
             pb = PrefixBatch.mixed([t.prefix for t in tasks])
             rows = generate(self.lm, pb, prompts, pad_id_of(self.lm, self.tok), eos_id_of(self.lm, self.tok),
@@ -312,26 +317,26 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
 
 
 def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Task:
-    from ..backbone import load_causal_lm
+    from ..backbone import load_generation_lm
     from ..extract import resolve_device
     from ..generation import check_safetensors, DecodeOptions
     from ..model import known_method, read_saved
     from ..prefix import PrefixTuner
+    from ..seq2seq import Seq2SeqPrefixTuner
 
     config = read_saved(folder, "the --output folder of a generation training run")
     spec = known_method(config, folder)
-    if config.get("architecture") == "encoder-decoder":
-        raise ServeError(f"{folder}: an encoder-decoder generator ({config['backbone'].get('name')}); serve batches "
-                         f"causal-LM prefixes only so far. Run it with `frozentune generate --model {folder}`")
     check_safetensors(folder / M.WEIGHTS)
     name = config["backbone"]["name"]
     dev, _ = resolve_device(device or "auto")
     decoding = DecodeOptions(**config.get("decoding", {}))
-    shares = getattr(spec.generator, "causal", spec.generator) is PrefixTuner
+    seq2seq = config.get("architecture") == "encoder-decoder"
+    cls = getattr(spec.generator, "seq2seq" if seq2seq else "causal", spec.generator)
+    shares = cls in (PrefixTuner, Seq2SeqPrefixTuner)  # prefixes of one LM share batches; a fine-tuned LM is its own
     if shares and name in lms:
         group = lms[name]
     else:
-        lm, tok = load_causal_lm(name)
+        lm, tok = load_generation_lm(name)
         group = LMGroup(lm, tok, name, dev)
         if shares:
             lms[name] = group
@@ -339,6 +344,6 @@ def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Ta
     tuner.eval()
     group.lm.to(dev)
     tuner.to(dev)
-    prefix = tuner.encoder.materialize().detach() if shares else None
+    prefix = None if not shares else tuner.prefixes() if seq2seq else tuner.encoder.materialize().detach()
     return Task(folder.name, folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
                 decoding={"num_beams": decoding.num_beams, "max_new_tokens": decoding.max_new_tokens})
