@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from .backbone import freeze, trainable_names, weights_hash
 from .model import CONFIG, WEIGHTS, write_saved
 from .data import DataError, GenExample, linearize_triples, load_generation, resolve
-from .prefix import KVShape, LMTuner, PrefixBatch, PrefixError
+from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
 
@@ -179,11 +179,6 @@ class LMFinetuner(LMTuner):
         return tuner
 
 
-def architecture(lm: nn.Module) -> str:
-    """What a saved generator records, so it is never loaded on the other kind of LM."""
-    return "encoder-decoder" if getattr(lm.config, "is_encoder_decoder", False) else "causal"
-
-
 class ByArchitecture:
     """A generation method's generator (MethodSpec.generator): the causal-LM class or the
     encoder-decoder one, picked by the LM it is given, so `--method prefix` (or finetune) is one
@@ -203,10 +198,9 @@ class ByArchitecture:
         config = json.loads((Path(folder) / CONFIG).read_text())
         saved, have = config.get("architecture", "causal"), architecture(lm)
         if saved != have:
-            kinds = {"causal": "a decoder-only (causal) LM", "encoder-decoder": "an encoder-decoder LM"}
-            raise PrefixError(f"{folder}: was trained on {kinds.get(saved, saved)} "
+            raise PrefixError(f"{folder}: was trained on {ARCHITECTURES.get(saved, saved)} "
                               f"({config.get('backbone', {}).get('name') or 'not recorded'}) and cannot be loaded on "
-                              f"{kinds[have]} ({type(lm).__name__}); load the model it was trained on")
+                              f"{ARCHITECTURES[have]} ({type(lm).__name__}); load the model it was trained on")
         return self.pick(lm).load(folder, lm, tok, lm_name)
 
 

@@ -442,7 +442,7 @@ class PrefixTuner(LMTuner):
     def __init__(self, cfg: PrefixConfig, lm: nn.Module, tok=None, lm_name: str = ""):
         super().__init__()
         cfg.validate()
-        if getattr(lm.config, "is_encoder_decoder", False):
+        if architecture(lm) == "encoder-decoder":
             raise PrefixError(f"{type(lm).__name__} is an encoder-decoder model; its prefix is "
                               f"frozentune.seq2seq.Seq2SeqPrefixTuner (--method prefix picks it by the model)")
         freeze(lm)
@@ -531,6 +531,11 @@ def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = 
 
 
 ARCHITECTURES = {"causal": "a decoder-only (causal) LM", "encoder-decoder": "an encoder-decoder LM"}
+
+
+def architecture(lm: nn.Module) -> str:
+    """The kind of LM (a key of ARCHITECTURES); saved generators record it, so they are never loaded on the other."""
+    return "encoder-decoder" if getattr(lm.config, "is_encoder_decoder", False) else "causal"
 
 
 def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str, Tensor]]:

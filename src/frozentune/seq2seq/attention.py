@@ -143,7 +143,9 @@ def record() -> Iterator[list]:
 @torch.no_grad()
 def find_sites(lm: nn.Module) -> dict[str, list[Site]]:
     """{encoder, decoder, cross: [Site per layer]}, found by running `lm` once (see the module docstring)."""
-    if not getattr(lm.config, "is_encoder_decoder", False):
+    from ..prefix import architecture
+
+    if architecture(lm) != "encoder-decoder":
         raise Seq2SeqError(f"{type(lm).__name__} is not an encoder-decoder model; a causal LM takes the "
                            f"decoder-only prefix (frozentune.prefix.PrefixTuner)")
     use_prefix_attention(lm)

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 
 from ..backbone import freeze, pad, weights_hash
 from ..model import WEIGHTS, write_saved
-from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, check_fits,
-                      phrase_ids, read_prefix_folder, saved_options, until_eos)
+from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, architecture,
+                      check_fits, phrase_ids, read_prefix_folder, saved_options, until_eos)
 from .attention import KINDS, Site, find_sites, prefixes_set, site_activations
 
 ARCHITECTURE = "encoder-decoder"
@@ -37,7 +37,7 @@ Batch = dict[str, PrefixBatch]      # {kind: one prefix per row}
 
 
 def is_seq2seq(lm: nn.Module) -> bool:
-    return bool(getattr(lm.config, "is_encoder_decoder", False))
+    return architecture(lm) == ARCHITECTURE
 
 
 def shapes_of(sites: dict[str, list[Site]]) -> dict[str, KVShape]:
@@ -55,17 +55,16 @@ def mixed(rows: Sequence[Prefixes]) -> Batch:
 
 
 def prefixed(lm: nn.Module, sites: dict[str, list[Site]] | None, batch: Batch | None):
-    """The context in which `lm`'s forward and generate see `batch`'s prefixes (None: the plain model)."""
+    """The context in which `lm`'s forward and generate see `batch`'s prefixes, moved to the LM's device
+    (None: the plain model)."""
     import contextlib
 
     if batch is None:
         return contextlib.nullcontext()
     assert sites is not None
-    return prefixes_set(sites, {k: b.kv for k, b in batch.items()}, {k: b.mask for k, b in batch.items()})
-
-
-def _to(batch: Batch | None, device: torch.device) -> Batch | None:
-    return None if batch is None else {k: PrefixBatch(b.kv.to(device), b.mask.to(device)) for k, b in batch.items()}
+    device = next(lm.parameters()).device
+    return prefixes_set(sites, {k: b.kv.to(device) for k, b in batch.items()},
+                        {k: b.mask.to(device) for k, b in batch.items()})
 
 
 def seq2seq_loss(lm: nn.Module, sites, batch: Batch | None, sources: Sequence[Sequence[int]],
@@ -79,7 +78,7 @@ def seq2seq_loss(lm: nn.Module, sites, batch: Batch | None, sources: Sequence[Se
     device = next(lm.parameters()).device
     ids, mask = (t.to(device) for t in pad(sources, pad_id))
     labels, _ = pad(targets, IGNORE)
-    with prefixed(lm, sites, _to(batch, device)):
+    with prefixed(lm, sites, batch):
         return lm(input_ids=ids, attention_mask=mask, labels=labels.to(device), use_cache=False).loss
 
 
@@ -92,7 +91,7 @@ def seq2seq_generate(lm: nn.Module, sites, batch: Batch | None, prompts: Sequenc
     if batch is not None and any(b.batch_size != len(prompts) for b in batch.values()):
         raise PrefixError(f"prefix batch rows differ from the {len(prompts)} prompts")
     ids, mask = (t.to(device) for t in pad(prompts, pad_id))
-    with prefixed(lm, sites, _to(batch, device)):
+    with prefixed(lm, sites, batch):
         out = lm.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, do_sample=False,
                           max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id, **kwargs)
     return [until_eos(row, eos_id) for row in out[:, 1:].tolist()]  # column 0: the decoder start token
@@ -107,7 +106,7 @@ def greedy_reference(lm: nn.Module, sites, batch: Batch | None, prompts: Sequenc
     start = lm.config.decoder_start_token_id
     dec = torch.full((len(prompts), 1), int(start if start is not None else pad_id), dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    with prefixed(lm, sites, _to(batch, device)):
+    with prefixed(lm, sites, batch):
         for _ in range(max_new_tokens):
             logits = lm(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, use_cache=False).logits
             nxt = logits[:, -1].argmax(-1)                                      # (B,)
@@ -152,15 +151,20 @@ class Seq2SeqTuner(LMTuner):
     def prefix_batch(self, rows: int, train: bool) -> Batch | None:  # type: ignore[override]
         return None
 
-    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
-        return encode_texts(self._tok(), texts, self.eos_id(), max_source_tokens(self.lm, self.tok))
+    def source_limit(self) -> int | None:
+        """The most source tokens the encoder takes (None: no limit known)."""
+        return max_source_tokens(self.lm, self.tok)
+
+    def encode_sources(self, texts: Sequence[str], cut: bool = True) -> list[list[int]]:
+        """Source ids, cut to `source_limit` (or whole with cut=False, for a caller that refuses long ones)."""
+        return encode_texts(self._tok(), texts, self.eos_id(), self.source_limit() if cut else None)
 
     def sources_cut(self, texts: Sequence[str]) -> tuple[int, int | None]:
         """(how many of `texts` are longer than the model takes, that limit): encode_sources cuts them."""
-        limit = max_source_tokens(self.lm, self.tok)
+        limit = self.source_limit()
         if limit is None:
             return 0, None
-        return sum(len(ids) > limit for ids in encode_texts(self._tok(), texts, self.eos_id(), None)), limit
+        return sum(len(ids) > limit for ids in self.encode_sources(texts, cut=False)), limit
 
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
         if self.eos_id() is None:

@@ -233,6 +233,7 @@ class Engine:
     def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,
                       max_new_tokens: int | None = None, min_new_tokens: int = 0) -> tuple[list[Job], Assemble]:
         from ..prefix import encode_sources
+        from ..seq2seq import is_seq2seq
 
         if not isinstance(prefix, str):
             raise RequestError("prefix: give the name of a generation task")
@@ -244,11 +245,10 @@ class Engine:
         whole("max_new_tokens", new, 1, self.options.max_new_tokens)
         whole("min_new_tokens", min_new_tokens, 0, new, f"max_new_tokens ({new})")
         group = task.group
-        seq2seq = getattr(group.lm.config, "is_encoder_decoder", False)
+        seq2seq = is_seq2seq(group.lm)
         context = getattr(group.lm.config, "max_position_embeddings", None) or 2048
         if seq2seq:  # the source has the encoder to itself; the new tokens fill the decoder's positions
-            from ..seq2seq.tuner import encode_texts, max_source_tokens
-            room = max_source_tokens(group.lm, group.tok) or context
+            room = task.tuner.source_limit() or context
             if new > context:
                 raise RequestError(f"max_new_tokens {new}: this model's decoder takes {context} positions; ask for fewer")
         else:
@@ -258,7 +258,7 @@ class Engine:
                 raise RequestError(f"sources[{i}]: {len(s):,} characters, far more than this LM's room of "
                                    f"{max(room, 0)} tokens for a source; shorten it", 413)
         with group.tokenizer_lock:
-            ids = (encode_texts(group.tok, sources, task.tuner.eos_id(), None) if seq2seq  # uncut: checked below
+            ids = (task.tuner.encode_sources(sources, cut=False) if seq2seq  # uncut: checked below
                    else encode_sources(group.tok, sources))
         for i, x in enumerate(ids):
             if len(x) > room:
