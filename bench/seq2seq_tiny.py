@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from frozentune.backbone import pad
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 RUNS = HERE / "runs" / "seq2seq-tiny"
@@ -80,7 +82,7 @@ def pretrain(arch: str, seed: int, steps: int, log) -> tuple[object, dict]:
         tasks = rng.integers(0, 2, len(xs))
         src = [[WORDS.index(s) for s in x] + [WORDS.index(["copy", "reverse"][t]), EOS] for x, t in zip(xs, tasks)]
         tgt = [[WORDS.index(s) for s in (x[::-1] if t else x)] + [EOS] for x, t in zip(xs, tasks)]
-        ids, mask, labels = _pad(src), _mask(src), _pad(tgt, -100)
+        (ids, mask), (labels, _) = pad(src, PAD), pad(tgt, -100)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -96,16 +98,6 @@ def pretrain(arch: str, seed: int, steps: int, log) -> tuple[object, dict]:
     return model, {"steps": steps, "seconds": time.perf_counter() - t0, "exact_match": scores}
 
 
-def _pad(rows: list[list[int]], value: int = PAD) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
-
-
-def _mask(rows: list[list[int]]) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-
-
 @torch.no_grad()
 def exact_match(model, sources: list[list[str]], targets: list[list[str]], tuner=None) -> float:
     """Percent of greedy outputs equal to the target (through the tuner's prefixes when given)."""
@@ -113,7 +105,8 @@ def exact_match(model, sources: list[list[str]], targets: list[list[str]], tuner
     if tuner is not None:
         out = tuner.generate(src, max_new_tokens=12)
     else:
-        gen = model.generate(input_ids=_pad(src), attention_mask=_mask(src), max_new_tokens=12, do_sample=False,
+        ids, mask = pad(src, PAD)
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                              num_beams=1, pad_token_id=PAD, eos_token_id=EOS)
         out = [r[:r.index(EOS)] if EOS in r else r for r in gen[:, 1:].tolist()]
     return 100.0 * float(np.mean([[WORDS[i] for i in o] == t for o, t in zip(out, targets)]))
