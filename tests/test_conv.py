@@ -318,12 +318,15 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
 @pytest.mark.parametrize("argv,needle", [
     (["pretrain", "--corpus", "/no/such/corpus.txt", "--output", "{tmp}/o", "--steps", "1"], "no such file"),
     (["pretrain", "--output", "{tmp}/o", "--steps", "1"], "give --corpus"),
+    (["pretrain", "--corpus", "{unk}", "--output", "{tmp}/o", "--steps", "1"], "no tokens the tokenizer keeps"),
     (["pretrain", "--corpus", "imdb", "--output", "{tmp}/o"], "give a budget"),
     (["train", "--method", "conv", "--init", "{tmp}", "--data", "{trec}"], "is not a pre-training checkpoint"),
     (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone and --layer do not apply"),
 ])
 def test_bad_input_messages(capsys, tmp_path, trec_slice, argv, needle):
-    code, _, err = run(capsys, *[a.format(tmp=tmp_path, trec=trec_slice) for a in argv])
+    unk = tmp_path / "unknown.txt"  # text, but only characters MiniLM's tokenizer reads as [UNK]
+    unk.write_text("\u2603\u2603\n\u2603\n")
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path, trec=trec_slice, unk=unk) for a in argv])
     assert code == 2 and needle in err, err
 
 

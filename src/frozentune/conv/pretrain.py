@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import distributed
+from ..data import DataError
 from ..train import adamw, shared_step, silent
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
 
@@ -141,7 +142,7 @@ class Corpus:
 def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list[str]]:
     """(name, file, texts): a dataset name (its train split; `imdb` = the IMDB train reviews) or a
     file: .jsonl/.csv/.tsv (the `text_field` of each record), anything else one text per line."""
-    from ..data import SUFFIXES, DataError, read_records, resolve
+    from ..data import SUFFIXES, read_records, resolve
 
     path = Path(corpus).expanduser()
     looks_like_path = path.suffix != "" or os.sep in corpus or path.exists()
