@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from . import interrupts
 from .pairs import Text, is_pair, pair_kind, unzip
 
 
@@ -582,6 +583,7 @@ def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
         batches = length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to), max_tokens, max_batch)
     device = device_of(model)
     for idx in batches:
+        interrupts.check()  # a SIGTERM whose first raise was swallowed (interrupts.py) ends the build here
         ids, mask, types = tokens.padded(idx, pid, pad_to)
         ids, mask = ids.to(device), mask.to(device)
         with torch.inference_mode():

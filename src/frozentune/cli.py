@@ -26,7 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import interrupts
 from .export import FORMATS as EXPORT_FORMATS
+from .interrupts import Interrupted
+from .interrupts import raise_interrupted as _raise_interrupted
 from .registry import describe_options, get_method, list_methods
 
 
@@ -573,15 +576,6 @@ def cmd_list() -> int:
     return 0
 
 
-class Interrupted(BaseException):
-    """SIGTERM turned into an exception (SIGINT is Python's KeyboardInterrupt), so that every
-    `finally` and temporary-folder cleanup runs exactly as for Ctrl-C."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 # what an interrupt of the running command leaves behind; commands that keep something set it
 _on_interrupt = {"note": "nothing was saved"}
 
@@ -589,10 +583,6 @@ _on_interrupt = {"note": "nothing was saved"}
 def on_interrupt(note: str) -> None:
     """Say what an interrupt of the running command keeps (printed in its one-line message)."""
     _on_interrupt["note"] = note
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
 
 
 def _interrupt_in_chain(e: BaseException) -> BaseException | None:
@@ -673,6 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        interrupts.clear()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import distributed
+from . import distributed, interrupts
 from .model import Classifier, Source
 
 
@@ -287,6 +287,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
         loss_sum, n, steps = 0.0, 0, []
         done = bounds[rnd - 2] if rnd > 1 else 0
         for _ in range(bounds[rnd - 1] - done):
+            interrupts.check()  # a SIGTERM whose first raise was swallowed (interrupts.py) ends the run here
             idx = next(draw)
             if world == 1:
                 part = batch_loss(idx)

@@ -1,0 +1,39 @@
+"""SIGTERM as an exception, and a second chance for it when that exception is lost.
+
+`raise_interrupted` is the SIGTERM handler of a command (cli.main installs it): it raises
+`Interrupted` in whatever code runs when the signal lands, so every `finally` and temporary-folder
+cleanup runs as for Ctrl-C. Where that code is a weakref callback or a `__del__` (the import
+system's module-lock callbacks, seen in CI), Python prints the exception as "Exception ignored" and
+carries on, and the command would run to its end. So the handler also records the signal, and the
+long loops (the trainer's steps, extraction's batches) call `check`, which raises it again there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_pending: list[int] = []  # signals whose exception has been raised, until the command ends (`clear`)
+
+
+class Interrupted(BaseException):
+    """SIGTERM turned into an exception (SIGINT is Python's KeyboardInterrupt), so that every
+    `finally` and temporary-folder cleanup runs exactly as for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_interrupted(signum: int, frame: Any) -> None:
+    _pending.append(signum)
+    raise Interrupted(signum)
+
+
+def check() -> None:
+    """Raise the interrupt again if one arrived (its first raise may have been swallowed)."""
+    if _pending:
+        raise Interrupted(_pending[-1])
+
+
+def clear() -> None:
+    """The command has ended: forget its signals."""
+    _pending.clear()
