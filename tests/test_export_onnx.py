@@ -107,6 +107,25 @@ def test_pair_model_graph(tiny_bert, mrpc_slice, tmp_path, monkeypatch):
           "spans starting on the separator are masked to exactly 0")
 
 
+def test_pair_model_without_token_types(tiny_bert, mrpc_slice, tmp_path, monkeypatch):
+    """A --no-token-types pair model exports a graph that takes no token_type_ids and answers as predict."""
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    cli("train", "--method", "probe", "--data", "mrpc", "--backbone", tiny_bert, "--output", tmp_path / "m",
+        "--no-token-types", "--epochs", "1", "--precision", "fp32", "--cache-dir", tmp_path / "c", "--quiet", code=0)
+    cli("export", "--model", tmp_path / "m", "--format", "onnx", "--output", tmp_path / "g", code=0)
+    assert OnnxClassifier(tmp_path / "g").meta["inputs"] == ["input_ids", "attention_mask"]
+    pair = ("The cat sat on the mat .", "A cat was sitting on a mat .")
+    got = json.loads(cli("predict", "--onnx", tmp_path / "g", "--pair", *pair, code=0).out)
+    want = json.loads(cli("predict", "--model", tmp_path / "m", "--precision", "fp32", "--pair", *pair, code=0).out)
+    assert got["label"] == want["label"]
+    # a typed pair head cannot share that graph: its pass feeds token types
+    cli("train", "--method", "probe", "--data", "mrpc", "--backbone", tiny_bert, "--output", tmp_path / "typed",
+        "--epochs", "1", "--precision", "fp32", "--cache-dir", tmp_path / "c", "--quiet", code=0)
+    cli("export", "--model", tmp_path / "m", tmp_path / "typed", "--format", "onnx", "--output", tmp_path / "both",
+        contains=("token types on", "one graph holds one backbone pass"))
+    assert not (tmp_path / "both").exists()
+
+
 def test_what_cannot_be_exported(heads, tiny_bert, tiny_bert_other, trec_slice, tmp_path):
     out = tmp_path / "g"
     cli("train", "--method", "finetune", "--data", trec_slice, "--backbone", tiny_bert, "--output", tmp_path / "ft",

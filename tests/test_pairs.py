@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from clirun import cli
+from numerics import assert_close, assert_differs, tol
 from frozentune import api
 from frozentune import model as M
 from frozentune.backbone import Backbone
@@ -177,3 +178,76 @@ def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
     plain = tmp_path / "lines.txt"
     plain.write_text("one\ntwo\n")
     cli("predict", "--model", out, "--input", plain, contains="give them in a .jsonl / .csv / .tsv file")
+
+
+# ----------------------------------------------------------------------------- --no-token-types
+def test_no_token_types_keeps_the_ids_and_drops_the_types(tiny_bert, bb, tmp_path):
+    """Pairs fed without token types: the same ids (separator included), no types, so the states are
+    the model's with type 0 everywhere; another cache entry than the typed pairs, the same entry for
+    single texts (which have no types either way)."""
+    off = Backbone.load(str(tiny_bert), max_length=32, token_types=False)
+    typed, untyped = bb.tokenize(PAIRS), off.tokenize(PAIRS)
+    assert [t.tolist() for t in untyped.ids] == [t.tolist() for t in typed.ids] and untyped.types is None
+    assert off.tokenize_with_views(PAIRS)[0].types is None
+    assert cache_key(off, PAIRS)[0] != cache_key(bb, PAIRS)[0] and cache_key(off, PAIRS)[1]["token_types"] is False
+    assert cache_key(off, ["one text"])[0] == cache_key(bb, ["one text"])[0]
+    cache, _ = get_or_build(off, PAIRS, tmp_path, progress=False)
+    ids, mask, _ = untyped.padded([0], off.pad_id())
+    with torch.no_grad():
+        want = off.states(ids, mask, torch.zeros_like(ids))[0]
+    got, _ = cache.batch(np.array([0]))
+    torch.testing.assert_close(got[0], want, rtol=2 ** -10, atol=2 ** -10)  # fp16 cache rounding, as above
+
+
+def test_no_token_types_is_saved_and_used_by_predict(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    runs = {}
+    for types in (True, False):
+        out = tmp_path / f"m-{types}"
+        api.train("probe", "mrpc", api.BackboneOptions(str(tiny_bert), max_length=48, precision="fp32", token_types=types),
+                  output=out, cache_root=tmp_path / "cache", progress=False, log=lambda s: None)
+        runs[types] = out
+    config = json.loads((runs[False] / "config.json").read_text())
+    assert config["backbone"]["token_types"] is False
+    model = M.load(runs[False])
+    assert model.backbone_ref.token_types is False
+    # predict reads the pair as it was trained: the probe on type-0 states
+    got = api.predict(model, PAIRS)
+    tokens = model.backbone_ref.tokenize(PAIRS)
+    ids, mask, types = tokens.padded(range(len(PAIRS)), model.backbone_ref.pad_id())
+    assert types is None
+    typed = Backbone.load(str(tiny_bert), max_length=48).tokenize(PAIRS).padded(range(len(PAIRS)), 0)[2]
+    sep = separator_mask(ids, mask.bool(), separator_ids(model.backbone_ref.tok))
+
+    def probs(token_types):
+        with torch.no_grad():
+            feats = M.as_cached(model.backbone_ref.states(ids, mask, token_types), model.cache_dtype)
+            return model.head(M.Features(feats, mask.bool(), sep)).logits.softmax(-1)
+
+    want, with_types = probs(None), probs(typed)
+    got_p = torch.tensor([[r["scores"][lab] for lab in model.labels] for r in got])
+    # predict's states, perhaps at another padded length: other float32 blocking, then the states'
+    # float16 rounding (one rounding may flip); probabilities are at most 1
+    assert_close(got_p, want, rtol=tol(torch.float16, 1), scale=1.0, what="types off")
+    assert_differs(with_types, want, rtol=tol(torch.float16, 1), scale=1.0, what="types on vs off")  # so it can fail
+    assert M.load(runs[True]).backbone_ref.token_types is True
+    assert "without token type ids" in (runs[False] / "README.md").read_text()  # the model card says so
+    assert "without token type ids" not in (runs[True] / "README.md").read_text()
+    with pytest.raises(M.ModelLoadError, match="token types off, given .* on"):
+        M.load(runs[False], backbone=Backbone.load(str(tiny_bert), max_length=48))
+
+
+def test_no_token_types_refusals(monkeypatch, mrpc_slice, trec_slice, tiny_bert, tmp_path):
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--no-token-types",
+        "--output", tmp_path / "a", "--cache-dir", tmp_path / "c", "--quiet",
+        contains="holds single texts, which have no token types")
+    cli("cache", trec_slice, "--backbone", tiny_bert, "--no-token-types", "--cache-dir", tmp_path / "c",
+        contains="holds single texts, which have no token types")
+    cli("train", "--method", "conv", "--layers", 1, "--dim", 32, "--heads", 2, "--ffn-dim", 64, "--data", "mrpc",
+        "--no-token-types", "--output", tmp_path / "b", "--quiet", contains="--no-token-types is for a frozen backbone")
+    gen = tmp_path / "gen.jsonl"  # a source → target pairs file: generation data
+    gen.write_text("".join(json.dumps({"source": f"s{i}", "target": f"t{i}"}) + "\n" for i in range(4)))
+    cli("train", "--method", "prefix", "--data", gen, "--source-field", "source", "--target-field", "target",
+        "--no-token-types", "--output", tmp_path / "g", contains="--no-token-types is for sentence-pair classification")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "g").exists()

@@ -23,7 +23,9 @@ from frozentune.serve.app import Running  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PAIR_TASKS = {"pair-probe": ["--method", "probe"], "pair-se": ["--method", "selfexplain"],
-              "pair-ft": ["--method", "finetune", "--top-layers", "1"]}
+              "pair-ft": ["--method", "finetune", "--top-layers", "1"],
+              # fed without token types: a frozen pass of its own (its states differ from the typed pass's)
+              "pair-untyped": ["--method", "probe", "--no-token-types"]}
 
 
 @pytest.fixture(scope="module")

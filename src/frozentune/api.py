@@ -51,6 +51,7 @@ class BackboneOptions:
     trust_remote_code: bool = False  # let a model that ships Python code run it (never by default)
     device: str | None = None  # where the frozen pass (and the head) runs; None: auto (a GPU if there is one)
     precision: str | None = None  # of the frozen pass; None: the device's measured default
+    token_types: bool = True  # False: sentence pairs without their token type ids (see backbone.Backbone)
 
     def runtime(self) -> Runtime:
         return choose_runtime(self.device, self.precision)
@@ -58,7 +59,8 @@ class BackboneOptions:
     def load(self, runtime: Runtime | None = None) -> Backbone:
         rt = runtime or self.runtime()
         return Backbone.load(self.name, LayerSpec.parse(self.layers or "-1", self.combine), self.max_length,
-                             trust_remote_code=self.trust_remote_code, device=rt.device, precision=rt.precision)
+                             trust_remote_code=self.trust_remote_code, device=rt.device, precision=rt.precision,
+                             token_types=self.token_types)
 
 
 def saved_runtime(device: str | None, precision: str | None, log: Callable[[str], None]) -> Callable[[dict], tuple]:
@@ -87,7 +89,17 @@ def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | N
         raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so --backbone "
                           f"and --layer do not apply; to start from pre-trained weights, give --init DIR "
                           f"(a `frozentune pretrain` output)")
+    if not opts.token_types:
+        raise MethodError(f"method {method!r} trains an encoder of its own, whose segment embedding learns the "
+                          f"pair's two texts with the task; --no-token-types is for a frozen backbone's pairs")
     return spec.encoder(make_config(method, options), opts.max_length, seed)
+
+
+def check_token_types(backbone: BackboneOptions | Backbone, pairs: bool, data: str) -> None:
+    """--no-token-types changes only how sentence pairs are fed: on single texts it would do nothing."""
+    if not backbone.token_types and not pairs:
+        raise DataError(f"--no-token-types: {data} holds single texts, which have no token types; it is for "
+                        f"sentence pairs (give --text-pair-field, or leave the option out)")
 
 
 def _lm_name(backbone: BackboneOptions | Backbone) -> str:
@@ -154,6 +166,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     ds = data if isinstance(data, Dataset) else load_classification(
         data, text_field, label_field, seed=cfg.seed, max_train=max_train, shots=shots,
         carve_below=cfg.cv_below if may_cv else 0, pair_field=pair_field)
+    check_token_types(backbone, ds.pair_field is not None, ds.name)
     if isinstance(backbone, Backbone):
         rt = Runtime(backbone.device, backbone.precision, [])
         bb = backbone
@@ -487,6 +500,7 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                         f"(`frozentune cache --prune` lists what it removes)")
     name, files = resolve(data)
     text_field, pair_field = text_fields(name, text_field, pair_field)
+    check_token_types(backbone, pair_field is not None, data)
     unknown = [s for s in splits if s not in SPLIT_NAMES]
     if unknown or not splits:
         raise DataError(f"--splits {','.join(splits)}: choose among {', '.join(SPLIT_NAMES)}")

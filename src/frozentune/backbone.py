@@ -523,17 +523,19 @@ def _encode(tok, texts: Sequence[Text], max_length: int, **extra):
                return_attention_mask=False, return_token_type_ids=False, **extra), cut
 
 
-def _ids(enc, max_length: int | None = None, precut: int = 0) -> Tokenized:
-    types = enc.get("token_type_ids")
+def _ids(enc, max_length: int | None = None, precut: int = 0, token_types: bool = True) -> Tokenized:
+    """token_types False: drop the tokenizer's token type ids (the model then reads type 0 everywhere)."""
+    types = enc.get("token_type_ids") if token_types else None
     return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]], max_length, precut,
                      None if types is None else [np.asarray(x, dtype=np.int64) for x in types])
 
 
-def tokenize(tok, texts: Sequence[Text], max_length: int) -> Tokenized:
+def tokenize(tok, texts: Sequence[Text], max_length: int, token_types: bool = True) -> Tokenized:
     """Tokenise with truncation to max_length (special tokens included), no padding. The result
-    says how many texts reached max_length (`at_limit`) and how many were cut by characters first."""
+    says how many texts reached max_length (`at_limit`) and how many were cut by characters first.
+    token_types False: sentence pairs keep their separators but not their token type ids."""
     enc, cut = _encode(tok, texts, max_length)
-    return _ids(enc, max_length, cut)
+    return _ids(enc, max_length, cut, token_types)
 
 
 def length_batches(lengths: np.ndarray, max_tokens: int, max_batch: int) -> list[np.ndarray]:
@@ -606,7 +608,8 @@ class Backbone:
     encoder_of: str | None = None  # the method that built this encoder for itself (see MethodSpec.encoder)
 
     def __init__(self, name: str, model: nn.Module, tok, layers: LayerSpec = LayerSpec(),
-                 max_length: int = 128, device: str | torch.device = "cpu", precision: str = "fp32"):
+                 max_length: int = 128, device: str | torch.device = "cpu", precision: str = "fp32",
+                 token_types: bool = True):
         if max_length < 2:
             raise BackboneError(f"max_length {max_length}: must be at least 2")
         limit = getattr(model.config, "max_position_embeddings", None)
@@ -615,6 +618,9 @@ class Backbone:
         check_layers(name, model, layers)
         self.name, self.model, self.tok = name, model, tok
         self.layers, self.max_length = layers, max_length
+        # False: sentence pairs are fed without their token type ids (all type 0), for a model
+        # trained on single texts only, whose type-1 embedding no longer fits (bench/REPORT.md)
+        self.token_types = token_types
         self._weights_hash: str | None = None
         self._runner: nn.Module | None = None
         self.set_runtime(device, precision)
@@ -649,10 +655,10 @@ class Backbone:
     @classmethod
     def load(cls, name: str, layers: LayerSpec | str = LayerSpec(), max_length: int = 128,
              trust_remote_code: bool = False, device: str | torch.device = "cpu",
-             precision: str = "fp32") -> "Backbone":
+             precision: str = "fp32", token_types: bool = True) -> "Backbone":
         model, tok = load_encoder(name, trust_remote_code=trust_remote_code)
         spec = layers if isinstance(layers, LayerSpec) else LayerSpec.parse(layers)
-        return cls(name, model, tok, spec, max_length, device, precision)
+        return cls(name, model, tok, spec, max_length, device, precision, token_types)
 
     def with_layers(self, layers: LayerSpec) -> "Backbone":
         """This backbone reading other layers: the same model, tokenizer, prepared runner and weights
@@ -688,7 +694,7 @@ class Backbone:
         return self._weights_hash
 
     def tokenize(self, texts: Sequence[Text]) -> Tokenized:
-        return tokenize(self.tok, texts, self.max_length)
+        return tokenize(self.tok, texts, self.max_length, self.token_types)
 
     def tokenize_with_views(self, texts: Sequence[Text]) -> tuple[Tokenized, list["TokenView"]]:
         """`tokenize`, plus each text's word pieces with their character spans and word indices,
@@ -703,7 +709,7 @@ class Backbone:
         views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k),
                            enc.sequence_ids(k) if is_pair(t) else [])
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
-        return _ids(enc, self.max_length, cut), views
+        return _ids(enc, self.max_length, cut, self.token_types), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """(B, T) ids and mask (and token types, for pairs) → (B, T, D) states; differentiable when

@@ -96,6 +96,8 @@ def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") 
     }
     if pair_kind(texts):  # sentence pairs (encoded as pairs): never the entry of the same texts glued
         fields["pairs"] = True
+        if not backbone.token_types:  # the same pairs fed without token type ids: other states
+            fields["token_types"] = False
     return _key_of(fields), fields
 
 

@@ -74,6 +74,10 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
                                   "default: the method's own (see `frozentune list`), else -1")
     g.add_argument("--layer-combine", default="mean", choices=("mean", "concat"), help="how several layers combine")
     g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation")
+    g.add_argument("--no-token-types", dest="token_types", action="store_false", help="sentence pairs: keep "
+                   "the separator but feed every token as type 0, for a backbone trained on single texts only "
+                   "(sentence-transformers models such as the default MiniLM, whose second-segment embedding is "
+                   "stale: see bench/REPORT.md, Sentence pairs); part of the cache key and the saved model")
     g.add_argument("--cache-dir", type=Path, default=None, help="feature cache folder (default $FROZENTUNE_CACHE or ~/.cache/frozentune)")
     g.add_argument("--rebuild-cache", action="store_true", help="re-extract features even if a cache entry exists (fixes a corrupt one)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow a Hugging Face model whose folder or "
@@ -302,6 +306,9 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         if a.shots is not None:
             raise CLIError(f"--shots {a.shots}: few-shot sampling is for classification data (K examples per class); "
                            f"for E2E/WebNLG give --max-train")
+        if not a.token_types:
+            raise CLIError("--no-token-types is for sentence-pair classification; generation data has sources, "
+                           "not pairs: leave it out")
         if a.precision not in (None, "fp32"):
             raise CLIError(f"--precision {a.precision}: generation methods train through the language model, which "
                            f"they run in fp32; leave --precision out")
@@ -313,7 +320,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                          trust_remote_code=a.trust_remote_code, fields=(a.source_field, a.target_field))
         return 0
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
-                             a.device, a.precision)
+                             a.device, a.precision, a.token_types)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
               overwrite=a.overwrite, shots=a.shots, pair_field=a.text_pair_field)
@@ -425,7 +432,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
     on_interrupt("entries finished before it are kept, and the finished shards of the one being built: "
                  "rerun the same command to resume")
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
-                             a.device, a.precision)
+                             a.device, a.precision, a.token_types)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
                     a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), shard=a.shard,
                     pair_field=a.text_pair_field)
@@ -491,7 +498,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
                        "it first with `frozentune cache DATA --rebuild-cache` (with the same --backbone and a --layer)")
     grid = Grid.parse(a.methods, a.layers, a.lr, a.weight_decay, a.seeds)
     bb = api.BackboneOptions(a.backbone or "minilm", None, a.layer_combine, a.max_length, a.trust_remote_code,
-                             a.device, a.precision)
+                             a.device, a.precision, a.token_types)
     on_interrupt("the output folder is as it was; cache entries already complete are kept")
     points = grid.points()
     print(f"sweep: {len(points)} points ({len(grid.methods)} method(s) × {len(grid.layers)} layer setting(s) × "

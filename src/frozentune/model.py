@@ -281,7 +281,8 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
         "backbone": {"name": bb.name, "layers": list(bb.layers.layers), "combine": bb.layers.combine,
                      "max_length": bb.max_length, "weights_hash": model.base_weights_hash,
                      "trained": model.trains_backbone,
-                     "cache_dtype": model.cache_dtype, "precision": bb.precision},
+                     "cache_dtype": model.cache_dtype, "precision": bb.precision,
+                     "token_types": bb.token_types},
         "labels": model.labels,
         **(extra or {}),
     }
@@ -308,13 +309,16 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     # a method's own encoder is saved whole: it is rebuilt from the saved options and every weight
     # comes from the file, so the weights it started from (random or --init) are not needed again
     own = method.encoder is not None
+    types = b.get("token_types", True)  # saved before --no-token-types existed: the tokenizer's own
     if backbone is None:
         device, precision = runtime(b) if runtime is not None else ("cpu", b.get("precision", "fp32"))
         backbone = (method.encoder(make_config(method.name, config["options"]), b["max_length"], load_init=False)
-                    if own else Backbone.load(b["name"], spec, b["max_length"], device=device, precision=precision))
-    elif (backbone.layers, backbone.max_length) != (spec, b["max_length"]):
-        raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']}, "
-                             f"given {backbone.layers} / {backbone.max_length}")
+                    if own else Backbone.load(b["name"], spec, b["max_length"], device=device, precision=precision,
+                                              token_types=types))
+    elif (backbone.layers, backbone.max_length, backbone.token_types) != (spec, b["max_length"], types):
+        raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']} / token types "
+                             f"{'on' if types else 'off'}, given {backbone.layers} / "
+                             f"{backbone.max_length} / {'on' if backbone.token_types else 'off'}")
     if not own and backbone.weights_hash != b["weights_hash"]:
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")

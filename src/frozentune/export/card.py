@@ -72,7 +72,9 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
         parts = [f"{k} {v:,}" for k, v in sizes.items() if isinstance(v, int)]
         text = " and ".join(f"`{v}`" for v in (fields.get("text"), fields.get("text_pair")) if v)
         body.append(f"**Data.** {data}" + (f" ({', '.join(parts)} examples)" if parts else "")
-                    + (f"; input field(s) {text}" if text else "") + ".")
+                    + (f"; input field(s) {text}" if text else "")
+                    + ("; pairs fed without token type ids (`--no-token-types`: every token type 0)"
+                       if backbone.get("token_types") is False else "") + ".")
     if (imported := config.get("imported")) and not exported:
         body.append(f"**Origin.** Imported from a {imported.get('format', '?').upper()} adapter "
                     f"(`{imported.get('from', '?')}`, PEFT {imported.get('peft_version') or 'version not recorded'}); "

@@ -122,10 +122,11 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
     first = heads[0][1]
     for name, m in heads[1:]:
         a, b = first.backbone_ref, m.backbone_ref
-        if (a.weights_hash, a.max_length) != (b.weights_hash, b.max_length):
-            raise ExportError(f"{name}: trained on another backbone or max_length ({b.name}, {b.max_length}) than "
-                              f"{heads[0][0]} ({a.name}, {a.max_length}); one graph holds one backbone pass: export "
-                              f"them separately")
+        if (a.weights_hash, a.max_length, a.token_types) != (b.weights_hash, b.max_length, b.token_types):
+            raise ExportError(f"{name}: trained on another backbone, max_length or token types ({b.name}, {b.max_length}, "
+                              f"token types {'on' if b.token_types else 'off'}) than {heads[0][0]} ({a.name}, "
+                              f"{a.max_length}, {'on' if a.token_types else 'off'}); one graph holds one backbone pass: "
+                              f"export them separately")
         if m.takes_pairs != first.takes_pairs:
             raise ExportError(f"{name} takes {'sentence pairs' if m.takes_pairs else 'single texts'} and "
                               f"{heads[0][0]} does not; export them as separate graphs")
@@ -154,12 +155,10 @@ def build_graph(heads: list[tuple[str, object]]) -> Graph:
 def example_inputs(bb, pairs: bool, batch: int, tokens: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor | None]:
     """Tokenizer output of `batch` made-up texts (or pairs), cut to `tokens` tokens; the last row
     ragged (its second half padding) when batch > 1."""
-    from ..backbone import tokenize
-
     words = "the film was a quiet and generous surprise from start to finish with a cast that knows it".split()
     rng = np.random.default_rng(seed)
     texts = [" ".join(rng.choice(words, size=tokens)) for _ in range(batch)]
-    tk = tokenize(bb.tok, [(t, t) for t in texts] if pairs else texts, bb.max_length)
+    tk = bb.tokenize([(t, t) for t in texts] if pairs else texts)  # as the backbone feeds its texts (token types too)
     ids, mask, types = tk.padded(range(batch), bb.pad_id())
     ids, mask = ids[:, :tokens].clone(), mask[:, :tokens].clone()
     types = None if types is None else types[:, :tokens].clone()

@@ -305,9 +305,10 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
         group: ClassifierGroup = LivePass(model)
         return Task(folder.name, folder, "classify", config["method"], group, model=model)
     rt = saved_runtime(device, precision, log)(b)
-    key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1])
+    types = b.get("token_types", True)
+    key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
-        bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1])
+        bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1], token_types=types)
         frozen[key] = FrozenPass(bb)
     group = frozen[key]
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
