@@ -15,7 +15,9 @@ MSR's labelled test (1,725), with F1 of `equivalent` beside accuracy.
 --data snli` does). "glued": the same splits with each pair replaced by `first + " " + second`
 (one text, no separator, no token types). "sep" (an ablation, `--inputs sep`): glued with
 " [SEP] ", which MiniLM's tokenizer reads as its separator: the pair's token ids with every token
-type 0 (and truncation from the end), i.e. pair encoding without the second segment's embedding. Each cell is `api.train` with the method's defaults,
+type 0 (and truncation from the end), i.e. pair encoding without the second segment's embedding.
+"untyped" (`--inputs untyped`): the pair encoding with `--no-token-types` (BackboneOptions(token_types=
+False)): the pair's ids and truncation, every token type 0. Each cell is `api.train` with the method's defaults,
 except `--epochs` (a cap, stated in the table) and `--max-train` where given. Results are
 appended to results/pairs.jsonl one cell at a time.
 """
@@ -77,7 +79,9 @@ def run(args) -> None:
             variants = {"pair": base, "glued": glued(base),
                         # the pair's own ids (the tokenizer reads "[SEP]" as its separator) but every token
                         # type 0 and truncation from the end only: what the token types add
-                        "sep": glued(base, " [SEP] ")}
+                        "sep": glued(base, " [SEP] "),
+                        # the pair encoding fed without token types (frozentune's --no-token-types)
+                        "untyped": base}
             for method in args.methods.split(","):
                 for kind in args.inputs.split(","):
                     label = method + (" (unfrozen)" if args.unfrozen else "")
@@ -87,7 +91,7 @@ def run(args) -> None:
                     t0 = time.perf_counter()
                     cfg = {"seed": seed, **({"epochs": args.epochs} if args.epochs else {}),
                            **({"lr": args.lr} if args.lr else {})}
-                    r = api.train(method, variants[kind], api.BackboneOptions(),
+                    r = api.train(method, variants[kind], api.BackboneOptions(token_types=kind != "untyped"),
                                   options={"train_backbone": True} if args.unfrozen else None,
                                   train_cfg=cfg, progress=False, log=lambda s: None)
                     row = {"data": name, "method": label, "lr": r["config"]["train"]["lr"], "input": kind, "seed": seed, "max_train": args.max_train,
@@ -105,6 +109,16 @@ def run(args) -> None:
                           + f" ({row['wall_seconds']:.0f}s)", flush=True)
 
 
+def paired_diff(a: list[dict], b: list[dict]) -> str:
+    """Mean ± std over the seeds both have of a's accuracy − b's (one seed's difference alone)."""
+    seeds = sorted({r["seed"] for r in a} & {r["seed"] for r in b})
+    if not seeds:
+        return "–"
+    d = np.array([next(r["accuracy"] for r in a if r["seed"] == s) - next(r["accuracy"] for r in b if r["seed"] == s)
+                  for s in seeds])
+    return f"{d.mean():+.1f}" + (f" ± {d.std(ddof=1):.1f}" if len(d) > 1 else "")
+
+
 def report(path: Path) -> str:
     rows, seen = [], set()
     for r in (json.loads(x) for x in path.read_text().splitlines() if x):
@@ -116,8 +130,9 @@ def report(path: Path) -> str:
     for r in rows:
         groups.setdefault((r["data"], r["method"], r["max_train"], r["epochs"]), {}).setdefault(r["input"], []).append(r)
     lines = ["| data | method | train | epochs (cap) | seeds | pair: accuracy | glued: accuracy | pair − glued | "
-             "[SEP]-glued, types 0 (seed 0) | pair: F1 (pos.) | glued: F1 (pos.) |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "pair, --no-token-types | no types − glued | [SEP]-glued, types 0 (seed 0) | pair: F1 (pos.) | "
+             "glued: F1 (pos.) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def ms(rs: list[dict], key: str) -> str:
         v = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
@@ -128,17 +143,12 @@ def report(path: Path) -> str:
     order = ["probe", "ytuning", "space", "selfexplain", "prefix", "finetune"]
     for (data, method, max_train, epochs), by in sorted(
             groups.items(), key=lambda kv: (DATA.index(kv[0][0]), order.index(kv[0][1].split()[0]), kv[0][1])):
-        p, g, sep = by.get("pair", []), by.get("glued", []), by.get("sep", [])
-        seeds = sorted({r["seed"] for r in p} & {r["seed"] for r in g})
-        diff = "–"
-        if seeds:
-            d = np.array([next(r["accuracy"] for r in p if r["seed"] == s) - next(r["accuracy"] for r in g if r["seed"] == s)
-                          for s in seeds])
-            diff = f"{d.mean():+.1f}" + (f" ± {d.std(ddof=1):.1f}" if len(d) > 1 else "")
-        n = (p or g or sep)[0]["sizes"]["train"]
+        p, g, sep, u = by.get("pair", []), by.get("glued", []), by.get("sep", []), by.get("untyped", [])
+        seeds = {r["seed"] for r in p or g or u}  # of the main input (the differences use the seeds both have)
+        n = (p or g or sep or u)[0]["sizes"]["train"]
         lines.append(f"| {data} | {method} | {n:,} | {epochs or 'default'} | {len(seeds)} | {ms(p, 'accuracy')} | "
-                     f"{ms(g, 'accuracy')} | {diff} | {ms(sep, 'accuracy')} | {ms(p, 'positive_f1')} | "
-                     f"{ms(g, 'positive_f1')} |")
+                     f"{ms(g, 'accuracy')} | {paired_diff(p, g)} | {ms(u, 'accuracy')} | {paired_diff(u, g)} | "
+                     f"{ms(sep, 'accuracy')} | {ms(p, 'positive_f1')} | {ms(g, 'positive_f1')} |")
     first = rows[0] if rows else {}
     head = (f"Commands: see bench/pairs.py; rows from {path.name} ({len(rows)} cells; {first.get('machine', '?')}, "
             f"{first.get('threads', '?')} torch thread(s), frozen pass in {first.get('precision', '?')}). Mean ± std over "
