@@ -5,6 +5,7 @@ Legend: B batch, T tokens (after dynamic padding), D hidden size of the chosen l
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import pickle
@@ -415,6 +416,18 @@ def token_type_kwargs(token_type_ids: Tensor | None) -> dict:
     """The token type ids as a model keyword (sentence pairs), or nothing: a model that takes none
     (e.g. a decoder) is never given them."""
     return {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+
+
+def cache_kwargs(model: nn.Module, cache) -> dict:
+    """A key/value cache as the keyword the installed transformers takes it under: `cache` from 5.24
+    on (where `past_key_values` is deprecated, to be removed in 5.40), `past_key_values` before."""
+    takes = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in takes else "past_key_values": cache}
+
+
+def returned_cache(out):
+    """The key/value cache a forward returned (`out.cache` from transformers 5.24, `past_key_values` before)."""
+    return out["cache"] if "cache" in out else out.past_key_values
 
 
 def encode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, spec: LayerSpec,

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .backbone import LayerSpec, select_layers, token_type_kwargs
+from .backbone import LayerSpec, cache_kwargs, select_layers, token_type_kwargs
 from .head import Features, Head, Output, masked_mean
 from .generation import ByArchitecture
 from .prefix import KVShape, PrefixConfig, PrefixEncoder, PrefixError, PrefixTuner, phrase_ids
@@ -156,10 +156,10 @@ def encoder_activations(model: nn.Module, ids: list[int]) -> Tensor:
     bert = _bert(model)
     x = torch.tensor([list(ids)], device=bert.embeddings.word_embeddings.weight.device)
     cap = _CaptureKV(bert.config.num_hidden_layers)
-    bert(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=cap, use_cache=False)
+    bert(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, **cache_kwargs(bert, cap))
     if any(k is None for k in cap.keys):
         raise PrefixError("could not read the encoder's keys/values on init_text: this transformers version no "
-                          "longer passes past_key_values to BERT self-attention; use init=random")
+                          "longer passes its cache to BERT self-attention; use init=random")
     return torch.stack([torch.stack([k[0], v[0]]) for k, v in zip(cap.keys, cap.values)]).float()  # type: ignore[index]
 
 
@@ -197,11 +197,11 @@ def prefix_hidden_states(model: nn.Module, prefix: Tensor | None, input_ids: Ten
     cache = _PrefixKV([kv[:, n, 0] for n in range(shape.layers)], [kv[:, n, 1] for n in range(shape.layers)])
     mask = _attention_mask(allowed, t, bert.config._attn_implementation, dtype)
     types = None if token_type_ids is None else token_type_ids.to(device)
-    out = bert(input_ids=input_ids, attention_mask=mask, past_key_values=cache, use_cache=False,
-               output_hidden_states=True, **token_type_kwargs(types))
+    out = bert(input_ids=input_ids, attention_mask=mask, use_cache=False, output_hidden_states=True,
+               **cache_kwargs(bert, cache), **token_type_kwargs(types))
     if cache.calls != [1] * shape.layers:
         raise PrefixError(f"the prefix did not reach every layer exactly once (calls per layer: {cache.calls}); "
-                          f"this transformers version no longer passes past_key_values to BERT self-attention "
+                          f"this transformers version no longer passes its cache to BERT self-attention "
                           f"in encoder mode: pin transformers to the tested 5.x or port encoder_prefix.py")
     return tuple(out.hidden_states)
 

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from .backbone import freeze, pad, weights_hash
+from .backbone import cache_kwargs, freeze, pad, returned_cache, weights_hash
 from .model import CONFIG, WEIGHTS, write_saved
 from .registry import MethodConfig
 
@@ -195,7 +195,7 @@ def activations(model: nn.Module, ids: Sequence[int]) -> Tensor:
     """The LM's own keys/values (N, 2, H, P, E) on the tokens `ids` (P = len(ids)), at positions 0..P-1."""
     device = next(model.parameters()).device
     x = torch.tensor([list(ids)], device=device)
-    layers = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True).past_key_values.layers
+    layers = returned_cache(model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True)).layers
     return torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in layers]).float()
 
 
@@ -277,7 +277,7 @@ def prefix_forward(model: nn.Module, prefix: PrefixBatch, input_ids: Tensor, att
         raise PrefixError(f"prefix batch has {prefix.batch_size} rows, input has {input_ids.shape[0]}")
     full = torch.cat([prefix.mask, attention_mask.bool()], 1)  # (B, P+T)
     return model(input_ids=input_ids, attention_mask=full.long(), position_ids=positions(full, input_ids.shape[1]),
-                 past_key_values=prefix.cache(model), use_cache=True, **kwargs)
+                 use_cache=True, **cache_kwargs(model, prefix.cache(model)), **kwargs)
 
 
 def pack_pairs(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
@@ -330,7 +330,7 @@ def generate(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Sequence[i
     full = torch.cat([prefix.mask, mask.bool()], 1)  # (B, P+T)
     expand = max(num_beams, int(kwargs.get("num_return_sequences", 1)))
     out = model.generate(input_ids=ids, attention_mask=full.long(), position_ids=positions(full, ids.shape[1]),
-                         past_key_values=prefix.repeat_interleave(expand).cache(model),
+                         **cache_kwargs(model, prefix.repeat_interleave(expand).cache(model)),
                          num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
                          pad_token_id=pad_id, eos_token_id=eos_id, **kwargs)
     return [until_eos(row, eos_id) for row in out[:, ids.shape[1]:].tolist()]
@@ -347,7 +347,7 @@ def greedy_reference(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Se
     full = torch.cat([prefix.mask, mask.bool()], 1)                 # (B, P+T)
     cache = prefix.cache(model)
     out = model(input_ids=ids, attention_mask=full.long(), position_ids=positions(full, ids.shape[1]),
-                past_key_values=cache, use_cache=True)
+                use_cache=True, **cache_kwargs(model, cache))
     new, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
         nxt = out.logits[:, -1].argmax(-1)                          # (B,)
@@ -359,7 +359,7 @@ def greedy_reference(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Se
             break
         full = torch.cat([full, torch.ones_like(full[:, :1])], 1)
         out = model(input_ids=nxt[:, None], attention_mask=full.long(), position_ids=positions(full, 1),
-                    past_key_values=out.past_key_values, use_cache=True)
+                    use_cache=True, **cache_kwargs(model, returned_cache(out)))
     return [until_eos(row, eos_id) for row in torch.stack(new, 1).tolist()]
 
 
@@ -508,7 +508,7 @@ def check_kv_shape(lm: nn.Module, shape: KVShape) -> None:
     device = next(lm.parameters()).device
     x = torch.ones(1, 1, dtype=torch.long, device=device)
     out = lm(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True)
-    layers = getattr(out.past_key_values, "layers", None)
+    layers = getattr(returned_cache(out), "layers", None)
     if layers is None or len(layers) != shape.layers:
         raise PrefixError(f"{type(lm).__name__}: expected a cache of {shape.layers} layers from its config")
     got = {tuple(layer.keys.shape) for layer in layers} | {tuple(layer.values.shape) for layer in layers}
