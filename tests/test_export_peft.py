@@ -18,7 +18,7 @@ import torch
 from clirun import cli
 from conftest import make_tiny_llama, word_tokenizer
 from frozentune.backbone import load_causal_lm
-from frozentune.export.peft import from_peft, to_peft
+from frozentune.export.peft import from_peft, peft_generate_drops_prefix, to_peft
 from frozentune.prefix import PrefixBatch, PrefixConfig, PrefixTuner, encode_sources, prefix_forward, until_eos
 from numerics import assert_close, exact, linear, transformer
 
@@ -76,6 +76,31 @@ def peft_greedy(model, ids: list[int]) -> list[int]:
     return until_eos(out[0, len(ids):].tolist(), 2)
 
 
+def peft_forward_greedy(model, ids: list[int]) -> list[int]:
+    """Greedy decoding through the PEFT model's forward calls alone (the whole sequence every step, no
+    cache kept between steps): what PEFT's model computes, whatever its generate() does with caches."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            nxt = model(input_ids=x, attention_mask=torch.ones_like(x)).logits[:, -1].argmax(-1, keepdim=True)
+            x = torch.cat([x, nxt], 1)
+            if nxt.item() == 2:
+                break
+    return until_eos(x[0, len(ids):].tolist(), 2)
+
+
+def check_peft_generate(model, prompts: list[list[int]], expected: list[list[int]]) -> None:
+    """PEFT's own generate() gives `expected` on every prompt. With the PEFT and transformers pair
+    whose generate() leaves the prefix out (frozentune.export.peft.peft_generate_drops_prefix), a
+    mismatch is an expected failure that names the cause; with any other pair it fails the test."""
+    wrong = [i for i, (ids, want) in enumerate(zip(prompts, expected)) if peft_greedy(model, ids) != want]
+    if wrong and peft_generate_drops_prefix():
+        pytest.xfail(f"PeftModel.generate differs on prompts {wrong}: this PEFT ({peft.__version__}) hands the prefix "
+                     f"to generate as past_key_values, which transformers >= 5.24 drops (its forward pass, checked "
+                     f"above, agrees)")
+    assert not wrong, f"PeftModel.generate differs from the expected tokens on prompts {wrong}"
+
+
 def frozentune_greedy(folder: Path, lm_dir: Path, ids: list[int]) -> list[int]:
     lm, tok = load_causal_lm(str(lm_dir))
     return PrefixTuner.load(folder, lm, tok).generate([ids], max_new_tokens=NEW_TOKENS)[0]
@@ -113,6 +138,7 @@ def test_export_generates_what_frozentune_generates(arch, lms, tmp_path):
     ans = cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0,
               show="PEFT prefix-tuning adapter")
     assert "PeftModel.from_pretrained" in ans.message
+    assert ("PeftModel.generate() leaves the prefix out" in ans.err) == peft_generate_drops_prefix()
     cfg = json.loads((tmp_path / "p" / "adapter_config.json").read_text())
     lm, tok = load_causal_lm(str(lm_dir))
     heads = lm.config.num_key_value_heads if arch == "llama" else lm.config.num_attention_heads
@@ -121,8 +147,8 @@ def test_export_generates_what_frozentune_generates(arch, lms, tmp_path):
     assert (tmp_path / "p" / "README.md").read_text().startswith("---\nlibrary_name: peft")
     model = load_peft(lm_dir, tmp_path / "p")
     tuner = PrefixTuner.load(folder, lm, tok)
-    changed = 0
-    for ids in encode_sources(tok, SOURCES):
+    changed, prompts, ours_greedy = 0, encode_sources(tok, SOURCES), []
+    for ids in prompts:
         x = torch.tensor([ids])
         with torch.no_grad():
             theirs = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
@@ -130,8 +156,10 @@ def test_export_generates_what_frozentune_generates(arch, lms, tmp_path):
             plain = lm(input_ids=x).logits
         assert_close(theirs, ours, ops=logits_ops(lm.config.num_hidden_layers, 4 + len(ids)), what="PEFT vs frozentune logits")
         changed += int((plain[0, -1].argmax() != ours[0, -1].argmax()).item())
-        assert peft_greedy(model, ids) == tuner.generate([ids], max_new_tokens=NEW_TOKENS)[0]
+        ours_greedy.append(tuner.generate([ids], max_new_tokens=NEW_TOKENS)[0])
+        assert peft_forward_greedy(model, ids) == ours_greedy[-1]
     assert changed, "the random prefix should change some next-token choice, or the comparison shows nothing"
+    check_peft_generate(model, prompts, ours_greedy)
 
 
 # ----------------------------------------------------------------------------- PEFT → frozentune
@@ -158,8 +186,9 @@ def test_import_generates_what_peft_generates(arch, projection, lms, tmp_path):
     assert "Not recorded (no result.json in the folder)." in card  # trained elsewhere: no metrics claimed
     model = load_peft(lm_dir, tmp_path / "adapter")
     _, tok = load_causal_lm(str(lm_dir))
-    for ids in encode_sources(tok, SOURCES):
-        assert frozentune_greedy(tmp_path / "m", lm_dir, ids) == peft_greedy(model, ids)
+    prompts = encode_sources(tok, SOURCES)
+    ours_greedy = [frozentune_greedy(tmp_path / "m", lm_dir, ids) for ids in prompts]
+    assert ours_greedy == [peft_forward_greedy(model, ids) for ids in prompts]
     # and back again: the same tensor PEFT saved
     cli("export", "--model", tmp_path / "m", "--format", "peft", "--output", tmp_path / "again", code=0)
     from safetensors.torch import load_file
@@ -167,6 +196,7 @@ def test_import_generates_what_peft_generates(arch, projection, lms, tmp_path):
     exact(load_file(str(tmp_path / "again" / "adapter_model.safetensors"))["prompt_embeddings"],
           load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))["prompt_embeddings"],
           "reshaped twice, never computed on")
+    check_peft_generate(model, prompts, ours_greedy)
 
 
 def test_round_trip_through_the_cli_generate(lms, tmp_path, capsys):

@@ -43,6 +43,27 @@ def from_peft(flat: Tensor, layers: int, heads: int, head_dim: int) -> Tensor:
     return flat.reshape(p, layers, 2, heads, head_dim).permute(1, 2, 3, 0, 4).contiguous()
 
 
+# ----------------------------------------------------------------------------- a peer's known bug
+def peft_generate_drops_prefix() -> bool:
+    """True for the installed PEFT and transformers when `PeftModel.generate` runs without the prefix.
+
+    transformers 5.24 renamed generate's key/value cache keyword from `past_key_values` to `cache`.
+    PEFT up to 0.21.2 still hands the prefix to generate as `past_key_values`, next to the empty
+    `cache` generate made, and the model keeps `cache`: the adapter's forward pass is right, its
+    generate() is the bare LM's. Seen with PEFT 0.21.2 and transformers 5.24.0
+    (tests/test_export_peft.py); PEFT releases after 0.21.2 are assumed to follow the rename, and
+    the tests check that assumption each time they run."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        peft = Version(version("peft"))
+    except PackageNotFoundError:
+        return False
+    return Version(version("transformers")) >= Version("5.24") and peft <= Version("0.21.2")
+
+
 # ----------------------------------------------------------------------------- export
 def base_model_path(name: str) -> str:
     """What PEFT's `base_model_name_or_path` should say for a frozentune LM name: an alias
@@ -98,6 +119,10 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     log(f"wrote a PEFT prefix-tuning adapter to {output}: {p} virtual tokens × {n} layers × 2 × {h} kv heads × "
         f"{e} dims (prompt_embeddings {tuple(flat.shape)}), base model {base}. Load it with "
         f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base!r}), {str(output)!r})")
+    if peft_generate_drops_prefix():
+        log("warning: with the installed PEFT and transformers (>= 5.24), PeftModel.generate() leaves the prefix "
+            "out (its forward pass keeps it). Generate with `frozentune generate --model` on this model, or with "
+            "transformers < 5.24, until a PEFT release after 0.21.2 follows transformers' `cache` rename")
     return summary
 
 
