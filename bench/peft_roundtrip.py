@@ -118,8 +118,13 @@ def main() -> None:
 
     from frozentune.backbone import LM_ALIASES, load_causal_lm
     from frozentune.data import load_generation
+    from frozentune.export.peft import peft_generate_drops_prefix
     from frozentune.prefix import PrefixTuner, encode_sources
 
+    if peft_generate_drops_prefix():
+        sys.exit(f"peft {peft.__version__} with this transformers (>= 5.24): PeftModel.generate leaves the prefix out "
+                 f"(README, 'Taking a model elsewhere'), so this round trip would measure that bug; run it with "
+                 f"transformers < 5.24 or a PEFT release after 0.21.2")
     lm_name = "smollm2-135m"
     lm_path = LM_ALIASES[lm_name]()
     trained = RUNS / "peft-e2e-prefix"
