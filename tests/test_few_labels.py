@@ -1,5 +1,6 @@
 """Few labels: the step floor, cross-validation (folds, refit, small classes), the convex probe,
---shots sampling, and `frozentune sweep` (reproducible; its best model is a `train` of that point)."""
+heads anchored on a logistic regression, --shots sampling, and `frozentune sweep` (reproducible;
+its best model is a `train` of that point)."""
 from __future__ import annotations
 
 import json
@@ -117,29 +118,132 @@ def test_a_class_smaller_than_k_is_handled_as_documented(tiny_bert):
 
 
 def _penalised_objective(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray, c: float) -> float:
-    """scikit-learn's LogisticRegression(C=c) objective / N, in float64."""
-    z = x @ w.T + b
-    z = z - z.max(1, keepdims=True)
-    nll = -(z[np.arange(len(y)), y] - np.log(np.exp(z).sum(1))).mean()
+    """scikit-learn's LogisticRegression(C=c) objective / N, in float64. Two classes: scikit-learn's
+    one weight vector w (1, D) on the logit of class 1; a softmax's (2, D) rows are turned into it."""
+    if w.shape[0] == 2:
+        w, b = w[1:] - w[:1], b[1:] - b[:1]
+    if w.shape[0] == 1:
+        z = (x @ w.T + b)[:, 0]
+        nll = np.logaddexp(0.0, np.where(y == 1, -z, z)).mean()
+    else:
+        z = x @ w.T + b
+        z = z - z.max(1, keepdims=True)
+        nll = -(z[np.arange(len(y)), y] - np.log(np.exp(z).sum(1))).mean()
     return float(nll + (w * w).sum() / (2 * c * len(y)))
 
 
-@pytest.mark.parametrize("c", [0.1, 1.0])
-def test_the_convex_probe_reaches_logistic_regressions_optimum(tiny_bert, c):
+def _optimum_bound(x: np.ndarray, classes: int, objective: float) -> float:
+    """How far a float32 solution's objective may sit from the float64 optimum: the rounding of a
+    float32 evaluation of it (a sum of N·C·D products)."""
+    return tol(torch.float32, dot(x.shape[1]) + softmax(classes)) * max(1.0, abs(objective))
+
+
+@pytest.mark.parametrize("c,classes", [(0.1, 3), (1.0, 3), (1.0, 2), (10.0, 2)])
+def test_the_convex_probe_reaches_logistic_regressions_optimum(tiny_bert, c, classes):
     from sklearn.linear_model import LogisticRegression
 
-    src, y = _toy(10, classes=3, dim=32)
-    model = _classifier(tiny_bert, ["a", "b", "c"], "probe")()
+    labels = ["a", "b", "c"][:classes]
+    src, y = _toy(10, classes=classes, dim=32)
+    model = _classifier(tiny_bert, labels, "probe")()
     crossval.fit_convex(model, src, y, c)
     x = src.hidden.mean(1).double().numpy()
     ours = _penalised_objective(model.head.out.weight.detach().double().numpy(), model.head.out.bias.detach().double().numpy(), x, y, c)
     ref = LogisticRegression(C=c, max_iter=10000, tol=1e-10).fit(x, y)
     theirs = _penalised_objective(ref.coef_, ref.intercept_, x, y, c)
-    # both minimise one strictly convex objective; ours is solved in float32, so it may sit above the
-    # float64 optimum by the rounding of a float32 evaluation of it (a sum of N·C·D products)
-    bound = tol(torch.float32, dot(x.shape[1]) + softmax(3)) * max(1.0, abs(theirs))
+    bound = _optimum_bound(x, classes, theirs)
     print(f"objective: ours {ours:.9f}, scikit-learn {theirs:.9f}, bound {bound:.2e}")
     assert ours <= theirs + bound
+
+
+ANCHORED = ("space", "ytuning", "selfexplain")
+
+
+def _anchored(tiny_bert, labels, method, seed=0):
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
+    return bb, lambda: M.build_classifier(method, bb, labels, seed=seed, anchor=True)
+
+
+@pytest.mark.parametrize("method", ANCHORED)
+def test_an_anchored_head_starts_as_the_probes_logistic_regression(tiny_bert, method):
+    """Solved, with its gate at 0, an anchored head scores as a logistic regression on the mean-pooled
+    states: its anchor reaches the optimum of the objective the convex probe solves (C = 1)."""
+    src, y = _toy(10, classes=3, dim=32)
+    _, build = _anchored(tiny_bert, ["a", "b", "c"], method)
+    model = build()
+    crossval.solve_anchor(model, src, y, batch_size=7)  # pooled over several batches
+    head = model.head
+    assert float(head.gate.detach()) == 0.0
+    x = src.hidden.mean(1).double().numpy()
+    ours = _penalised_objective(head.anchor.weight.detach().double().numpy(), head.anchor.bias.detach().double().numpy(),
+                                x, y, 1.0)
+    probe = _classifier(tiny_bert, ["a", "b", "c"], "probe")()
+    crossval.fit_convex(probe, src, y, 1.0)
+    theirs = _penalised_objective(probe.head.out.weight.detach().double().numpy(),
+                                  probe.head.out.bias.detach().double().numpy(), x, y, 1.0)
+    # two float32 L-BFGS solutions of one strictly convex objective: equal up to its float32 rounding
+    bound = _optimum_bound(x, 3, theirs)
+    assert abs(ours - theirs) <= bound, (ours, theirs, bound)
+    b = src.batch(np.arange(len(src)))
+    with torch.no_grad():
+        logits = model(b).logits
+        alone = head.anchor(b.hidden.mean(1))
+    torch.testing.assert_close(logits, alone, rtol=0, atol=0)  # gate 0: the head adds exactly nothing
+
+
+@pytest.mark.parametrize("method", ANCHORED)
+def test_training_moves_the_gate_and_the_head_never_the_anchor(tiny_bert, method):
+    src, y = _toy(8, dim=32)
+    _, build = _anchored(tiny_bert, ["a", "b"], method)
+    model = build()
+    crossval.solve_anchor(model, src, y, batch_size=64)
+    anchor = {k: v.clone() for k, v in model.head.anchor.state_dict().items()}
+    inner = {k: v.clone() for k, v in model.head.inner.state_dict().items()}
+    fit(model, src, y, None, None, TrainConfig(steps=15, lr=1e-2, min_steps=0, batch_size=8), log=lambda s: None)
+    assert float(model.head.gate.detach()) != 0.0
+    for k, v in model.head.anchor.state_dict().items():
+        assert torch.equal(v, anchor[k]), f"the optimiser changed the anchor's {k}"
+    assert any(not torch.equal(v, inner[k]) for k, v in model.head.inner.state_dict().items()), "the head never moved"
+
+
+@pytest.mark.parametrize("method", ANCHORED)
+def test_cross_validation_scores_the_anchor_alone_and_saves_what_it_chose(tiny_bert, tmp_path, method):
+    src, y = _toy(6, dim=32)
+    bb, build = _anchored(tiny_bert, ["a", "b"], method)
+    model, fitted, info = crossval.fit_cv(build, src, y, None, None, TrainConfig(cv_folds=3, min_steps=20, batch_size=8),
+                                          lambda s: None)
+    assert info["checkpoints"][0] == 0 and info["anchor"] and info["chosen_steps"] in info["checkpoints"]
+    assert sum(len(h.get("step_losses", [])) for h in fitted.history) == info["chosen_steps"]
+    M.save(model, tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["anchor"] is True
+    back = M.load(tmp_path / "m", backbone=bb)
+    b = src.batch(np.arange(len(src)))
+    with torch.no_grad():
+        torch.testing.assert_close(back(b).logits, model(b).logits, rtol=0, atol=0)
+
+
+def test_an_anchored_head_cannot_be_the_probe(tiny_bert):
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
+    with pytest.raises(MethodError, match="cannot be anchored"):
+        M.build_classifier("probe", bb, ["a", "b"], anchor=True)
+
+
+def test_train_anchors_a_few_label_head_and_says_so(capsys, trec_slice, tiny_bert, tmp_path):
+    common = ("--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2, "--cache-dir", tmp_path / "c",
+              "--min-steps", 20)
+    code, out, err = run(capsys, "train", "--method", "space", *common, "--output", tmp_path / "m")
+    assert code == 0, err
+    assert "few labels: the head learns a correction on a logistic regression" in out
+    r = json.loads((tmp_path / "m" / "result.json").read_text())
+    assert r["selection"]["anchor"] and r["selection"]["checkpoints"][0] == 0 and r["config"]["train"]["anchor"] == "auto"
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["anchor"] is True
+    code, out, err = run(capsys, "explain", "--model", tmp_path / "m", "what is the capital of France ?")
+    assert code == 0, err
+    assert "trained on few labels" in out
+    code, out, err = run(capsys, "train", "--method", "space", *common, "--anchor", "off", "--output", tmp_path / "off")
+    assert code == 0, err
+    assert "few labels:" not in out
+    assert json.loads((tmp_path / "off" / "config.json").read_text())["anchor"] is False
+    assert json.loads((tmp_path / "off" / "result.json").read_text())["selection"]["anchor"] is None
 
 
 def test_shots_sample_exactly_k_per_class_seeded(trec_slice, shared_data):
@@ -171,6 +275,7 @@ def test_train_with_shots_cross_validates_and_records_it(capsys, trec_slice, tin
     r = json.loads((tmp_path / "m" / "result.json").read_text())
     assert r["selection"]["how"] == "cross-validation" and r["selection"]["solver"] == "lbfgs"
     assert r["config"]["shots"] == 2 and r["validation"] is None
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["anchor"] is False  # the probe is a regression already
 
 
 def _grid():

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -207,7 +206,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: {cfg.cv_folds}-fold "
             f"cross-validation on train picks the number of steps"
             + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
-        model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
+        anchor = cfg.anchor == "auto" and not getattr(model.head, "convex", False)
+        if anchor:
+            log("few labels: the head learns a correction on a logistic regression over the same pooled states, "
+                "and cross-validation chooses how much, from 0 steps (the regression alone) up (--anchor off: "
+                "the bare head)")
+        model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed,
+                                                                     anchor=anchor),
                                           src["train"], y["train"], val_src, y_val, cfg, log)
     else:
         if val_src is None:

@@ -21,13 +21,14 @@ from typing import Callable
 
 import numpy as np
 
+from .anchor import anchored, lbfgs_logistic
 from .model import Batch, Classifier, Source
 from .train import FitResult, Schedule, TrainConfig, fit, plan_steps, scored, silent
 
 CHECKPOINTS = 10  # held-out scores per fold run (R)
 # A head whose loss is convex in its parameters (the probe: a linear layer on pooled states, no
-# dropout) is solved exactly instead: full-batch L-BFGS on cross-entropy + ||W||²/(2·C·N), the
-# objective of scikit-learn's LogisticRegression(C), with C from C_GRID.
+# dropout) is solved exactly instead: full-batch L-BFGS on the objective of scikit-learn's
+# LogisticRegression(C) (anchor.lbfgs_logistic), with C from C_GRID.
 # C_DEFAULT (scikit-learn's) is kept unless the folds show another C better by more than one
 # standard error: on 18 few-shot samples (bench/probe_c_choice.py) no rule of choosing C from the
 # folds beat C=1 on test accuracy (49.7-50.0 against 50.1), the folds being too small to tell.
@@ -113,16 +114,22 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         return fit_convex_cv(build, k, note, train, y, val, y_val, cfg, log)
     plan = plan_steps(len(y), cfg, constant=True)
     plan = dataclasses.replace(plan, at=checkpoints(plan.total))
-    info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why}
+    anchor = anchored(first.head) is not None
+    info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why,
+                  "anchor": "logistic regression (C=1) on the pooled states + gate × head" if anchor else None}
     t0 = time.perf_counter()
     if k >= 2:
         acc, loss = [], []
         for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
             model = build()
+            zero = []  # an anchored head at step 0 is its logistic regression: a candidate too
+            if anchor:
+                solve_anchor(model, Subset(train, tr), y[tr], cfg.eval_batch_size)
+                zero = [scored(model, Subset(train, held), y[held], cfg.eval_batch_size)]
             r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, silent, plan, select=False)
-            acc.append([h["val_accuracy"] for h in r.history])
-            loss.append([h["val_loss"] for h in r.history])
-            steps = [h["step"] for h in r.history]
+            acc.append([m["accuracy"] for m in zero] + [h["val_accuracy"] for h in r.history])
+            loss.append([m["loss"] for m in zero] + [h["val_loss"] for h in r.history])
+            steps = [0] * len(zero) + [h["step"] for h in r.history]
         mean_acc, mean_loss = np.mean(acc, 0), np.mean(loss, 0)
         pick = one_se(np.asarray(acc), mean_loss)
         chosen = steps[pick]
@@ -135,36 +142,45 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     else:
         chosen = plan.total
         info |= {"chosen_steps": chosen, "seconds": 0.0}
-    refit = Schedule(chosen, max(1, -(-chosen // 4)), plan.warmup, True, f"{chosen} steps chosen by cross-validation")
     model = build()
+    t1 = time.perf_counter()
+    if anchor:
+        solve_anchor(model, train, y, cfg.eval_batch_size)
+    solving = time.perf_counter() - t1
+    if chosen == 0:  # the logistic regression alone: the folds saw no gain from training the head
+        val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
+        log("cross-validation chose 0 steps: the model is the anchor's logistic regression (gate 0)")
+        row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()}, "epoch_seconds": time.perf_counter() - t1}
+        return model, FitResult([row], 1, time.perf_counter() - t0, False), info
+    refit = Schedule(chosen, max(1, -(-chosen // 4)), plan.warmup, True, f"{chosen} steps chosen by cross-validation")
     fitted = fit(model, train, y, val, y_val, cfg, log, refit, select=False)
-    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"])
+    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + solving + info["seconds"])
     return model, fitted, info
 
 
 def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter: int = 500) -> None:
-    """Solve a convex head in place: full-batch L-BFGS (strong Wolfe line search) on the mean
-    cross-entropy plus ||W||²/(2·c·N) over its matrices (biases unpenalised), i.e. scikit-learn's
-    LogisticRegression(C=c) objective divided by N."""
+    """Solve a convex head in place: scikit-learn's LogisticRegression(C=c) objective divided by N
+    over its matrices (biases unpenalised), by full-batch L-BFGS (anchor.lbfgs_logistic)."""
     import torch
 
     device = next(model.parameters()).device
     batch = src.batch(np.arange(len(src))).to(device)
     y_t = torch.from_numpy(np.asarray(y)).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
-                            tolerance_change=1e-10, line_search_fn="strong_wolfe")
     model.train()
-
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(batch).logits, y_t)
-        loss = loss + sum((p * p).sum() for p in params if p.ndim >= 2) / (2 * c * len(y))
-        loss.backward()
-        return loss
-
-    opt.step(closure)
+    lbfgs_logistic(lambda: model(batch).logits, [p for p in model.parameters() if p.requires_grad], y_t, c, max_iter)
     model.eval()
+
+
+def solve_anchor(model: Classifier, src: Source, y: np.ndarray, batch_size: int) -> None:
+    """An anchored head's logistic regression solved on `src` (anchor.Anchored.solve); nothing for
+    any other head."""
+    a = anchored(model.head)
+    if a is None:
+        return
+    device = next(model.parameters()).device
+    rows = np.arange(len(src))
+    feats = [model.features(src.batch(rows[s:s + batch_size]).to(device)) for s in range(0, len(rows), batch_size)]
+    a.solve(a.pooled(feats), y)
 
 
 def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, train: Source, y: np.ndarray,
