@@ -1,10 +1,9 @@
-"""Few labels: the step floor, cross-validation (folds, refit, small classes), the convex probe,
-heads anchored on a logistic regression, --shots sampling, and `frozentune sweep` (reproducible;
-its best model is a `train` of that point)."""
+"""Few labels: the step floor, cross-validation (folds, refit, small classes, the logistic
+regression it falls back to), the convex probe, --shots sampling, and `frozentune sweep`
+(reproducible; its best model is a `train` of that point)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ import torch
 from frozentune import api, crossval
 from frozentune import model as M
 from frozentune.data import DataError, load_classification
-from frozentune.registry import MethodError
 from frozentune.train import TrainConfig, fit, plan_steps
 
 from numerics import dot, softmax, tol
@@ -155,95 +153,64 @@ def test_the_convex_probe_reaches_logistic_regressions_optimum(tiny_bert, c, cla
     assert ours <= theirs + bound
 
 
-ANCHORED = ("space", "ytuning", "selfexplain")
+def _spy_one_se(monkeypatch, pick_regression: bool) -> list:
+    """Make crossval.one_se choose the logistic regression (column 0) or the head's last checkpoint,
+    recording the (k, candidates) accuracies it was given."""
+    seen = []
+
+    def choose(acc, mean_loss, prefer=None):
+        seen.append(np.asarray(acc))
+        return 0 if pick_regression else acc.shape[1] - 1
+
+    monkeypatch.setattr(crossval, "one_se", choose)
+    return seen
 
 
-def _anchored(tiny_bert, labels, method, seed=0):
-    bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
-    return bb, lambda: M.build_classifier(method, bb, labels, seed=seed, anchor=True)
+@pytest.mark.parametrize("pick_regression", [True, False])
+def test_the_folds_score_a_logistic_regression_first_and_keep_what_they_pick(tiny_bert, monkeypatch, pick_regression):
+    src, y = _toy(6, classes=2, dim=32)
+    seen = _spy_one_se(monkeypatch, pick_regression)
+    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8)
+    lines = []
+    model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"], "space"), src, y, None, None, cfg,
+                                          lines.append, fallback=_classifier(tiny_bert, ["a", "b"], "probe"))
+    assert seen[0].shape == (3, 1 + len(info["checkpoints"]))  # the regression, then every checkpoint, per fold
+    assert 0 <= info["regression_accuracy"] <= 100
+    if pick_regression:
+        assert model.method == "probe" and info["fallback"] == "probe" and info["chosen_steps"] == 0
+        assert any("saved as a probe" in s for s in lines)
+        # the regression kept is solved on all of train: the optimum of scikit-learn's objective
+        from sklearn.linear_model import LogisticRegression
+
+        x = src.hidden.mean(1).double().numpy()
+        w, b = model.head.out.weight.detach().double().numpy(), model.head.out.bias.detach().double().numpy()
+        ref = LogisticRegression(C=crossval.C_DEFAULT, max_iter=10000, tol=1e-10).fit(x, y)
+        theirs = _penalised_objective(ref.coef_, ref.intercept_, x, y, crossval.C_DEFAULT)
+        assert _penalised_objective(w, b, x, y, crossval.C_DEFAULT) <= theirs + _optimum_bound(x, 2, theirs)
+    else:
+        assert model.method == "space" and info["fallback"] is None
+        assert info["chosen_steps"] == info["checkpoints"][-1]
+        assert sum(len(h["step_losses"]) for h in fitted.history) == info["chosen_steps"]
 
 
-@pytest.mark.parametrize("method", ANCHORED)
-def test_an_anchored_head_starts_as_the_probes_logistic_regression(tiny_bert, method):
-    """Solved, with its gate at 0, an anchored head scores as a logistic regression on the mean-pooled
-    states: its anchor reaches the optimum of the objective the convex probe solves (C = 1)."""
-    src, y = _toy(10, classes=3, dim=32)
-    _, build = _anchored(tiny_bert, ["a", "b", "c"], method)
-    model = build()
-    crossval.solve_anchor(model, src, y, batch_size=7)  # pooled over several batches
-    head = model.head
-    assert float(head.gate.detach()) == 0.0
-    x = src.hidden.mean(1).double().numpy()
-    ours = _penalised_objective(head.anchor.weight.detach().double().numpy(), head.anchor.bias.detach().double().numpy(),
-                                x, y, 1.0)
-    probe = _classifier(tiny_bert, ["a", "b", "c"], "probe")()
-    crossval.fit_convex(probe, src, y, 1.0)
-    theirs = _penalised_objective(probe.head.out.weight.detach().double().numpy(),
-                                  probe.head.out.bias.detach().double().numpy(), x, y, 1.0)
-    # two float32 L-BFGS solutions of one strictly convex objective: equal up to its float32 rounding
-    bound = _optimum_bound(x, 3, theirs)
-    assert abs(ours - theirs) <= bound, (ours, theirs, bound)
-    b = src.batch(np.arange(len(src)))
-    with torch.no_grad():
-        logits = model(b).logits
-        alone = head.anchor(b.hidden.mean(1))
-    torch.testing.assert_close(logits, alone, rtol=0, atol=0)  # gate 0: the head adds exactly nothing
-
-
-@pytest.mark.parametrize("method", ANCHORED)
-def test_training_moves_the_gate_and_the_head_never_the_anchor(tiny_bert, method):
-    src, y = _toy(8, dim=32)
-    _, build = _anchored(tiny_bert, ["a", "b"], method)
-    model = build()
-    crossval.solve_anchor(model, src, y, batch_size=64)
-    anchor = {k: v.clone() for k, v in model.head.anchor.state_dict().items()}
-    inner = {k: v.clone() for k, v in model.head.inner.state_dict().items()}
-    fit(model, src, y, None, None, TrainConfig(steps=15, lr=1e-2, min_steps=0, batch_size=8), log=lambda s: None)
-    assert float(model.head.gate.detach()) != 0.0
-    for k, v in model.head.anchor.state_dict().items():
-        assert torch.equal(v, anchor[k]), f"the optimiser changed the anchor's {k}"
-    assert any(not torch.equal(v, inner[k]) for k, v in model.head.inner.state_dict().items()), "the head never moved"
-
-
-@pytest.mark.parametrize("method", ANCHORED)
-def test_cross_validation_scores_the_anchor_alone_and_saves_what_it_chose(tiny_bert, tmp_path, method):
-    src, y = _toy(6, dim=32)
-    bb, build = _anchored(tiny_bert, ["a", "b"], method)
-    model, fitted, info = crossval.fit_cv(build, src, y, None, None, TrainConfig(cv_folds=3, min_steps=20, batch_size=8),
-                                          lambda s: None)
-    assert info["checkpoints"][0] == 0 and info["anchor"] and info["chosen_steps"] in info["checkpoints"]
-    assert sum(len(h.get("step_losses", [])) for h in fitted.history) == info["chosen_steps"]
-    M.save(model, tmp_path / "m")
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["anchor"] is True
-    back = M.load(tmp_path / "m", backbone=bb)
-    b = src.batch(np.arange(len(src)))
-    with torch.no_grad():
-        torch.testing.assert_close(back(b).logits, model(b).logits, rtol=0, atol=0)
-
-
-def test_an_anchored_head_cannot_be_the_probe(tiny_bert):
-    bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
-    with pytest.raises(MethodError, match="cannot be anchored"):
-        M.build_classifier("probe", bb, ["a", "b"], anchor=True)
-
-
-def test_train_anchors_a_few_label_head_and_says_so(capsys, trec_slice, tiny_bert, tmp_path):
-    common = ("--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2, "--cache-dir", tmp_path / "c",
-              "--min-steps", 20)
-    code, out, err = run(capsys, "train", "--method", "space", *common, "--output", tmp_path / "m")
+def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_slice, tiny_bert, tmp_path, monkeypatch):
+    common = ("--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2,
+              "--cache-dir", tmp_path / "c", "--min-steps", 20)
+    _spy_one_se(monkeypatch, pick_regression=True)
+    code, out, err = run(capsys, "train", *common, "--output", tmp_path / "m")
     assert code == 0, err
-    assert "few labels: the head learns a correction on a logistic regression" in out
+    assert "the folds also score a logistic regression" in out and "saved as a probe" in out
     r = json.loads((tmp_path / "m" / "result.json").read_text())
-    assert r["selection"]["anchor"] and r["selection"]["checkpoints"][0] == 0 and r["config"]["train"]["anchor"] == "auto"
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["anchor"] is True
-    code, out, err = run(capsys, "explain", "--model", tmp_path / "m", "what is the capital of France ?")
+    assert (r["method"], r["model_method"], r["selection"]["fallback"]) == ("space", "probe", "probe")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["method"] == "probe"
+    assert "Trained as `--method space`" in (tmp_path / "m" / "README.md").read_text()
+    code, out, err = run(capsys, "predict", "--model", tmp_path / "m", "What is the capital of France ?")
     assert code == 0, err
-    assert "trained on few labels" in out
-    code, out, err = run(capsys, "train", "--method", "space", *common, "--anchor", "off", "--output", tmp_path / "off")
+    code, out, err = run(capsys, "train", *common, "--fallback", "off", "--output", tmp_path / "off")
     assert code == 0, err
-    assert "few labels:" not in out
-    assert json.loads((tmp_path / "off" / "config.json").read_text())["anchor"] is False
-    assert json.loads((tmp_path / "off" / "result.json").read_text())["selection"]["anchor"] is None
+    assert "the folds also score" not in out
+    r = json.loads((tmp_path / "off" / "result.json").read_text())
+    assert (r["model_method"], r["selection"]["fallback"]) == ("space", None) and "regression_accuracy" not in r["selection"]
 
 
 def test_shots_sample_exactly_k_per_class_seeded(trec_slice, shared_data):
@@ -275,7 +242,6 @@ def test_train_with_shots_cross_validates_and_records_it(capsys, trec_slice, tin
     r = json.loads((tmp_path / "m" / "result.json").read_text())
     assert r["selection"]["how"] == "cross-validation" and r["selection"]["solver"] == "lbfgs"
     assert r["config"]["shots"] == 2 and r["validation"] is None
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["anchor"] is False  # the probe is a regression already
 
 
 def _grid():

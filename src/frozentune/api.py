@@ -206,14 +206,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: {cfg.cv_folds}-fold "
             f"cross-validation on train picks the number of steps"
             + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
-        anchor = cfg.anchor == "auto" and not getattr(model.head, "convex", False)
-        if anchor:
-            log("few labels: the head learns a correction on a logistic regression over the same pooled states, "
-                "and cross-validation chooses how much, from 0 steps (the regression alone) up (--anchor off: "
-                "the bare head)")
-        model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed,
-                                                                     anchor=anchor),
-                                          src["train"], y["train"], val_src, y_val, cfg, log)
+        fallback = None
+        if cfg.fallback == "auto" and not getattr(model.head, "convex", False) and get_method(method).encoder is None:
+            fallback = lambda: M.build_classifier("probe", bb, ds.labels, seed=cfg.seed)  # noqa: E731
+            log("few labels: the folds also score a logistic regression on the same states (a probe), and the run "
+                "keeps it instead of the head where the head does no better on them (--fallback off: the head)")
+        model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
+                                          src["train"], y["train"], val_src, y_val, cfg, log, fallback)
     else:
         if val_src is None:
             raise DataError(f"{ds.name}: the validation split is empty; give a validation file, or train a frozen "
@@ -224,11 +223,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                                                if model.runs_live and len(ds.train) < cfg.cv_below else ""))
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan)
         selection = {"how": "validation", "schedule": plan.why}
+    n_params = model.num_trainable()  # the fallback, where cross-validation chose it, is a probe
     positive = positive_label(ds.name, ds.labels)
     val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size, positive)[0] if val_src is not None else None
     test_m, _ = evaluate(model, src["test"], y["test"], cfg.eval_batch_size, positive)
     result = {
         "method": method,
+        "model_method": model.method,  # the method saved: `method`, or probe where cross-validation fell back to it
         "data": ds.name,
         "fields": {"text": ds.text_field, "text_pair": ds.pair_field},
         "positive_label": positive[1] if positive else None,  # the class of metrics' positive_f1

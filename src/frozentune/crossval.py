@@ -21,14 +21,13 @@ from typing import Callable
 
 import numpy as np
 
-from .anchor import anchored, lbfgs_logistic
 from .model import Batch, Classifier, Source
 from .train import FitResult, Schedule, TrainConfig, fit, plan_steps, scored, silent
 
 CHECKPOINTS = 10  # held-out scores per fold run (R)
 # A head whose loss is convex in its parameters (the probe: a linear layer on pooled states, no
 # dropout) is solved exactly instead: full-batch L-BFGS on the objective of scikit-learn's
-# LogisticRegression(C) (anchor.lbfgs_logistic), with C from C_GRID.
+# LogisticRegression(C) (fit_convex), with C from C_GRID.
 # C_DEFAULT (scikit-learn's) is kept unless the folds show another C better by more than one
 # standard error: on 18 few-shot samples (bench/probe_c_choice.py) no rule of choosing C from the
 # folds beat C=1 on test accuracy (49.7-50.0 against 50.1), the folds being too small to tell.
@@ -101,11 +100,16 @@ def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None) ->
 
 
 def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
-           y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print
-           ) -> tuple[Classifier, FitResult, dict]:
+           y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print,
+           fallback: Callable[[], Classifier] | None = None) -> tuple[Classifier, FitResult, dict]:
     """(model refit on all of train, its FitResult, what cross-validation did). `build()` makes a
     fresh classifier with the run's seed. `val`, when given, is scored after every refit round for
-    the record only; it chooses nothing."""
+    the record only; it chooses nothing.
+
+    `fallback()`: a convex probe on the same states. The folds then also score it (solved with
+    C_DEFAULT, as scikit-learn's LogisticRegression() would be) as the simplest candidate, before
+    the head's checkpoints; when one_se picks it, the probe solved on all of train is returned
+    instead of the head, and the log and info say so."""
     first = build()
     k, note = choose_folds(y, cfg.cv_folds, first.labels)
     if note:
@@ -114,73 +118,85 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         return fit_convex_cv(build, k, note, train, y, val, y_val, cfg, log)
     plan = plan_steps(len(y), cfg, constant=True)
     plan = dataclasses.replace(plan, at=checkpoints(plan.total))
-    anchor = anchored(first.head) is not None
-    info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why,
-                  "anchor": "logistic regression (C=1) on the pooled states + gate × head" if anchor else None}
+    info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why, "fallback": None}
     t0 = time.perf_counter()
     if k >= 2:
-        acc, loss = [], []
+        acc, loss, regression = [], [], fallback is not None
         for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
+            lr = []  # the logistic regression on this fold: the first, simplest candidate
+            if regression:
+                probe = fallback().to(cfg.device)  # type: ignore[misc]
+                fit_convex(probe, Subset(train, tr), y[tr], C_DEFAULT)
+                lr = [scored(probe, Subset(train, held), y[held], cfg.eval_batch_size)]
             model = build()
-            zero = []  # an anchored head at step 0 is its logistic regression: a candidate too
-            if anchor:
-                solve_anchor(model, Subset(train, tr), y[tr], cfg.eval_batch_size)
-                zero = [scored(model, Subset(train, held), y[held], cfg.eval_batch_size)]
             r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, silent, plan, select=False)
-            acc.append([m["accuracy"] for m in zero] + [h["val_accuracy"] for h in r.history])
-            loss.append([m["loss"] for m in zero] + [h["val_loss"] for h in r.history])
-            steps = [0] * len(zero) + [h["step"] for h in r.history]
+            acc.append([m["accuracy"] for m in lr] + [h["val_accuracy"] for h in r.history])
+            loss.append([m["loss"] for m in lr] + [h["val_loss"] for h in r.history])
+            steps = [h["step"] for h in r.history]
         mean_acc, mean_loss = np.mean(acc, 0), np.mean(loss, 0)
         pick = one_se(np.asarray(acc), mean_loss)
-        chosen = steps[pick]
-        info |= {"score": float(mean_acc[pick]), "checkpoints": steps, "mean_accuracy": mean_acc.tolist(),
-                 "std_accuracy": np.std(acc, 0).tolist(), "mean_loss": mean_loss.tolist(), "chosen_steps": chosen,
-                 "seconds": time.perf_counter() - t0}
+        names = (["LR"] if regression else []) + [str(s) for s in steps]
+        head = slice(1 if regression else 0, None)
+        chosen = 0 if regression and pick == 0 else steps[pick - int(regression)]
+        info |= {"score": float(mean_acc[pick]), "checkpoints": steps, "mean_accuracy": mean_acc[head].tolist(),
+                 "std_accuracy": np.std(acc, 0)[head].tolist(), "mean_loss": mean_loss[head].tolist(),
+                 "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
+        if regression:
+            info["regression_accuracy"] = float(mean_acc[0])
         log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
-            + " ".join(f"{s}:{a:.1f}" for s, a in zip(steps, mean_acc))
-            + f"; refit on all {len(y)} examples for {chosen} steps")
+            + " ".join(f"{s}:{a:.1f}" for s, a in zip(names, mean_acc))
+            + (f"; refit on all {len(y)} examples for {chosen} steps" if chosen else ""))
+        if chosen == 0:
+            best = int(np.argmax(mean_acc[1:]))
+            log(f"cross-validation: the logistic regression on the same states (LR, held-out {mean_acc[0]:.1f}) is within "
+                f"one standard error of the head's best ({mean_acc[1 + best]:.1f} at {steps[best]} steps): the model "
+                f"is that regression, saved as a probe (--fallback off trains the head whatever the folds say)")
+            model = fallback().to(cfg.device)  # type: ignore[misc]
+            t1 = time.perf_counter()
+            fit_convex(model, train, y, C_DEFAULT)
+            val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
+            info |= {"fallback": model.method, "C": C_DEFAULT}
+            row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()},
+                   "epoch_seconds": time.perf_counter() - t1}
+            return model, FitResult([row], 1, time.perf_counter() - t0, False), info
     else:
         chosen = plan.total
         info |= {"chosen_steps": chosen, "seconds": 0.0}
-    model = build()
-    t1 = time.perf_counter()
-    if anchor:
-        solve_anchor(model, train, y, cfg.eval_batch_size)
-    solving = time.perf_counter() - t1
-    if chosen == 0:  # the logistic regression alone: the folds saw no gain from training the head
-        val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
-        log("cross-validation chose 0 steps: the model is the anchor's logistic regression (gate 0)")
-        row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()}, "epoch_seconds": time.perf_counter() - t1}
-        return model, FitResult([row], 1, time.perf_counter() - t0, False), info
     refit = Schedule(chosen, max(1, -(-chosen // 4)), plan.warmup, True, f"{chosen} steps chosen by cross-validation")
+    model = build()
     fitted = fit(model, train, y, val, y_val, cfg, log, refit, select=False)
-    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + solving + info["seconds"])
+    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"])
     return model, fitted, info
 
 
 def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter: int = 500) -> None:
-    """Solve a convex head in place: scikit-learn's LogisticRegression(C=c) objective divided by N
-    over its matrices (biases unpenalised), by full-batch L-BFGS (anchor.lbfgs_logistic)."""
+    """Solve a convex head in place: scikit-learn's LogisticRegression(C=c) objective divided by N,
+    mean cross-entropy + penalty·||W||²/(2·c·N) over its matrices (biases unpenalised), by
+    full-batch L-BFGS with a strong Wolfe line search.
+
+    penalty is 1, except for two classes, where scikit-learn fits one weight vector w on the logit
+    difference: the softmax's rows at its optimum are w₁ = −w₂ = w/2, whose squared norms add up to
+    ||w||²/2, so the penalty is doubled there and both solve the same problem."""
     import torch
 
     device = next(model.parameters()).device
     batch = src.batch(np.arange(len(src))).to(device)
     y_t = torch.from_numpy(np.asarray(y)).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    penalty = 2.0 if len(model.labels) == 2 else 1.0
+    opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
+                            tolerance_change=1e-10, line_search_fn="strong_wolfe")
     model.train()
-    lbfgs_logistic(lambda: model(batch).logits, [p for p in model.parameters() if p.requires_grad], y_t, c, max_iter)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(batch).logits, y_t)
+        loss = loss + penalty * sum((p * p).sum() for p in params if p.ndim >= 2) / (2 * c * len(y))
+        loss.backward()
+        return loss
+
+    opt.step(closure)
     model.eval()
-
-
-def solve_anchor(model: Classifier, src: Source, y: np.ndarray, batch_size: int) -> None:
-    """An anchored head's logistic regression solved on `src` (anchor.Anchored.solve); nothing for
-    any other head."""
-    a = anchored(model.head)
-    if a is None:
-        return
-    device = next(model.parameters()).device
-    rows = np.arange(len(src))
-    feats = [model.features(src.batch(rows[s:s + batch_size]).to(device)) for s in range(0, len(rows), batch_size)]
-    a.solve(a.pooled(feats), y)
 
 
 def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, train: Source, y: np.ndarray,

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .anchor import Anchored, anchored
 from .backbone import Backbone, LayerSpec, Tokenized, pad, trainable_names
 from .cache import CachedStates
 from .head import Features, Head, Output
@@ -182,9 +181,7 @@ def unfreeze_used(backbone: Backbone, top_layers: int = 0) -> None:
 
 def build_classifier(method: str, backbone: Backbone, labels: list[str],
                      options: dict[str, Any] | None = None, seed: int = 0,
-                     cache_dtype: str = "float16", anchor: bool = False) -> Classifier:
-    """A fresh classifier (head seeded by `seed`). anchor: the head as a correction on a logistic
-    regression over the same pooled states (anchor.py), which few-label training uses."""
+                     cache_dtype: str = "float16") -> Classifier:
     own = get_method(method).encoder is not None
     if backbone.encoder_of != (method if own else None):
         raise MethodError(
@@ -195,11 +192,6 @@ def build_classifier(method: str, backbone: Backbone, labels: list[str],
     head, cfg = create_method(method, backbone.dim, len(labels), options)
     if hasattr(head, "init_from_backbone"):  # e.g. label embeddings from the backbone's vocabulary
         head.init_from_backbone(backbone, list(labels))
-    if anchor:
-        if getattr(head, "convex", False) or cfg.train_backbone or getattr(head, "steers_backbone", False):
-            raise MethodError(f"method {method!r} cannot be anchored: only a head trained on frozen states that is not "
-                              f"itself a logistic regression can (give --anchor off)")
-        head = Anchored(head, backbone.dim, len(labels))
     return Classifier(method, cfg, head, backbone, labels, cache_dtype)
 
 
@@ -292,7 +284,6 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
                      "cache_dtype": model.cache_dtype, "precision": bb.precision,
                      "token_types": bb.token_types},
         "labels": model.labels,
-        "anchor": anchored(model.head) is not None,  # a correction on a logistic regression (anchor.py)
         **(extra or {}),
     }
     write_saved(folder, model.trainable_state(), config)
@@ -332,7 +323,7 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")
     model = build_classifier(config["method"], backbone, config["labels"], config["options"],
-                             cache_dtype=b.get("cache_dtype", "float16"), anchor=bool(config.get("anchor", False)))
+                             cache_dtype=b.get("cache_dtype", "float16"))
     if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it
         model.head.prepare_load()
     state = load_weights(folder)

@@ -56,10 +56,10 @@ class TrainConfig:
         "help": "below --cv-below training examples, stratified k-fold cross-validation on train picks the number of steps "
                 "instead of early stopping on a handful of validation examples (0 or 1: off)"})
     cv_below: int = field(default=CV_BELOW, metadata={"help": "train size under which --cv-folds applies (frozen heads)"})
-    anchor: str = field(default="auto", metadata={
-        "help": "auto: where --cv-folds applies, a head other than the probe learns a correction on a logistic "
-                "regression over the same pooled states, and the folds choose how much (0 steps: none); "
-                "off: the bare head", "choices": ("auto", "off")})
+    fallback: str = field(default="auto", metadata={
+        "help": "auto: where --cv-folds applies, the folds also score a logistic regression on the head's own states "
+                "(a probe) and, when it is within one standard error of the head's best, the probe is the model; "
+                "off: always the head", "choices": ("auto", "off")})
 
     def validate(self) -> "TrainConfig":
         """Raise ValueError naming the option (as typed on the command line) whose value cannot work."""

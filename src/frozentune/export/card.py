@@ -64,6 +64,10 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     header.append("---")
     title = f"# {method} on {data}" if data else f"# {method}"
     body = [title, f"**Method.** {METHOD_LINES.get(method, method)}."]
+    asked = result.get("method")
+    if asked and asked != method:  # few labels: cross-validation kept the logistic regression (crossval.fit_cv)
+        body[-1] += (f" Trained as `--method {asked}`: on its few labels, cross-validation found the {asked} head no "
+                     f"better than a logistic regression on the same states, which is what this folder holds.")
     body.append(_sizes_line(config, result))
     body.append(_backbone_line(name, base, backbone))
     if data:
