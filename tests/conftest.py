@@ -89,6 +89,23 @@ def make_tiny_bert(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def heads_stay_heads():
+    """Tests of a head's behaviour (explanations, ONNX outputs, serving) train it on a hundred or so
+    examples, where cross-validation may keep a logistic regression instead (crossval.fit_cv's
+    fallback), a choice that can turn on one CPU's rounding. For the whole session `api.train`
+    therefore cross-validates without it; the tests of the fallback itself (test_few_labels.py) call
+    crossval.fit_cv directly or put the real one back."""
+    from frozentune import api, crossval
+
+    def without_fallback(*args, fallback=None, **kwargs):
+        return crossval.fit_cv(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "fit_cv", without_fallback)
+        yield
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: one intra-op thread is faster than two fighting over busy cores (restored after).

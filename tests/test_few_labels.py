@@ -196,6 +196,7 @@ def test_the_folds_score_a_logistic_regression_first_and_keep_what_they_pick(tin
 def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_slice, tiny_bert, tmp_path, monkeypatch):
     common = ("--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2,
               "--cache-dir", tmp_path / "c", "--min-steps", 20)
+    monkeypatch.setattr(api, "fit_cv", crossval.fit_cv)  # the real one (conftest.heads_stay_heads)
     _spy_one_se(monkeypatch, pick_regression=True)
     code, out, err = run(capsys, "train", *common, "--output", tmp_path / "m")
     assert code == 0, err
