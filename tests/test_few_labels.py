@@ -207,6 +207,8 @@ def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_s
     assert "Trained as `--method space`" in (tmp_path / "m" / "README.md").read_text()
     code, out, err = run(capsys, "predict", "--model", tmp_path / "m", "What is the capital of France ?")
     assert code == 0, err
+    code, out, err = run(capsys, "explain", "--model", tmp_path / "m", "What is the capital of France ?")
+    assert code == 2 and "trained as --method space" in err and "--fallback off" in err
     code, out, err = run(capsys, "train", *common, "--fallback", "off", "--output", tmp_path / "off")
     assert code == 0, err
     assert "the folds also score" not in out

@@ -268,6 +268,20 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     return result
 
 
+def _fallback_note(model_dir) -> str:
+    """Where a saved folder's result.json says it was trained as another method than it holds (few
+    labels: crossval.fit_cv kept the logistic regression), a sentence saying so; else ''."""
+    try:
+        r = json.loads((Path(model_dir) / "result.json").read_text())
+    except (TypeError, OSError, ValueError):
+        return ""
+    asked, kept = r.get("method"), r.get("model_method")
+    if not asked or not kept or asked == kept:
+        return ""
+    return (f". It was trained as --method {asked}, and on its few labels cross-validation kept a logistic "
+            f"regression ({kept}) instead; train again with --fallback off to keep the {asked} head")
+
+
 def runs_live(method: str, options: dict[str, Any] | None = None) -> bool:
     """Whether `method` with `options` trains or steers a backbone (so it reads no cache), known
     before any model is built."""
@@ -570,7 +584,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
         able = [m for m in list_methods("classification") if explains(get_method(m).head_cls)]
         raise ValueError(f"{model_dir if not isinstance(model_dir, M.Classifier) else 'this model'}: method "
                          f"{model.method!r} returns no explanation (explain works for: {', '.join(able)}); "
-                         f"this model supports {', '.join(model_commands(saved))}")
+                         f"this model supports {', '.join(model_commands(saved))}" + _fallback_note(model_dir))
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
     tokens, views = bb.tokenize_with_views(texts)
