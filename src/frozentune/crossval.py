@@ -123,11 +123,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     if k >= 2:
         acc, loss, regression = [], [], fallback is not None
         for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
-            lr = []  # the logistic regression on this fold: the first, simplest candidate
-            if regression:
-                probe = fallback().to(cfg.device)  # type: ignore[misc]
-                fit_convex(probe, Subset(train, tr), y[tr], C_DEFAULT)
-                lr = [scored(probe, Subset(train, held), y[held], cfg.eval_batch_size)]
+            # the logistic regression on this fold: the first, simplest candidate
+            lr = [convex_fold(fallback, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
             model = build()
             r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, silent, plan, select=False)
             acc.append([m["accuracy"] for m in lr] + [h["val_accuracy"] for h in r.history])
@@ -137,7 +134,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         pick = one_se(np.asarray(acc), mean_loss)
         names = (["LR"] if regression else []) + [str(s) for s in steps]
         head = slice(1 if regression else 0, None)
-        chosen = 0 if regression and pick == 0 else steps[pick - int(regression)]
+        fell_back = regression and pick == 0
+        chosen = 0 if fell_back else steps[pick - int(regression)]
         info |= {"score": float(mean_acc[pick]), "checkpoints": steps, "mean_accuracy": mean_acc[head].tolist(),
                  "std_accuracy": np.std(acc, 0)[head].tolist(), "mean_loss": mean_loss[head].tolist(),
                  "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
@@ -145,20 +143,15 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             info["regression_accuracy"] = float(mean_acc[0])
         log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
             + " ".join(f"{s}:{a:.1f}" for s, a in zip(names, mean_acc))
-            + (f"; refit on all {len(y)} examples for {chosen} steps" if chosen else ""))
-        if chosen == 0:
+            + ("" if fell_back else f"; refit on all {len(y)} examples for {chosen} steps"))
+        if fell_back:
             best = int(np.argmax(mean_acc[1:]))
             log(f"cross-validation: the logistic regression on the same states (LR, held-out {mean_acc[0]:.1f}) is within "
                 f"one standard error of the head's best ({mean_acc[1 + best]:.1f} at {steps[best]} steps): the model "
                 f"is that regression, saved as a probe (--fallback off trains the head whatever the folds say)")
-            model = fallback().to(cfg.device)  # type: ignore[misc]
-            t1 = time.perf_counter()
-            fit_convex(model, train, y, C_DEFAULT)
-            val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
+            model, fitted = convex_refit(fallback, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
             info |= {"fallback": model.method, "C": C_DEFAULT}
-            row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()},
-                   "epoch_seconds": time.perf_counter() - t1}
-            return model, FitResult([row], 1, time.perf_counter() - t0, False), info
+            return model, fitted, info
     else:
         chosen = plan.total
         info |= {"chosen_steps": chosen, "seconds": 0.0}
@@ -212,9 +205,7 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
         loss = np.zeros_like(acc)
         for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
             for j, c in enumerate(C_GRID):
-                model = build().to(cfg.device)
-                fit_convex(model, Subset(train, tr), y[tr], c)
-                m = scored(model, Subset(train, held), y[held], cfg.eval_batch_size)
+                m = convex_fold(build, train, y, tr, held, c, cfg)
                 acc[i, j], loss[i, j] = m["accuracy"], m["loss"]
         mean_acc, mean_loss = acc.mean(0), loss.mean(0)
         pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT))
@@ -224,10 +215,26 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
             + " ".join(f"C={c:g}:{a:.1f}" for c, a in zip(C_GRID, mean_acc)) + f"; refit on all {len(y)} with C={chosen:g}")
     else:
         log(f"cross-validation: none possible; L-BFGS with C={chosen:g} (scikit-learn's default)")
+    model, fitted = convex_refit(build, train, y, val, y_val, chosen, cfg, t0)
+    info |= {"C": chosen, "seconds": fitted.train_seconds}
+    return model, fitted, info
+
+
+def convex_fold(build: Callable[[], Classifier], train: Source, y: np.ndarray, tr: np.ndarray, held: np.ndarray,
+                c: float, cfg: TrainConfig) -> dict[str, float]:
+    """A fresh convex head solved (fit_convex, strength c) on rows `tr` and scored on rows `held`."""
+    model = build().to(cfg.device)
+    fit_convex(model, Subset(train, tr), y[tr], c)
+    return scored(model, Subset(train, held), y[held], cfg.eval_batch_size)
+
+
+def convex_refit(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
+                 y_val: np.ndarray | None, c: float, cfg: TrainConfig, t0: float) -> tuple[Classifier, FitResult]:
+    """A fresh convex head solved on all of train, and its FitResult: one round at step 0 with the
+    validation metrics (when `val` is given); train_seconds counted from t0 (the cross-validation's start)."""
     model = build().to(cfg.device)
     t1 = time.perf_counter()
-    fit_convex(model, train, y, chosen)
+    fit_convex(model, train, y, c)
     val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
-    info |= {"C": chosen, "seconds": time.perf_counter() - t0}
     row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()}, "epoch_seconds": time.perf_counter() - t1}
-    return model, FitResult([row], 1, time.perf_counter() - t0, False), info
+    return model, FitResult([row], 1, time.perf_counter() - t0, False)
