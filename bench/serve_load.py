@@ -21,7 +21,10 @@ Parts (--only, comma list; default all but soak):
               "tokens".
   bad         malformed and out-of-range requests: status and message, /health after each.
   soak        --soak SECONDS at --soak-load × the 8-head capacity on short texts (read from the
-              JSON's heads part, else measured first), open loop: errors, RSS start/end/max.
+              JSON's heads part, else measured first), open loop, after --soak-warm seconds of the
+              same traffic: errors, latency, RSS idle / at the first request / start / end / max.
+              The server inherits this process's environment (e.g. LD_PRELOAD=libjemalloc.so.2;
+              the JSON records it).
 
 Models are trained once into bench/runs/serve-models (git-ignored) and reused. Results: one JSON
 (--output, default bench/results/serve_load.json; parts run again replace their own section) and
@@ -832,7 +835,58 @@ async def part_bad(a, client, heads_dir: Path, gen_dir: Path, logdir: Path) -> d
 
 
 # ----------------------------------------------------------------------------- part 5: soak
+async def open_loop(send, rate: float, seconds: float, clients: int, start_index: int) -> dict:
+    """Requests started at a fixed `rate` for `seconds` (open loop: a slow answer does not slow the
+    sending), on 2 × `clients` connections; past 64 × `clients` unanswered the client drops (counted).
+    Latency runs from each request's scheduled start, so a wait for a connection counts."""
+    lat: list[float] = []
+    errors: Counter = Counter()
+    state = {"inflight": 0, "dropped": 0, "max_inflight": 0, "late_s": 0.0, "late_50ms": 0}
+    cap, tasks, free = 64 * clients, set(), asyncio.Queue()
+    for k in range(2 * clients):
+        free.put_nowait(k)
+
+    async def one(i: int) -> None:
+        t = time.perf_counter()
+        k = await free.get()
+        try:
+            ok, info = await send(i, k)
+        except Exception as e:
+            ok, info = False, {"error": type(e).__name__}
+        finally:
+            free.put_nowait(k)
+            state["inflight"] -= 1
+        if ok:
+            lat.append(time.perf_counter() - t)
+        else:
+            errors[info.get("error", "?")] += 1
+
+    t0 = time.perf_counter()
+    total = int(rate * seconds)
+    for i in range(total):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            state["late_s"] = max(state["late_s"], -delay)
+            state["late_50ms"] += delay < -0.05
+        if state["inflight"] >= cap:
+            state["dropped"] += 1
+            continue
+        state["inflight"] += 1
+        state["max_inflight"] = max(state["max_inflight"], state["inflight"])
+        task = asyncio.get_running_loop().create_task(one(start_index + i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(set(tasks), timeout=120)
+    return {"scheduled": total, "lat": lat, "errors": errors, "wall": time.perf_counter() - t0, **state}
+
+
 async def part_soak(a, client, heads_dir: Path, logdir: Path, previous: dict | None) -> dict:
+    """The 8-head server at --soak-load of its capacity for --soak seconds, open loop, after a
+    warm-up of --soak-warm seconds in the same traffic. Memory is read at four points: idle (loaded,
+    no request yet), at the warm-up's first request, at the soak's first request and at its end."""
     texts = short_texts()
     bodies = [json.dumps({"text": t}).encode() for t in texts]
     folders = [heads_dir / n for n, _, _ in HEADS]
@@ -841,6 +895,7 @@ async def part_soak(a, client, heads_dir: Path, logdir: Path, previous: dict | N
     pool = Clients()
     send = classify_sender(pool, srv.url, bodies, 8)
     try:
+        idle = srv.rss_mb()
         capacity, source = a.soak_rate, "--soak-rate"
         if capacity is None:
             prev = None
@@ -854,79 +909,44 @@ async def part_soak(a, client, heads_dir: Path, logdir: Path, previous: dict | N
                 r = await closed_loop(send, a.clients, 10**9, min(a.seconds, 30), start_index=10**6)
                 capacity, source = r["requests_per_s"], f"measured here ({r['requests']} requests, {a.clients} clients)"
         rate = a.soak_load * capacity
-        # warm-up at the soak's rate, so that RSS at the start is the server's after some load, not cold
-        warm = min(15.0, max(2.0, 0.05 * a.soak))
-        await closed_loop(send, a.clients, max(1, int(rate * warm)), warm, start_index=10**6)
+        warm: dict = {}
+        if a.soak_warm > 0:  # the same open-loop traffic, so that the soak starts from the memory that traffic needs
+            log(f"soak: warm-up {a.soak_warm:.0f}s at {rate:.1f} req/s")
+            with Sampler([srv], every=1.0, series_every=10.0) as wsmp:
+                w = await open_loop(send, rate, a.soak_warm, a.clients, 2 * 10**6)
+            warm = {"seconds": a.soak_warm, "answered_ok": len(w["lat"]), "errors": sum(w["errors"].values()),
+                    "rss_mb": {"start": round(wsmp.first, 1), "end": round(wsmp.last, 1)},
+                    "rss_series_mb": wsmp.series}
         log(f"soak: {a.soak:.0f}s at {rate:.1f} req/s ({a.soak_load:.0%} of {capacity:.1f}, {source})")
-        lat: list[float] = []
-        errors: Counter = Counter()
-        state = {"inflight": 0, "dropped": 0, "max_inflight": 0, "late_s": 0.0, "late_50ms": 0}
-        cap = 64 * a.clients  # requests started and not answered; past it the client drops (counted)
-        tasks: set = set()
-        free: asyncio.Queue = asyncio.Queue()  # 2 × --clients connections; a request waits for a free one
-        for k in range(2 * a.clients):
-            free.put_nowait(k)
-
-        async def one(i: int) -> None:
-            t = time.perf_counter()  # latency from the scheduled start: a wait for a connection counts
-            k = await free.get()
-            try:
-                ok, info = await send(i, k)
-            except Exception as e:
-                ok, info = False, {"error": type(e).__name__}
-            finally:
-                free.put_nowait(k)
-                state["inflight"] -= 1
-            if ok:
-                lat.append(time.perf_counter() - t)
-            else:
-                errors[info.get("error", "?")] += 1
-
         import psutil
         cpu0 = srv.cpu_s()
         me, mine0 = psutil.Process(), sum(psutil.Process().cpu_times()[:2])
         with Sampler([srv], every=1.0, series_every=10.0) as smp:
-            rss_start = smp.first
-            t0 = time.perf_counter()
-            total = int(rate * a.soak)
-            for i in range(total):
-                target = t0 + i / rate
-                delay = target - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    state["late_s"] = max(state["late_s"], -delay)
-                    state["late_50ms"] += delay < -0.05
-                if state["inflight"] >= cap:
-                    state["dropped"] += 1
-                    continue
-                state["inflight"] += 1
-                state["max_inflight"] = max(state["max_inflight"], state["inflight"])
-                task = asyncio.get_running_loop().create_task(one(i))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks), timeout=120)
-            wall = time.perf_counter() - t0
-        rss_end, rss_max = smp.last, smp.peak_total
+            r = await open_loop(send, rate, a.soak, a.clients, 0)
+        rss_start, rss_end, rss_max, wall, lat = smp.first, smp.last, smp.peak_total, r["wall"], r["lat"]
         early = next((v for t, v in smp.series if t >= 0.1 * a.soak), None)
         half = next((v for t, v in smp.series if t >= 0.5 * a.soak), None)
-        out = {"soak_seconds": a.soak, "warm_up_s": warm, "capacity_requests_per_s": round(capacity, 2), "capacity_from": source,
-               "load": a.soak_load, "target_requests_per_s": round(rate, 2), "scheduled": total,
-               "answered_ok": len(lat), "achieved_requests_per_s": round(len(lat) / wall, 2), "wall_s": round(wall, 1),
-               "errors": sum(errors.values()), "error_kinds": dict(errors), "dropped_by_client": state["dropped"],
-               "max_in_flight": state["max_inflight"], "client_late_max_s": round(state["late_s"], 3),
-               "client_late_over_50ms": state["late_50ms"],
-               "latency_ms": percentiles(lat), "rss_mb": {"start": round(rss_start, 1), "end": round(rss_end, 1),
-                                                          "max": round(rss_max, 1)},
+        first = warm["rss_mb"]["start"] if warm else rss_start
+        out = {"soak_seconds": a.soak, "warm_up": warm, "capacity_requests_per_s": round(capacity, 2),
+               "capacity_from": source, "load": a.soak_load, "target_requests_per_s": round(rate, 2),
+               "scheduled": r["scheduled"], "answered_ok": len(lat), "achieved_requests_per_s": round(len(lat) / wall, 2),
+               "wall_s": round(wall, 1), "errors": sum(r["errors"].values()), "error_kinds": dict(r["errors"]),
+               "dropped_by_client": r["dropped"], "max_in_flight": r["max_inflight"],
+               "client_late_max_s": round(r["late_s"], 3), "client_late_over_50ms": r["late_50ms"],
+               "latency_ms": percentiles(lat),
+               "rss_mb": {"idle": round(idle, 1), "first_request": round(first, 1), "start": round(rss_start, 1),
+                          "end": round(rss_end, 1), "max": round(rss_max, 1)},
                "rss_growth_pct": round(100 * (rss_end - rss_start) / rss_start, 2),
+               "rss_growth_from_first_request_pct": round(100 * (rss_end - first) / first, 2),
                "rss_growth_after_first_10pct": round(100 * (rss_end - early) / early, 2) if early else None,
                "rss_growth_second_half_pct": round(100 * (rss_end - half) / half, 2) if half else None,
                "rss_series_mb": smp.series, "server_cpu_share": round((srv.cpu_s() - cpu0) / wall, 3),
                "client_cpu_share": round((sum(me.cpu_times()[:2]) - mine0) / wall, 3),
-               "vm_hwm_mb": srv.hwm_mb(), "server": srv.describe()}
+               "vm_hwm_mb": srv.hwm_mb(), "allocator": os.environ.get("LD_PRELOAD") or "glibc malloc",
+               "server": srv.describe()}
         log(f"soak: {out['answered_ok']} ok, {out['errors']} errors, RSS {rss_start:.0f} → {rss_end:.0f} MB "
-            f"(max {rss_max:.0f}, {out['rss_growth_pct']:+.2f}%)")
+            f"(max {rss_max:.0f}, {out['rss_growth_pct']:+.2f}%; from the first request {first:.0f} MB, "
+            f"{out['rss_growth_from_first_request_pct']:+.2f}%)")
         return out
     finally:
         await pool.aclose()
@@ -1082,21 +1102,31 @@ def report(d: dict) -> str:
         lines.append("")
     s = d.get("soak")
     if s:
-        lines += ["## 5. Soak", "", f"`{s['command']}` ({s['date']}; {s['threads']} thread(s)). 8-head server, short "
+        w, m = s.get("warm_up") or {}, s["rss_mb"]
+        before = (f"after a warm-up of {w['seconds']:.0f} s in the same traffic ({w['answered_ok']:,} answered, "
+                  f"{w['errors']} errors)" if w else "with no warm-up in the same traffic")
+        lines += ["## 5. Soak", "", f"`{s['command']}` ({s['date']}; {s['threads']} thread(s); allocator: "
+                  f"{s.get('allocator', 'glibc malloc')}). 8-head server, short "
                   f"texts, open loop at {s['target_requests_per_s']:,.1f} requests/s ({s['load']:.0%} of "
-                  f"{s['capacity_requests_per_s']:,.1f}, from {s['capacity_from']}) for {s['soak_seconds']:.0f} s, after "
-                  f"a closed-loop warm-up ({s['warm_up_s']:.0f} s of requests at that rate, sent by {s['clients']} "
-                  f"clients). Requests sent late by the client's "
+                  f"{s['capacity_requests_per_s']:,.1f}, from {s['capacity_from']}) for {s['soak_seconds']:.0f} s, "
+                  f"{before}. Requests sent late by the client's "
                   f"scheduler (> 50 ms): {s['client_late_over_50ms']:,} (worst {s['client_late_max_s']:.2f} s).", "",
                   "| scheduled | answered | achieved req/s | errors | dropped by client | p50 ms | p99 ms | RSS start MB | "
                   "RSS end MB | RSS max MB | growth | after the first 10% | over the second half |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                   f"| {s['scheduled']:,} | {s['answered_ok']:,} | {s['achieved_requests_per_s']:,.1f} | {s['errors']} | "
                   f"{s['dropped_by_client']} | {_f(s['latency_ms']['p50'])} | {_f(s['latency_ms']['p99'])} | "
-                  f"{s['rss_mb']['start']:,.0f} | {s['rss_mb']['end']:,.0f} | {s['rss_mb']['max']:,.0f} | "
+                  f"{m['start']:,.0f} | {m['end']:,.0f} | {m['max']:,.0f} | "
                   f"{s['rss_growth_pct']:+.2f}% | {_f(s.get('rss_growth_after_first_10pct'), '+.2f%')} | "
-                  f"{_f(s.get('rss_growth_second_half_pct'), '+.2f%')} |", "",
-                  "RSS every 10 s (s, MB): " + ", ".join(f"{t:.0f}: {v:,.0f}" for t, v in s["rss_series_mb"]), ""]
+                  f"{_f(s.get('rss_growth_second_half_pct'), '+.2f%')} |", ""]
+        if "idle" in m:
+            lines += [f"Memory from the server's start: {m['idle']:,.0f} MB loaded and idle, {m['first_request']:,.0f} MB "
+                      f"at the first open-loop request, {m['start']:,.0f} MB at the soak's first, {m['end']:,.0f} MB at "
+                      f"its end: {s['rss_growth_from_first_request_pct']:+.2f}% from the first open-loop request.", ""]
+        if w:
+            lines.append("Warm-up RSS every 10 s (s, MB): " + ", ".join(f"{t:.0f}: {v:,.0f}" for t, v in w["rss_series_mb"]))
+            lines.append("")
+        lines += ["Soak RSS every 10 s (s, MB): " + ", ".join(f"{t:.0f}: {v:,.0f}" for t, v in s["rss_series_mb"]), ""]
     return "\n".join(lines)
 
 
@@ -1165,6 +1195,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every server and of the plain HF loop")
     ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS", help="soak length (0: no soak; full run: 600)")
     ap.add_argument("--soak-load", type=float, default=0.8, help="soak rate as a share of the 8-head capacity")
+    ap.add_argument("--soak-warm", type=float, default=60.0, metavar="SECONDS",
+                    help="before the soak, this long in the soak's own traffic (0: none); memory is reported from "
+                         "both starts")
     ap.add_argument("--soak-rate", type=float, default=None, help="soak capacity in requests/s (default: the JSON's "
                                                                   "heads part with the same --threads, else measured)")
     ap.add_argument("--models", type=Path, default=MODELS, help="where the heads and prefixes are made and reused")
