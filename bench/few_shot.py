@@ -121,7 +121,9 @@ def main() -> None:
                     save({"data": data, "shots": shots, "seed": seed, "method": method, "n_train": len(ds.train),
                           "accuracy": r["metrics"]["accuracy"], "seconds": time.perf_counter() - t0,
                           "train_seconds": r["train_seconds"], "selection": {
-                              k_: v for k_, v in r["selection"].items() if k_ in ("how", "folds", "chosen_steps")}})
+                              k_: v for k_, v in r["selection"].items()
+                              if k_ in ("how", "folds", "chosen_steps", "fallback", "regression_accuracy",
+                                        "head_vs_regression")}})
 
 
 def report(d: dict) -> str:
@@ -151,6 +153,15 @@ def report(d: dict) -> str:
             if gaps:
                 lines.append(f"- {m} vs {ref}: at or above in {sum(g >= 0 for g in gaps)} of {len(gaps)} cells; "
                              f"gap from {min(gaps):+.1f} to {max(gaps):+.1f} points")
+    kept = [(r["data"], r["method"]) for r in rows if r["method"] in METHODS[1:] and "selection" in r
+            and (r["selection"].get("fallback") or r["selection"].get("chosen_steps") == 0)]
+    if any("selection" in r for r in rows if r["method"] in METHODS[1:]):
+        heads = [m for m in METHODS[1:] if any(r["method"] == m for r in rows)]
+        lines += ["", "Runs where the folds kept the logistic regression (of the runs in the table):", "",
+                  "| data | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+        for data in dict.fromkeys(r["data"] for r in rows):
+            n = {m: sum(1 for r in rows if (r["data"], r["method"]) == (data, m) and r["shots"] != "full") for m in heads}
+            lines.append(f"| {data} | " + " | ".join(f"{kept.count((data, m))} of {n[m]}" for m in heads) + " |")
     return "\n".join(lines)
 
 

@@ -153,23 +153,45 @@ def test_the_convex_probe_reaches_logistic_regressions_optimum(tiny_bert, c, cla
     assert ours <= theirs + bound
 
 
-def _spy_one_se(monkeypatch, pick_regression: bool) -> list:
-    """Make crossval.one_se choose the logistic regression (column 0) or the head's last checkpoint,
-    recording the (k, candidates) accuracies it was given."""
+def _spy_choice(monkeypatch, pick_regression: bool) -> list:
+    """Make crossval keep the logistic regression (column 0) or the head at its last checkpoint,
+    recording the (k, candidates) accuracies keep_regression was given."""
     seen = []
 
-    def choose(acc, mean_loss, prefer=None):
+    def keep(acc, mean_loss):
         seen.append(np.asarray(acc))
-        return 0 if pick_regression else acc.shape[1] - 1
+        return {"keep": pick_regression, "regression": 50.0, "head_best": 50.0, "optimism": 0.0,
+                "head_corrected": 50.0, "se": 0.0}
 
-    monkeypatch.setattr(crossval, "one_se", choose)
+    monkeypatch.setattr(crossval, "keep_regression", keep)
+    monkeypatch.setattr(crossval, "one_se", lambda acc, mean_loss, prefer=None: acc.shape[1] - 1)
     return seen
+
+
+def test_the_head_is_judged_after_the_optimism_of_its_best_checkpoint():
+    """The head's best mean over its checkpoints is corrected by how much each fold's own best beats
+    the shared choice; a head that is best only by noise (each fold's peak at another checkpoint)
+    loses to the regression, one that is better at the same checkpoint in every fold keeps its place."""
+    loss = np.zeros(5)
+    # noise: each fold peaks at a different checkpoint; the best mean (70) is 10 above the regression
+    # (60), more than one standard error (0: every fold scores 70 there), so one_se alone keeps the head
+    noisy = np.array([[60, 85, 70, 55, 55], [60, 55, 70, 85, 55], [60, 55, 70, 55, 85]], dtype=float)
+    assert crossval.one_se(noisy, loss) == 2
+    choice = crossval.keep_regression(noisy, loss)
+    assert choice["head_best"] == pytest.approx(70) and choice["optimism"] == pytest.approx(15)
+    assert choice["head_corrected"] == pytest.approx(55) and choice["keep"]
+    # signal: every fold peaks at the same checkpoint, 10 above the regression
+    steady = np.array([[60, 55, 70, 55, 55], [62, 55, 71, 55, 55], [58, 55, 69, 55, 55]], dtype=float)
+    choice = crossval.keep_regression(steady, loss)
+    assert choice["optimism"] == 0 and not choice["keep"]
+    # a tie goes to the regression, the simpler model
+    assert crossval.keep_regression(np.array([[70, 70, 60], [70, 70, 60]], dtype=float), np.zeros(3))["keep"]
 
 
 @pytest.mark.parametrize("pick_regression", [True, False])
 def test_the_folds_score_a_logistic_regression_first_and_keep_what_they_pick(tiny_bert, monkeypatch, pick_regression):
     src, y = _toy(6, classes=2, dim=32)
-    seen = _spy_one_se(monkeypatch, pick_regression)
+    seen = _spy_choice(monkeypatch, pick_regression)
     cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8)
     lines = []
     model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"], "space"), src, y, None, None, cfg,
@@ -197,7 +219,7 @@ def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_s
     common = ("--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2,
               "--cache-dir", tmp_path / "c", "--min-steps", 20)
     monkeypatch.setattr(api, "fit_cv", crossval.fit_cv)  # the real one (conftest.heads_stay_heads)
-    _spy_one_se(monkeypatch, pick_regression=True)
+    _spy_choice(monkeypatch, pick_regression=True)
     code, out, err = run(capsys, "train", *common, "--output", tmp_path / "m")
     assert code == 0, err
     assert "the folds also score a logistic regression" in out and "saved as a probe" in out

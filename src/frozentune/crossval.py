@@ -99,6 +99,24 @@ def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None) ->
     return next(j for j in range(acc.shape[1]) if mean[j] >= mean[best] - se - 1e-9)
 
 
+def keep_regression(acc: np.ndarray, mean_loss: np.ndarray) -> dict:
+    """Whether the logistic regression (column 0 of the (k, 1 + R) held-out accuracies) is kept over
+    the head (columns 1..R, its checkpoints). The regression is one candidate; the head's best mean is
+    the best of R, so it is biased upward, more so the noisier the folds. That optimism is estimated
+    as the mean over folds of each fold's own best checkpoint less the checkpoint chosen for all
+    (Tibshirani & Tibshirani 2009, "A bias correction for the minimum error rate in
+    cross-validation") and subtracted; the regression, the simpler model, is then kept unless the
+    head's corrected accuracy beats it by more than one standard error (one_se)."""
+    head, head_loss = acc[:, 1:], mean_loss[1:]
+    mean = head.mean(0)
+    best = max(range(head.shape[1]), key=lambda j: (round(float(mean[j]), 9), -float(head_loss[j])))
+    optimism = float((head.max(1) - head[:, best]).mean())
+    se = float(head[:, best].std(ddof=1) / np.sqrt(head.shape[0])) if head.shape[0] > 1 else 0.0
+    corrected, regression = float(mean[best]) - optimism, float(acc[:, 0].mean())
+    return {"keep": regression >= corrected - se - 1e-9, "regression": regression, "head_best": float(mean[best]),
+            "optimism": optimism, "head_corrected": corrected, "se": se}
+
+
 def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
            y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print,
            fallback: Callable[[], Classifier] | None = None) -> tuple[Classifier, FitResult, dict]:
@@ -108,8 +126,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
 
     `fallback()`: a convex probe on the same states. The folds then also score it (solved with
     C_DEFAULT, as scikit-learn's LogisticRegression() would be) as the simplest candidate, before
-    the head's checkpoints; when one_se picks it, the probe solved on all of train is returned
-    instead of the head, and the log and info say so."""
+    the head's checkpoints; when keep_regression keeps it, the probe solved on all of train is
+    returned instead of the head, and the log and info say so."""
     first = build()
     k, note = choose_folds(y, cfg.cv_folds, first.labels)
     if note:
@@ -130,25 +148,32 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             acc.append([m["accuracy"] for m in lr] + [h["val_accuracy"] for h in r.history])
             loss.append([m["loss"] for m in lr] + [h["val_loss"] for h in r.history])
             steps = [h["step"] for h in r.history]
-        mean_acc, mean_loss = np.mean(acc, 0), np.mean(loss, 0)
-        pick = one_se(np.asarray(acc), mean_loss)
-        names = (["LR"] if regression else []) + [str(s) for s in steps]
+        acc_k, mean_acc, mean_loss = np.asarray(acc), np.mean(acc, 0), np.mean(loss, 0)
         head = slice(1 if regression else 0, None)
-        fell_back = regression and pick == 0
-        chosen = 0 if fell_back else steps[pick - int(regression)]
-        info |= {"score": float(mean_acc[pick]), "checkpoints": steps, "mean_accuracy": mean_acc[head].tolist(),
-                 "std_accuracy": np.std(acc, 0)[head].tolist(), "mean_loss": mean_loss[head].tolist(),
-                 "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
-        if regression:
-            info["regression_accuracy"] = float(mean_acc[0])
+        pick = one_se(acc_k[:, head], mean_loss[head])  # the head's steps, as without the regression
+        names = (["LR"] if regression else []) + [str(s) for s in steps]
+        choice = keep_regression(acc_k, mean_loss) if regression else None
+        fell_back = bool(choice and choice["keep"])
+        chosen = 0 if fell_back else steps[pick]
+        info |= {"score": float(mean_acc[0] if fell_back else mean_acc[head][pick]), "checkpoints": steps,
+                 "mean_accuracy": mean_acc[head].tolist(), "std_accuracy": np.std(acc, 0)[head].tolist(),
+                 "mean_loss": mean_loss[head].tolist(), "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
+        if choice:
+            info["head_vs_regression"] = {name: v for name, v in choice.items() if name != "keep"}
         log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
             + " ".join(f"{s}:{a:.1f}" for s, a in zip(names, mean_acc))
             + ("" if fell_back else f"; refit on all {len(y)} examples for {chosen} steps"))
+        if choice:
+            log(f"cross-validation: the head's best held-out accuracy {choice['head_best']:.1f} less its optimism "
+                f"{choice['optimism']:.1f} (its folds' own best checkpoints over the one they share) is "
+                f"{choice['head_corrected']:.1f}; the logistic regression on the same states (LR) has "
+                f"{choice['regression']:.1f}, one standard error {choice['se']:.1f}")
         if fell_back:
-            best = int(np.argmax(mean_acc[1:]))
-            log(f"cross-validation: the logistic regression on the same states (LR, held-out {mean_acc[0]:.1f}) is within "
-                f"one standard error of the head's best ({mean_acc[1 + best]:.1f} at {steps[best]} steps): the model "
-                f"is that regression, saved as a probe (--fallback off trains the head whatever the folds say)")
+            log("cross-validation: the head is not clearly better, so the model is that regression, saved as a probe "
+                "(--fallback off trains the head whatever the folds say)")
+        if regression:
+            info["regression_accuracy"] = float(mean_acc[0])
+        if fell_back:
             model, fitted = convex_refit(fallback, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
             info |= {"fallback": model.method, "C": C_DEFAULT}
             return model, fitted, info

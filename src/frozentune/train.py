@@ -58,7 +58,8 @@ class TrainConfig:
     cv_below: int = field(default=CV_BELOW, metadata={"help": "train size under which --cv-folds applies (frozen heads)"})
     fallback: str = field(default="auto", metadata={
         "help": "auto: where --cv-folds applies, the folds also score a logistic regression on the head's own states "
-                "(a probe) and, when it is within one standard error of the head's best, the probe is the model; "
+                "(a probe), which is the model unless the head's best held-out accuracy, less the optimism of taking the "
+                "best of its checkpoints, beats it by more than one standard error; "
                 "off: always the head", "choices": ("auto", "off")})
 
     def validate(self) -> "TrainConfig":
