@@ -98,8 +98,14 @@ def heads_stay_heads():
     crossval.fit_cv directly or put the real one back."""
     from frozentune import api, crossval
 
-    def without_fallback(*args, fallback=None, **kwargs):
-        return crossval.fit_cv(*args, **kwargs)
+    import inspect
+
+    signature = inspect.signature(crossval.fit_cv)
+
+    def without_fallback(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)  # fallback may come by position or by name
+        bound.arguments.pop("fallback", None)
+        return crossval.fit_cv(*bound.args, **bound.kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(api, "fit_cv", without_fallback)

@@ -215,6 +215,19 @@ def test_the_folds_score_a_logistic_regression_first_and_keep_what_they_pick(tin
         assert sum(len(h["step_losses"]) for h in fitted.history) == info["chosen_steps"]
 
 
+def test_the_session_runs_heads_without_the_fallback_however_it_is_passed(tiny_bert):
+    """conftest.heads_stay_heads: api.fit_cv drops the fallback whether it comes by position or by name."""
+    src, y = _toy(6, classes=2, dim=32)
+    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8)
+
+    def never():
+        raise AssertionError("the fallback was built")
+
+    build = _classifier(tiny_bert, ["a", "b"], "space")
+    assert api.fit_cv(build, src, y, None, None, cfg, lambda s: None, never)[0].method == "space"
+    assert api.fit_cv(build, src, y, None, None, cfg, lambda s: None, fallback=never)[0].method == "space"
+
+
 def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_slice, tiny_bert, tmp_path, monkeypatch):
     common = ("--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2,
               "--cache-dir", tmp_path / "c", "--min-steps", 20)

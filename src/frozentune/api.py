@@ -212,7 +212,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             log("few labels: the folds also score a logistic regression on the same states (a probe), and the run "
                 "keeps it instead of the head where the head does no better on them (--fallback off: the head)")
         model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
-                                          src["train"], y["train"], val_src, y_val, cfg, log, fallback)
+                                          src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback)
     else:
         if val_src is None:
             raise DataError(f"{ds.name}: the validation split is empty; give a validation file, or train a frozen "
