@@ -84,6 +84,14 @@ def choose_folds(y: np.ndarray, k: int, labels: list[str]) -> tuple[int, str | N
                f"the planned steps are trained without selection (give 2 or more examples per class)")
 
 
+def best_candidate(acc: np.ndarray, mean_loss: np.ndarray) -> tuple[int, float]:
+    """From (k, R) held-out accuracies: the best candidate (highest mean accuracy, then lowest mean
+    cross-entropy) and the standard error of its mean over the k folds."""
+    mean = acc.mean(0)
+    best = max(range(acc.shape[1]), key=lambda j: (round(float(mean[j]), 9), -float(mean_loss[j])))
+    return best, float(acc[:, best].std(ddof=1) / np.sqrt(acc.shape[0])) if acc.shape[0] > 1 else 0.0
+
+
 def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None) -> int:
     """The choice among candidates ordered simplest first (fewest steps, smallest C), from (k, R)
     held-out accuracies: the simplest whose mean accuracy is within one standard error of the best
@@ -92,8 +100,7 @@ def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None) ->
     The best candidate is the highest mean accuracy, then the lowest mean cross-entropy.
     `prefer`: a default kept unless the best beats it by more than one standard error."""
     mean = acc.mean(0)
-    best = max(range(acc.shape[1]), key=lambda j: (round(float(mean[j]), 9), -float(mean_loss[j])))
-    se = float(acc[:, best].std(ddof=1) / np.sqrt(acc.shape[0])) if acc.shape[0] > 1 else 0.0
+    best, se = best_candidate(acc, mean_loss)
     if prefer is not None:
         return prefer if mean[prefer] >= mean[best] - se - 1e-9 else best
     return next(j for j in range(acc.shape[1]) if mean[j] >= mean[best] - se - 1e-9)
@@ -107,13 +114,12 @@ def keep_regression(acc: np.ndarray, mean_loss: np.ndarray) -> dict:
     (Tibshirani & Tibshirani 2009, "A bias correction for the minimum error rate in
     cross-validation") and subtracted; the regression, the simpler model, is then kept unless the
     head's corrected accuracy beats it by more than one standard error (one_se)."""
-    head, head_loss = acc[:, 1:], mean_loss[1:]
-    mean = head.mean(0)
-    best = max(range(head.shape[1]), key=lambda j: (round(float(mean[j]), 9), -float(head_loss[j])))
+    head = acc[:, 1:]
+    best, se = best_candidate(head, mean_loss[1:])
+    head_best = float(head[:, best].mean())
     optimism = float((head.max(1) - head[:, best]).mean())
-    se = float(head[:, best].std(ddof=1) / np.sqrt(head.shape[0])) if head.shape[0] > 1 else 0.0
-    corrected, regression = float(mean[best]) - optimism, float(acc[:, 0].mean())
-    return {"keep": regression >= corrected - se - 1e-9, "regression": regression, "head_best": float(mean[best]),
+    corrected, regression = head_best - optimism, float(acc[:, 0].mean())
+    return {"keep": regression >= corrected - se - 1e-9, "regression": regression, "head_best": head_best,
             "optimism": optimism, "head_corrected": corrected, "se": se}
 
 
@@ -148,7 +154,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             acc.append([m["accuracy"] for m in lr] + [h["val_accuracy"] for h in r.history])
             loss.append([m["loss"] for m in lr] + [h["val_loss"] for h in r.history])
             steps = [h["step"] for h in r.history]
-        acc_k, mean_acc, mean_loss = np.asarray(acc), np.mean(acc, 0), np.mean(loss, 0)
+        acc_k, mean_loss = np.asarray(acc), np.mean(loss, 0)
+        mean_acc = acc_k.mean(0)
         head = slice(1 if regression else 0, None)
         pick = one_se(acc_k[:, head], mean_loss[head])  # the head's steps, as without the regression
         names = (["LR"] if regression else []) + [str(s) for s in steps]
@@ -156,14 +163,14 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         fell_back = bool(choice and choice["keep"])
         chosen = 0 if fell_back else steps[pick]
         info |= {"score": float(mean_acc[0] if fell_back else mean_acc[head][pick]), "checkpoints": steps,
-                 "mean_accuracy": mean_acc[head].tolist(), "std_accuracy": np.std(acc, 0)[head].tolist(),
+                 "mean_accuracy": mean_acc[head].tolist(), "std_accuracy": acc_k.std(0)[head].tolist(),
                  "mean_loss": mean_loss[head].tolist(), "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
-        if choice:
-            info["head_vs_regression"] = {name: v for name, v in choice.items() if name != "keep"}
         log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
             + " ".join(f"{s}:{a:.1f}" for s, a in zip(names, mean_acc))
             + ("" if fell_back else f"; refit on all {len(y)} examples for {chosen} steps"))
         if choice:
+            info["head_vs_regression"] = {name: v for name, v in choice.items() if name != "keep"}
+            info["regression_accuracy"] = float(mean_acc[0])
             log(f"cross-validation: the head's best held-out accuracy {choice['head_best']:.1f} less its optimism "
                 f"{choice['optimism']:.1f} (its folds' own best checkpoints over the one they share) is "
                 f"{choice['head_corrected']:.1f}; the logistic regression on the same states (LR) has "
@@ -171,9 +178,6 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         if fell_back:
             log("cross-validation: the head is not clearly better, so the model is that regression, saved as a probe "
                 "(--fallback off trains the head whatever the folds say)")
-        if regression:
-            info["regression_accuracy"] = float(mean_acc[0])
-        if fell_back:
             model, fitted = convex_refit(fallback, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
             info |= {"fallback": model.method, "C": C_DEFAULT}
             return model, fitted, info
