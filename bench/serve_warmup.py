@@ -12,7 +12,6 @@ every 100. Prints one JSON line.
 Results (two at a time on the 2 cores, each pinned to 1 thread): bench/results/serve_warmup.jsonl.
 """
 import sys, random, time, json
-sys.path.insert(0, "/work/main/bench")
 import psutil, torch
 from serve_load import HEADS as SERVED, MODELS, short_texts
 from frozentune.serve import Engine, ServeOptions

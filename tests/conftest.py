@@ -96,9 +96,9 @@ def heads_stay_heads():
     fallback), a choice that can turn on one CPU's rounding. For the whole session `api.train`
     therefore cross-validates without it; the tests of the fallback itself (test_few_labels.py) call
     crossval.fit_cv directly or put the real one back."""
-    from frozentune import api, crossval
-
     import inspect
+
+    from frozentune import api, crossval
 
     signature = inspect.signature(crossval.fit_cv)
 
