@@ -157,7 +157,7 @@ def seed_table(result: dict) -> str:
     get = {(r["data"], r["method"], r["precision"], r.get("seed", 0)): r["accuracy"]
            for r in result["rows"] if r["kind"] == "train"}
     seeds = sorted({k[3] for k in get})
-    trains = [p for p in RETRAIN if any(k[2] == p for k in get)]
+    trains = [p for p in RETRAIN if len({k[3] for k in get if k[2] == p}) > 1]  # precisions retrained with 2+ seeds
     head = ["data", "method", f"fp32 over seeds {','.join(map(str, seeds))}"] + [f"trained on {p}: Δ per seed, mean ± SE"
                                                                                 for p in trains]
     out = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
