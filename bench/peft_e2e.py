@@ -23,6 +23,8 @@ Every side sees the same data and runs through the same code except the prefix i
 Sides:
 - `frozentune`: `--method prefix --init words`, L_p 10, the MLP reparameterisation (576 → 512 →
   11,520), started from the LM's keys/values on "table-to-text:" (Li & Liang §7.4), lr 3e-4.
+- `frozentune-random`: the same with `--init random` (P' drawn at random, as PEFT starts), to
+  tell the start from the rest.
 - `peft`: PEFT's `PrefixTuningConfig(num_virtual_tokens=10, prefix_projection=True,
   encoder_hidden_size=512)`: the same shape and the same MLP, PEFT's random start (it has no
   start from words for prefix-tuning), lr 3e-4.
@@ -50,8 +52,10 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "peft_e2e.jsonl"
 LM = "smollm2-135m"
-SIDES = ("frozentune", "peft", "peft-guide")
+SIDES = ("frozentune", "frozentune-random", "peft", "peft-guide")
 PEFT_LR = {"peft": 3e-4, "peft-guide": 3e-2}
+LABEL = {"frozentune": "frozentune, --init words", "frozentune-random": "frozentune, --init random (its default)",
+         "peft": "PEFT, same shape", "peft-guide": "PEFT as its guide"}
 
 
 class PeftTuner(nn.Module):
@@ -138,10 +142,10 @@ def run_peft(side: str, pairs: int, epochs: int, seed: int, max_test: int | None
             "outputs_head": hyps[:3]}
 
 
-def run_frozentune(pairs: int, epochs: int, seed: int, max_test: int | None, log) -> dict:
+def run_frozentune(init: str, pairs: int, epochs: int, seed: int, max_test: int | None, log) -> dict:
     from frozentune.generation import DecodeOptions, train_generation
 
-    r = train_generation("prefix", "e2e", LM, options={"init": "words"},
+    r = train_generation("prefix", "e2e", LM, options={"init": init},
                          train_cfg={"epochs": epochs, "seed": seed, "min_steps": 0}, max_train=pairs,
                          max_validation=100, max_test=max_test, decoding=DecodeOptions(num_beams=1), log=log)
     return {"metrics": r["metrics"], "validation_loss": r["validation"]["loss"], "best_epoch": r["best_epoch"],
@@ -162,13 +166,24 @@ def machine() -> dict:
 def report(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows.sort(key=lambda r: (r["pairs"], SIDES.index(r["side"]), r["seed"]))
-    out = ["| pairs | side | lr | BLEU | chrF | ROUGE-L | val loss | best epoch | trained params | saved params | "
-           "train s | decode s | beside |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out = ["| pairs | side | seed | lr | BLEU | chrF | ROUGE-L | val loss | best epoch | trained params | saved params | "
+           "train s | decode s | beside |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         m = r["metrics"]
-        out.append(f"| {r['pairs']} | {r['side']} | {r['train']['lr']:g} | {m['bleu']:.2f} | {m['chrf']:.2f} | "
+        out.append(f"| {r['pairs']} | {LABEL[r['side']]} | {r['seed']} | {r['train']['lr']:g} | {m['bleu']:.2f} | {m['chrf']:.2f} | "
                    f"{m['rouge_l']:.2f} | {r['validation_loss']:.3f} | {r['best_epoch']} | {r['trainable_params']:,} | "
                    f"{r['saved_params']:,} | {r['train_seconds']:.0f} | {r['decode_seconds']:.0f} | {r.get('beside') or '-'} |")
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["pairs"], r["side"]), []).append(r)
+    out += ["", "| pairs | side | seeds | BLEU mean (per seed) | chrF mean | ROUGE-L mean | train s mean |",
+            "|---:|---|---:|---|---:|---:|---:|"]
+    for (pairs, side), rs in groups.items():
+        mean = lambda f: sum(f(r) for r in rs) / len(rs)  # noqa: E731
+        per = " / ".join(f"{r['metrics']['bleu']:.2f}" for r in rs)
+        out.append(f"| {pairs} | {LABEL[side]} | {len(rs)} | {mean(lambda r: r['metrics']['bleu']):.2f} ({per}) | "
+                   f"{mean(lambda r: r['metrics']['chrf']):.2f} | {mean(lambda r: r['metrics']['rouge_l']):.2f} | "
+                   f"{mean(lambda r: r['train_seconds']):.0f} |")
     return "\n".join(out)
 
 
@@ -188,11 +203,12 @@ def main() -> None:
         print(report(a.out))
         return
     if a.side is None:
-        sys.exit("give --side (frozentune, peft or peft-guide) or --report")
+        sys.exit(f"give --side ({', '.join(SIDES)}) or --report")
     torch.set_num_threads(a.threads)
     log = lambda line: print(line, flush=True)  # noqa: E731
     t0 = time.perf_counter()
-    res = (run_frozentune(a.pairs, a.epochs, a.seed, a.max_test, log) if a.side == "frozentune"
+    res = (run_frozentune("random" if a.side.endswith("random") else "words", a.pairs, a.epochs, a.seed, a.max_test, log)
+           if a.side.startswith("frozentune")
            else run_peft(a.side, a.pairs, a.epochs, a.seed, a.max_test, log))
     row = {"side": a.side, "pairs": a.pairs, "epochs": a.epochs, "seed": a.seed, "max_test": a.max_test, "beside": a.beside,
            "wall_seconds": time.perf_counter() - t0, "command": " ".join(["python", *sys.argv]),
