@@ -54,6 +54,7 @@ OUT = HERE / "results" / "peft_e2e.jsonl"
 LM = "smollm2-135m"
 SIDES = ("frozentune", "frozentune-random", "peft", "peft-guide")
 PEFT_LR = {"peft": 3e-4, "peft-guide": 3e-2}
+GREEDY = {"num_beams": 1}  # every side decodes greedily, with frozentune's other decoding defaults (DecodeOptions)
 LABEL = {"frozentune": "frozentune, --init words", "frozentune-random": "frozentune, --init random (its default)",
          "peft": "PEFT, same shape", "peft-guide": "PEFT as its guide"}
 
@@ -101,8 +102,8 @@ def run_peft(side: str, pairs: int, epochs: int, seed: int, max_test: int | None
     from frozentune.api import peak_rss_mb, train_config
     from frozentune.backbone import load_generation_lm
     from frozentune.export.peft import import_peft
-    from frozentune.generation import (decode, encode_pairs, fit_generation, grouped_scores, load_generation_splits,
-                                      load_tuner, mean_loss)
+    from frozentune.generation import (DecodeOptions, decode, encode_pairs, fit_generation, grouped_scores,
+                                      load_generation_splits, load_tuner, mean_loss)
     from frozentune.registry import get_method
 
     cfg = train_config(get_method("prefix").generation_defaults,
@@ -127,7 +128,8 @@ def run_peft(side: str, pairs: int, epochs: int, seed: int, max_test: int | None
         imported_loss = mean_loss(ft, *encode_pairs(ft, splits.validation), cfg.eval_batch_size)
         saved_params = sum(v.numel() for v in ft.trainable_state().values())
         t0 = time.perf_counter()
-        hyps = decode(ft, ftok, [ex.source for ex in splits.test], num_beams=1, max_new_tokens=64, batch_size=32)
+        d = DecodeOptions(**GREEDY)
+        hyps = decode(ft, ftok, [ex.source for ex in splits.test], d.num_beams, d.max_new_tokens, d.batch_size)
         decode_seconds = time.perf_counter() - t0
     metrics = grouped_scores(hyps, splits.test)["all"]
     best = min(h["val_loss"] for h in fitted.history)
@@ -147,7 +149,7 @@ def run_frozentune(init: str, pairs: int, epochs: int, seed: int, max_test: int 
 
     r = train_generation("prefix", "e2e", LM, options={"init": init},
                          train_cfg={"epochs": epochs, "seed": seed, "min_steps": 0}, max_train=pairs,
-                         max_validation=100, max_test=max_test, decoding=DecodeOptions(num_beams=1), log=log)
+                         max_validation=100, max_test=max_test, decoding=DecodeOptions(**GREEDY), log=log)
     return {"metrics": r["metrics"], "validation_loss": r["validation"]["loss"], "best_epoch": r["best_epoch"],
             "train_seconds": r["train_seconds"], "decode_seconds": r["decode_seconds"],
             "trainable_params": r["trainable_params"], "saved_params": r["saved_params"],
@@ -158,8 +160,9 @@ def run_frozentune(init: str, pairs: int, epochs: int, seed: int, max_test: int 
 def machine() -> dict:
     from serve_load import cpu_model  # bench/ is on the path: the script's own folder
 
-    flags = open("/proc/cpuinfo").read().split()
-    return {"cpu": cpu_model(), "avx512_bf16": "avx512_bf16" in flags, "cores": os.cpu_count(),
+    from frozentune.extract import cpu_features
+
+    return {"cpu": cpu_model(), "features": cpu_features(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 

@@ -73,41 +73,41 @@ def main() -> None:
 
     for seed, data, method in ((int(s), d, m) for s in a.seeds.split(",") for d in a.data.split(",")
                                for m in a.methods.split(",")):
-            base = a.runs / (f"{method}-{data}-fp32" + (f"-s{seed}" if seed else ""))
+        base = a.runs / (f"{method}-{data}-fp32" + (f"-s{seed}" if seed else ""))
 
-            def train(precision: str, output: Path | None) -> dict:
-                t0 = time.perf_counter()
-                r = api.train(method, data, api.BackboneOptions(device="cpu", precision=precision), output=output,
-                              train_cfg={"seed": seed}, max_train=DATA[data], cache_root=cache, progress=False,
-                              log=quiet, overwrite=True)
-                return {"seed": seed, "accuracy": r["metrics"]["accuracy"], "macro_f1": r["metrics"]["macro_f1"],
-                        "seconds": time.perf_counter() - t0}
+        def train(precision: str, output: Path | None) -> dict:
+            t0 = time.perf_counter()
+            r = api.train(method, data, api.BackboneOptions(device="cpu", precision=precision), output=output,
+                          train_cfg={"seed": seed}, max_train=DATA[data], cache_root=cache, progress=False,
+                          log=quiet, overwrite=True)
+            return {"seed": seed, "accuracy": r["metrics"]["accuracy"], "macro_f1": r["metrics"]["macro_f1"],
+                    "seconds": time.perf_counter() - t0}
 
-            if a.base and ((data, method, "train", "fp32", seed) not in done or not (base / "config.json").exists()):
-                rows.append({"data": data, "method": method, "kind": "train", "precision": "fp32",
-                             **train("fp32", base)})
-                done.add((data, method, "train", "fp32", seed))
-                save()
-                print(f"{data} {method} seed {seed} train fp32: {rows[-1]['accuracy']:.2f}", flush=True)
-            for p in filter(None, a.eval.split(",")):
-                if (data, method, "eval", p, seed) in done:
-                    continue
-                t0 = time.perf_counter()
-                m = api.evaluate_model(base, data, cache_root=cache, progress=False, device="cpu", precision=p,
-                                       log=quiet)
-                rows.append({"data": data, "method": method, "kind": "eval", "precision": p, "seed": seed,
-                             "accuracy": m["metrics"]["accuracy"], "macro_f1": m["metrics"]["macro_f1"],
-                             "seconds": time.perf_counter() - t0})
-                done.add((data, method, "eval", p, seed))
-                save()
-                print(f"{data} {method} eval {p}: {rows[-1]['accuracy']:.2f}", flush=True)
-            for p in filter(None, a.retrain.split(",")):
-                if (data, method, "train", p, seed) in done:
-                    continue
-                rows.append({"data": data, "method": method, "kind": "train", "precision": p, **train(p, None)})
-                done.add((data, method, "train", p, seed))
-                save()
-                print(f"{data} {method} seed {seed} train {p}: {rows[-1]['accuracy']:.2f}", flush=True)
+        if a.base and ((data, method, "train", "fp32", seed) not in done or not (base / "config.json").exists()):
+            rows.append({"data": data, "method": method, "kind": "train", "precision": "fp32",
+                         **train("fp32", base)})
+            done.add((data, method, "train", "fp32", seed))
+            save()
+            print(f"{data} {method} seed {seed} train fp32: {rows[-1]['accuracy']:.2f}", flush=True)
+        for p in filter(None, a.eval.split(",")):
+            if (data, method, "eval", p, seed) in done:
+                continue
+            t0 = time.perf_counter()
+            m = api.evaluate_model(base, data, cache_root=cache, progress=False, device="cpu", precision=p,
+                                   log=quiet)
+            rows.append({"data": data, "method": method, "kind": "eval", "precision": p, "seed": seed,
+                         "accuracy": m["metrics"]["accuracy"], "macro_f1": m["metrics"]["macro_f1"],
+                         "seconds": time.perf_counter() - t0})
+            done.add((data, method, "eval", p, seed))
+            save()
+            print(f"{data} {method} eval {p}: {rows[-1]['accuracy']:.2f}", flush=True)
+        for p in filter(None, a.retrain.split(",")):
+            if (data, method, "train", p, seed) in done:
+                continue
+            rows.append({"data": data, "method": method, "kind": "train", "precision": p, **train(p, None)})
+            done.add((data, method, "train", p, seed))
+            save()
+            print(f"{data} {method} seed {seed} train {p}: {rows[-1]['accuracy']:.2f}", flush=True)
     save()
     print(table(json.loads(a.out.read_text())))
 
