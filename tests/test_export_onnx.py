@@ -141,3 +141,21 @@ def test_what_cannot_be_exported(heads, tiny_bert, tiny_bert_other, trec_slice, 
     cli("export", "--model", heads / "probe", heads / "space", "--format", "peft", "--output", out, contains="one --model")
     cli("predict", "--onnx", heads / "probe", "a text", contains="no onnx.json")
     assert not out.exists()
+
+
+def test_export_traces_every_span_slot_and_restores_the_head():
+    """The self-explaining head computes only valid spans (a count the data decides); the exporter
+    switches it to every slot for the trace and back afterwards, also when the export fails."""
+    from types import SimpleNamespace
+
+    from frozentune.export.onnx import every_slot
+    from frozentune.registry import create_method
+
+    head, _ = create_method("selfexplain", 8, 2, {"dim": 4})
+    graph = SimpleNamespace(heads=[head, torch.nn.Linear(2, 2)])
+    with every_slot(graph):
+        assert head.every_slot
+    assert not head.every_slot
+    with pytest.raises(RuntimeError), every_slot(graph):
+        raise RuntimeError("export failed")
+    assert not head.every_slot

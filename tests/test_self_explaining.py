@@ -131,6 +131,34 @@ def test_batched_spans_equal_a_loop_over_spans():
     assert_close(batched[0, i, j - i], one, ops=span_ops(), what="span state")
 
 
+@pytest.mark.parametrize("width", [3, 0])
+def test_valid_spans_only_equal_every_slot(width):
+    """Eager forward computes the valid spans only (packed_spans); an export traces every (i, w)
+    slot (span_states). Same logits, α and gradients, on padded rows and a pair's separator."""
+    head = head_for({"max_span_width": width})
+    f = feats(lengths=(7, 5, 3, 2, 0), T=7)
+    f = Features(f.hidden, f.mask, torch.zeros_like(f.mask).index_fill(1, torch.tensor([3]), True) & f.mask)
+    y = torch.tensor([0, 2, 1, 0, 1])
+
+    def run():
+        head.zero_grad()
+        out = head(f)
+        head.loss(out, y).backward()
+        return out, {n: p.grad.clone() for n, p in head.named_parameters()}
+
+    packed, g_packed = run()
+    head.every_slot = True
+    dense, g_dense = run()
+    n = 7 * (width or 7)
+    assert_close(packed.logits, dense.logits, ops=logits_ops(n), what="logits")
+    assert_close(packed.extras["span_weights"], dense.extras["span_weights"], ops=alpha_ops(n), what="α")
+    # the backward of the same sums: one more pass over the same slots. Scaled by the largest gradient:
+    # the interpretation layer's bias has gradient 0 (softmax ignores a shift), reached by cancellation
+    scale = max(float(g.abs().max()) for g in g_dense.values())
+    for name, g in g_dense.items():
+        assert_close(g_packed[name], g, ops=2 * logits_ops(n) + dot(5 * n), scale=scale, what=f"∂loss/∂{name}")
+
+
 def test_loss_is_ce_minus_lambda_times_concentration():
     head = head_for({"reg_lambda": 0.5})
     f, y = feats(), torch.tensor([0, 2, 1])

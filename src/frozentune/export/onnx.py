@@ -23,6 +23,8 @@ max_length, the backbone and its weights hash, the parity check).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import json
 import time
 import warnings
@@ -221,13 +223,29 @@ def _require(*modules: str) -> None:
         raise ExportError(f"--format onnx needs {', '.join(missing)}: pip install 'frozentune[onnx]'")
 
 
+@contextmanager
+def every_slot(graph: Graph):
+    """Heads that skip work by the data (the self-explaining head computes only valid spans, a count
+    the input's values decide) traced on every slot instead, for a graph whose shapes follow the
+    input's shape alone; as they were afterwards."""
+    heads = [h for h in graph.heads if hasattr(h, "every_slot")]
+    before = [h.every_slot for h in heads]
+    try:
+        for h in heads:
+            h.every_slot = True
+        yield
+    finally:
+        for h, b in zip(heads, before):
+            h.every_slot = b
+
+
 def _export(graph: Graph, bb, path: Path) -> None:
     """torch.onnx (dynamo) with dynamic batch and token dimensions."""
     ids, mask, types = example_inputs(bb, graph.sep is not None, *TRACE_SHAPE)
     batch = torch.export.Dim("batch", min=1)
     tokens = torch.export.Dim("tokens", min=graph.min_tokens, max=max(bb.max_length, graph.min_tokens + 1))
     args = (ids, mask) + ((types,) if graph.types else ())
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), every_slot(graph):
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(graph, args, str(path), dynamo=True, opset_version=OPSET, verbose=False,

@@ -11,10 +11,13 @@ minus sign is deliberate: Σα² is largest when α sits on one span, so subtrac
 concentrated weights (the paper maximises log p(y|x) + λΣα²). λ is `reg_lambda` (≥ 0).
 
 Cost: W₃ is linear, so W₁h_i + W₂h_j + W₃(h_j − h_i) = (W₁ − W₃)h_i + (W₂ + W₃)h_j exactly; these two
-per-token projections are one matmul (B, T, 2D′), from weights folded at each call (the parameters
-stay the paper's four maps). Only W₄(h_i ⊙ h_j) needs the span itself, computed one width at a
-time from shifted views. Memory grows as T·W (the span tensor
-(B, T, W, D′)), never T², unless W = 0 ("all spans", W = T).
+per-token projections are one matmul, from weights folded at each call (the parameters stay the
+paper's four maps). Only W₄(h_i ⊙ h_j) needs the span itself. In eager mode only the valid spans
+are computed (packed_spans: none over padding, past an input's end or over excluded tokens), so a
+batch of short texts padded to its longest costs its spans, not its slots (2.3-2.5× faster on 16 SST-2
+sentences padded to their longest, bench/span_packing.py), unless nearly every slot is valid
+(PACK_BELOW). An exporter traces every (i, w) slot (`every_slot`, span_states), so the graph's
+shapes follow the input's alone; both give the same α and logits (tested). Memory grows as T·W, never T², unless W = 0 ("all spans", W = T).
 
 Which spans are valid: every token of the span is real (Features.mask) and, with
 `special_tokens=exclude` (default), neither the first nor the last real token of the input, which
@@ -43,6 +46,12 @@ from torch import Tensor, nn
 
 from ..head import Explanation, Features, Head, Output, TokenView
 from ..registry import MethodConfig, register_method
+
+
+# Forward computes only the valid spans when they are at most this share of the (i, w) slots: the
+# gathers that packing needs cost more than the slots they skip above about 0.88 (bench/span_packing.py,
+# 1 thread: 0.92× at 95% valid, IMDB cut at 128 tokens; 2.3× at 54%, SST-2 padded to its longest).
+PACK_BELOW = 0.85
 
 
 @dataclass
@@ -124,6 +133,10 @@ class SelfExplainHead(Head):
         self.interpret = nn.Linear(d, 1)  # span → score, softmaxed into α
         self.drop = nn.Dropout(cfg.dropout)
         self.out = nn.Linear(d, num_labels)
+        # False: forward computes the valid spans only (packed_spans, a count the data decides) where
+        # they are few enough (PACK_BELOW); True: always every (i, w) slot (span_states), shapes known
+        # from the input's: what an exporter traces
+        self.every_slot = False
 
     def span_states(self, hidden: Tensor, width: int) -> Tensor:
         """(B, T, D) → (B, T, W, D′): entry [b, i, w] is h(i, i + w); zeros past the input's end.
@@ -140,6 +153,30 @@ class SelfExplainHead(Head):
         pre = start[:, :, None] + end[:, j] + self.w4(hidden[:, :, None] * hidden[:, j])  # (B, T, W, D′)
         return torch.tanh(pre) * inside
 
+    def packed_spans(self, hidden: Tensor, valid: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+        """(B, T, D) states, (B, T, W) bool valid spans → (N, D′) h(i, j) of the N valid spans only,
+        and their (b, i, w) indices (each (N,), in row-major order). The same sums as span_states, but
+        no span over padding, past an input's end or over excluded tokens is computed: a batch of
+        short texts padded to its longest holds about half as many valid spans as slots."""
+        B, T, D = hidden.shape
+        d = self.w4.out_features
+        b, i, w = valid.nonzero(as_tuple=True)  # (N,) each
+        flat = hidden.reshape(B * T, D)
+        first, last = b * T + i, b * T + i + w  # (N,) rows of flat: the span's first and last token
+        used = torch.zeros(B * T, dtype=torch.bool, device=hidden.device)
+        used[first] = True
+        used[last] = True
+        rows = used.nonzero().squeeze(1)  # (R,) tokens some valid span starts or ends at
+        at = torch.zeros(B * T, dtype=torch.long, device=hidden.device)
+        at[rows] = torch.arange(len(rows), device=hidden.device)  # flat row → its row in the projections
+        fused = torch.cat([self.w1.weight - self.w3.weight, self.w2.weight + self.w3.weight])  # (2D′, D)
+        bias = torch.cat([self.w1.bias, self.w1.bias.new_zeros(d)])  # (2D′,)
+        start, end = F.linear(flat.index_select(0, rows), fused, bias).split(d, -1)  # (R, D′) each
+        ends = start.index_select(0, at[first]) + end.index_select(0, at[last])  # (N, D′)
+        prod = flat.index_select(0, first) * flat.index_select(0, last)  # (N, D) h_i ⊙ h_j
+        pre = torch.addmm(ends, prod, self.w4.weight.t())  # (N, D′) the sum of the four maps
+        return torch.tanh(pre), (b, i, w)
+
     def forward(self, f: Features) -> Output:
         T = f.hidden.shape[1]
         width = min(self.cfg.max_span_width or T, T)
@@ -148,9 +185,16 @@ class SelfExplainHead(Head):
         if f.separator is not None:  # a pair: spans stay inside one of its texts
             allowed = allowed & ~f.separator
         valid = span_mask(allowed, width)  # (B, T, W)
-        spans = self.span_states(hidden, width)  # (B, T, W, D′)
-        alpha = masked_softmax(self.interpret(spans).squeeze(-1), valid)  # (B, T, W)
-        pooled = torch.einsum("btw,btwd->bd", alpha, spans)  # (B, D′) Ĥ
+        if self.every_slot or valid.sum() > PACK_BELOW * valid.numel():  # export, or little to skip
+            spans = self.span_states(hidden, width)  # (B, T, W, D′)
+            alpha = masked_softmax(self.interpret(spans).squeeze(-1), valid)  # (B, T, W)
+            pooled = torch.einsum("btw,btwd->bd", alpha, spans)  # (B, D′) Ĥ
+        else:  # the valid spans only (packed_spans), the same α and Ĥ
+            spans, (b, i, w) = self.packed_spans(hidden, valid)  # (N, D′)
+            scores = self.interpret(spans).squeeze(-1)  # (N,)
+            alpha = masked_softmax(scores.new_zeros(valid.shape).index_put((b, i, w), scores), valid)  # (B, T, W)
+            weighted = alpha[b, i, w, None] * spans  # (N, D′)
+            pooled = weighted.new_zeros(valid.shape[0], spans.shape[-1]).index_add(0, b, weighted)  # (B, D′) Ĥ
         return Output(self.out(self.drop(pooled)), {"span_weights": alpha})  # (B, C)
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:

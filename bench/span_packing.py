@@ -1,0 +1,98 @@
+"""What computing only the valid spans saves the self-explaining head: its forward (and, for
+training, forward + backward) with every (i, w) slot computed (`every_slot`, what an exporter
+traces, and what every forward did before) against the eager default (the valid spans only, unless
+more than PACK_BELOW of the slots are valid, when it computes every slot too), side by side in one
+process on the same batches, torch pinned to 1 thread.
+
+Batches: 16 texts drawn with seed 0 from SST-2 test (short) or an IMDB test slice (long, cut at 128
+tokens as serve_load.py's), tokenised by MiniLM's tokenizer and padded to the longest row rounded
+up to 8, as the server pads them. The states are random (speed does not depend on their values),
+the head the default's shape (width 5, D′ 256, D 384, 2 classes). Each mode runs the batches
+--repeats times, interleaved with the other; best of the repeats.
+
+  OMP_NUM_THREADS=1 python bench/span_packing.py            # writes bench/results/span_packing.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def batches(texts: list[str], rows: int, count: int, max_length: int, seed: int = 0) -> list[torch.Tensor]:
+    """`count` (B, T) bool masks of `rows` random texts, padded as the server pads (multiple of 8)."""
+    from frozentune.backbone import load_encoder
+
+    tok = load_encoder("minilm")[1]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        lengths = [len(tok(t, truncation=True, max_length=max_length)["input_ids"]) for t in rng.sample(texts, rows)]
+        T = min(-(-max(lengths) // 8) * 8, max_length)
+        out.append(torch.arange(T)[None, :] < torch.tensor(lengths)[:, None])
+    return out
+
+
+def timed(head, feats: list, train: bool) -> float:
+    from frozentune.head import Features
+
+    t = time.perf_counter()
+    for hidden, mask in feats:
+        if train:
+            head.zero_grad()
+            out = head(Features(hidden, mask))
+            head.loss(out, torch.zeros(len(mask), dtype=torch.long)).backward()
+        else:
+            with torch.no_grad():
+                head(Features(hidden, mask))
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--count", type=int, default=30, help="batches per text kind")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "span_packing.json")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from frozentune.extract import cpu_summary
+    from frozentune.registry import create_method
+    from serve_load import long_texts, short_texts
+
+    torch.manual_seed(0)
+    head, _ = create_method("selfexplain", 384, 2, {})
+    rows = []
+    for kind, texts, max_length in (("short (SST-2 test)", short_texts(), 128), ("long (IMDB test)", long_texts(), 128)):
+        masks = batches(texts, a.rows, a.count, max_length)
+        feats = [(torch.randn(*m.shape, 384), m) for m in masks]
+        real = sum(int(m.sum()) for m in masks) / sum(m.numel() for m in masks)
+        for train in (False, True):
+            head.train(train)
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(a.repeats):
+                for every in (True, False):
+                    head.every_slot = every
+                    best[every] = min(best[every], timed(head, feats, train))
+            row = {"texts": kind, "what": "forward + backward" if train else "forward", "batches": a.count,
+                   "rows": a.rows, "mean_padded_tokens": sum(m.shape[1] for m in masks) / len(masks),
+                   "real_token_share": real, "every_slot_ms": 1000 * best[True] / a.count,
+                   "valid_only_ms": 1000 * best[False] / a.count, "speedup": best[True] / best[False]}
+            rows.append(row)
+            print(f"{kind:20s} {row['what']:18s} T≈{row['mean_padded_tokens']:.0f} real {real:.0%}: every slot "
+                  f"{row['every_slot_ms']:.2f} ms, valid spans only {row['valid_only_ms']:.2f} ms, {row['speedup']:.2f}×",
+                  flush=True)
+    a.out.write_text(json.dumps({"command": f"OMP_NUM_THREADS={a.threads} python bench/span_packing.py", "threads": a.threads,
+                                 "cpu": cpu_summary(),
+                                 "repeats": a.repeats, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
