@@ -576,7 +576,8 @@ def head_costs(heads_dir: Path, threads: int, rows: int = 16, repeats: int = 5) 
         out = {"rows": rows, "threads": torch.get_num_threads(), "texts": {}}
         for name, texts in (("short", short_texts()[:rows]), ("long", long_texts()[:rows])):
             jobs, _ = engine.plan_classify(texts)
-            ids, mask = _batch(jobs, bb.pad_id(), bb.device, jobs[0].key, bb.max_length)  # as FrozenPass.run
+            padded = _batch(jobs, bb.pad_id(), bb.device, jobs[0].key, bb.max_length)  # as FrozenPass.run
+            ids, mask = padded.ids, padded.mask
             fmask, idx = mask.bool(), list(range(len(jobs)))
 
             def timed(fn) -> float:

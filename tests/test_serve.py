@@ -449,3 +449,23 @@ def render_page(url: str, tmp_path: Path, shot_name: str, window: str) -> str:
     if os.environ.get("FROZENTUNE_SCREENSHOTS"):
         shutil.copy(shot, Path(os.environ["FROZENTUNE_SCREENSHOTS"]) / shot.name)
     return dom
+
+
+def test_scores_that_are_not_numbers_are_refused_not_answered():
+    """A head whose weights were damaged gives NaN logits: the batch is refused with what to do,
+    whichever row holds them, rather than answered with NaN probabilities."""
+    from types import SimpleNamespace
+
+    from frozentune.head import Output
+    from frozentune.serve.models import classify_rows
+
+    task = SimpleNamespace(name="t", labels=["a", "b"], explains=False)
+    jobs = [SimpleNamespace(payload={"explain": None}) for _ in range(3)]
+    good = torch.tensor([[0.5, -0.5], [0.0, 1.0], [2.0, 2.0]])
+    rows = classify_rows(task, Output(good, {}), jobs, [0, 1, 2])
+    assert [r["label"] for r in rows] == ["a", "b", "a"]  # a tie goes to the first label
+    for k in range(3):
+        bad = good.clone()
+        bad[k, 1] = float("nan")
+        with pytest.raises(RuntimeError, match="not numbers.*train it again"):
+            classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])

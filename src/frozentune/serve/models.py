@@ -113,13 +113,12 @@ def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) 
     from ..api import labelled
 
     probs = torch.softmax(out.logits.float().cpu(), -1)  # (len(rows), C)
+    if not bool(torch.isfinite(probs).all()):
+        raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
+                           f"weights are damaged: train it again")
     res = []
-    for k, i in enumerate(rows):
-        p = probs[k]
-        if not torch.isfinite(p).all():
-            raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
-                               f"weights are damaged: train it again")
-        row: dict[str, Any] = labelled(task.labels, p.tolist())
+    for k, (i, p) in enumerate(zip(rows, probs.tolist())):  # one check and one conversion for all rows
+        row: dict[str, Any] = labelled(task.labels, p)
         job = jobs[i].payload
         if job["explain"] is not None and task.explains:
             one = Output(out.logits[k:k + 1], {name: v[k:k + 1] for name, v in out.extras.items()})
