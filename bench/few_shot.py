@@ -9,7 +9,8 @@ For each dataset, K and seed: `load_classification(data, shots=K, seed=seed)` dr
 on it exactly as the CLI does (its defaults: cross-validation below 1,000 examples), and scored on
 the test split. Beside it, on the same sample: `LogisticRegression()` (scikit-learn defaults,
 max_iter raised to 1000 so that it converges) on the mean-pooled states of the last layer and of
-the layer each head reads (space: -3). All states come from one cache per dataset and layer,
+the layer each head reads (space: -3); with --converged also the same model solved to its optimum
+(logreg*). All states come from one cache per dataset and layer,
 built in the default precision of this CPU.
 """
 from __future__ import annotations
@@ -39,10 +40,16 @@ def pooled(src, rows_n: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def logistic(xtr, ytr, xte, yte) -> tuple[float, float]:
+def logistic(xtr, ytr, xte, yte, converged: bool = False) -> tuple[float, float]:
+    """Test accuracy and fit seconds of LogisticRegression() (max_iter 1000) on the pooled states;
+    converged: the same model solved to tol 1e-10 in float64 (scikit-learn's default tol 1e-4 stops
+    1e-6 to 1e-5 above the optimum here, which moves 1-7 test predictions; bench/solver_check.py)."""
     from sklearn.linear_model import LogisticRegression
 
     t0 = time.perf_counter()
+    if converged:
+        clf = LogisticRegression(max_iter=100_000, tol=1e-10).fit(np.asarray(xtr, np.float64), ytr)
+        return 100.0 * float((clf.predict(np.asarray(xte, np.float64)) == yte).mean()), time.perf_counter() - t0
     clf = LogisticRegression(max_iter=1000).fit(xtr, ytr)
     return 100.0 * float((clf.predict(xte) == yte).mean()), time.perf_counter() - t0
 
@@ -56,6 +63,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "few_shot.json")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--converged", action="store_true",
+                    help="add logreg*@L rows: LogisticRegression solved to tol 1e-10 (the exact optimum of the same "
+                         "model) beside scikit-learn's default tolerance")
+    ap.add_argument("--references-only", action="store_true", help="the logistic regressions only, no head trained")
     ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_s34a.json",
                                                              HERE / "results" / "few_shot_s34b.json",
                                                              HERE / "results" / "few_shot_probe.json",
@@ -104,15 +115,16 @@ def main() -> None:
                 ds = load_classification(data, seed=seed, shots=k, carve_below=1000)
                 y = {s: ds.label_ids(getattr(ds, s)) for s in ("train", "test")}
                 for layer in sorted({"-1", *(LAYER_OF.get(m, "-1") for m in a.methods.split(","))}):
-                    name = f"logreg@{layer}"
-                    if (data, shots, seed, name) in have:
-                        continue
-                    sf = api.SourceFactory(backbone(layer), False, None, False, False)
-                    x = {s: pooled(sf(getattr(ds, s)), len(getattr(ds, s))) for s in ("train", "test")}
-                    acc, secs = logistic(x["train"], y["train"], x["test"], y["test"])
-                    save({"data": data, "shots": shots, "seed": seed, "method": name, "n_train": len(ds.train),
-                          "accuracy": acc, "seconds": secs})
-                for method in a.methods.split(","):
+                    for converged in (False, True) if a.converged else (False,):
+                        name = f"logreg{'*' if converged else ''}@{layer}"
+                        if (data, shots, seed, name) in have:
+                            continue
+                        sf = api.SourceFactory(backbone(layer), False, None, False, False)
+                        x = {s: pooled(sf(getattr(ds, s)), len(getattr(ds, s))) for s in ("train", "test")}
+                        acc, secs = logistic(x["train"], y["train"], x["test"], y["test"], converged)
+                        save({"data": data, "shots": shots, "seed": seed, "method": name, "n_train": len(ds.train),
+                              "accuracy": acc, "seconds": secs})
+                for method in [] if a.references_only else a.methods.split(","):
                     if (data, shots, seed, method) in have:
                         continue
                     t0 = time.perf_counter()
@@ -128,10 +140,11 @@ def main() -> None:
 
 def report(d: dict) -> str:
     rows = d["rows"]
-    methods = [m for m in (*METHODS, "logreg@-1", "logreg@-3", "setfit") if any(r["method"] == m for r in rows)]
+    methods = [m for m in (*METHODS, "logreg@-1", "logreg@-3", "logreg*@-1", "logreg*@-3", "setfit")
+               if any(r["method"] == m for r in rows)]
     lines = [f"`{d['command']}`" + "".join(f" + `{c}`" for c in d.get("merged", [])) + f" — {d['threads']} thread(s), "
              f"{d['cpu']}; test accuracy, mean ± std over seeds (n seeds); logreg@L: LogisticRegression on layer L "
-             "mean-pooled; last row of each dataset: mean seconds per run (fit + test scoring; logreg: fit only)", "",
+             "mean-pooled; logreg*@L: the same solved to tol 1e-10 (its exact optimum); last row of each dataset: mean seconds per run (fit + test scoring; logreg: fit only)", "",
              "| data | K/class | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for data in dict.fromkeys(r["data"] for r in rows):
         for shots in dict.fromkeys(r["shots"] for r in rows if r["data"] == data):
@@ -147,7 +160,8 @@ def report(d: dict) -> str:
     for r in rows:
         mean.setdefault((r["data"], r["shots"], r["method"]), []).append(r["accuracy"])
     for m in METHODS:
-        for ref in dict.fromkeys(("logreg@-1", f"logreg@{LAYER_OF.get(m, '-1')}")):
+        own = LAYER_OF.get(m, "-1")
+        for ref in dict.fromkeys(("logreg@-1", f"logreg@{own}", "logreg*@-1", f"logreg*@{own}")):
             gaps = [np.mean(mean[(d_, k, m)]) - np.mean(mean[(d_, k, ref)]) for (d_, k, mm) in mean
                     if mm == m and (d_, k, ref) in mean]
             if gaps:
