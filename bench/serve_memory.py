@@ -94,7 +94,7 @@ def main() -> int:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Serving engine memory under varied batch shapes (bench/serve_memory.py)", "",
+    lines = ["# Serving engine memory under varied batch shapes (bench/serve_memory.py)", "",
              f"`{r['command']}` ({r['date']}; torch {r['torch']}, {r['threads']} thread(s); one process per row; "
              f"{r['batches']} batches of 1-16 SST-2 test texts, seeded, on the 8 heads of serve_load.py).", "",
              "| --pad-multiple | self-explaining spans | seconds | RSS at batch 0 MB | at 100 | at end | end / at 100 |",
