@@ -67,6 +67,7 @@ def main() -> None:
                     help="add logreg*@L rows: LogisticRegression solved to tol 1e-10 (the exact optimum of the same "
                          "model) beside scikit-learn's default tolerance")
     ap.add_argument("--references-only", action="store_true", help="the logistic regressions only, no head trained")
+    ap.add_argument("--cv-repeats", type=int, default=1, help="train --cv-repeats for every head (repeated k-fold)")
     ap.add_argument("--merge", type=Path, nargs="*", default=[HERE / "results" / "few_shot_s34a.json",
                                                              HERE / "results" / "few_shot_s34b.json",
                                                              HERE / "results" / "few_shot_probe.json",
@@ -128,13 +129,14 @@ def main() -> None:
                     if (data, shots, seed, method) in have:
                         continue
                     t0 = time.perf_counter()
-                    r = api.train(method, ds, backbone(LAYER_OF.get(method, "-1")), train_cfg={"seed": seed},
+                    r = api.train(method, ds, backbone(LAYER_OF.get(method, "-1")),
+                                  train_cfg={"seed": seed, **({"cv_repeats": a.cv_repeats} if a.cv_repeats > 1 else {})},
                                   progress=False, log=lambda s: None)
                     save({"data": data, "shots": shots, "seed": seed, "method": method, "n_train": len(ds.train),
                           "accuracy": r["metrics"]["accuracy"], "seconds": time.perf_counter() - t0,
                           "train_seconds": r["train_seconds"], "selection": {
                               k_: v for k_, v in r["selection"].items()
-                              if k_ in ("how", "folds", "chosen_steps", "fallback", "regression_accuracy",
+                              if k_ in ("how", "folds", "repeats", "chosen_steps", "fallback", "regression_accuracy",
                                         "head_vs_regression")}})
 
 

@@ -85,6 +85,46 @@ def test_folds_are_stratified_seeded_and_disjoint():
     assert any(not np.array_equal(b, d) for (_, b), (_, d) in zip(f, other))
 
 
+def test_repeated_folds_start_with_plain_k_fold_and_each_repeat_is_a_partition():
+    y = np.repeat(np.arange(2), [8, 8])
+    one = crossval.folds(y, 4, seed=5)
+    rep = crossval.repeated_folds(y, 4, seed=5, repeats=3)
+    assert len(rep) == 12
+    assert all(np.array_equal(b, d) for (_, b), (_, d) in zip(one, rep[:4]))  # repeat 0: today's folds
+    for r in range(3):  # each repeat holds every example out exactly once, and the repeats differ
+        held = np.concatenate([b for _, b in rep[4 * r:4 * r + 4]])
+        assert sorted(held.tolist()) == list(range(16))
+    assert any(not np.array_equal(b, d) for (_, b), (_, d) in zip(rep[:4], rep[4:8]))
+
+
+def test_repeats_do_not_shrink_the_standard_error():
+    """Repeated folds share their examples, so the standard error is taken over k folds (the rows'
+    spread over √k), not over √(k·repeats)."""
+    acc = np.array([[60.0], [80.0], [70.0], [90.0]])
+    loss = np.zeros(1)
+    _, se3 = crossval.best_candidate(np.tile(acc, (3, 1)), loss, k=4)
+    rows = np.tile(acc, (3, 1))[:, 0]
+    assert se3 == pytest.approx(rows.std(ddof=1) / np.sqrt(4), rel=1e-12)
+    assert se3 > crossval.best_candidate(np.tile(acc, (3, 1)), loss)[1]  # over √12 it would be smaller
+
+
+def test_cross_validation_repeats_train_k_times_repeats_then_refit(tiny_bert, monkeypatch):
+    src, y = _toy(6, dim=32)
+    sizes = []
+    real = crossval.fit
+
+    def spy(model, train, *args, **kwargs):
+        sizes.append(len(train))
+        return real(model, train, *args, **kwargs)
+
+    monkeypatch.setattr(crossval, "fit", spy)
+    cfg = TrainConfig(cv_folds=3, cv_repeats=2, min_steps=20, batch_size=8)
+    model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, y, None, None, cfg, lambda s: None)
+    assert sizes == [8] * 6 + [12] and info["repeats"] == 2
+    with pytest.raises(ValueError, match="--cv-repeats 0: must be at least 1"):
+        TrainConfig(cv_repeats=0).validate()
+
+
 def test_cross_validation_refits_on_all_of_train(tiny_bert, monkeypatch):
     src, y = _toy(6, dim=32)
     sizes = []
@@ -158,13 +198,13 @@ def _spy_choice(monkeypatch, pick_regression: bool) -> list:
     recording the (k, candidates) accuracies keep_regression was given."""
     seen = []
 
-    def keep(acc, mean_loss):
+    def keep(acc, mean_loss, k=None):
         seen.append(np.asarray(acc))
         return {"keep": pick_regression, "regression": 50.0, "head_best": 50.0, "optimism": 0.0,
                 "head_corrected": 50.0, "se": 0.0}
 
     monkeypatch.setattr(crossval, "keep_regression", keep)
-    monkeypatch.setattr(crossval, "one_se", lambda acc, mean_loss, prefer=None: acc.shape[1] - 1)
+    monkeypatch.setattr(crossval, "one_se", lambda acc, mean_loss, prefer=None, k=None: acc.shape[1] - 1)
     return seen
 
 

@@ -68,6 +68,12 @@ def folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray
     return [(np.sort(a), np.sort(b)) for a, b in skf.split(np.zeros(len(y)), y)]
 
 
+def repeated_folds(y: np.ndarray, k: int, seed: int, repeats: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`repeats` × k stratified folds: repeat r splits with seed + r, so repeat 0 is folds(y, k, seed)
+    and one repeat is plain k-fold."""
+    return [f for r in range(repeats) for f in folds(y, k, seed + r)]
+
+
 def choose_folds(y: np.ndarray, k: int, labels: list[str]) -> tuple[int, str | None]:
     """(folds to use, a note where it differs from k): k, or the smallest class count when a class
     has fewer than k examples (at least 2); 0 when some class has a single example (no fold could
@@ -84,29 +90,32 @@ def choose_folds(y: np.ndarray, k: int, labels: list[str]) -> tuple[int, str | N
                f"the planned steps are trained without selection (give 2 or more examples per class)")
 
 
-def best_candidate(acc: np.ndarray, mean_loss: np.ndarray) -> tuple[int, float]:
+def best_candidate(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None) -> tuple[int, float]:
     """From (k, R) held-out accuracies: the best candidate (highest mean accuracy, then lowest mean
-    cross-entropy) and the standard error of its mean over the k folds."""
+    cross-entropy) and the standard error of its mean over the k folds. With repeated folds the rows
+    are k·repeats folds, and `k` says how many of them are independent: the standard error is the
+    rows' spread over √k, not over √rows."""
     mean = acc.mean(0)
     best = max(range(acc.shape[1]), key=lambda j: (round(float(mean[j]), 9), -float(mean_loss[j])))
-    return best, float(acc[:, best].std(ddof=1) / np.sqrt(acc.shape[0])) if acc.shape[0] > 1 else 0.0
+    return best, float(acc[:, best].std(ddof=1) / np.sqrt(k or acc.shape[0])) if acc.shape[0] > 1 else 0.0
 
 
-def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None) -> int:
+def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None, k: int | None = None) -> int:
     """The choice among candidates ordered simplest first (fewest steps, smallest C), from (k, R)
     held-out accuracies: the simplest whose mean accuracy is within one standard error of the best
     candidate's (the one-standard-error rule, Hastie et al., ESL §7.10). With a few held-out
     examples per fold the best mean is mostly noise; the rule trades it for the simpler model.
     The best candidate is the highest mean accuracy, then the lowest mean cross-entropy.
-    `prefer`: a default kept unless the best beats it by more than one standard error."""
+    `prefer`: a default kept unless the best beats it by more than one standard error. `k`: see
+    best_candidate."""
     mean = acc.mean(0)
-    best, se = best_candidate(acc, mean_loss)
+    best, se = best_candidate(acc, mean_loss, k)
     if prefer is not None:
         return prefer if mean[prefer] >= mean[best] - se - 1e-9 else best
     return next(j for j in range(acc.shape[1]) if mean[j] >= mean[best] - se - 1e-9)
 
 
-def keep_regression(acc: np.ndarray, mean_loss: np.ndarray) -> dict:
+def keep_regression(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None) -> dict:
     """Whether the logistic regression (column 0 of the (k, 1 + R) held-out accuracies) is kept over
     the head (columns 1..R, its checkpoints). The regression is one candidate; the head's best mean is
     the best of R, so it is biased upward, more so the noisier the folds. That optimism is estimated
@@ -115,7 +124,7 @@ def keep_regression(acc: np.ndarray, mean_loss: np.ndarray) -> dict:
     cross-validation") and subtracted; the regression, the simpler model, is then kept unless the
     head's corrected accuracy beats it by more than one standard error (one_se)."""
     head = acc[:, 1:]
-    best, se = best_candidate(head, mean_loss[1:])
+    best, se = best_candidate(head, mean_loss[1:], k)
     head_best = float(head[:, best].mean())
     optimism = float((head.max(1) - head[:, best]).mean())
     corrected, regression = head_best - optimism, float(acc[:, 0].mean())
@@ -143,10 +152,12 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     plan = plan_steps(len(y), cfg, constant=True)
     plan = dataclasses.replace(plan, at=checkpoints(plan.total))
     info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why, "fallback": None}
+    if cfg.cv_repeats > 1:
+        info["repeats"] = cfg.cv_repeats
     t0 = time.perf_counter()
     if k >= 2:
         acc, loss, regression = [], [], fallback is not None
-        for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
+        for i, (tr, held) in enumerate(repeated_folds(y, k, cfg.seed, cfg.cv_repeats)):
             # the logistic regression on this fold: the first, simplest candidate
             lr = [convex_fold(fallback, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
             model = build()
@@ -157,15 +168,15 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         acc_k, mean_loss = np.asarray(acc), np.mean(loss, 0)
         mean_acc = acc_k.mean(0)
         head = slice(1 if regression else 0, None)
-        pick = one_se(acc_k[:, head], mean_loss[head])  # the head's steps, as without the regression
+        pick = one_se(acc_k[:, head], mean_loss[head], k=k)  # the head's steps, as without the regression
         names = (["LR"] if regression else []) + [str(s) for s in steps]
-        choice = keep_regression(acc_k, mean_loss) if regression else None
+        choice = keep_regression(acc_k, mean_loss, k) if regression else None
         fell_back = bool(choice and choice["keep"])
         chosen = 0 if fell_back else steps[pick]
         info |= {"score": float(mean_acc[0] if fell_back else mean_acc[head][pick]), "checkpoints": steps,
                  "mean_accuracy": mean_acc[head].tolist(), "std_accuracy": acc_k.std(0)[head].tolist(),
                  "mean_loss": mean_loss[head].tolist(), "chosen_steps": chosen, "seconds": time.perf_counter() - t0}
-        log(f"cross-validation: {k} folds × {plan.total} steps ({plan.why}); held-out accuracy by step "
+        log(f"cross-validation: {k} folds{f' × {cfg.cv_repeats} repeats' if cfg.cv_repeats > 1 else ''} × {plan.total} steps ({plan.why}); held-out accuracy by step "
             + " ".join(f"{s}:{a:.1f}" for s, a in zip(names, mean_acc))
             + ("" if fell_back else f"; refit on all {len(y)} examples for {chosen} steps"))
         if choice:
@@ -230,14 +241,15 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
     info: dict = {"how": "cross-validation", "solver": "lbfgs", "folds": k, "note": note, "grid": list(C_GRID)}
     chosen = C_DEFAULT
     if k >= 2:
-        acc = np.zeros((k, len(C_GRID)))
+        splits = repeated_folds(y, k, cfg.seed, cfg.cv_repeats)
+        acc = np.zeros((len(splits), len(C_GRID)))
         loss = np.zeros_like(acc)
-        for i, (tr, held) in enumerate(folds(y, k, cfg.seed)):
+        for i, (tr, held) in enumerate(splits):
             for j, c in enumerate(C_GRID):
                 m = convex_fold(build, train, y, tr, held, c, cfg)
                 acc[i, j], loss[i, j] = m["accuracy"], m["loss"]
         mean_acc, mean_loss = acc.mean(0), loss.mean(0)
-        pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT))
+        pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT), k=k)
         chosen = C_GRID[pick]
         info |= {"score": float(mean_acc[pick]), "mean_accuracy": mean_acc.tolist(), "std_accuracy": acc.std(0).tolist(), "mean_loss": mean_loss.tolist()}
         log(f"cross-validation: {k} folds, L-BFGS (convex head) with L2 strength C: held-out accuracy "

@@ -55,6 +55,10 @@ class TrainConfig:
     cv_folds: int = field(default=5, metadata={
         "help": "below --cv-below training examples, stratified k-fold cross-validation on train picks the number of steps "
                 "instead of early stopping on a handful of validation examples (0 or 1: off)"})
+    cv_repeats: int = field(default=1, metadata={
+        "help": "repeat the --cv-folds split this many times with other seeds (repeated stratified k-fold): every "
+                "score is the mean over all k·R held-out folds, its standard error that of k folds (the repeats "
+                "share their examples, so they are not independent); R times the cross-validation's cost"})
     cv_below: int = field(default=CV_BELOW, metadata={"help": "train size under which --cv-folds applies (frozen heads)"})
     fallback: str = field(default="auto", metadata={
         "help": "auto: where --cv-folds applies, the folds also score a logistic regression on the head's own states "
@@ -72,7 +76,8 @@ class TrainConfig:
                  ("patience", self.patience >= 0, "0 (never stop early) or more"),
                  ("max_grad_norm", math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "0 (off) or more"),
                  ("steps", self.steps >= 0, "0 (from --epochs) or more"), ("min_steps", self.min_steps >= 0, "0 (no floor) or more"),
-                 ("cv_folds", self.cv_folds >= 0, "0 (off) or at least 2"), ("cv_below", self.cv_below >= 0, "0 (never) or more")]
+                 ("cv_folds", self.cv_folds >= 0, "0 (off) or at least 2"), ("cv_below", self.cv_below >= 0, "0 (never) or more"),
+                 ("cv_repeats", self.cv_repeats >= 1, "at least 1")]
         for name, ok, want in rules:
             if not ok:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be {want}")
