@@ -108,9 +108,9 @@ def test_repeats_do_not_shrink_the_standard_error():
     assert se3 > crossval.best_candidate(np.tile(acc, (3, 1)), loss)[1]  # over √12 it would be smaller
 
 
-def test_cross_validation_repeats_train_k_times_repeats_then_refit(tiny_bert, monkeypatch):
-    src, y = _toy(6, dim=32)
-    sizes = []
+def _fit_sizes(monkeypatch) -> list[int]:
+    """The number of training examples of every fit crossval runs, in order."""
+    sizes: list[int] = []
     real = crossval.fit
 
     def spy(model, train, *args, **kwargs):
@@ -118,6 +118,12 @@ def test_cross_validation_repeats_train_k_times_repeats_then_refit(tiny_bert, mo
         return real(model, train, *args, **kwargs)
 
     monkeypatch.setattr(crossval, "fit", spy)
+    return sizes
+
+
+def test_cross_validation_repeats_train_k_times_repeats_then_refit(tiny_bert, monkeypatch):
+    src, y = _toy(6, dim=32)
+    sizes = _fit_sizes(monkeypatch)
     cfg = TrainConfig(cv_folds=3, cv_repeats=2, min_steps=20, batch_size=8)
     model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, y, None, None, cfg, lambda s: None)
     assert sizes == [8] * 6 + [12] and info["repeats"] == 2
@@ -127,14 +133,7 @@ def test_cross_validation_repeats_train_k_times_repeats_then_refit(tiny_bert, mo
 
 def test_cross_validation_refits_on_all_of_train(tiny_bert, monkeypatch):
     src, y = _toy(6, dim=32)
-    sizes = []
-    real = crossval.fit
-
-    def spy(model, train, *args, **kwargs):
-        sizes.append(len(train))
-        return real(model, train, *args, **kwargs)
-
-    monkeypatch.setattr(crossval, "fit", spy)
+    sizes = _fit_sizes(monkeypatch)
     cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8)
     model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, y, None, None, cfg, lambda s: None)
     assert sizes[:-1] == [8, 8, 8] and sizes[-1] == 12  # k fold runs on k-1 folds, then all of train

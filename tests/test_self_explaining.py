@@ -1,8 +1,6 @@
-import numpy as np
 import pytest
 import torch
 
-from frozentune import model as M
 from frozentune.backbone import Backbone
 from frozentune.head import Features, Output
 from frozentune.heads.self_explaining import SelfExplainHead, concentration, span_mask, span_tokens
