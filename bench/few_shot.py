@@ -116,12 +116,14 @@ def main() -> None:
                 ds = load_classification(data, seed=seed, shots=k, carve_below=1000)
                 y = {s: ds.label_ids(getattr(ds, s)) for s in ("train", "test")}
                 for layer in sorted({"-1", *(LAYER_OF.get(m, "-1") for m in a.methods.split(","))}):
-                    for converged in (False, True) if a.converged else (False,):
-                        name = f"logreg{'*' if converged else ''}@{layer}"
-                        if (data, shots, seed, name) in have:
-                            continue
-                        sf = api.SourceFactory(backbone(layer), False, None, False, False)
-                        x = {s: pooled(sf(getattr(ds, s)), len(getattr(ds, s))) for s in ("train", "test")}
+                    names = {c: f"logreg{'*' if c else ''}@{layer}" for c in ((False, True) if a.converged else (False,))}
+                    todo = [c for c, name in names.items() if (data, shots, seed, name) not in have]
+                    if not todo:
+                        continue
+                    sf = api.SourceFactory(backbone(layer), False, None, False, False)
+                    x = {s: pooled(sf(getattr(ds, s)), len(getattr(ds, s))) for s in ("train", "test")}  # once per layer
+                    for converged in todo:
+                        name = names[converged]
                         acc, secs = logistic(x["train"], y["train"], x["test"], y["test"], converged)
                         save({"data": data, "shots": shots, "seed": seed, "method": name, "n_train": len(ds.train),
                               "accuracy": acc, "seconds": secs})

@@ -23,11 +23,10 @@ max_length, the backbone and its weights hash, the parity check).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import json
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
 

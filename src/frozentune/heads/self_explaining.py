@@ -138,15 +138,21 @@ class SelfExplainHead(Head):
         # from the input's: what an exporter traces
         self.every_slot = False
 
+    def end_maps(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """(..., D) states → ((W₁ − W₃)h + b, (W₂ + W₃)h), each (..., D′): a span's start and end
+        terms, W₃ folded into the two per-token maps and both computed in one matmul."""
+        d = self.w4.out_features
+        fused = torch.cat([self.w1.weight - self.w3.weight, self.w2.weight + self.w3.weight])  # (2D′, D)
+        bias = torch.cat([self.w1.bias, self.w1.bias.new_zeros(d)])  # (2D′,) the one bias goes with h_i
+        start, end = F.linear(hidden, fused, bias).split(d, -1)
+        return start, end
+
     def span_states(self, hidden: Tensor, width: int) -> Tensor:
         """(B, T, D) → (B, T, W, D′): entry [b, i, w] is h(i, i + w); zeros past the input's end.
         W₃ folded into the two per-token maps (one matmul for both); every span's end token gathered
         at once (no Python loop over widths, so a traced graph keeps T and W symbolic: ONNX export)."""
         B, T, _ = hidden.shape
-        d = self.w4.out_features
-        fused = torch.cat([self.w1.weight - self.w3.weight, self.w2.weight + self.w3.weight])  # (2D′, D)
-        bias = torch.cat([self.w1.bias, self.w1.bias.new_zeros(d)])  # (2D′,) the one bias goes with h_i
-        start, end = F.linear(hidden, fused, bias).split(d, -1)  # (B, T, D′) (W₁ − W₃)h_i + b, (W₂ + W₃)h_j
+        start, end = self.end_maps(hidden)  # (B, T, D′) each
         j = torch.arange(T, device=hidden.device)[:, None] + torch.arange(width, device=hidden.device)  # (T, W) i + w
         inside = (j < T)[None, :, :, None]  # (1, T, W, 1) spans that end inside the input
         j = j.clamp(max=T - 1)
@@ -159,7 +165,6 @@ class SelfExplainHead(Head):
         no span over padding, past an input's end or over excluded tokens is computed: a batch of
         short texts padded to its longest holds about half as many valid spans as slots."""
         B, T, D = hidden.shape
-        d = self.w4.out_features
         b, i, w = valid.nonzero(as_tuple=True)  # (N,) each
         flat = hidden.reshape(B * T, D)
         first, last = b * T + i, b * T + i + w  # (N,) rows of flat: the span's first and last token
@@ -169,9 +174,7 @@ class SelfExplainHead(Head):
         rows = used.nonzero().squeeze(1)  # (R,) tokens some valid span starts or ends at
         at = torch.zeros(B * T, dtype=torch.long, device=hidden.device)
         at[rows] = torch.arange(len(rows), device=hidden.device)  # flat row → its row in the projections
-        fused = torch.cat([self.w1.weight - self.w3.weight, self.w2.weight + self.w3.weight])  # (2D′, D)
-        bias = torch.cat([self.w1.bias, self.w1.bias.new_zeros(d)])  # (2D′,)
-        start, end = F.linear(flat.index_select(0, rows), fused, bias).split(d, -1)  # (R, D′) each
+        start, end = self.end_maps(flat.index_select(0, rows))  # (R, D′) each
         ends = start.index_select(0, at[first]) + end.index_select(0, at[last])  # (N, D′)
         prod = flat.index_select(0, first) * flat.index_select(0, last)  # (N, D) h_i ⊙ h_j
         pre = torch.addmm(ends, prod, self.w4.weight.t())  # (N, D′) the sum of the four maps
