@@ -4,6 +4,13 @@ traces, and what every forward did before) against the eager default (the valid 
 more than PACK_BELOW of the slots are valid, when it computes every slot too), side by side in one
 process on the same batches, torch pinned to 1 thread.
 
+Forward without autograd (inference: predict, explain, serve) has a third mode, the default there
+since 2026-11-25: the valid spans computed CHUNK_SPANS at a time, in place (spans_in_chunks), at
+any share of valid spans. Its row compares it with both: every slot, and "one shot", the eager
+default before it (the autograd path with no parameter requiring a gradient: the same code, run
+under torch.enable_grad(), so it takes the one-shot branch and PACK_BELOW's choice without
+recording a graph).
+
 Batches: 16 texts drawn with seed 0 from SST-2 test (short) or an IMDB test slice (long, cut at 128
 tokens as serve_load.py's), tokenised by MiniLM's tokenizer and padded to the longest row rounded
 up to 8, as the server pads them. The states are random (speed does not depend on their values),
@@ -39,18 +46,22 @@ def batches(texts: list[str], rows: int, count: int, max_length: int, seed: int 
     return out
 
 
-def timed(head, feats: list, train: bool) -> float:
+def timed(head, feats: list, mode: str) -> float:
+    """Seconds for one pass over feats. mode: "train" (forward + backward), "infer" (forward under
+    no_grad) or "one-shot" (forward as before chunking: the autograd branches, no graph recorded)."""
     from frozentune.head import Features
 
+    head.requires_grad_(mode != "one-shot")
     t = time.perf_counter()
     for hidden, mask in feats:
-        if train:
+        if mode == "train":
             head.zero_grad()
             out = head(Features(hidden, mask))
             head.loss(out, torch.zeros(len(mask), dtype=torch.long)).backward()
         else:
-            with torch.no_grad():
+            with torch.no_grad() if mode == "infer" else torch.enable_grad():
                 head(Features(hidden, mask))
+    head.requires_grad_(True)
     return time.perf_counter() - t
 
 
@@ -76,19 +87,27 @@ def main() -> None:
         real = sum(int(m.sum()) for m in masks) / sum(m.numel() for m in masks)
         for train in (False, True):
             head.train(train)
-            best = {True: float("inf"), False: float("inf")}
+            # (name, every_slot, mode): every slot first, the eager default last
+            modes = ([("every slot", True, "train"), ("default", False, "train")] if train else
+                     [("every slot", True, "infer"), ("one shot", False, "one-shot"), ("default", False, "infer")])
+            best = dict.fromkeys((m[0] for m in modes), float("inf"))
             for _ in range(a.repeats):
-                for every in (True, False):
+                for name, every, mode in modes:
                     head.every_slot = every
-                    best[every] = min(best[every], timed(head, feats, train))
-            row = {"texts": kind, "what": "forward + backward" if train else "forward", "batches": a.count,
+                    best[name] = min(best[name], timed(head, feats, mode))
+            head.every_slot = False
+            ms = {name: 1000 * t / a.count for name, t in best.items()}
+            row = {"texts": kind, "what": "forward + backward" if train else "forward (no grad)", "batches": a.count,
                    "rows": a.rows, "mean_padded_tokens": sum(m.shape[1] for m in masks) / len(masks),
-                   "real_token_share": real, "every_slot_ms": 1000 * best[True] / a.count,
-                   "valid_only_ms": 1000 * best[False] / a.count, "speedup": best[True] / best[False]}
+                   "real_token_share": real, "every_slot_ms": ms["every slot"], "default_ms": ms["default"],
+                   "speedup": best["every slot"] / best["default"]}
+            if not train:
+                row.update(one_shot_ms=ms["one shot"], speedup_over_one_shot=best["one shot"] / best["default"])
             rows.append(row)
-            print(f"{kind:20s} {row['what']:18s} T≈{row['mean_padded_tokens']:.0f} real {real:.0%}: every slot "
-                  f"{row['every_slot_ms']:.2f} ms, valid spans only {row['valid_only_ms']:.2f} ms, {row['speedup']:.2f}×",
-                  flush=True)
+            print(f"{kind:20s} {row['what']:18s} T≈{row['mean_padded_tokens']:.0f} real {real:.0%}: "
+                  + ", ".join(f"{name} {v:.2f} ms" for name, v in ms.items())
+                  + f"; default {row['speedup']:.2f}× every slot"
+                  + (f", {row['speedup_over_one_shot']:.2f}× one shot" if not train else ""), flush=True)
     a.out.write_text(json.dumps({"command": f"OMP_NUM_THREADS={a.threads} python bench/span_packing.py", "threads": a.threads,
                                  "cpu": cpu_summary(),
                                  "repeats": a.repeats, "rows": rows}, indent=1) + "\n")

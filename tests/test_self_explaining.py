@@ -157,6 +157,30 @@ def test_valid_spans_only_equal_every_slot(width):
         assert_close(g_packed[name], g, ops=2 * logits_ops(n) + dot(5 * n), scale=scale, what=f"∂loss/∂{name}")
 
 
+@pytest.mark.parametrize("width", [3, 0])
+def test_inference_in_chunks_equals_the_autograd_forward(width, monkeypatch):
+    """Without autograd the valid spans are made a chunk at a time, in place, tanh through the sigmoid
+    (spans_in_chunks): the same logits and α as the autograd forward (packed and every slot), with
+    chunks that split rows and a last partial chunk."""
+    import frozentune.heads.self_explaining as se
+
+    monkeypatch.setattr(se, "CHUNK_SPANS", 4)
+    head = head_for({"max_span_width": width})
+    f = feats(lengths=(7, 5, 3, 2, 0), T=7)
+    f = Features(f.hidden, f.mask, torch.zeros_like(f.mask).index_fill(1, torch.tensor([3]), True) & f.mask)
+    with torch.no_grad():
+        chunked = head(f)
+    n = 7 * (width or 7)
+    for every in (False, True):
+        head.every_slot = every
+        reference = head(f)  # autograd on: the one-shot sums
+        assert reference.logits.requires_grad
+        assert_close(chunked.logits, reference.logits, ops=logits_ops(n) + 1, what=f"logits (every slot: {every})")
+        assert_close(chunked.extras["span_weights"], reference.extras["span_weights"], ops=alpha_ops(n) + 1,
+                     what=f"α (every slot: {every})")
+    assert (chunked.extras["span_weights"][4] == 0).all()  # the empty row: no valid span, α = 0
+
+
 def test_loss_is_ce_minus_lambda_times_concentration():
     head = head_for({"reg_lambda": 0.5})
     f, y = feats(), torch.tensor([0, 2, 1])
