@@ -51,6 +51,28 @@ def test_padding_does_not_change_scores():
     assert_close(a.extras["label_attention"], b.extras["label_attention"][..., :7], ops=head_ops(12), what="attention")
 
 
+@pytest.mark.parametrize("options", [{"dim": 16}, {"dim": 0, "k": 2}])
+def test_inference_folds_keys_and_values_into_the_labels(options):
+    """Without autograd, in eval, the cross-attention never forms the tokens' keys and values
+    (folded_cross_attention): the same scores and label attention as nn.MultiheadAttention's, on
+    padded rows; a row's key-bias shift is dropped, which the softmax ignores."""
+    head, _ = create_method("ytuning", 32, 3, options)
+    head.eval()
+    with torch.no_grad():  # the attention's biases made large, so that dropping the wrong one shows
+        for block in head.blocks:
+            block.cross_attn.in_proj_bias.normal_(0, 1.0)
+    f = feats(lengths=(7, 4, 2))
+    with torch.no_grad():
+        folded = head(f)
+    plain = head(f)  # autograd on: nn.MultiheadAttention
+    assert plain.logits.requires_grad
+    d = options["dim"] or 32
+    assert_close(folded.logits, plain.logits, ops=head_ops(7, d=d, labels=1 + 3 * options.get("k", 1)), what="scores")
+    assert_close(folded.extras["label_attention"], plain.extras["label_attention"],
+                 ops=head_ops(7, d=d, labels=1 + 3 * options.get("k", 1)), what="attention")
+    assert (folded.extras["label_attention"][~f.mask[:, None, :].expand(-1, 3, -1)] == 0).all()  # exact: exp(−inf)
+
+
 def test_explanation_is_a_distribution_over_real_tokens():
     head, _ = create_method("ytuning", 32, 4, {"k": 2})
     head.eval()
