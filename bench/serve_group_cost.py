@@ -5,8 +5,10 @@ batch, short (SST-2 test) and long (IMDB test, cut at 128 tokens), the texts ser
 The ratio of the two is the best "8 heads / 1 head" requests/s the server can reach when its
 batches are full; HTTP, JSON and the client only add the same cost to both.
 
-With --every-slot the self-explaining heads compute every (i, w) span slot, as every forward did
-before bench/span_packing.py's change; both rows are written, side by side in one run.
+Two modes, side by side in one run: the default (each head's inference path: the self-explaining
+head's spans made in chunks, Y-Tuning's cross-attention folded), and "training paths", the forward
+as it ran before those (2026-11-25): every head run under torch.enable_grad() with no parameter
+requiring a gradient, so it takes its autograd branches and records no graph.
 
   OMP_NUM_THREADS=1 python bench/serve_group_cost.py      # bench/results/serve_group_cost.json
 Needs the heads serve_load.py trains (bench/runs/serve-models/heads).
@@ -14,6 +16,7 @@ Needs the heads serve_load.py trains (bench/runs/serve-models/heads).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import time
@@ -24,6 +27,27 @@ import torch
 from serve_load import HEADS, MODELS, long_texts, short_texts
 
 HERE = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def training_paths(engine):
+    """Every head of the engine runs its forward under enable_grad, no parameter requiring a gradient."""
+    heads = [t.model.head for t in engine.tasks.values()]
+    flags = [[p.requires_grad for p in h.parameters()] for h in heads]
+    for h in heads:
+        h.requires_grad_(False)
+
+        def forward(f, run=h.forward):
+            with torch.enable_grad():
+                return run(f)
+        h.forward = forward  # an instance attribute: nn.Module.__call__ calls it
+    try:
+        yield
+    finally:
+        for h, saved in zip(heads, flags):
+            del h.forward
+            for p, flag in zip(h.parameters(), saved):
+                p.requires_grad_(flag)
 
 
 def main() -> None:
@@ -48,22 +72,22 @@ def main() -> None:
             draws = [rng.sample(texts, a.rows) for _ in range(a.batches)]
             plans = {n: [e.plan_classify(d)[0] for d in draws] for n, e in (("1 head", one), ("8 heads", eight))}
             groups = {"1 head": one.groups[0], "8 heads": eight.groups[0]}
-            for every in (True, False):
-                for t in eight.tasks.values():
-                    if hasattr(t.model.head, "every_slot"):
-                        t.model.head.every_slot = every
-                best = {n: float("inf") for n in groups}
-                for _ in range(a.repeats):
-                    for n, g in groups.items():
-                        t0 = time.perf_counter()
-                        for jobs in plans[n]:
-                            g.run(jobs)
-                        best[n] = min(best[n], (time.perf_counter() - t0) / a.batches)
-                row = {"texts": kind, "spans": "every slot" if every else "valid only (default)",
-                       "one_head_ms": 1000 * best["1 head"], "eight_heads_ms": 1000 * best["8 heads"],
-                       "ratio_8_over_1_throughput": best["1 head"] / best["8 heads"]}
+            modes = {"training paths": lambda: training_paths(eight), "default": contextlib.nullcontext}
+            best = {(m, n): float("inf") for m in modes for n in groups}
+            for _ in range(a.repeats):  # the modes interleaved
+                for m, mode in modes.items():
+                    with mode():
+                        for n, g in groups.items():
+                            t0 = time.perf_counter()
+                            for jobs in plans[n]:
+                                g.run(jobs)
+                            best[m, n] = min(best[m, n], (time.perf_counter() - t0) / a.batches)
+            for m in modes:
+                row = {"texts": kind, "heads": m, "one_head_ms": 1000 * best[m, "1 head"],
+                       "eight_heads_ms": 1000 * best[m, "8 heads"],
+                       "ratio_8_over_1_throughput": best[m, "1 head"] / best[m, "8 heads"]}
                 rows.append(row)
-                print(f"{kind:5s} spans {row['spans']:21s}: batch of {a.rows}, 1 head {row['one_head_ms']:.1f} ms, "
+                print(f"{kind:5s} heads' {m:14s}: batch of {a.rows}, 1 head {row['one_head_ms']:.1f} ms, "
                       f"8 heads {row['eight_heads_ms']:.1f} ms → 8/1 throughput {row['ratio_8_over_1_throughput']:.3f}",
                       flush=True)
     finally:

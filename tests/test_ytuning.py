@@ -3,7 +3,7 @@ import torch
 
 from frozentune.backbone import Backbone
 from frozentune.head import Features
-from frozentune.heads.ytuning import YTuningConfig, YTuningHead, margin_loss
+from frozentune.heads.ytuning import margin_loss
 from frozentune.model import build_classifier
 from frozentune.registry import MethodError, create_method
 from numerics import ROUNDING, approx, assert_close, assert_differs, attention_block, dot, ffn_block, linear, softmax, tol
