@@ -65,15 +65,21 @@ def timed(head, feats: list, mode: str) -> float:
     return time.perf_counter() - t
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(doc: str, out: str) -> argparse.Namespace:
+    """The options of a head-timing script (this one, ytuning_fold.py); torch pinned to --threads."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--count", type=int, default=30, help="batches per text kind")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "span_packing.json")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / out)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    return a
+
+
+def main() -> None:
+    a = parse_args(__doc__, "span_packing.json")
     from frozentune.extract import cpu_summary
     from frozentune.registry import create_method
     from serve_load import long_texts, short_texts

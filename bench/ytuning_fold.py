@@ -14,27 +14,16 @@ interleaved with the other; best of the repeats.
 """
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--count", type=int, default=30, help="batches per text kind")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "ytuning_fold.json")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
     from serve_load import long_texts, short_texts
-    from span_packing import batches, timed
+    from span_packing import batches, parse_args, timed
 
+    a = parse_args(__doc__, "ytuning_fold.json")
     from frozentune.extract import cpu_summary
     from frozentune.registry import create_method
 
