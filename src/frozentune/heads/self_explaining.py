@@ -56,8 +56,8 @@ from ..registry import MethodConfig, register_method
 PACK_BELOW = 0.85
 # Spans computed at a time where no gradient is needed (inference): each chunk's product, sums and tanh
 # are made in place while the chunk is in cache (1,024 × 384 floats, 1.5 MB), instead of streaming
-# whole (N, D) temporaries through memory; the same sums in the same order. Packing then pays at any
-# share of valid spans (bench/span_packing.py, rows "inference").
+# whole (N, D) temporaries through memory; the same sums in the same order (tanh through the sigmoid).
+# Packing then pays at any share of valid spans (bench/span_packing.py, rows "forward (no grad)").
 CHUNK_SPANS = 1024
 
 
