@@ -17,7 +17,7 @@ are computed (packed_spans: none over padding, past an input's end or over exclu
 batch of short texts padded to its longest costs its spans, not its slots (2.3-2.5× faster on 16 SST-2
 sentences padded to their longest, bench/span_packing.py), unless nearly every slot is valid
 (PACK_BELOW). Without autograd (predict, explain, serve) the valid spans are made a chunk at a time
-in place (spans_in_chunks: 1.4× the one-shot sums on SST-2 batches, 1.8× at 128 tokens, where every
+in place (spans_in_chunks: 1.3-1.4× the one-shot sums on SST-2 batches, 1.8× at 128 tokens, where every
 slot is valid). An exporter traces every (i, w) slot (`every_slot`, span_states), so the graph's
 shapes follow the input's alone; both give the same α and logits (tested). Memory grows as T·W, never T², unless W = 0 ("all spans", W = T).
 

@@ -9,7 +9,7 @@ L = Σ_{c≠c*} [s_c − s_{c*} + α]_+; prediction is argmax_c s_c.
 
 Inference (eval, no autograd) never forms the tokens' cross-attention keys and values: W_k and W_v
 fold into the label side (folded_cross_attention), the same scores and attention within float32
-rounding; 1.3-1.8× faster than the training path (bench/ytuning_fold.py).
+rounding; 1.3-1.9× faster than the training path (bench/ytuning_fold.py).
 
 Legend: B batch, T tokens, Dx backbone width, D label-encoder width, C classes, k vectors per
 class, N = 1 + C·k label vectors, h attention heads.
