@@ -10,6 +10,8 @@ Parts (--only, comma list; default all but soak):
               trained cheaply on an SST-2 sample), 32 clients, one text per request classified by
               every task; short texts (SST-2 test) and long ones (an IMDB test sample: the models read
               the first 128 tokens). The alternative: 8 one-head servers, each text sent to all 8.
+              Beside them, the 6 heads other than the self-explaining ones in one server: what
+              sharing the pass gives where every head is light.
   batching    the 1-head server with batching off (--batch-tokens 1: every batch one row) vs the
               default, 32 clients, short texts; and a plain Hugging Face loop (AutoModel, tokenizer,
               no_grad) over the same texts at batch 1, 8, 32 in this process (the ceiling).
@@ -67,6 +69,7 @@ PARTS = ("heads", "batching", "generation", "bad", "soak")
 HEADS = [("probe-l4", "probe", 4), ("space-l4", "space", 4), ("ytuning-l4", "ytuning", 4),
          ("selfexplain-l4", "selfexplain", 4), ("probe-last", "probe", -1), ("space-last", "space", -1),
          ("ytuning-last", "ytuning", -1), ("selfexplain-last", "selfexplain", -1)]
+LIGHT = [h for h in HEADS if h[1] != "selfexplain"]  # the heads whose compute is a few % of the pass
 TRAIN_ARGS = ["--data", "sst2", "--backbone", "minilm", "--max-train", "1500", "--epochs", "2", "--seed", "0"]
 PHRASES = ["table-to-text:", "summarize the following", "describe the restaurant", "write a review",
            "translate to French", "answer the question", "restaurant description:", "data to text"]
@@ -507,6 +510,7 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     folders = [heads_dir / n for n, _, _ in HEADS]
     specs = [(f"heads{n}", folders[:n], []) for n in (1, 4, 8)] + [(f"single-{HEADS[i][0]}", [folders[i]], [])
                                                                   for i in range(8)]
+    specs.append(("light", [heads_dir / n for n, _, _ in LIGHT], []))
     servers = await start(client, specs, a.threads, logdir)
     pool = Clients()
     try:
@@ -515,6 +519,8 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
         configs = {"1 head": ([by["heads1"]], lambda b: classify_sender(pool, by["heads1"].url, b, 1)),
                    "4 heads": ([by["heads4"]], lambda b: classify_sender(pool, by["heads4"].url, b, 4)),
                    "8 heads": ([by["heads8"]], lambda b: classify_sender(pool, by["heads8"].url, b, 8)),
+                   f"{len(LIGHT)} heads, no self-explaining": (
+                       [by["light"]], lambda b: classify_sender(pool, by["light"].url, b, len(LIGHT))),
                    "8 servers × 1 head": (singles, lambda b: fanout_sender(pool, [s.url for s in singles], b))}
         idle = {s.name: round(s.rss_mb(), 1) for s in servers}
         runs: dict[tuple[str, str], list[dict]] = {}
@@ -545,7 +551,10 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     ratios = {}
     for ts in ("short", "long"):
         one, eight, multi = get[("1 head", ts)], get[("8 heads", ts)], get[("8 servers × 1 head", ts)]
+        light = get[(f"{len(LIGHT)} heads, no self-explaining", ts)]
         ratios[ts] = {"8_heads_vs_1_head_requests_per_s": eight["requests_per_s"] / one["requests_per_s"],
+                      "light_heads_vs_1_head_requests_per_s": light["requests_per_s"] / one["requests_per_s"],
+                      "light_heads_vs_1_head_rss": light["peak_rss_total_mb"] / one["peak_rss_total_mb"],
                       "8_heads_vs_1_head_rss": eight["peak_rss_total_mb"] / one["peak_rss_total_mb"],
                       "8_heads_vs_8_servers_requests_per_s": eight["requests_per_s"] / multi["requests_per_s"],
                       "8_servers_vs_8_heads_total_rss": multi["peak_rss_total_mb"] / eight["peak_rss_total_mb"]}
@@ -1004,6 +1013,10 @@ def report(d: dict) -> str:
                          f"RSS {_goal(q['8_heads_vs_1_head_rss'], '<= 1.1')}; 8 heads in one server / 8 one-head servers: "
                          f"requests/s {q['8_heads_vs_8_servers_requests_per_s']:.2f}x, the 8 servers' total RSS "
                          f"{q['8_servers_vs_8_heads_total_rss']:.2f}x the one server's.")
+            if "light_heads_vs_1_head_requests_per_s" in q:
+                lines.append(f"- {ts}: {len(LIGHT)} heads without the self-explaining ones / 1 head requests/s "
+                             f"{q['light_heads_vs_1_head_requests_per_s']:.2f}x, RSS {q['light_heads_vs_1_head_rss']:.2f}x "
+                             f"(not the goal's configuration: the same ratio where every head is light).")
         hc = h.get("head_costs")
         if hc:
             names = list(next(iter(hc["texts"].values()))["heads_ms"])
