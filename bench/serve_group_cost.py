@@ -25,29 +25,18 @@ from pathlib import Path
 import torch
 
 from serve_load import HEADS, MODELS, long_texts, short_texts
+from span_packing import training_path
 
 HERE = Path(__file__).resolve().parent
 
 
 @contextlib.contextmanager
 def training_paths(engine):
-    """Every head of the engine runs its forward under enable_grad, no parameter requiring a gradient."""
-    heads = [t.model.head for t in engine.tasks.values()]
-    flags = [[p.requires_grad for p in h.parameters()] for h in heads]
-    for h in heads:
-        h.requires_grad_(False)
-
-        def forward(f, run=h.forward):
-            with torch.enable_grad():
-                return run(f)
-        h.forward = forward  # an instance attribute: nn.Module.__call__ calls it
-    try:
+    """Every head of the engine on its training path (span_packing.training_path)."""
+    with contextlib.ExitStack() as stack:
+        for t in engine.tasks.values():
+            stack.enter_context(training_path(t.model.head))
         yield
-    finally:
-        for h, saved in zip(heads, flags):
-            del h.forward
-            for p, flag in zip(h.parameters(), saved):
-                p.requires_grad_(flag)
 
 
 def main() -> None:
