@@ -144,6 +144,29 @@ def test_parts_merge_into_the_one_process_entry(bb, reference, tmp_path):
     assert stats is None and cache is not None and sums(cache) == sums(reference)
 
 
+def test_a_part_with_nothing_to_write_leaves_no_build_folder(bb, reference, tmp_path):
+    """Under torchrun a rank may reach its build after another rank published the entry and removed
+    the build folder: a rank that owns no shard (a small split has fewer shards than ranks), or one
+    whose shards were finished by an earlier, interrupted run. It must not create the folder again
+    (a leftover `<key>.building` with only plan.json) nor extract its shards again."""
+    from frozentune.cache import build, publish_when_complete
+
+    root = tmp_path / "cache"
+    one_shard = BASE[:2]  # fewer real tokens than a shard: part 1 of 2 owns nothing
+    key1, fields1 = cache_key(bb, one_shard)
+    stats = build(root, key1, fields1, bb, bb.tokenize(one_shard), part=Part(1, 2), progress=False, **KW)
+    assert stats.report.done_now == [] and not building_dir(root, key1).exists()
+
+    key, fields = cache_key(bb, MANY)
+    tokens = bb.tokenize(MANY)
+    for i in (0, 1):
+        build(root, key, fields, bb, tokens, part=Part(i, 2), progress=False, **KW)
+    assert publish_when_complete(root, key, fields, bb, tokens, plan_of(bb)) and not building_dir(root, key).exists()
+    late = build(root, key, fields, bb, tokens, part=Part(1, 2), progress=False, **KW)  # a rank arriving now
+    assert late.report.done_now == [] and not building_dir(root, key).exists()
+    assert sums(CachedStates(root / key, key=key, n=len(MANY), dim=bb.dim, dtype="float16")) == sums(reference)
+
+
 def test_merge_refuses_missing_and_foreign_shards(bb, tmp_path):
     root = tmp_path / "cache"
     other = [t + " !" for t in MANY]

@@ -297,14 +297,24 @@ class ShardReport:
 
 def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Backbone, tokens: Tokenized,
                  dtype: str, part: Part, progress: Callable[[int, int], None]) -> ShardReport:
-    """Extract every unfinished shard this part owns."""
-    open_plan(folder, key, fields, plan)
+    """Extract every unfinished shard this part owns. A part with none to write does not touch the
+    build folder: among several parts, another may have published the entry and removed it, and
+    writing plan.json would leave a `.building` folder behind (a rank owning no shard of a small
+    split, under torchrun). Nor does a part write once the entry is published: its shards, finished
+    by an earlier interrupted run, were in the folder that publishing removed."""
     before = finished(folder, plan)
-    todo = [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
+    # read after `before`: publishing renames the entry into place before it removes the folder, so
+    # either the entry is seen here or the folder was still whole when `before` was read. Only parts
+    # of several can meet a published entry; one process builds under the build lock (and a rebuild
+    # replaces an existing entry).
+    published = part.count > 1 and folder.with_name(key).exists()
+    todo = [] if published else [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
     spent = []
-    with active(folder):
-        for k in todo:
-            spent.append(write_shard(folder, k, key, plan, backbone, tokens, dtype, progress))
+    if todo:
+        open_plan(folder, key, fields, plan)
+        with active(folder):
+            for k in todo:
+                spent.append(write_shard(folder, k, key, plan, backbone, tokens, dtype, progress))
     done = finished(folder, plan)
     missing = [k for k in range(len(plan.shards)) if k not in done]
     return ShardReport(todo, sorted(before), missing, float(sum(spent)),
