@@ -124,7 +124,9 @@ def test_models_are_grouped_by_the_pass_they_share(engine):
 def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
     group = engine.tasks["probe"].group
     calls = []
-    hook = group.backbone.runner.register_forward_hook(lambda *a: calls.append(1))
+    runner = group.backbone.runner
+    # the embeddings run once per pass, packed (the default) or padded (the model's own forward)
+    hook = getattr(runner, "model", runner).embeddings.register_forward_hook(lambda *a: calls.append(1))
     try:
         before = len(engine.batches)
         out = engine.classify(TEXTS)  # one request: its four texts wait together and run as one batch
@@ -135,6 +137,26 @@ def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
     assert len(heads) == 5
     frozen_batches = [b for b in batches if b.group == group.label]
     assert len(calls) == len(frozen_batches) == 1 and frozen_batches[0].rows == len(TEXTS)
+
+
+def test_the_pass_is_packed_and_can_be_turned_off(engine):
+    """Frozen heads say how their pass runs; --no-pack-tokens runs the model's own padded forward, with
+    the same answers within rounding (extract/packed.py; tests/test_packed.py bounds the states)."""
+    d = {t["name"]: t for t in engine.describe()}
+    assert all(d[n]["pass"] == "packed" for n in CLASSIFIERS)
+    assert all(d[n]["pass"].startswith("padded: its own pass") for n in LIVE)
+    packed = engine.classify(TEXTS)
+    group = engine.tasks["probe"].group
+    padded_engine = Engine(list(engine.tasks.values()), ServeOptions(pack_tokens=False))
+    try:
+        assert {t["pass"] for t in padded_engine.describe() if t["name"] in CLASSIFIERS} == {"padded: packing turned off"}
+        padded = padded_engine.classify(TEXTS)
+    finally:
+        padded_engine.close()
+        group.backbone.pack = True  # the groups are shared with the module's other engines
+    for got_row, want_row in zip(padded["results"], packed["results"]):
+        for name in CLASSIFIERS:
+            close_scores(got_row["tasks"][name], want_row["tasks"][name], name)
 
 
 # ----------------------------------------------------------------------------- equal to the CLI's answers

@@ -636,6 +636,9 @@ class Backbone:
         self.token_types = token_types
         self._weights_hash: str | None = None
         self._runner: nn.Module | None = None
+        # False: `hidden_states` and `states` run the model's own forward on the padded batch even where
+        # the packed pass could run (extract/packed.py); for measuring, or for a model's padded outputs
+        self.pack = True
         self.set_runtime(device, precision)
 
     def set_runtime(self, device: str | torch.device, precision: str) -> None:
@@ -684,11 +687,32 @@ class Backbone:
         view.layers = layers
         return view
 
+    @property
+    def packs(self) -> bool:
+        """Whether `hidden_states` and `states` run packed: linear layers on the real tokens only."""
+        return self.pack and self.pass_layout == "packed"
+
+    @property
+    def pass_layout(self) -> str:
+        """"packed", or "padded: <why>" (the model's layout, or `pack` turned off), for logs and listings."""
+        from .extract.packed import packing_reason
+
+        if not self.pack:
+            return "padded: packing turned off"
+        why = packing_reason(self.runner)
+        return "packed" if why is None else f"padded: {why}"
+
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor,
                       token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         """The frozen pass's every hidden state (embeddings, then one per layer), each (B, T, D) in
         the runner's dtype on its device: what `states` selects from, for callers that serve several
-        layer choices from one pass (select with `select_layers`, then cast as `states` does)."""
+        layer choices from one pass (select with `select_layers`, then cast as `states` does).
+        Packed where the model allows (`packs`): the same states at the real tokens, 0 at padding."""
+        if self.packs:
+            from .extract.packed import packed_hidden_states
+
+            types = None if token_type_ids is None else token_type_ids.to(self.device)
+            return packed_hidden_states(self.runner, input_ids.to(self.device), attention_mask.to(self.device), types)
         with torch.no_grad():
             out = self.runner(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
                               output_hidden_states=True,
@@ -733,6 +757,9 @@ class Backbone:
         """The frozen pass (no gradients): (B, T, D) states computed by `runner` on its device and
         in its precision, returned as float32 on the inputs' device (what the cache stores, before
         its own rounding)."""
+        if self.packs:  # no_grad inside; plain tensors, so a head may be trained on them
+            out = select_layers(self.hidden_states(input_ids, attention_mask, token_type_ids), self.layers)
+            return out.float().to(input_ids.device)
         with torch.no_grad():  # not inference_mode: a head may be trained on these (inference tensors refuse that)
             out = encode(self.runner, input_ids.to(self.device), attention_mask.to(self.device), self.layers,
                          None if token_type_ids is None else token_type_ids.to(self.device))

@@ -5,6 +5,7 @@ cache entry is extracted in shards that survive interrupts and split across proc
   precision.py  --precision fp32|bf16|fp16|int8: preparing the frozen model, the per-device default
   shards.py     the plan, shard files, resume, merging, --shard i/N and launcher ranks
   entries.py    `frozentune cache --list` / `--prune`
+  packed.py     the pass with its linear layers on the real tokens only (BERT-style encoders): serving, live predict
 """
 from __future__ import annotations
 

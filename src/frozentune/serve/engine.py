@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .batcher import BatchStats, Batcher, Job
-from .models import Task, find_models, load_tasks
+from .models import FrozenPass, Task, find_models, load_tasks
 
 
 class RequestError(ValueError):
@@ -45,6 +45,9 @@ class ServeOptions:
     pad_multiple: int = field(default=8, metadata={
         "help": "classify: pad each batch to a multiple of this many tokens (at most max_length), so that batches "
                 "come in few shapes and the kernels' per-shape caches stop growing (1: pad to the longest row)"})
+    pack_tokens: bool = field(default=True, metadata={
+        "help": "classify: run the frozen backbone's linear layers on the real tokens only, none on a batch's "
+                "padding (BERT-style encoders; another model runs padded, and /v1/models says so under 'pass')"})
     max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
                                                            "request is answered 503 with Retry-After"})
     max_texts: int = field(default=64, metadata={"help": "texts or sources in one request (more: 413)"})
@@ -54,6 +57,8 @@ class ServeOptions:
 
     def validate(self) -> "ServeOptions":
         for f in dataclasses.fields(self):
+            if isinstance(getattr(self, f.name), bool):
+                continue
             least = 0 if f.name.endswith("_ms") else 1
             if getattr(self, f.name) < least:
                 raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least {least}")
@@ -78,6 +83,9 @@ class Engine:
         self.batches: list[BatchStats] = []  # the most recent ones (bounded), for tests and /v1/models
         self._observers: list[Callable[[BatchStats], None]] = []
         o = self.options
+        for g in self.groups:
+            if isinstance(g, FrozenPass):
+                g.backbone.pack = o.pack_tokens
         self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch,
                                refill_wait_s=o.refill_wait_ms / 1000.0)
 
@@ -86,7 +94,11 @@ class Engine:
              options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
         """Every saved model under `paths` (model folders, or folders of them), loaded once."""
         options = (options or ServeOptions()).validate()
-        return cls(load_tasks(find_models(paths), device, precision, log), options)
+        engine = cls(load_tasks(find_models(paths), device, precision, log), options)
+        for g in engine.groups:
+            if isinstance(g, FrozenPass):
+                log(f"serve: {g.label}: {g.backbone.pass_layout} pass")
+        return engine
 
     # ------------------------------------------------------------------ observing
     def observe(self, fn: Callable[[BatchStats], None]) -> None:

@@ -99,7 +99,9 @@ class Task:
                   "fields": [f for f in (self.model.pair_fields or ("text",)) if f],
                   "layers": list(bb.layers.layers), "max_length": bb.max_length, "device": str(bb.device),
                   "precision": bb.precision if not self.model.runs_live else "fp32",
-                  "shares_pass": isinstance(self.group, FrozenPass)}
+                  "shares_pass": isinstance(self.group, FrozenPass),
+                  "pass": self.group.backbone.pass_layout if isinstance(self.group, FrozenPass)
+                  else "padded: its own pass (the method trains or steers the backbone)"}
         else:
             d |= {"backbone": self.group.lm_name, "decoding": self.decoding, "device": str(self.group.device),
                   "precision": "fp32", "shares_batches": self.prefix is not None}
