@@ -37,6 +37,12 @@ from .precision import AutocastModel
 
 # config.model_type → the layer layout described above (checked on the modules too, see packing_reason)
 LAYOUTS = ("bert", "roberta")
+# The packed matrix is grown with zero rows to a multiple of this many, so that its shapes come in few
+# sizes, as `--pad-multiple` does for padded batches: every new row count is a new shape for the matrix
+# kernels' per-shape caches and for the allocator, and a server's memory grew with them (bench/REPORT.md,
+# Serving: "The packed pass"). The extra rows go through the linear layers and LayerNorms (a zero row
+# stays finite) and are dropped; at most ROWS − 1 of them.
+ROWS = 64
 
 
 def _inner(runner: nn.Module) -> nn.Module:
@@ -68,31 +74,36 @@ def packing_reason(runner: nn.Module) -> str | None:
 
 
 def _attention(sa: nn.Module, x: Tensor, keep: Tensor) -> Tensor:
-    """(N, D) packed states → (N, D) attention context of one layer's self-attention module `sa`;
-    keep (B, T) bool marks the slots the N rows came from (row-major)."""
+    """(R, D) packed states (the N real tokens, then R − N filler rows) → (R, D) attention context of
+    one layer's self-attention module `sa` (0 at the filler rows); keep (B, T) bool marks the slots the
+    N rows came from (row-major)."""
     B, T = keep.shape
     H, dh = sa.num_attention_heads, sa.attention_head_size
     heads = []
     for proj in (sa.query, sa.key, sa.value):
-        y = proj(x)  # (N, H·dh)
-        slots = y.new_zeros(B, T, H * dh)
-        slots[keep] = y
-        heads.append(slots.view(B, T, H, dh).transpose(1, 2))  # (B, H, T, dh)
+        heads.append(_scatter(proj(x), keep).view(B, T, H, dh).transpose(1, 2))  # (B, H, T, dh)
     q, k, v = heads
     ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=sa.scaling)  # (B, H, T, dh)
-    return ctx.transpose(1, 2).reshape(B, T, H * dh)[keep]  # (N, H·dh)
+    return _gather(ctx.transpose(1, 2).reshape(B, T, H * dh), keep, len(x))  # (R, H·dh)
+
+
+def _gather(x: Tensor, keep: Tensor, rows: int) -> Tensor:
+    """(B, T, D) → (rows, D): the N kept slots, row-major, then rows − N zero rows."""
+    packed = x[keep]  # (N, D)
+    return F.pad(packed, (0, 0, 0, rows - len(packed)))
 
 
 def _scatter(x: Tensor, keep: Tensor) -> Tensor:
-    """(N, D) packed rows → (B, T, D) with zeros at padding."""
+    """(R, D) packed rows → (B, T, D): the first N rows at the kept slots, zeros at padding."""
     out = x.new_zeros(*keep.shape, x.shape[-1])
-    out[keep] = x
+    out[keep] = x[:int(keep.sum())]
     return out
 
 
 def _forward(model: nn.Module, input_ids: Tensor, keep: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, ...]:
     emb = model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)  # (B, T, D) as the model makes them
-    x = emb[keep]  # (N, D) the real tokens, row-major
+    n = int(keep.sum())
+    x = _gather(emb, keep, -(-n // ROWS) * ROWS)  # (R, D) the real tokens, row-major, and filler rows
     states = [emb.masked_fill(~keep[..., None], 0.0)]
     for layer in model.encoder.layer:
         att = layer.attention.output(_attention(layer.attention.self, x, keep), x)  # dense, residual, LayerNorm
