@@ -75,47 +75,43 @@ def packing_reason(runner: nn.Module) -> str | None:
     return None
 
 
-def _attention(sa: nn.Module, x: Tensor, keep: Tensor) -> Tensor:
+def _attention(sa: nn.Module, x: Tensor, keep: Tensor, slots: Tensor) -> Tensor:
     """(R, D) packed states (the N real tokens, then R − N filler rows) → (R, D) attention context of
-    one layer's self-attention module `sa` (0 at the filler rows); keep (B, T) bool marks the slots the
-    N rows came from (row-major)."""
+    one layer's self-attention module `sa` (0 at the filler rows); keep (B, T) bool marks the real
+    tokens, slots (N,) their flat (B·T) positions, row-major: where the N rows came from."""
     B, T = keep.shape
     H, dh = sa.num_attention_heads, sa.attention_head_size
-    heads = []
-    for proj in (sa.query, sa.key, sa.value):
-        heads.append(_scatter(proj(x), keep).view(B, T, H, dh).transpose(1, 2))  # (B, H, T, dh)
-    q, k, v = heads
+    q, k, v = (_scatter(proj(x), slots, (B, T)).view(B, T, H, dh).transpose(1, 2)  # (B, H, T, dh)
+               for proj in (sa.query, sa.key, sa.value))
     ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=sa.scaling)  # (B, H, T, dh)
-    return _gather(ctx.transpose(1, 2).reshape(B, T, H * dh), keep, len(x))  # (R, H·dh)
+    return _gather(ctx.transpose(1, 2).reshape(B * T, H * dh), slots, len(x))  # (R, H·dh)
 
 
-def _gather(x: Tensor, keep: Tensor, rows: int) -> Tensor:
-    """(B, T, D) → (rows, D): the N kept slots, row-major, then rows − N zero rows."""
-    packed = x[keep]  # (N, D)
-    return F.pad(packed, (0, 0, 0, rows - len(packed)))
+def _gather(x: Tensor, slots: Tensor, rows: int) -> Tensor:
+    """(B·T, D) → (rows, D): the N rows at slots, then rows − N zero rows."""
+    return F.pad(x.index_select(0, slots), (0, 0, 0, rows - len(slots)))
 
 
-def _scatter(x: Tensor, keep: Tensor) -> Tensor:
-    """(R, D) packed rows → (B, T, D): the first N rows at the kept slots, zeros at padding."""
-    out = x.new_zeros(*keep.shape, x.shape[-1])
-    out[keep] = x[:int(keep.sum())]
-    return out
+def _scatter(x: Tensor, slots: Tensor, shape: tuple[int, int]) -> Tensor:
+    """(R, D) packed rows → (B, T, D): the first N rows at their slots, zeros at padding."""
+    out = x.new_zeros(shape[0] * shape[1], x.shape[-1])
+    return out.index_copy_(0, slots, x[:len(slots)]).view(*shape, x.shape[-1])
 
 
 def _forward(model: nn.Module, input_ids: Tensor, keep: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, ...]:
     emb = model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)  # (B, T, D) as the model makes them
-    n = int(keep.sum())
-    x = _gather(emb, keep, -(-n // ROWS) * ROWS)  # (R, D) the real tokens, row-major, and filler rows
+    slots = keep.flatten().nonzero().squeeze(1)  # (N,) flat positions of the real tokens, row-major: found once
+    x = _gather(emb.flatten(0, 1), slots, -(-len(slots) // ROWS) * ROWS)  # (R, D) the real tokens and filler rows
     states = [emb.masked_fill(~keep[..., None], 0.0)]
     for layer in model.encoder.layer:
-        att = layer.attention.output(_attention(layer.attention.self, x, keep), x)  # dense, residual, LayerNorm
+        att = layer.attention.output(_attention(layer.attention.self, x, keep, slots), x)  # dense, residual, LayerNorm
         x = layer.output(layer.intermediate(att), att)  # feed-forward, residual, LayerNorm
-        states.append(_scatter(x, keep))
+        states.append(_scatter(x, slots, keep.shape))
     return tuple(states)
 
 
 def packed_hidden_states(runner: nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                           token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+                         token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
     """Every hidden state (embeddings, then one per layer), each (B, T, D), as `runner(...,
     output_hidden_states=True)` computes them at the real tokens, and 0 at padding. `runner` is a
     model or `prepare`'s result (autocast for bf16/fp16, Int8Linear layers for int8) that
