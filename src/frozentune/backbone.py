@@ -650,6 +650,7 @@ class Backbone:
         check_precision(precision, device)
         self.device, self.precision = device, precision
         self._runner = None
+        self._layout: str | None = None  # the runner's pass_layout with packing on, found once per runner
 
     @property
     def runner(self) -> nn.Module:
@@ -690,7 +691,7 @@ class Backbone:
     @property
     def packs(self) -> bool:
         """Whether `hidden_states` and `states` run packed: linear layers on the real tokens only."""
-        return self.pack and self.pass_layout == "packed"
+        return self.pass_layout == "packed"
 
     @property
     def pass_layout(self) -> str:
@@ -699,8 +700,10 @@ class Backbone:
 
         if not self.pack:
             return "padded: packing turned off"
-        why = packing_reason(self.runner)
-        return "packed" if why is None else f"padded: {why}"
+        if self._layout is None:
+            why = packing_reason(self.runner)
+            self._layout = "packed" if why is None else f"padded: {why}"
+        return self._layout
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor,
                       token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
