@@ -12,7 +12,6 @@ per-token relative difference of the last layer's states between the two (at rea
 """
 from __future__ import annotations
 
-import json
 import random
 import time
 
@@ -40,11 +39,10 @@ def largest_difference(bb, inputs: list) -> float:
 
 def main() -> None:
     from serve_load import long_texts, short_texts
-    from span_packing import parse_args
+    from span_packing import parse_args, write_rows
 
     a = parse_args(__doc__, "packed_pass.json")
     from frozentune.backbone import Backbone
-    from frozentune.extract import cpu_summary
 
     rows = []
     for precision in ("fp32", "bf16", "int8"):
@@ -74,9 +72,7 @@ def main() -> None:
             print(f"{precision:5s} {kind:20s} real tokens {row['real_token_share']:.0%}: padded {row['padded_ms']:.1f} ms, "
                   f"packed {row['packed_ms']:.1f} ms a batch, {row['speedup']:.2f}×; "
                   f"max rel. difference {row['max_rel_difference']:.1e}", flush=True)
-    a.out.write_text(json.dumps({"command": f"OMP_NUM_THREADS={a.threads} python bench/packed_pass.py",
-                                 "threads": a.threads, "cpu": cpu_summary(), "repeats": a.repeats, "rows": rows},
-                                indent=1) + "\n")
+    write_rows(a, "packed_pass.py", rows)
 
 
 if __name__ == "__main__":

@@ -98,9 +98,17 @@ def parse_args(doc: str, out: str) -> argparse.Namespace:
     return a
 
 
+def write_rows(a: argparse.Namespace, script: str, rows: list[dict]) -> None:
+    """The rows of a timing script (this one, ytuning_fold.py, packed_pass.py) to --out, with the
+    command, thread count, CPU and repeats that produced them."""
+    from frozentune.extract import cpu_summary
+
+    a.out.write_text(json.dumps({"command": f"OMP_NUM_THREADS={a.threads} python bench/{script}", "threads": a.threads,
+                                 "cpu": cpu_summary(), "repeats": a.repeats, "rows": rows}, indent=1) + "\n")
+
+
 def main() -> None:
     a = parse_args(__doc__, "span_packing.json")
-    from frozentune.extract import cpu_summary
     from frozentune.registry import create_method
     from serve_load import long_texts, short_texts
 
@@ -134,9 +142,7 @@ def main() -> None:
                   + ", ".join(f"{name} {v:.2f} ms" for name, v in ms.items())
                   + f"; default {row['speedup']:.2f}× every slot"
                   + (f", {row['speedup_over_one_shot']:.2f}× one shot" if not train else ""), flush=True)
-    a.out.write_text(json.dumps({"command": f"OMP_NUM_THREADS={a.threads} python bench/span_packing.py", "threads": a.threads,
-                                 "cpu": cpu_summary(),
-                                 "repeats": a.repeats, "rows": rows}, indent=1) + "\n")
+    write_rows(a, "span_packing.py", rows)
 
 
 if __name__ == "__main__":

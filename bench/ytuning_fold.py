@@ -14,17 +14,14 @@ interleaved with the other; best of the repeats.
 """
 from __future__ import annotations
 
-import json
-
 import torch
 
 
 def main() -> None:
     from serve_load import long_texts, short_texts
-    from span_packing import batches, parse_args, timed
+    from span_packing import batches, parse_args, timed, write_rows
 
     a = parse_args(__doc__, "ytuning_fold.json")
-    from frozentune.extract import cpu_summary
     from frozentune.registry import create_method
 
     rows = []
@@ -45,9 +42,7 @@ def main() -> None:
             rows.append(row)
             print(f"{kind:20s} {classes} classes T≈{row['mean_padded_tokens']:.0f}: training path "
                   f"{row['training_path_ms']:.2f} ms, folded {row['folded_ms']:.2f} ms, {row['speedup']:.2f}×", flush=True)
-    a.out.write_text(json.dumps({"command": f"OMP_NUM_THREADS={a.threads} python bench/ytuning_fold.py",
-                                 "threads": a.threads, "cpu": cpu_summary(), "repeats": a.repeats, "rows": rows},
-                                indent=1) + "\n")
+    write_rows(a, "ytuning_fold.py", rows)
 
 
 if __name__ == "__main__":

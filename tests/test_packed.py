@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, RobertaConfig, RobertaModel
 
-from frozentune.backbone import Backbone, LayerSpec
+from frozentune.backbone import Backbone, LayerSpec, freeze
 from frozentune.extract.packed import packed_hidden_states, packing_reason
 from frozentune.extract.precision import PRECISIONS, prepare
 from numerics import assert_close, exact
@@ -25,9 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _frozen(m: torch.nn.Module) -> torch.nn.Module:
-    m.eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
+    freeze(m)
     return m
 
 
