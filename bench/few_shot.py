@@ -173,12 +173,14 @@ def report(d: dict) -> str:
                              f"gap from {min(gaps):+.1f} to {max(gaps):+.1f} points")
     kept = [(r["data"], r["method"]) for r in rows if r["method"] in METHODS[1:] and "selection" in r
             and (r["selection"].get("fallback") or r["selection"].get("chosen_steps") == 0)]
-    if any("selection" in r for r in rows if r["method"] in METHODS[1:]):
+    if any("selection" in r for r in rows if r["method"] in METHODS[1:] and r["shots"] != "full"):
         heads = [m for m in METHODS[1:] if any(r["method"] == m for r in rows)]
         lines += ["", "Runs where the folds kept the logistic regression (of the runs in the table):", "",
                   "| data | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
         for data in dict.fromkeys(r["data"] for r in rows):
             n = {m: sum(1 for r in rows if (r["data"], r["method"]) == (data, m) and r["shots"] != "full") for m in heads}
+            if not any(n.values()):  # this dataset's runs were all on the full train set: no folds, no choice
+                continue
             lines.append(f"| {data} | " + " | ".join(f"{kept.count((data, m))} of {n[m]}" for m in heads) + " |")
     return "\n".join(lines)
 
