@@ -1,0 +1,143 @@
+"""How the few-label fallback chooses between a head and the logistic regression, scored offline.
+
+For each run (a head, a dataset, K examples per class, a seed) this records what the folds saw:
+the (k, 1 + R) held-out accuracies and the mean held-out cross-entropies of the regression
+(column 0) and of the head's R checkpoints; the test accuracy of the head refit on all of train
+(the fallback forced off); and the test accuracy of the regression, LogisticRegression(C=1) solved
+to its optimum on the head's layer (what the fallback saves, within 0-1 test predictions,
+bench/solver_check.py). Training is deterministic, so any rule that reads only the folds can then
+be scored without training again: the run's result under a rule is the regression's test accuracy
+where the rule keeps it and the head's otherwise.
+
+  OMP_NUM_THREADS=1 python bench/fallback_rules.py --methods ytuning,selfexplain,space --seeds 5,6,7 --out bench/results/fallback_rules.jsonl
+  python bench/fallback_rules.py --report --out bench/results/fallback_rules.jsonl [more.jsonl ...]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+RULES = {
+    "head always": lambda a, lr_loss, pick_loss, min_loss: False,
+    "accuracy (the default)": lambda a, lr_loss, pick_loss, min_loss: a,
+    "cross-entropy at the refit's step": lambda a, lr_loss, pick_loss, min_loss: lr_loss <= pick_loss,
+    "accuracy, or cross-entropy at the refit's step": lambda a, lr_loss, pick_loss, min_loss: a or lr_loss <= pick_loss,
+    "accuracy, or the head's lowest cross-entropy": lambda a, lr_loss, pick_loss, min_loss: a or lr_loss <= min_loss,
+    "regression always": lambda a, lr_loss, pick_loss, min_loss: True,
+}
+
+
+def study(a: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    import frozentune.crossval as cv
+    from few_shot import LAYER_OF, logistic, pooled
+    from frozentune import api
+    from frozentune.data import load_classification
+
+    seen: dict = {}
+    decide = cv.keep_regression
+
+    def record(acc, mean_loss, k=None):  # what the folds saw, and the head kept whatever they say
+        r = decide(acc, mean_loss, k)
+        seen.update(acc=acc.tolist(), mean_loss=np.asarray(mean_loss).tolist(), k=k, acc_rule=r)
+        return {**r, "keep": False}
+
+    cv.keep_regression = record
+    backbones: dict = {}
+    for method in a.methods.split(","):
+        layer = LAYER_OF.get(method, "-1")
+        if layer not in backbones:
+            backbones[layer] = api.BackboneOptions(layers=layer).load()
+        bb = backbones[layer]
+        for data in a.data.split(","):
+            for k in map(int, a.shots.split(",")):
+                for seed in map(int, a.seeds.split(",")):
+                    ds = load_classification(data, seed=seed, shots=k, carve_below=1000)
+                    sf = api.SourceFactory(bb, False, None, False, False)
+                    x = {s: pooled(sf(getattr(ds, s)), len(getattr(ds, s))) for s in ("train", "test")}
+                    y = {s: ds.label_ids(getattr(ds, s)) for s in ("train", "test")}
+                    lr_test, _ = logistic(x["train"], y["train"], x["test"], y["test"], converged=True)
+                    seen.clear()
+                    t0 = time.perf_counter()
+                    r = api.train(method, ds, bb, train_cfg={"seed": seed}, progress=False, log=lambda s: None)
+                    row = {"method": method, "data": data, "shots": k, "seed": seed,
+                           "head_test": r["metrics"]["accuracy"], "lr_test": lr_test,
+                           "chosen_steps": r["selection"].get("chosen_steps"),
+                           "seconds": time.perf_counter() - t0, **seen}
+                    with a.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(method, data, k, seed, round(row["head_test"], 1), round(lr_test, 1), flush=True)
+
+
+def decisions(r: dict) -> dict[str, bool]:
+    """Rule name → whether it keeps the regression in run r (True) or the head (False)."""
+    from frozentune.crossval import one_se
+
+    acc, loss = np.asarray(r["acc"]), np.asarray(r["mean_loss"])
+    pick = one_se(acc[:, 1:], loss[1:], k=r["k"])  # the checkpoint the head is refit to
+    return {name: bool(rule(r["acc_rule"]["keep"], loss[0], loss[1 + pick], loss[1:].min()))
+            for name, rule in RULES.items()}
+
+
+def report(rows: list[dict]) -> str:
+    cells: dict = collections.defaultdict(list)
+    for r in rows:
+        cells[(r["method"], r["data"], r["shots"])].append(r)
+    names = list(RULES)
+    lines = ["| head | data | K/class | runs | regression | " + " | ".join(names) + " |",
+             "|---|---|---:|---:|---:|" + "---:|" * len(names)]
+    gaps: dict = collections.defaultdict(list)
+    order = {m: i for i, m in enumerate(("ytuning", "selfexplain", "space"))}
+    for (method, data, k), rs in sorted(cells.items(), key=lambda c: (order.get(c[0][0], 9), c[0][0], c[0][1], c[0][2])):
+        lr = float(np.mean([r["lr_test"] for r in rs]))
+        out = []
+        for name in names:
+            v = float(np.mean([r["lr_test"] if decisions(r)[name] else r["head_test"] for r in rs]))
+            gaps[name].append(v - lr)
+            out.append(f"{v:.1f}")
+        lines.append(f"| {method} | {data} | {k} | {len(rs)} | {lr:.1f} | " + " | ".join(out) + " |")
+    lines += ["", "| rule | cells at or above the regression | worst gap | mean gap | runs that keep the regression |",
+              "|---|---:|---:|---:|---:|"]
+    for name in names:
+        g = np.asarray(gaps[name])
+        kept = sum(decisions(r)[name] for r in rows)
+        lines.append(f"| {name} | {int((g >= -1e-9).sum())} of {len(g)} | {g.min():+.1f} | {g.mean():+.2f} | {kept} of {len(rows)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="ytuning,selfexplain,space")
+    ap.add_argument("--data", default="sst2,sst5,trec")
+    ap.add_argument("--shots", default="8,16,32,64")
+    ap.add_argument("--seeds", default="5,6,7")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, nargs="+", default=[HERE / "results" / "fallback_rules.jsonl"])
+    ap.add_argument("--report", action="store_true", help="score every rule on the recorded runs (all --out files)")
+    a = ap.parse_args()
+    if a.report:
+        rows: dict = {}
+        for f in a.out:  # a run recorded twice (two processes over the same grid) counts once
+            for line in f.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    rows.setdefault((r["method"], r["data"], r["shots"], r["seed"]), r)
+        print(report(list(rows.values())))
+        return
+    a.out = a.out[0]
+    study(a)
+
+
+if __name__ == "__main__":
+    main()
