@@ -91,6 +91,7 @@ def decisions(r: dict) -> dict[str, bool]:
 
 
 def report(rows: list[dict]) -> str:
+    rows = [{**r, "keeps": decisions(r)} for r in rows]  # every rule's choice, once per run
     cells: dict = collections.defaultdict(list)
     for r in rows:
         cells[(r["method"], r["data"], r["shots"])].append(r)
@@ -103,7 +104,7 @@ def report(rows: list[dict]) -> str:
         lr = float(np.mean([r["lr_test"] for r in rs]))
         out = []
         for name in names:
-            v = float(np.mean([r["lr_test"] if decisions(r)[name] else r["head_test"] for r in rs]))
+            v = float(np.mean([r["lr_test"] if r["keeps"][name] else r["head_test"] for r in rs]))
             gaps[name].append(v - lr)
             out.append(f"{v:.1f}")
         lines.append(f"| {method} | {data} | {k} | {len(rs)} | {lr:.1f} | " + " | ".join(out) + " |")
@@ -111,7 +112,7 @@ def report(rows: list[dict]) -> str:
               "|---|---:|---:|---:|---:|"]
     for name in names:
         g = np.asarray(gaps[name])
-        kept = sum(decisions(r)[name] for r in rows)
+        kept = sum(r["keeps"][name] for r in rows)
         lines.append(f"| {name} | {int((g >= -1e-9).sum())} of {len(g)} | {g.min():+.1f} | {g.mean():+.2f} | {kept} of {len(rows)} |")
     return "\n".join(lines)
 
