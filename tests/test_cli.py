@@ -115,6 +115,31 @@ def test_bad_input_messages(capsys, argv, needle):
     assert needle in err
 
 
+@pytest.mark.parametrize("argv,field,value", [
+    (["sweep", "--data", "trec", "--layers", "-1,-3"], "layers", "-1,-3"),
+    (["sweep", "--data", "trec", "--lr", "1e-3,1e-2", "--layers", "-2"], "layers", "-2"),
+    (["train", "--method", "probe", "--data", "trec", "--layer", "-1,-3"], "layer", "-1,-3"),
+    (["cache", "trec", "--layer", "-3,-1"], "layer", "-3,-1"),
+    (["train", "--method", "probe", "--data", "trec", "--layer", "-1"], "layer", "-1"),
+    (["predict", "--model", "m", "-1,-2.5"], "texts", ["-1,-2.5"]),
+])
+def test_comma_lists_of_negative_numbers_are_values(argv, field, value):
+    # The README's sweep command (`--layers -1,-3`) was refused by argparse as an unknown option.
+    from frozentune.cli import _parser
+
+    a, rest = _parser().parse_known_args(argv)
+    assert getattr(a, field) == value and rest == []
+
+
+def test_readme_sweep_layers_run_end_to_end(capsys, tiny_bert, trec_slice, tmp_path):
+    code, _, err = run(capsys, "sweep", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16,
+                       "--methods", "probe", "--layers", "-1,-2", "--shots", 2, "--seeds", 0,
+                       "--output", tmp_path / "sw", "--cache-dir", tmp_path / "c")
+    assert code == 0, err
+    rows = json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]
+    assert sorted({str(r["layer"]) for r in rows}) == ["-1", "-2"]
+
+
 def test_console_script_runs():
     exe = __import__("shutil").which("frozentune") or str(__import__("pathlib").Path(sys.executable).parent / "frozentune")
     proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -38,7 +39,19 @@ class CLIError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line usage error (the usage itself is one `--help` away)."""
+    """argparse with a one-line usage error (the usage itself is one `--help` away), and comma lists
+    of negative numbers taken as values: `--layers -1,-3` is a value, where Python 3.10-3.12's
+    argparse took any "-1,-3" for an unknown option and refused the README's own command. No option
+    here is spelled like a number, so nothing that is meant as an option is read as a value."""
+
+    # argparse reads an argument as a value, not an option, when this matches it (and the parser
+    # has no option that looks like a number). The stock pattern takes "-1" and "-.5" only, and
+    # argparse sets it on each parser in __init__, so it is replaced there.
+    _NUMBER_LIST = re.compile(r"^-(\d+(\.\d*)?|\.\d+)([,:]-?(\d+(\.\d*)?|\.\d+))*$")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = self._NUMBER_LIST
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
