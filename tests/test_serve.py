@@ -454,6 +454,7 @@ def test_page_in_headless_chromium(server, tmp_path):
         assert f'data-task="{name}"' in dom, f"no card for {name}"
     assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
     assert "predicts <b>" in dom and "generation prefixes" in dom
+    assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
 
 
 def render_page(url: str, tmp_path: Path, shot_name: str, window: str) -> str:

@@ -125,3 +125,21 @@ def test_bad_options():
         create_method("ytuning", 32, 2, {"dim": 30, "heads": 4})
     with pytest.raises(MethodError, match="at least 1"):
         create_method("ytuning", 32, 2, {"k": 0})
+
+
+def test_explanation_ranks_the_texts_tokens_and_states_the_special_tokens_share():
+    from frozentune.head import Output, TokenView
+
+    head, _ = create_method("ytuning", 32, 2, {})
+    text = "who wrote it"
+    view = TokenView(text, ["[CLS]", "who", "wrote", "it", "[SEP]"], [(0, 0), (0, 3), (4, 9), (10, 12), (0, 0)],
+                     [None, 0, 1, 2, None])
+    # [CLS] and [SEP] carry most of the attention, as on a trained head; the text's tokens the rest
+    attn = torch.tensor([[[0.50, 0.05, 0.20, 0.10, 0.15], [0.30, 0.30, 0.05, 0.05, 0.30]]])  # (1, C, T)
+    ex = head.explain(Output(torch.zeros(1, 2), {"label_attention": attn}), view, ["a", "b"], top=2)
+    assert [t["text"] for t in ex.data["attention"]["a"]] == ["wrote", "it"]
+    assert [t["text"] for t in ex.data["attention"]["b"]] == ["who", "wrote"] or \
+        [t["text"] for t in ex.data["attention"]["b"]] == ["who", "it"]  # 0.05 twice: either order
+    assert ex.data["attention"]["a"][0] == {"text": "wrote", "start": 4, "end": 9, "weight": 0.2}
+    assert ex.data["special_tokens"] == {"a": pytest.approx(0.65, abs=1e-6), "b": pytest.approx(0.60, abs=1e-6)}
+    assert "special tokens 0.65" in ex.lines[0] and "[CLS]" not in ex.lines[0]

@@ -68,6 +68,12 @@ class TokenView:
             return None
         return self.offsets[real[0]][0], self.offsets[real[-1]][1]
 
+    def text_pieces(self) -> list[int]:
+        """Indices of the pieces that have characters in the text (special tokens left out); every
+        piece when none has."""
+        real = [t for t, (s, e) in enumerate(self.offsets) if e > s]
+        return real or list(range(len(self.pieces)))
+
     def _first_real(self, i: int, j: int) -> int:
         """The first piece of i..j (grown to whole words) that has characters; i when none has."""
         i, j = self.widen(i, j)

@@ -104,7 +104,7 @@ class SpaceHead(Head):
         token's word and its character range [start, end) in the text)."""
         k = out.extras["centroids"][0]  # (n, m)
         scores = out.extras["token_scores"][0, :, :len(tokens.pieces)]  # (n, T)
-        real = [t for t, (s, e) in enumerate(tokens.offsets) if e > s] or list(range(len(tokens.pieces)))
+        real = tokens.text_pieces()
         data, lines = {}, []
         for i, lab in enumerate(labels):
             w, j = scores[i, real].topk(min(top, len(real)))
