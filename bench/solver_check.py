@@ -62,15 +62,23 @@ class PooledBatch:
 
 
 class Linear(torch.nn.Module):
-    """The probe's convex part alone, as fit_convex sees a model: .labels, and .logits of forward."""
+    """The probe's convex part alone, as fit_convex sees a model: .labels, .features of a batch, and a
+    .head with .convex_inputs and the linear layer .out (here the model is its own head)."""
 
     def __init__(self, dim: int, classes: int):
         super().__init__()
         self.out = torch.nn.Linear(dim, classes)
         self.labels = list(range(classes))
 
-    def forward(self, b: PooledBatch):
-        return type("Output", (), {"logits": self.out(b.x)})()
+    @property
+    def head(self) -> "Linear":
+        return self
+
+    def features(self, b: PooledBatch) -> torch.Tensor:
+        return b.x
+
+    def convex_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 def main() -> None:

@@ -204,7 +204,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     val_src, y_val = src.get("validation"), y.get("validation")
     if may_cv and len(ds.train) < cfg.cv_below:
         log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: {cfg.cv_folds}-fold "
-            f"cross-validation on train picks the number of steps"
+            f"cross-validation on train picks "
+            + ("the L2 strength C of the exact solve (convex head)" if getattr(model.head, "convex", False)
+               else "the number of steps")
             + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
         fallback = None
         if cfg.fallback == "auto" and not getattr(model.head, "convex", False) and get_method(method).encoder is None:

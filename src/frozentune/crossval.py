@@ -17,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from .model import Batch, Classifier, Source
 from .train import FitResult, Schedule, TrainConfig, fit, plan_steps, scored, silent
@@ -202,29 +205,44 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     return model, fitted, info
 
 
+def convex_inputs(model: Classifier, src: Source, chunk: int = 512) -> "torch.Tensor":
+    """(N, D) what a convex head's linear layer reads (head.convex_inputs) for every row of src, in
+    chunks of `chunk` rows: computed once, so that a solve never re-reads the token states."""
+    import torch
+
+    device = next(model.parameters()).device
+    rows = np.arange(len(src))
+    with torch.no_grad():
+        return torch.cat([model.head.convex_inputs(model.features(src.batch(rows[i:i + chunk]).to(device)))
+                          for i in range(0, len(rows), chunk)])
+
+
 def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter: int = 500) -> None:
     """Solve a convex head in place: scikit-learn's LogisticRegression(C=c) objective divided by N,
-    mean cross-entropy + penalty·||W||²/(2·c·N) over its matrices (biases unpenalised), by
-    full-batch L-BFGS with a strong Wolfe line search.
+    mean cross-entropy + penalty·||W||²/(2·c·N) over its linear layer's weight (bias unpenalised),
+    by full-batch L-BFGS with a strong Wolfe line search, on the head's inputs computed once
+    (convex_inputs): each of the solver's evaluations is then one (N, D) × (D, C) product.
 
     penalty is 1, except for two classes, where scikit-learn fits one weight vector w on the logit
     difference: the softmax's rows at its optimum are w₁ = −w₂ = w/2, whose squared norms add up to
     ||w||²/2, so the penalty is doubled there and both solve the same problem."""
     import torch
 
-    device = next(model.parameters()).device
-    batch = src.batch(np.arange(len(src))).to(device)
-    y_t = torch.from_numpy(np.asarray(y)).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    layer = model.head.out  # the only trained part of a convex head
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
+    if trained != {id(layer.weight), id(layer.bias)}:
+        raise ValueError("fit_convex solves a head whose only trained parameters are its linear layer `out`")
+    x = convex_inputs(model, src)  # (N, D)
+    y_t = torch.from_numpy(np.asarray(y)).to(x.device)
     penalty = 2.0 if len(model.labels) == 2 else 1.0
-    opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
+    opt = torch.optim.LBFGS([layer.weight, layer.bias], lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
                             tolerance_change=1e-10, line_search_fn="strong_wolfe")
     model.train()
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(batch).logits, y_t)
-        loss = loss + penalty * sum((p * p).sum() for p in params if p.ndim >= 2) / (2 * c * len(y))
+        loss = torch.nn.functional.cross_entropy(layer(x), y_t)
+        loss = loss + penalty * (layer.weight * layer.weight).sum() / (2 * c * len(y))
         loss.backward()
         return loss
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..generation import ByArchitecture, LMFinetuner
 from ..seq2seq import Seq2SeqFinetuner
@@ -42,14 +42,18 @@ class LinearHead(Head):
         super().__init__()
         self.cfg = cfg
         # logits linear in the weights: cross-entropy is convex, so few-label runs solve it exactly
-        # (crossval.fit_convex_cv); a trained backbone or dropout makes it otherwise
+        # (crossval.fit_convex_cv: self.out on convex_inputs); a trained backbone or dropout makes it otherwise
         self.convex = not cfg.train_backbone and cfg.dropout == 0
         self.drop = nn.Dropout(cfg.dropout)
         self.out = nn.Linear(dim, num_labels)
 
+    def convex_inputs(self, f: Features) -> Tensor:
+        """(B, D) the pooled vector the linear layer reads: fixed for a convex head, so a solver
+        computes it once (crossval.fit_convex)."""
+        return masked_mean(f.hidden, f.mask) if self.cfg.pooling == "mean" else f.hidden[:, 0]
+
     def forward(self, f: Features) -> Output:
-        pooled = masked_mean(f.hidden, f.mask) if self.cfg.pooling == "mean" else f.hidden[:, 0]  # (B, D)
-        return Output(self.out(self.drop(pooled)))  # (B, C)
+        return Output(self.out(self.drop(self.convex_inputs(f))))  # (B, C)
 
 
 register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] frozen states",
