@@ -70,6 +70,22 @@ def test_a_sixteen_example_set_gets_the_floor(tiny_bert):
     assert sum(len(h["step_losses"]) for h in r.history) == 40
 
 
+def test_a_long_round_says_where_it_is_and_trains_the_same(tiny_bert, monkeypatch):
+    from frozentune import train as T
+
+    src, y = _toy(8, dim=32)
+    cfg = TrainConfig(batch_size=4, epochs=2, min_steps=0)  # 16 examples: 4 steps an epoch
+    quiet = fit(_classifier(tiny_bert, ["a", "b"])(), src, y, None, None, cfg, log=lambda s: None)
+    monkeypatch.setattr(T, "PROGRESS_EVERY_S", 0.0)  # every step is "long"
+    lines: list[str] = []
+    loud = fit(_classifier(tiny_bert, ["a", "b"])(), src, y, None, None, cfg, log=lines.append)
+    progress = [line for line in lines if "of this epoch" in line]
+    assert len(progress) == 2 * 3  # each step but an epoch's last, which the epoch's own line reports
+    assert progress[0].startswith("epoch   1/2  step 1/4 of this epoch  loss so far ")
+    assert "min to its end" in progress[-1]
+    assert [h["step_losses"] for h in loud.history] == [h["step_losses"] for h in quiet.history]
+
+
 def test_folds_are_stratified_seeded_and_disjoint():
     y = np.repeat(np.arange(3), [10, 7, 5])
     f = crossval.folds(y, 5, seed=3)

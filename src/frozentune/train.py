@@ -36,6 +36,10 @@ from .model import Classifier, Source
 MIN_STEPS = 200
 CV_BELOW = 1000
 
+# A round (epoch) that runs longer than this says where it is every this many seconds: a prefix on
+# SmolLM2 spends about 5 minutes an epoch on one CPU thread, which was 5 minutes without a line.
+PROGRESS_EVERY_S = 60.0
+
 
 @dataclass
 class TrainConfig:
@@ -296,7 +300,8 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
         module.train()
         loss_sum, n, steps = 0.0, 0, []
         done = bounds[rnd - 2] if rnd > 1 else 0
-        for _ in range(bounds[rnd - 1] - done):
+        todo, said = bounds[rnd - 1] - done, t0
+        for _ in range(todo):
             interrupts.check()  # a SIGTERM whose first raise was swallowed (interrupts.py) ends the run here
             idx = next(draw)
             if world == 1:
@@ -310,6 +315,9 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
             steps.append(loss)
             loss_sum += loss * len(idx)
             n += len(idx)
+            if (now := time.perf_counter()) - said >= PROGRESS_EVERY_S and len(steps) < todo:
+                said = now
+                log(progress_line(rnd, rounds, by_epoch, len(steps), todo, loss_sum / n, now - t0))
         epoch_s = time.perf_counter() - t0
         module.eval()
         if world == 1:
@@ -338,6 +346,15 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
     if best_state is not None:
         module.load_state_dict(best_state, strict=False)
     return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
+
+
+def progress_line(rnd: int, rounds: int, by_epoch: bool, done: int, todo: int, loss: float, seconds: float) -> str:
+    """Where a long round is: its steps done of `todo`, the mean training loss so far, and the time
+    its remaining steps will take at the rate so far."""
+    where = f"epoch {rnd:>3}/{rounds}" if by_epoch else f"round {rnd}/{rounds}"
+    left = seconds / done * (todo - done)
+    return (f"{where}  step {done}/{todo} of this {'epoch' if by_epoch else 'round'}  loss so far {loss:.4f}  "
+            f"{seconds / done:.2f}s a step, about {left / 60:.1f} min to its end")
 
 
 def silent(line: str) -> None:
