@@ -135,6 +135,9 @@ def test_train_generate_roundtrip(method, extra, tiny_lm, e2e_slice, tmp_path, c
     out = tmp_path / method
     r = _train(tiny_lm, e2e_slice, out, "--method", method, *extra)
     assert r["task"] == "generation" and r["sizes"] == {"train": 24, "validation": 8, "test": 6}
+    # 24 pairs, batch 8, 2 epochs: 6 steps, said before training; no step floor in generation
+    assert "schedule: 6 steps (2 epochs of 3); early stopping on the loss of 8 validation pairs" in capsys.readouterr().out
+    assert r["config"]["train"]["min_steps"] == 0
     for k in ("bleu", "chrf", "rouge_l"):
         assert 0.0 <= r["metrics"][k] <= 100.0
     assert r["train_seconds"] > 0 and r["decode_seconds"] > 0 and r["peak_rss_mb"] > 0

@@ -222,8 +222,9 @@ def mean_loss(tuner: nn.Module, sources: list[list[int]], targets: list[list[int
 
 
 def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[[str], None] = print):
-    """train.fit_loop on the target-token loss; early stopping on the validation loss."""
-    from .train import fit_loop
+    """train.fit_loop on the target-token loss; early stopping on the validation loss. The schedule
+    (train.plan_steps) is said in one line before training."""
+    from .train import fit_loop, plan_steps
 
     src, tgt = encode_pairs(tuner, splits.train)
     vsrc, vtgt = encode_pairs(tuner, splits.validation)
@@ -235,7 +236,10 @@ def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[
     def validate() -> dict[str, float]:
         return {"loss": mean_loss(tuner, vsrc, vtgt, cfg.eval_batch_size)}
 
-    return fit_loop(tuner, lengths, batch_loss, validate, lambda m: -m["loss"], cfg, log)
+    plan = plan_steps(len(lengths), cfg)
+    log(f"schedule: {plan.why}; early stopping on the loss of {len(splits.validation)} validation pairs "
+        f"(--patience {cfg.patience})")
+    return fit_loop(tuner, lengths, batch_loss, validate, lambda m: -m["loss"], cfg, log, plan)
 
 
 def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_new_tokens: int = 64,

@@ -64,6 +64,7 @@ register_method("probe", ProbeConfig, "linear layer on mean-pooled or [CLS] froz
                  "on generation data the LM itself, causal or encoder-decoder (all or top_layers of it)",
                  train_defaults={"lr": 5e-5, "epochs": 3, "batch_size": 32, "patience": 2},
                  generator=ByArchitecture(LMFinetuner, Seq2SeqFinetuner),
-                 generation_defaults={"lr": 5e-5, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32})
+                 generation_defaults={"lr": 5e-5, "epochs": 5, "batch_size": 8, "patience": 2, "eval_batch_size": 32,
+                                      "min_steps": 0})  # no step floor in generation: see prefix's registration
 class FinetuneHead(LinearHead):
     """Linear head whose backbone is trained too (see `train_backbone`)."""
