@@ -162,6 +162,21 @@ def test_train_generate_roundtrip(method, extra, tiny_lm, e2e_slice, tmp_path, c
     assert ev["n"] == 6 and ev["metrics"] == r["metrics"]  # exact: the same model decodes the same batches
 
 
+def test_a_long_decode_says_how_far_it_is(tiny_lm, e2e_slice, tmp_path, monkeypatch):
+    from frozentune import train as T
+
+    out = tmp_path / "p"
+    _train(tiny_lm, e2e_slice, out, "--method", "prefix", "--prefix-length", "3")
+    tuner, tok, _ = G.load_tuner(out)
+    sources = G.read_sources(e2e_slice / "test.jsonl")  # 6
+    quiet = G.decode(tuner, tok, sources, 1, 8, batch_size=2)
+    monkeypatch.setattr(T, "PROGRESS_EVERY_S", 0.0)  # every batch is "long"
+    lines: list[str] = []
+    assert G.decode(tuner, tok, sources, 1, 8, batch_size=2, log=lines.append) == quiet
+    assert len(lines) == 2  # after batches 1 and 2 of 3; the last is the end
+    assert lines[0].startswith("decoding: 2/6 sources (1 beam), ") and "min left" in lines[0]
+
+
 def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys):
     out = tmp_path / "w"
     rc = main(["train", "--method", "prefix", "--prefix-length", "2", "--data", "webnlg", "--backbone", str(tiny_lm),

@@ -346,7 +346,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     if is_generation_model(a.model):
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
-                                             source_field=a.source_field, target_field=a.target_field),
+                                             source_field=a.source_field, target_field=a.target_field,
+                                             log=api._stderr),
                          indent=2, allow_nan=False))
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -243,18 +244,27 @@ def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[
 
 
 def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_new_tokens: int = 64,
-           batch_size: int = 32) -> list[str]:
-    """Generated text for each source, batched by source length (outputs in input order)."""
+           batch_size: int = 32, log: Callable[[str], None] | None = None) -> list[str]:
+    """Generated text for each source, batched by source length (outputs in input order). `log`:
+    where a decode longer than train.PROGRESS_EVERY_S says how far it is, that often."""
+    from . import train
+
     tuner.eval()
     ids = tuner.encode_sources(sources)
     order = np.argsort([len(x) for x in ids], kind="stable")
     out: list[str] = [""] * len(ids)
     step = max(1, batch_size // max(num_beams, 1))
+    t0 = said = time.perf_counter()
     for s in range(0, len(order), step):
         chunk = order[s:s + step]
         rows = tuner.generate([ids[i] for i in chunk], max_new_tokens=max_new_tokens, num_beams=num_beams)
         for i, row in zip(chunk, rows):
             out[i] = tok.decode(row, skip_special_tokens=True).strip()
+        done = s + len(chunk)
+        if log is not None and done < len(order) and (now := time.perf_counter()) - said >= train.PROGRESS_EVERY_S:
+            said, each = now, (now - t0) / done
+            log(f"decoding: {done}/{len(order)} sources ({num_beams} beam{'s' if num_beams > 1 else ''}), "
+                f"{each:.2f}s a source; the longest come last, so more than {each * (len(order) - done) / 60:.1f} min left")
     return out
 
 
@@ -375,8 +385,6 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                      fields: tuple[str | None, str | None] = (None, None)) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
-    import time
-
     from .api import peak_rss_mb, train_config
     from .backbone import load_generation_lm
     from .distributed import read_launch
@@ -417,7 +425,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     saved_params = sum(v.numel() for v in tuner.trainable_state().values())
     t0 = time.perf_counter()
     hyps = decode(tuner, tok, [ex.source for ex in splits.test], decoding.num_beams, decoding.max_new_tokens,
-                  decoding.batch_size)
+                  decoding.batch_size, log)
     decode_seconds = time.perf_counter() - t0
     metrics = grouped_scores(hyps, splits.test)
     result = {
@@ -474,7 +482,8 @@ def is_generation_model(folder: Path) -> bool:
 
 def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_test: int | None = None,
                         num_beams: int | None = None, max_new_tokens: int | None = None,
-                        source_field: str | None = None, target_field: str | None = None) -> dict:
+                        source_field: str | None = None, target_field: str | None = None,
+                        log: Callable[[str], None] | None = None) -> dict:
     """BLEU / chrF / ROUGE-L of a saved generation model on a split of a data-to-text dataset.
     `max_test`: a seeded sample; on the test split the one its training run scored when given the
     same number (the same seed and draws), so `eval` repeats the run's figures."""
@@ -489,7 +498,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     else:
         examples = _sample(load_generation(data, split, *fields), max_test, np.random.default_rng(0))
     hyps = decode(tuner, tok, [ex.source for ex in examples], num_beams or d.num_beams,
-                  max_new_tokens or d.max_new_tokens, d.batch_size)
+                  max_new_tokens or d.max_new_tokens, d.batch_size, log)
     metrics = grouped_scores(hyps, examples)
     return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
             "metrics_by_group": metrics}
