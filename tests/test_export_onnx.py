@@ -159,3 +159,21 @@ def test_export_traces_every_span_slot_and_restores_the_head():
     with pytest.raises(RuntimeError), every_slot(graph):
         raise RuntimeError("export failed")
     assert not head.every_slot
+
+
+def test_the_exporters_noise_is_quieted_and_restored():
+    """torch.onnx's "torchvision is not installed" and onnxscript's "Skipping constant folding"
+    warnings (4 + 4 lines on a MiniLM export) say nothing about the user's graph: their loggers sit at
+    ERROR during the export and get their levels back after. The names are the libraries' own."""
+    import importlib
+    import logging
+
+    from frozentune.export import onnx as X
+
+    for name in X.QUIET_LOGGERS:  # a renamed module would leave its warnings loud again
+        assert importlib.import_module(name).logger.name == name
+    loggers = [logging.getLogger(n) for n in X.QUIET_LOGGERS]
+    before = [lg.level for lg in loggers]
+    with X.quiet_loggers():
+        assert all(not lg.isEnabledFor(logging.WARNING) and lg.isEnabledFor(logging.ERROR) for lg in loggers)
+    assert [lg.level for lg in loggers] == before

@@ -238,13 +238,34 @@ def every_slot(graph: Graph):
             h.every_slot = b
 
 
+# Loggers whose warnings say nothing about the user's graph: torch.onnx registering torchvision's ops
+# (never used here) when torchvision is absent, and onnxscript's optimiser passing over Split nodes.
+QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript.optimizer._constant_folding")
+
+
+@contextmanager
+def quiet_loggers(names: Sequence[str] = QUIET_LOGGERS):
+    """Those loggers at ERROR while the export runs, restored after."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _export(graph: Graph, bb, path: Path) -> None:
     """torch.onnx (dynamo) with dynamic batch and token dimensions."""
     ids, mask, types = example_inputs(bb, graph.sep is not None, *TRACE_SHAPE)
     batch = torch.export.Dim("batch", min=1)
     tokens = torch.export.Dim("tokens", min=graph.min_tokens, max=max(bb.max_length, graph.min_tokens + 1))
     args = (ids, mask) + ((types,) if graph.types else ())
-    with warnings.catch_warnings(), torch.no_grad(), every_slot(graph):
+    with warnings.catch_warnings(), torch.no_grad(), every_slot(graph), quiet_loggers():
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(graph, args, str(path), dynamo=True, opset_version=OPSET, verbose=False,
