@@ -203,13 +203,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
     val_src, y_val = src.get("validation"), y.get("validation")
     if may_cv and len(ds.train) < cfg.cv_below:
+        convex = getattr(model.head, "convex", False)
         log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: {cfg.cv_folds}-fold "
             f"cross-validation on train picks "
-            + ("the L2 strength C of the exact solve (convex head)" if getattr(model.head, "convex", False)
-               else "the number of steps")
+            + ("the L2 strength C of the exact solve (convex head)" if convex else "the number of steps")
             + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
         fallback = None
-        if cfg.fallback == "auto" and not getattr(model.head, "convex", False) and get_method(method).encoder is None:
+        if cfg.fallback == "auto" and not convex and get_method(method).encoder is None:
             fallback = lambda: M.build_classifier("probe", bb, ds.labels, seed=cfg.seed)  # noqa: E731
             log("few labels: the folds also score a logistic regression on the same states (a probe), and the run "
                 "keeps it instead of the head where the head does no better on them (--fallback off: the head)")

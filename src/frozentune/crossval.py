@@ -160,9 +160,10 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     t0 = time.perf_counter()
     if k >= 2:
         acc, loss, regression = [], [], fallback is not None
+        x_lr = convex_inputs(fallback().to(cfg.device), train) if regression else None  # type: ignore[misc]
         for i, (tr, held) in enumerate(repeated_folds(y, k, cfg.seed, cfg.cv_repeats)):
             # the logistic regression on this fold: the first, simplest candidate
-            lr = [convex_fold(fallback, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
+            lr = [convex_fold(fallback, x_lr, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
             model = build()
             r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, silent, plan, select=False)
             acc.append([m["accuracy"] for m in lr] + [h["val_accuracy"] for h in r.history])
@@ -192,7 +193,7 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         if fell_back:
             log("cross-validation: the head is not clearly better, so the model is that regression, saved as a probe "
                 "(--fallback off trains the head whatever the folds say)")
-            model, fitted = convex_refit(fallback, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
+            model, fitted = convex_refit(fallback, x_lr, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
             info |= {"fallback": model.method, "C": C_DEFAULT}
             return model, fitted, info
     else:
@@ -218,10 +219,15 @@ def convex_inputs(model: Classifier, src: Source, chunk: int = 512) -> "torch.Te
 
 
 def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter: int = 500) -> None:
-    """Solve a convex head in place: scikit-learn's LogisticRegression(C=c) objective divided by N,
-    mean cross-entropy + penalty·||W||²/(2·c·N) over its linear layer's weight (bias unpenalised),
-    by full-batch L-BFGS with a strong Wolfe line search, on the head's inputs computed once
-    (convex_inputs): each of the solver's evaluations is then one (N, D) × (D, C) product.
+    """solve_convex on the head's inputs for the rows of src (convex_inputs)."""
+    solve_convex(model, convex_inputs(model, src), y, c, max_iter)
+
+
+def solve_convex(model: Classifier, x: "torch.Tensor", y: np.ndarray, c: float, max_iter: int = 500) -> None:
+    """Solve a convex head in place on its inputs x (N, D) (convex_inputs of the N training rows):
+    scikit-learn's LogisticRegression(C=c) objective divided by N, mean cross-entropy +
+    penalty·||W||²/(2·c·N) over its linear layer's weight (bias unpenalised), by full-batch L-BFGS
+    with a strong Wolfe line search; each of the solver's evaluations is one (N, D) × (D, C) product.
 
     penalty is 1, except for two classes, where scikit-learn fits one weight vector w on the logit
     difference: the softmax's rows at its optimum are w₁ = −w₂ = w/2, whose squared norms add up to
@@ -231,13 +237,11 @@ def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter
     layer = model.head.out  # the only trained part of a convex head
     trained = {id(p) for p in model.parameters() if p.requires_grad}
     if trained != {id(layer.weight), id(layer.bias)}:
-        raise ValueError("fit_convex solves a head whose only trained parameters are its linear layer `out`")
-    x = convex_inputs(model, src)  # (N, D)
+        raise ValueError("solve_convex solves a head whose only trained parameters are its linear layer `out`")
     y_t = torch.from_numpy(np.asarray(y)).to(x.device)
     penalty = 2.0 if len(model.labels) == 2 else 1.0
     opt = torch.optim.LBFGS([layer.weight, layer.bias], lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
                             tolerance_change=1e-10, line_search_fn="strong_wolfe")
-    model.train()
 
     def closure():
         opt.zero_grad()
@@ -258,13 +262,14 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
     t0 = time.perf_counter()
     info: dict = {"how": "cross-validation", "solver": "lbfgs", "folds": k, "note": note, "grid": list(C_GRID)}
     chosen = C_DEFAULT
+    x = convex_inputs(build().to(cfg.device), train)  # (N, D) once: every fold, C and the refit read rows of it
     if k >= 2:
         splits = repeated_folds(y, k, cfg.seed, cfg.cv_repeats)
         acc = np.zeros((len(splits), len(C_GRID)))
         loss = np.zeros_like(acc)
         for i, (tr, held) in enumerate(splits):
             for j, c in enumerate(C_GRID):
-                m = convex_fold(build, train, y, tr, held, c, cfg)
+                m = convex_fold(build, x, train, y, tr, held, c, cfg)
                 acc[i, j], loss[i, j] = m["accuracy"], m["loss"]
         mean_acc, mean_loss = acc.mean(0), loss.mean(0)
         pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT), k=k)
@@ -274,26 +279,29 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
             + " ".join(f"C={c:g}:{a:.1f}" for c, a in zip(C_GRID, mean_acc)) + f"; refit on all {len(y)} with C={chosen:g}")
     else:
         log(f"cross-validation: none possible; L-BFGS with C={chosen:g} (scikit-learn's default)")
-    model, fitted = convex_refit(build, train, y, val, y_val, chosen, cfg, t0)
+    model, fitted = convex_refit(build, x, train, y, val, y_val, chosen, cfg, t0)
     info |= {"C": chosen, "seconds": fitted.train_seconds}
     return model, fitted, info
 
 
-def convex_fold(build: Callable[[], Classifier], train: Source, y: np.ndarray, tr: np.ndarray, held: np.ndarray,
-                c: float, cfg: TrainConfig) -> dict[str, float]:
-    """A fresh convex head solved (fit_convex, strength c) on rows `tr` and scored on rows `held`."""
+def convex_fold(build: Callable[[], Classifier], x: "torch.Tensor", train: Source, y: np.ndarray, tr: np.ndarray,
+                held: np.ndarray, c: float, cfg: TrainConfig) -> dict[str, float]:
+    """A fresh convex head solved (solve_convex, strength c) on rows `tr` of x, the head's inputs for
+    train's rows, and scored on rows `held` of train."""
     model = build().to(cfg.device)
-    fit_convex(model, Subset(train, tr), y[tr], c)
+    solve_convex(model, x[tr], y[tr], c)
     return scored(model, Subset(train, held), y[held], cfg.eval_batch_size)
 
 
-def convex_refit(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
-                 y_val: np.ndarray | None, c: float, cfg: TrainConfig, t0: float) -> tuple[Classifier, FitResult]:
-    """A fresh convex head solved on all of train, and its FitResult: one round at step 0 with the
-    validation metrics (when `val` is given); train_seconds counted from t0 (the cross-validation's start)."""
+def convex_refit(build: Callable[[], Classifier], x: "torch.Tensor", train: Source, y: np.ndarray,
+                 val: Source | None, y_val: np.ndarray | None, c: float, cfg: TrainConfig, t0: float
+                 ) -> tuple[Classifier, FitResult]:
+    """A fresh convex head solved on all of train (x: its inputs for train's rows), and its FitResult:
+    one round at step 0 with the validation metrics (when `val` is given); train_seconds counted from
+    t0 (the cross-validation's start)."""
     model = build().to(cfg.device)
     t1 = time.perf_counter()
-    fit_convex(model, train, y, c)
+    solve_convex(model, x, y, c)
     val_m = scored(model, val, y_val, cfg.eval_batch_size) if val is not None else {}
     row = {"epoch": 1, "step": 0, **{f"val_{k_}": v for k_, v in val_m.items()}, "epoch_seconds": time.perf_counter() - t1}
     return model, FitResult([row], 1, time.perf_counter() - t0, False)
