@@ -73,6 +73,34 @@ def test_inference_folds_keys_and_values_into_the_labels(options):
     assert (folded.extras["label_attention"][~f.mask[:, None, :].expand(-1, 3, -1)] == 0).all()  # exact: exp(−inf)
 
 
+def test_inference_remakes_what_it_keeps_when_the_weights_change():
+    """Inference keeps the weight-only part of the label encoder (block 1's label side, the folded maps:
+    YTuningHead.folded) between calls, and makes it again when a parameter changes in place (an
+    optimiser step, load_state_dict) or is replaced: its scores always equal the training path's."""
+    head, _ = create_method("ytuning", 32, 3, {"dim": 16})
+    head.eval()
+    f = feats()
+    with torch.no_grad():
+        head(f)
+        kept = head.folded()
+        assert head.folded() is kept  # no change: reused, not remade
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # in place, as an optimiser step
+        stepped = head(f)
+    assert head.folded() is not kept
+    assert_close(stepped.logits, head(f).logits, ops=head_ops(7), what="scores after an in-place change")
+    other, _ = create_method("ytuning", 32, 3, {"dim": 16})
+    head.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        loaded = head(f)
+    assert_close(loaded.logits, head(f).logits, ops=head_ops(7), what="scores after load_state_dict")
+    head.labels = torch.nn.Parameter(torch.randn_like(head.labels))  # replaced, not changed in place
+    with torch.no_grad():
+        replaced = head(f)
+    assert_close(replaced.logits, head(f).logits, ops=head_ops(7), what="scores after a replaced parameter")
+    assert_differs(replaced.logits, loaded.logits, ops=head_ops(7), what="new label vectors change the scores")
+
+
 def test_explanation_is_a_distribution_over_real_tokens():
     head, _ = create_method("ytuning", 32, 4, {"k": 2})
     head.eval()

@@ -7,9 +7,10 @@ scores class c as s_c = h_T · h_c (h_c pools its k outputs); training uses cros
 (default: better validation accuracy on SST-5 and TREC, bench/REPORT.md) or the paper's margin loss
 L = Σ_{c≠c*} [s_c − s_{c*} + α]_+; prediction is argmax_c s_c.
 
-Inference (eval, no autograd) never forms the tokens' cross-attention keys and values: W_k and W_v
-fold into the label side (folded_cross_attention), the same scores and attention within float32
-rounding; 1.3-1.9× faster than the training path (bench/ytuning_fold.py).
+Inference (eval, no autograd) never projects the tokens or forms their cross-attention keys and
+values: P, W_k and W_v fold into the label side (folded_cross_attention), and block 1's self-attention
+over the label vectors, which no input reaches, is made once from the weights (YTuningHead.folded).
+The same scores and attention within float32 rounding (bench/ytuning_fold.py measures the speed).
 
 Legend: B batch, T tokens, Dx backbone width, D label-encoder width, C classes, k vectors per
 class, N = 1 + C·k label vectors, h attention heads.
@@ -17,6 +18,7 @@ class, N = 1 + C·k label vectors, h attention heads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,29 +48,51 @@ class YTuningConfig(MethodConfig):
             raise ValueError("ytuning: layers, k and heads must be at least 1")
 
 
-def folded_cross_attention(attn: nn.MultiheadAttention, y: Tensor, x: Tensor, pad: Tensor) -> tuple[Tensor, Tensor]:
-    """attn(y, x, x) of the N label vectors into the T tokens without the tokens' keys and values: a
-    key's score q_h·(W_k,h x_t + b_k,h) is (W_k,hᵀ q_h)·x_t plus q_h·b_k,h, a shift of the whole row
-    that the softmax ignores; a head's value Σ_t a_t (W_v,h x_t + b_v,h) is W_v,h (Σ_t a_t x_t) + b_v,h
-    (the weights a_t sum to 1). Per token 2·N·D products instead of 2·D² (N label vectors against
-    D = 128 at the defaults). y (B, N, D), x (B, T, D), pad (B, T) True on padding → (B, N, D) output,
-    (B, N, T) weights averaged over heads, as nn.MultiheadAttention(need_weights=True) returns them.
-    No attention dropout: for eval."""
+def fold_keys_values(attn: nn.MultiheadAttention, proj: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The cross-attention's key and value maps with the input projection P folded in: (H, e, Dx)
+    W_k,h·P and W_v,h·P, so that attention into the projected tokens P x_t can read the raw states
+    x_t (P (D, Dx); None when the head reads the states at their own width)."""
     if not attn._qkv_same_embed_dim or attn.in_proj_bias is None or attn.bias_k is not None or attn.add_zero_attn:
         raise ValueError("folded_cross_attention needs attention with one q/k/v projection with biases, "
                          "no bias_kv and no zero attention")
+    D, H = attn.embed_dim, attn.num_heads
+    _, wk, wv = attn.in_proj_weight.split(D)  # (D, D) each
+    wk, wv = wk.view(H, D // H, D), wv.view(H, D // H, D)  # (H, e, D)
+    return (wk, wv) if proj is None else (wk @ proj, wv @ proj)  # (H, e, Dx)
+
+
+def folded_queries(attn: nn.MultiheadAttention, y: Tensor, wk: Tensor) -> Tensor:
+    """(B, N, D) label vectors → (B, N·H, Dx) each head's query mapped back through its key map:
+    u = (W_k,h P)ᵀ q_h / √e, so that u · x_t is the head's score of token t (up to q_h·b_k,h, a shift
+    of the whole row that the softmax ignores). wk (H, e, Dx) from fold_keys_values."""
     B, N, D = y.shape
     H = attn.num_heads
     e = D // H
-    wq, wk, wv = attn.in_proj_weight.split(D)  # (D, D) each
-    bq, _, bv = attn.in_proj_bias.split(D)  # the key bias shifts a whole row of scores: dropped
+    wq, bq = attn.in_proj_weight[:D], attn.in_proj_bias[:D]
     q = F.linear(y, wq, bq).view(B, N, H, e) * e ** -0.5  # (B, N, H, e)
-    u = torch.einsum("bnhe,hed->bnhd", q, wk.view(H, e, D)).reshape(B, N * H, D)  # (B, N·H, D) W_k,hᵀ q_h
-    scores = torch.bmm(u, x.transpose(1, 2))  # (B, N·H, T)
-    a = scores.masked_fill(pad[:, None], float("-inf")).softmax(-1)  # (B, N·H, T)
-    ctx = torch.bmm(a, x).view(B, N, H, D)  # (B, N, H, D) Σ_t a_t x_t
-    v = torch.einsum("bnhd,hed->bnhe", ctx, wv.view(H, e, D)) + bv.view(H, e)  # (B, N, H, e)
-    return attn.out_proj(v.reshape(B, N, D)), a.view(B, N, H, -1).mean(2)
+    return torch.einsum("bnhe,hex->bnhx", q, wk).reshape(B, N * H, wk.shape[-1])
+
+
+def folded_cross_attention(attn: nn.MultiheadAttention, u: Tensor, x: Tensor, pad: Tensor,
+                           wv: Tensor) -> tuple[Tensor, Tensor]:
+    """attn(y, P x, P x) of the N label vectors into the T tokens without the tokens' projection,
+    keys or values: a score is u·x_t (folded_queries), and a head's value Σ_t a_t (W_v,h P x_t + b_v,h)
+    is (W_v,h P)(Σ_t a_t x_t) + b_v,h (the weights a_t sum to 1). Per token 2·N·H·Dx products
+    instead of D·Dx + 2·D² (N label vectors; D = 128, H = 4 at the defaults).
+    u (B or 1, N·H, Dx): one u for the whole batch is one matrix product over all its tokens;
+    x (B, T, Dx) raw states, pad (B, T) True on padding, wv (H, e, Dx) from fold_keys_values →
+    (B, N, D) output, (B, N, T) weights averaged over heads, as nn.MultiheadAttention(need_weights=True)
+    returns them. No attention dropout: for eval."""
+    B, T, Dx = x.shape
+    H, e = wv.shape[:2]
+    NH = u.shape[1]
+    N = NH // H
+    scores = F.linear(x, u[0]) if u.shape[0] == 1 else torch.bmm(x, u.transpose(1, 2))  # (B, T, N·H)
+    a = scores.masked_fill(pad[..., None], float("-inf")).softmax(1)  # (B, T, N·H) over tokens
+    ctx = torch.bmm(a.transpose(1, 2), x).view(B, N, H, Dx)  # (B, N, H, Dx) Σ_t a_t x_t
+    bv = attn.in_proj_bias[2 * H * e:].view(H, e)
+    v = torch.einsum("bnhx,hex->bnhe", ctx, wv) + bv  # (B, N, H, e)
+    return attn.out_proj(v.reshape(B, N, H * e)), a.view(B, T, N, H).mean(3).transpose(1, 2)
 
 
 class LabelDecoderBlock(nn.Module):
@@ -82,17 +106,29 @@ class LabelDecoderBlock(nn.Module):
         self.n1, self.n2, self.n3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, y: Tensor, x: Tensor, pad: Tensor, fold: bool = False) -> tuple[Tensor, Tensor]:
-        """y (B, N, D), x (B, T, D), pad (B, T) True on padding → y (B, N, D), attn (B, N, T). fold: the
-        cross-attention without the tokens' keys and values (folded_cross_attention; eval only)."""
-        y = self.n1(y + self.drop(self.self_attn(y, y, y, need_weights=False)[0]))
-        if fold:
-            a, w = folded_cross_attention(self.cross_attn, y, x, pad)
-        else:
-            a, w = self.cross_attn(y, x, x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
+    def among_labels(self, y: Tensor) -> Tensor:
+        """(B, N, D) → (B, N, D): the self-attention over the label vectors and its residual."""
+        return self.n1(y + self.drop(self.self_attn(y, y, y, need_weights=False)[0]))
+
+    def finish(self, y: Tensor, a: Tensor) -> Tensor:
+        """(B, N, D) label vectors, (B, N, D) their cross-attention output → the block's output."""
         y = self.n2(y + self.drop(a))
-        y = self.n3(y + self.drop(self.ffn(y)))
-        return y, w
+        return self.n3(y + self.drop(self.ffn(y)))
+
+    def forward(self, y: Tensor, x: Tensor, pad: Tensor) -> tuple[Tensor, Tensor]:
+        """y (B, N, D), x (B, T, D) projected states, pad (B, T) True on padding → y (B, N, D), attn (B, N, T)."""
+        y = self.among_labels(y)
+        a, w = self.cross_attn(y, x, x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
+        return self.finish(y, a), w
+
+
+class Folded(NamedTuple):
+    """What inference precomputes from the weights alone (YTuningHead.folded)."""
+    key: tuple  # the parameters' (storage, version) it was made from
+    first: Tensor  # (1, N, D) the label vectors after block 1's self-attention: no input reaches them
+    u_first: Tensor  # (1, N·H, Dx) block 1's folded queries (folded_queries)
+    wk: list[Tensor]  # per block, (H, e, Dx) W_k,h P
+    wv: list[Tensor]  # per block, (H, e, Dx) W_v,h P
 
 
 class YTuningHead(Head):
@@ -130,12 +166,13 @@ class YTuningHead(Head):
             self.labels.copy_(init + noise)
 
     def forward(self, f: Features) -> Output:
-        x = self.proj(f.hidden)  # (B, T, D)
-        pad = ~f.mask  # (B, T)
-        fold = not (self.training or torch.is_grad_enabled())  # inference: no keys or values of the tokens
-        y = self.labels.unsqueeze(0).expand(x.shape[0], -1, -1)  # (B, N, D)
-        for block in self.blocks:
-            y, attn = block(y, x, pad, fold)
+        if self.training or torch.is_grad_enabled():
+            x = self.proj(f.hidden)  # (B, T, D)
+            y = self.labels.unsqueeze(0).expand(x.shape[0], -1, -1)  # (B, N, D)
+            for block in self.blocks:
+                y, attn = block(y, x, ~f.mask)
+        else:  # inference: no projection, keys or values of the tokens; block 1's label side made once
+            y, attn = self.infer_labels(f)
         h_task = y[:, 0]  # (B, D)
         h_lab = y[:, 1:].reshape(y.shape[0], self.C, self.cfg.k, -1)  # (B, C, k, D)
         h_lab = h_lab.mean(2) if self.cfg.pool == "mean" else h_lab.amax(2)  # (B, C, D)
@@ -143,6 +180,41 @@ class YTuningHead(Head):
         # explanation: each label's last-layer cross-attention over tokens (mean over its k vectors)
         label_attn = attn[:, 1:].reshape(attn.shape[0], self.C, self.cfg.k, -1).mean(2)  # (B, C, T)
         return Output(scores, {"label_attention": label_attn})
+
+    def infer_labels(self, f: Features) -> tuple[Tensor, Tensor]:
+        """Eval without autograd: the label encoder read against the raw states, the same sums as the
+        training path within float32 rounding. The projection P and the cross-attention's key and value
+        maps fold into the label side (folded_cross_attention), and block 1's self-attention and queries,
+        which no input reaches, come from `folded`. → y (B, N, D), last block's attention (B, N, T)."""
+        w = self.folded()
+        x, pad = f.hidden, ~f.mask  # (B, T, Dx), (B, T)
+        y = w.first.expand(x.shape[0], -1, -1)  # (B, N, D)
+        for n, block in enumerate(self.blocks):
+            if n == 0:
+                u = w.u_first  # (1, N·H, Dx) one for the whole batch
+            else:
+                y = block.among_labels(y)
+                u = folded_queries(block.cross_attn, y, w.wk[n])  # (B, N·H, Dx)
+            a, attn = folded_cross_attention(block.cross_attn, u, x, pad, w.wv[n])
+            y = block.finish(y, a)
+        return y, attn
+
+    def folded(self) -> Folded:
+        """The weight-only part of inference (Folded), made again whenever a parameter was replaced or
+        changed in place (its storage or version differs); made fresh, not kept, while being traced
+        for export (a traced tensor has neither)."""
+        tracing = torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        key = () if tracing else tuple((p.data_ptr(), p._version) for p in self.parameters())
+        cached = self.__dict__.get("_folded")
+        if cached is not None and cached.key == key and not tracing:
+            return cached
+        proj = self.proj.weight if isinstance(self.proj, nn.Linear) else None  # (D, Dx)
+        wk, wv = zip(*(fold_keys_values(b.cross_attn, proj) for b in self.blocks))
+        first = self.blocks[0].among_labels(self.labels[None])  # (1, N, D)
+        made = Folded(key, first, folded_queries(self.blocks[0].cross_attn, first, wk[0]), list(wk), list(wv))
+        if not tracing:
+            self.__dict__["_folded"] = made  # not a buffer: never saved, derived from the weights
+        return made
 
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
         """Per label, the text's tokens its last-layer cross-attention weighted most ({text, start,
