@@ -67,19 +67,19 @@ class PeftTuner(nn.Module):
     def __init__(self, peft_model: nn.Module, lm: nn.Module, tok):
         super().__init__()
         self.peft, self.tok = peft_model, tok
-        from frozentune.prefix import pad_id_of
+        from frozentune.generation.prefix import pad_id_of
         self.pad = pad_id_of(lm, tok)
 
     def encode_sources(self, texts):
-        from frozentune.prefix import encode_sources
+        from frozentune.generation.prefix import encode_sources
         return encode_sources(self.tok, texts)
 
     def encode_targets(self, texts):
-        from frozentune.prefix import encode_targets
+        from frozentune.generation.prefix import encode_targets
         return encode_targets(self.tok, texts)
 
     def loss(self, sources, targets) -> torch.Tensor:
-        from frozentune.prefix import pack_pairs
+        from frozentune.generation.prefix import pack_pairs
         ids, mask, labels = pack_pairs(sources, targets, self.pad)
         return self.peft(input_ids=ids, attention_mask=mask, labels=labels).loss
 
@@ -102,7 +102,7 @@ def run_peft(side: str, pairs: int, epochs: int, seed: int, max_test: int | None
     from frozentune.api import peak_rss_mb, train_config
     from frozentune.backbone import load_generation_lm
     from frozentune.export.peft import import_peft
-    from frozentune.generation import (DecodeOptions, decode, encode_pairs, fit_generation, grouped_scores,
+    from frozentune.generation.run import (DecodeOptions, decode, encode_pairs, fit_generation, grouped_scores,
                                       load_generation_splits, load_tuner, mean_loss)
     from frozentune.registry import get_method
 
@@ -145,7 +145,7 @@ def run_peft(side: str, pairs: int, epochs: int, seed: int, max_test: int | None
 
 
 def run_frozentune(init: str, pairs: int, epochs: int, seed: int, max_test: int | None, log) -> dict:
-    from frozentune.generation import DecodeOptions, train_generation
+    from frozentune.generation.run import DecodeOptions, train_generation
 
     r = train_generation("prefix", "e2e", LM, options={"init": init},
                          train_cfg={"epochs": epochs, "seed": seed, "min_steps": 0}, max_train=pairs,

@@ -46,7 +46,7 @@ def frozentune(*args: str) -> None:
 
 def greedy_pair(tuner, peft_model, prompts: list[list[int]], new_tokens: int, eos: int, pad: int) -> dict:
     """Both decoders on each prompt alone; identical rows and the largest prompt-logit difference."""
-    from frozentune.prefix import PrefixBatch, prefix_forward, until_eos
+    from frozentune.generation.prefix import PrefixBatch, prefix_forward, until_eos
 
     same, worst, first_diff = 0, 0.0, None
     for i, ids in enumerate(prompts):
@@ -73,8 +73,8 @@ def train_with_peft(lm_name: str, steps: int, seed: int, log) -> Path:
 
     from frozentune.backbone import LM_ALIASES, load_causal_lm
     from frozentune.data import load_generation
-    from frozentune.generation import encode_pairs
-    from frozentune.prefix import pack_pairs
+    from frozentune.generation.run import encode_pairs
+    from frozentune.generation.prefix import pack_pairs
 
     out = RUNS / f"peft-made-prefix-{steps}"
     if (out / "adapter_model.safetensors").is_file():
@@ -119,7 +119,7 @@ def main() -> None:
     from frozentune.backbone import LM_ALIASES, load_causal_lm
     from frozentune.data import load_generation
     from frozentune.export.peft import peft_generate_drops_prefix
-    from frozentune.prefix import PrefixTuner, encode_sources
+    from frozentune.generation.prefix import PrefixTuner, encode_sources
 
     if peft_generate_drops_prefix():
         sys.exit(f"peft {peft.__version__} with this transformers (>= 5.24): PeftModel.generate leaves the prefix out "

@@ -32,7 +32,7 @@ PHRASES = ["table-to-text:", "summarize the following", "describe the restaurant
 
 
 def prefixes(lm, tok, lengths: list[int]) -> list[torch.Tensor]:
-    from frozentune.prefix import activations, phrase_ids
+    from frozentune.generation.prefix import activations, phrase_ids
 
     return [activations(lm, phrase_ids(tok, phrase, n)) for phrase, n in zip(PHRASES, lengths)]
 
@@ -47,7 +47,7 @@ def main() -> None:
     from frozentune.api import peak_rss_mb
     from frozentune.backbone import load_causal_lm
     from frozentune.data import load_generation
-    from frozentune.prefix import PrefixBatch, encode_sources, eos_id_of, generate, pad_id_of
+    from frozentune.generation.prefix import PrefixBatch, encode_sources, eos_id_of, generate, pad_id_of
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=16)

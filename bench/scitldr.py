@@ -33,7 +33,7 @@ def lead_1(text: str) -> str:
 
 def main() -> None:
     from frozentune.cli import main as cli
-    from frozentune.generation import grouped_scores, load_generation_splits
+    from frozentune.generation.run import grouped_scores, load_generation_splits
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)

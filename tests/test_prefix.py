@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import word_tokenizer
-from frozentune import prefix as PF
+from frozentune.generation import prefix as PF
 from frozentune.backbone import pad
-from frozentune.prefix import KVShape, PrefixBatch, PrefixConfig, PrefixTuner
+from frozentune.generation.prefix import KVShape, PrefixBatch, PrefixConfig, PrefixTuner
 from numerics import ACTIVATION, ROUNDING, assert_close, dot, exact, linear, prefix_mlp_scale, softmax, tol, transformer
 
 WORDS = ("name eatType food area priceRange pub coffee shop restaurant the is a an in city centre riverside "

@@ -146,8 +146,8 @@ def tiny_llama(tmp_path_factory) -> Path:
 def generators(tmp_path_factory, tiny_llama) -> dict[str, Path]:
     """A prefix and a fine-tuned LM saved the way a training run saves them (untrained)."""
     from frozentune.backbone import load_causal_lm
-    from frozentune.generation import DecodeOptions, LMFinetuner
-    from frozentune.prefix import PrefixTuner
+    from frozentune.generation.run import DecodeOptions, LMFinetuner
+    from frozentune.generation.prefix import PrefixTuner
     from frozentune.registry import make_config
 
     root = tmp_path_factory.mktemp("generators")
@@ -176,8 +176,8 @@ def test_generator_weights_replaced_by_a_pickle(generators, tmp_path, marker, me
 
 def test_generator_loaders_refuse_a_pickle_when_called_directly(generators, tmp_path, marker, tiny_llama):
     from frozentune.backbone import load_causal_lm
-    from frozentune.generation import LMFinetuner
-    from frozentune.prefix import PrefixError, load_prefix
+    from frozentune.generation.run import LMFinetuner
+    from frozentune.generation.prefix import PrefixError, load_prefix
 
     for method in ("prefix", "finetune"):
         model = tmp_path / method

@@ -15,10 +15,10 @@ import torch
 import seq2seq_reference as REF
 from conftest import make_bart, make_t5, make_tiny_llama, word_tokenizer
 from frozentune.backbone import pad
-from frozentune.prefix import PrefixConfig, PrefixError, PrefixTuner
-from frozentune.seq2seq import (KINDS, Seq2SeqPrefixTuner, greedy_reference, load_seq2seq_prefix, mixed, prefixed,
+from frozentune.generation.prefix import PrefixConfig, PrefixError, PrefixTuner
+from frozentune.generation.seq2seq import (KINDS, Seq2SeqPrefixTuner, greedy_reference, load_seq2seq_prefix, mixed, prefixed,
                                 seq2seq_generate, shapes_from_config, single)
-from frozentune.seq2seq.tuner import saved_numel
+from frozentune.generation.seq2seq.tuner import saved_numel
 from numerics import assert_close, linear, transformer
 
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
@@ -205,7 +205,7 @@ def test_loss_is_the_target_token_cross_entropy(lm, tok):
 def test_words_init_is_the_models_own_keys_and_values(lm, tok, reparam):
     tuner = tuner_of(lm, tok, length=4, reparam=reparam, init="words", init_text="a b")
     ids = torch.tensor([tok("a b a b", add_special_tokens=False)["input_ids"]])
-    from frozentune.seq2seq.attention import record
+    from frozentune.generation.seq2seq.attention import record
     with record() as calls:
         lm(input_ids=ids, decoder_input_ids=ids, use_cache=False)
     keys = {id(m): k[0] for m, _, k, _ in calls}
@@ -271,7 +271,7 @@ def test_bart_base_prefix_size_from_its_config():
 def test_attention_given_no_mask_follows_the_module(causal):
     """transformers may pass no mask (nothing to hide); a causal module then still hides later keys:
     query i of the last Q sees keys up to S − Q + i."""
-    from frozentune.seq2seq.attention import prefixed_attention
+    from frozentune.generation.seq2seq.attention import prefixed_attention
     from numerics import attention
 
     module = torch.nn.Module()

@@ -105,8 +105,8 @@ def test_pairs_errors_say_what_to_do(bart_dir, scitldr_slice, tmp_path):
 
 def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):
     pytest.importorskip("peft")
-    from frozentune.prefix import PrefixConfig
-    from frozentune.seq2seq import Seq2SeqPrefixTuner
+    from frozentune.generation.prefix import PrefixConfig
+    from frozentune.generation.seq2seq import Seq2SeqPrefixTuner
     from frozentune.backbone import load_seq2seq_lm
 
     lm, tok = load_seq2seq_lm(str(bart_dir))
@@ -122,9 +122,9 @@ def test_serve_batches_encoder_decoder_prefixes_as_each_alone(bart_dir, tmp_path
     from concurrent.futures import ThreadPoolExecutor
 
     from frozentune.backbone import load_seq2seq_lm
-    from frozentune.generation import generate_sources
-    from frozentune.prefix import PrefixConfig
-    from frozentune.seq2seq import Seq2SeqPrefixTuner
+    from frozentune.generation.run import generate_sources
+    from frozentune.generation.prefix import PrefixConfig
+    from frozentune.generation.seq2seq import Seq2SeqPrefixTuner
     from frozentune.serve.engine import Engine, ServeOptions
 
     lm, tok = load_seq2seq_lm(str(bart_dir))

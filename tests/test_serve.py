@@ -26,7 +26,7 @@ from clirun import cli
 from conftest import head_of_files, make_tiny_llama
 from frozentune import api
 from frozentune.cli import main
-from frozentune.generation import generate_sources
+from frozentune.generation.run import generate_sources
 from numerics import assert_close, tol
 
 httpx = pytest.importorskip("httpx")

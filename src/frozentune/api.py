@@ -152,7 +152,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     all of train (crossval.py; result.json's "selection" says what was done).
 
     pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
-    from .generation import is_generation_data, train_generation
+    from .generation.run import is_generation_data, train_generation
 
     if isinstance(data, str) and is_generation_data(data):
         return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
@@ -580,7 +580,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
 
     model = _load(model_dir, device, precision, log)
     if not explains(model.head):
-        from .generation import model_commands
+        from .generation.run import model_commands
 
         saved = getattr(model, "saved_config", {"method": model.method})
         able = [m for m in list_methods("classification") if explains(get_method(m).head_cls)]

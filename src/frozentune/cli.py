@@ -303,7 +303,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     from . import api
     from .train import TrainConfig
 
-    from .generation import DecodeOptions, is_generation_data, train_generation
+    from .generation.run import DecodeOptions, is_generation_data, train_generation
 
     on_interrupt("the output folder is as it was; cache entries already complete are kept, and the finished "
                  "shards of one being built (a rerun resumes from them)")
@@ -342,7 +342,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_eval(a: argparse.Namespace) -> int:
     from . import api
-    from .generation import evaluate_generation, is_generation_model
+    from .generation.run import evaluate_generation, is_generation_model
 
     if is_generation_model(a.model):
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
@@ -392,7 +392,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .generation import generate_sources, read_sources
+    from .generation.run import generate_sources, read_sources
 
     sources = list(a.sources) + (read_sources(a.input, a.source_field) if a.input else [])
     if not sources:
@@ -650,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .extract import ExtractError
     from .model import ModelLoadError
     from .output import OutputError
-    from .prefix import PrefixError
+    from .generation.prefix import PrefixError
     from .pairs import PairError
     from .registry import MethodError
     from .serve.models import ServeError

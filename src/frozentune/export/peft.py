@@ -129,7 +129,7 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
 def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
     """(prefix, config.json) of a saved prefix model, or an ExportError that says what the folder is."""
     from ..model import read_saved
-    from ..prefix import load_prefix
+    from ..generation.prefix import load_prefix
 
     config = read_saved(model_dir, "the --output folder of `frozentune train --method prefix`")
     method = config.get("method")
@@ -211,9 +211,9 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     import dataclasses
 
     from ..backbone import load_causal_lm, weights_hash
-    from ..generation import DecodeOptions
+    from ..generation.run import DecodeOptions
     from ..output import check_output, staged_output
-    from ..prefix import KVShape, PrefixConfig, save_prefix
+    from ..generation.prefix import KVShape, PrefixConfig, save_prefix
     from .card import write_card_from_files
 
     adapter_dir, output = Path(adapter_dir), Path(output)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..generation import ByArchitecture, LMFinetuner
-from ..seq2seq import Seq2SeqFinetuner
+from ..generation.run import ByArchitecture, LMFinetuner
+from ..generation.seq2seq import Seq2SeqFinetuner
 from ..head import Features, Head, Output, masked_mean
 from ..registry import MethodConfig, register_method
 

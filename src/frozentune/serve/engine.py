@@ -244,8 +244,8 @@ class Engine:
     # ------------------------------------------------------------------ generate
     def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,
                       max_new_tokens: int | None = None, min_new_tokens: int = 0) -> tuple[list[Job], Assemble]:
-        from ..prefix import encode_sources
-        from ..seq2seq import is_seq2seq
+        from ..generation.prefix import encode_sources
+        from ..generation.seq2seq import is_seq2seq
 
         if not isinstance(prefix, str):
             raise RequestError("prefix: give the name of a generation task")

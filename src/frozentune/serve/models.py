@@ -252,7 +252,7 @@ class LMGroup:
         self.label = f"{Path(lm_name).name} (generation) on {device}"
 
     def run(self, jobs: Sequence) -> list[dict]:
-        from ..prefix import PrefixBatch, eos_id_of, generate, pad_id_of
+        from ..generation.prefix import PrefixBatch, eos_id_of, generate, pad_id_of
 
         beams, max_new, min_new = jobs[0].key
         extra = {"min_new_tokens": min_new} if min_new else {}
@@ -261,7 +261,7 @@ class LMGroup:
         if tasks[0].prefix is None:  # a fine-tuned LM: the group has that one task
             rows = tasks[0].tuner.generate(prompts, max_new_tokens=max_new, num_beams=beams, **extra)
         elif isinstance(tasks[0].prefix, dict):  # encoder-decoder: {kind: prefix}, the sites shared by the group
-            from ..seq2seq import mixed, seq2seq_generate
+            from ..generation.seq2seq import mixed, seq2seq_generate
             rows = seq2seq_generate(self.lm, tasks[0].tuner.sites, mixed([t.prefix for t in tasks]), prompts,
                                     pad_id_of(self.lm, self.tok), eos_id_of(self.lm, self.tok), max_new, beams, **extra)
         else:
@@ -278,7 +278,7 @@ Log = Callable[[str], None]
 def load_tasks(folders: Sequence[Path], device: str | None, precision: str | None, log: Log) -> list[Task]:
     """Every folder loaded once; frozen classifiers on the same backbone share one FrozenPass and
     prefix generators on the same LM one LMGroup."""
-    from ..generation import is_generation_model
+    from ..generation.run import is_generation_model
 
     frozen: dict[tuple, FrozenPass] = {}
     lms: dict[str, LMGroup] = {}
@@ -321,10 +321,10 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
 def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Task:
     from ..backbone import load_generation_lm
     from ..extract import resolve_device
-    from ..generation import check_safetensors, DecodeOptions
+    from ..generation.run import check_safetensors, DecodeOptions
     from ..model import known_method, read_saved
-    from ..prefix import PrefixTuner
-    from ..seq2seq import Seq2SeqPrefixTuner
+    from ..generation.prefix import PrefixTuner
+    from ..generation.seq2seq import Seq2SeqPrefixTuner
 
     config = read_saved(folder, "the --output folder of a generation training run")
     spec = known_method(config, folder)

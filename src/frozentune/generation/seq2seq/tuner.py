@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..backbone import freeze, pad, weights_hash
-from ..model import WEIGHTS, write_saved
+from ...backbone import freeze, pad, weights_hash
+from ...model import WEIGHTS, write_saved
 from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, architecture,
                       check_fits, phrase_ids, read_prefix_folder, saved_options, until_eos)
 from .attention import KINDS, Site, find_sites, prefixes_set, site_activations
@@ -195,7 +195,7 @@ class Seq2SeqPrefixTuner(Seq2SeqTuner):
         super().__init__()
         cfg.validate()
         if not is_seq2seq(lm):
-            raise PrefixError(f"{type(lm).__name__} is a decoder-only LM; its prefix is frozentune.prefix.PrefixTuner "
+            raise PrefixError(f"{type(lm).__name__} is a decoder-only LM; its prefix is frozentune.generation.prefix.PrefixTuner "
                               f"(--method prefix picks it by the model)")
         freeze(lm)
         self.__dict__["lm"] = lm  # not registered: frozen, never saved
@@ -279,7 +279,7 @@ def shapes_from_config(config) -> dict[str, KVShape]:
 
 
 def _finetuner_base() -> type:
-    from ..generation import LMFinetuner
+    from ..run import LMFinetuner
     return LMFinetuner
 
 

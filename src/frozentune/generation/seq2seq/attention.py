@@ -147,7 +147,7 @@ def find_sites(lm: nn.Module) -> dict[str, list[Site]]:
 
     if architecture(lm) != "encoder-decoder":
         raise Seq2SeqError(f"{type(lm).__name__} is not an encoder-decoder model; a causal LM takes the "
-                           f"decoder-only prefix (frozentune.prefix.PrefixTuner)")
+                           f"decoder-only prefix (frozentune.generation.prefix.PrefixTuner)")
     use_prefix_attention(lm)
     device = next(lm.parameters()).device
     start = lm.config.decoder_start_token_id

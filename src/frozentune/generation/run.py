@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .backbone import freeze, trainable_names, weights_hash
-from .model import CONFIG, WEIGHTS, write_saved
-from .data import DataError, GenExample, linearize_triples, load_generation, resolve
+from ..backbone import freeze, trainable_names, weights_hash
+from ..model import CONFIG, WEIGHTS, write_saved
+from ..data import DataError, GenExample, linearize_triples, load_generation, resolve
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
@@ -162,9 +162,9 @@ class LMFinetuner(LMTuner):
 
     @classmethod
     def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "LMFinetuner":
-        from .model import load_weights
+        from ..model import load_weights
 
-        from .registry import make_config
+        from ..registry import make_config
 
         config = json.loads((Path(folder) / CONFIG).read_text())
         tuner = cls(make_config("finetune", config["options"]), lm, tok, lm_name)
@@ -225,7 +225,7 @@ def mean_loss(tuner: nn.Module, sources: list[list[int]], targets: list[list[int
 def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[[str], None] = print):
     """train.fit_loop on the target-token loss; early stopping on the validation loss. The schedule
     (train.plan_steps) is said in one line before training."""
-    from .train import fit_loop, plan_steps
+    from ..train import fit_loop, plan_steps
 
     src, tgt = encode_pairs(tuner, splits.train)
     vsrc, vtgt = encode_pairs(tuner, splits.validation)
@@ -247,7 +247,7 @@ def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_
            batch_size: int = 32, log: Callable[[str], None] | None = None) -> list[str]:
     """Generated text for each source, batched by source length (outputs in input order). `log`:
     where a decode longer than train.PROGRESS_EVERY_S says how far it is, that often."""
-    from . import train
+    from .. import train
 
     tuner.eval()
     ids = tuner.encode_sources(sources)
@@ -304,7 +304,7 @@ def grouped_scores(hypotheses: Sequence[str], examples: Sequence[GenExample]) ->
 # ----------------------------------------------------------------------------- building and loading
 def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok, lm_name: str) -> tuple[nn.Module, Any]:
     """(tuner, config) for a registered generation method (MethodSpec.generator)."""
-    from .registry import MethodError, get_method, list_methods, make_config
+    from ..registry import MethodError, get_method, list_methods, make_config
 
     spec = get_method(method)
     if not spec.generates:
@@ -316,8 +316,8 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
 
 def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     """(tuner, tokenizer, config.json) of a saved generation model; loads the LM it names."""
-    from .backbone import load_generation_lm
-    from .model import known_method, read_saved
+    from ..backbone import load_generation_lm
+    from ..model import known_method, read_saved
 
     folder = Path(folder)
     config = read_saved(folder, "the --output folder of a generation training run")
@@ -346,8 +346,8 @@ def check_safetensors(path: Path) -> None:
 
 def model_commands(config: dict) -> list[str]:
     """The commands a saved model (its config.json) supports."""
-    from .head import explains
-    from .registry import MethodError, get_method
+    from ..head import explains
+    from ..registry import MethodError, get_method
 
     if config.get("task") == "generation":
         return ["generate", "eval"]
@@ -385,12 +385,12 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                      fields: tuple[str | None, str | None] = (None, None)) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
-    from .api import peak_rss_mb, train_config
-    from .backbone import load_generation_lm
-    from .distributed import read_launch
-    from .export.card import write_card_from_files
-    from .output import check_output, staged_output
-    from .registry import MethodError, get_method
+    from ..api import peak_rss_mb, train_config
+    from ..backbone import load_generation_lm
+    from ..distributed import read_launch
+    from ..export.card import write_card_from_files
+    from ..output import check_output, staged_output
+    from ..registry import MethodError, get_method
 
     if (launch := read_launch(os.environ)).world_size > 1:
         raise MethodError(f"training on {data} (generation) runs in one process only, but this is one of "
@@ -507,7 +507,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     """Sources from a file: a .jsonl / .csv / .tsv of E2E (`mr`), WebNLG (`triples`) or pairs records
     (`source`, or `source_field`), else one per line."""
-    from .data import read_lines, read_records
+    from ..data import read_lines, read_records
 
     path = Path(path)
     if path.suffix.lower() not in (".jsonl", ".csv", ".tsv") or not path.is_file():

@@ -38,9 +38,9 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from .backbone import cache_kwargs, freeze, pad, returned_cache, weights_hash
-from .model import CONFIG, WEIGHTS, write_saved
-from .registry import MethodConfig
+from ..backbone import cache_kwargs, freeze, pad, returned_cache, weights_hash
+from ..model import CONFIG, WEIGHTS, write_saved
+from ..registry import MethodConfig
 
 PREFIX_KEY = "prefix"           # the one tensor in WEIGHTS: (N, 2, H, P, E)
 IGNORE = -100                   # label of tokens that carry no loss (Hugging Face's ignore_index)
@@ -444,7 +444,7 @@ class PrefixTuner(LMTuner):
         cfg.validate()
         if architecture(lm) == "encoder-decoder":
             raise PrefixError(f"{type(lm).__name__} is an encoder-decoder model; its prefix is "
-                              f"frozentune.seq2seq.Seq2SeqPrefixTuner (--method prefix picks it by the model)")
+                              f"frozentune.generation.seq2seq.Seq2SeqPrefixTuner (--method prefix picks it by the model)")
         freeze(lm)
         self.__dict__["lm"] = lm  # not registered: frozen, never saved
         self.cfg, self.tok, self.lm_name = cfg, tok, lm_name
@@ -541,7 +541,7 @@ def architecture(lm: nn.Module) -> str:
 def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str, Tensor]]:
     """(config.json, tensors) of a saved prefix for an LM of `architecture` (causal / encoder-decoder);
     a PrefixError that says what the folder is otherwise."""
-    from .model import read_safetensors
+    from ..model import read_safetensors
 
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):

@@ -37,12 +37,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .backbone import LayerSpec, cache_kwargs, select_layers, token_type_kwargs
-from .head import Features, Head, Output, masked_mean
-from .generation import ByArchitecture
+from ..backbone import LayerSpec, cache_kwargs, select_layers, token_type_kwargs
+from ..head import Features, Head, Output, masked_mean
+from .run import ByArchitecture
 from .prefix import KVShape, PrefixConfig, PrefixEncoder, PrefixError, PrefixTuner, phrase_ids
 from .seq2seq import Seq2SeqPrefixTuner
-from .registry import register_method
+from ..registry import register_method
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 
@@ -65,7 +65,7 @@ def _bert(model: nn.Module) -> nn.Module:
     else:
         raise PrefixError(f"encoder prefix-tuning supports BERT encoders (transformers BertModel, e.g. "
                           f"all-MiniLM-L6-v2 loaded with AutoModel); got {type(model).__name__}. For a causal LM "
-                          f"use frozentune.prefix; other encoders (RoBERTa, DistilBERT, …) are not supported")
+                          f"use frozentune.generation.prefix; other encoders (RoBERTa, DistilBERT, …) are not supported")
     if bert.config.is_decoder:
         raise PrefixError(f"{type(model).__name__} is configured as a decoder (is_decoder=True, causal mask); "
                           f"encoder prefix-tuning needs a bidirectional encoder: load it with is_decoder=False")
