@@ -139,6 +139,39 @@ def test_latin1_file_names_file_and_byte_offset(tmp_path, tiny_bert):
     cli(*train_args(csv, tiny_bert, tmp_path), contains=("latin1.csv", "byte offset 12", "UTF-8"), row=R_LATIN1)
 
 
+def test_lone_surrogate_in_a_data_file_is_named_not_a_traceback(tmp_path, tiny_bert, model_dir):
+    """JSON allows "\\ud800", which as a Python str cannot be encoded (the cache's hash, the tokenizer)."""
+    rows = labelled(30)
+    rows[6] = '{"text": "abc \\ud800 def", "label": "pos"}'  # line 7, the JSON escape as written
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cli(*train_args(data, tiny_bert, tmp_path), contains=(
+        "d.jsonl:7", "field 'text'", "character offset 4 is a lone UTF-16 surrogate (U+D800)", "Fix or remove"))
+    assert not (tmp_path / "cache").exists()
+    inputs = write_jsonl(tmp_path / "in.jsonl", ['{"text": "fine"}', '{"text": "x \\udcff"}'])
+    cli("predict", "--model", model_dir, "--input", inputs,
+        contains=("in.jsonl:2", "field 'text'", "character offset 2 is a lone UTF-16 surrogate (U+DCFF"))
+
+
+def test_blank_lines_inside_a_plain_input_file_are_named_not_dropped(tmp_path, model_dir):
+    """Row i of predict's output answers line i + 1: a blank line dropped in the middle would shift every
+    later row. Blank lines at the end are fine."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a fine film\n\na dull film\n   \nan odd film\n\n\n")
+    cli("predict", "--model", model_dir, "--input", texts,
+        contains=("texts.txt:2", "2 blank lines with texts after them (lines 2, 4)", ".jsonl"))
+    texts.write_text("a fine film\na dull film\n\n\n")
+    out = cli("predict", "--model", model_dir, "--input", texts, code=0).out.splitlines()
+    assert len(out) == 2
+
+
+def test_blank_csv_row_inside_training_data_is_named(tmp_path, tiny_bert):
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" + ("\n" if i == 3 else "")
+                                             for i, r in enumerate(labelled(30))), encoding="utf-8")
+    cli(*train_args(data, tiny_bert, tmp_path), contains=("d.csv:6", "a blank line with rows after it"))
+    assert not (tmp_path / "cache").exists()
+
+
 def test_one_class_unseen_test_label_and_mixed_int_string_labels(tmp_path, tiny_bert):
     one = write_jsonl(tmp_path / "one" / "train.jsonl", labelled(20, ("pos",)))
     cli(*train_args(one.parent, tiny_bert, tmp_path), contains=("train.jsonl", "'pos'", "at least two classes"), row=R_LABELS)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from frozentune.data import (DataError, carve_validation, encode_labels, inside_other_texts,
-                             linearize_triples, load_classification, load_generation, read_split,
-                             stratified_split)
+                             linearize_triples, load_classification, load_generation, read_lines,
+                             read_records, read_split, read_texts, stratified_split, unencodable)
 
 
 def write(path, text):
@@ -137,6 +137,65 @@ def test_bad_csv_messages(tmp_path):
         read_split(write(tmp_path / "d.csv", "text,lab\na,x\n"))
     with pytest.raises(DataError, match=r"d.csv: empty CSV file"):
         read_split(write(tmp_path / "d.csv", ""))
+
+
+def test_blank_csv_tsv_row_in_the_middle_is_named_and_at_the_end_ignored(tmp_path):
+    with pytest.raises(DataError, match=r"d.csv:3: a blank line with rows after it.*never skipped silently"):
+        read_split(write(tmp_path / "d.csv", "text,label\na,x\n\nb,y\n"))
+    with pytest.raises(DataError, match=r"d.tsv:3: 2 blank lines with rows after them \(lines 3, 4\)"):
+        read_split(write(tmp_path / "d.tsv", "text\tlabel\na\tx\n\r\n\nb\ty\n"))
+    assert read_split(write(tmp_path / "end.csv", "text,label\na,x\nb,y\n\n\r\n")).lines == [2, 3]
+    skipped = read_records(write(tmp_path / "corpus.csv", "text\na\n\nb\n"), skip_blank=True)
+    assert [(n, r["text"]) for n, r in skipped] == [(2, "a"), (4, "b")]  # a caller that asks (a corpus)
+
+
+def test_unencodable_names_the_surrogate_and_its_offset():
+    assert unencodable("abc def ü 😀") is None
+    assert unencodable("abc \ud800 def") == ("character offset 4 is a lone UTF-16 surrogate (U+D800), "
+                                             "which is not text")
+    from_argv = b"caf\xe9".decode("utf-8", "surrogateescape")  # a Latin-1 command-line argument
+    assert "offset 3" in unencodable(from_argv) and "the byte 0xe9, which is not UTF-8" in unencodable(from_argv)
+
+
+@pytest.mark.parametrize("row,needle", [
+    ('{"text": "abc \\ud800 def", "label": "x"}', r"field 'text' is not valid Unicode: character offset 4 is a lone "
+                                                  r"UTF-16 surrogate \(U\+D800\)"),
+    ('{"text": "fine", "label": "\\udfff"}', r"field 'label' is not valid Unicode: character offset 0 .*U\+DFFF"),
+])
+def test_lone_surrogate_in_a_data_file_is_named_with_line_field_and_offset(tmp_path, row, needle):
+    """JSON allows "\\ud800"; as a Python str it cannot be encoded (hashing, tokenising): an error, not a traceback."""
+    data = write(tmp_path / "d.jsonl", '{"text": "good", "label": "x"}\n' + row + "\n")
+    with pytest.raises(DataError, match="d.jsonl:2: " + needle):
+        read_split(data)
+    if "'text'" in needle:
+        with pytest.raises(DataError, match="d.jsonl:2: " + needle):
+            read_texts(data)
+    pairs = write(tmp_path / "p.jsonl", '{"a": "fine", "b": "x \\udc80"}\n')
+    with pytest.raises(DataError, match=r"p.jsonl:1: field 'b' is not valid Unicode: character offset 2"):
+        read_texts(pairs, "a", "b")
+
+
+def test_lone_surrogate_in_generation_sources_and_references(tmp_path):
+    write(tmp_path / "train.jsonl", '{"source": "a b", "target": "c"}\n{"source": "a \\ud800", "target": "c"}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:2: the source \('source'\) is not valid Unicode: character "
+                                        r"offset 2 is a lone UTF-16 surrogate"):
+        load_generation(str(tmp_path), "train")
+    write(tmp_path / "train.jsonl", '{"mr": "name[A]", "refs": ["fine", "bad \\udbff"]}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:1: reference 2 is not valid Unicode: character offset 4 .*U\+DBFF"):
+        load_generation(str(tmp_path), "train")
+
+
+def test_blank_lines_in_a_plain_text_file_are_errors_unless_at_the_end(tmp_path):
+    """Answer i of predict / generate --input is line i + 1: a blank line dropped in the middle would shift them."""
+    with pytest.raises(DataError, match=r"t.txt:2: 2 blank lines with texts after them \(lines 2, 4\).*remove them, "
+                                        r"or give the texts in a .jsonl file"):
+        read_lines(write(tmp_path / "t.txt", "a\n\nb\n  \t\nc\n"))
+    with pytest.raises(DataError, match=r"s.txt:1: a blank line with sources after it"):
+        read_lines(write(tmp_path / "s.txt", "\nname[A]\n"), "sources")
+    assert read_lines(write(tmp_path / "end.txt", "\ufeff a \r\nb\u2028c\r\n\r\n  \n")) == ["a", "b\u2028c"]
+    assert read_lines(tmp_path / "t.txt", skip_blank=True) == ["a", "b", "c"]  # a caller that asks
+    with pytest.raises(DataError, match="the file is empty"):
+        read_lines(write(tmp_path / "blank.txt", "\n  \n"))
 
 
 def test_missing_file_and_unknown_dataset(tmp_path):

@@ -321,6 +321,16 @@ BAD = [
     ("no such endpoint", "/v1/nothing", {"text": "a"}, 404, "no such endpoint"),
     ("a body that is not UTF-8", "/v1/classify", b'{"text": "\xff\xfe"}', 400, "could not be read"),
     ("a source of 1 MB", "/v1/generate", {"prefix": "prefix-a", "source": "name " * 200_000}, 413, "shorten"),
+    # JSON allows a lone surrogate ("\\ud800"); it cannot be encoded or tokenised: 422 naming where, not a 500
+    ("a lone surrogate in a text", "/v1/classify", b'{"text": "abc \\ud800 def"}', 422,
+     "texts[0]: character offset 4 is a lone UTF-16 surrogate (U+D800), which is not text; send valid Unicode"),
+    ("a lone surrogate in a pair", "/v1/classify", b'{"pairs": [["fine", "x \\udfff"]]}', 422,
+     "pairs[0][1]: character offset 2 is a lone UTF-16 surrogate (U+DFFF)"),
+    ("a surrogate as UTF-8 bytes", "/v1/classify", b'{"texts": ["ok", "\xed\xa0\x80"]}', 422,
+     "texts[1]: character offset 0 is a lone UTF-16 surrogate (U+D800)"),
+    ("a lone surrogate in a source", "/v1/generate", b'{"prefix": "prefix-a", "source": "a \\ud800"}', 422,
+     "sources[0]: character offset 2 is a lone UTF-16 surrogate"),
+    ("JSON nested too deeply", "/v1/classify", b"[" * 100_000, 400, "nested too deeply"),
 ]
 
 
@@ -334,6 +344,17 @@ def test_bad_request_is_answered_and_the_server_goes_on(what, path, body, status
     assert says in r.json()["error"]
     assert client.get("/health").json()["status"] == "ok"
     assert client.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_is_told_the_content_type(content_type, client):
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post("/v1/classify", content=b'{"text": "a"}', headers=headers)
+    assert r.status_code == 415, r.text
+    sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+    assert r.json()["error"] == f"the body was sent with {sent}; send a JSON object with Content-Type: application/json"
+    assert client.post("/v1/classify", content=b'{"text": "a"}', headers={"content-type": "application/json"}
+                       ).status_code == 200
 
 
 def test_a_megabyte_text_is_cut_to_max_length_and_said(client):

@@ -123,9 +123,12 @@ def data_root() -> Path:
 
 
 # ----------------------------------------------------------------------------- raw records
-def read_records(path: Path) -> list[tuple[int, dict]]:
+def read_records(path: Path, skip_blank: bool = False) -> list[tuple[int, dict]]:
     """All records of a .jsonl/.csv/.tsv file as (line number, dict); of a .parquet / .arrow file
-    or a `save_to_disk` folder of one split as (row number from 1, dict)."""
+    or a `save_to_disk` folder of one split as (row number from 1, dict). A blank CSV/TSV row with
+    rows after it is an error naming its line (rows are never dropped silently), unless `skip_blank`
+    (for a caller that drops empty texts anyway, e.g. a pre-training corpus); blank rows at the end
+    are ignored. Blank JSONL lines hold no record and are skipped."""
     if is_hf_split_folder(path):
         return read_hf(path)
     if not path.is_file():
@@ -135,7 +138,7 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
     if suffix == ".jsonl" or suffix == ".json":
         return _read_jsonl(path)
     if suffix in (".csv", ".tsv"):
-        return _read_delimited(path, "\t" if suffix == ".tsv" else ",")
+        return _read_delimited(path, "\t" if suffix == ".tsv" else ",", skip_blank)
     if suffix in ARROW_SUFFIXES:
         return read_hf(path)
     raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv, .tsv, .parquet or .arrow.")
@@ -220,9 +223,19 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     return out
 
 
-def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
+def _blank_lines_error(path: Path, blank: list[int], what: str, way_out: str) -> DataError:
+    """The error for blank lines (`blank`, 1-based) with `what` (rows, texts) after them."""
+    shown = ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else "")
+    many = f"{len(blank):,} blank lines with {what} after them (lines {shown})" if len(blank) > 1 \
+        else f"a blank line with {what} after it"
+    return DataError(f"{path}:{blank[0]}: {many}; rows are never skipped silently (blank lines at the end "
+                     f"are fine): {way_out}")
+
+
+def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> list[tuple[int, dict]]:
     kind = "TSV" if delimiter == "\t" else "CSV"
     out = []
+    blank: list[int] = []  # blank lines not yet followed by a row
     # utf-8-sig drops a byte-order mark; newline="" lets csv read CRLF and quoted newlines
     with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, strict=True)
@@ -233,7 +246,10 @@ def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
             for row in reader:
                 n = reader.line_num
                 if not row:
+                    blank.append(n)
                     continue
+                if blank and not skip_blank:
+                    raise _blank_lines_error(path, blank, "rows", "remove them, or fill them in")
                 if len(row) != len(header):
                     raise DataError(f"{path}:{n}: not valid {kind}: {len(row)} fields where the "
                                     f"header has {len(header)} ({', '.join(header)}). Quote fields "
@@ -277,29 +293,61 @@ def _describe(value: object) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def read_lines(path: Path, what: str = "texts") -> list[str]:
-    """The non-empty lines of a plain text file (one text per line), or a DataError saying why not."""
+def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> list[str]:
+    """The lines of a plain text file (one text per line, trimmed), so that answer i is line i + 1,
+    or a DataError saying why not. A blank (or whitespace-only) line with a text after it is an
+    error naming it, unless `skip_blank` (for a caller that keeps no line numbers, e.g. a
+    pre-training corpus); blank lines at the end are ignored. Lines end at \\n, \\r\\n or \\r only
+    (as an editor counts them), not at the other characters str.splitlines breaks on."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a folder; give a file with one of the {what} per line")
     if not path.is_file():
         raise DataError(f"{path}: no such file; give a file with one of the {what} per line")
     try:
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").split("\n")]  # newlines translated
     except UnicodeDecodeError as e:
         raise _utf8_error(path, e) from None
+    while lines and not lines[-1]:
+        lines.pop()
+    blank = [n for n, ln in enumerate(lines, 1) if not ln]
+    if blank and not skip_blank:
+        raise _blank_lines_error(path, blank, what, f"remove them, or give the {what} in a .jsonl file")
+    lines = [ln for ln in lines if ln]
     if not lines:
         raise DataError(f"{path}: the file is empty (no non-blank lines); give one of the {what} per line")
     return lines
 
 
-def _text_problem(value: object, fld: str) -> str | None:
-    """Why `value` (field `fld` of a record) is not a usable text, or None."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unencodable(text: str) -> str | None:
+    """Why `text` is not valid Unicode (it holds a lone UTF-16 surrogate, which cannot be encoded
+    as UTF-8 or tokenised), naming its first bad character's offset (counting from 0), or None.
+
+    JSON lets a string hold one (`"\\ud800"`), and Python carries a command-line byte that is not
+    UTF-8 as one (U+DC80..U+DCFF, surrogateescape). The caller adds where and what to do, e.g.
+    `f"texts[0]: {why}; send valid Unicode"`."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    code = ord(found.group())
+    byte = f"; on a command line, the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF else ""
+    return (f"character offset {found.start():,} is a lone UTF-16 surrogate (U+{code:04X}{byte}), "
+            f"which is not text")
+
+
+def _text_problem(value: object, fld: str) -> tuple[str, str] | None:
+    """(the kind of problem, its detail for this row) when `value` (field `fld` of a record) is not
+    a usable text, or None. Rows are counted by kind; the detail adds what differs between them."""
     if not isinstance(value, str):
         kind = "null" if value is None else f"{_JSON_KIND.get(type(value), 'a value')} ({_describe(value)})"
-        return f"field {fld!r} holds {kind}, not text"
+        return f"field {fld!r} holds {kind}, not text", ""
     if not value.strip():
-        return f"empty text in field {fld!r}"
+        return f"empty text in field {fld!r}", ""
+    if (why := unencodable(value)) is not None:
+        return f"field {fld!r} is not valid Unicode", f": {why}"
     return None
 
 
@@ -321,8 +369,8 @@ def read_texts(path: Path, text_field: str = "text", pair_field: str | None = No
     for n, rec in read_records(Path(path)):
         _require_fields(path, n, rec, fields, pair_field, "--text-field")
         for fld in fields:
-            if (why := _text_problem(rec[fld], fld)) is not None:
-                raise DataError(f"{path}:{n}: {why}. Fix or remove the row.")
+            if (problem := _text_problem(rec[fld], fld)) is not None:
+                raise DataError(f"{path}:{n}: {''.join(problem)}. Fix or remove the row.")
         out.append((rec[text_field], rec[pair_field]) if pair_field else rec[text_field])
     return out
 
@@ -333,28 +381,31 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     pair_field). Missing fields, empty / non-string texts and missing labels are errors that name
     the line and how many rows have the same problem."""
     texts, labels, lines = [], [], []
-    problems: dict[str, list[int]] = {}
+    problems: dict[str, list[int]] = {}  # kind of problem → its lines
+    details: dict[str, str] = {}         # kind of problem → the first row's detail
     spellings: dict[str, set[str]] = {}
     fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
     for n, rec in read_records(path):
         _require_fields(path, n, rec, fields, pair_field, "--text-field / --label-field")
         label = label_name(rec[label_field])
-        for fld in fields[:-1]:
-            if (why := _text_problem(rec[fld], fld)) is not None:
-                problems.setdefault(why, []).append(n)
-        text = (rec[text_field], rec[pair_field]) if pair_field else rec[text_field]
+        found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
         if label is None:
-            problems.setdefault(f"no label in field {label_field!r} ({_describe(rec[label_field])})", []).append(n)
+            found.append((f"no label in field {label_field!r} ({_describe(rec[label_field])})", ""))
+        elif (why := unencodable(raw if isinstance(raw := rec[label_field], str) else label)) is not None:
+            found.append((f"field {label_field!r} is not valid Unicode", f": {why}"))
         else:
             spellings.setdefault(label, set()).add(_describe(rec[label_field]))
-        texts.append(text)
+        for kind, detail in filter(None, found):
+            problems.setdefault(kind, []).append(n)
+            details.setdefault(kind, detail)
+        texts.append((rec[text_field], rec[pair_field]) if pair_field else rec[text_field])
         labels.append(label)
         lines.append(n)
     if problems:
         what, at = min(problems.items(), key=lambda kv: kv[1][0])
         more = f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})" \
             if len(at) > 1 else ""
-        raise DataError(f"{path}:{at[0]}: {what}{more}. Fix or remove those rows, or pick the columns "
+        raise DataError(f"{path}:{at[0]}: {what}{details[what]}{more}. Fix or remove those rows, or pick the columns "
                         f"with --text-field / --label-field" + (" / --text-pair-field." if pair_field else "."))
     return TextSplit(texts, labels, str(path), lines,
                      label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1})
@@ -630,6 +681,13 @@ def _references(path: Path, n: int, rec: dict, target_field: str) -> list:
     return value if isinstance(value, list) else [value]
 
 
+def _check_unicode(where: str, texts: list[tuple[str, str]]) -> None:
+    """A DataError at `where` (file:line) naming the first of the (what, text) that is not valid Unicode."""
+    for what, text in texts:
+        if (why := unencodable(text)) is not None:
+            raise DataError(f"{where}: {what} is not valid Unicode: {why}. Fix or remove the row.")
+
+
 def load_generation(name: str, split: str, source_field: str | None = None,
                     target_field: str | None = None) -> list[GenExample]:
     """Examples of one split: E2E (`mr` → `refs`), WebNLG (`triples` → `texts`), or any source → target
@@ -643,10 +701,11 @@ def load_generation(name: str, split: str, source_field: str | None = None,
     out = []
     for n, rec in read_records(files[split]):
         if not pairs and "mr" in rec:
-            src, refs = rec["mr"], rec.get("refs")
+            src, refs, src_name = rec["mr"], rec.get("refs"), "'mr'"
         elif not pairs and "triples" in rec:
-            src, refs = linearize_triples(rec["triples"]), rec.get("texts")
+            src, refs, src_name = linearize_triples(rec["triples"]), rec.get("texts"), "'triples', linearised"
         elif pairs or sf in rec:
+            src_name = repr(sf)
             if sf not in rec:
                 raise DataError(f"{files[split]}:{n}: no {sf!r} field (has: {', '.join(map(str, rec))}); name the "
                                 f"source field with --source-field")
@@ -661,6 +720,8 @@ def load_generation(name: str, split: str, source_field: str | None = None,
         bad = [r for r in refs if not isinstance(r, str) or not r.strip()]
         if bad:
             raise DataError(f"{files[split]}:{n}: a reference text must be non-empty text, got {_describe(bad[0])}")
+        _check_unicode(f"{files[split]}:{n}", [(f"the source ({src_name})", str(src))]
+                       + [(f"reference {i + 1}", r) for i, r in enumerate(refs)])
         meta = {k: v for k, v in rec.items() if k in ("category", "eid", "seen")}
         out.append(GenExample(str(src), [str(r) for r in refs], meta))
     if not out:

@@ -156,7 +156,7 @@ def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list
         path = files["train"]
     if path.suffix.lower() in SUFFIXES:
         texts = []
-        for n, rec in read_records(path):
+        for n, rec in read_records(path, skip_blank=True):  # a corpus is a bag of texts: a blank row shifts nothing
             if text_field not in rec:
                 raise DataError(f"{path}:{n}: no field {text_field!r} (fields: {', '.join(map(str, rec))}); "
                                 f"choose it with --text-field")

@@ -12,11 +12,13 @@ message while the server goes on serving.
   GET  /metrics          Prometheus text format
 
 Every error is {"error": message} with its status: 400 malformed JSON, 404 unknown task, 413 too
-many texts or too long a source, 422 a field of the wrong type or value, 503 + Retry-After when the
-queue is full or the server is stopping, 500 when a batch failed (its message).
+many texts or too long a source, 415 a body not sent as JSON (Content-Type), 422 a field of the wrong
+type or value, 503 + Retry-After when the queue is full or the server is stopping, 500 when a batch
+failed (its message).
 """
 from __future__ import annotations
 
+import email.message
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -94,6 +96,32 @@ def _validation_message(errors: list[dict]) -> tuple[int, str]:
     return 422, "; ".join(parts) + ("" if len(errors) <= 3 else f" (and {len(errors) - 3} more)")
 
 
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (application/json or */*+json)."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def _not_json_message(content_type: str | None) -> str:
+    """What to tell a client whose body FastAPI did not read as JSON, for its Content-Type."""
+    sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+    return f"the body was sent with {sent}; send a JSON object with Content-Type: application/json"
+
+
+def _unreadable_message(cause: BaseException | None) -> str:
+    """A body that could not be parsed (FastAPI's 400), by what went wrong under it."""
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply to read; send a JSON object nested a few levels at most"
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the body could not be read: not UTF-8 (byte 0x{cause.object[cause.start:cause.start + 1].hex()} at "
+                f"offset {cause.start:,}); send a JSON object encoded as UTF-8")
+    return "the body could not be read (not UTF-8 JSON?); send a JSON object"
+
+
 def create_app(engine: Engine):
     """The FastAPI app serving `engine`; closing the app (lifespan end) closes the engine after
     the requests in flight are answered."""
@@ -144,6 +172,9 @@ def create_app(engine: Engine):
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
+        content_type = request.headers.get("content-type")
+        if request.method == "POST" and not _is_json(content_type):  # FastAPI validated the raw bytes
+            return error(415, _not_json_message(content_type))
         return error(*_validation_message(list(exc.errors())))
 
     @app.exception_handler(RequestError)
@@ -156,7 +187,7 @@ def create_app(engine: Engine):
         if exc.status_code == 404:
             detail = f"no such endpoint {request.url.path}; see /docs"
         elif exc.status_code == 400 and "parsing the body" in detail:
-            detail = "the body could not be read (not UTF-8 JSON?); send a JSON object"
+            detail = _unreadable_message(exc.__cause__)
         return error(exc.status_code, detail, getattr(exc, "headers", None))
 
     @app.exception_handler(Overloaded)

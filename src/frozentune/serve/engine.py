@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..data import unencodable
 from .batcher import BatchStats, Batcher, Job
 from .models import FrozenPass, Task, find_models, load_tasks
 
@@ -144,6 +145,8 @@ class Engine:
                     raise RequestError(f"{where}: a {type(x).__name__}, not a string")
                 if not x.strip():
                     raise RequestError(f"{where}: empty; give some text")
+                if (why := unencodable(x)) is not None:
+                    raise RequestError(f"{where}: {why}; send valid Unicode")
             out.append(tuple(t) if pairs else t)
         return out
 
