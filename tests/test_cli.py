@@ -51,6 +51,20 @@ def test_eval_agrees_with_training_run(trained, trec_slice, capsys):
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", cache)
     assert code == 0, err
     assert json.loads(stdout)["metrics"] == result["metrics"]  # exact: the same cached states, model and batches
+    assert "eval: the test split, 40 examples" in err
+
+
+def test_eval_of_one_file_says_it_scores_the_carved_tenth(trained, trec_slice, capsys, tmp_path):
+    """A single file gives up 10% as test, as training carved it: eval says so instead of scoring a tenth
+    of its rows silently."""
+    out, _, cache = trained
+    one = tmp_path / "held_out.jsonl"
+    one.write_text((trec_slice / "test.jsonl").read_text())
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", one, "--cache-dir", cache)
+    assert code == 0, err
+    n = json.loads(stdout)["n"]
+    assert 0 < n < 40  # about a tenth, stratified per class
+    assert "data: no test split: carved 10%" in err and f"eval: the test split, {n} examples" in err
 
 
 def test_predict_agrees_with_eval(trained, trec_slice, capsys, tmp_path):
@@ -108,6 +122,9 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     (["train", "--method", "probe", "--data", "trec", "--backbone", "/no/such/folder"], "folder /no/such/folder does not exist"),
     (["eval", "--model", "/no/such/model", "--data", "trec"], "/no/such/model: no such folder"),
     (["predict", "--model", "/no/such/model"], "nothing to predict"),
+    (["eval", "--model", __file__, "--data", "trec"], "a file, not a model folder"),
+    (["cache", "trec", "--max-train", "10"], "frozentune cache: error: unrecognized arguments: --max-train 10 "
+                                             "(see frozentune cache --help)"),
 ])
 def test_bad_input_messages(capsys, argv, needle):
     code, _, err = run(capsys, *argv)
@@ -138,6 +155,60 @@ def test_readme_sweep_layers_run_end_to_end(capsys, tiny_bert, trec_slice, tmp_p
     assert code == 0, err
     rows = json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]
     assert sorted({str(r["layer"]) for r in rows}) == ["-1", "-2"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["explain", "--model", "m", "--top", "0", "x"], "--top: 0: give a whole number of at least 1"),
+    (["explain", "--model", "m", "--top", "-1", "x"], "--top: -1: give a whole number of at least 1"),
+    (["train", "--method", "probe", "--data", "trec", "--max-train", "2.5"], "'2.5' is not a whole number"),
+    (["generate", "--model", "m", "--num-beams", "0", "x"], "--num-beams: 0: give a whole number of at least 1"),
+])
+def test_counts_under_one_are_refused_in_one_line(capsys, argv, needle):
+    """--top -1 ended in a traceback (topk of a negative count) and --top 0 printed empty lists;
+    every count option takes whole numbers of at least 1."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["predict", "--model", "m", "fine", " "], "text argument 2 is empty"),
+    (["explain", "--model", "m", "--pair", "a", ""], "--pair text argument 2 is empty"),
+    (["predict", "--model", "m", "caf\udce9"], "text argument 1: character offset 3 is a lone UTF-16 surrogate (U+DCE9; "
+                                                "on a command line, the byte 0xe9"),
+    (["generate", "--model", "m", ""], "source argument 1 is empty"),
+])
+def test_texts_given_as_arguments_follow_the_rules_of_files(capsys, argv, needle):
+    """An empty text argument was labelled (the server and files refuse it), and a Latin-1 byte from the
+    shell (a lone surrogate in Python) ended in the tokenizer's TypeError; both are one-line errors,
+    before any model is loaded (the folder `m` does not exist)."""
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and needle in err, err
+
+
+def test_device_messages_say_what_to_do():
+    from frozentune.extract import ExtractError, resolve_device
+
+    with pytest.raises(ExtractError, match="empty; give auto"):  # was taken as auto without a word
+        resolve_device("")
+    with pytest.raises(ExtractError, match="Use --device cpu"):
+        resolve_device("mps" if not torch.backends.mps.is_available() else "cuda:99")
+
+
+def test_a_closed_pipe_ends_quietly(capsys, monkeypatch):
+    """`frozentune ... | head`: when the reader goes away, the command stops with SIGPIPE's status and
+    no traceback (a BrokenPipeError from printing)."""
+    import signal
+
+    from frozentune import cli
+
+    def closed(a):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(cli, "cmd_list", lambda: closed(None))
+    monkeypatch.setattr(cli, "_stdout_to_devnull", lambda: None)  # the test's own stdout stays
+    code, _, err = run(capsys, "list")
+    assert code == 128 + signal.SIGPIPE and err == ""
 
 
 def test_console_script_runs():

@@ -193,10 +193,19 @@ def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys)
 def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
     out = _train(tiny_lm, e2e_slice, tmp_path / "m", "--method", "prefix", "--prefix-length", "2") and tmp_path / "m"
     lines = tmp_path / "sources.txt"
-    lines.write_text("name[Aromi], food[Italian]\n\nname[Cotto]\n")
+    lines.write_text("name[Aromi], food[Italian]\nname[Cotto]\n\n")  # blank lines at the end are fine
     capsys.readouterr()
     assert main(["generate", "--model", str(out), "--input", str(lines), "name[Blue Spice]"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
+    # one in the middle would shift every later output off its source's line: refused, not skipped
+    lines.write_text("name[Aromi], food[Italian]\n\nname[Cotto]\n")
+    assert main(["generate", "--model", str(out), "--input", str(lines)]) == 2
+    assert "sources.txt:2: a blank line" in capsys.readouterr().err
+    records = tmp_path / "sources.jsonl"
+    for row, needle in (({"source": ""}, "the source in 'source' is empty"), ({"source": "a \ud800"}, "the source in 'source': character offset 2 is a lone UTF-16 surrogate")):
+        records.write_text(json.dumps({"source": "name[Aromi]"}) + "\n" + json.dumps(row) + "\n")
+        assert main(["generate", "--model", str(out), "--input", str(records)]) == 2
+        assert f"sources.jsonl:2: {needle}" in capsys.readouterr().err, needle
 
 
 def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, capsys):
@@ -223,6 +232,41 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(DataError, match="at least 1"):
         G.load_generation_splits(str(e2e_slice), max_train=0)
+    # decoding options under 1: refused in one line (0 was taken as "the trained default", negatives crashed)
+    for flag, value in (("--max-new-tokens", "0"), ("--max-new-tokens", "-3"), ("--num-beams", "0"), ("--num-beams", "-1")):
+        with pytest.raises(SystemExit) as stop:
+            main(["generate", "--model", str(gen), flag, value, "name[Aromi]"])
+        assert stop.value.code == 2 and "at least 1" in capsys.readouterr().err, (flag, value)
+    for options in ({"num_beams": 0}, {"max_new_tokens": -1}):  # the Python API: the same rule
+        with pytest.raises(DataError, match="must be at least 1"):
+            G.generate_sources(gen, ["name[Aromi]"], **options)
+
+
+def test_generate_writes_one_line_per_source(tiny_lm, e2e_slice, tmp_path, capsys, monkeypatch):
+    """An output that holds line breaks is still one line (the breaks written as \\n), so output line
+    N answers source N; --json keeps the output as generated."""
+    gen = tmp_path / "gen"
+    _train(tiny_lm, e2e_slice, gen, "--method", "prefix", "--prefix-length", "2")
+    monkeypatch.setattr(G, "generate_sources", lambda model, sources, *a: ["two\nlines", "a\r\nb"][:len(sources)])
+    capsys.readouterr()
+    assert main(["generate", "--model", str(gen), "first", "second"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["two\\nlines", "a\\r\\nb"]
+    assert main(["generate", "--model", str(gen), "--json", "first"]) == 0
+    assert json.loads(capsys.readouterr().out)["output"] == "two\nlines"
+
+
+def test_generation_method_on_other_field_names_names_the_generation_options(tmp_path):
+    """A pairs file whose fields are not source / target, given to a method that generates, is read as
+    classification data and lacks `text`; the error names --source-field / --target-field too."""
+    from frozentune import api
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"article": f"a text {i}", "summary": f"short {i}"}) + "\n" for i in range(12)))
+    with pytest.raises(DataError, match="--source-field / --target-field"):
+        api.train("prefix", str(pairs))
+    with pytest.raises(DataError) as err:  # a method that only classifies gets the classification hint alone
+        api.train("probe", str(pairs))
+    assert "--source-field" not in str(err.value)
 
 
 # ----------------------------------------------------------------------------- the real default LM

@@ -162,9 +162,15 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if output is not None:
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
     may_cv = cfg.cv_folds >= 2 and not runs_live(method, options)
-    ds = data if isinstance(data, Dataset) else load_classification(
-        data, text_field, label_field, seed=cfg.seed, max_train=max_train, shots=shots,
-        carve_below=cfg.cv_below if may_cv else 0, pair_field=pair_field)
+    try:
+        ds = data if isinstance(data, Dataset) else load_classification(
+            data, text_field, label_field, seed=cfg.seed, max_train=max_train, shots=shots,
+            carve_below=cfg.cv_below if may_cv else 0, pair_field=pair_field)
+    except DataError as e:
+        if spec.generates and "missing field" in str(e):  # read as classification data, meant as pairs?
+            raise DataError(f"{e} For source → target generation with --method {method}, name the source and target "
+                            f"fields instead: --source-field / --target-field.") from None
+        raise
     check_token_types(backbone, ds.pair_field is not None, ds.name)
     if isinstance(backbone, Backbone):
         rt = Runtime(backbone.device, backbone.precision, [])
@@ -318,6 +324,9 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
     model = _load(model_dir, device, precision, log)
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field)
+    for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
+        log(f"data: {note}")
+    log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
     check_inputs(model, part.texts[:1])
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     positive = positive_label(ds.name, model.labels)

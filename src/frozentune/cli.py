@@ -25,7 +25,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import interrupts
 from .export import FORMATS as EXPORT_FORMATS
@@ -55,6 +55,20 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _whole(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `least`; anything else is refused in one line."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give one of at least {least}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value}: give a whole number of at least {least}")
+        return value
+    parse.__name__ = f"whole number ≥ {least}"
+    return parse
 
 
 def _flag(name: str) -> str:
@@ -147,17 +161,18 @@ def _parser() -> argparse.ArgumentParser:
     _data_args(t)
     _pair_field_args(t)
     t.add_argument("--output", type=Path, help="folder for the saved model and result.json")
-    t.add_argument("--max-train", type=int, help="use a stratified sample of this many training examples")
-    t.add_argument("--shots", type=int, metavar="K", help="use K training examples of each class (seeded by --seed; "
+    t.add_argument("--max-train", type=_whole(1), help="use a stratified sample of this many training examples (the "
+                   "cache still holds the whole split's states, extracted once and shared by every sample)")
+    t.add_argument("--shots", type=_whole(1), metavar="K", help="use K training examples of each class (seeded by --seed; "
                    "whole sentences of a phrase treebank) for few-shot runs")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--overwrite", action="store_true", help="replace a model already saved in --output (otherwise refused)")
     _backbone_args(t)
     g = t.add_argument_group("generation (e2e, webnlg)")
-    g.add_argument("--num-beams", type=int, default=5, help="beam width for decoding the test sources (1: greedy)")
-    g.add_argument("--max-new-tokens", type=int, default=64, help="longest generated text, in tokens")
-    g.add_argument("--max-validation", type=int, default=200, help="validation pairs (seeded sample) for early stopping")
-    g.add_argument("--max-test", type=int, help="decode a seeded sample of this many test sources (default: all)")
+    g.add_argument("--num-beams", type=_whole(1), default=5, help="beam width for decoding the test sources (1: greedy)")
+    g.add_argument("--max-new-tokens", type=_whole(1), default=64, help="longest generated text, in tokens")
+    g.add_argument("--max-validation", type=_whole(1), default=200, help="validation pairs (seeded sample) for early stopping")
+    g.add_argument("--max-test", type=_whole(1), help="decode a seeded sample of this many test sources (default: all)")
     from .train import TrainConfig
     _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`)",
                            skip=("device",))  # --device is the backbone group's: one device for both
@@ -171,18 +186,19 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--label-field")
     _pair_field_args(e)
     e.add_argument("--cache-dir", type=Path)
-    e.add_argument("--max-test", type=int, help="generation models: score a seeded sample of this many sources")
-    e.add_argument("--num-beams", type=int, help="generation models: beam width (default: as trained)")
+    e.add_argument("--max-test", type=_whole(1), help="generation models: score a seeded sample of this many sources")
+    e.add_argument("--num-beams", type=_whole(1), help="generation models: beam width (default: as trained)")
     _runtime_args(e)
 
-    gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line)")
+    gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line; "
+                         "a line break inside an output is written as \\n, --json keeps outputs as they are)")
     gen.add_argument("--model", type=Path, required=True)
     gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation, linearised triples, or any source text")
     gen.add_argument("--input", type=Path, help="a file with one source per line, or a .jsonl/.csv/.tsv dataset file "
                      "(source / mr / triples)")
     gen.add_argument("--source-field", help="with a .jsonl/.csv/.tsv --input: the source field (default: source)")
-    gen.add_argument("--num-beams", type=int, help="beam width (default: the one the model was trained with)")
-    gen.add_argument("--max-new-tokens", type=int, help="longest output in tokens (default: as trained)")
+    gen.add_argument("--num-beams", type=_whole(1), help="beam width (default: the one the model was trained with)")
+    gen.add_argument("--max-new-tokens", type=_whole(1), help="longest output in tokens (default: as trained)")
     gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")
 
     pr = sub.add_parser("predict", help="label texts with a saved model (or an exported ONNX graph: --onnx)")
@@ -198,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("texts", nargs="*", help="texts to explain")
     _input_args(x)
-    x.add_argument("--top", type=int, default=5, help="how many tokens or spans to show")
+    x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
     _runtime_args(x)
 
@@ -215,7 +231,8 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset; --list / --prune")
     c.add_argument("data", nargs="?", help="dataset name, file or folder")
-    c.add_argument("--splits", default="train,validation,test")
+    c.add_argument("--splits", default="train,validation,test",
+                   help="comma list of the splits to extract (default: train,validation,test)")
     c.add_argument("--shard", metavar="i/N", help="extract only part i of N (0-based), for N independent processes "
                    "(job arrays); the entry is written when the last part finishes. Under torchrun / accelerate "
                    "launch the part comes from RANK / WORLD_SIZE")
@@ -249,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--weight-decay", help="comma list of AdamW weight decays (default: each method's own)")
     sw.add_argument("--seeds", default="0,1,2", help="comma list of seeds: each setting is trained once per seed")
     sw.add_argument("--shots", type=int, metavar="K", help="K training examples per class (drawn with each seed)")
-    sw.add_argument("--max-train", type=int, help="a stratified sample of this many training examples")
+    sw.add_argument("--max-train", type=_whole(1), help="a stratified sample of this many training examples")
     sw.add_argument("--output", type=Path, help="folder for sweep.md, sweep.json, sweep.png and best/ (the best point's model)")
     sw.add_argument("--overwrite", action="store_true", help="replace a sweep already saved in --output")
     _backbone_args(sw)
@@ -357,12 +374,25 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def _arguments(values: Sequence[str], what: str) -> list[str]:
+    """Texts given on the command line, held to the rule of texts in files: an empty one, or one that
+    is not valid Unicode (bytes the shell passed that are not UTF-8), is an error naming it."""
+    from .data import unencodable
+
+    for i, text in enumerate(values, 1):
+        if not text.strip():
+            raise CLIError(f"{what} argument {i} is empty; give some text")
+        if (why := unencodable(text)) is not None:
+            raise CLIError(f"{what} argument {i}: {why}; give UTF-8 text")
+    return list(values)
+
+
 def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | None] | None = None) -> list:
     """The texts and pairs given to predict / explain: arguments, --pair, then --input (read with the
     model's fields, or `fields`)."""
     from . import api
 
-    texts = list(a.texts) + [tuple(p) for p in a.pair]
+    texts = _arguments(a.texts, "text") + [tuple(_arguments(p, "--pair text")) for p in a.pair]
     if a.input:
         texts += (api.read_inputs_with(fields, a.input, a.text_field, a.text_pair_field) if fields is not None
                   else api.read_inputs(a.model, a.input, a.text_field, a.text_pair_field))
@@ -391,14 +421,21 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
+def one_line(text: str) -> str:
+    """`text` as one output line: a line break inside it written as \\n (and \\r), so line N of the
+    output is the output for source N."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
     from .generation.run import generate_sources, read_sources
 
-    sources = list(a.sources) + (read_sources(a.input, a.source_field) if a.input else [])
+    sources = _arguments(a.sources, "source") + (read_sources(a.input, a.source_field) if a.input else [])
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
     for src, out in zip(sources, generate_sources(a.model, sources, a.num_beams, a.max_new_tokens)):
-        print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else out, flush=True)
+        print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else one_line(out),
+              flush=True)
     return 0
 
 
@@ -630,6 +667,12 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+def _stdout_to_devnull() -> None:
+    """Point standard output at /dev/null, so that Python's flush at exit meets no closed pipe (and
+    prints no second error)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
@@ -662,8 +705,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        if a.command != "train" and rest:
-            ap.error(f"unrecognized arguments: {' '.join(rest)}")
+        if a.command != "train" and rest:  # named with the command, whose --help lists its own options
+            print(f"frozentune {a.command}: error: unrecognized arguments: {' '.join(rest)} "
+                  f"(see frozentune {a.command} --help)", file=sys.stderr)
+            return 2
         if a.command == "train":
             return cmd_train(a, rest)
         if a.command == "list":
@@ -675,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             OutputError, ExtractError, DistributedError, ServeError, PairError, ExportError) as e:
         print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly, as Unix tools do
+        _stdout_to_devnull()
+        return 128 + signal.SIGPIPE
     except (KeyboardInterrupt, Interrupted) as e:
         return _report_interrupt(e)
     except Exception as e:

@@ -221,6 +221,8 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
     """A saved model folder's config.json, after checking that model.safetensors is there, whole
     and the file the config was written with (size and checksum recorded at save time)."""
     folder = Path(folder)
+    if folder.is_file():
+        raise ModelLoadError(f"{folder}: a file, not a model folder; give {kind}")
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: no such folder; give {kind}")
     for name in (CONFIG, WEIGHTS):

@@ -36,6 +36,8 @@ def resolve_device(spec: str | torch.device | None = "auto") -> tuple[torch.devi
     unknown device is an ExtractError that lists what this machine has."""
     if isinstance(spec, torch.device):
         spec = str(spec)
+    if spec is not None and not spec.strip():
+        raise ExtractError(f"--device {spec!r}: empty; give {DEVICE_HELP}, or leave --device out for auto")
     spec = (spec or "auto").strip().lower()
     n = _cuda_count()
     have = ["cpu"] + [f"cuda:{i}" for i in range(n)] + (["mps"] if _mps() else [])
@@ -62,7 +64,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> tuple[torch.devi
     if spec == "mps":
         if not _mps():
             raise ExtractError(f"--device mps: no Apple GPU (MPS) is available here; this machine has "
-                               f"{', '.join(have)}")
+                               f"{', '.join(have)}. Use --device cpu (or auto, which picks a GPU only when there is one)")
         return torch.device("mps"), "device: mps (Apple GPU)"
     raise ExtractError(f"--device {spec!r}: give {DEVICE_HELP}")
 

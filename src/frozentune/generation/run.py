@@ -467,8 +467,16 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
     """A saved generation model's outputs for sources (linearised tables), decoded with the options
     its training run used unless given."""
     tuner, tok, config = load_tuner(model_dir)
-    d = DecodeOptions(**config.get("decoding", {}))
-    return decode(tuner, tok, sources, num_beams or d.num_beams, max_new_tokens or d.max_new_tokens, d.batch_size)
+    d = decoding(config, num_beams, max_new_tokens)
+    return decode(tuner, tok, sources, d.num_beams, d.max_new_tokens, d.batch_size)
+
+
+def decoding(config: dict, num_beams: int | None = None, max_new_tokens: int | None = None) -> DecodeOptions:
+    """A saved model's decoding options (config.json's `decoding`), with the ones given in their place;
+    None keeps the saved one, and a value under 1 is an error (0 is not "the default")."""
+    saved = DecodeOptions(**config.get("decoding", {}))
+    given = {k: v for k, v in (("num_beams", num_beams), ("max_new_tokens", max_new_tokens)) if v is not None}
+    return dataclasses.replace(saved, **given).validate()
 
 
 def is_generation_model(folder: Path) -> bool:
@@ -488,7 +496,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     `max_test`: a seeded sample; on the test split the one its training run scored when given the
     same number (the same seed and draws), so `eval` repeats the run's figures."""
     tuner, tok, config = load_tuner(model_dir)
-    d = DecodeOptions(**config.get("decoding", {}))
+    d = decoding(config, num_beams, max_new_tokens)
     saved = config.get("fields") or {}
     fields = (source_field or saved.get("source"), target_field or saved.get("target"))
     if split == "test":  # drawn as the training run drew it (same seed, same earlier draws)
@@ -497,8 +505,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
                                           sizes.get("max_validation", 200), max_test, fields=fields).test
     else:
         examples = _sample(load_generation(data, split, *fields), max_test, np.random.default_rng(0))
-    hyps = decode(tuner, tok, [ex.source for ex in examples], num_beams or d.num_beams,
-                  max_new_tokens or d.max_new_tokens, d.batch_size, log)
+    hyps = decode(tuner, tok, [ex.source for ex in examples], d.num_beams, d.max_new_tokens, d.batch_size, log)
     metrics = grouped_scores(hyps, examples)
     return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
             "metrics_by_group": metrics}
@@ -507,7 +514,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     """Sources from a file: a .jsonl / .csv / .tsv of E2E (`mr`), WebNLG (`triples`) or pairs records
     (`source`, or `source_field`), else one per line."""
-    from ..data import read_lines, read_records
+    from ..data import read_lines, read_records, unencodable
 
     path = Path(path)
     if path.suffix.lower() not in (".jsonl", ".csv", ".tsv") or not path.is_file():
@@ -515,8 +522,14 @@ def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     field = source_field or "source"
     out = []
     for n, rec in read_records(path):
-        if field in rec and isinstance(rec[field], str) and rec[field].strip():
-            out.append(rec[field])
+        if field in rec:
+            value = rec[field]
+            if not isinstance(value, str) or not value.strip():
+                raise DataError(f"{path}:{n}: the source in {field!r} is {'empty' if isinstance(value, str) else 'not text'}; "
+                                f"fix or remove the row")
+            if (why := unencodable(value)) is not None:
+                raise DataError(f"{path}:{n}: the source in {field!r}: {why}; fix or remove the row")
+            out.append(value)
         elif source_field is None and "mr" in rec:
             out.append(str(rec["mr"]))
         elif source_field is None and "triples" in rec:
