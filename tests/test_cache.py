@@ -176,3 +176,30 @@ def test_layer_choice(tiny_bert):
         LayerSpec.parse("last")
     with pytest.raises(BackboneError, match="exceeds what"):
         Backbone.load(str(tiny_bert), max_length=4096)
+
+
+@pytest.mark.parametrize("layers,combine,says", [
+    ((1, -2), "mean", "--layer 1,-2: 1 and -2 are both layer 1 of the model's hidden states 0..2"),
+    ((-1, 2), "concat", "--layer -1,2: -1 and 2 are both layer 2 of the model's hidden states 0..2"),
+    ((0, 0), "mean", "--layer 0,0: layer 0 is given twice"),
+])
+def test_a_layer_given_twice_is_refused(tiny_bert, layers, combine, says):
+    """On a 2-layer model (hidden states 0..2) `1,-2` is layer 1 twice: refused with both spellings,
+    never an entry of `1,1:mean` (one layer) or of a doubled width (concat)."""
+    from frozentune.backbone import BackboneError
+
+    with pytest.raises(BackboneError) as e:
+        Backbone.load(str(tiny_bert), LayerSpec(layers, combine), 16)
+    assert says in str(e.value) and "give each layer once" in str(e.value)
+    bb = Backbone.load(str(tiny_bert), max_length=16)
+    with pytest.raises(BackboneError, match="give each layer once"):  # a view on other layers too
+        bb.with_layers(LayerSpec(layers, combine))
+
+
+def test_a_layer_given_twice_through_the_cli(tiny_bert, trec_slice, tmp_path):
+    from clirun import cli
+
+    root = tmp_path / "c"
+    cli("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--quiet", "--layer", "1,-2", code=2,
+        contains=("--layer 1,-2", "both layer 1", "give each layer once"))
+    assert not root.exists() or not any(root.iterdir())

@@ -102,6 +102,35 @@ def test_damaged_entry_is_refused_then_rebuilt(tiny_bert, trec_slice, tmp_path, 
     rebuild_fixes_it(trec_slice, tiny_bert, root, entry)
 
 
+@pytest.mark.parametrize("name", ["states.bin", "offsets.bin"])
+def test_list_marks_a_truncated_entry_unreadable_and_prune_removes_it(tiny_bert, trec_slice, tmp_path, name):
+    """`cache --list` compares every data file's size with meta.json's (a stat, no hashing): a
+    truncated file makes the entry unreadable, naming the file and both sizes, and --prune removes
+    it (using it would fail anyway); the intact entry beside it stays ok."""
+    root = tmp_path / "cache"
+    made = entries(trec_slice, tiny_bert, root)
+    entry, intact = made["train"], made["test"]
+    path = entry / name
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:-3])
+    rows = {Path(r["path"]).name: r for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root,
+                                                            code=0).out)}
+    assert rows[entry.name]["status"] == f"unreadable ({name}: {size - 3:,} bytes, meta.json records {size:,})"
+    assert rows[intact.name]["status"] == "ok"
+    assert "unreadable" in cli("cache", "--list", "--cache-dir", root, code=0).out
+    cli("cache", "--prune", "--cache-dir", root, code=0)
+    assert sorted(p.name for p in root.iterdir()) == [intact.name]
+
+
+def test_list_marks_an_entry_missing_a_file_unreadable(tiny_bert, trec_slice, tmp_path):
+    from frozentune.extract.entries import scan
+
+    root = tmp_path / "cache"
+    entry = entries(trec_slice, tiny_bert, root)["train"]
+    (entry / "ids.bin").unlink()
+    assert {e.path.name: e.status for e in scan(root)}[entry.name] == "unreadable (ids.bin missing)"
+
+
 @pytest.mark.parametrize("field,value", [
     ("n", lambda m: m["n"] - 1), ("dim", lambda m: m["dim"] * 2), ("dtype", lambda m: "float32"),
     ("tokens", lambda m: m["tokens"] - 7), ("key", lambda m: "0" * 32),

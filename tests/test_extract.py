@@ -24,7 +24,7 @@ from frozentune.backbone import Backbone, LayerSpec
 from frozentune.cache import (CacheError, CachedStates, FORMAT_VERSION, build_part, cache_key, get_or_build,
                               legacy_keys, meta_sha)
 from frozentune.extract import ExtractError, resolve_device
-from frozentune.extract.entries import prune, scan
+from frozentune.extract.entries import kept_lines, prune, scan
 from frozentune.extract.shards import Part, building_dir, make_plan, part_of
 
 from clirun import cli
@@ -282,22 +282,116 @@ def test_cli_device_and_shard_errors(tiny_bert, trec_slice, tmp_path):
 
 
 def test_list_and_prune(bb, tmp_path, monkeypatch):
+    """--prune removes what nothing can use (a build killed before its first shard, a dead merge's
+    leftover) and keeps a build holding finished shards (a rerun resumes from them), saying so;
+    include_resumable (the CLI's --include-resumable) removes that one too."""
     root = tmp_path / "cache"
     get_or_build(bb, BASE, root, progress=False)
+    kill_after(monkeypatch, 3)  # shards are ≥ 2 batches: shard 0 finished, shard 1 half-written
+    with pytest.raises(Killed):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    monkeypatch.undo()
+    early = [t + " ?" for t in MANY]
+    kill_after(monkeypatch, 1)  # killed inside its first shard: nothing to resume
+    with pytest.raises(Killed):
+        get_or_build(bb, early, root, progress=False, **KW)
+    monkeypatch.undo()
+    resumable, empty = building_dir(root, cache_key(bb, MANY)[0]), building_dir(root, cache_key(bb, early)[0])
+    (root / "deadbeef.partial-999999999-x").mkdir()  # a merge whose process is gone
+    rows = {e.path: e for e in scan(root)}
+    entry = next(e for e in rows.values() if e.kind == "entry")
+    assert entry.status == "ok" and entry.precision == "fp32" and entry.examples == len(BASE)
+    total = len(plan_of(bb).shards)
+    assert (rows[resumable].status, rows[resumable].shards) == ("interrupted, resumable", f"1/{total}")
+    assert rows[empty].status == "interrupted" and rows[empty].shards.startswith("0/")
+    assert rows[resumable].resumable and not rows[resumable].removable and rows[empty].removable
+    answer = cli("cache", "--list", "--cache-dir", str(root), code=0)
+    assert "interrupted, resumable" in answer.out and "ok" in answer.out
+    answer = cli("cache", "--prune", "--cache-dir", str(root), code=0)  # as the CLI runs prune
+    assert f"removed {empty.name}" in answer.out and "removed deadbeef.partial-999999999-x" in answer.out
+    assert f"kept {resumable.name}" in answer.out and "pruned 2 item(s)" in answer.out
+    assert sorted(e.kind for e in scan(root)) == ["building", "entry"] and resumable.is_dir()
+    (kept,) = kept_lines(root)
+    assert resumable.name in kept and f"1/{total} shards finished" in kept and "rerun the same command" in kept
+    assert "--include-resumable" in kept
+    assert get_or_build(bb, BASE, root, progress=False)[1] == 0.0  # the entry is intact
+    assert "--include-resumable goes with --prune" in cli("cache", "--list", "--include-resumable",
+                                                          "--cache-dir", str(root), code=2).err
+    answer = cli("cache", "--prune", "--include-resumable", "--cache-dir", str(root), code=0)
+    assert f"removed {resumable.name}" in answer.out and "kept" not in answer.out
+    assert [e.kind for e in scan(root)] == ["entry"] and kept_lines(root) == []
+    assert prune(root) == []
+
+
+def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch):
+    """`--shard 0/2` finishes its share and stops: --list says the build waits for the other parts,
+    --prune keeps it (and says why), and part 1/2 then completes the one-process entry. A part
+    interrupted before its share is done is resumable, not waiting."""
+    root = tmp_path / "cache"
+    key = cache_key(bb, MANY)[0]
+    folder, total = building_dir(root, key), len(plan_of(bb).shards)
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        build_part(bb, MANY, Part(0, 2, "--shard 0/2"), root, progress=False, **KW)
+    monkeypatch.undo()
+    (row,) = scan(root)
+    assert (row.status, row.shards, row.parts) == ("interrupted, resumable", f"1/{total}", "")
+    cache, stats = build_part(bb, MANY, Part(0, 2, "--shard 0/2"), root, progress=False, **KW)
+    assert cache is None and stats.report.missing
+    (row,) = scan(root)
+    half = (total + 1) // 2
+    assert (row.status, row.shards, row.parts) == ("waiting for other parts", f"{half}/{total}", "0/2")
+    assert row.resumable and not row.removable
+    rows = json.loads(cli("cache", "--list", "--json", "--cache-dir", str(root), code=0).out)
+    assert [(r["status"], r["shards"], r["parts"]) for r in rows] == [("waiting for other parts", f"{half}/{total}",
+                                                                      "0/2")]
+    assert prune(root) == [] and folder.is_dir()
+    (kept,) = kept_lines(root)
+    assert "waiting for other parts" in kept and "part 0/2 done" in kept and "--shard" in kept
+    cache, _ = build_part(bb, MANY, Part(1, 2, "--shard 1/2"), root, progress=False, **KW)
+    assert sums(cache) == sums(reference) and scan(root)[0].kind == "entry"
+
+
+def test_resume_needs_the_shard_size_it_was_started_with(bb, reference, tmp_path, monkeypatch):
+    """A build started with FROZENTUNE_SHARD_TOKENS=150, rerun without it (the default size): the
+    plans are compared before any shard is counted, so the answer names the variable and the value
+    to resume with — not a shard "of another plan" (all are), not another version — and nothing
+    is touched. Rerun with it, the build resumes into the uninterrupted entry's bytes."""
+    root = tmp_path / "cache"
+    key = cache_key(bb, MANY)[0]
+    folder = building_dir(root, key)
+    monkeypatch.setenv(S.SHARD_ENV, str(SHARD))
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        get_or_build(bb, MANY, root, progress=False, max_tokens=128)
+    monkeypatch.undo()  # the variable is unset again, as in a plain rerun
+    before = sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*"))
+    assert (folder / "shard-00000").is_dir() and os.environ.get(S.SHARD_ENV) is None
+    with pytest.raises(ExtractError) as e:
+        get_or_build(bb, MANY, root, progress=False, max_tokens=128)
+    said = str(e.value)
+    assert f"started with {S.SHARD_ENV}={SHARD} (shards of {SHARD} tokens)" in said
+    assert f"rerun with {S.SHARD_ENV}={SHARD} to resume it" in said and "--rebuild-cache" in said
+    assert f"{S.SHARD_TOKENS:,} tokens (the default, {S.SHARD_ENV} unset)" in said
+    assert "shard-00000" not in said and "version" not in said
+    with pytest.raises(ExtractError, match=f"rerun with {S.SHARD_ENV}={SHARD} to resume"):  # as well for a part
+        build_part(bb, MANY, Part(1, 2, "--shard 1/2"), root, progress=False, max_tokens=128)
+    assert sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*")) == before
+    monkeypatch.setenv(S.SHARD_ENV, str(SHARD))
+    said = []
+    cache, secs = get_or_build(bb, MANY, root, progress=False, max_tokens=128, log=said.append)
+    assert secs > 0 and sums(cache) == sums(reference) and any("resumed" in s for s in said)
+
+
+def test_a_plan_of_other_batch_settings_says_which(bb, tmp_path, monkeypatch):
+    """Batch settings (not the shard size) differ: the answer names them and --rebuild-cache."""
+    root = tmp_path / "cache"
     kill_after(monkeypatch, 3)
     with pytest.raises(Killed):
         get_or_build(bb, MANY, root, progress=False, **KW)
     monkeypatch.undo()
-    (root / "deadbeef.partial-999999999-x").mkdir()  # a merge whose process is gone
-    rows = {e.kind: e for e in scan(root)}
-    assert rows["entry"].status == "ok" and rows["entry"].precision == "fp32" and rows["entry"].examples == len(BASE)
-    assert rows["building"].status == "interrupted" and rows["building"].shards.endswith(f"/{len(plan_of(bb).shards)}")
-    answer = cli("cache", "--list", "--cache-dir", str(root), code=0)
-    assert "interrupted" in answer.out and "ok" in answer.out
-    gone = prune(root)
-    assert sorted(e.kind for e in gone) == ["building", "partial"]
-    assert [e.kind for e in scan(root)] == ["entry"]
-    assert get_or_build(bb, BASE, root, progress=False)[1] == 0.0  # the entry is intact
+    with pytest.raises(ExtractError, match=r"max_tokens 128, now 256.*--rebuild-cache"):
+        get_or_build(bb, MANY, root, progress=False, shard_tokens=SHARD, max_tokens=256)
 
 
 def test_running_build_is_not_pruned(bb, tmp_path):

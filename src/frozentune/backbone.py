@@ -12,7 +12,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -387,14 +387,29 @@ def check_layers(name: str, model: nn.Module, spec: LayerSpec) -> None:
     """Every index of `spec` names one of the model's hidden states (embeddings + one per layer),
     checked when a Backbone is built, before any text is encoded."""
     layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    if not isinstance(layers, int):
-        return  # not a Hugging Face config: select_layers checks at the first encode
+    short = Path(name).name if os.sep in str(name) else str(name)  # name: an id, a folder, or a Path
+    if not isinstance(layers, int):  # not a Hugging Face config: select_layers checks the range at the first encode
+        check_distinct(spec, lambda i: i, f"this backbone ({short})")
+        return
     n = layers + 1
     for i in spec.layers:
         if not -n <= i < n:
-            short = Path(name).name if os.sep in name else name
             raise BackboneError(f"layer {i} out of range: this backbone ({short}, {layers} layers) has hidden states "
                                 f"0..{n - 1} (0 = embeddings, -1 = last); give an index in {-n}..{n - 1}")
+    check_distinct(spec, lambda i: i % n, f"the model's hidden states 0..{n - 1} ({short}, {layers} layers)")
+
+
+def check_distinct(spec: LayerSpec, absolute: Callable[[int], int], of: str) -> None:
+    """No hidden state is chosen twice once the indices are made absolute (`4,-3` of a 6-layer
+    model is layer 4 twice: a mean of one layer, or a concatenation of two copies of it)."""
+    first: dict[int, int] = {}
+    for i in spec.layers:
+        a = absolute(i)
+        if a in first:
+            given = ",".join(map(str, spec.layers))
+            says = f"{first[a]} and {i} are both layer {a}" if first[a] != i else f"layer {a} is given twice"
+            raise BackboneError(f"--layer {given}: {says} of {of}; give each layer once")
+        first[a] = i
 
 
 def select_layers(hidden_states: Sequence[Tensor], spec: LayerSpec) -> Tensor:

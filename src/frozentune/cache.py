@@ -47,7 +47,8 @@ from torch import Tensor
 from .backbone import Backbone, Tokenized, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
-from .extract.shards import Part, Plan, building_dir, extract_part, finished, make_plan, merge, work_of
+from .extract.shards import (Part, Plan, building_dir, check_plan, extract_part, finished, make_plan, merge,
+                              work_of)
 
 FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
 CHUNK = 64 << 20  # bytes per checksum chunk
@@ -363,7 +364,8 @@ def _write_error(root: Path, key: str, e: OSError) -> CacheError:
     return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
                       f"or give --cache-dir a writable folder with room"
                       + (f"; its {len(kept)} finished shards ({size / 1e6:,.1f} MB) are kept in {folder.name}: "
-                         f"rerun to resume from them, or `frozentune cache --prune` removes them" if kept else ""))
+                         f"rerun to resume from them, or `frozentune cache --prune --include-resumable` removes them"
+                         if kept else ""))
 
 
 def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
@@ -383,6 +385,7 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         owned = [k for k in range(len(plan.shards)) if part.owns(k)]
         with _Progress(*work_of(plan, tokens.lengths, owned), "extracting", enabled=progress) as bar:
             if folder.exists():
+                check_plan(folder, key, plan)  # first: shards of another plan are not finished ones of this
                 done = finished(folder, plan)
                 bar.skip(work_of(plan, tokens.lengths, [k for k in owned if k in done])[0])
             report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)

@@ -237,7 +237,10 @@ def _parser() -> argparse.ArgumentParser:
                    "(job arrays); the entry is written when the last part finishes. Under torchrun / accelerate "
                    "launch the part comes from RANK / WORLD_SIZE")
     c.add_argument("--list", action="store_true", help="list the entries and interrupted builds in the cache folder")
-    c.add_argument("--prune", action="store_true", help="remove interrupted builds, leftovers and unreadable entries")
+    c.add_argument("--prune", action="store_true", help="remove interrupted builds with no finished shard, leftovers "
+                   "and unreadable entries (builds holding finished shards are kept and listed)")
+    c.add_argument("--include-resumable", action="store_true", help="with --prune: also delete builds holding finished "
+                   "shards (interrupted, or a --shard part waiting for the others)")
     c.add_argument("--json", action="store_true", help="with --list / --prune: JSON instead of a table")
     c.add_argument("--text-field", default="text")
     c.add_argument("--text-pair-field", help=PAIR_HELP)
@@ -475,11 +478,15 @@ def cmd_cache(a: argparse.Namespace) -> int:
     if a.list or a.prune:
         if a.data is not None or a.list == a.prune:
             raise CLIError("give either --list or --prune, without a dataset (e.g. frozentune cache --list)")
+        if a.include_resumable and not a.prune:
+            raise CLIError("--include-resumable goes with --prune")
         return _cache_folder(a)
     if a.data is None:
         raise CLIError("give a dataset to cache (e.g. frozentune cache sst2), or --list / --prune")
     if a.json:
         raise CLIError("--json goes with --list or --prune")
+    if a.include_resumable:
+        raise CLIError("--include-resumable goes with --prune")
     on_interrupt("entries finished before it are kept, and the finished shards of the one being built: "
                  "rerun the same command to resume")
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
@@ -493,16 +500,20 @@ def cmd_cache(a: argparse.Namespace) -> int:
 def _cache_folder(a: argparse.Namespace) -> int:
     """--list / --prune of the cache folder."""
     from .cache import default_root
-    from .extract.entries import mb, prune, scan
+    from .extract.entries import kept_lines, mb, prune, scan
 
     root = a.cache_dir or default_root()
-    rows = prune(root) if a.prune else scan(root)
+    if root.exists() and not root.is_dir():
+        raise CLIError(f"{root}: a file, not a cache folder; give --cache-dir a folder")
+    rows = prune(root, include_resumable=a.include_resumable) if a.prune else scan(root)
     if a.json:
         print(json.dumps([e.row() for e in rows], indent=2, allow_nan=False))
         return 0
     if a.prune:
         for e in rows:
             print(f"removed {e.path.name} ({e.kind}, {e.status}, {mb(e.bytes)})")
+        for line in kept_lines(root):
+            print(line)
         print(f"pruned {len(rows)} item(s), {mb(sum(e.bytes for e in rows))} freed in {root}")
         return 0
     if not rows:
@@ -522,7 +533,8 @@ def _cache_folder(a: argparse.Namespace) -> int:
                   f"{e.tokens:,}" if e.tokens is not None else "", mb(e.bytes), e.created)
     Console(width=200).print(t)
     print(f"{len(rows)} item(s), {mb(sum(e.bytes for e in rows))}; --prune removes "
-          f"{sum(e.removable for e in rows)} of them (interrupted builds, leftovers, unreadable entries)")
+          f"{sum(e.removable for e in rows)} of them (interrupted builds with no finished shard, leftovers, unreadable "
+          f"entries); --include-resumable also the {sum(e.resumable for e in rows)} holding finished shards")
     return 0
 
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import is_running, read_json
+from .shards import is_running, parts_done, read_json
+
+
+# statuses of a build folder
+RUNNING = "running"                       # a process is extracting into it now
+WAITING = "waiting for other parts"       # a part of several (--shard i/N) finished its shards
+RESUMABLE = "interrupted, resumable"      # finished shards that a rerun resumes from
+INTERRUPTED = "interrupted"               # nothing to resume from (no finished shard, or no readable plan)
+UNREADABLE = "unreadable"                 # an entry's status starts with it, then says why in parentheses
 
 
 @dataclass
@@ -15,7 +24,8 @@ class Entry:
     """One thing in the cache folder: a complete entry, an interrupted or running build, or debris."""
     path: Path
     kind: str            # entry | building | merging | partial
-    status: str          # ok | old format (re-keyed on next use) | unreadable | running | interrupted | …
+    status: str          # ok | old format (re-keyed on next use) | unreadable (why) | running | waiting for other
+                         # parts | interrupted, resumable | interrupted | leftover of a merge
     bytes: int
     model: str = ""
     layers: str = ""
@@ -25,15 +35,23 @@ class Entry:
     examples: int | None = None
     tokens: int | None = None
     created: str = ""
-    shards: str = ""     # building: "done/total"
+    shards: str = ""     # building: "finished/total"
+    parts: str = ""      # building: the parts of several that finished their shards ("0/2, 2/4")
 
     @property
     def removable(self) -> bool:
-        """What --prune removes: interrupted builds (nobody is extracting into them), leftovers of
-        merges whose process is gone, and entries that no version can read. A running build and a
-        readable entry (old-format ones are re-keyed on use) are kept."""
-        return (self.kind == "building" and self.status == "interrupted") or self.kind == "partial" \
-            or self.status == "unreadable"
+        """What --prune removes: builds with nothing to resume from (no finished shard), leftovers
+        of merges whose process is gone, and entries that no version can read. A running build, a
+        build holding finished shards (see `resumable`) and a readable entry (old-format ones are
+        re-keyed on use) are kept."""
+        return (self.kind == "building" and self.status == INTERRUPTED) or self.kind == "partial" \
+            or self.status.startswith(UNREADABLE)
+
+    @property
+    def resumable(self) -> bool:
+        """A build holding finished shards that nobody is extracting into now: a later run (or the
+        other parts) resumes from them. --prune removes it only when asked (include_resumable)."""
+        return self.kind == "building" and self.status in (WAITING, RESUMABLE)
 
     def row(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "path"}
@@ -67,10 +85,66 @@ def _describe(fields: dict) -> dict:
             "dtype": str(fields.get("dtype", "")), "examples": fields.get("n")}
 
 
-def scan(root: Path) -> list[Entry]:
-    """Every entry, build and leftover under root (sorted by path)."""
+def _files_problem(path: Path, meta: dict) -> str:
+    """Why an entry's data files cannot be what its meta.json records ("" when their sizes agree);
+    sizes only (stat): the checksums are verified when the entry is opened."""
+    from ..cache import FILES
+
+    files = meta.get("files")
+    for name in FILES:
+        want = files.get(name) if isinstance(files, dict) else None
+        size = want.get("size") if isinstance(want, dict) else None
+        if not isinstance(size, int):
+            return f"meta.json records no size for {name}"
+        try:
+            got = (path / name).stat().st_size
+        except OSError:
+            return f"{name} missing"
+        if got != size:
+            return f"{name}: {got:,} bytes, meta.json records {size:,}"
+    return ""
+
+
+def _entry(p: Path) -> Entry:
+    """A complete entry `p/` (meta.json written last): ok, old format, or unreadable and why."""
     from ..cache import FORMAT_VERSION, _safe_sha
 
+    meta = read_json(p / "meta.json")
+    if meta is None:
+        return Entry(p, "entry", f"{UNREADABLE} (meta.json missing or not JSON)", _size(p))
+    if meta.get("meta_sha") != _safe_sha(meta):
+        return Entry(p, "entry", f"{UNREADABLE} (meta.json edited: its checksum differs)", _size(p))
+    fmt = meta.get("format")
+    problem = _files_problem(p, meta) if fmt in (2, FORMAT_VERSION) else f"cache format {fmt}, not {FORMAT_VERSION}"
+    status = f"{UNREADABLE} ({problem})" if problem else "ok" if fmt == FORMAT_VERSION else \
+        "old format (re-keyed on next use)"
+    return Entry(p, "entry", status, _size(p), tokens=meta.get("tokens"), created=str(meta.get("created", "")),
+                 **_describe(meta))
+
+
+def _building(p: Path) -> Entry:
+    """A `<key>.building/` folder: running, waiting for other parts, resumable or interrupted."""
+    plan = read_json(p / "plan.json")
+    if plan is None:
+        return Entry(p, "building", INTERRUPTED, _size(p))
+    total = int(plan.get("shards", 0))
+    done = {int(m.group(1)) for s in p.glob("shard-*")
+            if (m := re.fullmatch(r"shard-(\d+)", s.name)) and (s / "shard.json").is_file()}
+    parts = parts_done(p, done, total)
+    if is_running(p):
+        status = RUNNING
+    elif not done:
+        status = INTERRUPTED
+    elif parts and len(done) < total:
+        status = WAITING
+    else:
+        status = RESUMABLE
+    return Entry(p, "building", status, _size(p), shards=f"{len(done)}/{total}", parts=", ".join(parts),
+                 **_describe(plan.get("fields", {})))
+
+
+def scan(root: Path) -> list[Entry]:
+    """Every entry, build and leftover under root (sorted by path)."""
     out: list[Entry] = []
     if not root.is_dir():
         return out
@@ -81,38 +155,38 @@ def scan(root: Path) -> list[Entry]:
             alive = _pid_alive(p.name.split(".partial-")[1].split("-")[0])
             out.append(Entry(p, "merging" if alive else "partial",
                              "running" if alive else "leftover of a merge", _size(p)))
-            continue
-        if p.name.endswith(".building"):
-            plan = read_json(p / "plan.json")
-            if plan is None:
-                out.append(Entry(p, "building", "interrupted", _size(p)))
-                continue
-            total = int(plan.get("shards", 0))
-            done = sum(1 for s in p.glob("shard-*") if (s / "shard.json").is_file() and ".partial-" not in s.name)
-            status = "running" if is_running(p) else "interrupted"
-            out.append(Entry(p, "building", status, _size(p), shards=f"{done}/{total}",
-                             **_describe(plan.get("fields", {}))))
-            continue
-        meta = read_json(p / "meta.json")
-        if meta is None or meta.get("meta_sha") != _safe_sha(meta):
-            out.append(Entry(p, "entry", "unreadable", _size(p)))
-            continue
-        fmt = meta.get("format")
-        status = "ok" if fmt == FORMAT_VERSION else \
-            "old format (re-keyed on next use)" if fmt == 2 else "unreadable"
-        out.append(Entry(p, "entry", status, _size(p), tokens=meta.get("tokens"), created=str(meta.get("created", "")),
-                         **_describe(meta)))
+        elif p.name.endswith(".building"):
+            out.append(_building(p))
+        else:
+            out.append(_entry(p))
     return out
 
 
-def prune(root: Path) -> list[Entry]:
-    """Remove what `Entry.removable` names; returns what was removed."""
+def prune(root: Path, include_resumable: bool = False) -> list[Entry]:
+    """Remove what `Entry.removable` names, and with include_resumable also the builds holding
+    finished shards (`Entry.resumable`); returns what was removed."""
     gone = []
     for e in scan(root):
-        if e.removable:
+        if e.removable or (include_resumable and e.resumable):
             shutil.rmtree(e.path, ignore_errors=True)
             gone.append(e)
     return gone
+
+
+def kept_lines(root: Path) -> list[str]:
+    """After `prune`: one line per build it kept for its finished shards, saying why and how to
+    finish or remove it (none once everything resumable was removed)."""
+    lines = []
+    for e in scan(root):
+        if not e.resumable:
+            continue
+        if e.status == WAITING:
+            why = (f"waiting for other parts: {e.shards} shards finished, part {e.parts} done; run the other "
+                   f"parts (--shard i/N) to finish it")
+        else:
+            why = f"interrupted, resumable: {e.shards} shards finished; rerun the same command to resume it"
+        lines.append(f"kept {e.path.name} ({why}; --prune --include-resumable deletes it, {mb(e.bytes)})")
+    return lines
 
 
 def mb(n: int) -> str:

@@ -102,6 +102,7 @@ class Plan:
     batches: list[tuple[int, int]]
     shards: list[tuple[int, int]]
     settings: dict
+    source: str = ""  # where settings["shard_tokens"] came from (for messages; not part of the digest)
 
     def examples(self, k: int) -> tuple[int, int]:
         """[start, end) positions (in `order`) of shard k's examples."""
@@ -126,10 +127,20 @@ def shard_tokens_default() -> int:
     return int(text)
 
 
+def shard_tokens_source(given: int | None) -> str:
+    """Where the shard size of a plan made with `make_plan(shard_tokens=given)` comes from."""
+    if given:
+        return f"shard_tokens={given} as passed"
+    if os.environ.get(SHARD_ENV) is not None:
+        return f"{SHARD_ENV}={os.environ[SHARD_ENV]}"
+    return f"the default, {SHARD_ENV} unset"
+
+
 def make_plan(lengths: np.ndarray, shard_tokens: int | None = None, max_tokens: int | None = None,
               max_batch: int = MAX_BATCH) -> Plan:
     """Length-sorted batches (backbone.length_batches: the order one process has always used)
     grouped into shards of at least shard_tokens real tokens (the last may be smaller)."""
+    source = shard_tokens_source(shard_tokens)
     shard_tokens = shard_tokens or shard_tokens_default()
     max_tokens = max_tokens or MAX_TOKENS
     batches_idx = length_batches(lengths, max_tokens, max_batch)
@@ -148,7 +159,7 @@ def make_plan(lengths: np.ndarray, shard_tokens: int | None = None, max_tokens: 
         shards.append((first, len(batches)))
     settings = {"version": PLAN_VERSION, "shard_tokens": shard_tokens, "max_tokens": max_tokens,
                 "max_batch": max_batch}
-    return Plan(order.astype(np.int64), batches, shards, settings)
+    return Plan(order.astype(np.int64), batches, shards, settings, source)
 
 
 # ----------------------------------------------------------------------------- files
@@ -185,24 +196,70 @@ def read_json(path: Path) -> dict | None:
 def open_plan(folder: Path, key: str, fields: dict, plan: Plan) -> None:
     """Write plan.json, or check that the one there (an interrupted build's) is this plan."""
     folder.mkdir(parents=True, exist_ok=True)
+    check_plan(folder, key, plan)
+    if not (folder / "plan.json").exists():
+        _write_json(folder / "plan.json", {"key": key, "fields": fields, "digest": plan.digest,
+                                           "shards": len(plan.shards), "examples": len(plan.order),
+                                           "settings": plan.settings})
+
+
+def check_plan(folder: Path, key: str, plan: Plan) -> None:
+    """The plan.json of a build already in `folder` (an interrupted build's, or another part's) is
+    this plan; an ExtractError saying which setting differs and how to resume otherwise. No
+    plan.json (no build yet, or one just published and removed) passes. Checked before any shard
+    is counted: a shard of another plan is only as foreign as its plan."""
     path = folder / "plan.json"
-    want = {"key": key, "fields": fields, "digest": plan.digest, "shards": len(plan.shards),
-            "examples": len(plan.order), "settings": plan.settings}
     have = read_json(path)
     if have is None:
-        if path.exists():  # unreadable: written by a process killed mid-write is impossible (atomic), so damaged
+        if path.exists():  # written atomically, so an unreadable one is damaged, not half-written
             raise ExtractError(f"{path}: damaged plan of an interrupted build; rerun with --rebuild-cache to start over")
-        _write_json(path, want)
         return
-    if have.get("key") != key or have.get("digest") != plan.digest:
-        raise ExtractError(f"{folder}: an interrupted build of this entry used another plan (shard size or batch "
-                           f"settings of another frozentune version), so its shards cannot be combined with "
-                           f"new ones; rerun with --rebuild-cache to start over")
+    if have.get("key") != key:
+        raise ExtractError(f"{path}: the plan of another cache entry ({have.get('key')}), not of {key}; delete "
+                           f"{folder} (or rerun with --rebuild-cache) to start this entry over")
+    if have.get("digest") != plan.digest:
+        settings = have.get("settings")
+        raise ExtractError(_plan_mismatch(folder, settings if isinstance(settings, dict) else {}, plan))
+
+
+def _plan_mismatch(folder: Path, had: dict, plan: Plan) -> str:
+    """Why the interrupted build in `folder` (settings `had`) cannot take this run's shards, and
+    the one way to resume it when the shard size is all that differs."""
+    now = plan.settings
+    size_had, size_now = had.get("shard_tokens"), now["shard_tokens"]
+    batching = [name for name in ("version", "max_tokens", "max_batch") if had.get(name) != now[name]]
+    if not batching and isinstance(size_had, int) and size_had != size_now:
+        default = " (the default: unset it)" if size_had == SHARD_TOKENS else ""
+        return (f"{folder}: this build was started with {SHARD_ENV}={size_had} (shards of {size_had:,} tokens); "
+                f"this run makes shards of {size_now:,} tokens ({plan.source}), and shards of two sizes cannot be "
+                f"combined; rerun with {SHARD_ENV}={size_had}{default} to resume it, or with --rebuild-cache to "
+                f"start over")
+    if batching:
+        shown = ", ".join(f"{name} {had.get(name)}, now {now[name]}" for name in batching)
+        why = f"other batch settings: {shown}"
+    else:
+        why = "the same settings but another extraction order: another frozentune version's batching"
+    return (f"{folder}: an interrupted build of this entry used another plan ({why}), so its shards cannot be "
+            f"combined with new ones; finish it with the settings (or frozentune version) that started it, or "
+            f"rerun with --rebuild-cache to start over")
 
 
 def finished(folder: Path, plan: Plan) -> set[int]:
     """Shards whose folder is complete (renamed into place with its shard.json)."""
     return {k for k in range(len(plan.shards)) if (folder / shard_name(k) / "shard.json").is_file()}
+
+
+def parts_done(folder: Path, done: set[int], total: int) -> list[str]:
+    """The parts of several ("i/N", from the finished shards' shard.json) whose shards, of `total`,
+    are all in `done`: a `--shard i/N` process that finished its share, waiting for the others."""
+    parts = set()
+    for k in done:
+        part = (read_json(folder / shard_name(k) / "shard.json") or {}).get("part")
+        if isinstance(part, list) and len(part) == 2 and all(isinstance(x, int) for x in part) \
+                and 0 <= part[0] < part[1]:
+            parts.add((part[0], part[1]))
+    return [f"{i}/{n}" for i, n in sorted(parts, key=lambda p: (p[1], p[0]))
+            if n > 1 and all(j in done for j in range(i, total, n))]
 
 
 @contextlib.contextmanager
@@ -245,8 +302,10 @@ def _cast(dtype: str) -> torch.dtype:
 
 
 def write_shard(folder: Path, k: int, key: str, plan: Plan, backbone: Backbone, tokens: Tokenized, dtype: str,
-                advance: Callable[[int, int], None]) -> float:
-    """Extract shard k into `folder/shard-0000k/` (atomically); returns the seconds it took."""
+                advance: Callable[[int, int], None], part: Part = Part()) -> float:
+    """Extract shard k into `folder/shard-0000k/` (atomically); returns the seconds it took.
+    shard.json records the part that wrote it (`cache --list` tells a part waiting for the
+    others from an interrupted build)."""
     final = folder / shard_name(k)
     for old in folder.glob(f"{shard_name(k)}.partial-*"):  # this shard's leftovers from a killed run
         shutil.rmtree(old, ignore_errors=True)
@@ -273,6 +332,7 @@ def write_shard(folder: Path, k: int, key: str, plan: Plan, backbone: Backbone, 
         seconds = time.perf_counter() - t0
         info = {"key": key, "plan": plan.digest, "shard": k, "examples": [p0, p1], "tokens": n_tokens,
                 "seconds": seconds, "device": str(backbone.device), "precision": backbone.precision,
+                "part": [part.index, part.count],
                 "files": {name: {"size": (tmp / name).stat().st_size, "blake2b": _digest_file(tmp / name)}
                           for name in ("states.bin", "ids.bin")}}
         _write_json(tmp / "shard.json", info)
@@ -302,6 +362,7 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
     writing plan.json would leave a `.building` folder behind (a rank owning no shard of a small
     split, under torchrun). Nor does a part write once the entry is published: its shards, finished
     by an earlier interrupted run, were in the folder that publishing removed."""
+    check_plan(folder, key, plan)  # before counting: shards of another plan are not this build's
     before = finished(folder, plan)
     # read after `before`: publishing renames the entry into place before it removes the folder, so
     # either the entry is seen here or the folder was still whole when `before` was read. Only parts
@@ -314,7 +375,7 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
         open_plan(folder, key, fields, plan)
         with active(folder):
             for k in todo:
-                spent.append(write_shard(folder, k, key, plan, backbone, tokens, dtype, progress))
+                spent.append(write_shard(folder, k, key, plan, backbone, tokens, dtype, progress, part))
     done = finished(folder, plan)
     missing = [k for k in range(len(plan.shards)) if k not in done]
     return ShardReport(todo, sorted(before), missing, float(sum(spent)),
