@@ -71,6 +71,11 @@ ROWS = [
     ("source → target pairs (issue 19): a field the file lacks, an empty source, a classifier method on pairs "
      "data, an encoder-decoder prefix exported to PEFT",
      "names the missing field and --source-field / --target-field; says what the data is for; says why"),
+    # after the issue's table: found by a new-user walkthrough (2026-11-25)
+    ("a lone UTF-16 surrogate in a text (JSON's \\ud800; shell bytes that are not UTF-8)",
+     "names file, line, field and character offset (the server: 422); was a traceback / a 500"),
+    ("a blank line in the middle of a plain input file or a CSV",
+     "names the line(s): dropping it would shift every later row; blank lines at the end are fine"),
 ]
 
 

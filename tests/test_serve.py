@@ -312,6 +312,9 @@ BAD = [
     ("a generator asked to classify", "/v1/classify", {"text": "a", "tasks": ["prefix-a"]}, 404, "not a classify task"),
     ("explain a task that cannot", "/v1/explain", {"text": "a", "tasks": ["probe"]}, 422, "no explanation"),
     ("top out of range", "/v1/explain", {"text": "a", "top": 0}, 422, "top"),
+    ("top as a string", "/v1/explain", {"text": "a", "top": "3"}, 422, "top"),  # was read as 3
+    ("explain as a string", "/v1/classify", {"text": "a", "explain": "yes"}, 422, "explain"),  # was read as true
+    ("num_beams as a bool", "/v1/generate", {"prefix": "p", "source": "a", "num_beams": True}, 422, "num_beams"),
     ("unknown field", "/v1/classify", {"text": "a", "colour": 1}, 422, "colour"),
     ("too many texts", "/v1/classify", {"texts": ["a"] * 65}, 413, "limit is 64"),
     ("unknown prefix", "/v1/generate", {"prefix": "nope", "source": "a"}, 404, "prefix-a"),

@@ -449,7 +449,8 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
             return data, _find_split_files(folder)
         raise DataError(f"unknown dataset {data!r}: {folder} does not exist. Named datasets are "
                         f"read from $FROZENTUNE_DATA or ../shared/data; or pass a file or folder.")
-    raise DataError(f"{data}: no such file or folder.")
+    raise DataError(f"{data}: no such file or folder. Give a .jsonl / .csv / .tsv / .parquet / .arrow file, a folder "
+                    f"of train / validation / test files, or a dataset name (those in {data_root()})")
 
 
 def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from .batcher import BatchStats, Overloaded
 from .engine import Engine, RequestError
@@ -41,8 +41,8 @@ class Classify(BaseModel):
                                           "pairs (or `pair` for one)")
     pair: list[str] | None = None
     tasks: list[str] | None = Field(None, description="task names (default: every classification task)")
-    explain: bool = Field(False, description="add each task's explanation where its method gives one")
-    top: int = Field(5, description="explanations: how many tokens or spans")
+    explain: StrictBool = Field(False, description="add each task's explanation where its method gives one")
+    top: StrictInt = Field(5, description="explanations: how many tokens or spans")
 
 
 class Explain(BaseModel):
@@ -52,7 +52,7 @@ class Explain(BaseModel):
     pairs: list[list[str]] | None = None
     pair: list[str] | None = None
     tasks: list[str] | None = Field(None, description="task names (default: every task that explains)")
-    top: int = 5
+    top: StrictInt = 5
 
 
 class Generate(BaseModel):
@@ -60,9 +60,9 @@ class Generate(BaseModel):
     prefix: str = Field(..., description="the generation task (its folder's name)")
     sources: list[str] | None = None
     source: str | None = None
-    num_beams: int | None = Field(None, description="default: as the model was trained")
-    max_new_tokens: int | None = None
-    min_new_tokens: int = Field(0, description="no end-of-text before this many new tokens")
+    num_beams: StrictInt | None = Field(None, description="default: as the model was trained")
+    max_new_tokens: StrictInt | None = None
+    min_new_tokens: StrictInt = Field(0, description="no end-of-text before this many new tokens")
 
 
 def _inputs(body: Any) -> tuple[list, bool]:
