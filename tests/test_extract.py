@@ -297,7 +297,10 @@ def test_list_and_prune(bb, tmp_path, monkeypatch):
         get_or_build(bb, early, root, progress=False, **KW)
     monkeypatch.undo()
     resumable, empty = building_dir(root, cache_key(bb, MANY)[0]), building_dir(root, cache_key(bb, early)[0])
-    (root / "deadbeef.partial-999999999-x").mkdir()  # a merge whose process is gone
+    dead = "deadbeef" * 4 + ".partial-999999999-x"
+    (root / dead).mkdir()  # a merge whose process is gone
+    (root / "notes").mkdir()  # a folder of the user's own, in the folder given as the cache: never removed
+    (root / "notes" / "todo.txt").write_text("keep me")
     rows = {e.path: e for e in scan(root)}
     entry = next(e for e in rows.values() if e.kind == "entry")
     assert entry.status == "ok" and entry.precision == "fp32" and entry.examples == len(BASE)
@@ -305,12 +308,13 @@ def test_list_and_prune(bb, tmp_path, monkeypatch):
     assert (rows[resumable].status, rows[resumable].shards) == ("interrupted, resumable", f"1/{total}")
     assert rows[empty].status == "interrupted" and rows[empty].shards.startswith("0/")
     assert rows[resumable].resumable and not rows[resumable].removable and rows[empty].removable
+    assert rows[root / "notes"].kind == "other" and not rows[root / "notes"].removable  # it was 'unreadable', pruned
     answer = cli("cache", "--list", "--cache-dir", str(root), code=0)
-    assert "interrupted, resumable" in answer.out and "ok" in answer.out
+    assert "interrupted, resumable" in answer.out and "ok" in answer.out and "not a cache entry" in answer.out
     answer = cli("cache", "--prune", "--cache-dir", str(root), code=0)  # as the CLI runs prune
-    assert f"removed {empty.name}" in answer.out and "removed deadbeef.partial-999999999-x" in answer.out
+    assert f"removed {empty.name}" in answer.out and f"removed {dead}" in answer.out
     assert f"kept {resumable.name}" in answer.out and "pruned 2 item(s)" in answer.out
-    assert sorted(e.kind for e in scan(root)) == ["building", "entry"] and resumable.is_dir()
+    assert sorted(e.kind for e in scan(root)) == ["building", "entry", "other"] and resumable.is_dir()
     (kept,) = kept_lines(root)
     assert resumable.name in kept and f"1/{total} shards finished" in kept and "rerun the same command" in kept
     assert "--include-resumable" in kept
@@ -319,8 +323,8 @@ def test_list_and_prune(bb, tmp_path, monkeypatch):
                                                           "--cache-dir", str(root), code=2).err
     answer = cli("cache", "--prune", "--include-resumable", "--cache-dir", str(root), code=0)
     assert f"removed {resumable.name}" in answer.out and "kept" not in answer.out
-    assert [e.kind for e in scan(root)] == ["entry"] and kept_lines(root) == []
-    assert prune(root) == []
+    assert sorted(e.kind for e in scan(root)) == ["entry", "other"] and kept_lines(root) == []
+    assert prune(root) == [] and (root / "notes" / "todo.txt").read_text() == "keep me"
 
 
 def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch):

@@ -17,13 +17,17 @@ WAITING = "waiting for other parts"       # a part of several (--shard i/N) fini
 RESUMABLE = "interrupted, resumable"      # finished shards that a rerun resumes from
 INTERRUPTED = "interrupted"               # nothing to resume from (no finished shard, or no readable plan)
 UNREADABLE = "unreadable"                 # an entry's status starts with it, then says why in parentheses
+NOT_OURS = "not a cache entry (left alone)"  # a folder whose name frozentune never writes
+# The names frozentune writes in a cache folder: <key>, <key>.building, <key>.partial-<pid>-<tag>[-replaced],
+# a key being 32 hex digits (cache._key_of). Anything else is someone's own folder: listed, never removed.
+KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
 
 
 @dataclass
 class Entry:
     """One thing in the cache folder: a complete entry, an interrupted or running build, or debris."""
     path: Path
-    kind: str            # entry | building | merging | partial
+    kind: str            # entry | building | merging | partial | other (not frozentune's: never removed)
     status: str          # ok | old format (re-keyed on next use) | unreadable (why) | running | waiting for other
                          # parts | interrupted, resumable | interrupted | leftover of a merge
     bytes: int
@@ -151,7 +155,9 @@ def scan(root: Path) -> list[Entry]:
     for p in sorted(root.iterdir()):
         if p.suffix == ".lock" or not p.is_dir():
             continue
-        if ".partial-" in p.name:
+        if not KEY_NAME.fullmatch(p.name):  # e.g. --cache-dir pointed at a folder that holds other things
+            out.append(Entry(p, "other", NOT_OURS, _size(p)))
+        elif ".partial-" in p.name:
             alive = _pid_alive(p.name.split(".partial-")[1].split("-")[0])
             out.append(Entry(p, "merging" if alive else "partial",
                              "running" if alive else "leftover of a merge", _size(p)))
