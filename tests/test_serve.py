@@ -349,6 +349,13 @@ def test_bad_request_is_answered_and_the_server_goes_on(what, path, body, status
     assert client.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/", "/health"])
+def test_head_is_answered_like_get_without_a_body(path, client):
+    got, head = client.get(path), client.head(path)
+    assert got.status_code == head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+
+
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
 def test_a_body_not_sent_as_json_is_told_the_content_type(content_type, client):
     headers = {"content-type": content_type} if content_type else {}

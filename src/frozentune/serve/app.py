@@ -200,10 +200,14 @@ def create_app(engine: Engine):
 
     page_html = PAGE.read_text(encoding="utf-8")  # read once, with the app
 
+    # GET and HEAD: a load balancer's or uptime checker's HEAD / or HEAD /health was a 405 (HEAD is
+    # left out of the OpenAPI description, where it would repeat GET's operation)
+    @app.head("/", include_in_schema=False)
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return HTMLResponse(page_html)
 
+    @app.head("/health", include_in_schema=False)
     @app.get("/health")
     async def health():
         return {"status": "ok", "tasks": len(engine.tasks), "queue_rows": engine.batcher.depth,
