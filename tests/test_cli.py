@@ -65,6 +65,18 @@ def test_eval_of_one_file_says_it_scores_the_carved_tenth(trained, trec_slice, c
     n = json.loads(stdout)["n"]
     assert 0 < n < 40  # about a tenth, stratified per class
     assert "data: no test split: carved 10%" in err and f"eval: the test split, {n} examples" in err
+    # --split all: the file scored whole, as predict would label every row of it
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", one, "--cache-dir", cache, "--split", "all")
+    assert code == 0, err
+    whole = json.loads(stdout)
+    assert whole["n"] == 40 and "every row of" in err and whole["split"] == "all"
+    from frozentune import api
+    labels = [json.loads(line)["label"] for line in one.read_text().splitlines()]
+    predicted = [r["label"] for r in api.predict(out, [json.loads(line)["text"] for line in one.read_text().splitlines()])]
+    accuracy = 100 * sum(a == b for a, b in zip(labels, predicted)) / len(labels)
+    assert whole["metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--split", "all")
+    assert code == 2 and "--split all scores every row of one file" in err
 
 
 def test_predict_agrees_with_eval(trained, trec_slice, capsys, tmp_path):

@@ -365,15 +365,20 @@ def _live_backbone_on(model: M.Classifier, device) -> bool:
 def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,
                  label_field: str | None, pair_field: str | None = None) -> tuple[Dataset, TextSplit, np.ndarray]:
     """A split of `data` read the way the model was trained (fields, seed for carved splits),
-    with its labels encoded in the model's label order."""
-    if split not in ("train", "validation", "test"):
-        raise ValueError(f"split {split!r}: choose train, validation or test")
+    with its labels encoded in the model's label order. Split `all`: every row of one file, nothing
+    carved (a file of held-out examples scored whole)."""
+    if split not in ("train", "validation", "test", "all"):
+        raise ValueError(f"split {split!r}: choose train, validation, test or all")
     saved = model.saved_config  # type: ignore[attr-defined]
     seed = saved.get("train", {}).get("seed", 0)
-    ds = load_classification(data, text_field or saved.get("text_field", "text"),
-                             label_field or saved.get("label_field", "label"), seed=seed,
-                             pair_field=pair_field or (None if text_field else saved.get("text_pair_field")))
-    part: TextSplit = getattr(ds, split)
+    fields = (text_field or saved.get("text_field", "text"), label_field or saved.get("label_field", "label"),
+              pair_field or (None if text_field else saved.get("text_pair_field")))
+    if split == "all":
+        ds = _whole_file(data, *fields)
+        part = ds.test
+    else:
+        ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2])
+        part = getattr(ds, split)
     missing, extra = sorted(set(model.labels) - set(ds.labels)), sorted(set(part.labels) - set(model.labels))
     if extra:
         raise DataError(f"{part.source}: labels {', '.join(map(repr, extra))} are not among the model's "
@@ -381,6 +386,19 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
                         + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
                         + ". Evaluate on data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
+
+
+def _whole_file(data: str, text_field: str, label_field: str, pair_field: str | None) -> Dataset:
+    """One labelled file read whole as the test split (nothing carved, no train): `eval --split all`."""
+    from .data import read_split, resolve
+
+    name, files = resolve(data)
+    if not Path(data).expanduser().is_file():
+        raise DataError(f"--split all scores every row of one file; {data} is a dataset folder or name, whose splits "
+                        f"are files of their own: choose --split train, validation or test")
+    part = read_split(files["train"], text_field, label_field, pair_field)
+    return Dataset(name, part.subset([]), part.subset([]), part, sorted(set(part.labels)),
+                   [f"--split all: every row of {files['train']}, nothing carved"], text_field, pair_field)
 
 
 def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split: str = "test",

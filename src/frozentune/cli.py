@@ -180,7 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a saved model")
     e.add_argument("--model", type=Path, required=True)
     e.add_argument("--data", required=True)
-    e.add_argument("--split", default="test", choices=("train", "validation", "test"))
+    e.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
+                   help="the split to score (default: test; a single file's test split is the 10%% carved from it, "
+                        "as training carved it); all: every row of one file, nothing carved")
     e.add_argument("--text-field")
     e.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
     e.add_argument("--label-field")
