@@ -247,6 +247,12 @@ def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
         pretrain(tmp_path / "q", str(corpus_file), ENC, {}, log=quiet)
     with pytest.raises(DataError, match="no such file"):
         pretrain(tmp_path / "q", str(tmp_path / "missing.txt"), ENC, {"steps": 2}, log=quiet)
+    busy = tmp_path / "a-saved-model"  # a new run wrote its checkpoint and result.json into any folder
+    busy.mkdir()
+    (busy / "result.json").write_text("{}")
+    with pytest.raises(ConvError, match="is not empty .* holds no pre-training run"):
+        pretrain(busy, str(corpus_file), ENC, {"steps": 2}, log=quiet)
+    assert [p.name for p in busy.iterdir()] == ["result.json"] and (busy / "result.json").read_text() == "{}"
 
 
 # ----------------------------------------------------------------------------- the conv method

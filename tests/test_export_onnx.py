@@ -141,6 +141,12 @@ def test_what_cannot_be_exported(heads, tiny_bert, tiny_bert_other, trec_slice, 
     cli("export", "--model", heads / "probe", heads / "space", "--format", "peft", "--output", out, contains="one --model")
     cli("predict", "--onnx", heads / "probe", "a text", contains="no onnx.json")
     assert not out.exists()
+    # the output may not be one of the models it reads, nor around one: --overwrite replaced the model with the graph
+    before = sorted(p.name for p in (heads / "probe").iterdir())
+    for target in (heads / "probe", heads):
+        cli("export", "--model", heads / "probe", "--format", "onnx", "--output", target, "--overwrite",
+            contains=("the command reads", "choose another folder"))
+    assert sorted(p.name for p in (heads / "probe").iterdir()) == before
 
 
 def test_export_traces_every_span_slot_and_restores_the_head():

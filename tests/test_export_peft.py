@@ -264,3 +264,8 @@ def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, t
     cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
     cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", contains="--overwrite")
     cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", "--overwrite", code=0)
+    cli("export", "--model", folder, "--format", "peft", "--output", folder, "--overwrite",
+        contains="the command reads")  # it replaced the prefix with its own adapter
+    assert (folder / "model.safetensors").is_file()
+    cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "p", "--overwrite",
+        contains="the command reads")

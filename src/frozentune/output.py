@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
                "onnx.json", "model.onnx")
@@ -35,10 +35,17 @@ def _writable(folder: Path) -> bool:
     return True
 
 
-def check_output(output: Path, overwrite: bool = False) -> None:
+def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = ()) -> None:
     """Raise OutputError unless `output` can receive a saved model: a new path in a writable
-    folder, an empty folder, or (with overwrite) a folder holding a model saved earlier."""
+    folder, an empty folder, or (with overwrite) a folder holding a model saved earlier. `reads`: the
+    folders the command reads (an export's --model): the output may be none of them, nor hold or
+    lie inside one, since it is replaced whole."""
     output = Path(output)
+    for source in map(Path, reads):
+        a, b = output.resolve(), source.resolve()
+        if a == b or a in b.parents or b in a.parents:
+            raise OutputError(f"--output {output}: the command reads {source} and writing {output} would replace "
+                              f"{'it' if a == b else 'it or a folder around it'}; choose another folder")
     if output.exists() and not output.is_dir():
         raise OutputError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
     parent = output if output.exists() else output.parent

@@ -322,6 +322,11 @@ def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume
         step = json.loads((find_checkpoint(output) / CONFIG).read_text())["step"]
         raise ConvError(f"{output} already holds a pre-training run (step {step}); add --resume to "
                         f"continue it, or choose another --output")
+    if output.exists() and not output.is_dir():
+        raise ConvError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
+    if output.is_dir() and (present := sorted(p.name for p in output.iterdir())):  # e.g. a saved model's folder
+        raise ConvError(f"--output {output}: is not empty ({len(present)} entr{'y' if len(present) == 1 else 'ies'}, "
+                        f"e.g. {present[0]}) and holds no pre-training run; choose a new or empty folder")
     if corpus is None:
         raise ConvError("give --corpus: imdb (the IMDB train reviews), a dataset name, or a text file")
     try:

@@ -177,7 +177,7 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
     from ..output import check_output, staged_output
 
     output = Path(output)
-    check_output(output, overwrite)
+    check_output(output, overwrite, reads=model_dirs)
     _require("onnxruntime", "onnx", "onnxscript")
     heads = load_heads(model_dirs, names)
     graph = build_graph(heads)

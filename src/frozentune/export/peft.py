@@ -104,7 +104,7 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     if p == 0:
         raise ExportError(f"{model_dir}: the prefix has 0 positions, which a PEFT adapter cannot hold "
                           f"(num_virtual_tokens must be at least 1); train with --prefix-length 1 or more")
-    check_output(output, overwrite)
+    check_output(output, overwrite, reads=[model_dir])
     base = base_model_path(config["backbone"]["name"])
     cfg = peft_config(tuple(prefix.shape), base)
     flat = to_peft(prefix.float())
@@ -218,7 +218,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
 
     adapter_dir, output = Path(adapter_dir), Path(output)
     cfg, flat = read_peft_adapter(adapter_dir)
-    check_output(output, overwrite)
+    check_output(output, overwrite, reads=[adapter_dir])
     name = backbone or cfg.get("base_model_name_or_path")
     if not name:
         raise ExportError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path; give the LM the adapter was "
