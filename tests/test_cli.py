@@ -1,5 +1,6 @@
 """The CLI end to end on a tiny model and a slice of the real TREC data."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -206,6 +207,28 @@ def test_device_messages_say_what_to_do():
         resolve_device("")
     with pytest.raises(ExtractError, match="Use --device cpu"):
         resolve_device("mps" if not torch.backends.mps.is_available() else "cuda:99")
+
+
+def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp_path):
+    """The API took a bare string as one text per character, and met an empty list, None, top=-1 and
+    an unknown training option with errors from deep inside torch / transformers / dataclasses."""
+    from frozentune import api
+    from frozentune.data import DataError
+    from frozentune.registry import MethodError
+
+    out, _, cache = trained
+    for texts, says in (("Who wrote Hamlet ?", "a single str"), ([], "the list is empty"), (None, "NoneType, not a list"),
+                        (["fine", " "], "texts[1]: empty"), (["caf\udce9"], "texts[0]: character offset 3")):
+        with pytest.raises(DataError, match=re.escape(says)):
+            api.predict(out, texts)
+    assert [r["text"] for r in api.predict(out, (t for t in ["a question ?", "another ?"]))] == ["a question ?", "another ?"]
+    for top in (-1, 0, "3", True):
+        with pytest.raises(DataError, match="give a whole number of at least 1"):
+            api.explain(out, ["Who wrote Hamlet ?"], top=top)
+    with pytest.raises(MethodError, match="training option\\(s\\) epoch unknown; the options are: .*epochs"):
+        api.train("probe", str(trec_slice), train_cfg={"epoch": 1})
+    with pytest.raises(MethodError, match="lr"):
+        api.train("probe", str(trec_slice), train_cfg={"lr": "abc"})
 
 
 def test_a_closed_pipe_ends_quietly(capsys, monkeypatch):

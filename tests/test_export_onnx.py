@@ -65,6 +65,15 @@ def test_one_graph_matches_pytorch_for_every_head(heads, graph_dir):
             assert_close(torch.from_numpy(g), w, rtol=tol(torch.float16, 1), what=f"{name} at {batch}×{tokens}")
 
 
+def test_the_export_folder_carries_a_card_of_its_heads(heads, graph_dir):
+    """Every saved or exported folder carries a README.md card (README); the ONNX folder had none."""
+    card = (graph_dir / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: onnx\n") and "frozentune predict --onnx THIS_FOLDER" in card
+    for name in HEADS:
+        result = json.loads((heads / name / "result.json").read_text())
+        assert f"## Head `{name}`" in card and f"{result['metrics']['accuracy']:.2f}" in card
+
+
 def test_predict_onnx_gives_predicts_labels(heads, graph_dir):
     ans = cli("predict", "--onnx", graph_dir, *TEXTS, code=0)
     rows = [json.loads(line) for line in ans.out.splitlines()]

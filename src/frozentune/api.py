@@ -136,7 +136,7 @@ class SourceFactory:
         return M.CachedSource(self._caches[key], split.rows, sep)
 
 
-def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone = BackboneOptions(),
+def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
           options: dict[str, Any] | None = None, train_cfg: dict[str, Any] | None = None,
           output: Path | None = None, text_field: str = "text", label_field: str = "label",
           max_train: int | None = None, cache_root: Path | None = None,
@@ -154,6 +154,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
     from .generation.run import is_generation_data, train_generation
 
+    if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as --backbone takes it
+        backbone = BackboneOptions(str(backbone))
     if isinstance(data, str) and is_generation_data(data):
         return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
                                 options, train_cfg, output, max_train, log=log)
@@ -309,10 +311,13 @@ def truncation_note(sources, max_length: int) -> str | None:
 
 def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> TrainConfig:
     """The method's training defaults with what the user gave; a value that cannot work is a MethodError."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown := sorted(set(given or {}) - known):
+        raise MethodError(f"training option(s) {', '.join(unknown)} unknown; the options are: {', '.join(sorted(known))}")
     try:
         return TrainConfig(**{**defaults, **(given or {})}).validate()
-    except ValueError as e:
-        raise MethodError(str(e)) from None
+    except (TypeError, ValueError) as e:  # e.g. lr="abc": a comparison of str with a number
+        raise MethodError(f"training options {given}: {e}") from None
 
 
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
@@ -509,12 +514,38 @@ def positive_label(name: str, labels: Sequence[str]) -> tuple[int, str] | None:
     return (list(labels).index(lab), lab) if lab in labels else None
 
 
+def given_texts(texts: object) -> list[Text]:
+    """The texts of a predict / explain call, as a list, held to the rules of texts in files: a list
+    (or any iterable) of strings or (first, second) pairs, at least one, none empty or not valid
+    Unicode. A bare string is refused, not read one character at a time."""
+    from .data import unencodable
+
+    if isinstance(texts, (str, bytes)):
+        raise DataError(f"texts: a single {type(texts).__name__} ({texts[:40]!r}); give a list of texts, e.g. [text]")
+    try:
+        out = list(texts)  # type: ignore[arg-type]  # a generator is read once, here
+    except TypeError:
+        raise DataError(f"texts: {type(texts).__name__}, not a list; give a list of texts or (first, second) "
+                        f"pairs") from None
+    if not out:
+        raise DataError("texts: the list is empty; give at least one text")
+    for i, t in enumerate(out):
+        for k, part in enumerate(t if isinstance(t, tuple) else (t,)):
+            where = f"texts[{i}]" + (f"[{k}]" if isinstance(t, tuple) else "")
+            if isinstance(part, str) and not part.strip():
+                raise DataError(f"{where}: empty; give some text")
+            if isinstance(part, str) and (why := unencodable(part)) is not None:
+                raise DataError(f"{where}: {why}; give valid Unicode")
+    return out  # not strings nor pairs of them: pair_kind says so, naming the item
+
+
 def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
     """Label and per-label probabilities for each text or (first, second) pair (backbone run live,
     on `device` in `precision`: default auto and the precision the model was trained with)."""
     import torch
 
+    texts = given_texts(texts)
     model, src = _live(model_dir, texts, device, precision, log)
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
@@ -605,6 +636,9 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     from .head import explains
     from .registry import get_method, list_methods
 
+    texts = given_texts(texts)
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise DataError(f"top={top!r}: give a whole number of at least 1 (how many tokens or spans to show)")
     model = _load(model_dir, device, precision, log)
     if not explains(model.head):
         from .generation.run import model_commands

@@ -98,6 +98,36 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     return path
 
 
+def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
+    """The card of an ONNX export folder (export/onnx.py's onnx.json `meta`): one graph, one backbone
+    pass and its heads; per head its method, labels and the test metrics of the folder it came from
+    (`results`: head name → that folder's result.json, {} when it has none)."""
+    name = str(meta.get("backbone", {}).get("name") or "not recorded")
+    base = hub_id(name) if name != "not recorded" else None
+    header = ["---", "library_name: onnx"] + ([f"base_model: {base}"] if base else []) + [
+        "pipeline_tag: text-classification", "tags:", "- frozentune", "- onnx", "---"]
+    heads = meta.get("heads", [])
+    body = [f"# {len(heads)} classification head(s) on one {name} pass, as one ONNX graph",
+            f"**Graph.** `{meta.get('graph')}` (opset {meta.get('opset')}): the frozen backbone runs once and every "
+            f"head reads its states; inputs {', '.join(f'`{x}`' for x in meta.get('inputs', []))}, texts up to "
+            f"{meta.get('max_length')} tokens{' as sentence pairs' if meta.get('pairs') else ''}. Checked against "
+            f"PyTorch with ONNX Runtime before it was written (largest relative difference "
+            f"{max((meta.get('check') or {}).get('relative', {0: 0}).values()):.1e}).",
+            _backbone_line(name, base, meta.get("backbone", {}))]
+    for h in heads:
+        r = results.get(h.get("name"), {})
+        body += [f"## Head `{h.get('name')}`",
+                 f"**Method.** {METHOD_LINES.get(h.get('method'), h.get('method'))}; exported from `{h.get('from')}`"
+                 f"{' (data: ' + str(r['data']) + ')' if r.get('data') else ''}.",
+                 "**Labels.** " + ", ".join(f"`{x}`" for x in h.get("labels", [])) + ".",
+                 _metrics_table(r.get("metrics"), False)]
+    body += ["## How to use",
+             "```bash\nfrozentune predict --onnx THIS_FOLDER \"a text to label\"   # every head answers\n```\n\n"
+             "With ONNX Runtime alone: tokenise with the tokenizer saved here (the inputs above), run "
+             f"`{meta.get('graph')}`, and read each head's outputs as named in onnx.json."]
+    return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
+
+
 def write_card_from_files(folder: Path) -> Path:
     """The card of a saved folder from its own config.json and result.json."""
     folder = Path(folder)

@@ -175,6 +175,7 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
     """Export saved classifiers (heads on one frozen backbone) as one ONNX graph into `output`,
     checked against PyTorch with ONNX Runtime first. Returns onnx.json's contents."""
     from ..output import check_output, staged_output
+    from .card import CARD, onnx_card_text, read_result
 
     output = Path(output)
     check_output(output, overwrite, reads=model_dirs)
@@ -202,6 +203,8 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
                 "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
                 "check": check, "export_seconds": export_seconds}
         (folder / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
+        (folder / CARD).write_text(onnx_card_text(meta, {n: read_result(d) for (n, _), d in zip(heads, model_dirs)}),
+                                   encoding="utf-8")
     size = graph_bytes(output)
     log(f"wrote {output / GRAPH} ({size / 2**20:.1f} MiB with its weights file): {len(heads)} head(s) ({', '.join(n for n, _ in heads)}) on "
         f"one {bb.name} pass; inputs {', '.join(graph.input_names)}; ONNX Runtime vs PyTorch on batches "
