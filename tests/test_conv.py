@@ -245,6 +245,10 @@ def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
         pretrain(tmp_path / "empty", str(corpus_file), ENC, {"steps": 2}, resume=True, log=quiet)
     with pytest.raises(ConvError, match="give a budget"):
         pretrain(tmp_path / "q", str(corpus_file), ENC, {}, log=quiet)
+    with pytest.raises(ConvError, match="cannot be negative"):  # it said "give a budget" as if none was given
+        pretrain(tmp_path / "q", str(corpus_file), ENC, {"steps": -5}, log=quiet)
+    with pytest.raises(ConvError, match="no such folder"):  # it said the missing folder "is not a checkpoint"
+        read_checkpoint(tmp_path / "nope")
     with pytest.raises(DataError, match="no such file"):
         pretrain(tmp_path / "q", str(tmp_path / "missing.txt"), ENC, {"steps": 2}, log=quiet)
     busy = tmp_path / "a-saved-model"  # a new run wrote its checkpoint and result.json into any folder

@@ -351,8 +351,16 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
     one = run_sweep(_grid(), str(trec_slice), bb, tmp_path / "s1", shots=2, cache_root=tmp_path / "c",
                     train_cfg=cfg, log=lambda s: None)
     two = run_sweep(_grid(), str(trec_slice), bb, None, shots=2, cache_root=tmp_path / "c", train_cfg=cfg, log=lambda s: None)
-    keep = ("method", "layer", "lr", "weight_decay", "seed", "score", "test_accuracy")
+    keep = ("method", "layer", "lr", "weight_decay", "seed", "score", "test_accuracy", "model_method")
     assert len(one.rows) == 8
+    # where the folds kept the regression, the row and the table say so (the rows were labelled with the head)
+    from frozentune.sweep.run import markdown
+    table = markdown(one, "trec")
+    for t in one.table:
+        fell = sum(r["model_method"] != r["method"] for r in one.rows
+                   if (r["method"], r["layer"], r["lr"], r["weight_decay"]) == (t["method"], t["layer"], t["lr"], t["weight_decay"]))
+        assert t["fell_back"] == fell
+        assert (f"(a probe in {fell} of {len(t['seeds'])})" in table) == (fell > 0)
     assert [{k: r[k] for k in keep} for r in one.rows] == [{k: r[k] for k in keep} for r in two.rows]
     assert all(r["extract_seconds"] == 0 for r in one.rows[1:] if r["layer"] == one.rows[0]["layer"])
     for name in ("sweep.md", "sweep.json", "sweep.png", "best/model.safetensors"):
@@ -365,6 +373,31 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
     a = api.predict(tmp_path / "s1" / "best", texts)
     b = api.predict(tmp_path / "t", texts)
     assert a == b
+    # a second sweep into the same folder: refused without --overwrite (saying it holds a sweep), replaced with it
+    # (--overwrite was refused: the folder "holds no saved model")
+    from frozentune.output import OutputError
+    with pytest.raises(OutputError, match="already holds a sweep .* pass --overwrite"):
+        run_sweep(_grid(), str(trec_slice), bb, tmp_path / "s1", shots=2, cache_root=tmp_path / "c", train_cfg=cfg,
+                  log=lambda s: None)
+    again = run_sweep(_grid(), str(trec_slice), bb, tmp_path / "s1", shots=2, cache_root=tmp_path / "c", train_cfg=cfg,
+                      overwrite=True, log=lambda s: None)
+    assert [r["score"] for r in again.rows] == [r["score"] for r in one.rows] and (tmp_path / "s1" / "sweep.json").is_file()
+
+
+def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
+    """A point whose folds kept the logistic regression is a probe: its row said only the head's name."""
+    from frozentune.sweep.run import SweepResult, markdown, tabulate
+
+    def row(method, seed, kept):
+        return {"method": method, "layer": "-1", "lr": 0.01, "weight_decay": 0.01, "seed": seed, "score": 50.0 + seed,
+                "score_is": "cv accuracy", "test_accuracy": 60.0, "seconds": 1.0, "extract_seconds": 0.0,
+                "model_method": kept, "selection": {"how": "cross-validation"}}
+    rows = [row("space", 0, "probe"), row("space", 1, "space"), row("probe", 0, "probe"), row("probe", 1, "probe")]
+    table = tabulate(rows)
+    assert [t["fell_back"] for t in table] == [1, 0]
+    text = markdown(SweepResult(rows, table, table[0]), "trec")
+    assert "| space (a probe in 1 of 2) **best** |" in text and "kept that regression" in text
+    assert "| probe |" in text
 
 
 def dataclasses_replace(bb, layer):

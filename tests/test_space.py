@@ -135,6 +135,16 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "silhouette" in stdout and "40 of" in stdout
+    # the output is checked before any work (a traceback after the whole pass), and named as written
+    (tmp_path / "afile").write_text("x")
+    for bad, says in ((tmp_path / "pic", "is a folder"), (tmp_path / "afile" / "x.png", "is a file, so the folder")):
+        code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", bad,
+                           "--cache-dir", tmp_path / "cache")
+        assert code == 2 and says in err, err
+    code, stdout, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", tmp_path / "bare",
+                            "--cache-dir", tmp_path / "cache", "--max-points", 3)  # 3 points: fewer labels than the
+    assert code == 0, err                                                         # silhouette needs, no sklearn error
+    assert (tmp_path / "bare.png").is_file() and str(tmp_path / "bare.png") in stdout
 
 
 def test_plot_concepts_refuses_other_methods(tiny_bert, trec_slice, tmp_path, capsys):

@@ -7,6 +7,7 @@ train_seconds, peak_rss_mb, plus the config, validation metrics and per-epoch hi
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 import resource
 import sys
@@ -406,6 +407,24 @@ def _whole_file(data: str, text_field: str, label_field: str, pair_field: str | 
                    [f"--split all: every row of {files['train']}, nothing carved"], text_field, pair_field)
 
 
+def _png_path(output: Path) -> Path:
+    """Where plot-concepts writes its picture, checked before any work: a .png path (the suffix added
+    when it has none, as matplotlib would), not a folder, in a folder that exists or can be made, and
+    writable; a DataError saying which otherwise."""
+    if output.is_dir():
+        raise DataError(f"--output {output}: is a folder; give the picture's file name, e.g. {output / 'concepts.png'}")
+    if output.suffix.lower() != ".png":
+        output = output.with_name(output.name + ".png")
+    parent = output.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DataError(f"--output {output}: {parent} is a file, so the folder cannot be made there")
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"--output {output}: {parent} is not writable; choose a folder you can write to")
+    return output
+
+
 def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split: str = "test",
                   max_points: int = 3000, text_field: str | None = None, label_field: str | None = None,
                   cache_root: Path | None = None, progress: bool = True, device: str | None = None,
@@ -423,7 +442,8 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
         raise ValueError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
                          f"a {model.method!r} model")
     if max_points < 2:
-        raise ValueError("max_points must be at least 2")
+        raise ValueError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
+    output = _png_path(Path(output)) if output else None  # checked before the states are extracted
     ds, part, y = _saved_split(model, data, split, text_field, label_field)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     src = sources(part)
@@ -431,8 +451,9 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     outs = predict_outputs(model, _Subset(src, keep), ("centroids",))
     k, y = outs["centroids"], y[keep]  # (N, n, m), (N,)
     accuracy = 100.0 * float((outs["logits"].argmax(1) == y).mean())
-    silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if len(set(y.tolist())) > 1 else float("nan")
-    output = Path(output) if output else Path(model_dir) / f"concepts-{ds.name}-{split}.png"
+    # the silhouette needs 2 .. n − 1 distinct labels among the n points drawn (a handful of points may hold fewer)
+    silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if 1 < len(set(y.tolist())) < len(y) else float("nan")
+    output = output or Path(model_dir) / f"concepts-{ds.name}-{split}.png"
     title = (f"space model on {ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}\n"
              f"accuracy on these {accuracy:.1f}%, silhouette of the true labels {silhouette:.2f}")
     what = draw(k, y, model.labels, output, title)

@@ -270,7 +270,9 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--lr", help="comma list of peak learning rates (default: each method's own)")
     sw.add_argument("--weight-decay", help="comma list of AdamW weight decays (default: each method's own)")
     sw.add_argument("--seeds", default="0,1,2", help="comma list of seeds: each setting is trained once per seed")
-    sw.add_argument("--shots", type=int, metavar="K", help="K training examples per class (drawn with each seed)")
+    sw.add_argument("--shots", type=_whole(1), metavar="K", help="K training examples per class (drawn with each seed)")
+    sw.add_argument("--fallback", choices=("auto", "off"), help="as train's --fallback: off keeps each head where "
+                    "the folds would keep a logistic regression instead (default: auto; the table says where it did)")
     sw.add_argument("--max-train", type=_whole(1), help="a stratified sample of this many training examples")
     sw.add_argument("--output", type=Path, help="folder for sweep.md, sweep.json, sweep.png and best/ (the best point's model)")
     sw.add_argument("--overwrite", action="store_true", help="replace a sweep already saved in --output")
@@ -570,6 +572,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           f"{len(grid.lrs)} lr × {len(grid.weight_decays)} weight decay × {len(grid.seeds)} seed(s)) on {a.data}",
           flush=True)
     result = run_sweep(grid, a.data, bb, a.output, a.shots, a.max_train, a.text_field, a.label_field, a.cache_dir,
+                       train_cfg={"fallback": a.fallback} if a.fallback else None,
                        overwrite=a.overwrite, log=lambda s: print(s, flush=True), pair_field=a.text_pair_field)
     from .sweep.run import markdown
 

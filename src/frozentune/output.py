@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
-               "onnx.json", "model.onnx")
+               "onnx.json", "model.onnx", "sweep.json")  # sweep.json: a `frozentune sweep` folder (its model in best/)
 
 
 class OutputError(ValueError):
@@ -65,7 +65,8 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
     if any(name in present for name in MODEL_FILES):
         if overwrite:
             return
-        raise OutputError(f"--output {output}: already holds a saved model ({', '.join(n for n in present if n in MODEL_FILES)}); "
+        what = "a sweep" if "sweep.json" in present else "a saved model"
+        raise OutputError(f"--output {output}: already holds {what} ({', '.join(n for n in present if n in MODEL_FILES)}); "
                           f"pass --overwrite to replace it, or choose another folder")
     raise OutputError(f"--output {output}: is not empty ({len(present)} {'entry' if len(present) == 1 else 'entries'}, e.g. {present[0]}) and holds no "
                       f"saved model; choose a new or empty folder")

@@ -74,8 +74,11 @@ class PretrainConfig:
     device: str = field(default="cpu", metadata={"help": "torch device (cpu, cuda, cuda:1 …)"})
 
     def validate(self) -> None:
-        if self.steps <= 0 and self.minutes <= 0:
-            raise ConvError("give a budget: --steps N and/or --minutes M")
+        if self.steps < 0 or self.minutes < 0:
+            raise ConvError(f"--steps {self.steps} / --minutes {self.minutes}: a budget cannot be negative; give "
+                            f"--steps N and/or --minutes M, at least one of them above 0 (0 means no limit of that kind)")
+        if self.steps == 0 and self.minutes == 0:
+            raise ConvError("give a budget: --steps N and/or --minutes M (at least one above 0)")
         if min(self.batch_size, self.checkpoint_every, self.log_every) < 1 or self.warmup_steps < 0:
             raise ConvError("batch_size, checkpoint_every and log_every must be at least 1, warmup_steps at least 0")
         if not 0.0 < self.mask_prob < 1.0:
@@ -203,6 +206,9 @@ def find_checkpoint(path: Path) -> Path:
     """The step folder of a pre-training output folder (via `latest`), or `path` itself when it
     is a step folder; an error that says what to give otherwise."""
     path = Path(path)
+    if not path.exists():
+        raise ConvError(f"{path}: no such folder; give the --output folder of `frozentune pretrain` (it holds `latest` "
+                        f"and step-N folders) or one of its step-N folders")
     folder = path / (path / LATEST).read_text().strip() if (path / LATEST).is_file() else path
     config = folder / CONFIG
     ok = config.is_file() and (folder / WEIGHTS).is_file()

@@ -79,10 +79,12 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                "weight_decay": r["config"]["train"]["weight_decay"], "seed": p.seed, "score": score, "score_is": what,
                "test_accuracy": r["metrics"]["accuracy"], "train_seconds": r["train_seconds"],
                "extract_seconds": r["extract_seconds"], "seconds": time.perf_counter() - t0,
-               "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C")}}
+               "model_method": r.get("model_method", p.method),  # probe where cross-validation kept the regression
+               "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C", "fallback")}}
         rows.append(row)
+        kept = f" (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
         log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
-            f"{what} {score:.2f}, test {row['test_accuracy']:.2f}  ({row['seconds']:.1f}s"
+            f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
             + (f", of which extraction {row['extract_seconds']:.1f}s" if row["extract_seconds"] else "") + ")")
     table = tabulate(rows)
     best = max(table, key=lambda t: (t["score_mean"], -t["score_std"]))
@@ -124,6 +126,7 @@ def tabulate(rows: list[dict]) -> list[dict]:
         out.append({"method": method, "layer": layer, "lr": lr, "weight_decay": wd, "seeds": [r["seed"] for r in rs],
                     "score_is": rs[0]["score_is"], "score_mean": float(s.mean()), "score_std": float(s.std()),
                     "test_mean": float(t.mean()), "test_std": float(t.std()),
+                    "fell_back": sum(r.get("model_method", r["method"]) != r["method"] for r in rs),
                     "seconds_mean": float(np.mean([r["seconds"] - r["extract_seconds"] for r in rs]))})
     return out
 
@@ -134,9 +137,14 @@ def markdown(result: SweepResult, data: str) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for t in sorted(result.table, key=lambda t: -t["score_mean"]):
         mark = " **best**" if t is result.best else ""
-        lines.append(f"| {t['method']}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | {len(t['seeds'])} | "
+        fell = f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t.get("fell_back") else ""
+        lines.append(f"| {t['method']}{fell}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | {len(t['seeds'])} | "
                      f"{t['score_mean']:.2f} ± {t['score_std']:.2f} | {t['test_mean']:.2f} ± {t['test_std']:.2f} | "
                      f"{t['seconds_mean']:.1f} |")
+    if any(t.get("fell_back") for t in result.table):
+        lines += ["", "\"a probe in k of n\": in k of the setting's n seeds, cross-validation found the head no better "
+                      "than a logistic regression on the same states and kept that regression (saved as a probe), so "
+                      "those scores are the probe's; `--fallback off` (train) keeps the head whatever the folds say."]
     if any("C" in r["selection"] for r in result.rows):
         lines += ["", "The probe's points on fewer than --cv-below examples are solved by L-BFGS with their C chosen "
                       "by cross-validation: --lr and --weight-decay do not change them."]
