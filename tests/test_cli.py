@@ -41,6 +41,8 @@ def test_train_writes_model_and_result(trained):
     assert result["config"]["method_options"]["pooling"] == "cls"
     assert result["trainable_params"] == 32 * 6 + 6
     assert result["extract_seconds"] > 0
+    # the weights file is as readable as the rest of the folder (safetensors wrote it 0600)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == (out / "config.json").stat().st_mode & 0o777
     config = json.loads((out / "config.json").read_text())
     assert config["labels"] == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"][: len(config["labels"])] or config["labels"]
     assert config["method"] == "probe" and config["backbone"]["max_length"] == 32

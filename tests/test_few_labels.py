@@ -413,6 +413,12 @@ def dataclasses_replace(bb, layer):
     (["--methods", "nope"], "unknown method 'nope'"),
     (["--methods", "probe", "--rebuild-cache"], "extract once per point"),
     (["--methods", "probe", "--layer", "-1"], "not --layer"),
+    # a grid smaller than typed went unnoticed: repeats and empty items were dropped, an empty list meant the default
+    (["--methods", "probe", "--seeds", "0,0"], "0 is given twice"),
+    (["--methods", "probe", "--lr", "1e-3,0.001"], "0.001 is given twice (as 1e-3)"),
+    (["--methods", "probe", "--lr", "1e-3,,1e-2"], "an empty item"),
+    (["--methods", "probe", "--lr", ""], "empty; give a comma list"),
+    (["--methods", "probe,probe"], "probe is given twice"),
 ])
 def test_sweep_refuses_bad_grids(capsys, trec_slice, args, message):
     code, _, err = run(capsys, "sweep", "--data", trec_slice, *args)

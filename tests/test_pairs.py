@@ -106,6 +106,10 @@ def test_selfexplain_spans_stay_inside_one_text(bb):
             assert source[span["start"]:span["end"]] == span["text"]
             seen_parts.add(span["part"])
     assert seen_parts == {0, 1}
+    # the lines for people say which text a span is in, as the JSON's `part` does
+    for row in rows:
+        for span, line in zip(row["explanation"]["spans"], row["lines"]):
+            assert line.endswith(('" (1st)', '" (2nd)')[span["part"]])
 
 
 @pytest.mark.parametrize("method", ["ytuning", "space"])
@@ -118,6 +122,9 @@ def test_token_explanations_name_their_text(bb, method):
     for p in pieces:
         if p["start"] is not None:
             assert PAIRS[0][p["part"]][p["start"]:p["end"]] == p["text"]
+    # the lines name the text too (two '.' of a pair looked the same there)
+    text = "\n".join(rows[0]["lines"])
+    assert "(1st)" in text and "(2nd)" in text
 
 
 def _weighted_pieces(explanation: dict):
@@ -154,6 +161,11 @@ def test_named_pair_datasets_pick_their_fields(monkeypatch, mrpc_slice):
     assert all(isinstance(t, tuple) and len(t) == 2 for t in ds.train.texts)
     assert ds.labels == ["not_equivalent", "equivalent"]
     assert text_fields("mrpc", "sentence1", None) == ("sentence1", None)  # a field given: a single text
+    # only the second field given: the dataset's own first field stays (it became `text`, and the error named
+    # a missing 'text' instead of the second field asked for)
+    assert text_fields("rte", None, "nosuch") == ("premise", "nosuch")
+    with pytest.raises(DataError, match="missing field 'nosuch'"):
+        load_classification("mrpc", None, pair_field="nosuch")
 
 
 def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):

@@ -562,8 +562,8 @@ def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, st
 def text_fields(name: str, text_field: str | None, pair_field: str | None) -> tuple[str, str | None]:
     """(text field, pair field or None) to read: as given; a named pair dataset (snli, rte, mrpc)
     given no --text-field reads its two fields; anything else given none reads `text`."""
-    if text_field in (None, "text") and pair_field is None and name in PAIR_FIELDS:
-        return PAIR_FIELDS[name]
+    if text_field in (None, "text") and name in PAIR_FIELDS:  # a named pair dataset: its own first field,
+        return PAIR_FIELDS[name][0], pair_field or PAIR_FIELDS[name][1]  # the second as given or its own
     if pair_field is not None and pair_field == (text_field or "text"):
         raise DataError(f"--text-pair-field {pair_field!r} is the --text-field too; name the field of the "
                         f"second text of each pair")

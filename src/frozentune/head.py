@@ -105,6 +105,13 @@ class TokenView:
         return out
 
 
+def shown(piece: dict) -> str:
+    """A weighted piece (TokenView.weighted) as an explanation's line shows it: its text, and for a
+    sentence pair which of the two texts it is in, since the same word may be in both."""
+    part = piece.get("part")
+    return piece["text"] + ("" if part is None else " (1st)" if part == 0 else " (2nd)")
+
+
 @dataclass
 class Explanation:
     """What a head says about one prediction: `data` is JSON-serialisable, `lines` are for people."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -206,6 +207,7 @@ def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
               metadata={"method": config["method"]})
     config = {"format": "frozentune/1", **config, "weights_file": file_checksum(folder / WEIGHTS)}
     (folder / CONFIG).write_text(json.dumps(config, indent=2, allow_nan=False))
+    shutil.copymode(folder / CONFIG, folder / WEIGHTS)  # safetensors writes 0600; the folder's other files follow the umask
 
 
 def file_checksum(path: Path) -> dict:

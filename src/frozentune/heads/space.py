@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView
+from ..head import Explanation, Features, Head, Output, TokenView, shown
 from ..registry import MethodConfig, register_method
 
 VAR_EPS = 1e-4  # floor under the variance in the intra-space loss
@@ -112,7 +112,7 @@ class SpaceHead(Head):
             data[lab] = {"centroid": [round(float(x), 4) for x in k[i]], "centroid_mean": round(float(k[i].mean()), 4),
                          "tokens": toks}
             lines.append(f"{lab:>14}: centroid mean {float(k[i].mean()):+.3f}   "
-                         + "  ".join(f"{t['text']} {t['weight']:+.2f}" for t in toks))
+                         + "  ".join(f"{shown(t)} {t['weight']:+.2f}" for t in toks))
         return Explanation({"classes": data}, lines)
 
 

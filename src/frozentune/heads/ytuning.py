@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView
+from ..head import Explanation, Features, Head, Output, TokenView, shown
 from ..registry import MethodConfig, register_method
 
 
@@ -231,7 +231,7 @@ class YTuningHead(Head):
             w, j = attn[c, real].topk(min(top, len(real)))
             per_label[lab] = [tokens.weighted(real[int(t)], float(v)) for v, t in zip(w, j)]
             shares[lab] = round(max(float(special[c]), 0.0), 4)
-            lines.append(f"{lab:>14}: " + "  ".join(f"{t['text']} {t['weight']:.2f}" for t in per_label[lab])
+            lines.append(f"{lab:>14}: " + "  ".join(f"{shown(t)} {t['weight']:.2f}" for t in per_label[lab])
                          + f"   (special tokens {shares[lab]:.2f})")
         return Explanation({"attention": per_label, "special_tokens": shares}, lines)
 

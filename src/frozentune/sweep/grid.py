@@ -29,16 +29,31 @@ class Point:
         return cfg
 
 
-def _floats(text: str | None, what: str) -> list[float | None]:
-    if not text:
-        return [None]
+def _items(text: str, what: str, example: str, read=str, kind: str = "names") -> list:
+    """The items of a comma list as typed, each read by `read`: an empty item or one given twice (as the
+    same value) is an error, not dropped: a grid of fewer points than typed would go unnoticed."""
+    items = [v.strip() for v in text.split(",")]
+    if not any(items):
+        raise MethodError(f"--{what} {text!r}: empty; give a comma list, e.g. {example} (or leave the option out)")
+    if not all(items):
+        raise MethodError(f"--{what} {text!r}: an empty item between commas; give a comma list, e.g. {example}")
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [read(v) for v in items]
     except ValueError:
-        raise MethodError(f"--{what} {text!r}: give a comma list of numbers, e.g. 1e-3,1e-2") from None
-    if not values or any(not v >= 0 for v in values):
+        raise MethodError(f"--{what} {text!r}: give a comma list of {kind}, e.g. {example}") from None
+    for i, v in enumerate(values):
+        if v in values[:i]:
+            raise MethodError(f"--{what} {text!r}: {items[i]} is given twice (as {items[values.index(v)]}); give each once")
+    return values
+
+
+def _floats(text: str | None, what: str) -> list[float | None]:
+    if text is None:
+        return [None]
+    values = _items(text, what, "1e-3,1e-2", float, "numbers")
+    if any(not v >= 0 for v in values):
         raise MethodError(f"--{what} {text!r}: give a comma list of non-negative numbers")
-    return list(dict.fromkeys(values))
+    return values
 
 
 @dataclass(frozen=True)
@@ -56,28 +71,18 @@ class Grid:
         methods, generation or live methods (they read no cache) are refused."""
         from ..api import runs_live
 
-        names = [m.strip() for m in methods.split(",") if m.strip()]
-        if not names:
-            raise MethodError("--methods: give at least one method, e.g. probe,space")
+        names = _items(methods, "methods", "probe,space")
         for m in names:
             spec = get_method(m)
             if not spec.classifies or runs_live(m):
                 raise MethodError(f"sweep: method {m!r} runs the backbone itself (or generates text), so it cannot "
                                   f"train from one cache; sweep frozen heads (probe, space, ytuning, selfexplain)")
-        try:
-            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-        except ValueError:
-            raise MethodError(f"--seeds {seeds!r}: give a comma list of integers, e.g. 0,1,2") from None
-        if not seed_list:
-            raise MethodError("--seeds: give at least one seed")
-        layer_list = [s.strip() for s in (layers or "").replace(";", ",").split(",") if s.strip()] or [""]
-        for layer in filter(None, layer_list):
-            try:
-                int(layer)
-            except ValueError:
-                raise MethodError(f"--layers {layers!r}: give hidden-state indices, e.g. -1,-3") from None
-        return cls(tuple(dict.fromkeys(names)), tuple(dict.fromkeys(layer_list)), tuple(_floats(lrs, "lr")),
-                   tuple(_floats(weight_decays, "weight-decay")), tuple(dict.fromkeys(seed_list)))
+        seed_list = _items(seeds, "seeds", "0,1,2", int, "integers")
+        layer_list = [""]  # each method's own layer
+        if layers is not None:
+            layer_list = [str(i) for i in _items(layers.replace(";", ","), "layers", "-1,-3", int, "hidden-state indices")]
+        return cls(tuple(names), tuple(layer_list), tuple(_floats(lrs, "lr")),
+                   tuple(_floats(weight_decays, "weight-decay")), tuple(seed_list))
 
     def points(self) -> list[Point]:
         """Every combination, layer-major (so each layer's cache is built once, then read)."""
