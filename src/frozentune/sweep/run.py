@@ -82,7 +82,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                "model_method": r.get("model_method", p.method),  # probe where cross-validation kept the regression
                "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C", "fallback")}}
         rows.append(row)
-        kept = f" (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
+        kept = " (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
         log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
             f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
             + (f", of which extraction {row['extract_seconds']:.1f}s" if row["extract_seconds"] else "") + ")")
