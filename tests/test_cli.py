@@ -248,6 +248,23 @@ def test_a_closed_pipe_ends_quietly(capsys, monkeypatch):
     assert code == 128 + signal.SIGPIPE and err == ""
 
 
+def test_train_help_for_a_method_lists_its_options_and_defaults(capsys):
+    """Errors say 'see frozentune train --method space --help', which printed the generic help: no
+    --concept-dim, and the generic training defaults instead of the method's."""
+    from frozentune.registry import get_method
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--method", "space", "--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and "space options:" in out and "--concept-dim" in out and "--no-masked-mean" in out
+    lr = get_method("space").train_defaults["lr"]
+    assert "(the defaults of space)" in out and f"peak learning rate (AdamW) (default: {lr})" in out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    generic = capsys.readouterr().out
+    assert "--concept-dim" not in generic and "train --method METHOD --help" in generic
+
+
 def test_console_script_runs():
     exe = __import__("shutil").which("frozentune") or str(__import__("pathlib").Path(sys.executable).parent / "frozentune")
     proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)

@@ -152,7 +152,9 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-pair-field", help="with a .jsonl/.csv/.tsv --input: the second text's field (default: the model's)")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(method: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. `method`: a registered method whose options and training defaults `train
+    --method METHOD --help` shows (its own options are otherwise parsed after the method is known)."""
     ap = _Parser(prog="frozentune", description="Adapt frozen pre-trained language models.")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -174,8 +176,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--max-validation", type=_whole(1), default=200, help="validation pairs (seeded sample) for early stopping")
     g.add_argument("--max-test", type=_whole(1), help="decode a seeded sample of this many test sources (default: all)")
     from .train import TrainConfig
-    _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`)",
-                           skip=("device",))  # --device is the backbone group's: one device for both
+    if method is None:
+        _add_dataclass_options(t, TrainConfig, "training (defaults depend on the method: see `frozentune list`, or "
+                               "train --method METHOD --help)", skip=("device",))  # --device: the backbone group's
+    else:  # --help for one method: its training defaults, and its own options
+        spec = get_method(method)
+        _add_dataclass_options(t, TrainConfig, f"training (the defaults of {method})", spec.train_defaults,
+                               skip=("device",))
+        _add_dataclass_options(t, spec.config_cls, f"{method} options")
 
     e = sub.add_parser("eval", help="evaluate a saved model")
     e.add_argument("--model", type=Path, required=True)
@@ -684,6 +692,18 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+def _method_asking_for_help(argv: list[str]) -> str | None:
+    """The registered method of `train --method METHOD --help` (or -h), so that its help lists the
+    method's options; None for anything else (an unknown method is left to the usual error)."""
+    if not argv or argv[0] != "train" or not {"-h", "--help"} & set(argv):
+        return None
+    for i, arg in enumerate(argv):
+        name = argv[i + 1] if arg == "--method" and i + 1 < len(argv) else arg[9:] if arg.startswith("--method=") else None
+        if name in list_methods():
+            return name
+    return None
+
+
 def _stdout_to_devnull() -> None:
     """Point standard output at /dev/null, so that Python's flush at exit meets no closed pipe (and
     prints no second error)."""
@@ -715,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .registry import MethodError
     from .serve.models import ServeError
 
-    ap = _parser()
+    ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
     a, rest = ap.parse_known_args(argv)
     _on_interrupt["note"] = "nothing was saved"
     previous = None
