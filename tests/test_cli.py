@@ -265,6 +265,24 @@ def test_train_help_for_a_method_lists_its_options_and_defaults(capsys):
     assert "--concept-dim" not in generic and "train --method METHOD --help" in generic
 
 
+def test_train_backbone_on_a_frozen_head_takes_finetunes_schedule(tiny_bert, trec_slice, tmp_path):
+    """`--method probe --train-backbone` trained the whole backbone at the probe's lr 0.01 (an 8-shot
+    MiniLM run collapsed to one class); it now takes finetune's defaults and says so, and an --lr given
+    still wins."""
+    from frozentune import api
+    from frozentune.registry import get_method
+
+    lines = []
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    r = api.train("probe", str(trec_slice), bb, options={"train_backbone": True}, train_cfg={"epochs": 1},
+                  cache_root=tmp_path / "c", progress=False, log=lines.append)
+    assert r["config"]["train"]["lr"] == get_method("finetune").train_defaults["lr"]
+    assert any("the training defaults are finetune's" in line for line in lines)
+    r = api.train("probe", str(trec_slice), bb, options={"train_backbone": True}, train_cfg={"epochs": 1, "lr": 1e-4},
+                  cache_root=tmp_path / "c", progress=False, log=lambda s: None)
+    assert r["config"]["train"]["lr"] == 1e-4
+
+
 def test_console_script_runs():
     exe = __import__("shutil").which("frozentune") or str(__import__("pathlib").Path(sys.executable).parent / "frozentune")
     proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)

@@ -161,7 +161,14 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
                                 options, train_cfg, output, max_train, log=log)
     spec = get_method(method)
-    cfg = train_config(spec.train_defaults, train_cfg)
+    defaults = spec.train_defaults
+    if spec.encoder is None and method != "finetune" and make_config(method, options).train_backbone:
+        # a frozen head's defaults (the probe's lr 0.01) applied to the whole backbone collapse it: the
+        # backbone trains too, so the schedule is fine-tuning's unless the user gave one
+        defaults = get_method("finetune").train_defaults
+        log(f"--train-backbone: the backbone trains with the {method} head, so the training defaults are "
+            f"finetune's ({', '.join(f'{k} {v:g}' for k, v in defaults.items())}); give --lr / --epochs to change them")
+    cfg = train_config(defaults, train_cfg)
     if output is not None:
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
     may_cv = cfg.cv_folds >= 2 and not runs_live(method, options)
