@@ -7,8 +7,8 @@ train_seconds, peak_rss_mb, plus the config, validation metrics and per-epoch hi
 from __future__ import annotations
 
 import dataclasses
-import os
 import json
+import os
 import resource
 import sys
 from pathlib import Path

@@ -67,7 +67,6 @@ def _whole(least: int) -> Callable[[str], int]:
         if value < least:
             raise argparse.ArgumentTypeError(f"{value}: give a whole number of at least {least}")
         return value
-    parse.__name__ = f"whole number ≥ {least}"
     return parse
 
 
@@ -436,7 +435,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
-def one_line(text: str) -> str:
+def _escape_line_breaks(text: str) -> str:
     """`text` as one output line: a line break inside it written as \\n (and \\r), so line N of the
     output is the output for source N."""
     return text.replace("\r", "\\r").replace("\n", "\\n")
@@ -449,7 +448,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
     for src, out in zip(sources, generate_sources(a.model, sources, a.num_beams, a.max_new_tokens)):
-        print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else one_line(out),
+        print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else _escape_line_breaks(out),
               flush=True)
     return 0
 

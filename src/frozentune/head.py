@@ -105,11 +105,16 @@ class TokenView:
         return out
 
 
-def shown(piece: dict) -> str:
-    """A weighted piece (TokenView.weighted) as an explanation's line shows it: its text, and for a
-    sentence pair which of the two texts it is in, since the same word may be in both."""
+def part_mark(piece: dict) -> str:
+    """" (1st)" / " (2nd)": which text of a sentence pair a weighted piece (TokenView.weighted) is in,
+    since the same word may be in both; "" for a single text or a piece with no characters."""
     part = piece.get("part")
-    return piece["text"] + ("" if part is None else " (1st)" if part == 0 else " (2nd)")
+    return "" if part is None else " (1st)" if part == 0 else " (2nd)"
+
+
+def shown(piece: dict) -> str:
+    """A weighted piece as an explanation's line shows it: its text, and part_mark."""
+    return piece["text"] + part_mark(piece)
 
 
 @dataclass

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView, shown
+from ..head import Explanation, Features, Head, Output, TokenView, part_mark
 from ..registry import MethodConfig, register_method
 
 
@@ -224,7 +224,7 @@ class SelfExplainHead(Head):
             raise ValueError(f"span weights cover {alpha.shape[0]} tokens but the input has {n}; "
                              f"pass the head's output for this input alone")
         spans = [tokens.weighted(i, weight, j) for i, j, weight in top_spans(alpha[:n], top)]
-        lines = [f'{s["weight"]:.2f}  "{s["text"]}"' + shown(s)[len(s["text"]):] for s in spans]
+        lines = [f'{s["weight"]:.2f}  "{s["text"]}"{part_mark(s)}' for s in spans]
         return Explanation({"spans": spans}, lines)
 
 

@@ -126,7 +126,7 @@ def tabulate(rows: list[dict]) -> list[dict]:
         out.append({"method": method, "layer": layer, "lr": lr, "weight_decay": wd, "seeds": [r["seed"] for r in rs],
                     "score_is": rs[0]["score_is"], "score_mean": float(s.mean()), "score_std": float(s.std()),
                     "test_mean": float(t.mean()), "test_std": float(t.std()),
-                    "fell_back": sum(r.get("model_method", r["method"]) != r["method"] for r in rs),
+                    "fell_back": sum(r["model_method"] != r["method"] for r in rs),
                     "seconds_mean": float(np.mean([r["seconds"] - r["extract_seconds"] for r in rs]))})
     return out
 
@@ -137,11 +137,11 @@ def markdown(result: SweepResult, data: str) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for t in sorted(result.table, key=lambda t: -t["score_mean"]):
         mark = " **best**" if t is result.best else ""
-        fell = f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t.get("fell_back") else ""
+        fell = f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t["fell_back"] else ""
         lines.append(f"| {t['method']}{fell}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | {len(t['seeds'])} | "
                      f"{t['score_mean']:.2f} ± {t['score_std']:.2f} | {t['test_mean']:.2f} ± {t['test_std']:.2f} | "
                      f"{t['seconds_mean']:.1f} |")
-    if any(t.get("fell_back") for t in result.table):
+    if any(t["fell_back"] for t in result.table):
         lines += ["", "\"a probe in k of n\": in k of the setting's n seeds, cross-validation found the head no better "
                       "than a logistic regression on the same states and kept that regression (saved as a probe), so "
                       "those scores are the probe's; `--fallback off` (train) keeps the head whatever the folds say."]
