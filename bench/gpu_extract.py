@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -61,16 +62,35 @@ def bare(bb, tokens) -> float:
     return time.perf_counter() - t0
 
 
-def cached(bb, data: list[str]) -> float:
+def cached(bb, data: list[str]) -> tuple[float, float]:
+    """(seconds of the whole build, seconds of its extraction part: the pass and the shard files;
+    the rest is tokenizing, keying and merging the shards into the entry)."""
     from frozentune.cache import get_or_build
 
     root = Path(tempfile.mkdtemp(prefix="gpu-extract-"))
     try:
         t0 = time.perf_counter()
-        get_or_build(bb, data, root, progress=False)
-        return time.perf_counter() - t0
+        _, extract = get_or_build(bb, data, root, progress=False)
+        return time.perf_counter() - t0, extract
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def disk_rate(mb: int = 512) -> float:
+    """MB/s of writing `mb` MB to a fresh file in the temporary folder and fsyncing it: the most a
+    cache build can write there (it writes every state twice: shards, then the entry)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpu-extract-disk-"))
+    block = bytes(range(256)) * (4 << 12)  # 1 MiB
+    try:
+        t0 = time.perf_counter()
+        with open(folder / "f", "wb") as f:
+            for _ in range(mb):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        return mb * 1.048576 / (time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:
@@ -92,7 +112,8 @@ def main() -> None:
     print(said, flush=True)
     data = texts(a.texts)
     out = {"device": said, "threads": torch.get_num_threads(), "texts": a.texts, "repeats": a.repeats,
-           "cpu": cpu_features(), "torch": torch.__version__, "rows": []}
+           "cpu": cpu_features(), "torch": torch.__version__, "disk_write_fsync_MBps": disk_rate(), "rows": []}
+    print(f"disk: {out['disk_write_fsync_MBps']:,.0f} MB/s written and fsynced in {tempfile.gettempdir()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="gpu-extract-models-"))
     for name, shape in SHAPES.items():
         folder = build(shape, work / name)
@@ -106,17 +127,21 @@ def main() -> None:
             tokens = bb.tokenize(data)
             n_tok = int(tokens.lengths.sum())
             bare(bb, tokens)  # warm-up (kernels, allocator, autotuning)
-            times = {"bare": [], "cache": []}
+            times = {"bare": [], "cache": [], "cache_extract": []}
             for _ in range(a.repeats):
                 times["bare"].append(bare(bb, tokens))
-                times["cache"].append(cached(bb, data))
+                total, extract = cached(bb, data)
+                times["cache"].append(total)
+                times["cache_extract"].append(extract)
             med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
             row = {"model": name, "precision": precision, "tokens": n_tok, "seconds": times,
                    "bare_tokens_per_s": n_tok / med["bare"], "cache_tokens_per_s": n_tok / med["cache"],
-                   "cache_over_bare": med["bare"] / med["cache"]}
+                   "cache_over_bare": med["bare"] / med["cache"],
+                   "state_MB": n_tok * bb.dim * 2 / 1e6}
             out["rows"].append(row)
             print(f"{name} {precision}: bare {row['bare_tokens_per_s']:,.0f} tok/s, cache "
-                  f"{row['cache_tokens_per_s']:,.0f} tok/s, ratio {row['cache_over_bare']:.2f}", flush=True)
+                  f"{row['cache_tokens_per_s']:,.0f} tok/s, ratio {row['cache_over_bare']:.2f} (extraction part "
+                  f"{med['cache_extract']:.2f} s of {med['cache']:.2f} s; {row['state_MB']:,.0f} MB of states)", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     if a.out:
         a.out.write_text(json.dumps(out, indent=1))

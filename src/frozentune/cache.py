@@ -31,6 +31,7 @@ import shutil
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -118,11 +119,17 @@ class _ChunkedWriter:
         self.h = hashlib.blake2b(digest_size=16)
         self.in_chunk = 0
         self.size = 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="frozentune-entry-sum")
 
     def write(self, data: bytes | memoryview) -> None:
+        """Write `data`, checksumming it on a thread of its own meanwhile (both release the GIL)."""
         mv = memoryview(data).cast("B")
+        summed = self.pool.submit(self._sum, mv)
         self.f.write(mv)
         self.size += len(mv)
+        summed.result()
+
+    def _sum(self, mv: memoryview) -> None:
         while len(mv):
             take = min(len(mv), CHUNK - self.in_chunk)
             self.h.update(mv[:take])
@@ -137,6 +144,7 @@ class _ChunkedWriter:
         self.in_chunk = 0
 
     def close(self) -> dict:
+        self.pool.shutdown()
         if self.in_chunk:
             self._close_chunk()
         self.f.flush()

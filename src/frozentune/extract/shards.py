@@ -20,13 +20,17 @@ uninterrupted process writes for the same device and precision — then removes 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import queue
 import re
 import shutil
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -109,8 +113,8 @@ class Plan:
         b0, b1 = self.shards[k]
         return self.batches[b0][0], self.batches[b1 - 1][1]
 
-    @property
-    def digest(self) -> str:
+    @functools.cached_property
+    def digest(self) -> str:  # made once: its JSON of every batch is read by every shard and check
         h = hashlib.blake2b(digest_size=16)
         h.update(json.dumps({"settings": self.settings, "batches": self.batches, "shards": self.shards}).encode())
         h.update(self.order.astype("<i8").tobytes())
@@ -169,11 +173,6 @@ def building_dir(root: Path, key: str) -> Path:
 
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}"
-
-
-def _digest_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -301,49 +300,171 @@ def _cast(dtype: str) -> torch.dtype:
     return {"float16": torch.float16, "float32": torch.float32}[dtype]
 
 
-def write_shard(folder: Path, k: int, key: str, plan: Plan, backbone: Backbone, tokens: Tokenized, dtype: str,
-                advance: Callable[[int, int], None], part: Part = Part()) -> float:
-    """Extract shard k into `folder/shard-0000k/` (atomically); returns the seconds it took.
-    shard.json records the part that wrote it (`cache --list` tells a part waiting for the
-    others from an interrupted build)."""
-    final = folder / shard_name(k)
-    for old in folder.glob(f"{shard_name(k)}.partial-*"):  # this shard's leftovers from a killed run
-        shutil.rmtree(old, ignore_errors=True)
-    tmp = folder / f"{shard_name(k)}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:  # mkdir inside: an interrupt raised as it returns must still remove the folder
-        tmp.mkdir()
-        p0, p1 = plan.examples(k)
-        t0 = time.perf_counter()
-        n_tokens = 0
-        with open(tmp / "states.bin", "wb") as fs, open(tmp / "ids.bin", "wb") as fi:
-            b0, b1 = plan.shards[k]
-            batches = [plan.order[s:e] for s, e in plan.batches[b0:b1]]
-            for idx, states, mask in iter_states(backbone.runner, backbone.tok, tokens, backbone.layers,
-                                                 batches=batches):
-                real = states[mask].to(_cast(dtype)).cpu()  # (tokens, D): cast where computed, then moved
-                fs.write(real.numpy().tobytes())
-                fi.write(np.concatenate([tokens.ids[i] for i in idx]).astype(np.int32).tobytes())
-                n = int(mask.sum())
-                n_tokens += n
-                advance(len(idx), n)
-            for f in (fs, fi):
-                f.flush()
-                os.fsync(f.fileno())
-        seconds = time.perf_counter() - t0
-        info = {"key": key, "plan": plan.digest, "shard": k, "examples": [p0, p1], "tokens": n_tokens,
-                "seconds": seconds, "device": str(backbone.device), "precision": backbone.precision,
-                "part": [part.index, part.count],
-                "files": {name: {"size": (tmp / name).stat().st_size, "blake2b": _digest_file(tmp / name)}
-                          for name in ("states.bin", "ids.bin")}}
-        _write_json(tmp / "shard.json", info)
+WRITE_AHEAD = 8  # batches extracted ahead of the writer (pinned host copies waiting to be written)
+
+
+def _real_rows(lengths: np.ndarray, T: int) -> np.ndarray:
+    """Flat (b * T + t) positions of the real tokens of right-padded rows of these lengths, row by
+    row: the rows `states[mask]` picks, found on the host so that the device never waits."""
+    pos = np.arange(T)
+    keep = pos[None, :] < lengths[:, None]                                  # (B, T)
+    return (np.arange(len(lengths))[:, None] * T + pos[None, :])[keep]
+
+
+def _to_host(states: torch.Tensor, rows: np.ndarray, dtype: torch.dtype) -> tuple[torch.Tensor, object]:
+    """(tokens, D) real-token states, cast where computed, on their way to the host. On a GPU the
+    copy is asynchronous into pinned memory; the event returned completes with it (None elsewhere)."""
+    flat = states.reshape(-1, states.shape[-1])
+    idx = torch.from_numpy(rows)
+    if states.device.type != "cuda":
+        return flat.index_select(0, idx.to(states.device)).to(dtype).cpu(), None
+    real = flat.index_select(0, idx.to(states.device, non_blocking=True)).to(dtype)
+    host = torch.empty(real.shape, dtype=dtype, pin_memory=True)
+    host.copy_(real, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(states.device))
+    return host, done
+
+
+class _Open:
+    """A shard being written: its partial folder, files and running checksums."""
+
+    def __init__(self, folder: Path, k: int):
+        for old in folder.glob(f"{shard_name(k)}.partial-*"):  # this shard's leftovers from a killed run
+            shutil.rmtree(old, ignore_errors=True)
+        self.k, self.t0, self.tokens = k, time.perf_counter(), 0
+        self.tmp = folder / f"{shard_name(k)}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp.mkdir()
+        self.files = {name: open(self.tmp / name, "wb") for name in ("states.bin", "ids.bin")}
+        self.sums = {name: hashlib.blake2b(digest_size=16) for name in self.files}
+
+    def close_files(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+class ShardWriter:
+    """Writes shards on a thread of its own while the caller keeps the device busy with the next
+    batches: each batch's states arrive as a host copy (with the event that completes it), are
+    checksummed while they are written, and a shard's end flushes, fsyncs, writes shard.json and
+    renames its folder into place. At most WRITE_AHEAD batches wait. An error on the thread is
+    raised in the caller at its next call; `close(finish=False)` (an interrupt) still finishes the
+    shards whose every batch was handed over, and removes the partial one."""
+
+    def __init__(self, folder: Path, key: str, plan: Plan, backbone: Backbone, part: Part):
+        self.folder, self.key, self.plan, self.part = folder, key, plan, part
+        self.device, self.precision = str(backbone.device), backbone.precision
+        self.seconds: list[float] = []
+        self.error: BaseException | None = None
+        self._q: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="frozentune-shard-sum")
+        self._thread = threading.Thread(target=self._run, name="frozentune-shard-writer", daemon=True)
+        self._thread.start()
+
+    def start(self, k: int) -> None:
+        self._put(("start", k))
+
+    def batch(self, host: torch.Tensor, done, ids: np.ndarray) -> None:
+        self._put(("batch", host, done, ids))
+
+    def end(self, k: int) -> None:
+        self._put(("end", k))
+
+    def close(self) -> None:
+        """Wait until every shard handed over is written (or the writer failed: raised here)."""
         try:
-            os.rename(tmp, final)
+            if self.error is None:
+                self._put(("stop",))
+        finally:
+            self._thread.join()
+            self._hasher.shutdown()
+        if self.error is not None:
+            raise self.error
+
+    def _put(self, item: tuple) -> None:
+        while True:
+            if self.error is not None:
+                raise self.error
+            if not self._thread.is_alive():
+                raise ExtractError("the shard writer stopped unexpectedly; rerun to resume the build")
+            try:
+                self._q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _run(self) -> None:
+        cur: _Open | None = None
+        try:
+            while (item := self._q.get())[0] != "stop":
+                if item[0] == "start":
+                    cur = _Open(self.folder, item[1])
+                elif item[0] == "batch":
+                    _, host, done, ids = item
+                    if done is not None:
+                        done.synchronize()
+                    self._write(cur, "states.bin", host.numpy())
+                    self._write(cur, "ids.bin", ids)
+                    cur.tokens += len(ids)
+                else:
+                    self._finish(cur)
+                    cur = None
+        except BaseException as e:  # handed to the caller; the partial shard goes below
+            self.error = e
+        finally:
+            if cur is not None:
+                cur.close_files()
+                shutil.rmtree(cur.tmp, ignore_errors=True)
+
+    def _write(self, cur: _Open, name: str, arr: np.ndarray) -> None:
+        mv = memoryview(np.ascontiguousarray(arr)).cast("B")
+        summed = self._hasher.submit(cur.sums[name].update, mv)  # both release the GIL: side by side
+        cur.files[name].write(mv)
+        summed.result()
+
+    def _finish(self, cur: _Open) -> None:
+        for f in cur.files.values():
+            f.flush()
+            os.fsync(f.fileno())
+        cur.close_files()
+        p0, p1 = self.plan.examples(cur.k)
+        seconds = time.perf_counter() - cur.t0
+        info = {"key": self.key, "plan": self.plan.digest, "shard": cur.k, "examples": [p0, p1], "tokens": cur.tokens,
+                "seconds": seconds, "device": self.device, "precision": self.precision,
+                "part": [self.part.index, self.part.count],
+                "files": {name: {"size": (cur.tmp / name).stat().st_size, "blake2b": cur.sums[name].hexdigest()}
+                          for name in cur.files}}
+        _write_json(cur.tmp / "shard.json", info)
+        final = self.folder / shard_name(cur.k)
+        try:
+            os.rename(cur.tmp, final)
         except OSError:
             if not (final / "shard.json").is_file():  # not another process's identical copy: a real failure
                 raise
-        return seconds
+            shutil.rmtree(cur.tmp, ignore_errors=True)
+        self.seconds.append(seconds)
+
+
+def extract_shards(writer: ShardWriter, todo: list[int], plan: Plan, backbone: Backbone, tokens: Tokenized,
+                   dtype: str, advance: Callable[[int, int], None]) -> None:
+    """Run the backbone over the batches of shards `todo`, handing each batch's real-token states
+    to `writer` as they come (the device is not waited for). An interrupt here still lets the
+    writer finish the shards whose batches were all handed over; the one in progress is lost."""
+    lengths = tokens.lengths
+    cast = _cast(dtype)
+    try:
+        for k in todo:
+            writer.start(k)
+            b0, b1 = plan.shards[k]
+            batches = [plan.order[s:e] for s, e in plan.batches[b0:b1]]
+            for idx, states, _ in iter_states(backbone.runner, backbone.tok, tokens, backbone.layers, batches=batches):
+                lens = lengths[idx]
+                host, done = _to_host(states, _real_rows(lens, states.shape[1]), cast)
+                writer.batch(host, done, np.concatenate([tokens.ids[i] for i in idx]).astype(np.int32))
+                advance(len(idx), int(lens.sum()))
+            writer.end(k)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        writer.close()
 
 
 @dataclass
@@ -370,12 +491,15 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
     # replaces an existing entry).
     published = part.count > 1 and folder.with_name(key).exists()
     todo = [] if published else [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
-    spent = []
+    spent: list[float] = []
     if todo:
         open_plan(folder, key, fields, plan)
         with active(folder):
-            for k in todo:
-                spent.append(write_shard(folder, k, key, plan, backbone, tokens, dtype, progress, part))
+            writer = ShardWriter(folder, key, plan, backbone, part)
+            try:
+                extract_shards(writer, todo, plan, backbone, tokens, dtype, progress)
+            finally:
+                spent = writer.seconds
     done = finished(folder, plan)
     missing = [k for k in range(len(plan.shards)) if k not in done]
     return ShardReport(todo, sorted(before), missing, float(sum(spent)),
@@ -430,15 +554,28 @@ def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dty
     itemsize = np.dtype(dtype).itemsize
     infos = [check_shard(folder, k, key, plan, lengths, dim, itemsize) for k in range(len(plan.shards))]
     seconds = 0.0
-    for k, info in enumerate(infos):
-        for name in ("states.bin", "ids.bin"):
-            h = hashlib.blake2b(digest_size=16)
-            with open(folder / shard_name(k) / name, "rb") as f:
-                while chunk := f.read(16 << 20):
-                    h.update(chunk)
-                    write(name, chunk)
-            if h.hexdigest() != info["files"][name]["blake2b"]:
-                raise ExtractError(f"{folder / shard_name(k) / name}: corrupt (its checksum differs from "
-                                   f"shard.json's); delete that shard folder and rerun, or rerun with --rebuild-cache")
-        seconds += float(info.get("seconds", 0.0))
+    with ThreadPoolExecutor(1, thread_name_prefix="frozentune-merge-sum") as pool:
+        for k, info in enumerate(infos):
+            for name in ("states.bin", "ids.bin"):
+                h = _stream(folder / shard_name(k) / name, pool, lambda b, name=name: write(name, b))
+                _check_sum(folder / shard_name(k) / name, h, info["files"][name]["blake2b"])
+            seconds += float(info.get("seconds", 0.0))
     return {"seconds": seconds, "shards": len(infos), "devices": sorted({i.get("device", "?") for i in infos})}
+
+
+def _stream(path: Path, pool: ThreadPoolExecutor, write: Callable[[bytes], None]) -> str:
+    """Pass a file's bytes to `write` in 16 MiB pieces, checksumming each on `pool` meanwhile
+    (hashing and writing both release the GIL); returns the file's blake2b."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            summed = pool.submit(h.update, chunk)
+            write(chunk)
+            summed.result()
+    return h.hexdigest()
+
+
+def _check_sum(path: Path, got: str, want: str) -> None:
+    if got != want:
+        raise ExtractError(f"{path}: corrupt (its checksum differs from shard.json's); delete that shard folder "
+                           f"and rerun, or rerun with --rebuild-cache")
