@@ -178,9 +178,9 @@ def test_merge_refuses_missing_and_foreign_shards(bb, tmp_path):
     with pytest.raises(ExtractError, match=r"shards are not finished \(1, 3"):
         S.merge(folder, key, plan, tokens.lengths, bb.dim, "float16", lambda *a: None)
     # a shard of another entry put in place of a missing one is refused by name, nothing is published
-    shutil.copytree(building_dir(root, okey) / "shard-00001", folder / "shard-00001")
+    shutil.copy(building_dir(root, okey) / "shard-00001.json", folder / "shard-00001.json")
     for k in range(3, len(plan.shards), 2):
-        shutil.copytree(building_dir(root, okey) / S.shard_name(k), folder / S.shard_name(k))
+        shutil.copy(building_dir(root, okey) / S.shard_name(k), folder / S.shard_name(k))
     with pytest.raises(CacheError, match="a shard of another cache entry"):
         build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
     assert not (root / key).exists()
@@ -190,11 +190,11 @@ def test_damaged_shard_is_found_before_publishing(bb, tmp_path):
     root = tmp_path / "cache"
     build_part(bb, MANY, Part(0, 2), root, progress=False, **KW)
     key = cache_key(bb, MANY)[0]
-    f = building_dir(root, key) / "shard-00000" / "states.bin"
+    f = building_dir(root, key) / "states.bin"  # shard 0's rows come first
     data = bytearray(f.read_bytes())
     data[10] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(CacheError, match="shard-00000/states.bin: corrupt"):
+    with pytest.raises(CacheError, match=r"states.bin: bytes 0\.\.\d+ of shard 0 are corrupt .*shard-00000.json"):
         build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
     assert not (root / key).exists()
 
@@ -370,7 +370,7 @@ def test_resume_needs_the_shard_size_it_was_started_with(bb, reference, tmp_path
         get_or_build(bb, MANY, root, progress=False, max_tokens=128)
     monkeypatch.undo()  # the variable is unset again, as in a plain rerun
     before = sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*"))
-    assert (folder / "shard-00000").is_dir() and os.environ.get(S.SHARD_ENV) is None
+    assert (folder / "shard-00000.json").is_file() and os.environ.get(S.SHARD_ENV) is None
     with pytest.raises(ExtractError) as e:
         get_or_build(bb, MANY, root, progress=False, max_tokens=128)
     said = str(e.value)
@@ -402,7 +402,7 @@ def test_running_build_is_not_pruned(bb, tmp_path):
     root = tmp_path / "cache"
     key, fields = cache_key(bb, MANY)
     folder = building_dir(root, key)
-    S.open_plan(folder, key, fields, plan_of(bb))
+    S.open_plan(folder, key, fields, plan_of(bb), {})
     with S.active(folder):
         assert [e.status for e in scan(root)] == ["running"] and prune(root) == []
     assert [e.status for e in scan(root)] == ["interrupted"]
@@ -441,3 +441,51 @@ def test_fp32_states_are_the_ones_before_shards(bb, reference):
     old = b"".join(states[mask].to(torch.float16).numpy().tobytes()
                    for _, states, mask in iter_states(bb.model, bb.tok, tokens, bb.layers, max_tokens=128))
     assert old == (reference.path / "states.bin").read_bytes()  # exact: the same kernels on the same batches
+
+
+def test_publishing_links_the_shards_bytes_and_writes_no_state_twice(bb, reference, tmp_path, monkeypatch):
+    """The shards write the entry's states in place; publishing checks and checksums them, then
+    links the files into the entry: the files it writes hold only offsets and lengths."""
+    import frozentune.cache as C
+
+    real, written = C._ChunkedWriter.write, []
+
+    def counts(self, data):
+        if self.f is not None:
+            written.append(len(memoryview(data).cast("B")))
+        return real(self, data)
+
+    monkeypatch.setattr(C._ChunkedWriter, "write", counts)
+    cache, _ = get_or_build(bb, MANY, tmp_path / "cache", progress=False, **KW)
+    assert sums(cache) == sums(reference)
+    assert sum(written) == len(MANY) * (8 + 4)  # offsets (int64) and lengths (int32), nothing else
+
+
+def test_publishing_without_hard_links_moves_the_files_back_when_it_fails(bb, reference, tmp_path, monkeypatch):
+    """A file system without hard links: the data files are moved into the entry instead; when
+    publishing then fails (disk full writing the offsets), they are moved back, so the rerun
+    publishes the finished shards without extracting any again."""
+    import errno
+
+    import frozentune.cache as C
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    real = C._ChunkedWriter.write
+
+    def full(self, data):
+        if self.f is not None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    root = tmp_path / "cache"
+    monkeypatch.setattr(C.os, "link", no_links)
+    monkeypatch.setattr(C._ChunkedWriter, "write", full)
+    with pytest.raises(CacheError, match="No space left on device.*finished shards"):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    folder = building_dir(root, cache_key(bb, MANY)[0])
+    assert (folder / "states.bin").is_file() and (folder / "ids.bin").is_file()
+    monkeypatch.setattr(C._ChunkedWriter, "write", real)
+    cache, secs = get_or_build(bb, MANY, root, progress=False, **KW)
+    assert secs == 0.0 and sums(cache) == sums(reference) and not folder.exists()

@@ -72,21 +72,27 @@ def launch(argv: list):
 
 
 def partials(root: Path) -> list[Path]:
-    """Shards being written (and merges in progress)."""
-    return sorted([*root.glob("*.building/shard-*.partial-*"), *root.glob("*.partial-*")]) if root.exists() else []
+    """Merges in progress (shards are written in place, into the build's data files)."""
+    return sorted(root.glob("*.partial-*")) if root.exists() else []
+
+
+def extracting(root: Path) -> list[Path]:
+    """The data files a build makes as its extraction starts."""
+    return sorted(root.glob("*.building/states.bin")) if root.exists() else []
 
 
 def finished_shards(root: Path) -> list[Path]:
-    return sorted(root.glob("*.building/shard-?????/shard.json")) if root.exists() else []
+    return sorted(root.glob("*.building/shard-?????.json")) if root.exists() else []
 
 
 def only_build_folder(root: Path) -> Path:
-    """What an interrupted extraction leaves: one `<key>.building` folder, holding its plan and
-    finished shards only — no entry, no partial shard or merge, no lock file."""
+    """What an interrupted extraction leaves: one `<key>.building` folder, holding its plan, its
+    data files and the records of finished shards only — no entry, no merge, no lock file."""
     names = sorted(p.name for p in root.iterdir())
     assert len(names) == 1 and names[0].endswith(".building"), f"left behind: {names}"
     inside = sorted(p.name for p in (root / names[0]).iterdir())
-    assert all(n in ("plan.json", ".active") or re.fullmatch(r"shard-\d{5}", n) for n in inside), inside
+    assert all(n in ("plan.json", ".active", "states.bin", "ids.bin") or re.fullmatch(r"shard-\d{5}\.json", n)
+               for n in inside), inside
     return root / names[0]
 
 
@@ -144,7 +150,7 @@ def test_train_interrupted_during_extraction(tiny_bert, big, tmp_path):
     mine.write_text("my notes\n")
     argv = train_argv(big, tiny_bert, root, output)
     proc = launch(argv)
-    wait_for(proc, lambda: partials(root), "extraction started")
+    wait_for(proc, lambda: extracting(root), "extraction started")
     interrupt(proc, argv, signal.SIGINT)
     only_build_folder(root)
     assert sorted(p.name for p in mine.parent.iterdir()) == ["notes.txt"]

@@ -11,8 +11,8 @@ A cache entry is a folder `<root>/<key>/`:
 The key hashes the model's weights, the tokenizer's definition, the layer choice (absolute
 indices), max_length, the precision of the pass, the dtype and every text, so a changed input
 never returns stale states. Entries are extracted in shards under `<key>.building/` (resumable,
-splittable across processes: see extract/shards.py), merged into a `.partial-*` folder and
-renamed into place only when complete, by one process at a time (an flock on
+splittable across processes: see extract/shards.py, whose files become the entry's), checked and
+gathered in a `.partial-*` folder and renamed into place only when complete, by one process at a time (an flock on
 `<root>/<key>.lock`: a second process asking for the same entry waits, then reads it).
 Format-2 entries (before shards) are re-keyed on first use, their states untouched.
 A reader checks that the entry is the one asked for (key, example count, dimension, dtype), that
@@ -48,8 +48,8 @@ from torch import Tensor
 from .backbone import Backbone, Tokenized, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
-from .extract.shards import (Part, Plan, building_dir, check_plan, extract_part, finished, make_plan, merge,
-                              work_of)
+from .extract.shards import (DATA, Part, Plan, building_dir, check_plan, extract_part, finished, make_plan, merge,
+                              read_json, work_of)
 
 FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
 CHUNK = 64 << 20  # bytes per checksum chunk
@@ -111,22 +111,26 @@ def meta_sha(meta: dict) -> str:
 
 
 class _ChunkedWriter:
-    """Appends bytes to a file and keeps a blake2b digest per CHUNK bytes."""
+    """Appends bytes to a file and keeps a blake2b digest per CHUNK bytes; with path None, only
+    the digests (of bytes that are already in a file)."""
 
-    def __init__(self, path: Path):
-        self.f = open(path, "wb")
+    def __init__(self, path: Path | None):
+        self.f = open(path, "wb") if path is not None else None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="frozentune-entry-sum") if self.f else None
         self.sums: list[str] = []
         self.h = hashlib.blake2b(digest_size=16)
         self.in_chunk = 0
         self.size = 0
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="frozentune-entry-sum")
 
     def write(self, data: bytes | memoryview) -> None:
         """Write `data`, checksumming it on a thread of its own meanwhile (both release the GIL)."""
         mv = memoryview(data).cast("B")
+        self.size += len(mv)
+        if self.f is None:
+            self._sum(mv)
+            return
         summed = self.pool.submit(self._sum, mv)
         self.f.write(mv)
-        self.size += len(mv)
         summed.result()
 
     def _sum(self, mv: memoryview) -> None:
@@ -144,12 +148,14 @@ class _ChunkedWriter:
         self.in_chunk = 0
 
     def close(self) -> dict:
-        self.pool.shutdown()
+        if self.pool is not None:
+            self.pool.shutdown()
         if self.in_chunk:
             self._close_chunk()
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        if self.f is not None:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
         return {"size": self.size, "chunks": self.sums}
 
 
@@ -367,8 +373,8 @@ def _clean_partials(root: Path) -> None:
 
 def _write_error(root: Path, key: str, e: OSError) -> CacheError:
     folder = building_dir(root, key)
-    kept = sorted(folder.glob("shard-?????")) if folder.is_dir() else []
-    size = sum(f.stat().st_size for d in kept for f in d.iterdir() if f.is_file())
+    kept = sorted(folder.glob("shard-?????.json")) if folder.is_dir() else []
+    size = sum(f.get("size", 0) for r in kept for f in ((read_json(r) or {}).get("files") or {}).values())
     return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
                       f"or give --cache-dir a writable folder with room"
                       + (f"; its {len(kept)} finished shards ({size / 1e6:,.1f} MB) are kept in {folder.name}: "
@@ -418,14 +424,21 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
     tmp = root / f"{key}.partial-{tag}"
     old = root / f"{key}.partial-{tag}-replaced"  # a replaced entry, removed last
     lengths = tokens.lengths
+    moved: list[str] = []  # data files renamed (not linked) into tmp: moved back if publishing fails
     try:
         tmp.mkdir()
-        writers = {name: _ChunkedWriter(tmp / name) for name in ("states.bin", "ids.bin")}
+        sums = {name: _ChunkedWriter(None) for name in DATA}
         try:
-            merged = merge(folder, key, plan, lengths, dim, dtype, lambda name, b: writers[name].write(b))
+            merged = merge(folder, key, plan, lengths, dim, dtype, lambda name, b: sums[name].write(b))
         except ExtractError as e:
             raise CacheError(str(e)) from None
-        files = {name: w.close() for name, w in writers.items()}
+        files = {name: w.close() for name, w in sums.items()}
+        for name in DATA:  # the bytes the shards wrote become the entry's: linked, not copied
+            try:
+                os.link(folder / name, tmp / name)
+            except OSError:  # a file system without hard links
+                os.rename(folder / name, tmp / name)
+                moved.append(name)
         offsets = np.zeros(len(lengths), dtype=np.int64)
         in_order = lengths[plan.order]
         offsets[plan.order] = np.cumsum(in_order) - in_order
@@ -447,8 +460,12 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
         if final.exists():
             os.rename(final, old)
         os.rename(tmp, final)
+        moved.clear()
         shutil.rmtree(folder, ignore_errors=True)
-    finally:  # on success only `old` is left; on any exception, interrupts included, both go
+    finally:
+        for name in moved:  # not published: the build keeps its data (and so its finished shards)
+            with contextlib.suppress(OSError):
+                os.rename(tmp / name, folder / name)  # on success only `old` is left; on any exception, interrupts included, both go
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return BuildStats(len(lengths), n_tokens, merged["seconds"], files, shards=merged["shards"])

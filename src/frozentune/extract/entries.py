@@ -67,7 +67,9 @@ def _size(path: Path) -> int:
     for dirpath, _, names in os.walk(path):
         for n in names:
             try:
-                total += os.lstat(os.path.join(dirpath, n)).st_size
+                st = os.lstat(os.path.join(dirpath, n))
+                # disk in use: a build's data files are made at full size and filled as shards finish
+                total += min(st.st_size, getattr(st, "st_blocks", st.st_size // 512 + 1) * 512)
             except OSError:
                 pass
     return total
@@ -132,8 +134,7 @@ def _building(p: Path) -> Entry:
     if plan is None:
         return Entry(p, "building", INTERRUPTED, _size(p))
     total = int(plan.get("shards", 0))
-    done = {int(m.group(1)) for s in p.glob("shard-*")
-            if (m := re.fullmatch(r"shard-(\d+)", s.name)) and (s / "shard.json").is_file()}
+    done = {int(m.group(1)) for s in p.glob("shard-*.json") if (m := re.fullmatch(r"shard-(\d+)\.json", s.name))}
     parts = parts_done(p, done, total)
     if is_running(p):
         status = RUNNING

@@ -4,18 +4,21 @@ An entry `<root>/<key>/` is built in `<root>/<key>.building/`:
   plan.json         the key's fields and the plan: extraction order (length-sorted batches, longest
                     first, exactly as a one-piece build runs them) cut into shards of about
                     SHARD_TOKENS real tokens; written once, by whoever starts the build
-  shard-00007/      one finished shard: states.bin, ids.bin (its examples' rows, in plan order) and
-                    shard.json (key, plan digest, which examples, sizes, blake2b of each file),
-                    written in `shard-00007.partial-*` and renamed into place only when complete
+  states.bin        the entry's states and token ids, made at their full size when the build starts;
+  ids.bin           shard k's rows go to their final place (plan order), so nothing is copied later
+  shard-00007.json  shard k is finished: key, plan digest, which examples, and the offset, size and
+                    blake2b of its bytes in each file; written (atomically) only after those bytes
+                    are on disk (fdatasync)
   .active           every process extracting holds a shared flock on it (so `cache --prune` can
                     tell an interrupted build from a running one)
 
 A process extracts the shards it owns (shard k belongs to part k mod N of `--shard i/N`, or of
 RANK/WORLD_SIZE under torchrun / accelerate launch; one process owns all), skipping those already
-finished. An interrupt loses at most the shard being written. When every shard is there, one
-process (under the entry's build lock) checks each against the plan and its checksums and
-concatenates them into the entry's files — the same bytes, in the same order, that one
-uninterrupted process writes for the same device and precision — then removes the folder.
+finished. An interrupt loses at most the shard being written: its bytes are not vouched for by a
+record, so they are written again. When every shard is there, one process (under the entry's
+build lock) checks each against the plan and its checksums while it checksums the entry's chunks,
+and links the two files into the entry — the same bytes, in the same order, that one uninterrupted
+process writes for the same device and precision. Each state is written once.
 """
 from __future__ import annotations
 
@@ -50,7 +53,8 @@ SHARD_TOKENS = 1 << 16  # real tokens per shard: ~30 s of MiniLM on one CPU core
 SHARD_ENV = "FROZENTUNE_SHARD_TOKENS"  # overrides SHARD_TOKENS (e.g. larger shards on a GPU)
 MAX_TOKENS = 8192       # padded tokens per forward batch
 MAX_BATCH = 128         # rows per forward batch
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: shards write into the entry's files in place (1: a folder per shard)
+DATA = ("states.bin", "ids.bin")
 
 
 # ----------------------------------------------------------------------------- which part is this process's
@@ -172,7 +176,21 @@ def building_dir(root: Path, key: str) -> Path:
 
 
 def shard_name(k: int) -> str:
-    return f"shard-{k:05d}"
+    """The record that marks shard k finished (in the build folder)."""
+    return f"shard-{k:05d}.json"
+
+
+def data_sizes(plan: Plan, lengths: np.ndarray, dim: int, itemsize: int) -> dict[str, int]:
+    """Bytes of each data file of the entry."""
+    tokens = int(lengths[plan.order].sum()) if len(plan.order) else 0
+    return {"states.bin": tokens * dim * itemsize, "ids.bin": tokens * 4}
+
+
+def shard_starts(plan: Plan, lengths: np.ndarray) -> np.ndarray:
+    """(shards + 1,) token offset of each shard's first row in the entry (and the total)."""
+    in_order = lengths[plan.order] if len(plan.order) else np.zeros(0, dtype=np.int64)
+    ends = np.r_[0, np.cumsum(in_order)]
+    return np.array([ends[plan.examples(k)[0]] for k in range(len(plan.shards))] + [ends[-1]], dtype=np.int64)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -192,14 +210,26 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def open_plan(folder: Path, key: str, fields: dict, plan: Plan) -> None:
-    """Write plan.json, or check that the one there (an interrupted build's) is this plan."""
+def open_plan(folder: Path, key: str, fields: dict, plan: Plan, sizes: dict[str, int]) -> None:
+    """Write plan.json and make the data files at their full size, or check that the ones there
+    (an interrupted build's, or another part's) are this plan's."""
     folder.mkdir(parents=True, exist_ok=True)
     check_plan(folder, key, plan)
     if not (folder / "plan.json").exists():
         _write_json(folder / "plan.json", {"key": key, "fields": fields, "digest": plan.digest,
                                            "shards": len(plan.shards), "examples": len(plan.order),
                                            "settings": plan.settings})
+    for name, size in sizes.items():
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT, 0o644)  # never truncated: parts share it
+        try:
+            have = os.fstat(fd).st_size
+            if have == 0 and size:
+                os.ftruncate(fd, size)  # sparse until written
+            elif have != size:
+                raise ExtractError(f"{folder / name}: {have} bytes, but this build's states need {size}; rerun "
+                                   f"with --rebuild-cache to start over")
+        finally:
+            os.close(fd)
 
 
 def check_plan(folder: Path, key: str, plan: Plan) -> None:
@@ -225,6 +255,10 @@ def _plan_mismatch(folder: Path, had: dict, plan: Plan) -> str:
     """Why the interrupted build in `folder` (settings `had`) cannot take this run's shards, and
     the one way to resume it when the shard size is all that differs."""
     now = plan.settings
+    if had.get("version") == 1:
+        return (f"{folder}: an interrupted build by an earlier frozentune, which kept each shard in a folder of its "
+                f"own; this version writes shards into the entry's files and cannot resume it: finish it with "
+                f"that version, or rerun with --rebuild-cache to start over")
     size_had, size_now = had.get("shard_tokens"), now["shard_tokens"]
     batching = [name for name in ("version", "max_tokens", "max_batch") if had.get(name) != now[name]]
     if not batching and isinstance(size_had, int) and size_had != size_now:
@@ -244,8 +278,11 @@ def _plan_mismatch(folder: Path, had: dict, plan: Plan) -> str:
 
 
 def finished(folder: Path, plan: Plan) -> set[int]:
-    """Shards whose folder is complete (renamed into place with its shard.json)."""
-    return {k for k in range(len(plan.shards)) if (folder / shard_name(k) / "shard.json").is_file()}
+    """Shards with a record (their bytes are on disk). None while a data file is missing: a record
+    vouches for bytes in it."""
+    if not all((folder / name).is_file() for name in DATA):
+        return set()
+    return {k for k in range(len(plan.shards)) if (folder / shard_name(k)).is_file()}
 
 
 def parts_done(folder: Path, done: set[int], total: int) -> list[str]:
@@ -253,7 +290,7 @@ def parts_done(folder: Path, done: set[int], total: int) -> list[str]:
     are all in `done`: a `--shard i/N` process that finished its share, waiting for the others."""
     parts = set()
     for k in done:
-        part = (read_json(folder / shard_name(k) / "shard.json") or {}).get("part")
+        part = (read_json(folder / shard_name(k)) or {}).get("part")
         if isinstance(part, list) and len(part) == 2 and all(isinstance(x, int) for x in part) \
                 and 0 <= part[0] < part[1]:
             parts.add((part[0], part[1]))
@@ -327,35 +364,35 @@ def _to_host(states: torch.Tensor, rows: np.ndarray, dtype: torch.dtype) -> tupl
 
 
 class _Open:
-    """A shard being written: its partial folder, files and running checksums."""
+    """A shard being written: where its rows go in each data file, and their running checksums."""
 
-    def __init__(self, folder: Path, k: int):
-        for old in folder.glob(f"{shard_name(k)}.partial-*"):  # this shard's leftovers from a killed run
-            shutil.rmtree(old, ignore_errors=True)
+    def __init__(self, k: int, starts: dict[str, int]):
         self.k, self.t0, self.tokens = k, time.perf_counter(), 0
-        self.tmp = folder / f"{shard_name(k)}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir()
-        self.files = {name: open(self.tmp / name, "wb") for name in ("states.bin", "ids.bin")}
-        self.sums = {name: hashlib.blake2b(digest_size=16) for name in self.files}
+        self.start = dict(starts)  # name -> first byte
+        self.at = dict(starts)     # name -> next byte
+        self.sums = {name: hashlib.blake2b(digest_size=16) for name in starts}
 
-    def close_files(self) -> None:
-        for f in self.files.values():
-            f.close()
+
+_datasync = getattr(os, "fdatasync", os.fsync)
 
 
 class ShardWriter:
     """Writes shards on a thread of its own while the caller keeps the device busy with the next
     batches: each batch's states arrive as a host copy (with the event that completes it), are
-    checksummed while they are written, and a shard's end flushes, fsyncs, writes shard.json and
-    renames its folder into place. At most WRITE_AHEAD batches wait. An error on the thread is
-    raised in the caller at its next call; `close(finish=False)` (an interrupt) still finishes the
-    shards whose every batch was handed over, and removes the partial one."""
+    checksummed while they are written to their final place in the build's data files, and a
+    shard's end makes its bytes durable and writes its record. At most WRITE_AHEAD batches wait.
+    An error on the thread is raised in the caller at its next call; `close()` after an interrupt
+    still finishes the shards whose every batch was handed over (the partial one has no record)."""
 
-    def __init__(self, folder: Path, key: str, plan: Plan, backbone: Backbone, part: Part):
+    def __init__(self, folder: Path, key: str, plan: Plan, backbone: Backbone, part: Part, lengths: np.ndarray,
+                 itemsize: int):
         self.folder, self.key, self.plan, self.part = folder, key, plan, part
         self.device, self.precision = str(backbone.device), backbone.precision
+        self.row_bytes = {"states.bin": backbone.dim * itemsize, "ids.bin": 4}
+        self.starts = shard_starts(plan, lengths)
         self.seconds: list[float] = []
         self.error: BaseException | None = None
+        self._fds = {name: os.open(folder / name, os.O_WRONLY) for name in DATA}
         self._q: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="frozentune-shard-sum")
         self._thread = threading.Thread(target=self._run, name="frozentune-shard-writer", daemon=True)
@@ -378,6 +415,8 @@ class ShardWriter:
         finally:
             self._thread.join()
             self._hasher.shutdown()
+            for fd in self._fds.values():
+                os.close(fd)
         if self.error is not None:
             raise self.error
 
@@ -398,7 +437,8 @@ class ShardWriter:
         try:
             while (item := self._q.get())[0] != "stop":
                 if item[0] == "start":
-                    cur = _Open(self.folder, item[1])
+                    k = item[1]
+                    cur = _Open(k, {name: int(self.starts[k]) * size for name, size in self.row_bytes.items()})
                 elif item[0] == "batch":
                     _, host, done, ids = item
                     if done is not None:
@@ -409,39 +449,29 @@ class ShardWriter:
                 else:
                     self._finish(cur)
                     cur = None
-        except BaseException as e:  # handed to the caller; the partial shard goes below
+        except BaseException as e:  # handed to the caller; a partial shard has no record, so is redone
             self.error = e
-        finally:
-            if cur is not None:
-                cur.close_files()
-                shutil.rmtree(cur.tmp, ignore_errors=True)
 
     def _write(self, cur: _Open, name: str, arr: np.ndarray) -> None:
         mv = memoryview(np.ascontiguousarray(arr)).cast("B")
         summed = self._hasher.submit(cur.sums[name].update, mv)  # both release the GIL: side by side
-        cur.files[name].write(mv)
+        while len(mv):
+            n = os.pwrite(self._fds[name], mv, cur.at[name])
+            cur.at[name] += n
+            mv = mv[n:]
         summed.result()
 
     def _finish(self, cur: _Open) -> None:
-        for f in cur.files.values():
-            f.flush()
-            os.fsync(f.fileno())
-        cur.close_files()
+        for fd in self._fds.values():
+            _datasync(fd)
         p0, p1 = self.plan.examples(cur.k)
         seconds = time.perf_counter() - cur.t0
         info = {"key": self.key, "plan": self.plan.digest, "shard": cur.k, "examples": [p0, p1], "tokens": cur.tokens,
                 "seconds": seconds, "device": self.device, "precision": self.precision,
                 "part": [self.part.index, self.part.count],
-                "files": {name: {"size": (cur.tmp / name).stat().st_size, "blake2b": cur.sums[name].hexdigest()}
-                          for name in cur.files}}
-        _write_json(cur.tmp / "shard.json", info)
-        final = self.folder / shard_name(cur.k)
-        try:
-            os.rename(cur.tmp, final)
-        except OSError:
-            if not (final / "shard.json").is_file():  # not another process's identical copy: a real failure
-                raise
-            shutil.rmtree(cur.tmp, ignore_errors=True)
+                "files": {name: {"offset": cur.start[name], "size": cur.at[name] - cur.start[name],
+                                 "blake2b": cur.sums[name].hexdigest()} for name in DATA}}
+        _write_json(self.folder / shard_name(cur.k), info)
         self.seconds.append(seconds)
 
 
@@ -493,9 +523,10 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
     todo = [] if published else [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
     spent: list[float] = []
     if todo:
-        open_plan(folder, key, fields, plan)
+        lengths, itemsize = tokens.lengths, np.dtype(dtype).itemsize
+        open_plan(folder, key, fields, plan, data_sizes(plan, lengths, backbone.dim, itemsize))
         with active(folder):
-            writer = ShardWriter(folder, key, plan, backbone, part)
+            writer = ShardWriter(folder, key, plan, backbone, part, lengths, itemsize)
             try:
                 extract_shards(writer, todo, plan, backbone, tokens, dtype, progress)
             finally:
@@ -517,65 +548,78 @@ def work_of(plan: Plan, lengths: np.ndarray, shards: Iterable[int]) -> tuple[int
 
 
 # ----------------------------------------------------------------------------- combining
-def check_shard(folder: Path, k: int, key: str, plan: Plan, lengths: np.ndarray, dim: int, itemsize: int) -> dict:
-    """shard.json of shard k, after checking it belongs to this key and plan and its files have the
-    sizes its examples need; an ExtractError saying which shard and what to do otherwise."""
+def check_shard(folder: Path, k: int, key: str, plan: Plan, starts: np.ndarray, row_bytes: dict[str, int]) -> dict:
+    """The record of shard k, after checking it belongs to this key and plan and places its bytes
+    where its examples go; an ExtractError saying which shard and what to do otherwise."""
     where = folder / shard_name(k)
-    info = read_json(where / "shard.json")
-    redo = "delete that shard folder and rerun (only it is extracted again), or rerun with --rebuild-cache"
+    info = read_json(where)
+    redo = f"delete {where} and rerun (only that shard is extracted again), or rerun with --rebuild-cache"
     if info is None:
-        raise ExtractError(f"{where}: shard.json missing or unreadable; {redo}")
+        raise ExtractError(f"{where}: missing or unreadable; {redo}")
     if info.get("key") != key:
         raise ExtractError(f"{where}: a shard of another cache entry ({info.get('key')}), not of {key}; "
                            f"shards of different entries cannot be merged: {redo}")
     if info.get("plan") != plan.digest or info.get("shard") != k:
         raise ExtractError(f"{where}: made for another plan of this entry (other shard size or batch settings); {redo}")
     p0, p1 = plan.examples(k)
-    tokens = int(lengths[plan.order[p0:p1]].sum())
-    want = {"states.bin": tokens * dim * itemsize, "ids.bin": tokens * 4}
-    for name, size in want.items():
-        got = (where / name).stat().st_size if (where / name).is_file() else None
-        if got != size or info.get("files", {}).get(name, {}).get("size") != size:
-            raise ExtractError(f"{where / name}: {got} bytes, but its {p1 - p0} examples of {tokens} tokens need "
-                               f"{size}; {redo}")
+    tokens = int(starts[k + 1] - starts[k])
+    for name, row in row_bytes.items():
+        want = {"offset": int(starts[k]) * row, "size": tokens * row}
+        got = info.get("files", {}).get(name, {})
+        if any(got.get(field) != value for field, value in want.items()):
+            raise ExtractError(f"{where}: places {name} bytes at {got.get('offset')} (+{got.get('size')}), but its "
+                               f"{p1 - p0} examples of {tokens} tokens go at {want['offset']} (+{want['size']}); {redo}")
     return info
 
 
 def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dtype: str,
-          write: Callable[[str, bytes | memoryview], None]) -> dict:
-    """Stream every shard's files, in plan order, into `write(name, bytes)`; returns totals.
-    Each file's bytes are checked against its shard.json checksum as they pass (a damaged shard
-    is an ExtractError before the entry is published). A missing shard is named."""
-    missing = [k for k in range(len(plan.shards)) if not (folder / shard_name(k) / "shard.json").is_file()]
+          sink: Callable[[str, bytes], None]) -> dict:
+    """Read the build's data files once, in order, passing their bytes to `sink(name, bytes)` (the
+    entry's own checksums) while each shard's bytes are checked against its record (a damaged
+    shard is an ExtractError before the entry is published); returns totals. A missing shard is
+    named."""
+    missing = [k for k in range(len(plan.shards)) if not (folder / shard_name(k)).is_file()]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
         raise ExtractError(f"{folder}: {len(missing)} of {len(plan.shards)} shards are not finished ({shown}); "
                            f"run the parts that own them (shard k belongs to --shard k%N/N) before merging")
     itemsize = np.dtype(dtype).itemsize
-    infos = [check_shard(folder, k, key, plan, lengths, dim, itemsize) for k in range(len(plan.shards))]
-    seconds = 0.0
+    for name, size in data_sizes(plan, lengths, dim, itemsize).items():
+        have = (folder / name).stat().st_size if (folder / name).is_file() else None
+        if have != size:
+            raise ExtractError(f"{folder / name}: {have} bytes, but this build's states need {size}; rerun with "
+                               f"--rebuild-cache to start over")
+    starts = shard_starts(plan, lengths)
+    row_bytes = {"states.bin": dim * itemsize, "ids.bin": 4}
+    infos = [check_shard(folder, k, key, plan, starts, row_bytes) for k in range(len(plan.shards))]
     with ThreadPoolExecutor(1, thread_name_prefix="frozentune-merge-sum") as pool:
-        for k, info in enumerate(infos):
-            for name in ("states.bin", "ids.bin"):
-                h = _stream(folder / shard_name(k) / name, pool, lambda b, name=name: write(name, b))
-                _check_sum(folder / shard_name(k) / name, h, info["files"][name]["blake2b"])
-            seconds += float(info.get("seconds", 0.0))
-    return {"seconds": seconds, "shards": len(infos), "devices": sorted({i.get("device", "?") for i in infos})}
+        for name in DATA:
+            with open(folder / name, "rb") as f:
+                for k, info in enumerate(infos):
+                    _check_range(folder, k, name, _stream(f, info["files"][name]["size"], pool,
+                                                          lambda b, name=name: sink(name, b)), info)
+    return {"seconds": float(sum(float(i.get("seconds", 0.0)) for i in infos)), "shards": len(infos),
+            "devices": sorted({i.get("device", "?") for i in infos})}
 
 
-def _stream(path: Path, pool: ThreadPoolExecutor, write: Callable[[bytes], None]) -> str:
-    """Pass a file's bytes to `write` in 16 MiB pieces, checksumming each on `pool` meanwhile
-    (hashing and writing both release the GIL); returns the file's blake2b."""
+def _stream(f, n: int, pool: ThreadPoolExecutor, sink: Callable[[bytes], None]) -> str:
+    """Pass the next n bytes of `f` to `sink` in pieces of at most 16 MiB, checksumming them on
+    `pool` meanwhile (both release the GIL); returns their blake2b."""
     h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            summed = pool.submit(h.update, chunk)
-            write(chunk)
-            summed.result()
+    while n:
+        chunk = f.read(min(n, 16 << 20))
+        if not chunk:
+            raise ExtractError(f"{f.name}: ends early; rerun with --rebuild-cache to start over")
+        summed = pool.submit(h.update, chunk)
+        sink(chunk)
+        summed.result()
+        n -= len(chunk)
     return h.hexdigest()
 
 
-def _check_sum(path: Path, got: str, want: str) -> None:
-    if got != want:
-        raise ExtractError(f"{path}: corrupt (its checksum differs from shard.json's); delete that shard folder "
-                           f"and rerun, or rerun with --rebuild-cache")
+def _check_range(folder: Path, k: int, name: str, got: str, info: dict) -> None:
+    if got != info["files"][name]["blake2b"]:
+        off, size = info["files"][name]["offset"], info["files"][name]["size"]
+        raise ExtractError(f"{folder / name}: bytes {off}..{off + size} of shard {k} are corrupt (their checksum "
+                           f"differs from {shard_name(k)}'s); delete {folder / shard_name(k)} and rerun (only that "
+                           f"shard is extracted again), or rerun with --rebuild-cache")
