@@ -90,12 +90,12 @@ def resume(a) -> dict:
         proc.wait()
         killed_at = time.time()
         building = next(root.glob("*.building"))
-        shards = sorted(building.glob("shard-?????/shard.json"))
+        shards = sorted(building.glob("shard-?????.json"))  # a finished shard's record
         # work lost: extraction time since the last shard this run finished (or since extraction began)
         mine = [p.stat().st_mtime for p in shards if p.stat().st_mtime >= started]
         lost = killed_at - (max(mine) if mine else started + startup)
         kills.append({"after_s": at, "finished_shards": len(shards), "finished_this_run": len(mine),
-                      "partial_shards": len(list(building.glob("shard-*.partial-*"))), "lost_s": lost})
+                      "lost_s": lost})
         left = meta["shards"] - len(shards)
         print(f"kill {k + 1}: after {at:.1f}s, {len(shards)} shards finished", flush=True)
     resumed_s, out = run(cache_cmd(data, root, extra), a.threads)

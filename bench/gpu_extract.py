@@ -78,7 +78,7 @@ def cached(bb, data: list[str]) -> tuple[float, float]:
 
 def disk_rate(mb: int = 512) -> float:
     """MB/s of writing `mb` MB to a fresh file in the temporary folder and fsyncing it: the most a
-    cache build can write there (it writes every state twice: shards, then the entry)."""
+    cache build can write there (since b5f0479 it writes every state once; before, twice)."""
     folder = Path(tempfile.mkdtemp(prefix="gpu-extract-disk-"))
     block = bytes(range(256)) * (4 << 12)  # 1 MiB
     try:

@@ -286,7 +286,7 @@ def finished(folder: Path, plan: Plan) -> set[int]:
 
 
 def parts_done(folder: Path, done: set[int], total: int) -> list[str]:
-    """The parts of several ("i/N", from the finished shards' shard.json) whose shards, of `total`,
+    """The parts of several ("i/N", from the finished shards' records) whose shards, of `total`,
     are all in `done`: a `--shard i/N` process that finished its share, waiting for the others."""
     parts = set()
     for k in done:
