@@ -376,6 +376,15 @@ class _Open:
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
+def _pwrite(fd: int, data: memoryview, at: int) -> int:
+    """os.pwrite where the OS has it; elsewhere (Windows) a seek and a write, which is the same here:
+    each process's writer is the only user of its descriptors."""
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, data, at)
+    os.lseek(fd, at, os.SEEK_SET)
+    return os.write(fd, data)
+
+
 class ShardWriter:
     """Writes shards on a thread of its own while the caller keeps the device busy with the next
     batches: each batch's states arrive as a host copy (with the event that completes it), are
@@ -456,7 +465,7 @@ class ShardWriter:
         mv = memoryview(np.ascontiguousarray(arr)).cast("B")
         summed = self._hasher.submit(cur.sums[name].update, mv)  # both release the GIL: side by side
         while len(mv):
-            n = os.pwrite(self._fds[name], mv, cur.at[name])
+            n = _pwrite(self._fds[name], mv, cur.at[name])
             cur.at[name] += n
             mv = mv[n:]
         summed.result()
