@@ -147,6 +147,8 @@ def test_what_cannot_be_exported(heads, tiny_bert, tiny_bert_other, trec_slice, 
         contains="one graph holds one backbone pass")
     cli("export", "--model", heads / "probe", heads / "space", "--format", "onnx", "--name", "a", "a", "--output", out,
         contains="both be named 'a'")
+    cli("export", "--model", heads / "probe", "--format", "onnx", "--name", " ", "--output", out,
+        contains=("--name 1", "cannot name a head's output"))
     cli("export", "--model", heads / "probe", heads / "space", "--format", "peft", "--output", out, contains="one --model")
     cli("predict", "--onnx", heads / "probe", "a text", contains="no onnx.json")
     assert not out.exists()

@@ -105,6 +105,10 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
     names = list(names) if names else [d.name for d in dirs]
     if len(names) != len(dirs):
         raise ExportError(f"--name: {len(names)} names for {len(dirs)} models; give one per --model, or none")
+    for i, name in enumerate(names, 1):
+        if not name.strip() or any(c in name for c in "\r\n\t"):
+            raise ExportError(f"--name {i}: {name!r} cannot name a head's output; give a word such as its task "
+                              f"(letters, digits, - _ .)")
     if len(set(names)) != len(names):
         twice = sorted(n for n in names if names.count(n) > 1)[0]
         raise ExportError(f"two heads would both be named {twice!r} in the graph's outputs; name them with --name")
