@@ -128,6 +128,7 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     assert "(cached)" in stdout
     code, stdout, _ = run(capsys, "list")
     assert code == 0 and "probe" in stdout and "finetune" in stdout and "--pooling" in stdout
+    assert "--[no-]train-backbone" in stdout  # a flag's two forms (rich would read "[no-]" as markup)
 
 
 @pytest.mark.parametrize("argv,needle", [

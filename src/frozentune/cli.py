@@ -635,6 +635,7 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 def cmd_list() -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
@@ -644,7 +645,8 @@ def cmd_list() -> int:
         for col in ("option", "type", "default", "help"):
             t.add_column(col)
         for opt, typ, default, help_ in describe_options(name):
-            t.add_row(_flag(opt), typ, str(default), help_)
+            flag = _flag(opt) if typ != "bool" else "--[no-]" + _flag(opt)[2:]  # both forms are accepted
+            t.add_row(escape(flag), typ, escape(str(default)), escape(help_))
         con.print(t)
         tasks = [t for t, ok in (("classification", spec.classifies), ("generation (e2e, webnlg)", spec.generates)) if ok]
         con.print("  tasks: " + ", ".join(tasks))
