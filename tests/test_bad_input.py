@@ -214,7 +214,8 @@ def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_b
 ])
 def test_bad_training_options_refused_before_any_work(tmp_path, tiny_bert, argv, needle):
     data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
-    cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "out", *argv), contains=needle, row=R_OPTIONS)
+    ans = cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "out", *argv), contains=needle, row=R_OPTIONS)
+    assert ans.message.startswith("frozentune: error: " + needle.split()[0])  # the option first, no dict of them
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 

@@ -324,7 +324,9 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
         raise MethodError(f"training option(s) {', '.join(unknown)} unknown; the options are: {', '.join(sorted(known))}")
     try:
         return TrainConfig(**{**defaults, **(given or {})}).validate()
-    except (TypeError, ValueError) as e:  # e.g. lr="abc": a comparison of str with a number
+    except ValueError as e:  # validate's own message names the option and what it must be
+        raise MethodError(str(e)) from None
+    except TypeError as e:  # e.g. lr="abc" from the API: a comparison of str with a number
         raise MethodError(f"training options {given}: {e}") from None
 
 
