@@ -31,7 +31,6 @@ import shutil
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -116,24 +115,16 @@ class _ChunkedWriter:
 
     def __init__(self, path: Path | None):
         self.f = open(path, "wb") if path is not None else None
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="frozentune-entry-sum") if self.f else None
         self.sums: list[str] = []
         self.h = hashlib.blake2b(digest_size=16)
         self.in_chunk = 0
         self.size = 0
 
     def write(self, data: bytes | memoryview) -> None:
-        """Write `data`, checksumming it on a thread of its own meanwhile (both release the GIL)."""
         mv = memoryview(data).cast("B")
+        if self.f is not None:
+            self.f.write(mv)
         self.size += len(mv)
-        if self.f is None:
-            self._sum(mv)
-            return
-        summed = self.pool.submit(self._sum, mv)
-        self.f.write(mv)
-        summed.result()
-
-    def _sum(self, mv: memoryview) -> None:
         while len(mv):
             take = min(len(mv), CHUNK - self.in_chunk)
             self.h.update(mv[:take])
@@ -148,8 +139,6 @@ class _ChunkedWriter:
         self.in_chunk = 0
 
     def close(self) -> dict:
-        if self.pool is not None:
-            self.pool.shutdown()
         if self.in_chunk:
             self._close_chunk()
         if self.f is not None:
@@ -465,7 +454,8 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
     finally:
         for name in moved:  # not published: the build keeps its data (and so its finished shards)
             with contextlib.suppress(OSError):
-                os.rename(tmp / name, folder / name)  # on success only `old` is left; on any exception, interrupts included, both go
+                os.rename(tmp / name, folder / name)
+        # on success only `old` is left; on any exception, interrupts included, both go
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return BuildStats(len(lengths), n_tokens, merged["seconds"], files, shards=merged["shards"])

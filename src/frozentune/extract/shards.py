@@ -180,10 +180,15 @@ def shard_name(k: int) -> str:
     return f"shard-{k:05d}.json"
 
 
+def row_bytes(dim: int, itemsize: int) -> dict[str, int]:
+    """Bytes one token takes in each data file: its state (dim values) and its id (int32)."""
+    return {"states.bin": dim * itemsize, "ids.bin": 4}
+
+
 def data_sizes(plan: Plan, lengths: np.ndarray, dim: int, itemsize: int) -> dict[str, int]:
     """Bytes of each data file of the entry."""
     tokens = int(lengths[plan.order].sum()) if len(plan.order) else 0
-    return {"states.bin": tokens * dim * itemsize, "ids.bin": tokens * 4}
+    return {name: tokens * row for name, row in row_bytes(dim, itemsize).items()}
 
 
 def shard_starts(plan: Plan, lengths: np.ndarray) -> np.ndarray:
@@ -397,7 +402,7 @@ class ShardWriter:
                  itemsize: int):
         self.folder, self.key, self.plan, self.part = folder, key, plan, part
         self.device, self.precision = str(backbone.device), backbone.precision
-        self.row_bytes = {"states.bin": backbone.dim * itemsize, "ids.bin": 4}
+        self.row_bytes = row_bytes(backbone.dim, itemsize)
         self.starts = shard_starts(plan, lengths)
         self.seconds: list[float] = []
         self.error: BaseException | None = None
@@ -557,7 +562,7 @@ def work_of(plan: Plan, lengths: np.ndarray, shards: Iterable[int]) -> tuple[int
 
 
 # ----------------------------------------------------------------------------- combining
-def check_shard(folder: Path, k: int, key: str, plan: Plan, starts: np.ndarray, row_bytes: dict[str, int]) -> dict:
+def check_shard(folder: Path, k: int, key: str, plan: Plan, starts: np.ndarray, rows: dict[str, int]) -> dict:
     """The record of shard k, after checking it belongs to this key and plan and places its bytes
     where its examples go; an ExtractError saying which shard and what to do otherwise."""
     where = folder / shard_name(k)
@@ -572,7 +577,7 @@ def check_shard(folder: Path, k: int, key: str, plan: Plan, starts: np.ndarray, 
         raise ExtractError(f"{where}: made for another plan of this entry (other shard size or batch settings); {redo}")
     p0, p1 = plan.examples(k)
     tokens = int(starts[k + 1] - starts[k])
-    for name, row in row_bytes.items():
+    for name, row in rows.items():
         want = {"offset": int(starts[k]) * row, "size": tokens * row}
         got = info.get("files", {}).get(name, {})
         if any(got.get(field) != value for field, value in want.items()):
@@ -599,8 +604,8 @@ def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dty
             raise ExtractError(f"{folder / name}: {have} bytes, but this build's states need {size}; rerun with "
                                f"--rebuild-cache to start over")
     starts = shard_starts(plan, lengths)
-    row_bytes = {"states.bin": dim * itemsize, "ids.bin": 4}
-    infos = [check_shard(folder, k, key, plan, starts, row_bytes) for k in range(len(plan.shards))]
+    rows = row_bytes(dim, itemsize)
+    infos = [check_shard(folder, k, key, plan, starts, rows) for k in range(len(plan.shards))]
     with ThreadPoolExecutor(1, thread_name_prefix="frozentune-merge-sum") as pool:
         for name in DATA:
             with open(folder / name, "rb") as f:
