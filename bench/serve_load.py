@@ -511,6 +511,9 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     specs = [(f"heads{n}", folders[:n], []) for n in (1, 4, 8)] + [(f"single-{HEADS[i][0]}", [folders[i]], [])
                                                                   for i in range(8)]
     specs.append(("light", [heads_dir / n for n, _, _ in LIGHT], []))
+    # beside the default (--pipeline auto: heads beside the next pass where torch leaves a core free),
+    # the 1- and 8-head servers with every batch's heads after its pass on one thread
+    specs += [(f"heads{n}-after", folders[:n], ["--pipeline", "off"]) for n in (1, 8)]
     servers = await start(client, specs, a.threads, logdir)
     pool = Clients()
     try:
@@ -521,7 +524,9 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
                    "8 heads": ([by["heads8"]], lambda b: classify_sender(pool, by["heads8"].url, b, 8)),
                    f"{len(LIGHT)} heads, no self-explaining": (
                        [by["light"]], lambda b: classify_sender(pool, by["light"].url, b, len(LIGHT))),
-                   "8 servers × 1 head": (singles, lambda b: fanout_sender(pool, [s.url for s in singles], b))}
+                   "8 servers × 1 head": (singles, lambda b: fanout_sender(pool, [s.url for s in singles], b)),
+                   "1 head, --pipeline off": ([by["heads1-after"]], lambda b: classify_sender(pool, by["heads1-after"].url, b, 1)),
+                   "8 heads, --pipeline off": ([by["heads8-after"]], lambda b: classify_sender(pool, by["heads8-after"].url, b, 8))}
         idle = {s.name: round(s.rss_mb(), 1) for s in servers}
         runs: dict[tuple[str, str], list[dict]] = {}
         for rep in range(a.repeats):
@@ -552,7 +557,12 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     for ts in ("short", "long"):
         one, eight, multi = get[("1 head", ts)], get[("8 heads", ts)], get[("8 servers × 1 head", ts)]
         light = get[(f"{len(LIGHT)} heads, no self-explaining", ts)]
+        one_after, eight_after = get[("1 head, --pipeline off", ts)], get[("8 heads, --pipeline off", ts)]
         ratios[ts] = {"8_heads_vs_1_head_requests_per_s": eight["requests_per_s"] / one["requests_per_s"],
+                      "8_heads_vs_1_head_requests_per_s_pipeline_off": eight_after["requests_per_s"] / one_after["requests_per_s"],
+                      "8_heads_pipeline_on_vs_off_requests_per_s": eight["requests_per_s"] / eight_after["requests_per_s"],
+                      "8_heads_vs_1_head_server_cpu_per_request": (eight["server_cpu_ms_per_request"]
+                                                                    / one["server_cpu_ms_per_request"]),
                       "light_heads_vs_1_head_requests_per_s": light["requests_per_s"] / one["requests_per_s"],
                       "light_heads_vs_1_head_rss": light["peak_rss_total_mb"] / one["peak_rss_total_mb"],
                       "8_heads_vs_1_head_rss": eight["peak_rss_total_mb"] / one["peak_rss_total_mb"],
@@ -1019,6 +1029,13 @@ def report(d: dict) -> str:
                          f"RSS {_goal(q['8_heads_vs_1_head_rss'], '<= 1.1')}; 8 heads in one server / 8 one-head servers: "
                          f"requests/s {q['8_heads_vs_8_servers_requests_per_s']:.2f}x, the 8 servers' total RSS "
                          f"{q['8_servers_vs_8_heads_total_rss']:.2f}x the one server's.")
+            if "8_heads_vs_1_head_requests_per_s_pipeline_off" in q:
+                lines.append(f"- {ts}: with every batch's heads after its pass (`--pipeline off`, the servers of the "
+                             f"same run): 8 heads / 1 head requests/s {q['8_heads_vs_1_head_requests_per_s_pipeline_off']:.2f}x; "
+                             f"the 8-head server's requests/s with the heads beside the next pass / after it: "
+                             f"{q['8_heads_pipeline_on_vs_off_requests_per_s']:.2f}x. Server CPU per request, 8 heads / "
+                             f"1 head (default servers): {q['8_heads_vs_1_head_server_cpu_per_request']:.2f}x: what the "
+                             f"8 heads cost in CPU, which a second core now absorbs.")
             if "light_heads_vs_1_head_requests_per_s" in q:
                 lines.append(f"- {ts}: {len(LIGHT)} heads without the self-explaining ones / 1 head requests/s "
                              f"{q['light_heads_vs_1_head_requests_per_s']:.2f}x, RSS {q['light_heads_vs_1_head_rss']:.2f}x "

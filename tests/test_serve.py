@@ -66,7 +66,9 @@ def models(tmp_path_factory, tiny_bert, trec_slice, shared_data) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(models):
-    e = Engine.load([models], log=lambda line: None)
+    # heads beside the next pass (what auto chooses where torch leaves a core free), so that every test
+    # of this engine's answers goes through the finisher thread; test_heads_beside_the_next_pass compares
+    e = Engine.load([models], options=ServeOptions(pipeline="on"), log=lambda line: None)
     yield e
     e.close()
 
@@ -218,6 +220,142 @@ def test_concurrent_requests_share_batches_and_answer_as_alone(engine):
     for a, b in zip(alone, together):
         for name in a["tasks"]:
             close_scores(b["results"][0]["tasks"][name], a["results"][0]["tasks"][name], name)
+
+
+# ----------------------------------------------------------------------------- heads beside the next pass
+def until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_heads_beside_the_next_pass_answer_as_after_it(engine):
+    """--pipeline on (the module's engine) and off: the same kernels on the same batch, one thread or two,
+    so the same answers to the last bit."""
+    off = Engine(list(engine.tasks.values()), ServeOptions(pipeline="off"))
+    try:
+        assert {t["heads"] for t in off.describe() if t["name"] in CLASSIFIERS} == {"heads after the pass (--pipeline off)"}
+        assert {t["heads"] for t in engine.describe() if t["name"] in CLASSIFIERS} == {"heads beside the next pass (--pipeline on)"}
+        for texts in (TEXTS, TEXTS[:1]):
+            assert off.classify(texts) == engine.classify(texts)
+            assert off.explain(texts, top=3) == engine.explain(texts, top=3)
+    finally:
+        off.close()
+
+
+def test_the_next_pass_runs_while_the_last_batch_heads_run(engine):
+    """The heads of one batch are held on the finisher thread; the next batch's pass still runs (on the
+    worker), and both batches are answered once the heads go on. Without the split this deadlocks."""
+    group = engine.tasks["probe"].group
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="on", max_wait_ms=0.0))
+    passes: list[str] = []
+    forward = group.forward
+    want = engine.classify([TEXTS[0]], ["probe"])["results"][0]["tasks"]["probe"]
+    try:
+        group.forward = lambda jobs: passes.append(threading.current_thread().name) or forward(jobs)
+        with Gate(group, "heads") as gate, ThreadPoolExecutor(2) as pool:
+            first = pool.submit(e.classify, [TEXTS[0]], ["probe"])
+            assert gate.entered.wait(30)  # the first batch's heads wait on the finisher
+            second = pool.submit(e.classify, [TEXTS[1]], ["probe"])
+            assert until(lambda: len(passes) == 2), passes  # the second batch's pass ran meanwhile
+            assert not first.done() and not second.done()
+            gate.open.set()
+            assert first.result(30)["results"][0]["tasks"]["probe"] == want
+            assert second.result(30)["results"][0]["tasks"]["probe"]["label"]
+        assert passes == ["frozentune-batcher"] * 2
+    finally:
+        del group.forward
+        e.close()
+
+
+class SplitGroup:
+    """A group whose batches come in two parts; the second (the Deferred) waits for `go`, or raises
+    for a payload named in `fail`."""
+
+    def __init__(self, fail: tuple = ()):
+        self.begun: list[list] = []
+        self.go, self.fail = threading.Event(), fail
+
+    def run(self, jobs):
+        raise AssertionError("a split group's batches are begun, not run")
+
+    def begin(self, jobs):
+        from frozentune.serve.batcher import Deferred
+
+        payloads = [j.payload for j in jobs]
+        self.begun.append(payloads)
+
+        def finish():
+            assert self.go.wait(30)
+            if any(p in self.fail for p in payloads):
+                raise RuntimeError("the heads broke")
+            return payloads
+        return Deferred(finish)
+
+
+def test_at_most_two_batches_are_under_way_and_the_next_keeps_filling():
+    from frozentune.serve.batcher import Batcher, Job
+
+    group = SplitGroup()
+    b = Batcher(max_wait_s=0.0, split=lambda g: g is group)
+    try:
+        first = b.submit([Job(group, "k", 1, 0)])
+        assert until(lambda: len(group.begun) == 1)  # its second part waits on the finisher
+        second = b.submit([Job(group, "k", 1, 1)])
+        assert until(lambda: len(group.begun) == 2)  # begun while the first's heads wait
+        later = b.submit([Job(group, "k", 1, 2)]) + b.submit([Job(group, "k", 1, 3)])
+        time.sleep(0.3)
+        assert len(group.begun) == 2 and b.depth == 2  # two under way: the third batch waits, and fills
+        group.go.set()
+        assert [f.result(30) for f in first + second + later] == [0, 1, 2, 3]
+        assert group.begun == [[0], [1], [2, 3]]
+    finally:
+        group.go.set()
+        b.close()
+
+
+def test_an_error_in_the_second_part_reaches_its_jobs_and_the_batcher_goes_on():
+    from frozentune.serve.batcher import Batcher, Job
+
+    group = SplitGroup(fail=("bad",))
+    group.go.set()
+    b = Batcher(max_wait_s=0.0, split=lambda g: g is group)
+    try:
+        with pytest.raises(RuntimeError, match="the heads broke"):
+            b.submit([Job(group, "k", 1, "bad")])[0].result(30)
+        assert b.submit([Job(group, "k", 1, "good")])[0].result(30) == "good"
+    finally:
+        b.close()
+
+
+def test_close_finishes_the_batches_handed_over():
+    from frozentune.serve.batcher import Batcher, Job
+
+    group = SplitGroup()
+    b = Batcher(max_wait_s=0.0, split=lambda g: g is group)
+    futures = b.submit([Job(group, "k", 1, 0)])
+    assert until(lambda: len(group.begun) == 1)
+    futures += b.submit([Job(group, "k", 1, 1)])
+    threading.Timer(0.3, group.go.set).start()
+    b.close(30)  # returns after the finisher has answered both
+    assert [f.result(0) for f in futures] == [0, 1]
+    assert not b._finisher.is_alive() and not b._thread.is_alive()
+
+
+def test_pipeline_auto_needs_a_free_core_and_a_cpu(monkeypatch):
+    from frozentune.serve.models import pipeline_choice
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert pipeline_choice("auto", cpu) == (True, "auto: torch uses 1 of 2 cores, so the heads run beside the next pass")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert pipeline_choice("auto", cpu) == (False, "auto: off, torch uses all 2 cores for the pass")
+    assert not pipeline_choice("auto", cuda)[0] and "--pipeline on to try" in pipeline_choice("auto", cuda)[1]
+    assert pipeline_choice("on", cpu)[0] and pipeline_choice("on", cuda)[0] and not pipeline_choice("off", cpu)[0]
+    with pytest.raises(ValueError, match="--pipeline 'sometimes': choose one of auto, on, off"):
+        ServeOptions(pipeline="sometimes").validate()
 
 
 def test_mixed_prefixes_in_one_batch_generate_as_alone(engine):
@@ -375,22 +513,24 @@ def test_a_megabyte_text_is_cut_to_max_length_and_said(client):
 
 
 class Gate:
-    """Holds a group's batches until opened: a slow backbone, to fill the queue on purpose."""
+    """Holds a group's batches until opened: a slow backbone, to fill the queue on purpose (or, with
+    part="heads", slow heads)."""
 
-    def __init__(self, group):
-        self.group, self.run, self.open, self.entered = group, group.run, threading.Event(), threading.Event()
+    def __init__(self, group, part: str = "forward"):
+        self.group, self.part, self.open, self.entered = group, part, threading.Event(), threading.Event()
+        self.inner = getattr(group, part)
 
     def __enter__(self):
-        def held(jobs):
+        def held(*args):
             self.entered.set()
             self.open.wait(30)
-            return self.run(jobs)
-        self.group.run = held
+            return self.inner(*args)
+        setattr(self.group, self.part, held)
         return self
 
     def __exit__(self, *exc):
         self.open.set()
-        self.group.run = self.run
+        delattr(self.group, self.part)  # the class's method again
 
 
 def test_full_queue_is_answered_503_with_retry_after(engine):
@@ -463,6 +603,8 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", tmp_path / "empty", contains="neither a saved model", row="serve: a folder without models")
     cli("serve", models / "probe", "--port", "70000", contains="--port 70000", row="serve: a port out of range")
     cli("serve", models / "probe", "--max-texts", "0", contains="--max-texts 0", row="serve: a limit below 1")
+    cli("serve", models / "probe", "--pipeline", "sometimes", contains="invalid choice: 'sometimes'",
+        row="serve: an unknown --pipeline")
     twin = tmp_path / "again" / "probe"
     shutil.copytree(models / "probe", twin)
     cli("serve", models / "probe", twin, contains="rename one", row="serve: two models with one name")

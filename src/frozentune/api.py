@@ -588,7 +588,8 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str |
 
 def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
     """{"label", "scores"} of one text from its per-label probabilities (the first of tied maxima)."""
-    return {"label": labels[int(np.argmax(probs))], "scores": {lab: float(s) for lab, s in zip(labels, probs)}}
+    best = max(range(len(probs)), key=probs.__getitem__)  # the first of tied maxima, as np.argmax; no array per row
+    return {"label": labels[best], "scores": {lab: float(s) for lab, s in zip(labels, probs)}}
 
 
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),

@@ -18,12 +18,17 @@ clients' next requests), or `refill_wait_s` has passed since the worker became f
 first, and never while another group's rows are waiting. A lone client sending one request after
 another is not slowed: its target is its own next request.
 
-One worker is deliberate: every batch uses all the cores (or the GPU) it runs on, so two batches at
-once would only take turns.
+One worker takes batches, one at a time: each batch uses all the cores (or the GPU) torch is given,
+so two batches at once would only take turns. For the groups `split` names, a batch's work comes in
+two parts: the worker runs begin(jobs) (a classify batch's backbone pass; FrozenPass.begin) and hands the rest
+(its heads and answers) to a second thread, the finisher, then starts the next batch. At most two
+batches are under way at once (one in the worker, one handed over), so memory stays bounded and a
+slow finisher holds the worker back; meanwhile the next batch keeps filling.
 """
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
 from collections import deque
@@ -42,7 +47,8 @@ class Overloaded(RuntimeError):
 
 @dataclass
 class Job:
-    group: Any                 # what runs it: has run(jobs) -> results, one per job
+    group: Any                 # what runs it: has run(jobs) -> results, one per job, and where the batcher's
+                               # `split` says so, begin(jobs) -> a Deferred
     key: Hashable              # jobs of one batch have equal keys
     cost: int                  # padded tokens this row occupies (its length)
     payload: Any
@@ -51,10 +57,17 @@ class Job:
 
 
 @dataclass
+class Deferred:
+    """What a group's begin(jobs) returns: the rest of the batch's work, which the batcher's finisher
+    thread runs while the worker starts the next batch."""
+    finish: Callable[[], list]  # () -> one result per job
+
+
+@dataclass
 class BatchStats:
     rows: int
     tokens: int     # rows × the longest cost: the padded size that ran
-    seconds: float
+    seconds: float  # from the batch's start to its answers (with a Deferred part: its wait for the finisher too)
     waited: float   # how long the oldest job waited before its batch started
     group: str
 
@@ -62,20 +75,25 @@ class BatchStats:
 class Batcher:
     def __init__(self, batch_tokens: int = 8192, max_wait_s: float = 0.005, max_queue: int = 1024,
                  max_rows: int = 256, on_batch: Callable[[BatchStats], None] | None = None,
-                 refill_wait_s: float = 0.05):
+                 refill_wait_s: float = 0.05, split: Callable[[Any], bool] | None = None):
         if batch_tokens < 1 or max_queue < 1 or max_rows < 1 or max_wait_s < 0 or refill_wait_s < 0:
             raise ValueError("batch_tokens, max_queue and max_rows must be at least 1, max_wait_s and "
                              "refill_wait_s at least 0")
         self.batch_tokens, self.max_wait_s, self.max_queue, self.max_rows = batch_tokens, max_wait_s, max_queue, max_rows
         self.refill_wait_s = refill_wait_s
+        self.split = split or (lambda group: False)  # whether a group's batches are begun and finished apart
         self._refill: tuple[Any, Hashable, int, float] | None = None  # (group, key, rows to wait for, until)
         self.on_batch = on_batch
         self._pending: deque[Job] = deque()
         self._cv = threading.Condition()
         self._closing = False
         self._rate = 0.0  # jobs per second of the recent batches (exponential mean), for Retry-After
+        self._handoff: queue.Queue = queue.Queue()  # (batch, Deferred, start) for the finisher; None: stop
+        self._under_way = threading.BoundedSemaphore(2)  # batches taken and not yet answered
         self._thread = threading.Thread(target=self._loop, name="frozentune-batcher", daemon=True)
+        self._finisher = threading.Thread(target=self._finish_loop, name="frozentune-finisher", daemon=True)
         self._thread.start()
+        self._finisher.start()
 
     # ------------------------------------------------------------------ submitting
     def submit(self, jobs: Sequence[Job]) -> list[Future]:
@@ -99,11 +117,13 @@ class Batcher:
         return len(self._pending)
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish every queued job, then stop the worker."""
+        """Finish every queued job, then stop the worker and the finisher."""
         with self._cv:
             self._closing = True
             self._cv.notify()
+        end = None if timeout is None else time.perf_counter() + timeout
         self._thread.join(timeout)
+        self._finisher.join(None if end is None else max(0.0, end - time.perf_counter()))
 
     # ------------------------------------------------------------------ the worker
     def _take(self) -> list[Job] | None:
@@ -149,29 +169,56 @@ class Batcher:
         return batch, longest * len(batch) >= self.batch_tokens or len(batch) >= self.max_rows
 
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                batch = self._take()
-            if batch is None:
-                return
-            start = time.perf_counter()
+        try:
+            while True:
+                self._under_way.acquire()  # while two batches are under way, the next one keeps filling
+                with self._cv:
+                    batch = self._take()
+                if batch is None:
+                    return
+                start = time.perf_counter()
+                try:
+                    group = batch[0].group
+                    results = group.begin(batch) if self.split(group) else group.run(batch)
+                except Exception as e:  # answered to every request of the batch; the worker goes on
+                    self._fail(batch, e)
+                    continue
+                if isinstance(results, Deferred):
+                    self._handoff.put((batch, results, start))
+                else:
+                    self._answer(batch, results, start)
+        finally:
+            self._handoff.put(None)
+
+    def _finish_loop(self) -> None:
+        while (item := self._handoff.get()) is not None:
+            batch, deferred, start = item
             try:
-                results = batch[0].group.run(batch)
-            except Exception as e:  # answered to every request of the batch; the worker goes on
-                for j in batch:
-                    j.future.set_exception(e)
+                results = deferred.finish()
+            except Exception as e:
+                self._fail(batch, e)
                 continue
-            seconds = time.perf_counter() - start
-            group, key = batch[0].group, batch[0].key
-            if getattr(group, "refill", False) and self.refill_wait_s > 0:
-                with self._cv:  # set before the answers go out, so that no returning row is missed
-                    waiting = sum(1 for j in self._pending if j.group is group and j.key == key)
-                    self._refill = (group, key, min(len(batch) + waiting, self.max_rows),
-                                    time.perf_counter() + self.refill_wait_s)
-            for j, r in zip(batch, results):
-                j.future.set_result(r)
-            rate = len(batch) / max(seconds, 1e-6)
-            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
-            if self.on_batch is not None:
-                self.on_batch(BatchStats(len(batch), max(j.cost for j in batch) * len(batch), seconds,
-                                         start - batch[0].t0, getattr(batch[0].group, "label", "?")))
+            self._answer(batch, results, start)
+
+    def _fail(self, batch: list[Job], e: Exception) -> None:
+        for j in batch:
+            j.future.set_exception(e)
+        self._under_way.release()
+
+    def _answer(self, batch: list[Job], results: list, start: float) -> None:
+        """Each job's result to its future; the rate and refill bookkeeping; on_batch."""
+        seconds = time.perf_counter() - start
+        group, key = batch[0].group, batch[0].key
+        if getattr(group, "refill", False) and self.refill_wait_s > 0:
+            with self._cv:  # set before the answers go out, so that no returning row is missed
+                waiting = sum(1 for j in self._pending if j.group is group and j.key == key)
+                self._refill = (group, key, min(len(batch) + waiting, self.max_rows),
+                                time.perf_counter() + self.refill_wait_s)
+        for j, r in zip(batch, results):
+            j.future.set_result(r)
+        self._under_way.release()
+        rate = len(batch) / max(seconds, 1e-6)
+        self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+        if self.on_batch is not None:
+            self.on_batch(BatchStats(len(batch), max(j.cost for j in batch) * len(batch), seconds,
+                                     start - batch[0].t0, getattr(group, "label", "?")))

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ..data import unencodable
 from .batcher import BatchStats, Batcher, Job
-from .models import FrozenPass, Task, find_models, load_tasks
+from .models import FrozenPass, Task, find_models, load_tasks, pipeline_choice
 
 
 class RequestError(ValueError):
@@ -49,6 +49,10 @@ class ServeOptions:
     pack_tokens: bool = field(default=True, metadata={
         "help": "classify: run the frozen backbone's linear layers on the real tokens only, none on a batch's "
                 "padding (BERT-style encoders; another model runs padded, and /v1/models says so under 'pass')"})
+    pipeline: str = field(default="auto", metadata={
+        "help": "classify: run a batch's heads and answers on a second thread while the backbone's pass of the next "
+                "batch runs (on, off; auto: on for a CPU pass that leaves torch a free core, off where torch uses "
+                "every core or on a GPU); the startup log and /v1/models say which", "choices": ("auto", "on", "off")})
     max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
                                                            "request is answered 503 with Retry-After"})
     max_texts: int = field(default=64, metadata={"help": "texts or sources in one request (more: 413)"})
@@ -58,7 +62,13 @@ class ServeOptions:
 
     def validate(self) -> "ServeOptions":
         for f in dataclasses.fields(self):
-            if isinstance(getattr(self, f.name), bool):
+            value = getattr(self, f.name)
+            if "choices" in f.metadata:
+                if value not in f.metadata["choices"]:
+                    raise ValueError(f"--{f.name.replace('_', '-')} {value!r}: choose one of "
+                                     f"{', '.join(f.metadata['choices'])}")
+                continue
+            if isinstance(value, bool):
                 continue
             least = 0 if f.name.endswith("_ms") else 1
             if getattr(self, f.name) < least:
@@ -87,8 +97,11 @@ class Engine:
         for g in self.groups:
             if isinstance(g, FrozenPass):
                 g.backbone.pack = o.pack_tokens
+        # per group: whether its heads run beside the next pass, and why (this engine's own: groups may be shared)
+        self.pipelined = {g: pipeline_choice(o.pipeline, g.backbone.device) for g in self.groups if isinstance(g, FrozenPass)}
         self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch,
-                               refill_wait_s=o.refill_wait_ms / 1000.0)
+                               refill_wait_s=o.refill_wait_ms / 1000.0,
+                               split=lambda g: g in self.pipelined and self.pipelined[g][0])
 
     @classmethod
     def load(cls, paths: Sequence[Path | str], device: str | None = None, precision: str | None = None,
@@ -98,7 +111,7 @@ class Engine:
         engine = cls(load_tasks(find_models(paths), device, precision, log), options)
         for g in engine.groups:
             if isinstance(g, FrozenPass):
-                log(f"serve: {g.label}: {g.backbone.pass_layout} pass")
+                log(f"serve: {g.label}: {g.backbone.pass_layout} pass; {engine.heads_run(g)}")
         return engine
 
     # ------------------------------------------------------------------ observing
@@ -116,8 +129,16 @@ class Engine:
     def groups(self) -> list:
         return list(dict.fromkeys(t.group for t in self.tasks.values()))
 
+    def heads_run(self, group) -> str:
+        """How a group's heads run: beside the next pass or after the pass, and why."""
+        if group not in self.pipelined:
+            return "its head runs in its own pass"
+        on, why = self.pipelined[group]
+        return f"heads {'beside the next pass' if on else 'after the pass'} ({why})"
+
     def describe(self) -> list[dict]:
-        return [t.describe() for t in self.tasks.values()]
+        return [t.describe() | ({"heads": self.heads_run(t.group)} if t.kind == "classify" else {})
+                for t in self.tasks.values()]
 
     def close(self, timeout: float | None = None) -> None:
         self.batcher.close(timeout)

@@ -19,6 +19,7 @@ Legend: B rows of a batch, T tokens, C classes.
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from .. import model as M
 from ..backbone import Backbone, LayerSpec, Tokenized, pad, select_layers
 from ..head import Features, Output, TokenView, explains
 from ..pairs import Text, separator_ids, separator_mask
+from .batcher import Deferred
 
 
 class ServeError(ValueError):
@@ -194,7 +196,9 @@ class ClassifierGroup:
 
 
 class FrozenPass(ClassifierGroup):
-    """Heads on one frozen backbone: one pass per batch for all of them."""
+    """Heads on one frozen backbone: one pass per batch for all of them. run() does a batch's
+    whole work; begin() its pass, returning the heads and answers as a Deferred, which a pipelining
+    batcher's finisher thread runs while the next batch's pass runs (see pipeline_choice)."""
 
     def __init__(self, backbone: Backbone):
         super().__init__()
@@ -202,9 +206,22 @@ class FrozenPass(ClassifierGroup):
         self.label = f"{Path(backbone.name).name} max_length {backbone.max_length} {backbone.precision} on {backbone.device}"
 
     def run(self, jobs: Sequence) -> list[dict]:
+        """The batch's pass, then every task's head: one answer per job."""
+        return self.heads(jobs, *self.forward(jobs))
+
+    def begin(self, jobs: Sequence) -> Deferred:
+        """The batch's pass now; its heads and answers as a Deferred."""
+        b, states = self.forward(jobs)
+        return Deferred(lambda: self.heads(jobs, b, states))
+
+    def forward(self, jobs: Sequence) -> tuple["Padded", tuple[Tensor, ...]]:
+        """The batch padded, and every layer's states from one pass."""
         bb = self.backbone
         b = _batch(jobs, bb.pad_id(), bb.device, jobs[0].key, bb.max_length, bb.tok)  # key: --pad-multiple
-        states = bb.hidden_states(b.ids, b.mask, b.types)  # every layer, one pass
+        return b, bb.hidden_states(b.ids, b.mask, b.types)
+
+    def heads(self, jobs: Sequence, b: "Padded", states: tuple[Tensor, ...]) -> list[dict]:
+        """Every task's head on the batch's states, and each job's answer."""
         fmask, sep = b.mask.bool(), b.separator
         chosen: dict[tuple, Tensor] = {}  # heads reading the same layers share their selection
 
@@ -220,6 +237,23 @@ class FrozenPass(ClassifierGroup):
                                        None if sep is None else sep if every else sep[rows]))
 
         return self.answer(jobs, outputs)
+
+
+def pipeline_choice(option: str, device: torch.device) -> tuple[bool, str]:
+    """Whether a FrozenPass's batches are begun (the heads handed to the batcher's second thread) or
+    run whole (--pipeline), and why.
+    auto: on a CPU where torch's threads leave a core free, since the heads then run on it while
+    the next pass runs (bench/REPORT.md, "Heads beside the next pass"); off where torch already uses
+    every core (two stages would take turns on them) and on a GPU (not measured there)."""
+    if option != "auto":
+        return option == "on", f"--pipeline {option}"
+    if device.type != "cpu":
+        return False, f"auto: off on {device.type} (not measured there; --pipeline on to try it)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = torch.get_num_threads()
+    if threads < cores:
+        return True, f"auto: torch uses {threads} of {cores} cores, so the heads run beside the next pass"
+    return False, f"auto: off, torch uses all {cores} cores for the pass"
 
 
 class LivePass(ClassifierGroup):
