@@ -916,7 +916,7 @@ async def part_soak(a, client, heads_dir: Path, logdir: Path, previous: dict | N
     texts = short_texts()
     bodies = [json.dumps({"text": t}).encode() for t in texts]
     folders = [heads_dir / n for n, _, _ in HEADS]
-    servers = await start(client, [("soak-heads8", folders, [])], a.threads, logdir)
+    servers = await start(client, [("soak-heads8", folders, shlex.split(a.soak_server_args))], a.threads, logdir)
     srv = servers[0]
     pool = Clients()
     send = classify_sender(pool, srv.url, bodies, 8)
@@ -1242,6 +1242,7 @@ def main() -> int:
     ap.add_argument("--soak-warm", type=float, default=60.0, metavar="SECONDS",
                     help="before the soak, this long in the soak's own traffic (0: none); memory is reported from "
                          "both starts")
+    ap.add_argument("--soak-server-args", default="", help="more options for the soak's server, e.g. '--pipeline off'")
     ap.add_argument("--soak-rate", type=float, default=None, help="soak capacity in requests/s (default: the JSON's "
                                                                   "heads part with the same --threads, else measured)")
     ap.add_argument("--models", type=Path, default=MODELS, help="where the heads and prefixes are made and reused")
