@@ -48,7 +48,7 @@ from .backbone import Backbone, Tokenized, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
 from .extract.shards import (DATA, Part, Plan, building_dir, check_plan, extract_part, finished, make_plan, merge,
-                              read_json, work_of)
+                              read_json, shard_records, work_of)
 
 FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
 CHUNK = 64 << 20  # bytes per checksum chunk
@@ -362,7 +362,7 @@ def _clean_partials(root: Path) -> None:
 
 def _write_error(root: Path, key: str, e: OSError) -> CacheError:
     folder = building_dir(root, key)
-    kept = sorted(folder.glob("shard-?????.json")) if folder.is_dir() else []
+    kept = list(shard_records(folder).values()) if folder.is_dir() else []
     size = sum(f.get("size", 0) for r in kept for f in ((read_json(r) or {}).get("files") or {}).values())
     return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
                       f"or give --cache-dir a writable folder with room"

@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import is_running, parts_done, read_json
+from .shards import is_running, parts_done, read_json, shard_records
 
 
 # statuses of a build folder
@@ -134,7 +134,7 @@ def _building(p: Path) -> Entry:
     if plan is None:
         return Entry(p, "building", INTERRUPTED, _size(p))
     total = int(plan.get("shards", 0))
-    done = {int(m.group(1)) for s in p.glob("shard-*.json") if (m := re.fullmatch(r"shard-(\d+)\.json", s.name))}
+    done = set(shard_records(p))
     parts = parts_done(p, done, total)
     if is_running(p):
         status = RUNNING

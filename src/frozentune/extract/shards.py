@@ -180,6 +180,11 @@ def shard_name(k: int) -> str:
     return f"shard-{k:05d}.json"
 
 
+def shard_records(folder: Path) -> dict[int, Path]:
+    """The finished shards' records in a build folder, by shard index (the names shard_name makes)."""
+    return {int(m.group(1)): p for p in folder.glob("shard-*.json") if (m := re.fullmatch(r"shard-(\d+)\.json", p.name))}
+
+
 def row_bytes(dim: int, itemsize: int) -> dict[str, int]:
     """Bytes one token takes in each data file: its state (dim values) and its id (int32)."""
     return {"states.bin": dim * itemsize, "ids.bin": 4}
@@ -231,10 +236,14 @@ def open_plan(folder: Path, key: str, fields: dict, plan: Plan, sizes: dict[str,
             if have == 0 and size:
                 os.ftruncate(fd, size)  # sparse until written
             elif have != size:
-                raise ExtractError(f"{folder / name}: {have} bytes, but this build's states need {size}; rerun "
-                                   f"with --rebuild-cache to start over")
+                raise _wrong_size(folder / name, have, size)
         finally:
             os.close(fd)
+
+
+def _wrong_size(path: Path, have: int | None, size: int) -> ExtractError:
+    return ExtractError(f"{path}: {have} bytes, but this build's states need {size}; rerun with --rebuild-cache "
+                        f"to start over")
 
 
 def check_plan(folder: Path, key: str, plan: Plan) -> None:
@@ -601,8 +610,7 @@ def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dty
     for name, size in data_sizes(plan, lengths, dim, itemsize).items():
         have = (folder / name).stat().st_size if (folder / name).is_file() else None
         if have != size:
-            raise ExtractError(f"{folder / name}: {have} bytes, but this build's states need {size}; rerun with "
-                               f"--rebuild-cache to start over")
+            raise _wrong_size(folder / name, have, size)
     starts = shard_starts(plan, lengths)
     rows = row_bytes(dim, itemsize)
     infos = [check_shard(folder, k, key, plan, starts, rows) for k in range(len(plan.shards))]
