@@ -708,10 +708,23 @@ async def part_batching(a, client, heads_dir: Path, logdir: Path) -> dict:
 
 # ----------------------------------------------------------------------------- part 3: generation
 async def part_generation(a, client, gen_dir: Path, logdir: Path) -> dict:
+    """The modes below on one server per --gen-precisions value, one after the other."""
     info = make_prefixes(gen_dir, a.gen_new_tokens)
-    names = info["folders"]
     sources = e2e_sources()
-    servers = await start(client, [("generation", [gen_dir / n for n in names], [])], a.threads, logdir)
+    out = {"lm": "smollm2-135m", "prefixes": info, "sources": f"E2E test meaning representations ({len(sources)}), "
+           f"request i gets source i", "decoding": {"num_beams": 1, "max_new_tokens": a.gen_new_tokens,
+                                                    "min_new_tokens": a.gen_min_new_tokens},
+           "goals": {"mixed_vs_one_prefix": ">= 0.9", "mixed_vs_one_at_a_time": ">= 4"}, "precisions": {}}
+    for precision in a.gen_precisions.split(","):
+        out["precisions"][precision] = await generation_modes(a, client, gen_dir, logdir, info["folders"], sources,
+                                                              precision)
+    return out
+
+
+async def generation_modes(a, client, gen_dir: Path, logdir: Path, names: list[str], sources: list[str],
+                           precision: str) -> dict:
+    servers = await start(client, [(f"generation-{precision}", [gen_dir / n for n in names],
+                                    ["--precision", precision])], a.threads, logdir)
     srv = servers[0]
     pool = Clients()
     outputs: dict[tuple[str, str], list[str]] = {}
@@ -744,7 +757,7 @@ async def part_generation(a, client, gen_dir: Path, logdir: Path) -> dict:
                                    sampler_every=0.5)
                 r["tokens_per_s"] = r["sums"].get("tokens", 0) / r["wall_s"]
                 runs.setdefault(mode, []).append(r)
-                log(f"generation rep {rep + 1} {mode:32s} {r['tokens_per_s']:7.1f} tok/s  {r['requests']} requests  "
+                log(f"generation {precision} rep {rep + 1} {mode:32s} {r['tokens_per_s']:7.1f} tok/s  {r['requests']} requests  "
                     f"rows/batch {r['rows_per_batch']}  errors {r['errors']}")
         server_info = srv.describe()
     finally:
@@ -759,13 +772,9 @@ async def part_generation(a, client, gen_dir: Path, logdir: Path) -> dict:
         results[mode] = s
     m, one, seq, m16 = (results[k]["tokens_per_s"] for k in modes)
     again = [v for v in outputs.values() if len(v) > 1]
-    return {"lm": "smollm2-135m", "prefixes": info, "sources": f"E2E test meaning representations ({len(sources)}), "
-            f"request i gets source i", "decoding": {"num_beams": 1, "max_new_tokens": a.gen_new_tokens,
-                                                     "min_new_tokens": a.gen_min_new_tokens},
-            "server": server_info, "results": results,
+    return {"server": server_info, "results": results,
             "mixed_vs_one_prefix": m / one if one else None, "mixed_vs_one_at_a_time": m / seq if seq else None,
             "mixed16_vs_one_at_a_time": m16 / seq if seq else None,
-            "goals": {"mixed_vs_one_prefix": ">= 0.9", "mixed_vs_one_at_a_time": ">= 4"},
             "same_output_check": {"pairs_seen_more_than_once": len(again),
                                   "pairs_with_differing_outputs": sum(len(set(v)) > 1 for v in again)}}
 
@@ -1106,30 +1115,44 @@ def report(d: dict) -> str:
                   f"{m.get('cores')}).", ""]
     g = d.get("generation")
     if g:
+        by = g.get("precisions") or {"fp32": g}  # files written before --gen-precisions: one fp32 server
         lines += ["## 3. Generation: 8 prefixes on SmolLM2-135M in one server", "",
                   f"`{g['command']}` ({g['date']}; {g['threads']} thread(s), {g['repeats']} repeat(s), up to "
                   f"{g['gen_requests']} requests or {g['gen_seconds']} s per mode; took {g['took_s']:.0f} s). Prefixes: "
                   f"the LM's keys/values on {len(g['prefixes']['phrases'])} phrases (init=words, untrained; "
                   f"`{g['prefixes']['generate_check']['command']}` loads one: {g['prefixes']['generate_check']['output']}). "
                   f"Sources: {g['sources']}; greedy, max_new_tokens {g['decoding']['max_new_tokens']}, min_new_tokens "
-                  f"{g['decoding'].get('min_new_tokens', 0)}; one source per request; tokens from the replies' `tokens`.", "",
-                  "| mode | tokens/s | requests/s | tokens/request | p50 ms | p95 ms | rows/batch | tokens | requests | errors |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for mode, r in g["results"].items():
-            lines.append(f"| {mode} | {_f(r.get('tokens_per_s'))} | {_f(r.get('requests_per_s'), '.2f')} | "
-                         f"{_f(r.get('tokens_per_request'), '.1f')} | "
-                         f"{_f(r.get('latency_ms')['p50'], ',.0f')} | {_f(r.get('latency_ms')['p95'], ',.0f')} | "
-                         f"{_f(r.get('rows_per_batch'), '.1f')} | {r['tokens']:,} | {r['requests']:,} | {r['errors']} |")
-        sc = g["same_output_check"]
-        lines += ["", f"- mixed / one prefix: {_goal(g['mixed_vs_one_prefix'], '>= 0.9')}; mixed / one at a time: "
-                  f"{_goal(g['mixed_vs_one_at_a_time'], '>= 4')}"
-                  + (f"; 16 clients on the 8 prefixes (the library's batch of 16) / one at a time: "
-                     f"{g['mixed16_vs_one_at_a_time']:.2f}x" if g.get("mixed16_vs_one_at_a_time") else "") + "."
-                  + ("" if g["decoding"].get("min_new_tokens") == g["decoding"]["max_new_tokens"] else
-                     " Rows stop at their end-of-text token, so prefixes that end sooner give fewer tokens per request "
-                     "while their batch decodes as long as its longest row: see tokens/request."),
-                  f"- The same (prefix, source) answered in different batches gave different text for "
-                  f"{sc['pairs_with_differing_outputs']} of {sc['pairs_seen_more_than_once']} pairs.", ""]
+                  f"{g['decoding'].get('min_new_tokens', 0)}; one source per request; tokens from the replies' `tokens`."
+                  + (" One server per decoding precision (`--precision`), one after the other." if len(by) > 1 else ""), "",
+                  "| precision | mode | tokens/s | requests/s | tokens/request | p50 ms | p95 ms | rows/batch | tokens | "
+                  "requests | errors |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for prec, gp in by.items():
+            for mode, r in gp["results"].items():
+                lines.append(f"| {prec} | {mode} | {_f(r.get('tokens_per_s'))} | {_f(r.get('requests_per_s'), '.2f')} | "
+                             f"{_f(r.get('tokens_per_request'), '.1f')} | "
+                             f"{_f(r.get('latency_ms')['p50'], ',.0f')} | {_f(r.get('latency_ms')['p95'], ',.0f')} | "
+                             f"{_f(r.get('rows_per_batch'), '.1f')} | {r['tokens']:,} | {r['requests']:,} | {r['errors']} |")
+        lines.append("")
+        for prec, gp in by.items():
+            sc = gp["same_output_check"]
+            lines += [f"- {prec}: mixed / one prefix: {_goal(gp['mixed_vs_one_prefix'], '>= 0.9')}; mixed / one at a "
+                      f"time: {_goal(gp['mixed_vs_one_at_a_time'], '>= 4')}"
+                      + (f"; 16 clients on the 8 prefixes (the library's batch of 16) / one at a time: "
+                         f"{gp['mixed16_vs_one_at_a_time']:.2f}x" if gp.get("mixed16_vs_one_at_a_time") else "") + ". "
+                      f"The same (prefix, source) answered in different batches gave different text for "
+                      f"{sc['pairs_with_differing_outputs']} of {sc['pairs_seen_more_than_once']} pairs."]
+        if len(by) > 1 and "fp32" in by:
+            base = by["fp32"]["results"]
+            for prec, gp in by.items():
+                if prec != "fp32":
+                    lines.append(f"- {prec} / fp32 tokens/s, same run: " + ", ".join(
+                        f"{mode} {r['tokens_per_s'] / base[mode]['tokens_per_s']:.2f}x"
+                        for mode, r in gp["results"].items() if base.get(mode, {}).get("tokens_per_s")) + ".")
+        if g["decoding"].get("min_new_tokens") != g["decoding"]["max_new_tokens"]:
+            lines.append("- Rows stop at their end-of-text token, so prefixes that end sooner give fewer tokens per "
+                         "request while their batch decodes as long as its longest row: see tokens/request.")
+        lines.append("")
     bad = d.get("bad")
     if bad:
         lines += ["## 4. Bad requests", "", f"`{bad['command']}` ({bad['date']}). One server: "
@@ -1231,6 +1254,7 @@ def main() -> int:
     ap.add_argument("--gen-requests", type=int, default=96, help="generation requests per mode")
     ap.add_argument("--gen-seconds", type=float, default=45.0, help="cap in seconds per generation mode")
     ap.add_argument("--gen-new-tokens", type=int, default=32, help="max_new_tokens of every generation request")
+    ap.add_argument("--gen-precisions", default="fp32,bf16", help="generation: one server per --precision, in turn")
     ap.add_argument("--gen-min-new-tokens", type=int, default=None,
                     help="min_new_tokens of every generation request (default: --gen-new-tokens, i.e. every row "
                          "decodes exactly that many tokens; 0: rows stop at their end-of-text token)")

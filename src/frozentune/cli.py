@@ -111,15 +111,31 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
     _runtime_args(g)
 
 
-def _runtime_args(g) -> None:
-    """--device and --precision of the frozen pass (and the device of the head)."""
+GENERATORS_PRECISION = ("; generation models decode in it (default fp32; bf16 is faster where the hardware has it, "
+                        "and a near-tie between two tokens can then go either way; int8 is for classifiers only)")
+
+
+def _runtime_args(g, generators: str = "") -> None:
+    """--device and --precision of the frozen pass (and the device of the head); `generators`: what they
+    mean for generation models, where the command takes them."""
     from .extract.precision import PRECISIONS
 
     g.add_argument("--device", default=None, help="where the backbone and the head run: auto (default: a GPU when "
                    "there is one, else the CPU), cpu, cuda, cuda:N, mps; said at the start")
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="precision of the frozen backbone pass "
                    "(part of the cache key); default: chosen per device from measurements and said at the start "
-                   "(saved models: the one they were trained with)")
+                   "(saved models: the one they were trained with)" + generators)
+
+
+def _decode_runtime_args(g) -> None:
+    """--device and --precision of decoding (generation/precision.py)."""
+    from .generation.precision import DECODE_PRECISIONS
+
+    g.add_argument("--device", default=None, help="where the LM decodes: auto (default: a GPU when there is one, "
+                   "else the CPU), cpu, cuda, cuda:N, mps; said at the start")
+    g.add_argument("--precision", default=None, choices=DECODE_PRECISIONS, help="precision of decoding: fp32 "
+                   "(default: exact, a row's tokens independent of its batch) or bf16 / fp16 (linear layers in 16 "
+                   "bits under autocast: faster where the hardware has them; near-ties between tokens can flip)")
 
 
 def _pair_field_args(p: argparse.ArgumentParser) -> None:
@@ -197,7 +213,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--cache-dir", type=Path)
     e.add_argument("--max-test", type=_whole(1), help="generation models: score a seeded sample of this many sources")
     e.add_argument("--num-beams", type=_whole(1), help="generation models: beam width (default: as trained)")
-    _runtime_args(e)
+    _runtime_args(e, GENERATORS_PRECISION)
 
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line; "
                          "a line break inside an output is written as \\n, --json keeps outputs as they are)")
@@ -209,6 +225,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--num-beams", type=_whole(1), help="beam width (default: the one the model was trained with)")
     gen.add_argument("--max-new-tokens", type=_whole(1), help="longest output in tokens (default: as trained)")
     gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")
+    _decode_runtime_args(gen)
 
     pr = sub.add_parser("predict", help="label texts with a saved model (or an exported ONNX graph: --onnx)")
     which = pr.add_mutually_exclusive_group(required=True)
@@ -290,7 +307,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
-    _runtime_args(sv)
+    _runtime_args(sv, GENERATORS_PRECISION)
     from .serve.engine import ServeOptions
     _add_dataclass_options(sv, ServeOptions, "batching and limits")
     ex = sub.add_parser("export", help="write saved models in another library's format (peft: a prefix-tuning "
@@ -378,7 +395,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     if is_generation_model(a.model):
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
                                              source_field=a.source_field, target_field=a.target_field,
-                                             log=api._stderr),
+                                             log=api._stderr, device=a.device, precision=a.precision),
                          indent=2, allow_nan=False))
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
@@ -442,12 +459,14 @@ def _escape_line_breaks(text: str) -> str:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    from .api import _stderr
     from .generation.run import generate_sources, read_sources
 
     sources = _arguments(a.sources, "source") + (read_sources(a.input, a.source_field) if a.input else [])
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
-    for src, out in zip(sources, generate_sources(a.model, sources, a.num_beams, a.max_new_tokens)):
+    outputs = generate_sources(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
+    for src, out in zip(sources, outputs):
         print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else _escape_line_breaks(out),
               flush=True)
     return 0

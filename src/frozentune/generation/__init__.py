@@ -4,6 +4,7 @@ and prefix-tuning of a frozen encoder for classification, which shares the prefi
 
   run.py             a generation run: the pairs it trains on, the fine-tuning reference method,
                      the shared training and decoding path, the metrics, saved folders
+  precision.py       --precision of decoding: a frozen LM's linear layers in bf16/fp16 under autocast
   prefix.py          prefix-tuning a causal LM: the reparameterised prefix, its keys and values at
                      every layer, the loss, greedy and beam decoding, one batch of many prefixes
   seq2seq/           the same for encoder-decoder LMs (BART, T5): the attention sites a prefix enters

@@ -252,8 +252,9 @@ class PrefixBatch:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        dtype = next(model.parameters()).dtype
-        kv = self.kv.to(dtype)
+        from .precision import decode_dtype
+
+        kv = self.kv.to(decode_dtype(model))  # the dtype the layers' own keys and values come in
         cache = DynamicCache([(kv[n, 0], kv[n, 1]) for n in range(kv.shape[0])], config=model.config)
         odd = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
         if odd or len(cache.layers) != kv.shape[0]:
@@ -322,6 +323,8 @@ def generate(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Sequence[i
     built here for B·num_beams rows, since `generate` expands its inputs per beam but not a cache it
     is given. kwargs go to `generate` (length_penalty, num_return_sequences, …: rows then come
     num_return_sequences per prompt)."""
+    from .precision import decoding
+
     if prefix.batch_size != len(prompts):
         raise PrefixError(f"prefix batch has {prefix.batch_size} rows, {len(prompts)} prompts")
     device = next(model.parameters()).device
@@ -329,10 +332,11 @@ def generate(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Sequence[i
     prefix = PrefixBatch(prefix.kv.to(device), prefix.mask.to(device))
     full = torch.cat([prefix.mask, mask.bool()], 1)  # (B, P+T)
     expand = max(num_beams, int(kwargs.get("num_return_sequences", 1)))
-    out = model.generate(input_ids=ids, attention_mask=full.long(), position_ids=positions(full, ids.shape[1]),
-                         **cache_kwargs(model, prefix.repeat_interleave(expand).cache(model)),
-                         num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
-                         pad_token_id=pad_id, eos_token_id=eos_id, **kwargs)
+    with decoding(model):  # autocast where the LM was made to decode in bf16/fp16 (generation/precision.py)
+        out = model.generate(input_ids=ids, attention_mask=full.long(), position_ids=positions(full, ids.shape[1]),
+                             **cache_kwargs(model, prefix.repeat_interleave(expand).cache(model)),
+                             num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad_id, eos_token_id=eos_id, **kwargs)
     return [until_eos(row, eos_id) for row in out[:, ids.shape[1]:].tolist()]
 
 
@@ -341,25 +345,28 @@ def greedy_reference(model: nn.Module, prefix: PrefixBatch, prompts: Sequence[Se
                      eos_id: int | None, max_new_tokens: int = 64) -> list[list[int]]:
     """Slow, readable greedy decoding with forward calls only (no `generate`): the reference the
     tests hold `generate` against, so a change in how generate treats a given cache shows up."""
+    from .precision import decoding
+
     device = next(model.parameters()).device
     ids, mask = (t.to(device) for t in pad(prompts, pad_id, left=True))
     prefix = PrefixBatch(prefix.kv.to(device), prefix.mask.to(device))
     full = torch.cat([prefix.mask, mask.bool()], 1)                 # (B, P+T)
     cache = prefix.cache(model)
-    out = model(input_ids=ids, attention_mask=full.long(), position_ids=positions(full, ids.shape[1]),
-                use_cache=True, **cache_kwargs(model, cache))
-    new, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        nxt = out.logits[:, -1].argmax(-1)                          # (B,)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        new.append(nxt)
-        if eos_id is not None:
-            done |= nxt == eos_id
-        if done.all():
-            break
-        full = torch.cat([full, torch.ones_like(full[:, :1])], 1)
-        out = model(input_ids=nxt[:, None], attention_mask=full.long(), position_ids=positions(full, 1),
-                    use_cache=True, **cache_kwargs(model, returned_cache(out)))
+    with decoding(model):  # as generate() decodes
+        out = model(input_ids=ids, attention_mask=full.long(), position_ids=positions(full, ids.shape[1]),
+                    use_cache=True, **cache_kwargs(model, cache))
+        new, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        for _ in range(max_new_tokens):
+            nxt = out.logits[:, -1].argmax(-1)                          # (B,)
+            nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+            new.append(nxt)
+            if eos_id is not None:
+                done |= nxt == eos_id
+            if done.all():
+                break
+            full = torch.cat([full, torch.ones_like(full[:, :1])], 1)
+            out = model(input_ids=nxt[:, None], attention_mask=full.long(), position_ids=positions(full, 1),
+                        use_cache=True, **cache_kwargs(model, returned_cache(out)))
     return [until_eos(row, eos_id) for row in torch.stack(new, 1).tolist()]
 
 

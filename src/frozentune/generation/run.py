@@ -314,12 +314,25 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
     return spec.generator(cfg, lm, tok, lm_name), cfg
 
 
-def load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
-    """(tuner, tokenizer, config.json) of a saved generation model; loads the LM it names."""
+def load_tuner(folder: Path, device: str | None = None, precision: str | None = None,
+               log: Callable[[str], None] | None = None) -> tuple[nn.Module, Any, dict]:
+    """(tuner, tokenizer, config.json) of a saved generation model, ready to decode: the LM it names
+    loaded, on `device` (auto: a GPU when there is one), decoding in `precision` (default fp32;
+    generation/precision.py); what was chosen and why goes to `log`."""
+    from . import precision as P
+
+    dev, prec, lines = P.decode_runtime(device, precision)  # a bad --device / --precision: refused before the LM loads
+    tuner, tok, config = _load_tuner(Path(folder))
+    for line in lines if log is not None else ():
+        log(line)
+    P.ready_to_decode(tuner, dev, prec)
+    return tuner, tok, config
+
+
+def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     from ..backbone import load_generation_lm
     from ..model import known_method, read_saved
 
-    folder = Path(folder)
     config = read_saved(folder, "the --output folder of a generation training run")
     if config.get("task") != "generation":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} classifier, not a text generator; "
@@ -463,10 +476,11 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
 
 
 def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | None = None,
-                     max_new_tokens: int | None = None) -> list[str]:
+                     max_new_tokens: int | None = None, device: str | None = None, precision: str | None = None,
+                     log: Callable[[str], None] | None = None) -> list[str]:
     """A saved generation model's outputs for sources (linearised tables), decoded with the options
-    its training run used unless given."""
-    tuner, tok, config = load_tuner(model_dir)
+    its training run used unless given, on `device` in `precision` (load_tuner)."""
+    tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     return decode(tuner, tok, sources, d.num_beams, d.max_new_tokens, d.batch_size)
 
@@ -491,11 +505,15 @@ def is_generation_model(folder: Path) -> bool:
 def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_test: int | None = None,
                         num_beams: int | None = None, max_new_tokens: int | None = None,
                         source_field: str | None = None, target_field: str | None = None,
-                        log: Callable[[str], None] | None = None) -> dict:
+                        log: Callable[[str], None] | None = None, device: str | None = None,
+                        precision: str | None = None) -> dict:
     """BLEU / chrF / ROUGE-L of a saved generation model on a split of a data-to-text dataset.
     `max_test`: a seeded sample; on the test split the one its training run scored when given the
-    same number (the same seed and draws), so `eval` repeats the run's figures."""
-    tuner, tok, config = load_tuner(model_dir)
+    same number (the same seed and draws), so `eval` repeats the run's figures. `device`, `precision`:
+    as load_tuner; the result says the precision."""
+    from .precision import precision_of
+
+    tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     saved = config.get("fields") or {}
     fields = (source_field or saved.get("source"), target_field or saved.get("target"))
@@ -508,7 +526,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     hyps = decode(tuner, tok, [ex.source for ex in examples], d.num_beams, d.max_new_tokens, d.batch_size, log)
     metrics = grouped_scores(hyps, examples)
     return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
-            "metrics_by_group": metrics}
+            "metrics_by_group": metrics, "precision": precision_of(tuner.lm)}
 
 
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:

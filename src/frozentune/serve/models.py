@@ -106,7 +106,7 @@ class Task:
                   else "padded: its own pass (the method trains or steers the backbone)"}
         else:
             d |= {"backbone": self.group.lm_name, "decoding": self.decoding, "device": str(self.group.device),
-                  "precision": "fp32", "shares_batches": self.prefix is not None}
+                  "precision": self.group.precision, "shares_batches": self.prefix is not None}
         return d
 
 
@@ -283,7 +283,16 @@ class LMGroup:
         self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
         self.tasks: list[Task] = []
         self.tokenizer_lock = threading.Lock()
+        self.precision = "fp32"
         self.label = f"{Path(lm_name).name} (generation) on {device}"
+
+    def decode_in(self, precision: str) -> None:
+        """The LM made to decode in `precision` (generation/precision.py), once every task on it is loaded."""
+        from ..generation.precision import for_decoding, precision_of
+
+        for_decoding(self.lm, precision)
+        self.precision = precision_of(self.lm)
+        self.label = f"{Path(self.lm_name).name} (generation) {self.precision} on {self.device}"
 
     def run(self, jobs: Sequence) -> list[dict]:
         from ..generation.prefix import PrefixBatch, eos_id_of, generate, pad_id_of
@@ -317,15 +326,31 @@ def load_tasks(folders: Sequence[Path], device: str | None, precision: str | Non
     frozen: dict[tuple, FrozenPass] = {}
     lms: dict[str, LMGroup] = {}
     tasks = []
+    decode = None  # (device, precision) of every generator, chosen with the first one
     for folder in folders:
         if is_generation_model(folder):
-            task = _load_generator(folder, device, lms, log)
+            if decode is None:
+                decode = _decode_runtime(device, precision, log)
+            task = _load_generator(folder, decode[0], lms, log)
         else:
             task = _load_classifier(folder, device, precision, frozen, log)
         task.group.tasks.append(task)
         tasks.append(task)
+    if decode is not None:  # after every generator's load, which checks the LM's fp32 weights against its hash
+        for group in {id(t.group): t.group for t in tasks if t.kind == "generate"}.values():
+            group.decode_in(decode[1])
+    for task in tasks:
         log(f"serve: {task.name}: {task.method} → {task.group.label}")
     return tasks
+
+
+def _decode_runtime(device: str | None, precision: str | None, log: Log) -> tuple[torch.device, str]:
+    from ..generation.precision import decode_runtime
+
+    dev, prec, lines = decode_runtime(device, precision)
+    for line in lines:
+        log(f"serve: generation: {line}")
+    return dev, prec
 
 
 def _load_classifier(folder: Path, device: str | None, precision: str | None, frozen: dict, log: Log) -> Task:
@@ -352,9 +377,8 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     return Task(folder.name, folder, "classify", config["method"], group, model=model)
 
 
-def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Task:
+def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Task:
     from ..backbone import load_generation_lm
-    from ..extract import resolve_device
     from ..generation.run import check_safetensors, DecodeOptions
     from ..model import known_method, read_saved
     from ..generation.prefix import PrefixTuner
@@ -364,7 +388,6 @@ def _load_generator(folder: Path, device: str | None, lms: dict, log: Log) -> Ta
     spec = known_method(config, folder)
     check_safetensors(folder / M.WEIGHTS)
     name = config["backbone"]["name"]
-    dev, _ = resolve_device(device or "auto")
     decoding = DecodeOptions(**config.get("decoding", {}))
     seq2seq = config.get("architecture") == "encoder-decoder"
     cls = getattr(spec.generator, "seq2seq" if seq2seq else "causal", spec.generator)

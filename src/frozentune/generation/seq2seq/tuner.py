@@ -29,6 +29,7 @@ from ...backbone import freeze, pad, weights_hash
 from ...model import WEIGHTS, write_saved
 from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, architecture,
                       check_fits, phrase_ids, read_prefix_folder, saved_options, until_eos)
+from ..precision import decoding
 from .attention import KINDS, Site, find_sites, prefixes_set, site_activations
 
 ARCHITECTURE = "encoder-decoder"
@@ -91,7 +92,7 @@ def seq2seq_generate(lm: nn.Module, sites, batch: Batch | None, prompts: Sequenc
     if batch is not None and any(b.batch_size != len(prompts) for b in batch.values()):
         raise PrefixError(f"prefix batch rows differ from the {len(prompts)} prompts")
     ids, mask = (t.to(device) for t in pad(prompts, pad_id))
-    with prefixed(lm, sites, batch):
+    with prefixed(lm, sites, batch), decoding(lm):  # decoding: autocast where the LM decodes in bf16/fp16
         out = lm.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, do_sample=False,
                           max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id, **kwargs)
     return [until_eos(row, eos_id) for row in out[:, 1:].tolist()]  # column 0: the decoder start token
@@ -106,7 +107,7 @@ def greedy_reference(lm: nn.Module, sites, batch: Batch | None, prompts: Sequenc
     start = lm.config.decoder_start_token_id
     dec = torch.full((len(prompts), 1), int(start if start is not None else pad_id), dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    with prefixed(lm, sites, batch):
+    with prefixed(lm, sites, batch), decoding(lm):
         for _ in range(max_new_tokens):
             logits = lm(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, use_cache=False).logits
             nxt = logits[:, -1].argmax(-1)                                      # (B,)
