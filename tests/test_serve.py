@@ -206,6 +206,29 @@ def test_generate_equals_generate(models, client):
             assert r.json()["outputs"][0]["output"] == generate_sources(models / name, [src])[0]
 
 
+def test_generators_decode_in_the_precision_given(models):
+    """--precision reaches the generators (it used to be ignored for them): /v1/models says it, the LM
+    is loaded once for both prefixes (each load checks the fp32 weights' hash, so the LM is converted
+    after the last), and a reply equals `generate --precision bf16` on the same source: a batch of one
+    both ways, so the same kernels on the same shapes."""
+    e = Engine.load([models / "prefix-a", models / "prefix-b"], precision="bf16", log=lambda line: None)
+    try:
+        assert {d["name"]: d["precision"] for d in e.describe()} == {"prefix-a": "bf16", "prefix-b": "bf16"}
+        for name in ("prefix-a", "prefix-b"):
+            for src in SOURCES:
+                got = e.generate(name, [src])["outputs"][0]["output"]
+                assert got == generate_sources(models / name, [src], precision="bf16")[0], (name, src)
+    finally:
+        e.close()
+    e = Engine.load([models / "prefix-a"], log=lambda line: None)
+    try:
+        assert [d["precision"] for d in e.describe()] == ["fp32"]  # the default: exact decoding
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="int8 is for the frozen pass of classifiers"):
+        Engine.load([models / "prefix-a"], precision="int8", log=lambda line: None)
+
+
 # ----------------------------------------------------------------------------- batching across requests
 def test_concurrent_requests_share_batches_and_answer_as_alone(engine):
     alone = [engine.classify([t]) for t in TEXTS]
@@ -584,11 +607,40 @@ def test_engine_checks_requests_before_queueing(engine):
 
 
 # ----------------------------------------------------------------------------- metrics, OpenAPI, CLI
+def test_memory_trim_after_batches(engine):
+    """--trim-every-ms: glibc's malloc_trim runs after a batch once the interval has passed, and not
+    more often; 0 turns it off; a negative interval is refused. Off glibc it is said to be unavailable."""
+    import platform
+
+    e = Engine(list(engine.tasks.values()), ServeOptions(trim_every_ms=0.001))
+    try:
+        assert e.trimmer.available == (platform.libc_ver()[0] == "glibc"), e.trimmer.describe()
+        time.sleep(0.01)
+        e.classify([TEXTS[0]])  # a batch for each pass group: the shared pass and the two live ones
+        assert (e.trimmer.calls >= 1) == e.trimmer.available and e.trimmer.seconds >= 0
+    finally:
+        e.close()
+    e = Engine(list(engine.tasks.values()), ServeOptions(trim_every_ms=3_600_000))  # an hour: not yet
+    try:
+        e.classify([TEXTS[0]])
+        assert e.trimmer.calls == 0
+    finally:
+        e.close()
+    e = Engine(list(engine.tasks.values()), ServeOptions(trim_every_ms=0))
+    try:
+        e.classify([TEXTS[0]])
+        assert e.trimmer.calls == 0 and "off" in e.trimmer.describe()
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="--trim-every-ms -1: must be at least 0"):
+        ServeOptions(trim_every_ms=-1).validate()
+
+
 def test_metrics_and_openapi(client):
     client.post("/v1/classify", json={"text": TEXTS[0]})
     text = client.get("/metrics").text
     for name in ("frozentune_requests_total", "frozentune_request_seconds_bucket", "frozentune_batch_rows_bucket",
-                 "frozentune_queue_rows"):
+                 "frozentune_queue_rows", "frozentune_memory_trims"):
         assert name in text
     assert 'endpoint="/v1/classify",status="200"' in text
     spec = client.get("/openapi.json").json()

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ..data import unencodable
 from .batcher import BatchStats, Batcher, Job
+from .memory import Trimmer
 from .models import FrozenPass, Task, find_models, load_tasks, pipeline_choice
 
 
@@ -53,6 +54,9 @@ class ServeOptions:
         "help": "classify: run a batch's heads and answers on a second thread while the backbone's pass of the next "
                 "batch runs (on, off; auto: on for a CPU pass that leaves torch a free core, off where torch uses "
                 "every core or on a GPU); the startup log and /v1/models say which", "choices": ("auto", "on", "off")})
+    trim_every_ms: float = field(default=10000.0, metadata={
+        "help": "return the memory that finished batches freed to the operating system at most this often, in "
+                "milliseconds (glibc's malloc_trim; without it the resident size creeps up under steady load; 0: off)"})
     max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
                                                            "request is answered 503 with Retry-After"})
     max_texts: int = field(default=64, metadata={"help": "texts or sources in one request (more: 413)"})
@@ -99,6 +103,7 @@ class Engine:
                 g.backbone.pack = o.pack_tokens
         # per group: whether its heads run beside the next pass, and why (this engine's own: groups may be shared)
         self.pipelined = {g: pipeline_choice(o.pipeline, g.backbone.device) for g in self.groups if isinstance(g, FrozenPass)}
+        self.trimmer = Trimmer(o.trim_every_ms / 1000.0)
         self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch,
                                refill_wait_s=o.refill_wait_ms / 1000.0,
                                split=lambda g: g in self.pipelined and self.pipelined[g][0])
@@ -112,6 +117,7 @@ class Engine:
         for g in engine.groups:
             if isinstance(g, FrozenPass):
                 log(f"serve: {g.label}: {g.backbone.pass_layout} pass; {engine.heads_run(g)}")
+        log(f"serve: {engine.trimmer.describe()}")
         return engine
 
     # ------------------------------------------------------------------ observing
@@ -124,6 +130,7 @@ class Engine:
         del self.batches[:-1000]
         for fn in self._observers:
             fn(stats)
+        self.trimmer.maybe()  # after the batch's answers went out
 
     @property
     def groups(self) -> list:
