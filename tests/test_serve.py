@@ -607,40 +607,43 @@ def test_engine_checks_requests_before_queueing(engine):
 
 
 # ----------------------------------------------------------------------------- metrics, OpenAPI, CLI
-def test_memory_trim_after_batches(engine):
-    """--trim-every-ms: glibc's malloc_trim runs after a batch once the interval has passed, and not
-    more often; 0 turns it off; a negative interval is refused. Off glibc it is said to be unavailable."""
-    import platform
-
-    e = Engine(list(engine.tasks.values()), ServeOptions(trim_every_ms=0.001))
+def test_warm_up_runs_full_batches_through_every_pass(models):
+    """With --warmup, Engine.load warms every classify pass group with two requests of rows at
+    max_length (the token budget's worth), through the batcher, before it returns; by default it
+    does not. Counted by the batches the engine saw."""
+    lines: list[str] = []
+    e = Engine.load([models / "probe", models / "space", models / "finetuned", models / "prefix-a"],
+                    options=ServeOptions(warmup=True), log=lines.append)
     try:
-        assert e.trimmer.available == (platform.libc_ver()[0] == "glibc"), e.trimmer.describe()
-        time.sleep(0.01)
-        e.classify([TEXTS[0]])  # a batch for each pass group: the shared pass and the two live ones
-        assert (e.trimmer.calls >= 1) == e.trimmer.available and e.trimmer.seconds >= 0
+        said = [ln for ln in lines if "warm-up" in ln]
+        assert len(said) == 1 and "2 requests of rows × tokens" in said[0], lines
+        wanted = sum(2 * min(e.options.batch_tokens // g.max_length, e.options.max_texts)
+                     for g in e.groups if hasattr(g, "max_length"))
+        until = time.perf_counter() + 5  # a batch's stats are recorded just after its answers go out
+        while sum(b.rows for b in e.batches) < wanted and time.perf_counter() < until:
+            time.sleep(0.01)
+        warmed = {b.group: b for b in e.batches}
+        assert len(warmed) == 2  # the shared frozen pass and the fine-tuned model's own; no decode
+        for g in e.groups:
+            if hasattr(g, "max_length"):  # classify groups: rows of max_length tokens, up to the budget
+                rows = min(e.options.batch_tokens // g.max_length, e.options.max_texts)
+                assert sum(b.rows for b in e.batches if b.group == g.label) == 2 * rows
+                assert all(b.tokens == b.rows * g.max_length for b in e.batches if b.group == g.label)
     finally:
         e.close()
-    e = Engine(list(engine.tasks.values()), ServeOptions(trim_every_ms=3_600_000))  # an hour: not yet
+    lines.clear()
+    e = Engine.load([models / "probe"], log=lines.append)
     try:
-        e.classify([TEXTS[0]])
-        assert e.trimmer.calls == 0
+        assert e.batches == [] and not any("warm-up" in ln for ln in lines)
     finally:
         e.close()
-    e = Engine(list(engine.tasks.values()), ServeOptions(trim_every_ms=0))
-    try:
-        e.classify([TEXTS[0]])
-        assert e.trimmer.calls == 0 and "off" in e.trimmer.describe()
-    finally:
-        e.close()
-    with pytest.raises(ValueError, match="--trim-every-ms -1: must be at least 0"):
-        ServeOptions(trim_every_ms=-1).validate()
 
 
 def test_metrics_and_openapi(client):
     client.post("/v1/classify", json={"text": TEXTS[0]})
     text = client.get("/metrics").text
     for name in ("frozentune_requests_total", "frozentune_request_seconds_bucket", "frozentune_batch_rows_bucket",
-                 "frozentune_queue_rows", "frozentune_memory_trims"):
+                 "frozentune_queue_rows"):
         assert name in text
     assert 'endpoint="/v1/classify",status="200"' in text
     spec = client.get("/openapi.json").json()

@@ -4,7 +4,6 @@
   batcher.py  dynamic batching across concurrent requests (token budget, short wait, queue bound)
   engine.py   Engine: classify / explain / generate, blocking or awaitable, on the batcher
   app.py      the HTTP API (FastAPI on uvicorn), Prometheus metrics, the page
-  memory.py   after batches, the memory they freed handed back to the OS (glibc malloc_trim)
   page.html   the page: type a text, see every task's prediction and explanation on the text
 
     from frozentune.serve import Engine

@@ -168,10 +168,6 @@ def create_app(engine: Engine):
                               buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
     passes = Counter("frozentune_batches", "batches run (one backbone pass or decode each)", ["group"], registry=registry)
     Gauge("frozentune_queue_rows", "rows waiting for a batch", registry=registry).set_function(lambda: engine.batcher.depth)
-    Gauge("frozentune_memory_trims", "times freed memory was returned to the OS (--trim-every-ms)",
-          registry=registry).set_function(lambda: engine.trimmer.calls)
-    Gauge("frozentune_memory_trim_seconds", "time spent returning freed memory to the OS",
-          registry=registry).set_function(lambda: engine.trimmer.seconds)
 
     def on_batch(s: BatchStats) -> None:
         rows.labels(s.group).observe(s.rows)
