@@ -265,3 +265,41 @@ def test_bad_options(options, needle):
 def test_span_dim_zero_is_the_backbone_width():
     head, _ = create_method("selfexplain", 24, 2, {"dim": 0})
     assert head.w4.weight.shape == (24, 24) and head.out.weight.shape == (2, 24)
+
+
+def test_span_product_in_bf16_only_for_a_native_bf16_pass():
+    from frozentune.extract.device import native_bf16
+    from frozentune.heads.self_explaining import product_dtype
+
+    cpu = torch.device("cpu")
+    for precision in ("fp32", "fp16", "int8"):
+        assert product_dtype(precision, cpu) == torch.float32
+    assert product_dtype("bf16", cpu) == (torch.bfloat16 if native_bf16() else torch.float32)
+    assert product_dtype("bf16", torch.device("cuda")) == torch.bfloat16
+    assert product_dtype("bf16", torch.device("mps")) == torch.float32
+
+
+@pytest.mark.parametrize("width", [3, 0])
+def test_bf16_span_product_stays_near_fp32(width, monkeypatch):
+    """States from a bf16 pass: the no-grad span product W₄(h_i ⊙ h_j) in bf16. Its inputs and its
+    result are each rounded to bf16 once (3 roundings, relative to Σ|terms| of the product), and
+    everything after it is fp32; the logits stay within that of the fp32 product, and do move
+    (the bf16 path ran). Where the CPU has no native bf16 the product stays fp32: equal bits."""
+    import frozentune.heads.self_explaining as se
+    from frozentune.extract.device import native_bf16
+    from numerics import ROUNDING, assert_differs, tol
+
+    monkeypatch.setattr(se, "CHUNK_SPANS", 4)
+    head = head_for({"max_span_width": width})
+    f = feats(lengths=(7, 5, 3, 2), T=7)
+    with torch.no_grad():
+        fp32 = head(f)
+        bf16 = head(Features(f.hidden, f.mask, f.separator, "bf16"))
+    if not native_bf16():
+        exact(bf16.logits, fp32.logits, "no native bf16: the same fp32 product, the same kernels")
+        return
+    n = 7 * (width or 7)
+    rtol = tol(torch.bfloat16, 3 * ROUNDING) + tol(torch.float32, logits_ops(n) + 1)
+    assert_close(bf16.logits, fp32.logits, rtol=rtol, what="logits, bf16 product")
+    assert_close(bf16.extras["span_weights"], fp32.extras["span_weights"], rtol=rtol, what="α, bf16 product")
+    assert_differs(bf16.logits, fp32.logits, ops=logits_ops(n) + 1, what="logits: the bf16 product ran")

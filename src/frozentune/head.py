@@ -17,6 +17,7 @@ class Features:
     hidden: Tensor  # (B, T, D) frozen token states, float32
     mask: Tensor    # (B, T) bool, True on real tokens
     separator: Tensor | None = None  # (B, T) bool, True on the tokens between a pair's two texts; None for single texts
+    precision: str = "fp32"  # of the frozen pass that made `hidden`: a head may run its no-grad products in it
 
 
 @dataclass

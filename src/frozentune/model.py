@@ -136,7 +136,7 @@ class Classifier(nn.Module):
         if b.hidden is not None:
             if self.steers_backbone:
                 raise ValueError(f"method {self.method!r} runs the backbone with its prefix; give token ids, not cached states")
-            return Features(b.hidden, b.mask, b.separator)
+            return Features(b.hidden, b.mask, b.separator, self.backbone_ref.precision)
         assert b.input_ids is not None
         types = b.token_type_ids
         if self.steers_backbone:
@@ -146,7 +146,7 @@ class Classifier(nn.Module):
         else:
             hidden = self.backbone_ref.states(b.input_ids, b.mask.long(), types)  # its device and precision
             hidden = as_cached(hidden, self.cache_dtype)  # so live predictions equal cached ones
-        return Features(hidden, b.mask, b.separator)
+        return Features(hidden, b.mask, b.separator, "fp32" if self.runs_live else self.backbone_ref.precision)
 
     def forward(self, b: Batch) -> Output:
         return self.head(self.features(b))

@@ -234,7 +234,7 @@ class FrozenPass(ClassifierGroup):
             hidden = chosen[key] if every else chosen[key][rows]
             with torch.no_grad():
                 return m.head(Features(hidden, fmask if every else fmask[rows],
-                                       None if sep is None else sep if every else sep[rows]))
+                                       None if sep is None else sep if every else sep[rows], m.backbone_ref.precision))
 
         return self.answer(jobs, outputs)
 
