@@ -59,6 +59,11 @@ PACK_BELOW = 0.85
 # whole (N, D) temporaries through memory; the same sums in the same order (tanh through the sigmoid).
 # Packing then pays at any share of valid spans (bench/span_packing.py, rows "forward (no grad)").
 CHUNK_SPANS = 1024
+# The bf16 span product's rows are padded to a multiple of this: oneDNN keeps state for every matrix shape
+# it has multiplied in bf16, and a chunk of every row count from 1 to 1,024 grew a process by 652 MB
+# (torch.mm, 1 thread; 13.8 MB with rows padded to multiples of 128), which took the 8-head server's peak
+# RSS from 1.09x to 1.38x a 1-head server's (bench/REPORT.md, "The self-explaining head's span product in bf16").
+LOW_PRODUCT_ROWS = 128
 
 
 @dataclass
@@ -250,8 +255,11 @@ def spans_in_chunks(flat: Tensor, tokens: tuple[Tensor, Tensor], maps: tuple[Ten
         prod = flat.index_select(0, first[c]).mul_(flat.index_select(0, last[c]))  # (n, D) h_i ⊙ h_j
         if product == torch.float32:
             o.addmm_(prod, low)  # + W₄(h_i ⊙ h_j)
-        else:
-            o.add_(torch.mm(prod.to(product), low))
+        else:  # rows padded to a multiple, so that the 16-bit kernels see few shapes (LOW_PRODUCT_ROWS)
+            n = prod.shape[0]
+            rows = prod.new_zeros(-(-n // LOW_PRODUCT_ROWS) * LOW_PRODUCT_ROWS, prod.shape[1], dtype=product)
+            rows[:n] = prod
+            o.add_(torch.mm(rows, low)[:n])
         o.mul_(2).sigmoid_().mul_(2).sub_(1)  # tanh x = 2σ(2x) − 1: 4× faster than torch's tanh on the CPU
     return out
 
