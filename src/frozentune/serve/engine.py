@@ -122,7 +122,7 @@ class Engine:
         return engine
 
     def warm_up(self) -> str:
-        """Two batches at the token budget (rows of max_length tokens) through every classify pass group
+        """Two requests at the token budget (rows of max_length tokens) through every classify pass group
         and its heads, submitted together so that they overlap as they do under load (the second
         one's pass while the first one's heads run), on the batcher's own threads, whose allocator
         arenas then hold what traffic will need. Generators are not warmed (a decode's memory grows
