@@ -533,8 +533,8 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
             for ts in ("short", "long"):
                 for cname, (srv, make) in configs.items():
                     send = make(bodies[ts])
-                    if rep == 0:  # warm-up: not counted
-                        await closed_loop(send, a.clients, min(2 * a.clients, a.requests), a.seconds, start_index=10**6)
+                    if rep == 0:  # warm-up: not counted (--warm-requests; each server's first shapes cost once)
+                        await closed_loop(send, a.clients, min(a.warm_requests, a.requests), a.seconds, start_index=10**6)
                     r = await measured(client, srv, send, a.clients, a.requests, a.seconds, start_index=rep * a.requests)
                     runs.setdefault((cname, ts), []).append(r)
                     log(f"heads rep {rep + 1} {ts:5s} {cname:20s} {r['requests_per_s']:8.1f} req/s  p50 "
@@ -1014,7 +1014,8 @@ def report(d: dict) -> str:
     if h:
         lines += ["## 1. Heads on one frozen pass vs one process per head", "",
                   f"`{h['command']}` ({h['date']}; {h['threads']} thread(s) per server, {h['repeats']} repeat(s), up to "
-                  f"{h['requests']} requests or {h['seconds']} s per configuration, {h['clients']} concurrent clients; "
+                  f"{h['requests']} requests or {h['seconds']} s per configuration, {h['clients']} concurrent clients, "
+                  f"after {h.get('warm_requests', 2 * h['clients'])} warm-up requests per configuration; "
                   f"took {h['took_s']:.0f} s). One request = one text, classified by every task of the server; with 8 "
                   f"servers the client sends each text to all 8 at once and a request is done when all 8 answered. "
                   f"Texts: short = {h['texts']['short']}; long = {h['texts']['long']}. Heads, in the order the "
@@ -1231,7 +1232,7 @@ async def run(a, parts: list[str], data: dict, command: str, stopped: dict) -> N
             out["server_exit_codes"] = dict(Server.exit_codes)  # 143: stopped by SIGTERM (the CLI's code for it)
             Server.exit_codes.clear()
             out = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "threads": a.threads,
-                   "repeats": a.repeats, "requests": a.requests, "seconds": a.seconds, "clients": a.clients,
+                   "repeats": a.repeats, "requests": a.requests, "seconds": a.seconds, "clients": a.clients, "warm_requests": a.warm_requests,
                    "gen_requests": a.gen_requests, "gen_seconds": a.gen_seconds,
                    "took_s": round(time.perf_counter() - t0, 1), **out}
             data[part] = out
@@ -1251,6 +1252,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="cap in seconds per configuration (classification)")
     ap.add_argument("--repeats", type=int, default=2, help="each configuration measured this many times, interleaved")
     ap.add_argument("--clients", type=int, default=32, help="concurrent clients for classification")
+    ap.add_argument("--warm-requests", type=int, default=640,
+                    help="heads part: requests sent to each configuration before its first measured repeat, not "
+                         "counted (was 2 × --clients = 64 until 2026-11-25: the 8-head server's first repeat was then "
+                         "the low one in three runs out of three)")
     ap.add_argument("--gen-requests", type=int, default=96, help="generation requests per mode")
     ap.add_argument("--gen-seconds", type=float, default=45.0, help="cap in seconds per generation mode")
     ap.add_argument("--gen-new-tokens", type=int, default=32, help="max_new_tokens of every generation request")
