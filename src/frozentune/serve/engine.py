@@ -134,8 +134,10 @@ class Engine:
         futures, sizes = [], []
         for group in self.groups:
             tasks = [t for t in self.tasks.values() if t.group is group and t.kind == "classify"]
-            rows = max(1, min(self.options.batch_tokens // group.max_length, self.options.max_texts)) if tasks else 0
-            text = " ".join(["warm"] * group.max_length) if tasks else ""  # past max_length tokens: cut to it
+            if not tasks:  # a generation group
+                continue
+            rows = max(1, min(self.options.batch_tokens // group.max_length, self.options.max_texts))
+            text = " ".join(["warm"] * group.max_length)  # past max_length tokens: cut to it
             for pairs in sorted({t.pairs for t in tasks}):
                 names = [t.name for t in tasks if t.pairs == pairs]
                 sizes.append(f"{rows} × {group.max_length}")

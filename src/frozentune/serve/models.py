@@ -283,16 +283,23 @@ class LMGroup:
         self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
         self.tasks: list[Task] = []
         self.tokenizer_lock = threading.Lock()
-        self.precision = "fp32"
-        self.label = f"{Path(lm_name).name} (generation) on {device}"
+
+    @property
+    def precision(self) -> str:
+        """What the LM decodes in (its weights say: generation/precision.py)."""
+        from ..generation.precision import precision_of
+
+        return precision_of(self.lm)
+
+    @property
+    def label(self) -> str:
+        return f"{Path(self.lm_name).name} (generation) {self.precision} on {self.device}"
 
     def decode_in(self, precision: str) -> None:
         """The LM made to decode in `precision` (generation/precision.py), once every task on it is loaded."""
-        from ..generation.precision import for_decoding, precision_of
+        from ..generation.precision import for_decoding
 
         for_decoding(self.lm, precision)
-        self.precision = precision_of(self.lm)
-        self.label = f"{Path(self.lm_name).name} (generation) {self.precision} on {self.device}"
 
     def run(self, jobs: Sequence) -> list[dict]:
         from ..generation.prefix import PrefixBatch, eos_id_of, generate, pad_id_of
