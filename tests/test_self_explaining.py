@@ -281,10 +281,11 @@ def test_span_product_in_bf16_only_for_a_native_bf16_pass():
 
 @pytest.mark.parametrize("width", [3, 0])
 def test_bf16_span_product_stays_near_fp32(width, monkeypatch):
-    """States from a bf16 pass: the no-grad span product W₄(h_i ⊙ h_j) in bf16. Its inputs and its
-    result are each rounded to bf16 once (3 roundings, relative to Σ|terms| of the product), and
-    everything after it is fp32; the logits stay within that of the fp32 product, and do move
-    (the bf16 path ran). Where the CPU has no native bf16 the product stays fp32: equal bits."""
+    """States from a bf16 pass: the no-grad span product W₄(h_i ⊙ h_j) and the per-token end maps in
+    bf16. Each product's inputs and result are rounded to bf16 once (3 roundings each, 6 in all,
+    relative to Σ|terms| of the products), and everything after them is fp32; the logits stay within
+    that of the fp32 path, and do move (the bf16 path ran). Where the CPU has no native bf16 both stay
+    fp32: equal bits."""
     import frozentune.heads.self_explaining as se
     from frozentune.extract.device import native_bf16
     from numerics import ROUNDING, assert_differs, tol
@@ -299,7 +300,29 @@ def test_bf16_span_product_stays_near_fp32(width, monkeypatch):
         exact(bf16.logits, fp32.logits, "no native bf16: the same fp32 product, the same kernels")
         return
     n = 7 * (width or 7)
-    rtol = tol(torch.bfloat16, 3 * ROUNDING) + tol(torch.float32, logits_ops(n) + 1)
+    rtol = tol(torch.bfloat16, 6 * ROUNDING) + tol(torch.float32, logits_ops(n) + 1)
     assert_close(bf16.logits, fp32.logits, rtol=rtol, what="logits, bf16 product")
     assert_close(bf16.extras["span_weights"], fp32.extras["span_weights"], rtol=rtol, what="α, bf16 product")
     assert_differs(bf16.logits, fp32.logits, ops=logits_ops(n) + 1, what="logits: the bf16 product ran")
+
+
+def test_bf16_weights_are_kept_and_remade_when_a_parameter_changes():
+    """The bf16 copies of the fused end maps and of W₄ (SelfExplainHead.low_weights) are made once and
+    reused, and made again when a parameter changes in place (an optimiser step, load_state_dict) or
+    is replaced: the bf16 path's logits always equal a fresh head's with the same weights."""
+    head = head_for({"max_span_width": 3})
+    plain = feats(lengths=(7, 5), T=7)
+    f = Features(plain.hidden, plain.mask, None, "bf16")
+    low = torch.bfloat16
+    with torch.no_grad():
+        kept = head.low_weights(low)
+        assert head.low_weights(low) is kept  # no change: reused, not remade
+        head.w3.weight.add_(0.1 * torch.randn_like(head.w3.weight))  # in place, as an optimiser step
+        assert head.low_weights(low) is not kept
+        other = head_for({"max_span_width": 3}, seed=1)
+        head.load_state_dict(other.state_dict())
+        exact(head(f).logits, other(f).logits, "after load_state_dict")
+        head.w4.weight = torch.nn.Parameter(torch.randn_like(head.w4.weight))  # replaced, not changed in place
+        fresh = head_for({"max_span_width": 3})
+        fresh.load_state_dict(head.state_dict())
+        exact(head(f).logits, fresh(f).logits, "after a parameter was replaced")
