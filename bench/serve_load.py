@@ -618,8 +618,9 @@ def head_costs(heads_dir: Path, threads: int, rows: int = 16, repeats: int = 5) 
             for task in group.tasks:
                 def head(task=task) -> None:
                     m = task.model
-                    with torch.no_grad():
-                        o = m.head(Features(chosen[(m.backbone_ref.layers, m.cache_dtype)], fmask))
+                    with torch.no_grad():  # the pass's precision, as FrozenPass.heads passes it (the bf16 span product)
+                        o = m.head(Features(chosen[(m.backbone_ref.layers, m.cache_dtype)], fmask, None,
+                                            m.backbone_ref.precision))
                     classify_rows(task, o, jobs, idx)
                 row["heads_ms"][task.name] = round(timed(head), 2)
             row["heads_total_ms"] = round(sum(row["heads_ms"].values()), 2)

@@ -1,0 +1,146 @@
+"""The 8-head server at this tree against the same server at an earlier commit, beside the 1-head
+server, in one run: short texts (SST-2 test), 32 closed-loop clients, the configurations interleaved
+over --repeats repeats, so that the machine's drift reaches all three alike.
+
+Servers (each `frozentune serve` on a loopback port, torch on --threads threads, as in
+bench/serve_load.py's heads part, from its model folder):
+  1 head            this tree, probe-l4
+  8 heads           this tree, the eight heads of serve_load.py
+  8 heads at REV    the same eight heads, with the library's source as it was at --against REV
+                    (`git archive REV src` unpacked to a temporary folder, first on the server's PYTHONPATH)
+
+Reports each repeat's requests/s and the ratios 8 heads / 1 head, per repeat and mean ± std over the
+repeats, and each server's peak RSS over the run.
+
+  python bench/serve_heads_ab.py --against a91f5ed --output bench/results/serve_heads_ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import serve_load as sl  # noqa: E402
+
+
+def source_at(rev: str, into: Path) -> Path:
+    """The library's src/ folder as it was at rev, unpacked under `into`; its path. Checked: a Python
+    with that folder first on its PYTHONPATH imports frozentune from it (not from this tree)."""
+    tar = subprocess.run(["git", "archive", rev, "src"], cwd=HERE.parent, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    src = into / "src"
+    got = subprocess.run([sys.executable, "-c", "import frozentune; print(frozentune.__file__)"], check=True,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)}).stdout.strip()
+    if not Path(got).resolve().is_relative_to(src.resolve()):
+        raise SystemExit(f"with PYTHONPATH={src}, frozentune came from {got}: the comparison would not run {rev}'s code")
+    return src
+
+
+async def measure(a, old_src: Path) -> dict:
+    import httpx
+
+    heads = a.models / "heads"
+    folders = [heads / n for n, _, _ in sl.HEADS]
+    logdir = Path(tempfile.mkdtemp(prefix="serve_heads_ab_"))
+    specs = {"1 head": ([folders[0]], None), "8 heads": (folders, None), f"8 heads at {a.against}": (folders, old_src)}
+    servers = {}
+    bodies = [json.dumps({"text": t}).encode() for t in sl.short_texts()]
+    pool = sl.Clients()
+    try:
+        for name, (models, src) in specs.items():
+            env = os.environ.copy()
+            if src is not None:
+                os.environ["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            try:
+                servers[name] = sl.Server(name.replace(" ", "-"), models, a.threads, logdir)
+            finally:
+                os.environ.clear()
+                os.environ.update(env)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            for s in servers.values():
+                await s.ready(client)
+            for name in servers:
+                sl.log(f"{name}: {'the library at ' + a.against if specs[name][1] is not None else 'this tree'}")
+            runs: dict[str, list[dict]] = {n: [] for n in servers}
+            for name, s in servers.items():  # warm-up, not counted
+                await sl.closed_loop(sl.classify_sender(pool, s.url, bodies, len(specs[name][0])), a.clients,
+                                     a.warm_requests, a.seconds, start_index=10**6)
+            for rep in range(a.repeats):
+                for name, s in servers.items():
+                    send = sl.classify_sender(pool, s.url, bodies, len(specs[name][0]))
+                    r = await sl.measured(client, [s], send, a.clients, a.requests, a.seconds, start_index=rep * a.requests)
+                    r.pop("latencies")
+                    runs[name].append(r)
+                    sl.log(f"rep {rep + 1} {name:24s} {r['requests_per_s']:7.1f} req/s  p50 {r['latency_ms']['p50']} ms  "
+                           f"rows/batch {r['rows_per_batch']}  errors {r['errors']}")
+            hwm = {name: s.hwm_mb() for name, s in servers.items()}
+    finally:
+        await pool.aclose()
+        sl.stop_all(list(servers.values()))
+    one = [r["requests_per_s"] for r in runs["1 head"]]
+    ratios = {name: [r["requests_per_s"] / o for r, o in zip(runs[name], one)] for name in runs if name != "1 head"}
+    return {"runs": runs, "peak_rss_mb": hwm,
+            "ratios_per_repeat": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
+            "ratio_mean": {k: round(statistics.mean(v), 4) for k, v in ratios.items()},
+            "ratio_std": {k: round(statistics.stdev(v), 4) if len(v) > 1 else None for k, v in ratios.items()}}
+
+
+def report(d: dict) -> str:
+    lines = [f"`{d['command']}` ({d['date']}; {d['cpu']}; {d['threads']} torch thread(s) per server, {d['clients']} "
+             f"clients, short texts (SST-2 test), up to {d['requests']} requests or {d['seconds']} s per configuration "
+             f"and repeat, {d['repeats']} repeats interleaved, {d['warm_requests']} warm-up requests each)", "",
+             "| repeat | " + " | ".join(f"{n} requests/s" for n in d["runs"]) + " | "
+             + " | ".join(f"{n} / 1 head" for n in d["ratios_per_repeat"]) + " |",
+             "|---:|" + "---:|" * (len(d["runs"]) + len(d["ratios_per_repeat"]))]
+    for i in range(d["repeats"]):
+        lines.append(f"| {i + 1} | " + " | ".join(f"{d['runs'][n][i]['requests_per_s']:.1f}" for n in d["runs"]) + " | "
+                     + " | ".join(f"{d['ratios_per_repeat'][n][i]:.3f}" for n in d["ratios_per_repeat"]) + " |")
+    lines.append("| mean ± std | " + " | ".join("" for _ in d["runs"]) + " | "
+                 + " | ".join(f"**{d['ratio_mean'][n]:.3f}** ± {d['ratio_std'][n] or 0:.3f}" for n in d["ratio_mean"]) + " |")
+    lines += ["", "Peak RSS over the run (VmHWM): " + ", ".join(f"{n} {v:,.0f} MB" for n, v in d["peak_rss_mb"].items() if v)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--against", required=True, help="the earlier commit whose library the third server runs")
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--warm-requests", type=int, default=640)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", type=Path, default=HERE / "runs" / "serve-models",
+                    help="serve_load.py's model folder (its heads/ are made by `serve_load.py --only heads`)")
+    ap.add_argument("--output", type=Path, default=HERE / "results" / "serve_heads_ab.json")
+    a = ap.parse_args()
+    if not all((a.models / "heads" / n).is_dir() for n, _, _ in sl.HEADS):
+        raise SystemExit(f"the eight heads are not in {a.models / 'heads'}: run `python bench/serve_load.py --only heads` once")
+    with tempfile.TemporaryDirectory(prefix="frozentune_at_") as tmp:
+        old = source_at(a.against, Path(tmp))
+        t0 = time.perf_counter()
+        got = asyncio.run(measure(a, old))
+    d = {"command": "python bench/serve_heads_ab.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M"),
+         "cpu": sl.cpu_model(), "threads": a.threads, "clients": a.clients, "requests": a.requests,
+         "seconds": a.seconds, "repeats": a.repeats, "warm_requests": a.warm_requests,
+         "wall_s": round(time.perf_counter() - t0, 1), **got}
+    a.output.write_text(json.dumps(d, indent=2) + "\n")
+    a.output.with_suffix(".md").write_text(report(d))
+    print(report(d))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
