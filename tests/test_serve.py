@@ -665,6 +665,27 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", models / "probe", twin, contains="rename one", row="serve: two models with one name")
 
 
+def test_serve_cli_refuses_a_port_in_use_before_loading(tmp_path, models, monkeypatch):
+    """A port that another process listens on, or an address this machine lacks: one error line, exit 2,
+    said before any model is loaded (Engine.load is never called)."""
+    import socket
+
+    from frozentune.serve import engine as serve_engine
+
+    def never(*a, **k):
+        raise AssertionError("the models were loaded before the port was checked")
+
+    monkeypatch.setattr(serve_engine.Engine, "load", classmethod(never))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cli("serve", models / "probe", "--port", str(port), contains=(f"--port {port}", "already in use"),
+            row="serve: a port another process listens on")
+    cli("serve", models / "probe", "--host", "192.0.2.1", "--port", "18000", contains=("--host 192.0.2.1", "127.0.0.1"),
+        row="serve: an address this machine does not have")
+
+
 # ----------------------------------------------------------------------------- the page
 def chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):

@@ -618,9 +618,18 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 < a.port < 65536:
         raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
     from .api import _stderr
-    engine = Engine.load(a.models, a.device, a.precision, options, log=_stderr)
+    from .serve.app import listen_socket
+    try:
+        sock = listen_socket(a.host, a.port)  # before the models load: a port in use is said at once
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    try:
+        engine = Engine.load(a.models, a.device, a.precision, options, log=_stderr)
+    except BaseException:
+        sock.close()
+        raise
     on_interrupt("the server stopped accepting and answered the requests in flight")
-    serve(engine, a.host, a.port, a.access_log, log=_stderr)
+    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock)
     return 0
 
 

@@ -19,6 +19,8 @@ failed (its message).
 from __future__ import annotations
 
 import email.message
+import errno
+import socket
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -286,11 +288,42 @@ class Running:
         self.thread.join(timeout)
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print) -> None:
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) the way uvicorn binds one (SO_REUSEADDR; IPv6 where the
+    host has a ':'), for `serve` to take before loading any model: a port in use or an address this
+    machine lacks is then said at once, not after minutes of loading. ValueError says what to do."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if isinstance(e, socket.gaierror):
+            raise ValueError(f"--host {host}: not an address or a host name this machine can resolve "
+                             f"({e.strerror}); give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(f"--port {port}: {host}:{port} is already in use (another server?); stop it or choose "
+                             f"another --port") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"--host {host}: no network interface of this machine has that address; give 127.0.0.1 "
+                             f"(this machine only), 0.0.0.0 (every interface) or one of its own addresses") from None
+        if e.errno == errno.EACCES:
+            raise ValueError(f"--port {port}: not allowed to listen on it (ports below 1024 need privileges); choose "
+                             f"a port from 1024 up") from None
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --host / --port") from None
+    return sock
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print,
+          sock: socket.socket | None = None) -> None:
     """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight, and return.
-    access_log: one line per request on stderr (off by default: under load it costs server CPU)."""
+    access_log: one line per request on stderr (off by default: under load it costs server CPU).
+    sock: a socket already bound to host:port (listen_socket), else one is bound here."""
     import uvicorn
 
+    sock = sock or listen_socket(host, port)
     log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics)")
-    uvicorn.run(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
-                timeout_graceful_shutdown=30)
+    config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
+                            timeout_graceful_shutdown=30)
+    uvicorn.Server(config).run(sockets=[sock])
