@@ -665,6 +665,34 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", models / "probe", twin, contains="rename one", row="serve: two models with one name")
 
 
+def test_the_served_socket_answers_without_nagle():
+    """Connections accepted on listen_socket's socket get TCP_NODELAY from asyncio, as on a socket
+    asyncio makes itself. It sets it only where the socket's proto is TCP; a socket made with proto 0
+    left Nagle's algorithm on, and every answer waited on the client's delayed ACK."""
+    import asyncio
+    import socket
+
+    from frozentune.serve.app import listen_socket
+
+    async def nodelay_of_an_accepted_connection() -> int:
+        sock = listen_socket("127.0.0.1", 0)
+        seen: dict = {}
+
+        async def handle(reader, writer):
+            seen["nodelay"] = writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        await reader.read()  # until the server closes it
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return seen["nodelay"]
+
+    assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
+
+
 def test_serve_cli_refuses_a_port_in_use_before_loading(tmp_path, models, monkeypatch):
     """A port that another process listens on, or an address this machine lacks: one error line, exit 2,
     said before any model is loaded (Engine.load is never called)."""
