@@ -1,6 +1,7 @@
-"""The 8-head server at this tree against the same server at an earlier commit, beside the 1-head
-server, in one run: short texts (SST-2 test), 32 closed-loop clients, the configurations interleaved
-over --repeats repeats, so that the machine's drift reaches all three alike.
+"""The 8-head server against the 1-head server (and, with --against, the 8-head server at an earlier
+commit) in one run: short texts (SST-2 test), 32 closed-loop clients, the configurations interleaved
+over --repeats repeats, so that the machine's drift reaches all of them alike; with --client both,
+each server is loaded by httpx clients and by raw asyncio ones in every repeat.
 
 Servers (each `frozentune serve` on a loopback port, torch on --threads threads, as in
 bench/serve_load.py's heads part, from its model folder):
@@ -13,6 +14,7 @@ Reports each repeat's requests/s and the ratios 8 heads / 1 head, per repeat and
 repeats, and each server's peak RSS over the run.
 
   python bench/serve_heads_ab.py --against a91f5ed --output bench/results/serve_heads_ab.json
+  python bench/serve_heads_ab.py --client both --output bench/results/serve_heads_clients.json
 """
 from __future__ import annotations
 
@@ -48,16 +50,18 @@ def source_at(rev: str, into: Path) -> Path:
     return src
 
 
-async def measure(a, old_src: Path) -> dict:
+async def measure(a, old_src: Path | None) -> dict:
     import httpx
 
     heads = a.models / "heads"
     folders = [heads / n for n, _, _ in sl.HEADS]
     logdir = Path(tempfile.mkdtemp(prefix="serve_heads_ab_"))
-    specs = {"1 head": ([folders[0]], None), "8 heads": (folders, None), f"8 heads at {a.against}": (folders, old_src)}
+    specs = {"1 head": ([folders[0]], None), "8 heads": (folders, None)}
+    if old_src is not None:
+        specs[f"8 heads at {a.against}"] = (folders, old_src)
     servers = {}
     bodies = [json.dumps({"text": t}).encode() for t in sl.short_texts()]
-    pool = sl.Clients()
+    pool, raw = sl.Clients(), sl.RawClients()
     try:
         for name, (models, src) in specs.items():
             env = os.environ.copy()
@@ -73,24 +77,38 @@ async def measure(a, old_src: Path) -> dict:
                 await s.ready(client)
             for name in servers:
                 sl.log(f"{name}: {'the library at ' + a.against if specs[name][1] is not None else 'this tree'}")
-            runs: dict[str, list[dict]] = {n: [] for n in servers}
-            for name, s in servers.items():  # warm-up, not counted
-                await sl.closed_loop(sl.classify_sender(pool, s.url, bodies, len(specs[name][0])), a.clients,
-                                     a.warm_requests, a.seconds, start_index=10**6)
+            runs: dict[str, list[dict]] = {}
+            senders = {"httpx": lambda url, n: sl.classify_sender(pool, url, bodies, n),
+                       "raw": lambda url, n: sl.raw_classify_sender(raw, url, bodies, n)}
+            kinds = ["httpx", "raw"] if a.client == "both" else [a.client]
+            for kind in kinds:
+                for name, s in servers.items():  # warm-up, not counted
+                    await sl.closed_loop(senders[kind](s.url, len(specs[name][0])), a.clients, a.warm_requests,
+                                         a.seconds, start_index=10**6)
             for rep in range(a.repeats):
-                for name, s in servers.items():
-                    send = sl.classify_sender(pool, s.url, bodies, len(specs[name][0]))
-                    r = await sl.measured(client, [s], send, a.clients, a.requests, a.seconds, start_index=rep * a.requests)
-                    r.pop("latencies")
-                    runs[name].append(r)
-                    sl.log(f"rep {rep + 1} {name:24s} {r['requests_per_s']:7.1f} req/s  p50 {r['latency_ms']['p50']} ms  "
-                           f"rows/batch {r['rows_per_batch']}  errors {r['errors']}")
+                for kind in kinds:
+                    for name, s in servers.items():
+                        send = senders[kind](s.url, len(specs[name][0]))
+                        r = await sl.measured(client, [s], send, a.clients, a.requests, a.seconds,
+                                              start_index=rep * a.requests)
+                        r.pop("latencies")
+                        label = name if len(kinds) == 1 else f"{name}, {kind} client"
+                        runs.setdefault(label, []).append(r)
+                        sl.log(f"rep {rep + 1} {label:36s} {r['requests_per_s']:7.1f} req/s  p50 "
+                               f"{r['latency_ms']['p50']} ms  rows/batch {r['rows_per_batch']}  client CPU "
+                               f"{r['client_cpu_ms_per_request']} ms/request  errors {r['errors']}")
             hwm = {name: s.hwm_mb() for name, s in servers.items()}
     finally:
         await pool.aclose()
+        await raw.aclose()
         sl.stop_all(list(servers.values()))
-    one = [r["requests_per_s"] for r in runs["1 head"]]
-    ratios = {name: [r["requests_per_s"] / o for r, o in zip(runs[name], one)] for name in runs if name != "1 head"}
+    ratios = {}
+    for kind in kinds:
+        suffix = "" if len(kinds) == 1 else f", {kind} client"
+        one = [r["requests_per_s"] for r in runs["1 head" + suffix]]
+        for name in servers:
+            if name != "1 head":
+                ratios[name + suffix] = [r["requests_per_s"] / o for r, o in zip(runs[name + suffix], one)]
     return {"runs": runs, "peak_rss_mb": hwm,
             "ratios_per_repeat": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
             "ratio_mean": {k: round(statistics.mean(v), 4) for k, v in ratios.items()},
@@ -109,19 +127,24 @@ def report(d: dict) -> str:
                      + " | ".join(f"{d['ratios_per_repeat'][n][i]:.3f}" for n in d["ratios_per_repeat"]) + " |")
     lines.append("| mean ± std | " + " | ".join("" for _ in d["runs"]) + " | "
                  + " | ".join(f"**{d['ratio_mean'][n]:.3f}** ± {d['ratio_std'][n] or 0:.3f}" for n in d["ratio_mean"]) + " |")
+    lines += ["", "Client CPU per request (this process, median of the repeats): " + ", ".join(
+        f"{n} {statistics.median(r['client_cpu_ms_per_request'] for r in rr):.2f} ms" for n, rr in d["runs"].items())]
     lines += ["", "Peak RSS over the run (VmHWM): " + ", ".join(f"{n} {v:,.0f} MB" for n, v in d["peak_rss_mb"].items() if v)]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--against", required=True, help="the earlier commit whose library the third server runs")
+    ap.add_argument("--against", help="an earlier commit: a third server runs the eight heads with its library")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--warm-requests", type=int, default=640)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--client", choices=("httpx", "raw", "both"), default="httpx",
+                    help="the load generator: httpx (serve_load.py's), raw (serve_load.RawClients: asyncio streams, "
+                         "a fraction of httpx's CPU), or both, interleaved in every repeat")
     ap.add_argument("--models", type=Path, default=HERE / "runs" / "serve-models",
                     help="serve_load.py's model folder (its heads/ are made by `serve_load.py --only heads`)")
     ap.add_argument("--output", type=Path, default=HERE / "results" / "serve_heads_ab.json")
@@ -129,11 +152,11 @@ def main() -> int:
     if not all((a.models / "heads" / n).is_dir() for n, _, _ in sl.HEADS):
         raise SystemExit(f"the eight heads are not in {a.models / 'heads'}: run `python bench/serve_load.py --only heads` once")
     with tempfile.TemporaryDirectory(prefix="frozentune_at_") as tmp:
-        old = source_at(a.against, Path(tmp))
+        old = source_at(a.against, Path(tmp)) if a.against else None
         t0 = time.perf_counter()
         got = asyncio.run(measure(a, old))
     d = {"command": "python bench/serve_heads_ab.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M"),
-         "cpu": sl.cpu_model(), "threads": a.threads, "clients": a.clients, "requests": a.requests,
+         "cpu": sl.cpu_model(), "threads": a.threads, "clients": a.clients, "client": a.client, "requests": a.requests,
          "seconds": a.seconds, "repeats": a.repeats, "warm_requests": a.warm_requests,
          "wall_s": round(time.perf_counter() - t0, 1), **got}
     a.output.write_text(json.dumps(d, indent=2) + "\n")
