@@ -290,8 +290,10 @@ class Running:
 
 def listen_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port) the way asyncio binds one for uvicorn (SO_REUSEADDR, proto
-    TCP; IPv6 where the host has a ':'), for `serve` to take before loading any model: a port in use or an address this
-    machine lacks is then said at once, not after minutes of loading. ValueError says what to do."""
+    TCP; IPv6 where the host has a ':'), for `serve` to take before loading any model: a port in use
+    or an address this machine lacks is then said at once, not after minutes of loading. ValueError
+    says what to do. A host name binds the first address it resolves to (uvicorn's own bind listened
+    on every address of "localhost", IPv4 and IPv6)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on connections whose
     # socket says TCP, and accepted connections inherit it. With proto 0 every answer waited on the client's
@@ -304,7 +306,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.close()
         if isinstance(e, socket.gaierror):
             raise ValueError(f"--host {host}: not an address or a host name this machine can resolve "
-                             f"({e.strerror}); give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+                             f"({e.strerror}); give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 "
+                             f"(every interface)") from None
         if e.errno == errno.EADDRINUSE:
             raise ValueError(f"--port {port}: {host}:{port} is already in use (another server?); stop it or choose "
                              f"another --port") from None
