@@ -79,7 +79,7 @@ async def measure(a, old_src: Path | None) -> dict:
                 sl.log(f"{name}: {'the library at ' + a.against if specs[name][1] is not None else 'this tree'}")
             runs: dict[str, list[dict]] = {}
             senders = {"httpx": lambda url, n: sl.classify_sender(pool, url, bodies, n),
-                       "raw": lambda url, n: sl.raw_classify_sender(raw, url, bodies, n)}
+                       "raw": lambda url, n: sl.classify_sender(raw, url, bodies, n)}
             kinds = ["httpx", "raw"] if a.client == "both" else [a.client]
             for kind in kinds:
                 for name, s in servers.items():  # warm-up, not counted

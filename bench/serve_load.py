@@ -310,17 +310,17 @@ class RawClients:
             self._drop(key)
 
 
-def raw_classify_sender(clients: RawClients, url: str, bodies: list[bytes], want_tasks: int):
-    """classify_sender's requests and checks, sent by RawClients."""
-    async def send(i: int, k: int) -> tuple[bool, dict]:
-        status, payload = await clients.post(k, url, "/v1/classify", bodies[i % len(bodies)])
-        if status != 200:
-            return False, {"error": f"HTTP {status}"}
-        row = json.loads(payload)["results"][0]
-        if len(row["tasks"]) != want_tasks:
-            return False, {"error": f"{len(row['tasks'])} tasks answered, expected {want_tasks}"}
-        return True, {"truncated": int(row["truncated"])}
-    return send
+def client_pool(kind: str) -> "Clients | RawClients":
+    """The load generator's connections: httpx (Clients) or raw asyncio streams (RawClients); --client."""
+    return RawClients() if kind == "raw" else Clients()
+
+
+async def post_classify(pool: "Clients | RawClients", worker: int, server: int, url: str, body: bytes) -> tuple[int, bytes]:
+    """POST body to url's /v1/classify on the worker's own connection to that server: (status, body)."""
+    if isinstance(pool, RawClients):
+        return await pool.post(worker, url, "/v1/classify", body)
+    r = await pool(worker, server).post(url + "/v1/classify", content=body, headers=JSON_HEADERS)
+    return r.status_code, r.content
 
 
 def parse_metrics(text: str) -> dict:
@@ -542,27 +542,27 @@ def make_prefixes(folder: Path, max_new_tokens: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- part 1: heads
-def classify_sender(clients: Clients, url: str, bodies: list[bytes], want_tasks: int):
+def classify_sender(clients: "Clients | RawClients", url: str, bodies: list[bytes], want_tasks: int):
     async def send(i: int, k: int) -> tuple[bool, dict]:
-        r = await clients(k).post(url + "/v1/classify", content=bodies[i % len(bodies)], headers=JSON_HEADERS)
-        if r.status_code != 200:
-            return False, {"error": f"HTTP {r.status_code}"}
-        row = r.json()["results"][0]
+        status, payload = await post_classify(clients, k, 0, url, bodies[i % len(bodies)])
+        if status != 200:
+            return False, {"error": f"HTTP {status}"}
+        row = json.loads(payload)["results"][0]
         if len(row["tasks"]) != want_tasks:
             return False, {"error": f"{len(row['tasks'])} tasks answered, expected {want_tasks}"}
         return True, {"truncated": int(row["truncated"])}
     return send
 
 
-def fanout_sender(clients: Clients, urls: list[str], bodies: list[bytes]):
-    async def one(client, url: str, body: bytes) -> tuple[bool, dict]:
-        r = await client.post(url + "/v1/classify", content=body, headers=JSON_HEADERS)
-        if r.status_code != 200:
-            return False, {"error": f"HTTP {r.status_code}"}
-        return True, {"truncated": int(r.json()["results"][0]["truncated"])}
+def fanout_sender(clients: "Clients | RawClients", urls: list[str], bodies: list[bytes]):
+    async def one(k: int, j: int, url: str, body: bytes) -> tuple[bool, dict]:
+        status, payload = await post_classify(clients, k, j, url, body)
+        if status != 200:
+            return False, {"error": f"HTTP {status}"}
+        return True, {"truncated": int(json.loads(payload)["results"][0]["truncated"])}
 
     async def send(i: int, k: int) -> tuple[bool, dict]:
-        got = await asyncio.gather(*(one(clients(k, j), u, bodies[i % len(bodies)]) for j, u in enumerate(urls)))
+        got = await asyncio.gather(*(one(k, j, u, bodies[i % len(bodies)]) for j, u in enumerate(urls)))
         bad = [g for g in got if not g[0]]
         if bad:
             return False, bad[0][1]
@@ -581,7 +581,7 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     # the 1- and 8-head servers with every batch's heads after its pass on one thread
     specs += [(f"heads{n}-after", folders[:n], ["--pipeline", "off"]) for n in (1, 8)]
     servers = await start(client, specs, a.threads, logdir)
-    pool = Clients()
+    pool = client_pool(a.client)
     try:
         by = {s.name: s for s in servers}
         singles = [by[f"single-{h[0]}"] for h in HEADS]
@@ -746,7 +746,7 @@ async def part_batching(a, client, heads_dir: Path, logdir: Path) -> dict:
     one = [heads_dir / HEADS[0][0]]
     servers = await start(client, [("batching-off", one, ["--batch-tokens", "1"]), ("batching-default", one, []),
                                    (PADDED, one, ["--no-pack-tokens"])], a.threads, logdir)
-    pool = Clients()
+    pool = client_pool(a.client)
     try:
         runs: dict[str, list[dict]] = {}
         for rep in range(a.repeats):
@@ -793,7 +793,7 @@ async def generation_modes(a, client, gen_dir: Path, logdir: Path, names: list[s
     servers = await start(client, [(f"generation-{precision}", [gen_dir / n for n in names],
                                     ["--precision", precision])], a.threads, logdir)
     srv = servers[0]
-    pool = Clients()
+    pool = Clients()  # httpx: generation requests are few and long, the client's CPU does not matter there
     outputs: dict[tuple[str, str], list[str]] = {}
 
     def sender(prefix_of: Callable[[int, int], str]):
@@ -994,7 +994,7 @@ async def part_soak(a, client, heads_dir: Path, logdir: Path, previous: dict | N
     folders = [heads_dir / n for n, _, _ in HEADS]
     servers = await start(client, [("soak-heads8", folders, shlex.split(a.soak_server_args))], a.threads, logdir)
     srv = servers[0]
-    pool = Clients()
+    pool = client_pool(a.client)
     send = classify_sender(pool, srv.url, bodies, 8)
     try:
         idle = srv.rss_mb()
@@ -1074,7 +1074,8 @@ def report(d: dict) -> str:
     m = d.get("machine", {})
     lines = ["# `frozentune serve` under load (bench/serve_load.py)", "",
              f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}; loopback (127.0.0.1); each "
-             f"server pinned to its --threads torch threads (OMP_NUM_THREADS), the client (asyncio + httpx) in the "
+             f"server pinned to its --threads torch threads (OMP_NUM_THREADS), the client (asyncio + "
+             f"{'raw streams' if (d.get('heads') or {}).get('client') == 'raw' else 'httpx'}) in the "
              f"benchmark's process on the same cores. Each part: its command, date, threads, repeats (figures are the "
              f"median of the repeats; latency percentiles pool every request of every repeat).", ""]
     h = d.get("heads")
@@ -1099,8 +1100,8 @@ def report(d: dict) -> str:
                          f"{r['requests']:,} | {r['errors']} |")
         lines += ["", "Server CPU: the main thread (uvicorn's event loop: HTTP, JSON, validation, tokenising) + the "
                   "other threads (the batcher: the backbone pass, the heads, each row's answer), per answered request "
-                  "(summed over the servers of a configuration). Client CPU: this process (asyncio + httpx), on the "
-                  "same cores.", ""]
+                  "(summed over the servers of a configuration). Client CPU: this process (asyncio + "
+                  f"{'raw streams, --client raw' if h.get('client') == 'raw' else 'httpx'}), on the same cores.", ""]
         for ts, q in h["ratios"].items():
             lines.append(f"- {ts}: 8 heads / 1 head requests/s {_goal(q['8_heads_vs_1_head_requests_per_s'], '>= 0.9')}; "
                          f"RSS {_goal(q['8_heads_vs_1_head_rss'], '<= 1.1')}; 8 heads in one server / 8 one-head servers: "
@@ -1299,7 +1300,7 @@ async def run(a, parts: list[str], data: dict, command: str, stopped: dict) -> N
             out["server_exit_codes"] = dict(Server.exit_codes)  # 143: stopped by SIGTERM (the CLI's code for it)
             Server.exit_codes.clear()
             out = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "threads": a.threads,
-                   "repeats": a.repeats, "requests": a.requests, "seconds": a.seconds, "clients": a.clients, "warm_requests": a.warm_requests,
+                   "repeats": a.repeats, "requests": a.requests, "seconds": a.seconds, "clients": a.clients, "client": a.client, "warm_requests": a.warm_requests,
                    "gen_requests": a.gen_requests, "gen_seconds": a.gen_seconds,
                    "took_s": round(time.perf_counter() - t0, 1), **out}
             data[part] = out
@@ -1333,6 +1334,9 @@ def main() -> int:
     ap.add_argument("--only", default=None, help=f"comma list of parts: {', '.join(PARTS)} (default: all but soak; "
                                                  f"soak too when --soak is given)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every server and of the plain HF loop")
+    ap.add_argument("--client", choices=("httpx", "raw"), default="httpx",
+                    help="the load generator of the classify parts: httpx (every run until 2026-11-26) or raw "
+                         "(RawClients: asyncio streams, about a ninth of httpx's CPU per request)")
     ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS", help="soak length (0: no soak; full run: 600)")
     ap.add_argument("--soak-load", type=float, default=0.8, help="soak rate as a share of the 8-head capacity")
     ap.add_argument("--soak-warm", type=float, default=60.0, metavar="SECONDS",
