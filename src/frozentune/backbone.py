@@ -613,7 +613,7 @@ def iter_states(model: nn.Module, tok, tokens: Tokenized, spec: LayerSpec,
         batches = length_batches(lengths if pad_to is None else np.full_like(lengths, pad_to), max_tokens, max_batch)
     device = device_of(model)
     for idx in batches:
-        interrupts.check()  # a SIGTERM whose first raise was swallowed (interrupts.py) ends the build here
+        interrupts.check()  # a SIGTERM or SIGINT whose first raise was swallowed (interrupts.py) ends the build here
         ids, mask, types = tokens.padded(idx, pid, pad_to)
         ids, mask = ids.to(device), mask.to(device)
         with torch.inference_mode():

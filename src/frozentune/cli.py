@@ -31,6 +31,7 @@ from . import interrupts
 from .export import FORMATS as EXPORT_FORMATS
 from .interrupts import Interrupted
 from .interrupts import raise_interrupted as _raise_interrupted
+from .interrupts import raise_keyboard_interrupt as _raise_keyboard_interrupt
 from .registry import describe_options, get_method, list_methods
 
 
@@ -767,9 +768,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
     a, rest = ap.parse_known_args(argv)
     _on_interrupt["note"] = "nothing was saved"
-    previous = None
+    previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+            previous_int = signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
     try:
         if a.command != "train" and rest:  # named with the command, whose --help lists its own options
             print(f"frozentune {a.command}: error: unrecognized arguments: {' '.join(rest)} "
@@ -798,6 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
         interrupts.clear()
 
 

@@ -1,4 +1,4 @@
-"""SIGTERM as an exception, and a second chance for it when that exception is lost.
+"""SIGTERM as an exception, and a second chance for SIGTERM and SIGINT when their exception is lost.
 
 `raise_interrupted` is the SIGTERM handler of a command (cli.main installs it): it raises
 `Interrupted` in whatever code runs when the signal lands, so every `finally` and temporary-folder
@@ -6,9 +6,14 @@ cleanup runs as for Ctrl-C. Where that code is a weakref callback or a `__del__`
 system's module-lock callbacks, seen in CI), Python prints the exception as "Exception ignored" and
 carries on, and the command would run to its end. So the handler also records the signal, and the
 long loops (the trainer's steps, extraction's batches) call `check`, which raises it again there.
+
+`raise_keyboard_interrupt` is the SIGINT handler (cli.main installs it too): Python's own
+KeyboardInterrupt, recorded the same way. CI saw a Ctrl-C during a cache build lost with nothing
+printed (tests/test_interrupts.py, test_train_interrupted_during_extraction: exit 0, the model saved).
 """
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 _pending: list[int] = []  # signals whose exception has been raised, until the command ends (`clear`)
@@ -28,9 +33,16 @@ def raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    _pending.append(signum)
+    raise KeyboardInterrupt
+
+
 def check() -> None:
     """Raise the interrupt again if one arrived (its first raise may have been swallowed)."""
     if _pending:
+        if _pending[-1] == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Interrupted(_pending[-1])
 
 

@@ -302,7 +302,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
         done = bounds[rnd - 2] if rnd > 1 else 0
         todo, said = bounds[rnd - 1] - done, t0
         for _ in range(todo):
-            interrupts.check()  # a SIGTERM whose first raise was swallowed (interrupts.py) ends the run here
+            interrupts.check()  # a SIGTERM or SIGINT whose first raise was swallowed (interrupts.py) ends the run here
             idx = next(draw)
             if world == 1:
                 part = batch_loss(idx)
