@@ -5,11 +5,33 @@ Legend: B batch, T tokens, D hidden size of the frozen states, C classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Hashable, TypeVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .pairs import Text
+
+
+_Made = TypeVar("_Made")
+
+
+def kept_from_weights(module: nn.Module, slot: str, make: Callable[[], _Made], *extra: Hashable) -> _Made:
+    """make(): something inference derives from `module`'s weights alone, made once and kept in
+    module.__dict__[slot] (not a buffer: never saved), and made again when a parameter was replaced
+    or changed in place (its storage or version differs: an optimiser step, load_state_dict) or
+    `extra` differs. Made fresh and not kept while traced, compiled or exported (a traced tensor has
+    neither storage nor version)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return make()
+    key = (extra, tuple((p.data_ptr(), p._version) for p in module.parameters()))
+    kept = module.__dict__.get(slot)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    made = make()
+    module.__dict__[slot] = (key, made)
+    return made
 
 
 @dataclass

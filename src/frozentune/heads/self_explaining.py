@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView, part_mark
+from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, part_mark
 from ..registry import MethodConfig, register_method
 
 
@@ -178,17 +178,13 @@ class SelfExplainHead(Head):
 
     def low_weights(self, low: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
         """Without autograd, for product_dtype `low` (bf16): the fused end-map weight (D, 2D′) and
-        W₄ᵀ (D, D′) rounded to `low`, and the fp32 bias (2D′,). Made once and kept (not saved: derived
-        from the weights), and made again when a parameter was replaced or changed in place."""
-        key = (low, tuple((p.data_ptr(), p._version) for p in self.parameters()))
-        kept = self.__dict__.get("_low_weights")
-        if kept is not None and kept[0] == key and not torch.jit.is_tracing():
-            return kept[1]
-        fused, bias = self.fused_maps()
-        made = (fused.to(low).t().contiguous(), self.w4.weight.to(low).t().contiguous(), bias)
-        if not torch.jit.is_tracing():
-            self.__dict__["_low_weights"] = (key, made)
-        return made
+        W₄ᵀ (D, D′) rounded to `low`, and the fp32 bias (2D′,); kept until a parameter is replaced or
+        changed in place (head.kept_from_weights)."""
+        def make() -> tuple[Tensor, Tensor, Tensor]:
+            fused, bias = self.fused_maps()
+            return fused.to(low).t().contiguous(), self.w4.weight.to(low).t().contiguous(), bias
+
+        return kept_from_weights(self, "_low_weights", make, low)
 
     def low_end_maps(self, hidden: Tensor, low: torch.dtype) -> tuple[Tensor, Tensor]:
         """end_maps without autograd for (R, D) rows, with the rows and the fused weight rounded to

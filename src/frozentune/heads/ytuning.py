@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView, shown
+from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, shown
 from ..registry import MethodConfig, register_method
 
 
@@ -124,7 +124,6 @@ class LabelDecoderBlock(nn.Module):
 
 class Folded(NamedTuple):
     """What inference precomputes from the weights alone (YTuningHead.folded)."""
-    key: tuple  # the parameters' (storage, version) it was made from
     first: Tensor  # (1, N, D) the label vectors after block 1's self-attention: no input reaches them
     u_first: Tensor  # (1, N·H, Dx) block 1's folded queries (folded_queries)
     wk: list[Tensor]  # per block, (H, e, Dx) W_k,h P
@@ -200,21 +199,15 @@ class YTuningHead(Head):
         return y, attn
 
     def folded(self) -> Folded:
-        """The weight-only part of inference (Folded), made again whenever a parameter was replaced or
-        changed in place (its storage or version differs); made fresh, not kept, while being traced
-        for export (a traced tensor has neither)."""
-        tracing = torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-        key = () if tracing else tuple((p.data_ptr(), p._version) for p in self.parameters())
-        cached = self.__dict__.get("_folded")
-        if cached is not None and cached.key == key and not tracing:
-            return cached
+        """The weight-only part of inference (Folded), kept until a parameter is replaced or changed in
+        place (head.kept_from_weights)."""
+        return kept_from_weights(self, "_folded", self._fold)
+
+    def _fold(self) -> Folded:
         proj = self.proj.weight if isinstance(self.proj, nn.Linear) else None  # (D, Dx)
         wk, wv = zip(*(fold_keys_values(b.cross_attn, proj) for b in self.blocks))
         first = self.blocks[0].among_labels(self.labels[None])  # (1, N, D)
-        made = Folded(key, first, folded_queries(self.blocks[0].cross_attn, first, wk[0]), list(wk), list(wv))
-        if not tracing:
-            self.__dict__["_folded"] = made  # not a buffer: never saved, derived from the weights
-        return made
+        return Folded(first, folded_queries(self.blocks[0].cross_attn, first, wk[0]), list(wk), list(wv))
 
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
         """Per label, the text's tokens its last-layer cross-attention weighted most ({text, start,
