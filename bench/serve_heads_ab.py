@@ -64,14 +64,9 @@ async def measure(a, old_src: Path | None) -> dict:
     pool, raw = sl.Clients(), sl.RawClients()
     try:
         for name, (models, src) in specs.items():
-            env = os.environ.copy()
-            if src is not None:
-                os.environ["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-            try:
-                servers[name] = sl.Server(name.replace(" ", "-"), models, a.threads, logdir)
-            finally:
-                os.environ.clear()
-                os.environ.update(env)
+            env = None if src is None else {
+                "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+            servers[name] = sl.Server(name.replace(" ", "-"), models, a.threads, logdir, env=env)
         async with httpx.AsyncClient(trust_env=False) as client:
             for s in servers.values():
                 await s.ready(client)

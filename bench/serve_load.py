@@ -115,12 +115,13 @@ class Server:
     running: list["Server"] = []
     exit_codes: dict[str, int | None] = {}  # of the servers stopped since the part began
 
-    def __init__(self, name: str, models: list[Path], threads: int, logdir: Path, extra: list[str] = ()):
+    def __init__(self, name: str, models: list[Path], threads: int, logdir: Path, extra: list[str] = (),
+                 env: dict[str, str] | None = None):
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [str(EXE), "serve", *map(str, models), "--host", "127.0.0.1", "--port", str(self.port), *extra]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+               "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         self._terminated = False
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "w")
