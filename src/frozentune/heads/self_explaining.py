@@ -189,8 +189,9 @@ class SelfExplainHead(Head):
     def low_end_maps(self, hidden: Tensor, low: torch.dtype) -> tuple[Tensor, Tensor]:
         """end_maps without autograd for (R, D) rows, with the rows and the fused weight rounded to
         `low` (low_weights): sums in fp32 inside the product, the result rounded to `low`, then the
-        fp32 bias added. On this CPU (AVX-512 BF16) it made the head 1.3× faster than with these maps
-        in fp32 (bench/REPORT.md, "The self-explaining head's end maps in bf16")."""
+        fp32 bias added. On this CPU (AVX-512 BF16) the head ran 1.27-1.41× as fast as with these maps
+        in fp32 (bench/REPORT.md, "Where the 8-head server's time goes under load, and the end maps in
+        bf16")."""
         maps, _, bias = self.low_weights(low)
         start, end = low_mm(hidden, maps).float().add_(bias).split(self.w4.out_features, -1)
         return start, end
