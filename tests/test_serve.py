@@ -14,6 +14,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clirun import cli
+from clirun import cli, start
 from conftest import head_of_files, make_tiny_llama
 from frozentune import api
 from frozentune.cli import main
@@ -663,6 +664,58 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     twin = tmp_path / "again" / "probe"
     shutil.copytree(models / "probe", twin)
     cli("serve", models / "probe", twin, contains="rename one", row="serve: two models with one name")
+
+
+def test_serve_cli_refuses_an_allocator_it_cannot_have(models, monkeypatch):
+    """--allocator jemalloc where the library is not installed: one line naming the package, exit 2,
+    before any model loads."""
+    from frozentune.serve import allocator
+    from frozentune.serve import engine as serve_engine
+
+    def never(*a, **k):
+        raise AssertionError("the models were loaded before the allocator was checked")
+
+    monkeypatch.setattr(serve_engine.Engine, "load", classmethod(never))
+    monkeypatch.setattr(allocator, "find", lambda name: None)
+    monkeypatch.setattr(allocator.sys, "platform", "linux")
+    monkeypatch.delenv(allocator.MARK, raising=False)
+    cli("serve", models / "probe", "--allocator", "jemalloc", contains=("--allocator jemalloc", "apt-get install libjemalloc2"),
+        row="serve: an allocator that is not installed")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preloading an allocator is done on Linux only")
+def test_serve_starts_again_on_tcmalloc(models, tmp_path):
+    """`frozentune serve --allocator tcmalloc` from a command line: the same process (exec) runs on
+    tcmalloc, says so in its log and in /v1/models, and answers as the in-process engine does."""
+    import httpx
+
+    from frozentune.serve import allocator
+    from frozentune.serve.app import listen_socket
+
+    if allocator.find("tcmalloc") is None:
+        pytest.skip("tcmalloc is not installed (Debian/Ubuntu: apt-get install libtcmalloc-minimal4; .ci/run installs it)")
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "tcmalloc",
+                 env={"OMP_NUM_THREADS": "1", allocator.MARK: ""})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                models_seen = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not answer in 120 s"
+                time.sleep(0.25)
+        assert models_seen["allocator"] == "tcmalloc"
+        assert "libtcmalloc" in Path(f"/proc/{proc.pid}/maps").read_text()  # exec: the same process id
+        got = httpx.post(f"http://127.0.0.1:{port}/v1/classify", json={"text": TEXTS[0]}, timeout=30).json()
+        assert got["results"][0]["tasks"]["probe"]["label"] in models_seen["tasks"][0]["labels"]
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert "allocator: tcmalloc (preloaded by --allocator" in err
 
 
 def test_the_served_socket_answers_without_nagle():

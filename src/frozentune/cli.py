@@ -308,6 +308,10 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
+    sv.add_argument("--allocator", choices=("auto", "system", "tcmalloc", "jemalloc"), default="auto",
+                    help="memory allocator: tcmalloc or jemalloc start the server again with the library preloaded "
+                         "(Linux); auto: tcmalloc where it is installed, else the system's malloc; the startup log "
+                         "says which (default: auto)")
     _runtime_args(sv, GENERATORS_PRECISION)
     from .serve.engine import ServeOptions
     _add_dataclass_options(sv, ServeOptions, "batching and limits")
@@ -619,7 +623,15 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 < a.port < 65536:
         raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
     from .api import _stderr
+    from .serve import allocator
     from .serve.app import listen_socket
+    try:
+        chosen = allocator.plan(a.allocator, can_restart=a.process_argv is not None)
+    except allocator.AllocatorError as e:
+        raise CLIError(str(e)) from None
+    if chosen.preload is not None:
+        allocator.restart(chosen, a.process_argv)  # does not return
+    _stderr(f"allocator: {chosen.note}")
     try:
         sock = listen_socket(a.host, a.port)  # before the models load: a port in use is said at once
     except ValueError as e:
@@ -767,6 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
     a, rest = ap.parse_known_args(argv)
+    a.process_argv = list(sys.argv[1:]) if argv is None else None  # the process's own command line, to start it again
     _on_interrupt["note"] = "nothing was saved"
     previous = previous_int = None
     if threading.current_thread() is threading.main_thread():

@@ -4,7 +4,7 @@ message while the server goes on serving.
 
   GET  /                 the page (page.html)
   GET  /health           {"status": "ok", ...}
-  GET  /v1/models        the served tasks and the batching options
+  GET  /v1/models        the served tasks, the batching options and the memory allocator
   POST /v1/classify      {"texts": [...] | "text": "..." | "pairs": [[a, b], ...] | "pair": [a, b],
                          "tasks": [...]?, "explain": false, "top": 5}   (pairs: for tasks trained on pairs)
   POST /v1/explain       the same, explanations on, only tasks that explain
@@ -160,6 +160,9 @@ def create_app(engine: Engine):
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+    from .allocator import in_use
+
+    allocator = in_use()  # for /v1/models: system, tcmalloc or jemalloc (see allocator.py)
     registry = CollectorRegistry()
     requests = Counter("frozentune_requests", "HTTP requests answered", ["endpoint", "status"], registry=registry)
     latency = Histogram("frozentune_request_seconds", "time from request to answer", ["endpoint"], registry=registry,
@@ -237,7 +240,7 @@ def create_app(engine: Engine):
     @app.get("/v1/models")
     async def models():
         o = engine.options
-        return {"tasks": engine.describe(), "groups": [g.label for g in engine.groups],
+        return {"tasks": engine.describe(), "groups": [g.label for g in engine.groups], "allocator": allocator,
                 "batching": {"batch_tokens": o.batch_tokens, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue,
                              "max_texts": o.max_texts}}
 
