@@ -207,6 +207,7 @@ class Server:
         text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
         return {"command": self.shown(), "tasks": [t["name"] for t in self.models.get("tasks", [])],
                 "groups": groups, "batching": self.models.get("batching"), "torch_threads": self.threads_seen,
+                "allocator": self.models.get("allocator"),
                 "log_tracebacks": text.count("Traceback"), "log_http_500": len(re.findall(r'" 500 ', text))}
 
 
