@@ -308,7 +308,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
-    sv.add_argument("--allocator", choices=("auto", "system", "tcmalloc", "jemalloc"), default="auto",
+    from .serve.allocator import CHOICES as ALLOCATORS
+    sv.add_argument("--allocator", choices=ALLOCATORS, default="auto",
                     help="memory allocator: tcmalloc or jemalloc start the server again with the library preloaded "
                          "(Linux); auto: tcmalloc where it is installed, else the system's malloc; the startup log "
                          "says which (default: auto)")

@@ -242,7 +242,8 @@ class SelfExplainHead(Head):
             spans, (b, i, w) = self.packed_spans(hidden, valid, product_dtype(f.precision, hidden.device))  # (N, D′)
             scores = self.interpret(spans).squeeze(-1)  # (N,)
             alpha = masked_softmax(scores.new_zeros(valid.shape).index_put((b, i, w), scores), valid)  # (B, T, W)
-            weighted = alpha[b, i, w, None] * spans  # (N, D′)
+            # (N, D′) α-weighted spans; without autograd in place, so that no second (N, D′) tensor is made
+            weighted = spans.mul_(alpha[b, i, w, None]) if not torch.is_grad_enabled() else alpha[b, i, w, None] * spans
             pooled = weighted.new_zeros(valid.shape[0], spans.shape[-1]).index_add(0, b, weighted)  # (B, D′) Ĥ
         return Output(self.out(self.drop(pooled)), {"span_weights": alpha})  # (B, C)
 
@@ -276,7 +277,8 @@ def spans_in_chunks(flat: Tensor, tokens: tuple[Tensor, Tensor], maps: tuple[Ten
     the head's time, with h_i ⊙ h_j rounded to bf16 (sums in fp32 inside the product, the result
     rounded to bf16 and added to the fp32 terms); the rest stays fp32."""
     (first, last), (start, end), (fa, la) = tokens, maps, rows
-    out = start.new_empty(len(first), w4.shape[1])  # (N, D′)
+    # (N, D′), a view of rows rounded up to whole chunks: the allocator sees few sizes, whatever N is
+    out = start.new_empty(-(-len(first) // CHUNK_SPANS) * CHUNK_SPANS, w4.shape[1])[:len(first)]
     for k in range(0, len(first), CHUNK_SPANS):
         c = slice(k, k + CHUNK_SPANS)
         o = torch.add(start.index_select(0, fa[c]), end.index_select(0, la[c]), out=out[c])  # (n, D′)
