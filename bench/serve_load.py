@@ -1046,7 +1046,8 @@ async def part_soak(a, client, heads_dir: Path, logdir: Path, previous: dict | N
                "rss_growth_second_half_pct": round(100 * (rss_end - half) / half, 2) if half else None,
                "rss_series_mb": smp.series, "server_cpu_share": round((srv.cpu_s() - cpu0) / wall, 3),
                "client_cpu_share": round((sum(me.cpu_times()[:2]) - mine0) / wall, 3),
-               "vm_hwm_mb": srv.hwm_mb(), "allocator": os.environ.get("LD_PRELOAD") or "glibc malloc",
+               "vm_hwm_mb": srv.hwm_mb(),  # the allocator the server said it runs on (/v1/models; before it had one: LD_PRELOAD)
+               "allocator": srv.models.get("allocator") or os.environ.get("LD_PRELOAD") or "glibc malloc",
                "server": srv.describe()}
         log(f"soak: {out['answered_ok']} ok, {out['errors']} errors, RSS {rss_start:.0f} → {rss_end:.0f} MB "
             f"(max {rss_max:.0f}, {out['rss_growth_pct']:+.2f}%; from the first request {first:.0f} MB, "
