@@ -95,3 +95,21 @@ def test_other_platforms_run_on_their_own_malloc(monkeypatch):
     assert plan("auto", True, current="system", locate=there).name == "system"
     with pytest.raises(AllocatorError, match="Linux only"):
         plan("tcmalloc", True, current="system", locate=there)
+
+
+def test_the_command_line_starts_again_before_torch_is_imported(fresh, monkeypatch):
+    """main() on `frozentune serve ...` reads --allocator (either spelling, the last one wins) and starts
+    again at once where a library is to be preloaded; what it cannot settle is left to cmd_serve."""
+    from frozentune import cli
+
+    started: list = []
+    monkeypatch.setattr(allocator, "restart", lambda p, args: started.append((p.name, list(args))))
+    monkeypatch.setattr(allocator, "find", there)
+    monkeypatch.setattr(allocator, "in_use", lambda: "system")
+    cli._allocator_before_imports(["serve", "m", "--allocator", "tcmalloc", "--allocator=jemalloc"])
+    assert started == [("jemalloc", ["serve", "m", "--allocator", "tcmalloc", "--allocator=jemalloc"])]
+    cli._allocator_before_imports(["serve", "m", "--allocator", "system"])
+    cli._allocator_before_imports(["serve", "m", "--allocator", "mimalloc"])  # argparse says it
+    monkeypatch.setattr(allocator, "find", nowhere)
+    cli._allocator_before_imports(["serve", "m", "--allocator", "jemalloc"])  # cmd_serve says it
+    assert len(started) == 1

@@ -753,6 +753,28 @@ def _stdout_to_devnull() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _allocator_before_imports(args: list[str]) -> None:
+    """`frozentune serve` from a command line whose --allocator asks for a preloaded library: start
+    again with it now, before torch is imported (0.9 s of a second start otherwise). Anything this
+    cannot settle (an unknown or unavailable choice) is left to cmd_serve, which says it."""
+    from .serve.allocator import CHOICES, AllocatorError, plan, restart
+
+    choice = "auto"
+    for i, arg in enumerate(args):  # the last one wins, as with argparse
+        if arg == "--allocator" and i + 1 < len(args):
+            choice = args[i + 1]
+        elif arg.startswith("--allocator="):
+            choice = arg.split("=", 1)[1]
+    if choice not in CHOICES:
+        return
+    try:
+        chosen = plan(choice, can_restart=True)
+    except AllocatorError:
+        return
+    if chosen.preload is not None:
+        restart(chosen, args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
@@ -760,6 +782,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # transformers' per-tensor "Loading weights" bars would bury the one line that matters; our own
     # progress (extraction, training) is shown instead. Read when transformers is first imported.
+    if argv is None and sys.argv[1:2] == ["serve"]:
+        _allocator_before_imports(sys.argv[1:])
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":  # imported already
         from transformers.utils import logging as hf_logging

@@ -13,8 +13,22 @@
 """
 from __future__ import annotations
 
-from .batcher import Overloaded
-from .engine import Engine, RequestError, ServeOptions
-from .models import ServeError
+import importlib
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from .batcher import Overloaded
+    from .engine import Engine, RequestError, ServeOptions
+    from .models import ServeError
+
+# imported on first use, so that `frozentune serve` can choose its allocator (allocator.py) and start
+# again before torch is imported
+_FROM = {"Engine": ".engine", "RequestError": ".engine", "ServeOptions": ".engine", "Overloaded": ".batcher",
+         "ServeError": ".models"}
 __all__ = ["Engine", "Overloaded", "RequestError", "ServeError", "ServeOptions"]
+
+
+def __getattr__(name: str):
+    if name in _FROM:
+        return getattr(importlib.import_module(_FROM[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
