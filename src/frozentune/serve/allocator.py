@@ -79,7 +79,8 @@ def find(name: str, dirs: tuple[str, ...] = SEARCH_DIRS) -> str | None:
 def plan(choice: str, can_restart: bool, current: str | None = None, locate=None) -> Plan:
     """What `--allocator choice` means for this process. can_restart: the process may be started again
     (it runs `frozentune serve` from its own command line, not inside another program). current: the
-    allocator in use (in_use()); locate: name → library path or None (find). Raises AllocatorError where the choice cannot be had."""
+    allocator in use (in_use()); locate: name → library path or None (find). Raises AllocatorError
+    where the choice cannot be had."""
     if choice not in CHOICES:
         raise AllocatorError(f"--allocator {choice!r}: choose one of {', '.join(CHOICES)}")
     current = current or in_use()
@@ -114,7 +115,8 @@ def plan(choice: str, can_restart: bool, current: str | None = None, locate=None
             return Plan("system", None, f"the system's malloc (the server runs inside another program, which "
                                         f"chose its allocator when it started; {name} is at {lib})")
         raise AllocatorError(f"--allocator {choice}: an allocator is chosen when a process starts, and this server "
-                             f"runs inside another program; start that with LD_PRELOAD={lib}, or give --allocator system")
+                             f"runs inside another program; start that with LD_PRELOAD={lib}, "
+                             f"or give --allocator system")
     return Plan(name, lib, f"{name} ({lib}, preloaded)")
 
 
