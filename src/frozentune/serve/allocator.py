@@ -98,26 +98,31 @@ def plan(choice: str, can_restart: bool, current: str | None = None, locate=None
         raise AllocatorError(f"--allocator {choice}: the server was started again with LD_PRELOAD={preloaded} and "
                              f"{name} is still not loaded; check that library, or give --allocator system")
     if not sys.platform.startswith("linux"):
-        if choice == "auto":
-            return Plan("system", None, f"the platform's malloc (preloading {name} is done on Linux only)")
-        raise AllocatorError(f"--allocator {choice}: preloading an allocator is supported on Linux only; "
-                             f"give --allocator system")
+        return _system_or_error(choice, f"the platform's malloc (preloading {name} is done on Linux only)",
+                                "preloading an allocator is supported on Linux only; give --allocator system")
     lib = (locate or find)(name)
     if lib is None:
-        if choice == "auto":
-            return Plan("system", None, f"glibc's malloc ({name} is not installed; with it a server holds less memory "
-                                        f"under load: apt-get install {PACKAGES[name]})")
-        raise AllocatorError(f"--allocator {choice}: {' or '.join(LIBRARIES[name])} was not found (looked in "
-                             f"{', '.join(SEARCH_DIRS)}, the environment's lib/ and the linker's cache); install it "
-                             f"(Debian/Ubuntu: apt-get install {PACKAGES[name]}) or give --allocator system")
+        return _system_or_error(
+            choice, f"glibc's malloc ({name} is not installed; with it a server holds less memory under load: "
+                    f"apt-get install {PACKAGES[name]})",
+            f"{' or '.join(LIBRARIES[name])} was not found (looked in {', '.join(SEARCH_DIRS)}, the environment's "
+            f"lib/ and the linker's cache); install it (Debian/Ubuntu: apt-get install {PACKAGES[name]}) or give "
+            f"--allocator system")
     if not can_restart:
-        if choice == "auto":
-            return Plan("system", None, f"the system's malloc (the server runs inside another program, which "
-                                        f"chose its allocator when it started; {name} is at {lib})")
-        raise AllocatorError(f"--allocator {choice}: an allocator is chosen when a process starts, and this server "
-                             f"runs inside another program; start that with LD_PRELOAD={lib}, "
-                             f"or give --allocator system")
+        return _system_or_error(
+            choice, f"the system's malloc (the server runs inside another program, which chose its allocator when it "
+                    f"started; {name} is at {lib})",
+            f"an allocator is chosen when a process starts, and this server runs inside another program; start that "
+            f"with LD_PRELOAD={lib}, or give --allocator system")
     return Plan(name, lib, f"{name} ({lib}, preloaded)")
+
+
+def _system_or_error(choice: str, note: str, why: str) -> Plan:
+    """Where the library cannot be preloaded: for auto, the system's malloc with `note` for the log;
+    for an explicit choice, AllocatorError saying `why`."""
+    if choice == "auto":
+        return Plan("system", None, note)
+    raise AllocatorError(f"--allocator {choice}: {why}")
 
 
 def restart(p: Plan, argv: list[str]) -> None:
