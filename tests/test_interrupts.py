@@ -267,3 +267,31 @@ def test_a_swallowed_interrupt_still_ends_the_training(monkeypatch, capsys, tiny
     # the command has ended: its signal is forgotten, and the next command runs to its end
     monkeypatch.setattr(train_module, "shared_step", real)
     assert cli_module.main(argv) == 0 and output.exists()
+
+
+def test_an_interrupt_lost_in_a_callback_is_not_printed(capsys, monkeypatch):
+    """A SIGTERM landing in a weakref callback or __del__ (CI: the import system's module-lock
+    callback) cannot propagate; Python hands it to sys.unraisablehook. While a command runs, that
+    hook keeps it quiet (it is recorded, and interrupts.check raises it again), and prints anything else."""
+    import gc
+    import sys
+
+    from frozentune import interrupts
+
+    class Dies:
+        def __init__(self, exc: BaseException):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    monkeypatch.setattr(sys, "unraisablehook", interrupts.quiet_lost_interrupts)
+    monkeypatch.setattr(interrupts, "_pending", [signal.SIGTERM])
+    Dies(interrupts.Interrupted(signal.SIGTERM))
+    gc.collect()
+    assert "Interrupted" not in capsys.readouterr().err
+    with pytest.raises(interrupts.Interrupted):
+        interrupts.check()
+    Dies(ValueError("a real error in a destructor"))
+    gc.collect()
+    assert "a real error in a destructor" in capsys.readouterr().err

@@ -807,6 +807,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.process_argv = list(sys.argv[1:]) if argv is None else None  # the process's own command line, to start it again
     _on_interrupt["note"] = "nothing was saved"
     previous = previous_int = None
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = interrupts.quiet_lost_interrupts
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_interrupted)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
@@ -841,6 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+        sys.unraisablehook = previous_hook
         interrupts.clear()
 
 

@@ -14,6 +14,7 @@ printed (tests/test_interrupts.py, test_train_interrupted_during_extraction: exi
 from __future__ import annotations
 
 import signal
+import sys
 from typing import Any
 
 _pending: list[int] = []  # signals whose exception has been raised, until the command ends (`clear`)
@@ -36,6 +37,16 @@ def raise_interrupted(signum: int, frame: Any) -> None:
 def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     _pending.append(signum)
     raise KeyboardInterrupt
+
+
+def quiet_lost_interrupts(unraisable: Any) -> None:
+    """sys.unraisablehook while a command runs (cli.main installs it): an interrupt that Python could
+    not propagate (raised in a weakref callback or a `__del__`) is not printed as "Exception ignored"
+    with a traceback, since it is recorded and `check` raises it again; anything else goes to
+    Python's own hook."""
+    if isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)) and _pending:
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def check() -> None:
