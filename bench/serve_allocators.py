@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -122,7 +123,6 @@ def main() -> int:
     a.allocators = [x.strip() for x in a.allocators.split(",")]
     if any(x not in ALLOCATORS for x in a.allocators) or min(a.repeats, a.requests, a.clients, a.threads) < 1:
         ap.error(f"--allocators from {', '.join(ALLOCATORS)}; --repeats, --requests, --clients, --threads ≥ 1")
-    import sys
     d = asyncio.run(measure(a))
     d |= {"command": "python bench/serve_allocators.py " + " ".join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d %H:%M"),
           "cpu": sl.cpu_model(), "threads": a.threads, "clients": a.clients, "repeats": a.repeats}

@@ -626,12 +626,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .api import _stderr
     from .serve import allocator
     from .serve.app import listen_socket
-    try:
-        chosen = allocator.plan(a.allocator, can_restart=a.process_argv is not None)
+    try:  # from a command line, main has already started again where a library is to be preloaded
+        chosen = allocator.plan(a.allocator, can_restart=False)  # (_allocator_before_imports); here: said
     except allocator.AllocatorError as e:
         raise CLIError(str(e)) from None
-    if chosen.preload is not None:
-        allocator.restart(chosen, a.process_argv)  # does not return
     _stderr(f"allocator: {chosen.note}")
     try:
         sock = listen_socket(a.host, a.port)  # before the models load: a port in use is said at once
@@ -804,7 +802,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
     a, rest = ap.parse_known_args(argv)
-    a.process_argv = list(sys.argv[1:]) if argv is None else None  # the process's own command line, to start it again
     _on_interrupt["note"] = "nothing was saved"
     previous = previous_int = None
     previous_hook = sys.unraisablehook
