@@ -6,6 +6,12 @@
 #    MiniLM's shape and BERT-base's; 2. the SST-2 suite of heads trained on the GPU (default
 #    precision, then fp32 for the probe and Y-Tuning); 3. each of
 #    those heads evaluated on states made by the CPU (fp32) and by the GPU (fp32/bf16/fp16).
+# Issue 17's GPU figures: PARTS="serve extract-tmpfs" bash bench/gpu_run.sh, carrying .gpu/minilm-xz and
+# .gpu/serve (made by bench/gpu_serve_prepare.sh: the 8 SST-2 heads of bench/serve_load.py, the SST-2
+# test set and its 1,000-review IMDB sample, the serving stack's wheels):
+#   serve          bench/serve_load.py --only batching,heads with every server on the GPU (the 1/4/8-head
+#                  table, 8 one-head servers, batching on/off and the plain Hugging Face loop's ceiling)
+#   extract-tmpfs  1. again, the cache folder on /dev/shm: the cache build against the bare loop without the disk
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -14,7 +20,8 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 PARTS=" ${PARTS:-extract suite} "
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
-$PY bench/gpu_prepare.py .gpu/minilm-fp16 /tmp/minilm /tmp/site || exit 1
+$PY --version
+$PY bench/gpu_prepare.py "${MINILM:-.gpu/minilm-fp16}" /tmp/minilm /tmp/site || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
 if [[ $PARTS == *" extract "* ]]; then
@@ -25,5 +32,31 @@ if [[ $PARTS == *" suite "* ]]; then
   echo "== 2. SST-2 suite trained on $DEVICE, each head evaluated on CPU and $DEVICE states"
   $PY bench/gpu_suite.py --device "$DEVICE" --methods "${METHODS:-probe,space,selfexplain,ytuning}" \
     --evals "${EVALS:-cpu:fp32,$DEVICE:bf16}" --out "$OUT/gpu_suite.jsonl" ${MAX_TRAIN:+--extra "--max-train $MAX_TRAIN"}
+fi
+if [[ $PARTS == *" serve "* ]]; then
+  echo "== 3. serve_load on $DEVICE"
+  if $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site; then
+    FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${SERVE_TIMEOUT:-330}" $PY bench/serve_load.py --only "${SERVE_PARTS:-batching,heads}" \
+      --device "$DEVICE" --client raw --repeats "${SERVE_REPEATS:-1}" --seconds "${SERVE_SECONDS:-6}" --requests 20000 \
+      --warm-requests 320 --models .gpu/serve/models --output "$OUT/serve_load_gpu.json"
+    echo "serve_load exit $?"
+    mkdir -p "$OUT/serve-logs" && cp .gpu/serve/serve-logs/*.log "$OUT/serve-logs/" 2>/dev/null
+  fi
+fi
+if [[ $PARTS == *" extract-tmpfs "* ]]; then
+  echo "== 4. extraction throughput, the cache folder on tmpfs (/dev/shm)"
+  # a tmpfs with room for BERT-base's fp32 states (1.2 GB) twice: /dev/shm is often 64 MB in a container
+  TMPFS=""
+  for d in /dev/shm /run/shm /tmp; do
+    if [[ $(stat -f -c %T "$d" 2>/dev/null) == tmpfs ]] && (( $(df -k --output=avail "$d" | tail -1) > 3000000 )); then
+      TMPFS=$d; break
+    fi
+  done
+  df -h /dev/shm /tmp
+  if [[ -z $TMPFS ]]; then echo "no tmpfs with 3 GB free: part skipped"; else
+  echo "tmpfs: $TMPFS"; mkdir -p "$TMPFS/ft-extract"
+  TMPDIR=$TMPFS/ft-extract $PY bench/gpu_extract.py --device "$DEVICE" --precisions "${PRECISIONS:-fp32,bf16,fp16}" \
+    --texts "${TEXTS:-4000}" --repeats "${EXTRACT_REPEATS:-2}" --out "$OUT/gpu_extract_tmpfs.json"
+  fi
 fi
 echo "== done"

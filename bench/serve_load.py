@@ -63,6 +63,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODELS = HERE / "runs" / "serve-models"
 EXE = Path(sys.executable).parent / "frozentune"
+
+
+def ft() -> list[str]:
+    """The frozentune command: the installed script, else `python -m frozentune` (a machine where the
+    package is only on PYTHONPATH, as bench/gpu_run.sh sets it up)."""
+    return [str(EXE)] if EXE.is_file() else [sys.executable, "-m", "frozentune"]
 PARTS = ("heads", "batching", "generation", "bad", "soak")
 
 # name, method, layer: four methods × two layers; the first n are the n-head server
@@ -114,12 +120,14 @@ class Server:
     """`frozentune serve` as a subprocess on a free loopback port; output to a log file."""
     running: list["Server"] = []
     exit_codes: dict[str, int | None] = {}  # of the servers stopped since the part began
+    common: list[str] = []  # options every server gets (--device)
 
     def __init__(self, name: str, models: list[Path], threads: int, logdir: Path, extra: list[str] = (),
                  env: dict[str, str] | None = None):
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [str(EXE), "serve", *map(str, models), "--host", "127.0.0.1", "--port", str(self.port), *extra]
+        self.cmd = [*ft(), "serve", *map(str, models), "--host", "127.0.0.1", "--port", str(self.port), *extra,
+                    *Server.common]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         self._terminated = False
@@ -135,7 +143,8 @@ class Server:
         self.threads_seen: int | None = None
 
     def shown(self) -> str:
-        return " ".join(shlex.quote(Path(c).name if i == 0 else c) for i, c in enumerate(self.cmd))
+        cmd = ["frozentune", *self.cmd[3:]] if self.cmd[1:3] == ["-m", "frozentune"] else self.cmd
+        return " ".join(shlex.quote(Path(c).name if i == 0 else c) for i, c in enumerate(cmd))
 
     def tail(self, n: int = 15) -> str:
         with contextlib.suppress(OSError):
@@ -476,9 +485,11 @@ def short_texts() -> list[str]:
 
 
 def long_texts(n: int = 1000, seed: int = 0) -> list[str]:
+    """A seeded sample of n IMDB test reviews; a file of n or fewer is taken whole, in its order (the
+    slice bench/gpu_serve_prepare.py writes is this sample, in this order)."""
     from frozentune.data import data_root, read_split
     texts = list(read_split(data_root() / "imdb" / "test.jsonl").texts)
-    return random.Random(seed).sample(texts, min(n, len(texts)))
+    return texts if len(texts) <= n else random.Random(seed).sample(texts, n)
 
 
 def e2e_sources() -> list[str]:
@@ -498,7 +509,7 @@ def train_heads(folder: Path) -> dict:
             log(f"training {name}: frozentune {' '.join(args)}")
             t0 = time.perf_counter()
             with open(folder / f"{name}.train.log", "w") as f:
-                p = subprocess.run([str(EXE), *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                p = subprocess.run([*ft(), *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             if p.returncode != 0:
                 raise RuntimeError(f"training {name} failed ({p.returncode}); see {folder / f'{name}.train.log'}")
             log(f"  {time.perf_counter() - t0:.0f}s")
@@ -534,7 +545,7 @@ def make_prefixes(folder: Path, max_new_tokens: int) -> dict:
     check = folder / "generate-check.json"
     if not check.is_file():
         src = "name[Aromi], eatType[coffee shop], area[city centre]"
-        p = subprocess.run([str(EXE), "generate", "--model", str(folder / names[0]), src, "--num-beams", "1",
+        p = subprocess.run([*ft(), "generate", "--model", str(folder / names[0]), src, "--num-beams", "1",
                             "--max-new-tokens", "12", "--json"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"frozentune generate --model {folder / names[0]} failed: {p.stderr.strip()[-500:]}")
@@ -615,11 +626,13 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
                   "truncated_share": round(sum(r["sums"].get("truncated", 0) for r in rr) / max(s["requests"], 1), 3)}
             results.append(s)
         hwm = {s.name: s.hwm_mb() for s in servers}
+        on_gpu = gpu_memory_mb()
+        gpu_mb = {s.name: on_gpu[s.proc.pid] for s in servers if s.proc.pid in on_gpu}
         server_info = {s.name: s.describe() for s in servers}
     finally:
         await pool.aclose()
         stop_all(servers)
-    costs = head_costs(heads_dir, a.threads)
+    costs = head_costs(heads_dir, a.threads, a.device)
     get = {(r["config"], r["texts"]): r for r in results}
     ratios = {}
     for ts in ("short", "long"):
@@ -640,11 +653,36 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
                       "long": f"IMDB test, {len(texts['long'])} reviews (seeded sample); the models read the first 128 "
                               f"tokens (max_length 128)"},
             "heads_in_order": [h[0] for h in HEADS], "servers": server_info, "idle_rss_mb": idle, "vm_hwm_mb": hwm,
+            "gpu_memory_mb_at_end": gpu_mb or None,
             "results": results, "ratios": ratios, "head_costs": costs,
             "goals": {"8_heads_vs_1_head_requests_per_s": ">= 0.9", "8_heads_vs_1_head_rss": "<= 1.1"}}
 
 
-def head_costs(heads_dir: Path, threads: int, rows: int = 16, repeats: int = 5) -> dict:
+def sync(device: str | None) -> None:
+    """Wait for a GPU's queued work (timings of asynchronous kernels); nothing on the CPU."""
+    import torch
+    if device and device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gpu_memory_mb() -> dict[int, float]:
+    """GPU memory per process id from nvidia-smi; empty where there is none (or it lists no processes)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        p = subprocess.run([exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        out = {}
+        for line in p.stdout.splitlines():
+            with contextlib.suppress(ValueError):
+                pid, mem = (x.strip() for x in line.split(","))
+                out[int(pid)] = float(mem)
+        return out
+    return {}
+
+
+def head_costs(heads_dir: Path, threads: int, device: str | None = None, rows: int = 16, repeats: int = 5) -> dict:
     """Where a batch's time goes in the 8-head server's group, measured in this process with the
     server's code (torch on `threads` threads): the shared backbone pass, then each head (its layer
     choice, the head, each row's answer), on `rows` short and `rows` long texts."""
@@ -656,7 +694,7 @@ def head_costs(heads_dir: Path, threads: int, rows: int = 16, repeats: int = 5) 
     from frozentune.serve.models import _batch, classify_rows
 
     torch.set_num_threads(threads)
-    engine = Engine.load([heads_dir / n for n, _, _ in HEADS], log=lambda line: None)
+    engine = Engine.load([heads_dir / n for n, _, _ in HEADS], device, log=lambda line: None)
     try:
         group = engine.groups[0]
         bb = group.backbone
@@ -669,9 +707,11 @@ def head_costs(heads_dir: Path, threads: int, rows: int = 16, repeats: int = 5) 
 
             def timed(fn) -> float:
                 fn()
+                sync(device)
                 t0 = time.perf_counter()
                 for _ in range(repeats):
                     fn()
+                sync(device)
                 return 1000 * (time.perf_counter() - t0) / repeats
 
             states = bb.hidden_states(ids, mask)
@@ -703,9 +743,11 @@ def head_costs(heads_dir: Path, threads: int, rows: int = 16, repeats: int = 5) 
 
 
 # ----------------------------------------------------------------------------- part 2: batching
-def hf_loop(texts: list[str], threads: int, n: int, seconds: float, sizes=(1, 8, 32)) -> dict:
+def hf_loop(texts: list[str], threads: int, n: int, seconds: float, sizes=(1, 8, 32), device: str | None = None) -> dict:
     """Texts/s of a plain Hugging Face loop over `texts` (tokenizer + model, no_grad) per batch size,
-    fp32 and bf16 as the server runs MiniLM (frozentune's prepare: bf16 Linear weights + autocast)."""
+    fp32 and bf16 as the server runs MiniLM (frozentune's prepare: bf16 Linear weights + autocast).
+    On a GPU (`device`) the inputs go there and each batch is waited for, as a loop that reads its
+    outputs would."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -715,17 +757,19 @@ def hf_loop(texts: list[str], threads: int, n: int, seconds: float, sizes=(1, 8,
     torch.set_num_threads(threads)
     path = ALIASES["minilm"]()
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).eval()
+    dev = torch.device(device or "cpu")
+    model = AutoModel.from_pretrained(path).eval().to(dev)
     out = {"model": "all-MiniLM-L6-v2 (transformers AutoModel)", "max_length": 128, "threads": torch.get_num_threads(),
-           "rows": []}
+           "device": str(dev), "rows": []}
     for precision in ("fp32", "bf16"):
-        runner = model if precision == "fp32" else prepare(model, "bf16", torch.device("cpu"))
+        runner = model if precision == "fp32" else prepare(model, "bf16", dev)
         for bs in sizes:
             def batch(i: int) -> None:
                 chunk = [texts[(i + j) % len(texts)] for j in range(bs)]
-                enc = tok(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt")
+                enc = tok(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt").to(dev)
                 with torch.no_grad():
                     runner(**enc)
+                sync(device)
             batch(0)  # warm-up
             done, t0 = 0, time.perf_counter()
             while done < n and time.perf_counter() - t0 < seconds:
@@ -767,9 +811,11 @@ async def part_batching(a, client, heads_dir: Path, logdir: Path) -> dict:
     results = {k: summarise(v) for k, v in runs.items()}
     ratio = results["batching-default"]["requests_per_s"] / results["batching-off"]["requests_per_s"]
     packing = results["batching-default"]["requests_per_s"] / results[PADDED]["requests_per_s"]
-    hf = hf_loop(texts, a.threads, max(a.requests, 64), min(a.seconds, 10.0))
+    gpu = bool(a.device and a.device.startswith("cuda"))
+    hf = hf_loop(texts, a.threads, max(a.requests, 64), min(a.seconds, 10.0), (1, 8, 32, 128) if gpu else (1, 8, 32),
+                 a.device)
     return {"texts": f"SST-2 test, {len(texts)} sentences", "servers": server_info, "results": results,
-            "default_vs_off_requests_per_s": ratio, "goal": ">= 1.7", "hf_loop": hf,
+            "default_vs_off_requests_per_s": ratio, "goal": ">= 8" if gpu else ">= 1.7", "hf_loop": hf,
             "packed_vs_padded_requests_per_s": packing,
             "batch_tokens_1_means": "batcher.py _gather: a second row would make rows × longest > 1, so every batch is "
                                     "one row, started at once (no wait)"}
@@ -1076,7 +1122,9 @@ def _goal(v: float | None, goal: str) -> str:
 def report(d: dict) -> str:
     m = d.get("machine", {})
     lines = ["# `frozentune serve` under load (bench/serve_load.py)", "",
-             f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}; loopback (127.0.0.1); each "
+             f"Machine: {m.get('cpu')}, {m.get('cores')} cores"
+             f"{f', GPU {gpu}, every server and the plain loop on --device {dev}' if (gpu := m.get('gpu')) and (dev := m.get('device', '')).startswith('cuda') else ''}"
+             f", torch {m.get('torch')}; loopback (127.0.0.1); each "
              f"server pinned to its --threads torch threads (OMP_NUM_THREADS), the client (asyncio + "
              f"{'raw streams' if (d.get('heads') or {}).get('client') == 'raw' else 'httpx'}) in the "
              f"benchmark's process on the same cores. Each part: its command, date, threads, repeats (figures are the "
@@ -1336,6 +1384,8 @@ def main() -> int:
                          "decodes exactly that many tokens; 0: rows stop at their end-of-text token)")
     ap.add_argument("--only", default=None, help=f"comma list of parts: {', '.join(PARTS)} (default: all but soak; "
                                                  f"soak too when --soak is given)")
+    ap.add_argument("--device", default=None, help="every server's --device (and the plain HF loop's, the head costs'); "
+                                                  "default: the server's own default (auto)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every server and of the plain HF loop")
     ap.add_argument("--client", choices=("httpx", "raw"), default="httpx",
                     help="the load generator of the classify parts: httpx (every run until 2026-11-26) or raw "
@@ -1367,8 +1417,10 @@ def main() -> int:
     if not 0 <= a.gen_min_new_tokens <= a.gen_new_tokens:
         ap.error("--gen-min-new-tokens: from 0 to --gen-new-tokens")
     import torch
+    Server.common = ["--device", a.device] if a.device else []
     data["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-                       "python": sys.version.split()[0]}
+                       "python": sys.version.split()[0], "device": a.device or "server default",
+                       "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     command = "python bench/serve_load.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     t0 = time.perf_counter()
     stopped: dict = {}

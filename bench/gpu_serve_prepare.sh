@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Make what PARTS="serve extract-tmpfs" bash bench/gpu_run.sh carries to a GPU machine (device tool; at
+# most 64 MiB travel, the working tree included), all of it git-ignored under .gpu/:
+#   .gpu/minilm-xz/     MiniLM's weights rounded to fp16 and xz-compressed (41 MB), its tokenizer files
+#   .gpu/serve/data/    SST-2 test, and the 1,000 IMDB test reviews bench/serve_load.py samples (seed 0)
+#   .gpu/serve/models/heads/  bench/serve_load.py's 8 SST-2 heads, trained here on that fp16-rounded
+#                       MiniLM (a model refuses a backbone whose weights differ from its own)
+#   .gpu/serve/wheels/  fastapi, uvicorn, prometheus-client, psutil, httpx and their dependencies
+#                       (pydantic-core for CPython 3.11-3.13; bench/gpu_deps.py unpacks them there)
+# Needs .gpu/minilm-fp16 (bench/gpu_prepare.py's docstring) and ../shared/data. About 8 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DATA=${FROZENTUNE_DATA:-$PWD/../shared/data}
+mkdir -p .gpu/minilm-xz .gpu/serve/data/sst2 .gpu/serve/data/imdb .gpu/serve/models .gpu/serve/wheels
+for f in .gpu/minilm-fp16/*; do
+  case $f in */model.safetensors) xz -T2 -6 -k -c "$f" > .gpu/minilm-xz/model.safetensors.xz ;; *) cp "$f" .gpu/minilm-xz/ ;; esac
+done
+cp "$DATA/sst2/test.jsonl" .gpu/serve/data/sst2/
+FROZENTUNE_DATA=$DATA $PY - <<'EOF'
+import json, random
+from frozentune.data import data_root, read_split
+src = data_root() / "imdb" / "test.jsonl"
+by = {}
+for line in src.read_text().split("\n"):
+    if line.strip():
+        rec = json.loads(line)
+        by.setdefault(rec["text"], rec)
+sample = random.Random(0).sample(list(read_split(src).texts), 1000)  # as bench/serve_load.py long_texts()
+open(".gpu/serve/data/imdb/test.jsonl", "w").write("\n".join(json.dumps(by[t]) for t in sample) + "\n")
+EOF
+for v in 3.11 3.12 3.13; do
+  $PY -m pip download -q fastapi uvicorn prometheus-client psutil httpx --only-binary=:all: --implementation cp \
+    --python-version $v --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    -d .gpu/serve/wheels
+done
+# the heads, on the fp16-rounded MiniLM: its alias module on PYTHONPATH, as on the GPU machine
+$PY bench/gpu_prepare.py .gpu/minilm-xz /tmp/minilm-rounded /tmp/site-rounded
+PYTHONPATH=/tmp/site-rounded FROZENTUNE_DATA=$DATA OMP_NUM_THREADS=1 $PY -c "
+import sys; sys.path.insert(0, 'bench')
+from pathlib import Path
+import serve_load
+print(serve_load.train_heads(Path('.gpu/serve/models/heads')))"
+du -sh .gpu/minilm-xz .gpu/serve
