@@ -18,7 +18,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-NEEDED = ("fastapi", "uvicorn", "prometheus_client", "psutil", "httpx", "pydantic", "starlette")
+NEEDED = ("fastapi", "uvicorn", "prometheus_client", "psutil", "httpx", "pydantic", "starlette", "httptools", "uvloop")
 
 
 def fits(name: str) -> bool:

@@ -6,7 +6,7 @@
 #   .gpu/serve/models/heads/  bench/serve_load.py's 8 SST-2 heads, trained here on that fp16-rounded
 #                       MiniLM (a model refuses a backbone whose weights differ from its own)
 #   .gpu/serve/wheels/  fastapi, uvicorn, prometheus-client, psutil, httpx and their dependencies
-#                       (pydantic-core for CPython 3.11-3.13; bench/gpu_deps.py unpacks them there)
+#                       httptools, uvloop (binary wheels for $PYTHONS, default 3.12; bench/gpu_deps.py unpacks them there)
 # Needs .gpu/minilm-fp16 (bench/gpu_prepare.py's docstring) and ../shared/data. About 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +29,8 @@ for line in src.read_text().split("\n"):
 sample = random.Random(0).sample(list(read_split(src).texts), 1000)  # as bench/serve_load.py long_texts()
 open(".gpu/serve/data/imdb/test.jsonl", "w").write("\n".join(json.dumps(by[t]) for t in sample) + "\n")
 EOF
-for v in 3.11 3.12 3.13; do
-  $PY -m pip download -q fastapi uvicorn prometheus-client psutil httpx --only-binary=:all: --implementation cp \
+for v in ${PYTHONS:-3.12}; do  # the GPU machine's python3 (3.12.3 on 2026-11-26)
+  $PY -m pip download -q fastapi uvicorn prometheus-client psutil httpx httptools uvloop --only-binary=:all: --implementation cp \
     --python-version $v --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     -d .gpu/serve/wheels
 done

@@ -718,12 +718,36 @@ def test_serve_starts_again_on_tcmalloc(models, tmp_path):
     assert "allocator: tcmalloc (preloaded by --allocator" in err
 
 
-def test_the_served_socket_answers_without_nagle():
-    """Connections accepted on listen_socket's socket get TCP_NODELAY from asyncio, as on a socket
-    asyncio makes itself. It sets it only where the socket's proto is TCP; a socket made with proto 0
-    left Nagle's algorithm on, and every answer waited on the client's delayed ACK."""
+def test_http_stack_says_what_it_runs_on(server):
+    """serve runs uvicorn on httptools + uvloop where they import (dependencies), else on h11 +
+    asyncio with a note saying how to get them; the in-process server runs on the same choice."""
+    import importlib.util
+
+    from frozentune.serve.app import http_stack
+
+    def found(*names):
+        return lambda name: importlib.util.find_spec(name) if name in names else None
+
+    assert http_stack(found("httptools", "uvloop")) == ("httptools", "uvloop", "http: httptools, event loop: uvloop")
+    http, loop, note = http_stack(found())
+    assert (http, loop) == ("h11", "asyncio") and "pip install httptools uvloop" in note
+    assert http_stack(found("httptools"))[:2] == ("httptools", "asyncio")
+    config = server.server.config
+    assert (config.http, config.loop) == http_stack()[:2]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_served_socket_answers_without_nagle(loop):
+    """Connections accepted on listen_socket's socket get TCP_NODELAY from the event loop (asyncio's
+    or uvloop's, the one serve picks where installed), as on a socket it makes itself. asyncio sets it
+    only where the socket's proto is TCP; a socket made with proto 0 left Nagle's algorithm on, and
+    every answer waited on the client's delayed ACK."""
     import asyncio
     import socket
+
+    run = asyncio.run
+    if loop == "uvloop":
+        run = pytest.importorskip("uvloop", reason="uvloop is not installed (a dependency where it builds)").run
 
     from frozentune.serve.app import listen_socket
 
@@ -743,7 +767,7 @@ def test_the_served_socket_answers_without_nagle():
         await server.wait_closed()
         return seen["nodelay"]
 
-    assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
+    assert run(nodelay_of_an_accepted_connection()) != 0
 
 
 def test_serve_cli_refuses_a_port_in_use_before_loading(tmp_path, models, monkeypatch):

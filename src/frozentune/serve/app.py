@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import email.message
 import errno
+import importlib.util
 import socket
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -266,13 +268,27 @@ def create_app(engine: Engine):
     return app
 
 
+def http_stack(find=importlib.util.find_spec) -> tuple[str, str, str]:
+    """(HTTP parser, event loop, a note for the log) that uvicorn runs the server on: httptools and
+    uvloop, dependencies of frozentune where they build (not Windows), else h11 and asyncio, said
+    so. With both, the event loop took 0.77x the CPU per request of h11 + asyncio (bench/REPORT.md,
+    "The HTTP side on a GPU"): it matters where the pass is cheap and the loop bounds requests/s."""
+    http = "httptools" if find("httptools") else "h11"
+    loop = "uvloop" if sys.platform != "win32" and find("uvloop") else "asyncio"
+    note = f"http: {http}, event loop: {loop}"
+    if (http, loop) != ("httptools", "uvloop"):
+        note += " (pip install httptools uvloop: about 0.77x the event loop's CPU per request)"
+    return http, loop, note
+
+
 class Running:
     """A uvicorn server in a thread of this process (tests, benchmarks, notebooks): `url`, `stop()`."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 30.0):
         import uvicorn
 
-        config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="warning",
+        http, loop, _ = http_stack()
+        config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="warning", http=http, loop=loop,
                                 timeout_graceful_shutdown=graceful_s, lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="frozentune-serve", daemon=True)
@@ -332,7 +348,8 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     import uvicorn
 
     sock = sock or listen_socket(host, port)
-    log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics)")
+    http, loop, note = http_stack()
+    log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
-                            timeout_graceful_shutdown=30)
+                            http=http, loop=loop, timeout_graceful_shutdown=30)
     uvicorn.Server(config).run(sockets=[sock])
