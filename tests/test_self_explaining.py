@@ -181,6 +181,38 @@ def test_inference_in_chunks_equals_the_autograd_forward(width, monkeypatch):
     assert (chunked.extras["span_weights"][4] == 0).all()  # the empty row: no valid span, α = 0
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 1024])
+def test_streamed_pooling_equals_softmax_then_sum(chunk, monkeypatch):
+    """Without autograd Ĥ is softmaxed online over chunks of spans (pool_streaming: each input's
+    running max, Σ exp and Σ exp·h, rescaled when the max grows), never holding all N spans. With
+    scores spread over several units (the interpretation layer scaled up), so that a later chunk's
+    larger score really rescales what came before, and chunks that split inputs: the same logits as
+    softmax-then-sum with autograd. Tolerance: the logits' own operations, plus one rounding per
+    rescale (at most one per chunk), the exponential and the final division."""
+    import math
+
+    import frozentune.heads.self_explaining as se
+
+    monkeypatch.setattr(se, "CHUNK_SPANS", chunk)
+    head = head_for({"max_span_width": 0, "special_tokens": "include"})
+    with torch.no_grad():
+        head.interpret.weight.mul_(40.0)
+    f = feats(lengths=(7, 6, 3, 1, 0), T=7)
+    with torch.no_grad():
+        streamed = head(f)
+    reference = head(f)  # autograd on: packed spans, softmax, then the α-weighted sum
+    assert reference.logits.requires_grad
+    alpha = reference.extras["span_weights"][0].detach()  # (T, W) of the longest input
+    log_alpha = alpha[alpha > 0].log()  # score differences: log α_k − log α_l = s_k − s_l
+    assert float(log_alpha.max() - log_alpha.min()) > 5.0  # the scores are spread: rescaling matters
+    n = 7 * 7
+    ops = logits_ops(n) + math.ceil(n / chunk) + 3
+    assert_close(streamed.logits, reference.logits, ops=ops, what=f"logits, chunks of {chunk}")
+    assert_close(streamed.extras["span_weights"], reference.extras["span_weights"], ops=alpha_ops(n) + 1, what="α")
+    assert (streamed.extras["span_weights"][4] == 0).all()  # the empty input: α = 0 and Ĥ = 0, not NaN
+    assert torch.isfinite(streamed.logits).all()
+
+
 def test_loss_is_ce_minus_lambda_times_concentration():
     head = head_for({"reg_lambda": 0.5})
     f, y = feats(), torch.tensor([0, 2, 1])

@@ -40,7 +40,9 @@ Legend: B batch, T tokens, D backbone width, D′ span width (`dim`), W span wid
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -196,12 +198,14 @@ class SelfExplainHead(Head):
         start, end = low_mm(hidden, maps).float().add_(bias).split(self.w4.out_features, -1)
         return start, end
 
-    def packed_spans(self, hidden: Tensor, valid: Tensor,
-                     product: torch.dtype = torch.float32) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    def packed_spans(self, hidden: Tensor, valid: Tensor, product: torch.dtype = torch.float32,
+                     stream: bool = False) -> tuple[Any, tuple[Tensor, Tensor, Tensor]]:
         """(B, T, D) states, (B, T, W) bool valid spans → (N, D′) h(i, j) of the N valid spans only,
         and their (b, i, w) indices (each (N,), in row-major order). The same sums as span_states, but
         no span over padding, past an input's end or over excluded tokens is computed: a batch of
-        short texts padded to its longest holds about half as many valid spans as slots."""
+        short texts padded to its longest holds about half as many valid spans as slots. Without
+        autograd and with `stream`, SpanParts instead of the (N, D′) tensor: what span_chunks makes
+        the spans from, a chunk at a time."""
         B, T, D = hidden.shape
         b, i, w = valid.nonzero(as_tuple=True)  # (N,) each
         flat = hidden.reshape(B * T, D)
@@ -218,7 +222,8 @@ class SelfExplainHead(Head):
                 (start, end), w4 = self.end_maps(used_rows), self.w4.weight.t()  # (R, D′) each, (D, D′)
             else:
                 (start, end), w4 = self.low_end_maps(used_rows, product), self.low_weights(product)[1]
-            return spans_in_chunks(flat, (first, last), (start, end), (at[first], at[last]), w4), (b, i, w)
+            parts = SpanParts(flat, first, last, start, end, at[first], at[last], w4)
+            return (parts if stream else spans_in_chunks(parts)), (b, i, w)
         start, end = self.end_maps(used_rows)  # (R, D′) each
         ends = start.index_select(0, at[first]) + end.index_select(0, at[last])  # (N, D′)
         prod = flat.index_select(0, first) * flat.index_select(0, last)  # (N, D) h_i ⊙ h_j
@@ -238,6 +243,10 @@ class SelfExplainHead(Head):
             spans = self.span_states(hidden, width)  # (B, T, W, D′)
             alpha = masked_softmax(self.interpret(spans).squeeze(-1), valid)  # (B, T, W)
             pooled = torch.einsum("btw,btwd->bd", alpha, spans)  # (B, D′) Ĥ
+        elif not torch.is_grad_enabled():  # inference: the valid spans a chunk at a time, never all at once
+            parts, (b, i, w) = self.packed_spans(hidden, valid, product_dtype(f.precision, hidden.device), stream=True)
+            pooled, scores = self.pool_streaming(parts, b, valid.shape[0])  # (B, D′), (N,)
+            alpha = masked_softmax(scores.new_zeros(valid.shape).index_put((b, i, w), scores), valid)  # (B, T, W)
         else:  # the valid spans only (packed_spans), the same α and Ĥ
             spans, (b, i, w) = self.packed_spans(hidden, valid, product_dtype(f.precision, hidden.device))  # (N, D′)
             scores = self.interpret(spans).squeeze(-1)  # (N,)
@@ -246,6 +255,33 @@ class SelfExplainHead(Head):
             weighted = spans.mul_(alpha[b, i, w, None]) if not torch.is_grad_enabled() else alpha[b, i, w, None] * spans
             pooled = weighted.new_zeros(valid.shape[0], spans.shape[-1]).index_add(0, b, weighted)  # (B, D′) Ĥ
         return Output(self.out(self.drop(pooled)), {"span_weights": alpha})  # (B, C)
+
+    def pool_streaming(self, parts: "SpanParts", b: Tensor, B: int) -> tuple[Tensor, Tensor]:
+        """Without autograd: Ĥ = Σ α·h(i, j) per input and the N spans' scores, with the spans made
+        CHUNK_SPANS at a time into one reused buffer (span_chunks) and softmaxed online: each input
+        keeps its largest score so far m, Σ exp(s − m) and Σ exp(s − m)·h, rescaled by exp(m_old −
+        m_new) when m grows. So no (N, D′) tensor of all spans is ever held: for 16 texts of 128
+        tokens that was 24 MB per batch in a server (bench/REPORT.md, "Streaming the self-explaining
+        head"). b: (N,) each span's input; returns ((B, D′) Ĥ, (N,) scores); an input with no valid
+        span gets Ĥ = 0, as masked_softmax gives it α = 0."""
+        d = self.w4.out_features
+        scores = parts.start.new_empty(len(b))  # (N,)
+        top = parts.start.new_full((B,), float("-inf"))  # (B,) m
+        total = parts.start.new_zeros(B)  # (B,) Σ exp(s − m)
+        acc = parts.start.new_zeros(B, d)  # (B, D′) Σ exp(s − m)·h
+        for c, o in span_chunks(parts):
+            s = self.interpret(o).squeeze(-1)  # (n,)
+            scores[c] = s
+            bc = b[c]
+            new = top.scatter_reduce(0, bc, s, "amax")  # (B,) m_new
+            scale = torch.where(new == top, 1.0, torch.exp(top - new))  # (B,) 1 where m stayed (also −inf)
+            total.mul_(scale)
+            acc.mul_(scale[:, None])
+            e = torch.exp(s - new[bc])  # (n,)
+            total.index_add_(0, bc, e)
+            acc.index_add_(0, bc, o.mul_(e[:, None]))
+            top = new
+        return torch.where(total[:, None] > 0, acc / total.clamp_min(1e-30)[:, None], 0.0), scores
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:
         """CE − λ·mean_b Σα²: the minus rewards concentrated span weights."""
@@ -265,29 +301,53 @@ class SelfExplainHead(Head):
         return Explanation({"spans": spans}, lines)
 
 
-def spans_in_chunks(flat: Tensor, tokens: tuple[Tensor, Tensor], maps: tuple[Tensor, Tensor],
-                    rows: tuple[Tensor, Tensor], w4: Tensor) -> Tensor:
-    """Without autograd: the N spans' h(i, j), CHUNK_SPANS at a time, in place. flat (B·T, D) states;
-    tokens: (N,) each, the rows of flat a span starts and ends at; maps: the (R, D′) start and end
-    terms (end_maps) of the R tokens used; rows: (N,) each, a span's rows in them; w4: W₄ᵀ (D, D′).
+@dataclass
+class SpanParts:
+    """What the N valid spans' h(i, j) are made from without autograd. flat (B·T, D) states; first,
+    last: (N,) each, the rows of flat a span starts and ends at; start, end: the (R, D′) start and end
+    terms (end_maps) of the R tokens used; start_row, end_row: (N,) each, a span's rows in them;
+    w4: W₄ᵀ (D, D′), fp32 or bf16."""
+    flat: Tensor
+    first: Tensor
+    last: Tensor
+    start: Tensor
+    end: Tensor
+    start_row: Tensor
+    end_row: Tensor
+    w4: Tensor
+
+
+def span_chunks(p: SpanParts, out: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:
+    """Without autograd: (c, h) for each chunk c of CHUNK_SPANS spans, h (n, D′) their h(i, j), made
+    in place in out[c] (out (N, D′)), or, without `out`, in one buffer that the next chunk reuses."""
+    N, d = len(p.first), p.w4.shape[1]
+    buf = p.start.new_empty(min(N, CHUNK_SPANS), d) if out is None else None
+    for k in range(0, N, CHUNK_SPANS):
+        c = slice(k, min(k + CHUNK_SPANS, N))
+        n = c.stop - c.start
+        o = torch.add(p.start.index_select(0, p.start_row[c]), p.end.index_select(0, p.end_row[c]),
+                      out=out[c] if out is not None else buf[:n])  # (n, D′)
+        prod = p.flat.index_select(0, p.first[c]).mul_(p.flat.index_select(0, p.last[c]))  # (n, D) h_i ⊙ h_j
+        if p.w4.dtype == torch.float32:
+            o.addmm_(prod, p.w4)  # + W₄(h_i ⊙ h_j)
+        else:
+            o.add_(low_mm(prod, p.w4))
+        o.mul_(2).sigmoid_().mul_(2).sub_(1)  # tanh x = 2σ(2x) − 1: 4× faster than torch's tanh on the CPU
+        yield c, o
+
+
+def spans_in_chunks(p: SpanParts) -> Tensor:
+    """Without autograd: the N spans' h(i, j), CHUNK_SPANS at a time, in place (span_chunks).
     Returns (N, D′): the same sums as packed_spans makes with autograd, in the same order; tanh
     through the sigmoid (within 2·10⁻⁷ of torch.tanh, absolute; |tanh| ≤ 1).
 
     w4 in bfloat16 (product_dtype, low_weights): W₄(h_i ⊙ h_j), the one product per span and most of
     the head's time, with h_i ⊙ h_j rounded to bf16 (sums in fp32 inside the product, the result
     rounded to bf16 and added to the fp32 terms); the rest stays fp32."""
-    (first, last), (start, end), (fa, la) = tokens, maps, rows
     # (N, D′), a view of rows rounded up to whole chunks: the allocator sees few sizes, whatever N is
-    out = start.new_empty(-(-len(first) // CHUNK_SPANS) * CHUNK_SPANS, w4.shape[1])[:len(first)]
-    for k in range(0, len(first), CHUNK_SPANS):
-        c = slice(k, k + CHUNK_SPANS)
-        o = torch.add(start.index_select(0, fa[c]), end.index_select(0, la[c]), out=out[c])  # (n, D′)
-        prod = flat.index_select(0, first[c]).mul_(flat.index_select(0, last[c]))  # (n, D) h_i ⊙ h_j
-        if w4.dtype == torch.float32:
-            o.addmm_(prod, w4)  # + W₄(h_i ⊙ h_j)
-        else:
-            o.add_(low_mm(prod, w4))
-        o.mul_(2).sigmoid_().mul_(2).sub_(1)  # tanh x = 2σ(2x) − 1: 4× faster than torch's tanh on the CPU
+    out = p.start.new_empty(-(-len(p.first) // CHUNK_SPANS) * CHUNK_SPANS, p.w4.shape[1])[:len(p.first)]
+    for _ in span_chunks(p, out):
+        pass
     return out
 
 
