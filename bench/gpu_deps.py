@@ -3,7 +3,7 @@
   python3 bench/gpu_deps.py .gpu/wheels /tmp/site     # then PYTHONPATH=/tmp/site:...
 
 The machine's python3 has torch and transformers but may lack what `frozentune serve` and
-bench/serve_load.py import (fastapi, uvicorn, prometheus_client, psutil, httpx). When any of these is
+bench/serve_load.py import (NEEDED: fastapi, uvicorn, httptools, uvloop, psutil, …). When any of these is
 missing, every wheel in WHEELS that fits this interpreter (pure Python, abi3, or its own cpXY tag;
 the newest version of each distribution) is unpacked into SITE, which goes first on PYTHONPATH: one
 consistent set (fastapi with the pydantic it was resolved with), not a mix with what the machine has.
