@@ -1158,7 +1158,13 @@ def report(d: dict) -> str:
                          f"RSS {_goal(q['8_heads_vs_1_head_rss'], '<= 1.1')}; 8 heads in one server / 8 one-head servers: "
                          f"requests/s {q['8_heads_vs_8_servers_requests_per_s']:.2f}x, the 8 servers' total RSS "
                          f"{q['8_servers_vs_8_heads_total_rss']:.2f}x the one server's.")
-            if "8_heads_vs_1_head_requests_per_s_pipeline_off" in q:
+            if "8_heads_vs_1_head_requests_per_s_pipeline_off" in q and str(m.get("device")).startswith("cuda"):
+                lines.append(f"- {ts}: on a GPU `--pipeline auto` is off (serve/models.py pipeline_choice), so the "
+                             f"default servers and their `--pipeline off` twins ran the same configuration: 8 heads / "
+                             f"1 head from the twins {q['8_heads_vs_1_head_requests_per_s_pipeline_off']:.2f}x; the "
+                             f"8-head twins' requests/s differ by {q['8_heads_pipeline_on_vs_off_requests_per_s']:.2f}x, "
+                             f"which is this run's spread between identical servers.")
+            elif "8_heads_vs_1_head_requests_per_s_pipeline_off" in q:
                 lines.append(f"- {ts}: with every batch's heads after its pass (`--pipeline off`, the servers of the "
                              f"same run): 8 heads / 1 head requests/s {q['8_heads_vs_1_head_requests_per_s_pipeline_off']:.2f}x; "
                              f"the 8-head server's requests/s with the heads beside the next pass / after it: "
