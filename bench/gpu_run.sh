@@ -6,7 +6,8 @@
 #    MiniLM's shape and BERT-base's; 2. the SST-2 suite of heads trained on the GPU (default
 #    precision, then fp32 for the probe and Y-Tuning); 3. each of
 #    those heads evaluated on states made by the CPU (fp32) and by the GPU (fp32/bf16/fp16).
-# Issue 17's GPU figures: PARTS="serve extract-tmpfs" bash bench/gpu_run.sh, carrying .gpu/minilm-xz and
+# Issue 17's GPU figures: MINILM=.gpu/minilm-xz PARTS="serve extract-tmpfs" bash bench/gpu_run.sh, carrying
+# .gpu/minilm-xz and
 # .gpu/serve (made by bench/gpu_serve_prepare.sh: the 8 SST-2 heads of bench/serve_load.py, the SST-2
 # test set and its 1,000-review IMDB sample, the serving stack's wheels):
 #   serve          bench/serve_load.py --only batching,heads with every server on the GPU (the 1/4/8-head
