@@ -18,15 +18,16 @@ for f in .gpu/minilm-fp16/*; do
 done
 cp "$DATA/sst2/test.jsonl" .gpu/serve/data/sst2/
 FROZENTUNE_DATA=$DATA $PY - <<'EOF'
-import json, random
-from frozentune.data import data_root, read_split
-src = data_root() / "imdb" / "test.jsonl"
-by = {}
-for line in src.read_text().split("\n"):
+import json, sys
+sys.path.insert(0, "bench")
+import serve_load
+from frozentune.data import data_root
+by = {}  # each sampled text's record as the file has it
+for line in (data_root() / "imdb" / "test.jsonl").read_text().split("\n"):
     if line.strip():
         rec = json.loads(line)
         by.setdefault(rec["text"], rec)
-sample = random.Random(0).sample(list(read_split(src).texts), 1000)  # as bench/serve_load.py long_texts()
+sample = serve_load.long_texts()  # the benchmark's own sample, in its order
 open(".gpu/serve/data/imdb/test.jsonl", "w").write("\n".join(json.dumps(by[t]) for t in sample) + "\n")
 EOF
 for v in ${PYTHONS:-3.12}; do  # the GPU machine's python3 (3.12.3 on 2026-11-26)

@@ -69,6 +69,8 @@ def ft() -> list[str]:
     """The frozentune command: the installed script, else `python -m frozentune` (a machine where the
     package is only on PYTHONPATH, as bench/gpu_run.sh sets it up)."""
     return [str(EXE)] if EXE.is_file() else [sys.executable, "-m", "frozentune"]
+
+
 PARTS = ("heads", "batching", "generation", "bad", "soak")
 
 # name, method, layer: four methods × two layers; the first n are the n-head server
@@ -486,7 +488,7 @@ def short_texts() -> list[str]:
 
 def long_texts(n: int = 1000, seed: int = 0) -> list[str]:
     """A seeded sample of n IMDB test reviews; a file of n or fewer is taken whole, in its order (the
-    slice bench/gpu_serve_prepare.py writes is this sample, in this order)."""
+    slice bench/gpu_serve_prepare.sh writes is this sample, in this order)."""
     from frozentune.data import data_root, read_split
     texts = list(read_split(data_root() / "imdb" / "test.jsonl").texts)
     return texts if len(texts) <= n else random.Random(seed).sample(texts, n)
@@ -658,13 +660,6 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
             "goals": {"8_heads_vs_1_head_requests_per_s": ">= 0.9", "8_heads_vs_1_head_rss": "<= 1.1"}}
 
 
-def sync(device: str | None) -> None:
-    """Wait for a GPU's queued work (timings of asynchronous kernels); nothing on the CPU."""
-    import torch
-    if device and device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def gpu_memory_mb() -> dict[int, float]:
     """GPU memory per process id from nvidia-smi; empty where there is none (or it lists no processes)."""
     exe = shutil.which("nvidia-smi")
@@ -692,6 +687,7 @@ def head_costs(heads_dir: Path, threads: int, device: str | None = None, rows: i
     from frozentune.head import Features
     from frozentune.serve.engine import Engine
     from frozentune.serve.models import _batch, classify_rows
+    from gpu_extract import sync
 
     torch.set_num_threads(threads)
     engine = Engine.load([heads_dir / n for n, _, _ in HEADS], device, log=lambda line: None)
@@ -707,11 +703,11 @@ def head_costs(heads_dir: Path, threads: int, device: str | None = None, rows: i
 
             def timed(fn) -> float:
                 fn()
-                sync(device)
+                sync(bb.device)  # a GPU's queued kernels, before and after the clock
                 t0 = time.perf_counter()
                 for _ in range(repeats):
                     fn()
-                sync(device)
+                sync(bb.device)
                 return 1000 * (time.perf_counter() - t0) / repeats
 
             states = bb.hidden_states(ids, mask)
@@ -753,6 +749,7 @@ def hf_loop(texts: list[str], threads: int, n: int, seconds: float, sizes=(1, 8,
 
     from frozentune.backbone import ALIASES
     from frozentune.extract.precision import prepare
+    from gpu_extract import sync
 
     torch.set_num_threads(threads)
     path = ALIASES["minilm"]()
@@ -769,7 +766,7 @@ def hf_loop(texts: list[str], threads: int, n: int, seconds: float, sizes=(1, 8,
                 enc = tok(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt").to(dev)
                 with torch.no_grad():
                     runner(**enc)
-                sync(device)
+                sync(dev)
             batch(0)  # warm-up
             done, t0 = 0, time.perf_counter()
             while done < n and time.perf_counter() - t0 < seconds:

@@ -5,7 +5,7 @@ more than PACK_BELOW of the slots are valid, when it computes every slot too), s
 process on the same batches, torch pinned to 1 thread.
 
 Forward without autograd (inference: predict, explain, serve) has a third mode, the default there
-since 2026-11-25: the valid spans computed CHUNK_SPANS at a time, in place (spans_in_chunks), at
+since 2026-11-25: the valid spans computed CHUNK_SPANS at a time (span_chunks; since be94d22 in one reused buffer and softmaxed online, pool_streaming), at
 any share of valid spans. Its row compares it with both: every slot, and "one shot", the eager
 default before it (the autograd path with no parameter requiring a gradient: the same code, run
 under torch.enable_grad(), so it takes the one-shot branch and PACK_BELOW's choice without

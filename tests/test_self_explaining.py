@@ -160,7 +160,7 @@ def test_valid_spans_only_equal_every_slot(width):
 @pytest.mark.parametrize("width", [3, 0])
 def test_inference_in_chunks_equals_the_autograd_forward(width, monkeypatch):
     """Without autograd the valid spans are made a chunk at a time, in place, tanh through the sigmoid
-    (spans_in_chunks): the same logits and α as the autograd forward (packed and every slot), with
+    (span_chunks): the same logits and α as the autograd forward (packed and every slot), with
     chunks that split rows and a last partial chunk."""
     import frozentune.heads.self_explaining as se
 

@@ -17,8 +17,8 @@ are computed (packed_spans: none over padding, past an input's end or over exclu
 batch of short texts padded to its longest costs its spans, not its slots (2.3-2.5× faster on 16 SST-2
 sentences padded to their longest, bench/span_packing.py), unless nearly every slot is valid
 (PACK_BELOW). Without autograd (predict, explain, serve) the valid spans are made a chunk at a time
-in place (spans_in_chunks: 1.3-1.4× the one-shot sums on SST-2 batches, 1.8× at 128 tokens, where every
-slot is valid). An exporter traces every (i, w) slot (`every_slot`, span_states), so the graph's
+in one reused buffer (span_chunks: 1.3-1.4× the one-shot sums on SST-2 batches, 1.8× at 128 tokens,
+where every slot is valid) and softmaxed online (pool_streaming), so they are never all held at once. An exporter traces every (i, w) slot (`every_slot`, span_states), so the graph's
 shapes follow the input's alone; both give the same α and logits (tested). Memory grows as T·W, never T², unless W = 0 ("all spans", W = T).
 
 Which spans are valid: every token of the span is real (Features.mask) and, with
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -198,37 +197,31 @@ class SelfExplainHead(Head):
         start, end = low_mm(hidden, maps).float().add_(bias).split(self.w4.out_features, -1)
         return start, end
 
-    def packed_spans(self, hidden: Tensor, valid: Tensor, product: torch.dtype = torch.float32,
-                     stream: bool = False) -> tuple[Any, tuple[Tensor, Tensor, Tensor]]:
+    def packed_spans(self, hidden: Tensor, valid: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
         """(B, T, D) states, (B, T, W) bool valid spans → (N, D′) h(i, j) of the N valid spans only,
         and their (b, i, w) indices (each (N,), in row-major order). The same sums as span_states, but
         no span over padding, past an input's end or over excluded tokens is computed: a batch of
-        short texts padded to its longest holds about half as many valid spans as slots. Without
-        autograd and with `stream`, SpanParts instead of the (N, D′) tensor: what span_chunks makes
-        the spans from, a chunk at a time."""
-        B, T, D = hidden.shape
-        b, i, w = valid.nonzero(as_tuple=True)  # (N,) each
-        flat = hidden.reshape(B * T, D)
-        first, last = b * T + i, b * T + i + w  # (N,) rows of flat: the span's first and last token
-        used = torch.zeros(B * T, dtype=torch.bool, device=hidden.device)
-        used[first] = True
-        used[last] = True
-        rows = used.nonzero().squeeze(1)  # (R,) tokens some valid span starts or ends at
-        at = torch.zeros(B * T, dtype=torch.long, device=hidden.device)
-        at[rows] = torch.arange(len(rows), device=hidden.device)  # flat row → its row in the projections
-        used_rows = flat.index_select(0, rows)  # (R, D)
-        if not torch.is_grad_enabled():
-            if product == torch.float32:
-                (start, end), w4 = self.end_maps(used_rows), self.w4.weight.t()  # (R, D′) each, (D, D′)
-            else:
-                (start, end), w4 = self.low_end_maps(used_rows, product), self.low_weights(product)[1]
-            parts = SpanParts(flat, first, last, start, end, at[first], at[last], w4)
-            return (parts if stream else spans_in_chunks(parts)), (b, i, w)
-        start, end = self.end_maps(used_rows)  # (R, D′) each
+        short texts padded to its longest holds about half as many valid spans as slots. The
+        autograd path; inference makes the same spans a chunk at a time (span_parts, span_chunks)."""
+        flat, first, last, rows, at, bi = valid_span_rows(hidden, valid)
+        start, end = self.end_maps(flat.index_select(0, rows))  # (R, D′) each
         ends = start.index_select(0, at[first]) + end.index_select(0, at[last])  # (N, D′)
         prod = flat.index_select(0, first) * flat.index_select(0, last)  # (N, D) h_i ⊙ h_j
         pre = torch.addmm(ends, prod, self.w4.weight.t())  # (N, D′) the sum of the four maps
-        return torch.tanh(pre), (b, i, w)
+        return torch.tanh(pre), bi
+
+    def span_parts(self, hidden: Tensor, valid: Tensor,
+                   product: torch.dtype = torch.float32) -> tuple["SpanParts", tuple[Tensor, Tensor, Tensor]]:
+        """Without autograd: what span_chunks makes the N valid spans' h(i, j) from (SpanParts: the
+        per-token start and end terms, in `product`'s precision where that is bf16 (low_end_maps), and
+        W₄ᵀ), and their (b, i, w) indices, as packed_spans."""
+        flat, first, last, rows, at, bi = valid_span_rows(hidden, valid)
+        used_rows = flat.index_select(0, rows)  # (R, D)
+        if product == torch.float32:
+            (start, end), w4 = self.end_maps(used_rows), self.w4.weight.t()  # (R, D′) each, (D, D′)
+        else:
+            (start, end), w4 = self.low_end_maps(used_rows, product), self.low_weights(product)[1]
+        return SpanParts(flat, first, last, start, end, at[first], at[last], w4), bi
 
     def forward(self, f: Features) -> Output:
         T = f.hidden.shape[1]
@@ -244,15 +237,14 @@ class SelfExplainHead(Head):
             alpha = masked_softmax(self.interpret(spans).squeeze(-1), valid)  # (B, T, W)
             pooled = torch.einsum("btw,btwd->bd", alpha, spans)  # (B, D′) Ĥ
         elif not torch.is_grad_enabled():  # inference: the valid spans a chunk at a time, never all at once
-            parts, (b, i, w) = self.packed_spans(hidden, valid, product_dtype(f.precision, hidden.device), stream=True)
+            parts, (b, i, w) = self.span_parts(hidden, valid, product_dtype(f.precision, hidden.device))
             pooled, scores = self.pool_streaming(parts, b, valid.shape[0])  # (B, D′), (N,)
             alpha = masked_softmax(scores.new_zeros(valid.shape).index_put((b, i, w), scores), valid)  # (B, T, W)
-        else:  # the valid spans only (packed_spans), the same α and Ĥ
-            spans, (b, i, w) = self.packed_spans(hidden, valid, product_dtype(f.precision, hidden.device))  # (N, D′)
+        else:  # training: the valid spans only (packed_spans), the same α and Ĥ
+            spans, (b, i, w) = self.packed_spans(hidden, valid)  # (N, D′)
             scores = self.interpret(spans).squeeze(-1)  # (N,)
             alpha = masked_softmax(scores.new_zeros(valid.shape).index_put((b, i, w), scores), valid)  # (B, T, W)
-            # (N, D′) α-weighted spans; without autograd in place, so that no second (N, D′) tensor is made
-            weighted = spans.mul_(alpha[b, i, w, None]) if not torch.is_grad_enabled() else alpha[b, i, w, None] * spans
+            weighted = alpha[b, i, w, None] * spans  # (N, D′)
             pooled = weighted.new_zeros(valid.shape[0], spans.shape[-1]).index_add(0, b, weighted)  # (B, D′) Ĥ
         return Output(self.out(self.drop(pooled)), {"span_weights": alpha})  # (B, C)
 
@@ -317,16 +309,20 @@ class SpanParts:
     w4: Tensor
 
 
-def span_chunks(p: SpanParts, out: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:
+def span_chunks(p: SpanParts) -> Iterator[tuple[slice, Tensor]]:
     """Without autograd: (c, h) for each chunk c of CHUNK_SPANS spans, h (n, D′) their h(i, j), made
-    in place in out[c] (out (N, D′)), or, without `out`, in one buffer that the next chunk reuses."""
+    in one buffer that the next chunk reuses: the same sums as packed_spans makes with autograd, in the
+    same order; tanh through the sigmoid (within 2·10⁻⁷ of torch.tanh, absolute; |tanh| ≤ 1).
+
+    w4 in bfloat16 (product_dtype, low_weights): W₄(h_i ⊙ h_j), the one product per span and most of
+    the head's time, with h_i ⊙ h_j rounded to bf16 (sums in fp32 inside the product, the result
+    rounded to bf16 and added to the fp32 terms); the rest stays fp32."""
     N, d = len(p.first), p.w4.shape[1]
-    buf = p.start.new_empty(min(N, CHUNK_SPANS), d) if out is None else None
+    buf = p.start.new_empty(min(N, CHUNK_SPANS), d)
     for k in range(0, N, CHUNK_SPANS):
         c = slice(k, min(k + CHUNK_SPANS, N))
-        n = c.stop - c.start
         o = torch.add(p.start.index_select(0, p.start_row[c]), p.end.index_select(0, p.end_row[c]),
-                      out=out[c] if out is not None else buf[:n])  # (n, D′)
+                      out=buf[:c.stop - c.start])  # (n, D′)
         prod = p.flat.index_select(0, p.first[c]).mul_(p.flat.index_select(0, p.last[c]))  # (n, D) h_i ⊙ h_j
         if p.w4.dtype == torch.float32:
             o.addmm_(prod, p.w4)  # + W₄(h_i ⊙ h_j)
@@ -336,19 +332,22 @@ def span_chunks(p: SpanParts, out: Tensor | None = None) -> Iterator[tuple[slice
         yield c, o
 
 
-def spans_in_chunks(p: SpanParts) -> Tensor:
-    """Without autograd: the N spans' h(i, j), CHUNK_SPANS at a time, in place (span_chunks).
-    Returns (N, D′): the same sums as packed_spans makes with autograd, in the same order; tanh
-    through the sigmoid (within 2·10⁻⁷ of torch.tanh, absolute; |tanh| ≤ 1).
-
-    w4 in bfloat16 (product_dtype, low_weights): W₄(h_i ⊙ h_j), the one product per span and most of
-    the head's time, with h_i ⊙ h_j rounded to bf16 (sums in fp32 inside the product, the result
-    rounded to bf16 and added to the fp32 terms); the rest stays fp32."""
-    # (N, D′), a view of rows rounded up to whole chunks: the allocator sees few sizes, whatever N is
-    out = p.start.new_empty(-(-len(p.first) // CHUNK_SPANS) * CHUNK_SPANS, p.w4.shape[1])[:len(p.first)]
-    for _ in span_chunks(p, out):
-        pass
-    return out
+def valid_span_rows(hidden: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                            tuple[Tensor, Tensor, Tensor]]:
+    """(B, T, D) states, (B, T, W) bool valid spans → flat (B·T, D) states; first, last (N,): the rows
+    of flat each valid span starts and ends at; rows (R,): the tokens some valid span starts or ends
+    at; at (B·T,): a flat row's place among them; and the spans' (b, i, w), each (N,), row-major."""
+    B, T, D = hidden.shape
+    b, i, w = valid.nonzero(as_tuple=True)  # (N,) each
+    flat = hidden.reshape(B * T, D)
+    first, last = b * T + i, b * T + i + w  # (N,) rows of flat: the span's first and last token
+    used = torch.zeros(B * T, dtype=torch.bool, device=hidden.device)
+    used[first] = True
+    used[last] = True
+    rows = used.nonzero().squeeze(1)  # (R,) tokens some valid span starts or ends at
+    at = torch.zeros(B * T, dtype=torch.long, device=hidden.device)
+    at[rows] = torch.arange(len(rows), device=hidden.device)  # flat row → its row in the projections
+    return flat, first, last, rows, at, (b, i, w)
 
 
 def low_mm(x: Tensor, w: Tensor) -> Tensor:

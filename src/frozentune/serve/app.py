@@ -272,7 +272,7 @@ def http_stack(find=importlib.util.find_spec) -> tuple[str, str, str]:
     """(HTTP parser, event loop, a note for the log) that uvicorn runs the server on: httptools and
     uvloop, dependencies of frozentune where they build (not Windows), else h11 and asyncio, said
     so. With both, the event loop took 0.77x the CPU per request of h11 + asyncio (bench/REPORT.md,
-    "The HTTP side on a GPU"): it matters where the pass is cheap and the loop bounds requests/s."""
+    "On a GPU (2026-11-26: one NVIDIA H200)", httptools + uvloop): it matters where the pass is cheap and the loop bounds requests/s."""
     http = "httptools" if find("httptools") else "h11"
     loop = "uvloop" if sys.platform != "win32" and find("uvloop") else "asyncio"
     note = f"http: {http}, event loop: {loop}"
