@@ -13,6 +13,11 @@
 #   serve          bench/serve_load.py --only batching,heads with every server on the GPU (the 1/4/8-head
 #                  table, 8 one-head servers, batching on/off and the plain Hugging Face loop's ceiling)
 #   extract-tmpfs  1. again, the cache folder on /dev/shm: the cache build against the bare loop without the disk
+#   graphs         bench/gpu_graphs_check.py: the 8 heads as CUDA graphs against the same engine without (answers,
+#                  which heads were recorded, the batch's time); the serve part runs only if this one succeeds
+# The serve part preloads .gpu/serve/lib/libtcmalloc_minimal.so.4 where it was carried (the servers' --allocator
+# auto then runs on it, as where it is installed) and runs the twins with $SERVE_TWIN (default on a GPU:
+# --cuda-graphs off).
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -34,12 +39,23 @@ if [[ $PARTS == *" suite "* ]]; then
   $PY bench/gpu_suite.py --device "$DEVICE" --methods "${METHODS:-probe,space,selfexplain,ytuning}" \
     --evals "${EVALS:-cpu:fp32,$DEVICE:bf16}" --out "$OUT/gpu_suite.jsonl" ${MAX_TRAIN:+--extra "--max-train $MAX_TRAIN"}
 fi
+if [[ $PARTS == *" graphs "* ]]; then
+  echo "== 2b. the heads as CUDA graphs, checked"
+  $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site &&
+    FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout 240 $PY bench/gpu_graphs_check.py --models .gpu/serve/models \
+      --device "$DEVICE" --out "$OUT/gpu_graphs_check.json" || { echo "graphs check failed: serve part skipped"; PARTS=${PARTS/ serve / }; }
+fi
 if [[ $PARTS == *" serve "* ]]; then
   echo "== 3. serve_load on $DEVICE"
+  TCM=$PWD/.gpu/serve/lib/libtcmalloc_minimal.so.4
+  if [[ -f $TCM ]] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+    export LD_PRELOAD=$TCM${LD_PRELOAD:+:$LD_PRELOAD}; echo "preloading the carried $TCM"
+  fi
   if $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site; then
     FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${SERVE_TIMEOUT:-330}" $PY bench/serve_load.py --only "${SERVE_PARTS:-batching,heads}" \
       --device "$DEVICE" --client raw --repeats "${SERVE_REPEATS:-1}" --seconds "${SERVE_SECONDS:-6}" --requests 20000 \
-      --warm-requests 320 --models .gpu/serve/models --output "$OUT/serve_load_gpu.json"
+      --warm-requests "${SERVE_WARM:-1000}" --models .gpu/serve/models --twin-args "${SERVE_TWIN:---cuda-graphs off}" \
+      --output "$OUT/serve_load_gpu.json"
     echo "serve_load exit $?"
     mkdir -p "$OUT/serve-logs" && cp .gpu/serve/serve-logs/*.log "$OUT/serve-logs/" 2>/dev/null
   fi

@@ -7,12 +7,15 @@
 #                       MiniLM (a model refuses a backbone whose weights differ from its own)
 #   .gpu/serve/wheels/  fastapi, uvicorn, prometheus-client, psutil, httpx and their dependencies
 #                       httptools, uvloop (binary wheels for $PYTHONS, default 3.12; bench/gpu_deps.py unpacks them there)
+#   .gpu/serve/lib/     this machine's libtcmalloc_minimal.so.4 (168 KB; needs glibc 2.29), which gpu_run.sh
+#                       preloads under the servers where the GPU machine has none (apt-get install libtcmalloc-minimal4)
 # Needs .gpu/minilm-fp16 (bench/gpu_prepare.py's docstring) and ../shared/data. About 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DATA=${FROZENTUNE_DATA:-$PWD/../shared/data}
-mkdir -p .gpu/minilm-xz .gpu/serve/data/sst2 .gpu/serve/data/imdb .gpu/serve/models .gpu/serve/wheels
+mkdir -p .gpu/minilm-xz .gpu/serve/data/sst2 .gpu/serve/data/imdb .gpu/serve/models .gpu/serve/wheels .gpu/serve/lib
+cp -L /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 .gpu/serve/lib/
 for f in .gpu/minilm-fp16/*; do
   case $f in */model.safetensors) xz -T2 -6 -k -c "$f" > .gpu/minilm-xz/model.safetensors.xz ;; *) cp "$f" .gpu/minilm-xz/ ;; esac
 done

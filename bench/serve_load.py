@@ -592,9 +592,10 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     specs = [(f"heads{n}", folders[:n], []) for n in (1, 4, 8)] + [(f"single-{HEADS[i][0]}", [folders[i]], [])
                                                                   for i in range(8)]
     specs.append(("light", [heads_dir / n for n, _, _ in LIGHT], []))
-    # beside the default (--pipeline auto: heads beside the next pass where torch leaves a core free),
-    # the 1- and 8-head servers with every batch's heads after its pass on one thread
-    specs += [(f"heads{n}-after", folders[:n], ["--pipeline", "off"]) for n in (1, 8)]
+    # beside the default, the 1- and 8-head servers with --twin-args: by default --pipeline off (every batch's
+    # heads after its pass on one thread, against auto's heads beside the next pass where torch leaves a core free)
+    twin, tkey = a.twin_args, twin_key(a.twin_args)
+    specs += [(f"heads{n}-after", folders[:n], shlex.split(twin)) for n in (1, 8)]
     servers = await start(client, specs, a.threads, logdir)
     pool = client_pool(a.client)
     try:
@@ -606,8 +607,8 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
                    f"{len(LIGHT)} heads, no self-explaining": (
                        [by["light"]], lambda b: classify_sender(pool, by["light"].url, b, len(LIGHT))),
                    "8 servers × 1 head": (singles, lambda b: fanout_sender(pool, [s.url for s in singles], b)),
-                   "1 head, --pipeline off": ([by["heads1-after"]], lambda b: classify_sender(pool, by["heads1-after"].url, b, 1)),
-                   "8 heads, --pipeline off": ([by["heads8-after"]], lambda b: classify_sender(pool, by["heads8-after"].url, b, 8))}
+                   f"1 head, {twin}": ([by["heads1-after"]], lambda b: classify_sender(pool, by["heads1-after"].url, b, 1)),
+                   f"8 heads, {twin}": ([by["heads8-after"]], lambda b: classify_sender(pool, by["heads8-after"].url, b, 8))}
         idle = {s.name: round(s.rss_mb(), 1) for s in servers}
         runs: dict[tuple[str, str], list[dict]] = {}
         for rep in range(a.repeats):
@@ -640,10 +641,13 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     for ts in ("short", "long"):
         one, eight, multi = get[("1 head", ts)], get[("8 heads", ts)], get[("8 servers × 1 head", ts)]
         light = get[(f"{len(LIGHT)} heads, no self-explaining", ts)]
-        one_after, eight_after = get[("1 head, --pipeline off", ts)], get[("8 heads, --pipeline off", ts)]
+        one_after, eight_after = get[(f"1 head, {twin}", ts)], get[(f"8 heads, {twin}", ts)]
         ratios[ts] = {"8_heads_vs_1_head_requests_per_s": eight["requests_per_s"] / one["requests_per_s"],
-                      "8_heads_vs_1_head_requests_per_s_pipeline_off": eight_after["requests_per_s"] / one_after["requests_per_s"],
-                      "8_heads_pipeline_on_vs_off_requests_per_s": eight["requests_per_s"] / eight_after["requests_per_s"],
+                      f"8_heads_vs_1_head_requests_per_s_{tkey}": eight_after["requests_per_s"] / one_after["requests_per_s"],
+                      **({"8_heads_pipeline_on_vs_off_requests_per_s": eight["requests_per_s"] / eight_after["requests_per_s"]}
+                         if tkey == "pipeline_off" else
+                         {f"8_heads_default_vs_{tkey}_requests_per_s": eight["requests_per_s"] / eight_after["requests_per_s"],
+                          f"1_head_default_vs_{tkey}_requests_per_s": one["requests_per_s"] / one_after["requests_per_s"]}),
                       "8_heads_vs_1_head_server_cpu_per_request": (eight["server_cpu_ms_per_request"]
                                                                     / one["server_cpu_ms_per_request"]),
                       "light_heads_vs_1_head_requests_per_s": light["requests_per_s"] / one["requests_per_s"],
@@ -654,10 +658,15 @@ async def part_heads(a, client, heads_dir: Path, logdir: Path) -> dict:
     return {"texts": {"short": f"SST-2 test, {len(texts['short'])} sentences",
                       "long": f"IMDB test, {len(texts['long'])} reviews (seeded sample); the models read the first 128 "
                               f"tokens (max_length 128)"},
-            "heads_in_order": [h[0] for h in HEADS], "servers": server_info, "idle_rss_mb": idle, "vm_hwm_mb": hwm,
+            "heads_in_order": [h[0] for h in HEADS], "twin_args": twin, "servers": server_info, "idle_rss_mb": idle, "vm_hwm_mb": hwm,
             "gpu_memory_mb_at_end": gpu_mb or None,
             "results": results, "ratios": ratios, "head_costs": costs,
             "goals": {"8_heads_vs_1_head_requests_per_s": ">= 0.9", "8_heads_vs_1_head_rss": "<= 1.1"}}
+
+
+def twin_key(args: str) -> str:
+    """The twin servers' options as a JSON key part: '--pipeline off' → pipeline_off."""
+    return re.sub(r"\W+", "_", args).strip("_")
 
 
 def gpu_memory_mb() -> dict[int, float]:
@@ -729,10 +738,17 @@ def head_costs(heads_dir: Path, threads: int, device: str | None = None, rows: i
                 row["heads_ms"][task.name] = round(timed(head), 2)
             row["heads_total_ms"] = round(sum(row["heads_ms"].values()), 2)
             row["group_run_ms"] = round(timed(lambda: group.run(jobs)), 2)  # the server's own call, all of it
+            if group.graphs is not None:  # on a GPU (--cuda-graphs auto): the same call with the heads run eagerly
+                kept, group.graphs = group.graphs, None
+                row["group_run_ms_no_graphs"] = round(timed(lambda: group.run(jobs)), 2)
+                group.graphs = kept
+                row["graphs"] = kept.describe()
             out["texts"][name] = row
             log(f"head costs {name} {tuple(ids.shape)}: pass {row['pass_ms']:.1f} ms, layer selection "
                 f"{row['select_ms']:.1f}, heads " + ", ".join(f"{k} {v:.1f}" for k, v in row["heads_ms"].items())
-                + f"; the whole batch {row['group_run_ms']:.1f} ms")
+                + f"; the whole batch {row['group_run_ms']:.1f} ms"
+                + (f" (without CUDA graphs {row['group_run_ms_no_graphs']:.1f} ms; {row['graphs']})"
+                   if "graphs" in row else ""))
         return out
     finally:
         engine.close()
@@ -1168,6 +1184,13 @@ def report(d: dict) -> str:
                              f"{q['8_heads_pipeline_on_vs_off_requests_per_s']:.2f}x. Server CPU per request, 8 heads / "
                              f"1 head (default servers): {q['8_heads_vs_1_head_server_cpu_per_request']:.2f}x: what the "
                              f"8 heads cost in CPU, which a second core now absorbs.")
+            for k in q:
+                if k.startswith("8_heads_default_vs_"):
+                    t = h.get("twin_args", "?")
+                    tk = k[len("8_heads_default_vs_"):-len("_requests_per_s")]
+                    lines.append(f"- {ts}: the twins with `{t}` (the servers of the same run): 8 heads / 1 head requests/s "
+                                 f"{q[f'8_heads_vs_1_head_requests_per_s_{tk}']:.2f}x; default / `{t}`: 8 heads "
+                                 f"{q[k]:.2f}x, 1 head {q[f'1_head_default_vs_{tk}_requests_per_s']:.2f}x.")
             if "light_heads_vs_1_head_requests_per_s" in q:
                 lines.append(f"- {ts}: {len(LIGHT)} heads without the self-explaining ones / 1 head requests/s "
                              f"{q['light_heads_vs_1_head_requests_per_s']:.2f}x, RSS {q['light_heads_vs_1_head_rss']:.2f}x "
@@ -1398,6 +1421,9 @@ def main() -> int:
     ap.add_argument("--soak-warm", type=float, default=60.0, metavar="SECONDS",
                     help="before the soak, this long in the soak's own traffic (0: none); memory is reported from "
                          "both starts")
+    ap.add_argument("--twin-args", default="--pipeline off",
+                    help="heads part: the options of the 1- and 8-head twin servers beside the default ones, e.g. "
+                         "'--cuda-graphs off' on a GPU (where --pipeline auto is already off)")
     ap.add_argument("--soak-server-args", default="", help="more options for the soak's server, e.g. '--pipeline off'")
     ap.add_argument("--soak-rate", type=float, default=None, help="soak capacity in requests/s (default: the JSON's "
                                                                   "heads part with the same --threads, else measured)")

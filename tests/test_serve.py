@@ -246,6 +246,103 @@ def test_concurrent_requests_share_batches_and_answer_as_alone(engine):
             close_scores(b["results"][0]["tasks"][name], a["results"][0]["tasks"][name], name)
 
 
+# ----------------------------------------------------------------------------- heads as CUDA graphs
+def graphed_engine(engine, capture, log=quiet) -> tuple[Engine, "HeadGraphs"]:
+    """An engine whose shared pass's heads run through HeadGraphs with `capture` (rerun on a CPU: the
+    recording's fixed inputs, padding and output slicing, the head called again at each replay)."""
+    from frozentune.serve.graphs import HeadGraphs
+
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="off"))
+    group = engine.tasks["probe"].group
+    group.graphs = HeadGraphs(torch.device("cpu"), log, capture=capture)
+    return e, group.graphs
+
+
+def test_heads_as_graphs_answer_as_without(engine):
+    """Every head through its recorded graph at padded rows (3 texts at 4 rows, 1 at 1) answers as without
+    graphs: the same states, the same sums but for the self-explaining head, which runs on every (i, w)
+    slot there (its valid spans alone without graphs), and matrix products blocked for 4 rows, not 3.
+    So fp32 bounds of the longest chain, the self-explaining logits over T·W slots."""
+    from frozentune.serve.graphs import rerun
+    from test_self_explaining import logits_ops
+
+    plain = Engine(list(engine.tasks.values()), ServeOptions(pipeline="off"))
+    try:
+        want = [plain.classify(TEXTS[:3]), plain.classify(TEXTS[3:]), plain.explain(TEXTS[:3], top=3)]
+    finally:
+        plain.close()
+    e, graphs = graphed_engine(engine, rerun)
+    replays = []
+    try:
+        got = [e.classify(TEXTS[:3]), e.classify(TEXTS[3:]), e.explain(TEXTS[:3], top=3)]
+        for g in graphs.graphs.values():  # count what runs from here on
+            g.replay = (lambda r: lambda: replays.append(1) or r())(g.replay)
+        again = e.classify(TEXTS[:3])
+    finally:
+        e.close()
+        engine.tasks["probe"].group.graphs = None
+    frozen = [n for n in CLASSIFIERS]
+    assert not graphs.failed and len(replays) == len(frozen)  # one replay per head, nothing recorded again
+    assert {(task, rows) for task, rows, _ in graphs.graphs} == {(n, r) for n in frozen for r in (4, 1)}
+    T = max(int(k[3]) for k in graphs.fixed)
+    rtol = tol(torch.float32, logits_ops(T * 5))
+    for g, w in zip([*got, again], [*want, want[0]]):
+        for got_row, want_row in zip(g["results"], w["results"]):
+            assert set(got_row["tasks"]) == set(want_row["tasks"])
+            for name in set(frozen) & set(want_row["tasks"]):  # explain: the heads that explain
+                a, b = got_row["tasks"][name], want_row["tasks"][name]
+                assert a["label"] == b["label"], name
+                assert_close(torch.tensor(list(a["scores"].values())), torch.tensor(list(b["scores"].values())),
+                             rtol=rtol, scale=1.0, what=name)
+                if "explanation" in b:  # the same spans or tokens, in the same order
+                    spans = lambda x: [(s.get("start"), s.get("end")) for s in x.get("spans", [])]  # noqa: E731
+                    assert spans(a["explanation"]) == spans(b["explanation"]), name
+
+
+def test_a_head_that_cannot_be_recorded_runs_without_and_says_so(engine):
+    """A recording that fails (as a head reading a value on the host while CUDA records would) is logged
+    once with its error; that head then answers without graphs, the others with them."""
+    from frozentune.serve.graphs import rerun
+
+    lines: list[str] = []
+
+    def capture(fn, device, pool):
+        out = fn()
+        if "span_weights" in out.extras:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return rerun(fn, device, pool)
+
+    want = engine.classify(TEXTS)
+    e, graphs = graphed_engine(engine, capture, lines.append)
+    try:
+        got = [e.classify(TEXTS), e.classify(TEXTS)]
+    finally:
+        e.close()
+        engine.tasks["probe"].group.graphs = None
+    assert set(graphs.failed) == {"selfexplain"} and "RuntimeError: operation not permitted" in graphs.failed["selfexplain"]
+    assert [line for line in lines if "could not be recorded" in line] == [
+        "serve: task 'selfexplain': its head could not be recorded as a CUDA graph (RuntimeError: operation not "
+        "permitted when stream is capturing); it runs without one"]
+    assert "selfexplain" not in {k[0] for k in graphs.graphs}
+    for g in got:
+        for got_row, want_row in zip(g["results"], want["results"]):
+            assert got_row["tasks"]["selfexplain"] == want_row["tasks"]["selfexplain"]  # the same kernels
+            assert got_row["tasks"]["probe"]["label"] == want_row["tasks"]["probe"]["label"]
+
+
+def test_cuda_graphs_need_a_cuda_device():
+    from frozentune.serve.graphs import HeadGraphs, graphs_choice, padded_rows
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert graphs_choice("auto", cpu) == (False, "auto: off on cpu (CUDA graphs need a CUDA device)")
+    assert graphs_choice("auto", cuda) == (True, "--cuda-graphs auto") and not graphs_choice("off", cuda)[0]
+    with pytest.raises(ValueError, match="--cuda-graphs on: the heads run on cpu, and CUDA graphs need a CUDA device"):
+        graphs_choice("on", cpu)
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        HeadGraphs(cpu)
+    assert [padded_rows(n) for n in (1, 2, 3, 4, 5, 16, 17)] == [1, 2, 4, 4, 8, 16, 32]
+
+
 # ----------------------------------------------------------------------------- heads beside the next pass
 def until(condition, seconds: float = 30.0) -> bool:
     deadline = time.monotonic() + seconds
@@ -259,8 +356,11 @@ def test_heads_beside_the_next_pass_answer_as_after_it(engine):
     so the same answers to the last bit."""
     off = Engine(list(engine.tasks.values()), ServeOptions(pipeline="off"))
     try:
-        assert {t["heads"] for t in off.describe() if t["name"] in CLASSIFIERS} == {"heads after the pass (--pipeline off)"}
-        assert {t["heads"] for t in engine.describe() if t["name"] in CLASSIFIERS} == {"heads beside the next pass (--pipeline on)"}
+        no_graphs = "no CUDA graphs (auto: off on cpu (CUDA graphs need a CUDA device))"
+        assert {t["heads"] for t in off.describe() if t["name"] in CLASSIFIERS} == {
+            f"heads after the pass (--pipeline off); {no_graphs}"}
+        assert {t["heads"] for t in engine.describe() if t["name"] in CLASSIFIERS} == {
+            f"heads beside the next pass (--pipeline on); {no_graphs}"}
         for texts in (TEXTS, TEXTS[:1]):
             assert off.classify(texts) == engine.classify(texts)
             assert off.explain(texts, top=3) == engine.explain(texts, top=3)
@@ -661,6 +761,8 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", models / "probe", "--max-texts", "0", contains="--max-texts 0", row="serve: a limit below 1")
     cli("serve", models / "probe", "--pipeline", "sometimes", contains="invalid choice: 'sometimes'",
         row="serve: an unknown --pipeline")
+    cli("serve", models / "probe", "--cuda-graphs", "on", contains="CUDA graphs need a CUDA device",
+        row="serve: --cuda-graphs on without a GPU")
     twin = tmp_path / "again" / "probe"
     shutil.copytree(models / "probe", twin)
     cli("serve", models / "probe", twin, contains="rename one", row="serve: two models with one name")

@@ -4,6 +4,8 @@ Legend: B batch, T tokens, D hidden size of the frozen states, C classes.
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, TypeVar
 
@@ -168,6 +170,12 @@ class Head(nn.Module):
         """Explain one prediction (`out` holds a batch of one). Heads that can explain override
         this; `explains(head)` tells whether one does."""
         raise NotImplementedError
+
+    def static_shapes(self) -> contextlib.AbstractContextManager:
+        """A context in which forward's tensor shapes follow the input's shapes alone, with no step that
+        reads the data's values on the host (a count of valid items, a nonzero()): what a CUDA graph can
+        record (serve/graphs.py). Heads whose forward is already so need not override this."""
+        return contextlib.nullcontext()
 
 
 def explains(head: Head | type[Head]) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..head import Head
 from . import ExportError
 
 GRAPH = "model.onnx"
@@ -232,17 +233,14 @@ def _require(*modules: str) -> None:
 @contextmanager
 def every_slot(graph: Graph):
     """Heads that skip work by the data (the self-explaining head computes only valid spans, a count
-    the input's values decide) traced on every slot instead, for a graph whose shapes follow the
-    input's shape alone; as they were afterwards."""
-    heads = [h for h in graph.heads if hasattr(h, "every_slot")]
-    before = [h.every_slot for h in heads]
-    try:
-        for h in heads:
-            h.every_slot = True
+    the input's values decide) traced in their static-shape form (Head.static_shapes: the
+    self-explaining head on every slot), for a graph whose shapes follow the input's shape alone; as
+    they were afterwards."""
+    with ExitStack() as stack:
+        for h in graph.heads:
+            if isinstance(h, Head):
+                stack.enter_context(h.static_shapes())
         yield
-    finally:
-        for h, b in zip(heads, before):
-            h.every_slot = b
 
 
 # Loggers whose warnings say nothing about the user's graph: torch.onnx registering torchvision's ops

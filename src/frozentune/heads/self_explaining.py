@@ -40,6 +40,8 @@ Legend: B batch, T tokens, D backbone width, D′ span width (`dim`), W span wid
 """
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -274,6 +276,16 @@ class SelfExplainHead(Head):
             acc.index_add_(0, bc, o.mul_(e[:, None]))
             top = new
         return torch.where(total[:, None] > 0, acc / total.clamp_min(1e-30)[:, None], 0.0), scores
+
+    @contextlib.contextmanager
+    def static_shapes(self) -> Iterator[None]:
+        """every_slot for the duration: all (i, w) slots, so no count of valid spans is read on the host
+        (what a CUDA graph records; the same α and logits as the valid spans alone, tested)."""
+        kept, self.every_slot = self.every_slot, True
+        try:
+            yield
+        finally:
+            self.every_slot = kept
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:
         """CE − λ·mean_b Σα²: the minus rewards concentrated span weights."""

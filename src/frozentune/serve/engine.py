@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ..data import unencodable
 from .batcher import BatchStats, Batcher, Job
+from .graphs import HeadGraphs, graphs_choice
 from .models import FrozenPass, Task, find_models, load_tasks, pipeline_choice
 
 
@@ -53,6 +54,10 @@ class ServeOptions:
         "help": "classify: run a batch's heads and answers on a second thread while the backbone's pass of the next "
                 "batch runs (on, off; auto: on for a CPU pass that leaves torch a free core, off where torch uses "
                 "every core or on a GPU); the startup log and /v1/models say which", "choices": ("auto", "on", "off")})
+    cuda_graphs: str = field(default="auto", metadata={
+        "help": "classify: record each head of a shared pass as a CUDA graph per batch shape, launched with one call "
+                "(auto: on a CUDA device; on: an error elsewhere; off); the startup log and /v1/models say which",
+        "choices": ("auto", "on", "off")})
     warmup: bool = field(default=False, metadata={
         "help": "classify: at startup, run two requests of texts at max_length, a token budget each, through every "
                 "pass and its heads, overlapping as under load: resident memory starts at the most batches of "
@@ -92,7 +97,8 @@ def whole(name: str, value: Any, least: int, most: int, most_text: str | None = 
 
 
 class Engine:
-    def __init__(self, tasks: Sequence[Task], options: ServeOptions | None = None):
+    def __init__(self, tasks: Sequence[Task], options: ServeOptions | None = None,
+                 log: Callable[[str], None] = print):
         self.options = (options or ServeOptions()).validate()
         self.tasks = {t.name: t for t in tasks}
         self.started = time.time()
@@ -104,6 +110,10 @@ class Engine:
                 g.backbone.pack = o.pack_tokens
         # per group: whether its heads run beside the next pass, and why (this engine's own: groups may be shared)
         self.pipelined = {g: pipeline_choice(o.pipeline, g.backbone.device) for g in self.groups if isinstance(g, FrozenPass)}
+        # per group: whether its heads run as CUDA graphs, and why (set on the group: the last engine made decides)
+        self.graphed = {g: graphs_choice(o.cuda_graphs, g.backbone.device) for g in self.pipelined}
+        for g, (on, _) in self.graphed.items():
+            g.graphs = HeadGraphs(g.backbone.device, log) if on else None
         self.batcher = Batcher(o.batch_tokens, o.max_wait_ms / 1000.0, o.max_queue, on_batch=self._on_batch,
                                refill_wait_s=o.refill_wait_ms / 1000.0,
                                split=lambda g: g in self.pipelined and self.pipelined[g][0])
@@ -113,7 +123,7 @@ class Engine:
              options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
         """Every saved model under `paths` (model folders, or folders of them), loaded once."""
         options = (options or ServeOptions()).validate()
-        engine = cls(load_tasks(find_models(paths), device, precision, log), options)
+        engine = cls(load_tasks(find_models(paths), device, precision, log), options, log)
         for g in engine.groups:
             if isinstance(g, FrozenPass):
                 log(f"serve: {g.label}: {g.backbone.pass_layout} pass; {engine.heads_run(g)}")
@@ -172,7 +182,9 @@ class Engine:
         if group not in self.pipelined:
             return "its head runs in its own pass"
         on, why = self.pipelined[group]
-        return f"heads {'beside the next pass' if on else 'after the pass'} ({why})"
+        graphed, how = self.graphed[group]
+        return (f"heads {'beside the next pass' if on else 'after the pass'} ({why}); "
+                f"{'as CUDA graphs' if graphed else 'no CUDA graphs'} ({how})")
 
     def describe(self) -> list[dict]:
         return [t.describe() | ({"heads": self.heads_run(t.group)} if t.kind == "classify" else {})

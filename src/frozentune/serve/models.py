@@ -33,6 +33,7 @@ from ..backbone import Backbone, LayerSpec, Tokenized, pad, select_layers
 from ..head import Features, Output, TokenView, explains
 from ..pairs import Text, separator_ids, separator_mask
 from .batcher import Deferred
+from .graphs import HeadGraphs
 
 
 class ServeError(ValueError):
@@ -203,6 +204,7 @@ class FrozenPass(ClassifierGroup):
     def __init__(self, backbone: Backbone):
         super().__init__()
         self.backbone = backbone
+        self.graphs: HeadGraphs | None = None  # set by the Engine (--cuda-graphs)
         self.label = f"{Path(backbone.name).name} max_length {backbone.max_length} {backbone.precision} on {backbone.device}"
 
     def run(self, jobs: Sequence) -> list[dict]:
@@ -224,6 +226,9 @@ class FrozenPass(ClassifierGroup):
         """Every task's head on the batch's states, and each job's answer."""
         fmask, sep = b.mask.bool(), b.separator
         chosen: dict[tuple, Tensor] = {}  # heads reading the same layers share their selection
+        graphs = self.graphs
+        if graphs is not None:
+            graphs.next_batch()
 
         def outputs(task: Task, rows: list[int]) -> Output:
             m = task.model
@@ -231,6 +236,10 @@ class FrozenPass(ClassifierGroup):
             if key not in chosen:  # as Classifier.features: the layers, float32, rounded as the cache stores them
                 chosen[key] = M.as_cached(select_layers(states, key[0]), key[1])
             every = len(rows) == len(jobs)
+            if graphs is not None and every and sep is None:  # all rows, single texts: its recorded graph
+                out = graphs.run(task.name, m.head, m.backbone_ref.precision, key, chosen[key], fmask)
+                if out is not None:
+                    return out
             hidden = chosen[key] if every else chosen[key][rows]
             with torch.no_grad():
                 return m.head(Features(hidden, fmask if every else fmask[rows],
