@@ -15,6 +15,7 @@
 #   extract-tmpfs  1. again, the cache folder on /dev/shm: the cache build against the bare loop without the disk
 #   graphs         bench/gpu_graphs_check.py: the 8 heads as CUDA graphs against the same engine without (answers,
 #                  which heads were recorded, the batch's time); the serve part runs only if this one succeeds
+#   rss            bench/gpu_rss_probe.py: a 1-head and an 8-head engine's host memory, CUDA's lazy module loading or not
 # The serve part preloads .gpu/serve/lib/libtcmalloc_minimal.so.4 where it was carried (the servers' --allocator
 # auto then runs on it, as where it is installed) and runs the twins with $SERVE_TWIN (default on a GPU:
 # --cuda-graphs off).
@@ -44,6 +45,11 @@ if [[ $PARTS == *" graphs "* ]]; then
   $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site &&
     FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout 240 $PY bench/gpu_graphs_check.py --models .gpu/serve/models \
       --device "$DEVICE" --out "$OUT/gpu_graphs_check.json" || { echo "graphs check failed: serve part skipped"; PARTS=${PARTS/ serve / }; }
+fi
+if [[ $PARTS == *" rss "* ]]; then
+  echo "== 2c. host memory of a 1-head and an 8-head engine"
+  FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout 200 $PY bench/gpu_rss_probe.py --models .gpu/serve/models --device "$DEVICE" \
+    --out "$OUT/gpu_rss_probe.json"
 fi
 if [[ $PARTS == *" serve "* ]]; then
   echo "== 3. serve_load on $DEVICE"

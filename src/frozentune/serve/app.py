@@ -246,20 +246,23 @@ def create_app(engine: Engine):
                 "batching": {"batch_tokens": o.batch_tokens, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue,
                              "max_texts": o.max_texts}}
 
-    @app.post("/v1/classify")
+    # The engine's answers hold JSON's own types only (str, float, int, bool, None, lists and dicts of them),
+    # so they are rendered as they are: returned as a dict, FastAPI would first walk every value with
+    # jsonable_encoder, 70 µs of the event loop per 8-task answer on this CPU against 14 µs for the rendering.
+    @app.post("/v1/classify", response_class=JSONResponse)
     async def classify(body: Classify):
         texts, pairs = _inputs(body)
-        return await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs)
+        return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs))
 
-    @app.post("/v1/explain")
+    @app.post("/v1/explain", response_class=JSONResponse)
     async def explain(body: Explain):
         texts, pairs = _inputs(body)
-        return await engine.aexplain(texts, body.tasks, body.top, pairs)
+        return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs))
 
-    @app.post("/v1/generate")
+    @app.post("/v1/generate", response_class=JSONResponse)
     async def generate(body: Generate):
-        return await engine.agenerate(body.prefix, _one(body, "sources", "source"), body.num_beams, body.max_new_tokens,
-                                      body.min_new_tokens)
+        return JSONResponse(await engine.agenerate(body.prefix, _one(body, "sources", "source"), body.num_beams,
+                                                   body.max_new_tokens, body.min_new_tokens))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():

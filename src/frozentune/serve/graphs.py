@@ -10,7 +10,10 @@ A graph holds its shapes and its memory: it reads its input from fixed tensors a
 output to fixed tensors. So, per batch shape (rows B rounded up to a power of two, tokens T as the
 pass padded them), the heads reading the same layers share one fixed input (the states, the mask),
 which each batch is copied into once; the padded rows are a one-token input of zeros whose answers
-are dropped (no head mixes rows). Every head of a group records its graphs into one memory pool.
+are dropped (no head mixes rows). Each head records its graphs into a memory pool of its own and
+replays them on a CUDA stream of its own, after the batch's rows are in the fixed input: the GPU runs
+the heads of a batch side by side (each is far too small to fill it), and their answers are read once
+all are queued (ClassifierGroup.answer).
 
 A head records where its forward has no step that needs the data's values on the host (the
 self-explaining head runs its every-slot form there: Head.static_shapes). Where a head cannot be
@@ -44,6 +47,7 @@ class Fixed:
     hidden: Tensor
     mask: Tensor
     batch: int = -1  # the batch whose rows were last copied in
+    ready: object = None  # on CUDA: an event recorded after they were
 
 
 class Recorded:
@@ -108,7 +112,9 @@ class HeadGraphs:
             raise ValueError(f"CUDA graphs need a CUDA device; the heads run on {device}: give --cuda-graphs off or auto")
         self.device, self.log, self.limit = device, log, limit
         self.capture = capture or cuda_capture
-        self.pool = torch.cuda.graph_pool_handle() if capture is None else None
+        self.cuda = capture is None
+        self.pools: dict[str, object] = {}  # per head: graphs that may run side by side must not share memory
+        self.streams: dict[str, torch.cuda.Stream] = {}
         self.fixed: dict[tuple, Fixed] = {}
         self.graphs: dict[tuple, Recorded] = {}
         self.failed: dict[str, str] = {}  # task name → why its head runs without graphs
@@ -140,7 +146,7 @@ class HeadGraphs:
                 graph = self._record(task, head, precision, fixed, gkey)  # recording runs nothing
                 if graph is None:
                     return None
-            graph.replay()
+            self._replay(task, graph, fixed)
         return Output(graph.out.logits[:B], {k: v[:B] for k, v in graph.out.extras.items()})
 
     def describe(self) -> str:
@@ -149,6 +155,20 @@ class HeadGraphs:
         if self.failed:
             made += "; without: " + ", ".join(f"{t} ({why})" for t, why in self.failed.items())
         return made
+
+    def _replay(self, task: str, graph: Recorded, fixed: Fixed) -> None:
+        """The head's graph on its own stream once the batch's rows are in `fixed`; work queued after this
+        on the current stream (reading the output, the next batch's copy into `fixed`) waits for it."""
+        if not self.cuda:
+            graph.replay()
+            return
+        stream = self.streams.get(task)
+        if stream is None:
+            stream = self.streams[task] = torch.cuda.Stream(self.device)
+        stream.wait_event(fixed.ready)
+        with torch.cuda.stream(stream):
+            graph.replay()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
 
     def _fill(self, key: tuple, hidden: Tensor, mask: Tensor) -> Fixed:
         """The fixed input of this shape with the batch's rows in it (copied once per batch); rows past B
@@ -164,6 +184,9 @@ class HeadGraphs:
             fixed.hidden[:B].copy_(hidden)
             fixed.mask[:B].copy_(mask)
             fixed.batch = self.batch
+            if self.cuda:
+                fixed.ready = torch.cuda.Event()
+                fixed.ready.record(torch.cuda.current_stream(self.device))
         return fixed
 
     def _record(self, task: str, head: torch.nn.Module, precision: str, fixed: Fixed, gkey: tuple) -> Recorded | None:
@@ -172,7 +195,9 @@ class HeadGraphs:
                 return head(Features(fixed.hidden, fixed.mask, None, precision))
         t0 = time.perf_counter()
         try:
-            graph = self.capture(call, self.device, self.pool)
+            if self.cuda and task not in self.pools:
+                self.pools[task] = torch.cuda.graph_pool_handle()
+            graph = self.capture(call, self.device, self.pools.get(task))
         except Exception as e:  # noqa: BLE001 - any failure to record is logged and that head runs eagerly
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

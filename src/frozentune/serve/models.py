@@ -188,11 +188,14 @@ class ClassifierGroup:
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
         """{task name: row} per job, for the tasks each job asked for of this group."""
         results: list[dict] = [{} for _ in jobs]
+        made = []  # every head run (on a GPU: its kernels queued) before the first answer waits for its scores
         for task in self.tasks:
             rows = [i for i, j in enumerate(jobs) if task.name in j.payload["tasks"]]
             if rows:
-                for i, row in zip(rows, classify_rows(task, outputs(task, rows), jobs, rows)):
-                    results[i][task.name] = row
+                made.append((task, rows, outputs(task, rows)))
+        for task, rows, out in made:
+            for i, row in zip(rows, classify_rows(task, out, jobs, rows)):
+                results[i][task.name] = row
         return results
 
 
