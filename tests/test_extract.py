@@ -125,6 +125,32 @@ def test_resume_after_kills_equals_uninterrupted(bb, reference, tmp_path, monkey
     assert not folder.exists() and not list(root.glob("*.partial-*"))
 
 
+def test_one_process_publishes_without_reading_its_shards_back(bb, tmp_path, monkeypatch):
+    """A build that wrote every shard in order, in this process, checksummed the entry's chunks as it
+    wrote them: publishing reads no byte back, and the checksums equal those of the files read from
+    disk, and those of a resumed build, which reads every byte back. Chunks of 1,000 bytes, so that
+    every file spans many and shards end inside them."""
+    import frozentune.cache as C
+
+    monkeypatch.setattr(S, "CHUNK", 1000)
+    monkeypatch.setattr(C, "CHUNK", 1000)
+    real, reads = S._read_back, []
+    monkeypatch.setattr(S, "_read_back", lambda *a: reads.append(1) or real(*a))
+    fresh, _ = get_or_build(bb, MANY, tmp_path / "fresh", progress=False, **KW)
+    assert reads == [] and len(sums(fresh)["states.bin"]["chunks"]) > 10
+    for name in FILES:
+        on_disk = C._file_sums(fresh.path / name)
+        assert sums(fresh)[name]["chunks"] == [on_disk[c] for c in sorted(on_disk)], name
+    whole = S.iter_states
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        get_or_build(bb, MANY, tmp_path / "resumed", progress=False, **KW)
+    monkeypatch.setattr(S, "iter_states", whole)
+    resumed, _ = get_or_build(bb, MANY, tmp_path / "resumed", progress=False, **KW)
+    assert reads == [1] and sums(resumed) == sums(fresh)
+    CachedStates(resumed.path, verify="full")  # every checksum checked against the bytes
+
+
 def test_parts_merge_into_the_one_process_entry(bb, reference, tmp_path):
     """--shard 0/3, 1/3, 2/3 as independent processes: the first two stop with the entry incomplete,
     the last publishes it, and it is the one-process entry byte for byte."""

@@ -47,11 +47,10 @@ from torch import Tensor
 from .backbone import Backbone, Tokenized, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
-from .extract.shards import (DATA, Part, Plan, building_dir, check_plan, extract_part, finished, make_plan, merge,
+from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished, make_plan, merge,
                               read_json, shard_records, work_of)
 
 FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
-CHUNK = 64 << 20  # bytes per checksum chunk
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
@@ -110,42 +109,25 @@ def meta_sha(meta: dict) -> str:
 
 
 class _ChunkedWriter:
-    """Appends bytes to a file and keeps a blake2b digest per CHUNK bytes; with path None, only
-    the digests (of bytes that are already in a file)."""
+    """Appends bytes to a file and keeps a blake2b digest per CHUNK bytes (ChunkSums); with path None,
+    only the digests (of bytes that are already in a file)."""
 
     def __init__(self, path: Path | None):
         self.f = open(path, "wb") if path is not None else None
-        self.sums: list[str] = []
-        self.h = hashlib.blake2b(digest_size=16)
-        self.in_chunk = 0
-        self.size = 0
+        self.sums = ChunkSums()
 
     def write(self, data: bytes | memoryview) -> None:
         mv = memoryview(data).cast("B")
         if self.f is not None:
             self.f.write(mv)
-        self.size += len(mv)
-        while len(mv):
-            take = min(len(mv), CHUNK - self.in_chunk)
-            self.h.update(mv[:take])
-            self.in_chunk += take
-            mv = mv[take:]
-            if self.in_chunk == CHUNK:
-                self._close_chunk()
-
-    def _close_chunk(self) -> None:
-        self.sums.append(self.h.hexdigest())
-        self.h = hashlib.blake2b(digest_size=16)
-        self.in_chunk = 0
+        self.sums.update(mv)
 
     def close(self) -> dict:
-        if self.in_chunk:
-            self._close_chunk()
         if self.f is not None:
             self.f.flush()
             os.fsync(self.f.fileno())
             self.f.close()
-        return {"size": self.size, "chunks": self.sums}
+        return self.sums.close()
 
 
 def _file_sums(path: Path) -> dict[int, str]:
@@ -398,7 +380,7 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         if report.missing or part.count > 1:  # a part of several publishes under the build lock (build_part)
             return BuildStats(len(plan.order), 0, report.seconds, {}, complete=False, report=report,
                               shards=len(plan.shards))
-        stats = _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens)
+        stats = _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens, report.entry_sums)
     except OSError as e:  # disk full, quota, a read-only or vanished folder
         raise _write_error(root, key, e) from None
     stats.report, stats.seconds = report, report.seconds  # spent by this process now (meta has the total)
@@ -406,9 +388,13 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
 
 
 def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, dtype: str,
-             tokens: Tokenized) -> BuildStats:
+             tokens: Tokenized, written: dict | None = None) -> BuildStats:
     """Merge the finished shards into `<root>/<key>/` (checked against plan and checksums) and
-    remove the build folder."""
+    remove the build folder. written: the data files' chunk checksums where this process wrote every
+    shard just now, in order (ShardReport.entry_sums): the shards' records are checked, their bytes
+    are not read back (on a GPU, reading back and checksumming 308 MB of MiniLM's states again cost
+    about as much as the pass that made them). Otherwise (shards of an earlier run or of other
+    processes) every byte is read and checked against its shard's checksum."""
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = root / f"{key}.partial-{tag}"
     old = root / f"{key}.partial-{tag}-replaced"  # a replaced entry, removed last
@@ -418,10 +404,11 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
         tmp.mkdir()
         sums = {name: _ChunkedWriter(None) for name in DATA}
         try:
-            merged = merge(folder, key, plan, lengths, dim, dtype, lambda name, b: sums[name].write(b))
+            merged = merge(folder, key, plan, lengths, dim, dtype,
+                           None if written else lambda name, b: sums[name].write(b))
         except ExtractError as e:
             raise CacheError(str(e)) from None
-        files = {name: w.close() for name, w in sums.items()}
+        files = dict(written) if written else {name: w.close() for name, w in sums.items()}
         for name in DATA:  # the bytes the shards wrote become the entry's: linked, not copied
             try:
                 os.link(folder / name, tmp / name)

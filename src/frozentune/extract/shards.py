@@ -55,6 +55,7 @@ MAX_TOKENS = 8192       # padded tokens per forward batch
 MAX_BATCH = 128         # rows per forward batch
 PLAN_VERSION = 2  # 2: shards write into the entry's files in place (1: a folder per shard)
 DATA = ("states.bin", "ids.bin")
+CHUNK = 64 << 20  # bytes per checksum chunk of an entry's files (meta.json's "chunks")
 
 
 # ----------------------------------------------------------------------------- which part is this process's
@@ -377,6 +378,38 @@ def _to_host(states: torch.Tensor, rows: np.ndarray, dtype: torch.dtype) -> tupl
     return host, done
 
 
+class ChunkSums:
+    """A blake2b digest per CHUNK bytes of a file, fed its bytes in order (meta.json's "chunks")."""
+
+    def __init__(self) -> None:
+        self.sums: list[str] = []
+        self.h = hashlib.blake2b(digest_size=16)
+        self.in_chunk = 0
+        self.size = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        mv = memoryview(data).cast("B")
+        self.size += len(mv)
+        while len(mv):
+            take = min(len(mv), CHUNK - self.in_chunk)
+            self.h.update(mv[:take])
+            self.in_chunk += take
+            mv = mv[take:]
+            if self.in_chunk == CHUNK:
+                self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        self.sums.append(self.h.hexdigest())
+        self.h = hashlib.blake2b(digest_size=16)
+        self.in_chunk = 0
+
+    def close(self) -> dict:
+        """{"size", "chunks"} of the bytes fed so far."""
+        if self.in_chunk:
+            self._close_chunk()
+        return {"size": self.size, "chunks": self.sums}
+
+
 class _Open:
     """A shard being written: where its rows go in each data file, and their running checksums."""
 
@@ -418,6 +451,11 @@ class ShardWriter:
         self._fds = {name: os.open(folder / name, os.O_WRONLY) for name in DATA}
         self._q: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="frozentune-shard-sum")
+        # the entry's chunk checksums, while every file is written in order from its first byte (one process
+        # writing every shard in turn): publishing then need not read the files back (entry_sums)
+        self._entry = {name: ChunkSums() for name in DATA}
+        self._entry_hasher = ThreadPoolExecutor(1, thread_name_prefix="frozentune-entry-sum")
+        self._in_order = True
         self._thread = threading.Thread(target=self._run, name="frozentune-shard-writer", daemon=True)
         self._thread.start()
 
@@ -438,6 +476,7 @@ class ShardWriter:
         finally:
             self._thread.join()
             self._hasher.shutdown()
+            self._entry_hasher.shutdown()
             for fd in self._fds.values():
                 os.close(fd)
         if self.error is not None:
@@ -475,14 +514,29 @@ class ShardWriter:
         except BaseException as e:  # handed to the caller; a partial shard has no record, so is redone
             self.error = e
 
+    def entry_sums(self, sizes: dict[str, int]) -> dict | None:
+        """After close(): {name: {"size", "chunks"}} of each data file, where this writer wrote every file
+        in order from its first byte to `sizes[name]`; else None (the files are read back to publish)."""
+        if self.error is not None or not self._in_order:
+            return None
+        sums = {name: c.close() for name, c in self._entry.items()}
+        return sums if all(sums[name]["size"] == sizes[name] for name in DATA) else None
+
     def _write(self, cur: _Open, name: str, arr: np.ndarray) -> None:
         mv = memoryview(np.ascontiguousarray(arr)).cast("B")
-        summed = self._hasher.submit(cur.sums[name].update, mv)  # both release the GIL: side by side
+        summed = self._hasher.submit(cur.sums[name].update, mv)  # all three release the GIL: side by side
+        entry = None
+        if self._in_order and cur.at[name] == self._entry[name].size:
+            entry = self._entry_hasher.submit(self._entry[name].update, mv)
+        else:
+            self._in_order = False
         while len(mv):
             n = _pwrite(self._fds[name], mv, cur.at[name])
             cur.at[name] += n
             mv = mv[n:]
         summed.result()
+        if entry is not None:
+            entry.result()
 
     def _finish(self, cur: _Open) -> None:
         for fd in self._fds.values():
@@ -527,6 +581,7 @@ class ShardReport:
     missing: list[int]         # shards still to be done (by other parts) after this process's work
     seconds: float             # extraction time spent now
     shard_seconds: float       # mean seconds per shard extracted now (0 if none)
+    entry_sums: dict | None = None  # the data files' chunk checksums, where this process wrote all of them in order
 
 
 def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Backbone, tokens: Tokenized,
@@ -545,19 +600,22 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
     published = part.count > 1 and folder.with_name(key).exists()
     todo = [] if published else [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
     spent: list[float] = []
+    entry = None
     if todo:
         lengths, itemsize = tokens.lengths, np.dtype(dtype).itemsize
-        open_plan(folder, key, fields, plan, data_sizes(plan, lengths, backbone.dim, itemsize))
+        sizes = data_sizes(plan, lengths, backbone.dim, itemsize)
+        open_plan(folder, key, fields, plan, sizes)
         with active(folder):
             writer = ShardWriter(folder, key, plan, backbone, part, lengths, itemsize)
             try:
                 extract_shards(writer, todo, plan, backbone, tokens, dtype, progress)
             finally:
                 spent = writer.seconds
+            entry = writer.entry_sums(sizes)
     done = finished(folder, plan)
     missing = [k for k in range(len(plan.shards)) if k not in done]
     return ShardReport(todo, sorted(before), missing, float(sum(spent)),
-                       float(np.mean(spent)) if spent else 0.0)
+                       float(np.mean(spent)) if spent else 0.0, entry)
 
 
 def work_of(plan: Plan, lengths: np.ndarray, shards: Iterable[int]) -> tuple[int, int]:
@@ -596,11 +654,12 @@ def check_shard(folder: Path, k: int, key: str, plan: Plan, starts: np.ndarray, 
 
 
 def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dtype: str,
-          sink: Callable[[str, bytes], None]) -> dict:
+          sink: Callable[[str, bytes], None] | None) -> dict:
     """Read the build's data files once, in order, passing their bytes to `sink(name, bytes)` (the
     entry's own checksums) while each shard's bytes are checked against its record (a damaged
     shard is an ExtractError before the entry is published); returns totals. A missing shard is
-    named."""
+    named. sink None: the records, sizes and places are checked, the bytes are not read (a writer
+    that wrote them all in this process checksummed them as it wrote: ShardReport.entry_sums)."""
     missing = [k for k in range(len(plan.shards)) if not (folder / shard_name(k)).is_file()]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
@@ -614,14 +673,20 @@ def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dty
     starts = shard_starts(plan, lengths)
     rows = row_bytes(dim, itemsize)
     infos = [check_shard(folder, k, key, plan, starts, rows) for k in range(len(plan.shards))]
+    if sink is not None:
+        _read_back(folder, infos, sink)
+    return {"seconds": float(sum(float(i.get("seconds", 0.0)) for i in infos)), "shards": len(infos),
+            "devices": sorted({i.get("device", "?") for i in infos})}
+
+
+def _read_back(folder: Path, infos: list[dict], sink: Callable[[str, bytes], None]) -> None:
+    """Each data file read in order: every shard's bytes checked against its record, all passed to sink."""
     with ThreadPoolExecutor(1, thread_name_prefix="frozentune-merge-sum") as pool:
         for name in DATA:
             with open(folder / name, "rb") as f:
                 for k, info in enumerate(infos):
                     _check_range(folder, k, name, _stream(f, info["files"][name]["size"], pool,
                                                           lambda b, name=name: sink(name, b)), info)
-    return {"seconds": float(sum(float(i.get("seconds", 0.0)) for i in infos)), "shards": len(infos),
-            "devices": sorted({i.get("device", "?") for i in infos})}
 
 
 def _stream(f, n: int, pool: ThreadPoolExecutor, sink: Callable[[bytes], None]) -> str:
