@@ -17,8 +17,8 @@ all are queued (ClassifierGroup.answer).
 
 A head records where its forward has no step that needs the data's values on the host (the
 self-explaining head runs its every-slot form there: Head.static_shapes). Where a head cannot be
-recorded, the error is logged once and that head runs without graphs; rows of a batch that ask a
-head for a subset of its rows, and sentence pairs (their separator mask), run without graphs too.
+recorded, the error is logged once and that head runs without graphs. A head that only some rows of a
+batch ask for, and sentence pairs (their separator mask), run without graphs too.
 
 Graphs need CUDA; `capture` is replaceable so that everything around the recording (the fixed
 inputs, the padding, the slicing of outputs) is tested on a CPU with `rerun` (the head called again
@@ -64,7 +64,7 @@ def cuda_capture(fn: Callable[[], Output], device: torch.device, pool: object) -
     """fn's kernels as a CUDA graph, after two calls on a side stream (kernels chosen, workspaces
     and anything the head keeps from its weights made: none of that may happen while recording).
     capture_begin/end rather than torch.cuda.graph(), which also collects Python's garbage and empties
-    the allocator's cache at every recording: a second or more over a server's first shapes."""
+    the allocator's cache at every recording, while the server's other requests wait."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     graph = torch.cuda.CUDAGraph()
