@@ -6,7 +6,7 @@ A question for issue 21: does another layer choice bring a head nearer SetFit at
 what does it do at other K? A layer choice is `L` or `L1,L2[:mean|:concat]` (several layers averaged,
 the default, or concatenated); choices are separated by `;`.
 
-    OMP_NUM_THREADS=1 python bench/few_shot_layers.py --data trec --method selfexplain --layers '-1;-2;-3;-4' \\
+    OMP_NUM_THREADS=1 python bench/few_shot_layers.py --data trec --method selfexplain --layers='-1;-2;-3;-4' \\
         --shots 16 --seeds 0,1,2 > bench/results/few_shot_layers_trec_se.jsonl
 """
 import argparse
