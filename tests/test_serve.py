@@ -278,11 +278,14 @@ def test_heads_as_graphs_answer_as_without(engine):
         for g in graphs.graphs.values():  # count what runs from here on
             g.replay = (lambda r: lambda: replays.append(1) or r())(g.replay)
         again = e.classify(TEXTS[:3])
+        described = {t["name"]: t for t in e.describe()}
     finally:
         e.close()
         engine.tasks["probe"].group.graphs = None
     frozen = [n for n in CLASSIFIERS]
     assert not graphs.failed and len(replays) == len(frozen)  # one replay per head, nothing recorded again
+    assert described["probe"]["cuda_graphs"].startswith(f"{2 * len(frozen)} recorded in ")  # /v1/models says so
+    assert "cuda_graphs" not in described["finetuned"]  # its own pass: no shared heads to record
     assert {(task, rows) for task, rows, _ in graphs.graphs} == {(n, r) for n in frozen for r in (4, 1)}
     T = max(int(k[3]) for k in graphs.fixed)
     rtol = tol(torch.float32, logits_ops(T * 5))

@@ -188,6 +188,7 @@ class Engine:
 
     def describe(self) -> list[dict]:
         return [t.describe() | ({"heads": self.heads_run(t.group)} if t.kind == "classify" else {})
+                | ({"cuda_graphs": t.group.graphs.describe()} if getattr(t.group, "graphs", None) else {})
                 for t in self.tasks.values()]
 
     def close(self, timeout: float | None = None) -> None:
