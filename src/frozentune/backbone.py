@@ -507,7 +507,7 @@ def _before_last_word(text: str) -> str:
 # Up to this many texts, a fast tokenizer's texts are encoded one by one through its Rust backend's
 # `encode`, which keeps the GIL; `tok(texts)` (`encode_batch`) lets it go, and while another thread runs
 # Python (a server's batcher launching a pass) the call waits up to sys.getswitchinterval() (5 ms) to get
-# it back: 200 one-text calls/s against 31,000 beside a busy thread (bench/tokenize_gil.py). Larger lists
+# it back: 218 one-text calls/s against 35,804 beside a busy thread (bench/tokenize_gil.py). Larger lists
 # (a cache build) keep encode_batch, which spreads them over the cores.
 ONE_BY_ONE = 64
 
