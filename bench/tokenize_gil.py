@@ -1,8 +1,9 @@
 """One text through MiniLM's tokenizer, the way a server's event loop tokenizes a request, while another
 Python thread keeps the interpreter busy (as a server's batcher thread does while it launches a pass):
 calls per second of `tok([text], truncation=True, …)` (transformers → the Rust backend's encode_batch,
-which releases the GIL), of the backend's `encode_batch` alone, of its `encode` (which keeps the GIL), and
-of frozentune.backbone.rust_ids (encode one text at a time); then the same with no other thread.
+which releases the GIL), of the backend's `encode_batch` alone and of its `encode` (which keeps the GIL);
+then the same with no other thread. (A server tokenizing through `encode` was tried: bench/REPORT.md,
+"Tokenizing a request without letting the GIL go".)
 
     python bench/tokenize_gil.py --out bench/results/tokenize_gil.json
 """
@@ -38,7 +39,7 @@ def main() -> None:
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from frozentune.backbone import ALIASES, rust_ids
+    from frozentune.backbone import ALIASES
 
     tok = AutoTokenizer.from_pretrained(ALIASES["minilm"]())
     backend = tok._tokenizer
@@ -46,8 +47,7 @@ def main() -> None:
     calls = {"tok([text]) (transformers, encode_batch)": lambda: tok([text], truncation=True, max_length=128, padding=False,
                                                                    return_attention_mask=False, return_token_type_ids=False),
              "backend.encode_batch([text])": lambda: backend.encode_batch([text], add_special_tokens=True),
-             "backend.encode(text)": lambda: backend.encode(text, add_special_tokens=True),
-             "rust_ids(tok, [text], 128)": lambda: rust_ids(tok, [text], 128)}
+             "backend.encode(text)": lambda: backend.encode(text, add_special_tokens=True)}
     out = {"text": text, "switch_interval_s": sys.getswitchinterval(), "seconds": a.seconds, "calls_per_s": {}}
     for busy in (True, False):
         stop = threading.Event()

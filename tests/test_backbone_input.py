@@ -226,34 +226,30 @@ def test_long_texts_tokenize_as_if_whole(tiny_bert):
 
 
 @pytest.mark.parametrize("which", ["tiny_bert", "tiny_llama"])
-def test_a_few_texts_tokenize_as_the_tokenizer_does(which, request):
-    """Up to ONE_BY_ONE texts go through the Rust backend's encode, one text at a time (it keeps the
-    GIL): the same ids as `tok(texts, truncation=True, max_length=L)`, for WordPiece and a word-level
-    tokenizer, with calls of other settings in between (transformers re-sets the backend for its own
-    calls, and rust_ids for its), truncation on the left, and past ONE_BY_ONE texts the batch call."""
+def test_texts_of_a_left_truncating_tokenizer_tokenize_as_it_does(which, request):
+    """A tokenizer that truncates on the left keeps a text's last tokens: its texts are not cut to a
+    leading part first (heads_of), so the ids are the tokenizer's own, long texts included."""
     import random
 
     from transformers import AutoTokenizer
 
-    from frozentune.backbone import ONE_BY_ONE, rust_ids, tokenize
+    from frozentune.backbone import CHARS_PER_TOKEN, tokenize
 
     tok = AutoTokenizer.from_pretrained(str(request.getfixturevalue(which)))
+    tok.truncation_side = "left"
     rng = random.Random(1)
-    words = ["what", "is", "the", "capital", "of", "Australia", "?", "naïve", "日本語", "😀", "[SEP]", "x" * 40, "pub", ""]
-    texts = ["", " ", "[CLS] what", *(" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))) for _ in range(60))]
-    for side in ("right", "left"):
-        tok.truncation_side = side
-        for max_length in (5, 16, 128):
-            want = tok(texts, truncation=True, max_length=max_length)["input_ids"]
-            assert rust_ids(tok, texts, max_length) == want, (side, max_length)
-            tok(texts[:3], truncation=True, max_length=7, padding="max_length")  # other settings between calls
-            assert [x.tolist() for x in tokenize(tok, texts, max_length).ids] == want
-    assert rust_ids(tok, texts * 2, 16) is None and len(texts * 2) > ONE_BY_ONE  # the batch call: encode_batch
+    words = ["what", "is", "the", "capital", "of", "Australia", "?", "naïve", "pub", "x" * 40]
+    for max_length in (5, 16):
+        texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 4 * CHARS_PER_TOKEN * max_length // 5)))
+                 for _ in range(20)]
+        assert any(len(t) > CHARS_PER_TOKEN * max_length for t in texts)  # some past the character budget
+        got = tokenize(tok, texts, max_length)
+        assert [x.tolist() for x in got.ids] == tok(texts, truncation=True, max_length=max_length)["input_ids"]
+        assert got.precut == 0
 
 
 class _Seen:
-    """A tokenizer proxy that records the longest text it was handed, whole lists (`tok(texts)`) or one
-    text at a time through its Rust backend (`tok._tokenizer.encode(text)`, rust_ids)."""
+    """A tokenizer proxy that records the longest text it was handed."""
 
     def __init__(self, tok):
         self.tok, self.longest = tok, 0
@@ -261,22 +257,6 @@ class _Seen:
     def __call__(self, texts, **kw):
         self.longest = max([self.longest, *map(len, texts)])
         return self.tok(texts, **kw)
-
-    @property
-    def _tokenizer(self):
-        seen, backend = self, self.tok._tokenizer
-
-        class Backend:
-            def encode(self, text, **kw):
-                seen.longest = max(seen.longest, len(text))
-                return backend.encode(text, **kw)
-
-            def __getattr__(self, name):
-                return getattr(backend, name)
-
-            def __setattr__(self, name, value):
-                setattr(backend, name, value)
-        return Backend()
 
     def __getattr__(self, name):
         return getattr(self.tok, name)

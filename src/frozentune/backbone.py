@@ -504,34 +504,6 @@ def _before_last_word(text: str) -> str:
     return text[:j].rstrip()
 
 
-# Up to this many texts, a fast tokenizer's texts are encoded one by one through its Rust backend's
-# `encode`, which keeps the GIL; `tok(texts)` (`encode_batch`) lets it go, and while another thread runs
-# Python (a server's batcher launching a pass) the call waits up to sys.getswitchinterval() (5 ms) to get
-# it back: 218 one-text calls/s against 35,804 beside a busy thread (bench/tokenize_gil.py). Larger lists
-# (a cache build) keep encode_batch, which spreads them over the cores.
-ONE_BY_ONE = 64
-
-
-def rust_ids(tok, texts: Sequence[str], max_length: int) -> list[list[int]] | None:
-    """The input_ids of `tok(texts, truncation=True, max_length=max_length, padding=False)` for a few
-    single texts, from the fast tokenizer's Rust backend one text at a time (ONE_BY_ONE), with the
-    truncation, padding and special-token settings transformers would give it; None where `tok` is not
-    such a tokenizer or there are more texts (the caller then calls `tok`)."""
-    backend = getattr(tok, "_tokenizer", None)
-    if len(texts) > ONE_BY_ONE or not getattr(tok, "is_fast", False) or not hasattr(backend, "encode"):
-        return None
-    want = {"max_length": max_length, "stride": 0, "strategy": "longest_first", "direction": tok.truncation_side}
-    have = backend.truncation
-    if have is None or any(have.get(k) != v for k, v in want.items()):
-        backend.enable_truncation(**want)
-    if backend.padding is not None:
-        backend.no_padding()
-    split = bool(getattr(tok, "split_special_tokens", False))
-    if getattr(backend, "encode_special_tokens", split) != split:
-        backend.encode_special_tokens = split
-    return [backend.encode(t, add_special_tokens=True).ids for t in texts]
-
-
 def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int]:
     """(texts, how many were cut): each text, or a leading part of it that tokenizes to the same
     first max_length tokens, so a text of millions of characters is never tokenized whole.
@@ -555,14 +527,11 @@ def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int
     while todo:
         windows = [texts[i][:budget] for i in todo]
         heads = [_before_last_word(w) for w in windows]
-        parts = [h or w for h, w in zip(heads, windows)]
-        found = rust_ids(tok, parts, max_length + 1)
-        if found is None:
-            found = tok(parts, truncation=True, max_length=max_length + 1, padding=False,
-                        return_attention_mask=False)["input_ids"]
+        enc = tok([h or w for h, w in zip(heads, windows)], truncation=True, max_length=max_length + 1,
+                  padding=False, return_attention_mask=False)
         last, budget = budget >= ceiling, budget * 2
         again = []
-        for i, head, window, ids in zip(todo, heads, windows, found):
+        for i, head, window, ids in zip(todo, heads, windows, enc["input_ids"]):
             if (head and len(ids) > max_length) or last:
                 texts[i], cut = head or window, cut + 1
             elif len(texts[i]) > budget:
@@ -583,8 +552,6 @@ def _encode(tok, texts: Sequence[Text], max_length: int, **extra):
         return tok(a, b, truncation="longest_first", max_length=max_length, padding=False,
                    return_attention_mask=False, **extra), cut_a + cut_b
     heads, cut = heads_of(tok, texts, max_length)  # type: ignore[arg-type]
-    if not extra and (ids := rust_ids(tok, heads, max_length)) is not None:  # a few texts (a server's request)
-        return {"input_ids": ids}, cut
     return tok(heads, truncation=True, max_length=max_length, padding=False,
                return_attention_mask=False, return_token_type_ids=False, **extra), cut
 
