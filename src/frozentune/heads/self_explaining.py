@@ -18,8 +18,10 @@ batch of short texts padded to its longest costs its spans, not its slots (2.3-2
 sentences padded to their longest, bench/span_packing.py), unless nearly every slot is valid
 (PACK_BELOW). Without autograd (predict, explain, serve) the valid spans are made a chunk at a time
 in one reused buffer (span_chunks: 1.3-1.4× the one-shot sums on SST-2 batches, 1.8× at 128 tokens,
-where every slot is valid) and softmaxed online (pool_streaming), so they are never all held at once. An exporter traces every (i, w) slot (`every_slot`, span_states), so the graph's
-shapes follow the input's alone; both give the same α and logits (tested). Memory grows as T·W, never T², unless W = 0 ("all spans", W = T).
+where every slot is valid) and softmaxed online (pool_streaming), so they are never all held at once.
+An exporter or a CUDA graph traces every (i, w) slot (`every_slot`, span_states, static_shapes), so
+the shapes follow the input's alone; both give the same α and logits (tested). Memory grows as T·W,
+never T², unless W = 0 ("all spans", W = T).
 
 Which spans are valid: every token of the span is real (Features.mask) and, with
 `special_tokens=exclude` (default), neither the first nor the last real token of the input, which

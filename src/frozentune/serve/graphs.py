@@ -9,8 +9,8 @@ with one call afterwards.
 A graph holds its shapes and its memory: it reads its input from fixed tensors and writes its
 output to fixed tensors. So, per batch shape (rows B rounded up to a power of two, tokens T as the
 pass padded them), the heads reading the same layers share one fixed input (the states, the mask),
-which each batch is copied into once; the padded rows are a one-token input of zeros whose answers
-are dropped (no head mixes rows). Each head records its graphs into a memory pool of its own and
+which each batch is copied into once; the rows past the batch's (one zero token at first, later
+whatever an earlier batch left there) are computed and dropped unread (no head mixes rows). Each head records its graphs into a memory pool of its own and
 replays them on a CUDA stream of its own, after the batch's rows are in the fixed input: the GPU runs
 the heads of a batch side by side (each is far too small to fill it), and their answers are read once
 all are queued (ClassifierGroup.answer).
@@ -27,7 +27,6 @@ into the same fixed output tensors at each replay).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,7 +120,6 @@ class HeadGraphs:
         self.full = False
         self.batch = 0
         self.seconds = 0.0  # spent recording
-        self.lock = threading.Lock()
 
     def next_batch(self) -> None:
         """Call once per batch, before its heads: the fixed inputs are copied in again."""
@@ -137,16 +135,15 @@ class HeadGraphs:
         B, T = mask.shape
         rows = padded_rows(B)
         gkey = (task, rows, T)
-        with self.lock:
-            graph = self.graphs.get(gkey)
-            if graph is None and self.full:
-                return None
-            fixed = self._fill((layers, hidden.dtype, rows, T), hidden, mask)
+        graph = self.graphs.get(gkey)
+        if graph is None and self.full:
+            return None
+        fixed = self._fill((layers, hidden.dtype, rows, T), hidden, mask)
+        if graph is None:
+            graph = self._record(task, head, precision, fixed, gkey)  # recording runs nothing
             if graph is None:
-                graph = self._record(task, head, precision, fixed, gkey)  # recording runs nothing
-                if graph is None:
-                    return None
-            self._replay(task, graph, fixed)
+                return None
+        self._replay(task, graph, fixed)
         return Output(graph.out.logits[:B], {k: v[:B] for k, v in graph.out.extras.items()})
 
     def describe(self) -> str:
@@ -172,7 +169,7 @@ class HeadGraphs:
 
     def _fill(self, key: tuple, hidden: Tensor, mask: Tensor) -> Fixed:
         """The fixed input of this shape with the batch's rows in it (copied once per batch); rows past B
-        are one zero token each."""
+        hold one zero token when made, then an earlier batch's rows, whose answers are dropped."""
         fixed = self.fixed.get(key)
         if fixed is None:
             _, dtype, rows, T = key
