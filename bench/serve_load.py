@@ -694,6 +694,7 @@ def head_costs(heads_dir: Path, threads: int, device: str | None = None, rows: i
 
     from frozentune.backbone import select_layers
     from frozentune.head import Features
+    from frozentune.model import as_cached
     from frozentune.serve.engine import Engine
     from frozentune.serve.models import _batch, classify_rows
     from gpu_extract import sync
@@ -723,7 +724,7 @@ def head_costs(heads_dir: Path, threads: int, device: str | None = None, rows: i
             keys = {(t.model.backbone_ref.layers, t.model.cache_dtype) for t in group.tasks}
 
             def select() -> dict:  # as FrozenPass.run: one selection per (layers, dtype), shared by its heads
-                return {k: select_layers(states, k[0]).float().to(getattr(torch, k[1])).float() for k in keys}
+                return {k: as_cached(select_layers(states, k[0]), k[1]) for k in keys}
 
             chosen = select()
             row = {"tokens": list(ids.shape), "pass_ms": round(timed(lambda: bb.hidden_states(ids, mask)), 2),
