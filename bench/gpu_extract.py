@@ -76,6 +76,21 @@ def cached(bb, data: list[str]) -> tuple[float, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def profiled(bb, data: list[str], top: int = 30) -> str:
+    """One more cache build under cProfile: its `top` functions by cumulative time, as pstats prints them."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    cached(bb, data)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
+
+
 def disk_rate(mb: int = 512) -> float:
     """MB/s of writing `mb` MB to a fresh file in the temporary folder and fsyncing it: the most a
     cache build can write there (since b5f0479 it writes every state once; before, twice)."""
@@ -101,6 +116,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed rounds of each model and precision, one more build under cProfile: its "
+                         "top functions (cumulative) are printed and kept in the JSON")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -138,6 +156,9 @@ def main() -> None:
                    "bare_tokens_per_s": n_tok / med["bare"], "cache_tokens_per_s": n_tok / med["cache"],
                    "cache_over_bare": med["bare"] / med["cache"],
                    "state_MB": n_tok * bb.dim * 2 / 1e6}
+            if a.profile:
+                row["profile"] = profiled(bb, data)
+                print(row["profile"], flush=True)
             out["rows"].append(row)
             print(f"{name} {precision}: bare {row['bare_tokens_per_s']:,.0f} tok/s, cache "
                   f"{row['cache_tokens_per_s']:,.0f} tok/s, ratio {row['cache_over_bare']:.2f} (extraction part "

@@ -15,6 +15,7 @@
 #   extract-tmpfs  1. again, the cache folder on /dev/shm: the cache build against the bare loop without the disk
 #   graphs         bench/gpu_graphs_check.py: the 8 heads as CUDA graphs against the same engine without (answers,
 #                  which heads were recorded, the batch's time); the serve part runs only if this one succeeds
+#   (EXTRACT_ARGS: more options of gpu_extract.py in extract-tmpfs, e.g. --profile)
 #   rss            bench/gpu_rss_probe.py: a 1-head and an 8-head engine's host memory, CUDA's lazy module loading or not
 # The serve part preloads .gpu/serve/lib/libtcmalloc_minimal.so.4 where it was carried (the servers' --allocator
 # auto then runs on it, as where it is installed) and runs the twins with $SERVE_TWIN (default on a GPU:
@@ -79,7 +80,7 @@ if [[ $PARTS == *" extract-tmpfs "* ]]; then
   if [[ -z $TMPFS ]]; then echo "no tmpfs with 3 GB free: part skipped"; else
   echo "tmpfs: $TMPFS"; mkdir -p "$TMPFS/ft-extract"
   TMPDIR=$TMPFS/ft-extract $PY bench/gpu_extract.py --device "$DEVICE" --precisions "${PRECISIONS:-fp32,bf16,fp16}" \
-    --texts "${TEXTS:-4000}" --repeats "${EXTRACT_REPEATS:-2}" --out "$OUT/gpu_extract_tmpfs.json"
+    --texts "${TEXTS:-4000}" --repeats "${EXTRACT_REPEATS:-2}" ${EXTRACT_ARGS:-} --out "$OUT/gpu_extract_tmpfs.json"
   fi
 fi
 echo "== done"

@@ -256,13 +256,13 @@ def pipeline_choice(option: str, device: torch.device) -> tuple[bool, str]:
     run whole (--pipeline), and why.
     auto: on a CPU where torch's threads leave a core free, since the heads then run on it while
     the next pass runs (bench/REPORT.md, "Heads beside the next pass"); off where torch already uses
-    every core (two stages would take turns on them) and on a GPU, where one run on an H200 gave the 8-head
-    server 1.06-1.20× its requests/s with it and the 1-head server 0.89-0.90×, within that run's spread
-    (bench/REPORT.md, "Heads as CUDA graphs")."""
+    every core (two stages would take turns on them) and on a GPU, where on an H200 the 8 heads / 1 head
+    ratio with it was 0.77-1.10× against 0.68-1.00× without, over three repeats, ahead on short texts and
+    behind on long ones (bench/REPORT.md, "`--pipeline on` on a GPU, two more repeats")."""
     if option != "auto":
         return option == "on", f"--pipeline {option}"
     if device.type != "cpu":
-        return False, f"auto: off on {device.type} (one run there, not conclusive; --pipeline on to try it)"
+        return False, f"auto: off on {device.type} (measured there: no clear gain; --pipeline on to try it)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = torch.get_num_threads()
     if threads < cores:
