@@ -15,6 +15,7 @@
 #   extract-tmpfs  1. again, the cache folder on /dev/shm: the cache build against the bare loop without the disk
 #   graphs         bench/gpu_graphs_check.py: the 8 heads as CUDA graphs against the same engine without (answers,
 #                  which heads were recorded, the batch's time); the serve part runs only if this one succeeds
+#   extract-ab     gpu_extract.py on /dev/shm, this tree's src/ and $OLD_SRC's in turn, AB_ROUNDS times
 #   (EXTRACT_ARGS: more options of gpu_extract.py in extract-tmpfs, e.g. --profile)
 #   rss            bench/gpu_rss_probe.py: a 1-head and an 8-head engine's host memory, CUDA's lazy module loading or not
 # The serve part preloads .gpu/serve/lib/libtcmalloc_minimal.so.4 where it was carried (the servers' --allocator
@@ -82,5 +83,17 @@ if [[ $PARTS == *" extract-tmpfs "* ]]; then
   TMPDIR=$TMPFS/ft-extract $PY bench/gpu_extract.py --device "$DEVICE" --precisions "${PRECISIONS:-fp32,bf16,fp16}" \
     --texts "${TEXTS:-4000}" --repeats "${EXTRACT_REPEATS:-2}" ${EXTRACT_ARGS:-} --out "$OUT/gpu_extract_tmpfs.json"
   fi
+fi
+if [[ $PARTS == *" extract-ab "* ]]; then
+  echo "== 5. extraction throughput on tmpfs, this tree against \$OLD_SRC (a copy of an older src/), alternating processes"
+  TMPFS=/dev/shm; mkdir -p "$TMPFS/ft-extract"
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for side in new old; do
+      src=$PWD/src; [[ $side == old ]] && src=$PWD/${OLD_SRC:?set OLD_SRC to the older src/ folder}
+      TMPDIR=$TMPFS/ft-extract PYTHONPATH=$src:/tmp/site $PY bench/gpu_extract.py --device "$DEVICE" \
+        --precisions "${PRECISIONS:-fp32,bf16}" --texts "${TEXTS:-4000}" --repeats "${EXTRACT_REPEATS:-2}" \
+        --out "$OUT/gpu_extract_ab_${side}_$round.json" 2>&1 | grep -v "it/s"
+    done
+  done
 fi
 echo "== done"

@@ -151,6 +151,57 @@ def test_one_process_publishes_without_reading_its_shards_back(bb, tmp_path, mon
     CachedStates(resumed.path, verify="full")  # every checksum checked against the bytes
 
 
+@pytest.mark.parametrize("threads,ahead", [(1, 1), (2, 1), (8, 1 << 29)], ids=["one-thread", "no-room", "default-room"])
+def test_the_writers_threads_write_the_one_process_entry(bb, reference, tmp_path, monkeypatch, threads, ahead):
+    """However many threads write and hash, and however little room they have ahead of the pass (one
+    batch: every batch waits for the one before it), the entry has the same bytes and checksums, and
+    publishing reads none of them back. One thread is the case where every hashing task waits for the
+    one before it on the same thread's queue."""
+    import frozentune.cache as C
+
+    monkeypatch.setattr(S, "WRITER_THREADS", threads)
+    monkeypatch.setattr(S, "AHEAD_BYTES", ahead)
+    monkeypatch.setattr(S, "CHUNK", 1000)  # many chunks, each a lane of its own, ending inside shards and batches
+    monkeypatch.setattr(C, "CHUNK", 1000)
+    real, reads = S._read_back, []
+    monkeypatch.setattr(S, "_read_back", lambda *a: reads.append(1) or real(*a))
+    cache, _ = get_or_build(bb, MANY, tmp_path / "cache", progress=False, **KW)
+    assert reads == []
+    for name in FILES:
+        assert (cache.path / name).read_bytes() == (reference.path / name).read_bytes(), name
+        on_disk = C._file_sums(cache.path / name)
+        assert sums(cache)[name]["chunks"] == [on_disk[c] for c in sorted(on_disk)], name
+
+
+def test_a_write_that_fails_on_the_writers_threads_stops_the_build_and_resumes(bb, reference, tmp_path, monkeypatch):
+    """The disk fills while the writer's threads write shard 3: the build stops with that error, shard 3
+    has no record (so its bytes are not vouched for), the shards written before it have theirs, and the
+    rerun extracts only what is missing and gives the uninterrupted entry."""
+    import errno
+
+    plan = plan_of(bb)
+    row = S.row_bytes(bb.dim, 2)["states.bin"]
+    starts = S.shard_starts(plan, bb.tokenize(MANY).lengths)
+    first, end, states_size = int(starts[3]) * row, int(starts[4]) * row, int(starts[-1]) * row
+    real = S._pwrite
+
+    def fills_up(fd, data, at):  # states.bin is made at its full size, so its size tells it from ids.bin
+        if first <= at < end and os.fstat(fd).st_size == states_size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, at)
+
+    monkeypatch.setattr(S, "_pwrite", fills_up)
+    root = tmp_path / "cache"
+    with pytest.raises(CacheError, match="No space left on device"):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    folder = building_dir(root, cache_key(bb, MANY)[0])
+    done = S.finished(folder, plan)
+    assert 3 not in done and {0, 1, 2} <= done
+    monkeypatch.undo()
+    cache, secs = get_or_build(bb, MANY, root, progress=False, **KW)
+    assert secs > 0 and sums(cache) == sums(reference)
+
+
 def test_parts_merge_into_the_one_process_entry(bb, reference, tmp_path):
     """--shard 0/3, 1/3, 2/3 as independent processes: the first two stop with the entry incomplete,
     the last publishes it, and it is the one-process entry byte for byte."""

@@ -22,6 +22,7 @@ process writes for the same device and precision. Each state is written once.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -33,7 +34,7 @@ import shutil
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -378,67 +379,115 @@ def _to_host(states: torch.Tensor, rows: np.ndarray, dtype: torch.dtype) -> tupl
     return host, done
 
 
-class ChunkSums:
-    """A blake2b digest per CHUNK bytes of a file, fed its bytes in order (meta.json's "chunks")."""
+class _Lane:
+    """One blake2b fed its pieces in order. With a pool, each piece is hashed there by a task that first
+    waits for the piece before it: that task was submitted earlier, and the pool starts tasks in the
+    order they come, so it is running or done (a lane never waits on work that cannot start). Many lanes
+    (shards, chunks) then hash side by side on the pool's threads; hashlib lets the GIL go. Without a
+    pool, each piece is hashed at once."""
 
-    def __init__(self) -> None:
-        self.sums: list[str] = []
-        self.h = hashlib.blake2b(digest_size=16)
-        self.in_chunk = 0
+    def __init__(self, pool: ThreadPoolExecutor | None = None):
+        self.pool, self.h, self.last = pool, hashlib.blake2b(digest_size=16), None
+
+    def feed(self, piece: memoryview) -> Future | None:
+        """Hash `piece` after the pieces fed before it; the task doing so (None without a pool). The
+        piece's memory must not change until then (the memoryview keeps it alive)."""
+        if self.pool is None:
+            self.h.update(piece)
+            return None
+        before = self.last
+
+        def run() -> None:
+            if before is not None:
+                before.result()  # the piece before it, or its error
+            self.h.update(piece)
+
+        self.last = self.pool.submit(run)
+        return self.last
+
+    def hexdigest(self) -> str:
+        if self.last is not None:
+            self.last.result()
+        return self.h.hexdigest()
+
+
+class ChunkSums:
+    """A blake2b digest per CHUNK bytes of a file, fed its bytes in order (meta.json's "chunks"); with a
+    pool, every chunk is a lane of its own on it (hashed beside the others)."""
+
+    def __init__(self, pool: ThreadPoolExecutor | None = None) -> None:
+        self.pool = pool
+        self.lanes: list[_Lane] = []
         self.size = 0
 
-    def update(self, data: bytes | memoryview) -> None:
+    def update(self, data: bytes | memoryview) -> list[Future]:
+        """Feed the file's next bytes; returns the tasks hashing them (none without a pool)."""
         mv = memoryview(data).cast("B")
-        self.size += len(mv)
+        tasks = []
         while len(mv):
-            take = min(len(mv), CHUNK - self.in_chunk)
-            self.h.update(mv[:take])
-            self.in_chunk += take
+            at = self.size % CHUNK
+            if at == 0:
+                self.lanes.append(_Lane(self.pool))
+            take = min(len(mv), CHUNK - at)
+            if (task := self.lanes[-1].feed(mv[:take])) is not None:
+                tasks.append(task)
+            self.size += take
             mv = mv[take:]
-            if self.in_chunk == CHUNK:
-                self._close_chunk()
-
-    def _close_chunk(self) -> None:
-        self.sums.append(self.h.hexdigest())
-        self.h = hashlib.blake2b(digest_size=16)
-        self.in_chunk = 0
+        return tasks
 
     def close(self) -> dict:
-        """{"size", "chunks"} of the bytes fed so far."""
-        if self.in_chunk:
-            self._close_chunk()
-        return {"size": self.size, "chunks": self.sums}
+        """{"size", "chunks"} of the bytes fed so far (waiting for their hashing)."""
+        return {"size": self.size, "chunks": [lane.hexdigest() for lane in self.lanes]}
 
 
 class _Open:
-    """A shard being written: where its rows go in each data file, and their running checksums."""
+    """A shard being written: where its rows go in each data file, their running checksums, and the
+    tasks writing and hashing its bytes."""
 
-    def __init__(self, k: int, starts: dict[str, int]):
-        self.k, self.t0, self.tokens = k, time.perf_counter(), 0
+    def __init__(self, k: int, starts: dict[str, int], pool: ThreadPoolExecutor, t0: float):
+        self.k, self.t0, self.tokens = k, t0, 0
+        self.seconds = 0.0  # from its first batch handed over to its last: the pass's time for it
         self.start = dict(starts)  # name -> first byte
         self.at = dict(starts)     # name -> next byte
-        self.sums = {name: hashlib.blake2b(digest_size=16) for name in starts}
+        self.sums = {name: _Lane(pool) for name in starts}
+        self.tasks: list[Future] = []
 
 
 _datasync = getattr(os, "fdatasync", os.fsync)
+_seek_lock = threading.Lock()  # without pwrite, a seek and a write are one step for the writer's threads
+
+WRITER_THREADS = max(2, min(8, os.cpu_count() or 1))  # hashing and writing (each lets the GIL go)
+AHEAD_BYTES = 1 << 29  # states handed to the writer's threads and not yet written and hashed (pinned host copies)
 
 
 def _pwrite(fd: int, data: memoryview, at: int) -> int:
-    """os.pwrite where the OS has it; elsewhere (Windows) a seek and a write, which is the same here:
-    each process's writer is the only user of its descriptors."""
+    """os.pwrite where the OS has it; elsewhere (Windows) a seek and a write under one lock, which is the
+    same here: each process's writer is the only user of its descriptors."""
     if hasattr(os, "pwrite"):
         return os.pwrite(fd, data, at)
-    os.lseek(fd, at, os.SEEK_SET)
-    return os.write(fd, data)
+    with _seek_lock:
+        os.lseek(fd, at, os.SEEK_SET)
+        return os.write(fd, data)
+
+
+def _write_all(fd: int, mv: memoryview, at: int) -> None:
+    while len(mv):
+        n = _pwrite(fd, mv, at)
+        at += n
+        mv = mv[n:]
 
 
 class ShardWriter:
-    """Writes shards on a thread of its own while the caller keeps the device busy with the next
-    batches: each batch's states arrive as a host copy (with the event that completes it), are
-    checksummed while they are written to their final place in the build's data files, and a
-    shard's end makes its bytes durable and writes its record. At most WRITE_AHEAD batches wait.
-    An error on the thread is raised in the caller at its next call; `close()` after an interrupt
-    still finishes the shards whose every batch was handed over (the partial one has no record)."""
+    """Writes shards while the caller keeps the device busy with the next batches. Each batch's states
+    arrive as a host copy (with the event that completes it). A thread of its own hands each batch to a
+    pool of WRITER_THREADS: its bytes are written to their final place in the build's data files while
+    they are checksummed, for the shard's record and for the entry's chunks. Batches, shards and chunks
+    go side by side, which is what keeps up with a GPU: one blake2b runs at about 0.65 GB/s on an H200's
+    host, and bf16 states come at about 2 GB/s (bench/REPORT.md). When a shard's every byte is written
+    and hashed, a task makes them durable and writes its record. At most WRITE_AHEAD batches wait for the
+    thread, and at most AHEAD_BYTES of states for the pool. An error is raised in the caller at its next
+    call; `close()` after an interrupt still finishes the shards whose every batch was handed over (the
+    partial one has no record)."""
 
     def __init__(self, folder: Path, key: str, plan: Plan, backbone: Backbone, part: Part, lengths: np.ndarray,
                  itemsize: int):
@@ -450,23 +499,25 @@ class ShardWriter:
         self.error: BaseException | None = None
         self._fds = {name: os.open(folder / name, os.O_WRONLY) for name in DATA}
         self._q: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="frozentune-shard-sum")
+        self._pool = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="frozentune-shard-io")
+        self._ahead: collections.deque[tuple[int, list[Future]]] = collections.deque()  # (bytes, tasks) per batch
+        self._ahead_bytes = 0
+        self._finishing: list[Future] = []
         # the entry's chunk checksums, while every file is written in order from its first byte (one process
         # writing every shard in turn): publishing then need not read the files back (entry_sums)
-        self._entry = {name: ChunkSums() for name in DATA}
-        self._entry_hasher = ThreadPoolExecutor(1, thread_name_prefix="frozentune-entry-sum")
+        self._entry = {name: ChunkSums(self._pool) for name in DATA}
         self._in_order = True
         self._thread = threading.Thread(target=self._run, name="frozentune-shard-writer", daemon=True)
         self._thread.start()
 
     def start(self, k: int) -> None:
-        self._put(("start", k))
+        self._put(("start", k, time.perf_counter()))
 
     def batch(self, host: torch.Tensor, done, ids: np.ndarray) -> None:
         self._put(("batch", host, done, ids))
 
     def end(self, k: int) -> None:
-        self._put(("end", k))
+        self._put(("end", k, time.perf_counter()))
 
     def close(self) -> None:
         """Wait until every shard handed over is written (or the writer failed: raised here)."""
@@ -475,8 +526,12 @@ class ShardWriter:
                 self._put(("stop",))
         finally:
             self._thread.join()
-            self._hasher.shutdown()
-            self._entry_hasher.shutdown()
+            for task in [t for _, tasks in self._ahead for t in tasks] + self._finishing:
+                try:
+                    task.result()
+                except BaseException as e:  # noqa: BLE001 — the first error is raised below
+                    self.error = self.error or e
+            self._pool.shutdown(wait=True)
             for fd in self._fds.values():
                 os.close(fd)
         if self.error is not None:
@@ -498,21 +553,43 @@ class ShardWriter:
         cur: _Open | None = None
         try:
             while (item := self._q.get())[0] != "stop":
+                for task in self._finishing:  # a shard that could not be finished stops the build
+                    if task.done():
+                        task.result()
                 if item[0] == "start":
-                    k = item[1]
-                    cur = _Open(k, {name: int(self.starts[k]) * size for name, size in self.row_bytes.items()})
+                    _, k, t0 = item
+                    cur = _Open(k, {name: int(self.starts[k]) * size for name, size in self.row_bytes.items()},
+                                self._pool, t0)
                 elif item[0] == "batch":
                     _, host, done, ids = item
                     if done is not None:
                         done.synchronize()
-                    self._write(cur, "states.bin", host.numpy())
-                    self._write(cur, "ids.bin", ids)
+                    states = host.numpy()
+                    tasks = self._write(cur, "states.bin", states) + self._write(cur, "ids.bin", ids)
                     cur.tokens += len(ids)
+                    cur.tasks += tasks
+                    self._hand_over(states.nbytes + ids.nbytes, tasks)
                 else:
-                    self._finish(cur)
+                    cur.seconds = item[2] - cur.t0
+                    self._finishing.append(self._pool.submit(self._finish, cur))
                     cur = None
         except BaseException as e:  # handed to the caller; a partial shard has no record, so is redone
             self.error = e
+
+    def _hand_over(self, nbytes: int, tasks: list[Future]) -> None:
+        """Count a batch's bytes in flight; wait for the oldest batches while more than AHEAD_BYTES are."""
+        self._ahead.append((nbytes, tasks))
+        self._ahead_bytes += nbytes
+        while self._ahead_bytes > AHEAD_BYTES and len(self._ahead) > 1:
+            n, oldest = self._ahead.popleft()
+            for task in oldest:
+                task.result()
+            self._ahead_bytes -= n
+        while self._ahead and all(t.done() for t in self._ahead[0][1]):
+            n, oldest = self._ahead.popleft()
+            for task in oldest:
+                task.result()
+            self._ahead_bytes -= n
 
     def entry_sums(self, sizes: dict[str, int]) -> dict | None:
         """After close(): {name: {"size", "chunks"}} of each data file, where this writer wrote every file
@@ -522,34 +599,32 @@ class ShardWriter:
         sums = {name: c.close() for name, c in self._entry.items()}
         return sums if all(sums[name]["size"] == sizes[name] for name in DATA) else None
 
-    def _write(self, cur: _Open, name: str, arr: np.ndarray) -> None:
+    def _write(self, cur: _Open, name: str, arr: np.ndarray) -> list[Future]:
+        """Hand the bytes of `arr` to the pool: written at the shard's next place in `name`, hashed into the
+        shard's checksum and, while the file is written in order, the entry's chunks. Returns the tasks."""
         mv = memoryview(np.ascontiguousarray(arr)).cast("B")
-        summed = self._hasher.submit(cur.sums[name].update, mv)  # all three release the GIL: side by side
-        entry = None
+        tasks = [self._pool.submit(_write_all, self._fds[name], mv, cur.at[name]), cur.sums[name].feed(mv)]
         if self._in_order and cur.at[name] == self._entry[name].size:
-            entry = self._entry_hasher.submit(self._entry[name].update, mv)
+            tasks += self._entry[name].update(mv)
         else:
             self._in_order = False
-        while len(mv):
-            n = _pwrite(self._fds[name], mv, cur.at[name])
-            cur.at[name] += n
-            mv = mv[n:]
-        summed.result()
-        if entry is not None:
-            entry.result()
+        cur.at[name] += len(mv)
+        return tasks
 
     def _finish(self, cur: _Open) -> None:
+        """On the pool, once the shard's bytes are written and hashed: make them durable, then its record."""
+        for task in cur.tasks:
+            task.result()
         for fd in self._fds.values():
             _datasync(fd)
         p0, p1 = self.plan.examples(cur.k)
-        seconds = time.perf_counter() - cur.t0
         info = {"key": self.key, "plan": self.plan.digest, "shard": cur.k, "examples": [p0, p1], "tokens": cur.tokens,
-                "seconds": seconds, "device": self.device, "precision": self.precision,
+                "seconds": cur.seconds, "device": self.device, "precision": self.precision,
                 "part": [self.part.index, self.part.count],
                 "files": {name: {"offset": cur.start[name], "size": cur.at[name] - cur.start[name],
                                  "blake2b": cur.sums[name].hexdigest()} for name in DATA}}
         _write_json(self.folder / shard_name(cur.k), info)
-        self.seconds.append(seconds)
+        self.seconds.append(cur.seconds)
 
 
 def extract_shards(writer: ShardWriter, todo: list[int], plan: Plan, backbone: Backbone, tokens: Tokenized,
@@ -579,8 +654,8 @@ class ShardReport:
     done_now: list[int]        # shards this process extracted
     done_before: list[int]     # shards found finished (an interrupted build's, or another process's)
     missing: list[int]         # shards still to be done (by other parts) after this process's work
-    seconds: float             # extraction time spent now
-    shard_seconds: float       # mean seconds per shard extracted now (0 if none)
+    seconds: float             # extraction time spent now (wall: the pass, and the writing after it)
+    shard_seconds: float       # mean seconds per shard extracted now, the pass's time for it (0 if none)
     entry_sums: dict | None = None  # the data files' chunk checksums, where this process wrote all of them in order
 
 
@@ -600,22 +675,22 @@ def extract_part(folder: Path, key: str, fields: dict, plan: Plan, backbone: Bac
     published = part.count > 1 and folder.with_name(key).exists()
     todo = [] if published else [k for k in range(len(plan.shards)) if part.owns(k) and k not in before]
     spent: list[float] = []
-    entry = None
+    entry, wall = None, 0.0
     if todo:
         lengths, itemsize = tokens.lengths, np.dtype(dtype).itemsize
         sizes = data_sizes(plan, lengths, backbone.dim, itemsize)
         open_plan(folder, key, fields, plan, sizes)
         with active(folder):
+            t0 = time.perf_counter()
             writer = ShardWriter(folder, key, plan, backbone, part, lengths, itemsize)
             try:
                 extract_shards(writer, todo, plan, backbone, tokens, dtype, progress)
             finally:
-                spent = writer.seconds
+                spent, wall = writer.seconds, time.perf_counter() - t0
             entry = writer.entry_sums(sizes)
     done = finished(folder, plan)
     missing = [k for k in range(len(plan.shards)) if k not in done]
-    return ShardReport(todo, sorted(before), missing, float(sum(spent)),
-                       float(np.mean(spent)) if spent else 0.0, entry)
+    return ShardReport(todo, sorted(before), missing, wall, float(np.mean(spent)) if spent else 0.0, entry)
 
 
 def work_of(plan: Plan, lengths: np.ndarray, shards: Iterable[int]) -> tuple[int, int]:
