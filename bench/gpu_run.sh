@@ -20,7 +20,7 @@
 #   rss            bench/gpu_rss_probe.py: a 1-head and an 8-head engine's host memory, CUDA's lazy module loading or not
 # The serve part preloads .gpu/serve/lib/libtcmalloc_minimal.so.4 where it was carried (the servers' --allocator
 # auto then runs on it, as where it is installed) and runs the twins with $SERVE_TWIN (default on a GPU:
-# --cuda-graphs off).
+# --cuda-graphs off), and $SERVE_ARGS as more options (e.g. --heads-core: the 8/1 ratio only, more repeats in the time).
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -63,7 +63,7 @@ if [[ $PARTS == *" serve "* ]]; then
     FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${SERVE_TIMEOUT:-330}" $PY bench/serve_load.py --only "${SERVE_PARTS:-batching,heads}" \
       --device "$DEVICE" --client raw --repeats "${SERVE_REPEATS:-1}" --seconds "${SERVE_SECONDS:-6}" --requests 20000 \
       --warm-requests "${SERVE_WARM:-1000}" --models .gpu/serve/models --twin-args "${SERVE_TWIN:---cuda-graphs off}" \
-      --output "$OUT/serve_load_gpu.json"
+      ${SERVE_ARGS:-} --output "$OUT/serve_load_gpu.json"
     echo "serve_load exit $?"
     mkdir -p "$OUT/serve-logs" && cp .gpu/serve/serve-logs/*.log "$OUT/serve-logs/" 2>/dev/null
   fi
