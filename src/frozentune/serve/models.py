@@ -257,8 +257,8 @@ def pipeline_choice(option: str, device: torch.device) -> tuple[bool, str]:
     auto: on a CPU where torch's threads leave a core free, since the heads then run on it while
     the next pass runs (bench/REPORT.md, "Heads beside the next pass"); off where torch already uses
     every core (two stages would take turns on them) and on a GPU, where on an H200 the 8 heads / 1 head
-    ratio with it was 0.77-1.10× against 0.68-1.00× without, over three repeats, ahead on short texts and
-    behind on long ones (bench/REPORT.md, "`--pipeline on` on a GPU, two more repeats")."""
+    ratio with it was 0.77-1.10× against 0.68-1.00× without, over three repeats: ahead on short texts in
+    all three, on long ones in one (bench/REPORT.md, "`--pipeline on` on a GPU, two more repeats")."""
     if option != "auto":
         return option == "on", f"--pipeline {option}"
     if device.type != "cpu":
