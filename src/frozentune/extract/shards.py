@@ -577,18 +577,15 @@ class ShardWriter:
             self.error = e
 
     def _hand_over(self, nbytes: int, tasks: list[Future]) -> None:
-        """Count a batch's bytes in flight; wait for the oldest batches while more than AHEAD_BYTES are."""
+        """Count a batch's bytes in flight; let go of the oldest batches that are done, and wait for the
+        oldest while more than AHEAD_BYTES are (the newest is never waited for here)."""
         self._ahead.append((nbytes, tasks))
         self._ahead_bytes += nbytes
-        while self._ahead_bytes > AHEAD_BYTES and len(self._ahead) > 1:
+        while self._ahead and ((self._ahead_bytes > AHEAD_BYTES and len(self._ahead) > 1)
+                               or all(t.done() for t in self._ahead[0][1])):
             n, oldest = self._ahead.popleft()
             for task in oldest:
-                task.result()
-            self._ahead_bytes -= n
-        while self._ahead and all(t.done() for t in self._ahead[0][1]):
-            n, oldest = self._ahead.popleft()
-            for task in oldest:
-                task.result()
+                task.result()  # waits, or raises the task's error
             self._ahead_bytes -= n
 
     def entry_sums(self, sizes: dict[str, int]) -> dict | None:
