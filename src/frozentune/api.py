@@ -162,7 +162,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                                 options, train_cfg, output, max_train, log=log)
     spec = get_method(method)
     defaults = spec.train_defaults
-    if spec.encoder is None and method != "finetune" and make_config(method, options).train_backbone:
+    if spec.encoder is None and make_config(method, options).train_backbone and not make_config(method).train_backbone:
         # a frozen head's defaults (the probe's lr 0.01) applied to the whole backbone collapse it: the
         # backbone trains too, so the schedule is fine-tuning's unless the user gave one
         defaults = get_method("finetune").train_defaults
@@ -172,10 +172,12 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if output is not None:
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
     may_cv = cfg.cv_folds >= 2 and not runs_live(method, options)
+    # a live method that trains a fixed schedule on few labels (contrastive, as SetFit does): no carved split either
+    fixed_few = bool(getattr(spec.head_cls, "fixed_schedule_few_labels", False))
     try:
         ds = data if isinstance(data, Dataset) else load_classification(
             data, text_field, label_field, seed=cfg.seed, max_train=max_train, shots=shots,
-            carve_below=cfg.cv_below if may_cv else 0, pair_field=pair_field)
+            carve_below=cfg.cv_below if may_cv or fixed_few else 0, pair_field=pair_field)
     except DataError as e:
         if spec.generates and "missing field" in str(e):  # read as classification data, meant as pairs?
             raise DataError(f"{e} For source → target generation with --method {method}, name the source and target "
@@ -231,6 +233,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                 "keeps it instead of the head where the head does no better on them (--fallback off: the head)")
         model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
                                           src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback)
+    elif fixed_few and len(ds.train) < cfg.cv_below:
+        plan = plan_steps(len(ds.train), cfg, constant=True)  # a few steps: a decaying rate would halve them
+        log(f"schedule: {plan.why}; {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: no early "
+            f"stopping, the whole schedule is trained" + (f" ({len(ds.validation)} validation examples are scored, "
+                                                          f"not used)" if val_src is not None else ""))
+        fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan, select=False)
+        selection = {"how": "fixed schedule", "schedule": plan.why}
     else:
         if val_src is None:
             raise DataError(f"{ds.name}: the validation split is empty; give a validation file, or train a frozen "

@@ -232,14 +232,22 @@ def solve_convex(model: Classifier, x: "torch.Tensor", y: np.ndarray, c: float, 
     penalty is 1, except for two classes, where scikit-learn fits one weight vector w on the logit
     difference: the softmax's rows at its optimum are w₁ = −w₂ = w/2, whose squared norms add up to
     ||w||²/2, so the penalty is doubled there and both solve the same problem."""
-    import torch
-
     layer = model.head.out  # the only trained part of a convex head
     trained = {id(p) for p in model.parameters() if p.requires_grad}
     if trained != {id(layer.weight), id(layer.bias)}:
         raise ValueError("solve_convex solves a head whose only trained parameters are its linear layer `out`")
+    solve_linear(layer, x, y, c, len(model.labels), max_iter)
+    model.eval()
+
+
+def solve_linear(layer: "torch.nn.Linear", x: "torch.Tensor", y: np.ndarray, c: float, num_labels: int,
+                 max_iter: int = 500) -> None:
+    """Solve `layer` in place on inputs x (N, D): the objective of solve_convex (scikit-learn's
+    LogisticRegression(C=c), divided by N), whatever else around it trains."""
+    import torch
+
     y_t = torch.from_numpy(np.asarray(y)).to(x.device)
-    penalty = 2.0 if len(model.labels) == 2 else 1.0
+    penalty = 2.0 if num_labels == 2 else 1.0
     opt = torch.optim.LBFGS([layer.weight, layer.bias], lr=1, max_iter=max_iter, history_size=20, tolerance_grad=1e-7,
                             tolerance_change=1e-10, line_search_fn="strong_wolfe")
 
@@ -251,6 +259,13 @@ def solve_convex(model: Classifier, x: "torch.Tensor", y: np.ndarray, c: float, 
         return loss
 
     opt.step(closure)
+
+
+def solve_output(model: Classifier, src: Source, y: np.ndarray) -> None:
+    """For a head that declares `solves_output` (contrastive): after training, its linear layer `out`
+    solved exactly on its inputs for every row of src (convex_inputs), with L2 strength cfg.c."""
+    x = convex_inputs(model, src)  # (N, D), without grad: the encoder is fixed from here
+    solve_linear(model.head.out, x, y, float(model.head.cfg.c), len(model.labels))
     model.eval()
 
 

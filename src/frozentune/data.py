@@ -629,8 +629,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         notes.append(note)
     if "validation" not in splits and len(train) < carve_below:
         splits["validation"] = TextSplit([], [], f"{train.source} (no validation split)", [])
-        notes.append(f"no validation split: train has {len(train)} examples (under {carve_below}), so none is carved; "
-                     f"cross-validation on train chooses the number of steps")
+        notes.append(f"no validation split: train has {len(train)} examples (under {carve_below}), so none is carved "
+                     f"(a few held-out examples would steer training by noise; the schedule line says what is done instead)")
     elif "validation" not in splits:
         train, splits["validation"], note = carve_validation(train, val_fraction, seed)
         notes.append(note)

@@ -367,7 +367,8 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | Non
         select: bool = True) -> FitResult:
     """Train a classifier in place: fit_loop on its head's loss. With `select`, early stopping on
     validation accuracy leaves it with the weights of the best validation round; without (or with
-    no validation split, val None), it runs the whole schedule and keeps the last weights."""
+    no validation split, val None), it runs the whole schedule and keeps the last weights. A head
+    that `solves_output` then has its linear layer solved on all of train (crossval.solve_output)."""
     device = distributed.device(cfg.device)  # under a launcher, a bare "cuda" is this rank's GPU
     model.to(device)
     if not any(p.requires_grad for p in model.parameters()):
@@ -380,7 +381,12 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | Non
     def validate() -> dict[str, float]:
         return {} if val is None else scored(model, val, y_val, cfg.eval_batch_size)
 
-    return fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log, schedule, select)
+    result = fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log, schedule, select)
+    if getattr(model.head, "solves_output", False):  # contrastive: SetFit's logistic regression on the tuned embeddings
+        from .crossval import solve_output
+
+        solve_output(model, train, y_train)
+    return result
 
 
 def scored(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:

@@ -1,0 +1,106 @@
+"""`contrastive`: SetFit's recipe (Tunstall et al., 2022, "Efficient Few-Shot Learning Without
+Prompts") with every pair of a batch in one step.
+
+SetFit fine-tunes a sentence encoder so that the cosine similarity of two examples' embeddings is
+1 for the same class and 0 for different classes (CosineSimilarityLoss on sampled pairs), then
+fits a logistic regression on the tuned embeddings. Its trainer samples pairs and encodes both
+texts of every pair: with 96 examples it runs 3,840 pairs, so each text goes through the encoder
+about 80 times an epoch. Here a batch of B texts is encoded once and the loss covers all
+B·(B-1)/2 pairs in it, so a few-shot set of up to --batch-size examples is one step, and every pair
+of it is in every step.
+
+- Embedding: the pooled last-layer states, L2-normalised (all-MiniLM-L6-v2's own pooling).
+- Loss: (cos(e_i, e_j) - [y_i = y_j])², the mean over every pair of the batch. (SetFit samples as
+  many same-class pairs as different-class ones. Weighting the two kinds equally here needed about
+  twice the steps for the same accuracy on TREC at 16 per class: REPORT.md, "Few labels".) A
+  linear layer learns the classes beside it from the embeddings with their gradient cut
+  (cross-entropy), so that validation can score rounds.
+- After training, that layer is solved exactly on the final embeddings of all of train: scikit-learn's
+  LogisticRegression(C) objective (crossval.solve_linear), SetFit's head.
+- The backbone (all of it, or its top `top_layers` blocks) is trained: a saved model holds it.
+  Below --cv-below examples there is no validation split and no early stopping: the run trains a
+  fixed schedule at a constant rate after warm-up, as SetFit does (`fixed_schedule_few_labels`).
+
+The pair loss is over the whole batch, so it is not a mean of per-example losses and cannot be
+split across data-parallel processes: under a launcher it refuses.
+
+Legend: B batch, D hidden, C classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import distributed
+from ..head import Features, Output
+from ..registry import MethodError, register_method
+from .probe import FinetuneConfig, LinearHead
+
+
+@dataclass
+class ContrastiveConfig(FinetuneConfig):
+    train_backbone: bool = field(default=True, metadata={
+        "help": "train the encoder with the pair loss (the point of this method; it cannot be turned off)"})
+    c: float = field(default=1.0, metadata={
+        "help": "inverse L2 strength of the logistic regression solved on the tuned embeddings after training "
+                "(scikit-learn's C; SetFit's head is LogisticRegression() with C = 1)"})
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.train_backbone:
+            raise ValueError("contrastive: train_backbone must be true (the pair loss trains the encoder); "
+                             "for a linear layer on frozen states use --method probe")
+        if not self.c > 0:
+            raise ValueError(f"contrastive: c={self.c}; give a positive inverse L2 strength (1 is scikit-learn's default)")
+
+
+def pair_loss(e: Tensor, labels: Tensor) -> Tensor:
+    """(B, D) unit embeddings, (B,) int64 → scalar: SetFit's cosine-similarity loss, the mean of
+    (cos(e_i, e_j) - [y_i = y_j])² over every pair i < j of the batch. A batch of one has no pair:
+    0, still connected to `e` so that backward runs."""
+    b = e.shape[0]
+    if b < 2:
+        return (e * 0).sum()
+    i, j = torch.triu_indices(b, b, 1, device=e.device)
+    cos = (e[i] * e[j]).sum(-1)                      # (P,) P = B(B-1)/2
+    return ((cos - (labels[i] == labels[j]).to(cos.dtype)) ** 2).mean()
+
+
+class ContrastiveHead(LinearHead):
+    """Normalised pooled states, trained so that cosine similarity tells the classes apart; a linear
+    layer (logistic regression) on them."""
+
+    solves_output = True  # train.fit solves `out` on the tuned embeddings after training (SetFit's head)
+    fixed_schedule_few_labels = True  # api.train: below --cv-below, the fixed schedule without validation
+
+    def __init__(self, cfg: ContrastiveConfig, dim: int, num_labels: int):
+        super().__init__(cfg, dim, num_labels)
+        self.convex = False  # the encoder trains: the embeddings move while training
+
+    def convex_inputs(self, f: Features) -> Tensor:
+        """(B, D) the unit embedding the linear layer reads."""
+        return F.normalize(super().convex_inputs(f), dim=-1)
+
+    def forward(self, f: Features) -> Output:
+        e = self.convex_inputs(f)                    # (B, D)
+        return Output(self.out(self.drop(e)), {"embedding": e})  # (B, C)
+
+    def loss(self, out: Output, labels: Tensor) -> Tensor:
+        if distributed.world_size() > 1:
+            raise MethodError("contrastive: its pair loss spans the whole batch, so it cannot be split across "
+                             "data-parallel processes; run it in one process (without torchrun / accelerate launch)")
+        e = out.extras["embedding"]
+        # the linear layer learns from the embeddings with their gradient cut: the pair loss alone shapes them
+        return pair_loss(e, labels) + F.cross_entropy(self.out(self.drop(e.detach())), labels)
+
+
+register_method("contrastive", ContrastiveConfig,
+                "SetFit's objective: the encoder tuned so that cosine similarity tells classes apart, every pair of "
+                "a batch in one step, then a logistic regression on the embeddings",
+                # lr 5e-5, a floor of 10 steps, batch 128 (a set of up to 128 examples is one step of all its
+                # pairs): bench/few_shot.py --methods contrastive measures them (REPORT.md, "Few labels")
+                train_defaults={"lr": 5e-5, "epochs": 1, "batch_size": 128, "patience": 2, "min_steps": 10,
+                                "eval_batch_size": 128})(ContrastiveHead)
