@@ -9,7 +9,8 @@ For each dataset, K and seed: `load_classification(data, shots=K, seed=seed)` dr
 on it exactly as the CLI does (its defaults: cross-validation below 1,000 examples), and scored on
 the test split. Beside it, on the same sample: `LogisticRegression()` (scikit-learn defaults,
 max_iter raised to 1000 so that it converges) on the mean-pooled states of the last layer and of
-the layer each head reads (space: -3); with --converged also the same model solved to its optimum
+the layer each head reads (space: -3); `--methods contrastive` adds the method that tunes the
+encoder with SetFit's pair loss (its own fp32 copy of MiniLM each run); with --converged also the same model solved to its optimum
 (logreg*). All states come from one cache per dataset and layer,
 built in the default precision of this CPU.
 """
@@ -26,6 +27,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 METHODS = ("probe", "space", "ytuning", "selfexplain")
+# methods that train the encoder (run live, fp32): each run loads its own copy of the backbone, since
+# training changes it; not run unless named in --methods
+LIVE = ("contrastive",)
 LAYER_OF = {"space": "-3"}  # the heads' registered defaults; the others read the last layer
 
 
@@ -131,7 +135,8 @@ def main() -> None:
                     if (data, shots, seed, method) in have:
                         continue
                     t0 = time.perf_counter()
-                    r = api.train(method, ds, backbone(LAYER_OF.get(method, "-1")),
+                    bb = api.BackboneOptions() if method in LIVE else backbone(LAYER_OF.get(method, "-1"))
+                    r = api.train(method, ds, bb,
                                   train_cfg={"seed": seed, **({"cv_repeats": a.cv_repeats} if a.cv_repeats > 1 else {})},
                                   progress=False, log=lambda s: None)
                     save({"data": data, "shots": shots, "seed": seed, "method": method, "n_train": len(ds.train),
@@ -144,7 +149,7 @@ def main() -> None:
 
 def report(d: dict) -> str:
     rows = d["rows"]
-    methods = [m for m in (*METHODS, "logreg@-1", "logreg@-3", "logreg*@-1", "logreg*@-3", "setfit")
+    methods = [m for m in (*METHODS, *LIVE, "logreg@-1", "logreg@-3", "logreg*@-1", "logreg*@-3", "setfit")
                if any(r["method"] == m for r in rows)]
     lines = [f"`{d['command']}`" + "".join(f" + `{c}`" for c in d.get("merged", [])) + f" — {d['threads']} thread(s), "
              f"{d['cpu']}; test accuracy, mean ± std over seeds (n seeds); logreg@L: LogisticRegression on layer L "
@@ -163,7 +168,7 @@ def report(d: dict) -> str:
     mean = {}
     for r in rows:
         mean.setdefault((r["data"], r["shots"], r["method"]), []).append(r["accuracy"])
-    for m in METHODS:
+    for m in (*METHODS, *LIVE):
         own = LAYER_OF.get(m, "-1")
         for ref in dict.fromkeys(("logreg@-1", f"logreg@{own}", "logreg*@-1", f"logreg*@{own}")):
             gaps = [np.mean(mean[(d_, k, m)]) - np.mean(mean[(d_, k, ref)]) for (d_, k, mm) in mean
