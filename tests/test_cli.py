@@ -12,6 +12,7 @@ import torch
 from numerics import ROUNDING, softmax, sum_of_abs, tol
 
 from frozentune.cli import main
+from frozentune.registry import list_methods
 
 
 def run(capsys, *argv):
@@ -320,3 +321,21 @@ def test_peak_rss_is_the_processs_own_not_its_parents():
     child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert child < 1000, f"the child reported {child:.0f} MB: its parent's peak, not its own"
     del ballast
+
+
+def test_no_method_option_is_the_start_of_a_train_option():
+    """A method's own options are parsed after `train`'s, which take unique prefixes (argparse's
+    abbreviations): a method option that begins another train option (`--c` of `--cv-folds`) would be
+    refused as ambiguous before the method could read it."""
+    import argparse
+
+    from frozentune.cli import _flag, _parser
+    from frozentune.registry import describe_options
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    train = set(sub.choices["train"]._option_string_actions)
+    for method in list_methods():
+        for name, *_ in describe_options(method):
+            flag = _flag(name)
+            clash = sorted(o for o in train if o != flag and o.startswith(flag))
+            assert not clash, f"{method}: {flag} begins {clash}"

@@ -53,7 +53,7 @@ LABELS = np.array([1, 0, 1, 0, 1, 0, 1, 0])
 def test_after_training_the_output_is_logistic_regression_solved_on_the_tuned_embeddings(tiny_bert, c):
     from sklearn.linear_model import LogisticRegression
 
-    model, bb = _model(tiny_bert, options={"c": c})
+    model, bb = _model(tiny_bert, options={"logreg_c": c})
     src = M.LiveSource(bb.tokenize(TEXTS), bb.pad_id())
     fit(model, src, LABELS, None, None, TrainConfig(steps=3, batch_size=8, lr=1e-3), log=lambda s: None)
     with torch.no_grad():
@@ -111,12 +111,25 @@ def test_a_large_train_set_early_stops_on_validation_as_finetune_does(tiny_bert,
 
 @pytest.mark.parametrize("options, message", [
     ({"train_backbone": False}, "train_backbone must be true"),
-    ({"c": 0.0}, "give a positive inverse L2 strength"),
+    ({"logreg_c": 0.0}, "give a positive inverse L2 strength"),
     ({"top_layers": -1}, "give 0 \\(all layers\\) or a positive count"),
 ])
 def test_options_that_cannot_work_are_refused(options, message):
     with pytest.raises(MethodError, match=message):
         make_config("contrastive", options)
+
+
+def test_the_cli_takes_its_options_and_refuses_bad_ones_in_one_line(capsys, trec_slice, tiny_bert, tmp_path):
+    common = ("train", "--method", "contrastive", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16,
+              "--shots", 2)
+    code, out, err = run(capsys, *common, "--logreg-c", 0)
+    assert code == 2 and "logreg_c=0.0; give a positive inverse L2 strength" in err
+    code, out, err = run(capsys, *common, "--no-train-backbone")
+    assert code == 2 and "use --method probe" in err
+    code, out, err = run(capsys, *common, "--logreg-c", 4, "--top-layers", 1, "--output", tmp_path / "m")
+    assert code == 0, err
+    options = json.loads((tmp_path / "m" / "result.json").read_text())["config"]["method_options"]
+    assert (options["logreg_c"], options["top_layers"]) == (4.0, 1)
 
 
 def test_data_parallel_refuses_the_pair_loss(tiny_bert, monkeypatch):

@@ -263,9 +263,9 @@ def solve_linear(layer: "torch.nn.Linear", x: "torch.Tensor", y: np.ndarray, c: 
 
 def solve_output(model: Classifier, src: Source, y: np.ndarray) -> None:
     """For a head that declares `solves_output` (contrastive): after training, its linear layer `out`
-    solved exactly on its inputs for every row of src (convex_inputs), with L2 strength cfg.c."""
+    solved exactly on its inputs for every row of src (convex_inputs), with inverse L2 strength cfg.logreg_c."""
     x = convex_inputs(model, src)  # (N, D), without grad: the encoder is fixed from here
-    solve_linear(model.head.out, x, y, float(model.head.cfg.c), len(model.labels))
+    solve_linear(model.head.out, x, y, float(model.head.cfg.logreg_c), len(model.labels))
     model.eval()
 
 

@@ -16,7 +16,7 @@ of it is in every step.
   linear layer learns the classes beside it from the embeddings with their gradient cut
   (cross-entropy), so that validation can score rounds.
 - After training, that layer is solved exactly on the final embeddings of all of train: scikit-learn's
-  LogisticRegression(C) objective (crossval.solve_linear), SetFit's head.
+  LogisticRegression(C = logreg_c) objective (crossval.solve_linear), SetFit's head.
 - The backbone (all of it, or its top `top_layers` blocks) is trained: a saved model holds it.
   Below --cv-below examples there is no validation split and no early stopping: the run trains a
   fixed schedule at a constant rate after warm-up, as SetFit does (`fixed_schedule_few_labels`).
@@ -44,7 +44,7 @@ from .probe import FinetuneConfig, LinearHead
 class ContrastiveConfig(FinetuneConfig):
     train_backbone: bool = field(default=True, metadata={
         "help": "train the encoder with the pair loss (the point of this method; it cannot be turned off)"})
-    c: float = field(default=1.0, metadata={
+    logreg_c: float = field(default=1.0, metadata={
         "help": "inverse L2 strength of the logistic regression solved on the tuned embeddings after training "
                 "(scikit-learn's C; SetFit's head is LogisticRegression() with C = 1)"})
 
@@ -53,8 +53,9 @@ class ContrastiveConfig(FinetuneConfig):
         if not self.train_backbone:
             raise ValueError("contrastive: train_backbone must be true (the pair loss trains the encoder); "
                              "for a linear layer on frozen states use --method probe")
-        if not self.c > 0:
-            raise ValueError(f"contrastive: c={self.c}; give a positive inverse L2 strength (1 is scikit-learn's default)")
+        if not self.logreg_c > 0:
+            raise ValueError(f"contrastive: logreg_c={self.logreg_c}; give a positive inverse L2 strength (1 is "
+                             f"scikit-learn's default)")
 
 
 def pair_loss(e: Tensor, labels: Tensor) -> Tensor:
