@@ -263,10 +263,11 @@ def solve_linear(layer: "torch.nn.Linear", x: "torch.Tensor", y: np.ndarray, c: 
 
 def solve_output(model: Classifier, src: Source, y: np.ndarray) -> None:
     """For a head that declares `solves_output` (contrastive): after training, its linear layer `out`
-    solved exactly on its inputs for every row of src (convex_inputs), with inverse L2 strength cfg.logreg_c."""
+    solved exactly on its inputs (convex_inputs, in eval mode) for every row of src, with inverse L2
+    strength cfg.logreg_c."""
+    model.eval()  # no dropout in the embeddings the regression is solved on
     x = convex_inputs(model, src)  # (N, D), without grad: the encoder is fixed from here
     solve_linear(model.head.out, x, y, float(model.head.cfg.logreg_c), len(model.labels))
-    model.eval()
 
 
 def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, train: Source, y: np.ndarray,

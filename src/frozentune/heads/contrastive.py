@@ -5,9 +5,9 @@ SetFit fine-tunes a sentence encoder so that the cosine similarity of two exampl
 1 for the same class and 0 for different classes (CosineSimilarityLoss on sampled pairs), then
 fits a logistic regression on the tuned embeddings. Its trainer samples pairs and encodes both
 texts of every pair: with 16 examples of each of TREC's 6 classes its one epoch is 7,680 pairs, so
-each text goes through the encoder about 160 times. Here a batch of B texts is encoded once and the loss covers all
-B·(B-1)/2 pairs in it, so a few-shot set of up to --batch-size examples is one step, and every pair
-of it is in every step.
+each text goes through the encoder about 160 times. Here a batch of B texts is encoded once and the
+loss covers all B·(B-1)/2 pairs in it: 20 steps of 32 texts encode each of those 96 texts about 7
+times.
 
 - Embedding: the pooled last-layer states, L2-normalised (all-MiniLM-L6-v2's own pooling).
 - Loss: (cos(e_i, e_j) - [y_i = y_j])², the mean over every pair of the batch. (SetFit samples as
@@ -101,7 +101,7 @@ class ContrastiveHead(LinearHead):
 register_method("contrastive", ContrastiveConfig,
                 "SetFit's objective: the encoder tuned so that cosine similarity tells classes apart, every pair of "
                 "a batch in one step, then a logistic regression on the embeddings",
-                # lr 5e-5, a floor of 10 steps, batch 128 (a set of up to 128 examples is one step of all its
-                # pairs): bench/few_shot.py --methods contrastive measures them (REPORT.md, "Few labels")
-                train_defaults={"lr": 5e-5, "epochs": 1, "batch_size": 128, "patience": 2, "min_steps": 10,
+                # lr 5e-5, batches of 32, a floor of 20 steps: chosen on rows of train outside the few-shot
+                # samples, not on test (bench/contrastive_dev.py; REPORT.md, "Few labels")
+                train_defaults={"lr": 5e-5, "epochs": 1, "batch_size": 32, "patience": 2, "min_steps": 20,
                                 "eval_batch_size": 128})(ContrastiveHead)
