@@ -285,6 +285,20 @@ def test_train_backbone_on_a_frozen_head_takes_finetunes_schedule(tiny_bert, tre
     assert r["config"]["train"]["lr"] == 1e-4
 
 
+def test_train_refuses_to_train_a_loaded_backbone_in_place(tiny_bert, trec_slice):
+    """A loaded Backbone passed to api.train with a method that trains it would be changed in place,
+    so that the next run reusing it starts trained: refused before any work, the weights untouched."""
+    from frozentune import api
+    from frozentune.registry import MethodError
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
+    before = {k: v.clone() for k, v in bb.model.state_dict().items()}
+    for method, options in (("finetune", None), ("contrastive", None), ("probe", {"train_backbone": True})):
+        with pytest.raises(MethodError, match="would change the loaded Backbone .* pass BackboneOptions"):
+            api.train(method, str(trec_slice), bb, options=options, progress=False, log=lambda s: None)
+    assert all(torch.equal(before[k], v) for k, v in bb.model.state_dict().items())
+
+
 def test_console_script_runs():
     exe = __import__("shutil").which("frozentune") or str(__import__("pathlib").Path(sys.executable).parent / "frozentune")
     proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)
