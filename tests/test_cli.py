@@ -1,4 +1,5 @@
 """The CLI end to end on a tiny model and a slice of the real TREC data."""
+import io
 import json
 import re
 import subprocess
@@ -119,6 +120,51 @@ def test_predict_agrees_with_eval(trained, trec_slice, capsys, tmp_path):
     assert (got[sure] == np.array(model.labels)[logits.argmax(1)][sure]).all()
     code, stdout, _ = run(capsys, "predict", "--model", out, "How far is Paris ?")
     assert code == 0 and json.loads(stdout)["label"] in model.labels
+
+
+class _Stdin(io.TextIOWrapper):
+    """Standard input piped from bytes (not a terminal)."""
+
+    def __init__(self, data: bytes):
+        super().__init__(io.BytesIO(data), encoding="utf-8")
+
+
+def test_predict_reads_texts_from_standard_input_with_input_dash(trained, capsys, tmp_path, monkeypatch):
+    out = trained[0]
+    texts = ["How far is Paris ?", "Who wrote Hamlet ?", "What is a dog ?"]
+    (tmp_path / "t.txt").write_text("\n".join(texts) + "\n")
+    code, from_file, err = run(capsys, "predict", "--model", out, "--input", tmp_path / "t.txt")
+    assert code == 0, err
+    # a byte-order mark, CRLF line ends and trailing blank lines, as a Windows pipe may send them
+    monkeypatch.setattr(sys, "stdin", _Stdin(("\ufeff" + "\r\n".join(texts) + "\r\n\r\n").encode()))
+    code, from_stdin, err = run(capsys, "predict", "--model", out, "--input", "-")
+    assert code == 0, err
+    assert from_stdin == from_file and [json.loads(r)["text"] for r in from_stdin.splitlines()] == texts
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"a\n\nb\n", "<standard input>:2: a blank line with texts after it"),
+    (b"\xff\xfeab\n", "<standard input>: not UTF-8 text (byte 0xff at byte offset 0)"),
+    (b"", "<standard input>: the file is empty"),
+])
+def test_bad_standard_input_is_refused_in_one_line(data, message, monkeypatch):
+    from frozentune.data import DataError, read_lines
+
+    monkeypatch.setattr(sys, "stdin", _Stdin(data))
+    with pytest.raises(DataError, match=re.escape(message)):
+        read_lines(Path("-"))
+
+
+def test_input_dash_refuses_a_terminal(monkeypatch):
+    from frozentune.data import DataError, read_lines
+
+    class Terminal(_Stdin):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal(b""))
+    with pytest.raises(DataError, match="standard input is a terminal, not a pipe or file; pipe the texts in"):
+        read_lines(Path("-"))
 
 
 def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):

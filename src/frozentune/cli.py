@@ -162,7 +162,7 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     """Inputs of predict / explain besides the positional texts: pairs and files."""
     p.add_argument("--pair", nargs=2, action="append", metavar=("FIRST", "SECOND"), default=[],
                    help="a sentence pair (e.g. premise and hypothesis), for a model trained on pairs; repeatable")
-    p.add_argument("--input", type=Path, help="a file with one text per line, or a .jsonl/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
+    p.add_argument("--input", type=Path, help="a file with one text per line (- reads them from standard input), or a .jsonl/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
                    "text (and, for a pair model, second text) fields are the model's or --text-field / --text-pair-field")
     p.add_argument("--text-field", help="with a .jsonl/.csv/.tsv --input: the text field (default: the model's)")
     p.add_argument("--text-pair-field", help="with a .jsonl/.csv/.tsv --input: the second text's field (default: the model's)")
@@ -220,7 +220,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                          "a line break inside an output is written as \\n, --json keeps outputs as they are)")
     gen.add_argument("--model", type=Path, required=True)
     gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation, linearised triples, or any source text")
-    gen.add_argument("--input", type=Path, help="a file with one source per line, or a .jsonl/.csv/.tsv dataset file "
+    gen.add_argument("--input", type=Path, help="a file with one source per line (- reads them from standard input), or a .jsonl/.csv/.tsv dataset file "
                      "(source / mr / triples)")
     gen.add_argument("--source-field", help="with a .jsonl/.csv/.tsv --input: the source field (default: source)")
     gen.add_argument("--num-beams", type=_whole(1), help="beam width (default: the one the model was trained with)")
@@ -436,7 +436,8 @@ def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | No
     elif a.text_field or a.text_pair_field:
         raise CLIError("--text-field / --text-pair-field pick the fields of an --input file; give --input FILE")
     if not texts:
-        raise CLIError(f"nothing to {verb}: give texts as arguments, --pair FIRST SECOND, or --input FILE")
+        raise CLIError(f"nothing to {verb}: give texts as arguments, --pair FIRST SECOND, or --input FILE "
+                       f"(--input - reads one text per line from standard input)")
     return texts
 
 
@@ -470,7 +471,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     sources = _arguments(a.sources, "source") + (read_sources(a.input, a.source_field) if a.input else [])
     if not sources:
-        raise CLIError("nothing to generate from: give sources as arguments or --input FILE")
+        raise CLIError("nothing to generate from: give sources as arguments or --input FILE (--input - reads one "
+                       "source per line from standard input)")
     outputs = generate_sources(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
     for src, out in zip(sources, outputs):
         print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else _escape_line_breaks(out),

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -298,16 +299,22 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
     or a DataError saying why not. A blank (or whitespace-only) line with a text after it is an
     error naming it, unless `skip_blank` (for a caller that keeps no line numbers, e.g. a
     pre-training corpus); blank lines at the end are ignored. Lines end at \\n, \\r\\n or \\r only
-    (as an editor counts them), not at the other characters str.splitlines breaks on."""
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{path}: is a folder; give a file with one of the {what} per line")
-    if not path.is_file():
-        raise DataError(f"{path}: no such file; give a file with one of the {what} per line")
-    try:
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").split("\n")]  # newlines translated
-    except UnicodeDecodeError as e:
-        raise _utf8_error(path, e) from None
+    (as an editor counts them), not at the other characters str.splitlines breaks on. The path "-"
+    reads standard input, as other command-line tools do."""
+    if str(path) == "-":
+        path, text = Path("<standard input>"), _read_stdin(what)
+    else:
+        path = Path(path)
+        if path.is_dir():
+            raise DataError(f"{path}: is a folder; give a file with one of the {what} per line")
+        if not path.is_file():
+            raise DataError(f"{path}: no such file; give a file with one of the {what} per line (or - to read "
+                            f"standard input)")
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise _utf8_error(path, e) from None
+    lines = [ln.strip() for ln in text.split("\n")]  # newlines translated
     while lines and not lines[-1]:
         lines.pop()
     blank = [n for n, ln in enumerate(lines, 1) if not ln]
@@ -317,6 +324,20 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
     if not lines:
         raise DataError(f"{path}: the file is empty (no non-blank lines); give one of the {what} per line")
     return lines
+
+
+def _read_stdin(what: str) -> str:
+    """Standard input as UTF-8 text (a byte-order mark dropped, newlines translated), or a DataError."""
+    if sys.stdin is None or sys.stdin.isatty():
+        raise DataError(f"--input -: standard input is a terminal, not a pipe or file; pipe the {what} in "
+                        f"(e.g. `cat texts.txt | frozentune ...`), one per line")
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"<standard input>: not UTF-8 text (byte 0x{data[e.start:e.start + 1].hex()} at byte offset "
+                        f"{e.start:,}); convert it to UTF-8 (e.g. iconv -t UTF-8) before piping it in") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
