@@ -36,6 +36,14 @@ SETTINGS = {
     "lr1e-4_batch128_steps10": {"lr": 1e-4, "batch_size": 128, "min_steps": 10},
     "batch32_steps20": {"batch_size": 32, "min_steps": 20},
     "lr2e-5_batch32_steps40": {"lr": 2e-5, "batch_size": 32, "min_steps": 40},
+    "batch32_steps40": {"batch_size": 32, "min_steps": 40},
+    "balanced_batch32_steps20": {"batch_size": 32, "min_steps": 20},
+    "balanced_batch32_steps40": {"batch_size": 32, "min_steps": 40},
+}
+# name → method options, where a setting changes the method and not only its schedule
+OPTIONS = {
+    "balanced_batch32_steps20": {"balance_pairs": True},
+    "balanced_batch32_steps40": {"balance_pairs": True},
 }
 
 
@@ -83,9 +91,11 @@ def main() -> None:
                 if (data, a.shots, seed, name) in have:
                     continue
                 t0 = time.perf_counter()
-                r = api.train("contrastive", run_ds, api.BackboneOptions(), train_cfg={"seed": seed, **SETTINGS[name]},
+                r = api.train("contrastive", run_ds, api.BackboneOptions(), options=OPTIONS.get(name),
+                              train_cfg={"seed": seed, **SETTINGS[name]},
                               progress=False, log=lambda s: None)
                 row = {"data": data, "shots": a.shots, "seed": seed, "setting": name, "overrides": SETTINGS[name],
+                       **({"options": OPTIONS[name]} if name in OPTIONS else {}),
                        "dev_size": len(run_ds.test), "dev_accuracy": r["metrics"]["accuracy"],
                        "steps": r["history"][-1]["step"], "seconds": time.perf_counter() - t0,
                        "command": "bench/contrastive_dev.py " + " ".join(sys.argv[1:])}

@@ -39,6 +39,24 @@ def test_pair_loss_is_the_mean_over_every_pair_of_the_squared_cosine_error():
     assert loss == 0 and one.grad is not None
 
 
+def test_balanced_pair_loss_weights_same_and_different_class_pairs_equally():
+    g = torch.Generator().manual_seed(1)
+    e = F.normalize(torch.randn(7, 8, generator=g, dtype=torch.float64), dim=-1)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 2])
+    pairs = list(itertools.combinations(range(7), 2))
+    err = {(i, j): (float(e[i] @ e[j]) - float(y[i] == y[j])) ** 2 for i, j in pairs}
+    same = [v for (i, j), v in err.items() if y[i] == y[j]]
+    diff = [v for (i, j), v in err.items() if y[i] != y[j]]
+    assert 0 < len(same) < len(diff)  # the two kinds differ in number, so the weighting matters
+    want = (np.mean(same) + np.mean(diff)) / 2
+    assert_close(pair_loss(e, y, balance=True), torch.tensor(want, dtype=torch.float64), ops=dot(8) + 2 + dot(21),
+                 what="balanced pair loss")
+    assert not torch.isclose(pair_loss(e, y, balance=True), pair_loss(e, y))
+    # a batch with one kind of pair only: the mean over that kind, as without balancing
+    for labels in (torch.zeros(7, dtype=torch.long), torch.arange(7)):
+        assert pair_loss(e, labels, balance=True) == pair_loss(e, labels)
+
+
 def _model(tiny_bert, labels=("neg", "pos"), options=None):
     bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
     return M.build_classifier("contrastive", bb, list(labels), options, seed=0), bb
@@ -79,7 +97,7 @@ def test_the_pair_loss_trains_the_encoder_and_the_cross_entropy_only_the_output(
     grads = torch.autograd.grad(pair_loss(out.extras["embedding"], y), enc + head, allow_unused=True, retain_graph=True)
     assert all(g is None for g in grads[len(enc):])  # the pair loss never reaches the linear layer
     assert any(g is not None and g.abs().sum() > 0 for g in grads[:len(enc)])
-    monkeypatch.setattr(contrastive, "pair_loss", lambda e, labels: torch.zeros((), dtype=e.dtype))
+    monkeypatch.setattr(contrastive, "pair_loss", lambda e, labels, balance=False: torch.zeros((), dtype=e.dtype))
     grads = torch.autograd.grad(model.head.loss(out, y), enc + head, allow_unused=True)
     assert all(g is None for g in grads[:len(enc)])  # the cross-entropy reads the embeddings cut off
     assert all(g is not None and g.abs().sum() > 0 for g in grads[len(enc):])
@@ -126,10 +144,11 @@ def test_the_cli_takes_its_options_and_refuses_bad_ones_in_one_line(capsys, trec
     assert code == 2 and "logreg_c=0.0; give a positive inverse L2 strength" in err
     code, out, err = run(capsys, *common, "--no-train-backbone")
     assert code == 2 and "use --method probe" in err
-    code, out, err = run(capsys, *common, "--logreg-c", 4, "--top-layers", 1, "--output", tmp_path / "m")
+    code, out, err = run(capsys, *common, "--logreg-c", 4, "--top-layers", 1, "--balance-pairs",
+                         "--output", tmp_path / "m")
     assert code == 0, err
     options = json.loads((tmp_path / "m" / "result.json").read_text())["config"]["method_options"]
-    assert (options["logreg_c"], options["top_layers"]) == (4.0, 1)
+    assert (options["logreg_c"], options["top_layers"], options["balance_pairs"]) == (4.0, 1, True)
 
 
 def test_data_parallel_refuses_the_pair_loss(tiny_bert, monkeypatch):

@@ -10,9 +10,11 @@ loss covers all B·(B-1)/2 pairs in it: 20 steps of 32 texts encode each of thos
 times.
 
 - Embedding: the pooled last-layer states, L2-normalised (all-MiniLM-L6-v2's own pooling).
-- Loss: (cos(e_i, e_j) - [y_i = y_j])², the mean over every pair of the batch. (SetFit samples as
-  many same-class pairs as different-class ones. Weighting the two kinds equally here needed about
-  twice the steps for the same accuracy on TREC at 16 per class: REPORT.md, "Few labels".) A
+- Loss: (cos(e_i, e_j) - [y_i = y_j])², the mean over every pair of the batch. SetFit samples as
+  many same-class pairs as different-class ones; `balance_pairs` weights the two kinds equally
+  here. It is off: on development rows (bench/contrastive_dev.py, 4 samples each of TREC, SST-5
+  and SST-2 at 16 per class) it gained 0.9 points on SST-5, lost 2.5 on TREC and tied on SST-2,
+  with 20 or 40 steps (REPORT.md, "Few labels"). A
   linear layer learns the classes beside it from the embeddings with their gradient cut
   (cross-entropy), so that validation can score rounds.
 - After training, that layer is solved exactly on the final embeddings of all of train: scikit-learn's
@@ -47,6 +49,10 @@ class ContrastiveConfig(FinetuneConfig):
     logreg_c: float = field(default=1.0, metadata={
         "help": "inverse L2 strength of the logistic regression solved on the tuned embeddings after training "
                 "(scikit-learn's C; SetFit's head is LogisticRegression() with C = 1)"})
+    balance_pairs: bool = field(default=False, metadata={
+        "help": "weight same-class and different-class pairs equally in the loss (SetFit samples as many of each); "
+                "off: every pair of the batch counts the same, so with C balanced classes about 1/C of them are "
+                "same-class"})
 
     def validate(self) -> None:
         super().validate()
@@ -58,16 +64,22 @@ class ContrastiveConfig(FinetuneConfig):
                              f"scikit-learn's default)")
 
 
-def pair_loss(e: Tensor, labels: Tensor) -> Tensor:
+def pair_loss(e: Tensor, labels: Tensor, balance: bool = False) -> Tensor:
     """(B, D) unit embeddings, (B,) int64 → scalar: SetFit's cosine-similarity loss, the mean of
-    (cos(e_i, e_j) - [y_i = y_j])² over every pair i < j of the batch. A batch of one has no pair:
-    0, still connected to `e` so that backward runs."""
+    (cos(e_i, e_j) - [y_i = y_j])² over every pair i < j of the batch. balance: the mean of the
+    same-class pairs' mean and the different-class pairs' mean instead (one kind alone where the
+    batch has no pair of the other). A batch of one has no pair: 0, still connected to `e` so that
+    backward runs."""
     b = e.shape[0]
     if b < 2:
         return (e * 0).sum()
     i, j = torch.triu_indices(b, b, 1, device=e.device)
     cos = (e[i] * e[j]).sum(-1)                      # (P,) P = B(B-1)/2
-    return ((cos - (labels[i] == labels[j]).to(cos.dtype)) ** 2).mean()
+    same = labels[i] == labels[j]                    # (P,)
+    err = (cos - same.to(cos.dtype)) ** 2            # (P,)
+    if not balance or bool(same.all()) or not bool(same.any()):
+        return err.mean()
+    return (err[same].mean() + err[~same].mean()) / 2
 
 
 class ContrastiveHead(LinearHead):
@@ -95,7 +107,7 @@ class ContrastiveHead(LinearHead):
                              "data-parallel processes; run it in one process (without torchrun / accelerate launch)")
         e = out.extras["embedding"]
         # the linear layer learns from the embeddings with their gradient cut: the pair loss alone shapes them
-        return pair_loss(e, labels) + F.cross_entropy(self.out(self.drop(e.detach())), labels)
+        return pair_loss(e, labels, self.cfg.balance_pairs) + F.cross_entropy(self.out(self.drop(e.detach())), labels)
 
 
 register_method("contrastive", ContrastiveConfig,
