@@ -13,8 +13,8 @@ times.
 - Loss: (cos(e_i, e_j) - [y_i = y_j])², the mean over every pair of the batch. SetFit samples as
   many same-class pairs as different-class ones; `balance_pairs` weights the two kinds equally
   here. It is off: on development rows (bench/contrastive_dev.py, 4 samples each of TREC, SST-5
-  and SST-2 at 16 per class) it gained 0.9 points on SST-5, lost 2.5 on TREC and tied on SST-2,
-  with 20 or 40 steps (REPORT.md, "Few labels"). A
+  and SST-2 at 16 per class) it gained 0.9-1.0 points on SST-5, lost 0.3-2.5 on TREC and tied on
+  SST-2, at 20 and 40 steps (REPORT.md, "Few labels"). A
   linear layer learns the classes beside it from the embeddings with their gradient cut
   (cross-entropy), so that validation can score rounds.
 - After training, that layer is solved exactly on the final embeddings of all of train: scikit-learn's
