@@ -223,6 +223,41 @@ def _spy_choice(monkeypatch, pick_regression: bool) -> list:
     return seen
 
 
+def test_convex_inputs_run_in_length_order_and_come_back_in_row_order():
+    """Each row's embedding is its own (here: its row number), in src's order, whatever the order
+    the chunks ran in; the chunks ran shortest first, so each is padded to lengths like its own."""
+    lengths = np.array([9, 2, 7, 2, 5, 11, 1])
+    seen: list[list[int]] = []
+
+    class Src:
+        def __init__(self):
+            self.lengths = lengths
+
+        def __len__(self) -> int:
+            return len(lengths)
+
+        def batch(self, rows: np.ndarray) -> torch.Tensor:
+            seen.append(rows.tolist())
+            return torch.from_numpy(rows)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.head = self
+
+        def features(self, b: torch.Tensor) -> torch.Tensor:
+            return b
+
+        def convex_inputs(self, f: torch.Tensor) -> torch.Tensor:
+            return torch.stack([f, torch.from_numpy(lengths[f.numpy()])], 1).float()
+
+    x = crossval.convex_inputs(Model(), Src(), chunk=3)          # (7, 2): row number, length
+    assert x[:, 0].tolist() == list(range(7)) and x[:, 1].tolist() == lengths.tolist()
+    ran = [lengths[r].tolist() for r in seen]
+    assert ran == [[1, 2, 2], [5, 7, 9], [11]]  # the stable length order, in chunks of 3
+
+
 def test_the_head_is_judged_after_the_optimism_of_its_best_checkpoint():
     """The head's best mean over its checkpoints is corrected by how much each fold's own best beats
     the shared choice; a head that is best only by noise (each fold's peak at another checkpoint)

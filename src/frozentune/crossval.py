@@ -208,14 +208,19 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
 
 def convex_inputs(model: Classifier, src: Source, chunk: int = 512) -> "torch.Tensor":
     """(N, D) what a convex head's linear layer reads (head.convex_inputs) for every row of src, in
-    chunks of `chunk` rows: computed once, so that a solve never re-reads the token states."""
+    src's order: computed once, so that a solve never re-reads the token states. Rows go through in
+    chunks of `chunk` sorted by length, as evaluation batches them, so that a chunk is padded to
+    lengths like its own, not to the longest of N (a live encoder's cost grows with the padding)."""
     import torch
 
     device = next(model.parameters()).device
-    rows = np.arange(len(src))
+    order = np.argsort(src.lengths, kind="stable")  # (N,) rows by length
     with torch.no_grad():
-        return torch.cat([model.head.convex_inputs(model.features(src.batch(rows[i:i + chunk]).to(device)))
-                          for i in range(0, len(rows), chunk)])
+        x = torch.cat([model.head.convex_inputs(model.features(src.batch(order[i:i + chunk]).to(device)))
+                       for i in range(0, len(order), chunk)])  # (N, D) in length order
+    out = torch.empty_like(x)
+    out[torch.from_numpy(order).to(x.device)] = x
+    return out
 
 
 def fit_convex(model: Classifier, src: Source, y: np.ndarray, c: float, max_iter: int = 500) -> None:
