@@ -161,12 +161,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
                                 options, train_cfg, output, max_train, log=log)
     spec = get_method(method)
-    if isinstance(backbone, Backbone) and spec.encoder is None and make_config(method, options).train_backbone:
+    trains_backbone = spec.encoder is None and make_config(method, options).train_backbone
+    if isinstance(backbone, Backbone) and trains_backbone:
         raise MethodError(f"method {method!r} trains the backbone, so it would change the loaded Backbone passed to "
                           f"train in place (a later run reusing it would start from this one's training); pass "
                           f"BackboneOptions or a model name instead, so that the run loads its own copy")
     defaults = spec.train_defaults
-    if spec.encoder is None and make_config(method, options).train_backbone and not make_config(method).train_backbone:
+    if trains_backbone and not make_config(method).train_backbone:
         # a frozen head's defaults (the probe's lr 0.01) applied to the whole backbone collapse it: the
         # backbone trains too, so the schedule is fine-tuning's unless the user gave one
         defaults = get_method("finetune").train_defaults

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
 from .model import Batch, Classifier, Source
-from .train import FitResult, Schedule, TrainConfig, fit, plan_steps, scored, silent
+from .train import FitResult, Schedule, TrainConfig, eval_batches, fit, plan_steps, scored, silent
 
 CHECKPOINTS = 10  # held-out scores per fold run (R)
 # A head whose loss is convex in its parameters (the probe: a linear layer on pooled states, no
@@ -214,12 +214,11 @@ def convex_inputs(model: Classifier, src: Source, chunk: int = 512) -> "torch.Te
     import torch
 
     device = next(model.parameters()).device
-    order = np.argsort(src.lengths, kind="stable")  # (N,) rows by length
+    batches = eval_batches(src.lengths, chunk)  # rows by length, `chunk` at a time
     with torch.no_grad():
-        x = torch.cat([model.head.convex_inputs(model.features(src.batch(order[i:i + chunk]).to(device)))
-                       for i in range(0, len(order), chunk)])  # (N, D) in length order
+        x = torch.cat([model.head.convex_inputs(model.features(src.batch(b).to(device))) for b in batches])  # (N, D)
     out = torch.empty_like(x)
-    out[torch.from_numpy(order).to(x.device)] = x
+    out[torch.from_numpy(np.concatenate(batches)).to(x.device)] = x  # back in src's order
     return out
 
 

@@ -88,10 +88,7 @@ class ContrastiveHead(LinearHead):
 
     solves_output = True  # train.fit solves `out` on the tuned embeddings after training (SetFit's head)
     fixed_schedule_few_labels = True  # api.train: below --cv-below, the fixed schedule without validation
-
-    def __init__(self, cfg: ContrastiveConfig, dim: int, num_labels: int):
-        super().__init__(cfg, dim, num_labels)
-        self.convex = False  # the encoder trains: the embeddings move while training
+    # not convex: LinearHead sets convex only where the backbone is frozen, and this config always trains it
 
     def convex_inputs(self, f: Features) -> Tensor:
         """(B, D) the unit embedding the linear layer reads."""
