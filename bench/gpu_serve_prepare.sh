@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make what PARTS="serve extract-tmpfs" bash bench/gpu_run.sh carries to a GPU machine (device tool; at
 # most 64 MiB travel, the working tree included), all of it git-ignored under .gpu/:
-#   .gpu/minilm-xz/     MiniLM's weights rounded to fp16 and xz-compressed (41 MB), its tokenizer files
+#   .gpu/minilm-xz/     MiniLM's weights rounded to fp16, byte planes xz-compressed (39 MB; gpu_prepare.py --planes),
+#                       its tokenizer files
 #   .gpu/serve/data/    SST-2 test, and the 1,000 IMDB test reviews bench/serve_load.py samples (seed 0)
 #   .gpu/serve/models/heads/  bench/serve_load.py's 8 SST-2 heads, trained here on that fp16-rounded
 #                       MiniLM (a model refuses a backbone whose weights differ from its own)
@@ -17,7 +18,7 @@ DATA=${FROZENTUNE_DATA:-$PWD/../shared/data}
 mkdir -p .gpu/minilm-xz .gpu/serve/data/sst2 .gpu/serve/data/imdb .gpu/serve/models .gpu/serve/wheels .gpu/serve/lib
 cp -L /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 .gpu/serve/lib/
 for f in .gpu/minilm-fp16/*; do
-  case $f in */model.safetensors) xz -T2 -6 -k -c "$f" > .gpu/minilm-xz/model.safetensors.xz ;; *) cp "$f" .gpu/minilm-xz/ ;; esac
+  case $f in */model.safetensors) $PY bench/gpu_prepare.py --planes "$f" .gpu/minilm-xz/model.safetensors.planes.xz ;; *) cp "$f" .gpu/minilm-xz/ ;; esac
 done
 cp "$DATA/sst2/test.jsonl" .gpu/serve/data/sst2/
 FROZENTUNE_DATA=$DATA $PY - <<'EOF'

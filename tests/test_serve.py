@@ -951,3 +951,44 @@ def test_scores_that_are_not_numbers_are_refused_not_answered():
         bad[k, 1] = float("nan")
         with pytest.raises(RuntimeError, match="not numbers.*train it again"):
             classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
+
+
+def test_scores_of_several_heads_read_in_one_copy_are_each_heads_own():
+    """gathered (the one device→host copy of a GPU batch's scores) gives each head's logits in float32 and in
+    its own shape, whatever the heads' dtypes and label counts: the same values as reading them one by one."""
+    from frozentune.serve.models import gathered
+
+    g = torch.Generator().manual_seed(0)
+    logits = [torch.randn(3, 2, generator=g).bfloat16(), torch.randn(5, 6, generator=g),
+              torch.randn(1, 3, generator=g)[:, :2], torch.randn(4, 5, generator=g).t()]  # a view, a transposed one
+    got = gathered(logits)
+    assert [x.shape for x in got] == [x.shape for x in logits]
+    for a, b in zip(got, logits):
+        assert a.dtype == torch.float32 and torch.equal(a, b.float())
+
+
+def test_switch_interval_is_set_by_the_server_command_only(engine, monkeypatch):
+    """--switch-interval-ms sets Python's thread switch interval when `serve` runs the server (said in its
+    startup line), not when an Engine is made in someone's own process; 0 leaves Python's; below 0 is refused."""
+    import uvicorn
+
+    from frozentune.serve.app import listen_socket, serve
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    before = sys.getswitchinterval()
+    e = Engine(list(engine.tasks.values()), ServeOptions(switch_interval_ms=0.5))
+    try:
+        assert sys.getswitchinterval() == before
+        for ms, want in ((0.0, before), (0.5, 0.0005)):
+            lines: list[str] = []
+            e.options.switch_interval_ms = ms
+            with listen_socket("127.0.0.1", 0) as sock:
+                serve(e, sock=sock, log=lines.append)
+            assert sys.getswitchinterval() == pytest.approx(want)
+            assert ("thread switch interval 0.5 ms" in lines[0]) == bool(ms), lines
+            sys.setswitchinterval(before)
+    finally:
+        sys.setswitchinterval(before)
+        e.close()
+    with pytest.raises(ValueError, match="--switch-interval-ms -1.*at least 0"):
+        ServeOptions(switch_interval_ms=-1).validate()

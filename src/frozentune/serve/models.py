@@ -111,13 +111,31 @@ class Task:
         return d
 
 
-def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int]) -> list[dict]:
+def host_logits(outs: Sequence[Output]) -> list[Tensor]:
+    """Each output's (rows, C) logits as float32 on the host. From a GPU they come back in one copy (one
+    wait for the device) rather than one per head: every torch call lets Python's GIL go, and under load
+    the batcher's thread then waits for the event loop's thread to give it back."""
+    logits = [o.logits for o in outs]
+    if not logits or all(x.device.type == "cpu" for x in logits):
+        return [x.float() for x in logits]
+    return gathered(logits)
+
+
+def gathered(logits: Sequence[Tensor]) -> list[Tensor]:
+    """The tensors as float32 on the host through one concatenated copy, each in its own shape."""
+    flat = torch.cat([x.reshape(-1).float() for x in logits]).cpu()  # (sum of rows × C,)
+    return [part.view(x.shape) for part, x in zip(flat.split([x.numel() for x in logits]), logits)]
+
+
+def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int],
+                  logits: Tensor | None = None) -> list[dict]:
     """Label and per-label probabilities (softmax of the logits in float32, as `predict`), and the
     head's explanation where the job asks for one. `out` holds the head's output for `rows` of the
-    batch only, in that order: its row k is the batch's row rows[k]."""
+    batch only, in that order: its row k is the batch's row rows[k]. `logits`: out.logits already
+    on the host in float32 (host_logits), where the caller read several heads' at once."""
     from ..api import labelled
 
-    probs = torch.softmax(out.logits.float().cpu(), -1)  # (len(rows), C)
+    probs = torch.softmax(out.logits.float().cpu() if logits is None else logits, -1)  # (len(rows), C)
     if not bool(torch.isfinite(probs).all()):
         raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
                            f"weights are damaged: train it again")
@@ -193,8 +211,8 @@ class ClassifierGroup:
             rows = [i for i, j in enumerate(jobs) if task.name in j.payload["tasks"]]
             if rows:
                 made.append((task, rows, outputs(task, rows)))
-        for task, rows, out in made:
-            for i, row in zip(rows, classify_rows(task, out, jobs, rows)):
+        for (task, rows, out), logits in zip(made, host_logits([out for _, _, out in made])):
+            for i, row in zip(rows, classify_rows(task, out, jobs, rows, logits)):
                 results[i][task.name] = row
         return results
 
