@@ -19,7 +19,7 @@
 #   (EXTRACT_ARGS: more options of gpu_extract.py in extract-tmpfs, e.g. --profile)
 #   rss            bench/gpu_rss_probe.py: a 1-head and an 8-head engine's host memory, CUDA's lazy module loading or not
 #   gil            bench/gpu_batch_gil.py: the 1- and 8-head engines' batches beside a busy thread, per switch interval
-#                  and per way of reading the scores; picks the serve part's twin switch interval (unless SERVE_TWIN is set)
+#                  and per way of reading the scores
 # The serve part preloads .gpu/serve/lib/libtcmalloc_minimal.so.4 where it was carried (the servers' --allocator
 # auto then runs on it, as where it is installed) and runs the twins with $SERVE_TWIN (default on a GPU:
 # --cuda-graphs off), and $SERVE_ARGS as more options (e.g. --heads-core: the 8/1 ratio only, more repeats in the time).
@@ -60,12 +60,6 @@ if [[ $PARTS == *" gil "* ]]; then
   $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site
   FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${GIL_TIMEOUT:-240}" $PY bench/gpu_batch_gil.py --models .gpu/serve/models \
     --device "$DEVICE" --batches "${GIL_BATCHES:-100}" --switch "${GIL_SWITCH:-5,0.5,0.1}" --out "$OUT/gpu_batch_gil.json"
-  # the rule, fixed before the run: the serve part's twins get the switch interval whose 8-head batches beside
-  # the busy thread (one copy) had the lowest median time, where it is not Python's 5 ms
-  if [[ -f $OUT/gpu_batch_gil.json && -z ${SERVE_TWIN:-} ]]; then
-    best=$($PY -c "import json,sys; m=json.load(open(sys.argv[1]))['medians']; c={k: v['ms_median'] for k, v in m.items() if k.startswith('8 heads, busy') and k.endswith('one-copy')}; b=min(c, key=c.get); s=b.split('switch ')[1].split(' ms')[0]; print(s if s != '5' else '')" "$OUT/gpu_batch_gil.json")
-    [[ -n $best ]] && SERVE_TWIN="--switch-interval-ms $best" && echo "twins: $SERVE_TWIN"
-  fi
 fi
 if [[ $PARTS == *" serve "* ]]; then
   echo "== 3. serve_load on $DEVICE"

@@ -966,29 +966,3 @@ def test_scores_of_several_heads_read_in_one_copy_are_each_heads_own():
     for a, b in zip(got, logits):
         assert a.dtype == torch.float32 and torch.equal(a, b.float())
 
-
-def test_switch_interval_is_set_by_the_server_command_only(engine, monkeypatch):
-    """--switch-interval-ms sets Python's thread switch interval when `serve` runs the server (said in its
-    startup line), not when an Engine is made in someone's own process; 0 leaves Python's; below 0 is refused."""
-    import uvicorn
-
-    from frozentune.serve.app import listen_socket, serve
-
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
-    before = sys.getswitchinterval()
-    e = Engine(list(engine.tasks.values()), ServeOptions(switch_interval_ms=0.5))
-    try:
-        assert sys.getswitchinterval() == before
-        for ms, want in ((0.0, before), (0.5, 0.0005)):
-            lines: list[str] = []
-            e.options.switch_interval_ms = ms
-            with listen_socket("127.0.0.1", 0) as sock:
-                serve(e, sock=sock, log=lines.append)
-            assert sys.getswitchinterval() == pytest.approx(want)
-            assert ("thread switch interval 0.5 ms" in lines[0]) == bool(ms), lines
-            sys.setswitchinterval(before)
-    finally:
-        sys.setswitchinterval(before)
-        e.close()
-    with pytest.raises(ValueError, match="--switch-interval-ms -1.*at least 0"):
-        ServeOptions(switch_interval_ms=-1).validate()

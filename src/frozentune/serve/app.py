@@ -352,9 +352,6 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
 
     sock = sock or listen_socket(host, port)
     http, loop, note = http_stack()
-    if engine.options.switch_interval_ms:
-        sys.setswitchinterval(engine.options.switch_interval_ms / 1000)
-        note += f"; thread switch interval {engine.options.switch_interval_ms:g} ms"
     log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
                             http=http, loop=loop, timeout_graceful_shutdown=30)

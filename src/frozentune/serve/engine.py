@@ -63,10 +63,6 @@ class ServeOptions:
                 "pass and its heads, overlapping as under load: resident memory starts at the most batches of "
                 "that budget need and then stays flat (8 MiniLM heads: 1.03 GB, against 0.73-0.80 GB reached "
                 "under short texts without it), and the first requests pay no one-time costs"})
-    switch_interval_ms: float = field(default=0.0, metadata={
-        "help": "`frozentune serve` only: Python's thread switch interval in the server process "
-                "(sys.setswitchinterval), in milliseconds: how long the batcher's thread, which lets the GIL go in "
-                "every torch call, may wait for the event loop's thread to give it back (0: Python's own, 5 ms)"})
     max_queue: int = field(default=4096, metadata={"help": "rows (texts × pass groups, sources) waiting; past it a "
                                                            "request is answered 503 with Retry-After"})
     max_texts: int = field(default=64, metadata={"help": "texts or sources in one request (more: 413)"})
