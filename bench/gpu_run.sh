@@ -17,6 +17,8 @@
 #                  which heads were recorded, the batch's time); the serve part runs only if this one succeeds
 #   extract-ab     gpu_extract.py on /dev/shm, this tree's src/ and $OLD_SRC's in turn, AB_ROUNDS times
 #   (EXTRACT_ARGS: more options of gpu_extract.py in extract-tmpfs, e.g. --profile)
+#   serve-ab       bench/serve_heads_ab.py: the 1- and 8-head servers of this tree and of $OLD_SRC (a carried older src/,
+#                  OLD_NAME to name it) in interleaved repeats on the GPU, each version with its own 8/1 ratio
 #   rss            bench/gpu_rss_probe.py: a 1-head and an 8-head engine's host memory, CUDA's lazy module loading or not
 #   gil            bench/gpu_batch_gil.py: the 1- and 8-head engines' batches beside a busy thread, per switch interval
 #                  and per way of reading the scores
@@ -61,12 +63,15 @@ if [[ $PARTS == *" gil "* ]]; then
   FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${GIL_TIMEOUT:-240}" $PY bench/gpu_batch_gil.py --models .gpu/serve/models \
     --device "$DEVICE" --batches "${GIL_BATCHES:-100}" --switch "${GIL_SWITCH:-5,0.5,0.1}" --out "$OUT/gpu_batch_gil.json"
 fi
-if [[ $PARTS == *" serve "* ]]; then
-  echo "== 3. serve_load on $DEVICE"
+preload_tcmalloc() {  # the servers on the carried tcmalloc where the machine has none (once per call)
   TCM=$PWD/.gpu/serve/lib/libtcmalloc_minimal.so.4
-  if [[ -f $TCM ]] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+  if [[ -f $TCM && ${LD_PRELOAD:-} != *"$TCM"* ]] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
     export LD_PRELOAD=$TCM${LD_PRELOAD:+:$LD_PRELOAD}; echo "preloading the carried $TCM"
   fi
+}
+if [[ $PARTS == *" serve "* ]]; then
+  echo "== 3. serve_load on $DEVICE"
+  preload_tcmalloc
   if $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site; then
     FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${SERVE_TIMEOUT:-330}" $PY bench/serve_load.py --only "${SERVE_PARTS:-batching,heads}" \
       --device "$DEVICE" --client raw --repeats "${SERVE_REPEATS:-1}" --seconds "${SERVE_SECONDS:-6}" --requests 20000 \
@@ -75,6 +80,16 @@ if [[ $PARTS == *" serve "* ]]; then
     echo "serve_load exit $?"
     mkdir -p "$OUT/serve-logs" && cp .gpu/serve/serve-logs/*.log "$OUT/serve-logs/" 2>/dev/null
   fi
+fi
+if [[ $PARTS == *" serve-ab "* ]]; then
+  echo "== 3b. serve_heads_ab on $DEVICE: the 1- and 8-head servers of this tree and of \$OLD_SRC, interleaved repeats"
+  preload_tcmalloc
+  $PY bench/gpu_deps.py .gpu/serve/wheels /tmp/site &&
+    FROZENTUNE_DATA=$PWD/.gpu/serve/data timeout "${SERVE_TIMEOUT:-330}" $PY bench/serve_heads_ab.py --device "$DEVICE" \
+      --client raw --against-src "$PWD/${OLD_SRC:?set OLD_SRC to the older src/ folder}" --against-name "${OLD_NAME:-the older src}" \
+      --models .gpu/serve/models --repeats "${SERVE_REPEATS:-4}" --seconds "${SERVE_SECONDS:-5}" --requests 20000 \
+      --warm-requests "${SERVE_WARM:-1000}" --output "$OUT/serve_heads_ab_gpu.json"
+  echo "serve_heads_ab exit $?"
 fi
 if [[ $PARTS == *" extract-tmpfs "* ]]; then
   echo "== 4. extraction throughput, the cache folder on tmpfs (/dev/shm)"

@@ -8,13 +8,18 @@ bench/serve_load.py's heads part, from its model folder):
   1 head            this tree, probe-l4
   8 heads           this tree, the eight heads of serve_load.py
   8 heads at REV    the same eight heads, with the library's source as it was at --against REV
-                    (`git archive REV src` unpacked to a temporary folder, first on the server's PYTHONPATH)
+                    (`git archive REV src` unpacked to a temporary folder, first on the server's PYTHONPATH),
+                    or as in the folder --against-src SRC (a src/ copied beside a tree without git: a GPU machine)
+  1 head at REV     with --against-src, probe-l4 on that library too, so that each version has its own
+                    8 heads / 1 head ratio
 
 Reports each repeat's requests/s and the ratios 8 heads / 1 head, per repeat and mean ± std over the
 repeats, and each server's peak RSS over the run.
 
   python bench/serve_heads_ab.py --against a91f5ed --output bench/results/serve_heads_ab.json
   python bench/serve_heads_ab.py --client both --output bench/results/serve_heads_clients.json
+  python3 bench/serve_heads_ab.py --device cuda --client raw --against-src .gpu/old-src --against-name d50ea15 \
+      --models .gpu/serve/models --output $OUT/serve_heads_ab_gpu.json        # on a GPU (bench/gpu_run.sh part serve-ab)
 """
 from __future__ import annotations
 
@@ -37,12 +42,17 @@ import serve_load as sl  # noqa: E402
 
 
 def source_at(rev: str, into: Path) -> Path:
-    """The library's src/ folder as it was at rev, unpacked under `into`; its path. Checked: a Python
-    with that folder first on its PYTHONPATH imports frozentune from it (not from this tree)."""
+    """The library's src/ folder as it was at rev, unpacked under `into`; its path (checked by imported_from)."""
     tar = subprocess.run(["git", "archive", rev, "src"], cwd=HERE.parent, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         t.extractall(into, filter="data")
-    src = into / "src"
+    return imported_from(into / "src", rev)
+
+
+def imported_from(src: Path, rev: str) -> Path:
+    """src, checked: a Python with that folder first on its PYTHONPATH imports frozentune from it (not from this
+    tree)."""
+    src = src.resolve()
     got = subprocess.run([sys.executable, "-c", "import frozentune; print(frozentune.__file__)"], check=True,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)}).stdout.strip()
     if not Path(got).resolve().is_relative_to(src.resolve()):
@@ -58,6 +68,8 @@ async def measure(a, old_src: Path | None) -> dict:
     logdir = Path(tempfile.mkdtemp(prefix="serve_heads_ab_"))
     specs = {"1 head": ([folders[0]], None), "8 heads": (folders, None)}
     if old_src is not None:
+        if a.against_src:
+            specs[f"1 head at {a.against}"] = ([folders[0]], old_src)
         specs[f"8 heads at {a.against}"] = (folders, old_src)
     servers = {}
     bodies = [json.dumps({"text": t}).encode() for t in sl.short_texts()]
@@ -100,10 +112,11 @@ async def measure(a, old_src: Path | None) -> dict:
     ratios = {}
     for kind in kinds:
         suffix = "" if len(kinds) == 1 else f", {kind} client"
-        one = [r["requests_per_s"] for r in runs["1 head" + suffix]]
         for name in servers:
-            if name != "1 head":
-                ratios[name + suffix] = [r["requests_per_s"] / o for r, o in zip(runs[name + suffix], one)]
+            if name.startswith("8 heads"):  # over the 1-head server of the same library where there is one
+                base = name.replace("8 heads", "1 head") if name.replace("8 heads", "1 head") in servers else "1 head"
+                one = [r["requests_per_s"] for r in runs[base + suffix]]
+                ratios[f"{name} / {base}{suffix}"] = [r["requests_per_s"] / o for r, o in zip(runs[name + suffix], one)]
     return {"runs": runs, "peak_rss_mb": hwm,
             "ratios_per_repeat": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
             "ratio_mean": {k: round(statistics.mean(v), 4) for k, v in ratios.items()},
@@ -115,7 +128,7 @@ def report(d: dict) -> str:
              f"clients, short texts (SST-2 test), up to {d['requests']} requests or {d['seconds']} s per configuration "
              f"and repeat, {d['repeats']} repeats interleaved, {d['warm_requests']} warm-up requests each)", "",
              "| repeat | " + " | ".join(f"{n} requests/s" for n in d["runs"]) + " | "
-             + " | ".join(f"{n} / 1 head" for n in d["ratios_per_repeat"]) + " |",
+             + " | ".join(d["ratios_per_repeat"]) + " |",
              "|---:|" + "---:|" * (len(d["runs"]) + len(d["ratios_per_repeat"]))]
     for i in range(d["repeats"]):
         lines.append(f"| {i + 1} | " + " | ".join(f"{d['runs'][n][i]['requests_per_s']:.1f}" for n in d["runs"]) + " | "
@@ -131,6 +144,11 @@ def report(d: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", help="an earlier commit: a third server runs the eight heads with its library")
+    ap.add_argument("--against-src", type=Path, default=None,
+                    help="instead of --against: a folder holding an earlier src/ (frozentune inside it), for a tree "
+                         "without git; two more servers run the 1 and 8 heads with that library")
+    ap.add_argument("--against-name", default="the other library", help="with --against-src: what to call it")
+    ap.add_argument("--device", default=None, help="every server's --device (e.g. cuda)")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=12.0)
@@ -146,8 +164,15 @@ def main() -> int:
     a = ap.parse_args()
     if not all((a.models / "heads" / n).is_dir() for n, _, _ in sl.HEADS):
         raise SystemExit(f"the eight heads are not in {a.models / 'heads'}: run `python bench/serve_load.py --only heads` once")
+    if a.against and a.against_src:
+        raise SystemExit("give --against REV or --against-src SRC, not both")
+    sl.Server.common = ["--device", a.device] if a.device else []
     with tempfile.TemporaryDirectory(prefix="frozentune_at_") as tmp:
-        old = source_at(a.against, Path(tmp)) if a.against else None
+        if a.against_src:
+            a.against = a.against_name
+            old = imported_from(a.against_src, a.against_name)
+        else:
+            old = source_at(a.against, Path(tmp)) if a.against else None
         t0 = time.perf_counter()
         got = asyncio.run(measure(a, old))
     d = {"command": "python bench/serve_heads_ab.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M"),
