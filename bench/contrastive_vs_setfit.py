@@ -38,8 +38,8 @@ def main() -> None:
     ap.add_argument("--shots", default="16")
     a = ap.parse_args()
     cells = rows(a.shots)
-    print(f"| data | samples (seeds) | contrastive | SetFit | mean difference | sd of the difference | "
-          f"standard error | contrastive ahead or level | seconds: contrastive / SetFit |")
+    print("| data | samples (seeds) | contrastive | SetFit | mean difference | sd of the difference | "
+          "standard error | contrastive ahead or level | seconds: contrastive / SetFit |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for data in dict.fromkeys(d for d, _ in sorted(cells)):
         both = sorted((s, v) for (d, s), v in cells.items() if d == data and len(v) == 2)

@@ -28,7 +28,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import torch
 from safetensors.torch import load, load_file, save_file
 
 
