@@ -297,3 +297,81 @@ def test_cache_command_on_a_text_of_two_million_characters(tiny_bert, tmp_path):
     short = len(AutoTokenizer.from_pretrained(str(tiny_bert))(rows[1]["text"])["input_ids"])
     entry = next(p for p in (tmp_path / "cache").iterdir() if (p / "meta.json").is_file())
     assert sorted(CachedStates(entry).lengths.tolist()) == [short, 32]
+
+
+def _byte_bpe():
+    """A byte-level BPE fast tokenizer (GPT-2 / SmolLM2's kind) trained here on a few sentences."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["what is the capital of Australia ?", "a naïve, witty film 日本語 😀"] * 20,
+                            vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>")
+
+
+@pytest.mark.parametrize("which", ["minilm", "minilm_split_special", "minilm_left", "words", "byte_bpe"])
+def test_the_backends_own_encode_gives_the_tokenizers_ids(which, tiny_bert):
+    """tokenize() calls a fast tokenizer's Rust backend directly (no offsets, no Python lists of
+    every token): its ids and token types equal the tokenizer's own call, for single texts and
+    pairs, texts naming special tokens, empty, unicode and overlong texts, either truncation side."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from conftest import word_tokenizer
+    from frozentune.backbone import _direct, _encode, _ids, tokenize
+
+    if which == "words":
+        tok = word_tokenizer(["what", "is", "the", "capital", "of", "Australia", "?"])
+    elif which == "byte_bpe":
+        tok = _byte_bpe()
+    else:
+        tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+        tok.split_special_tokens = which == "minilm_split_special"
+        tok.truncation_side = "left" if which == "minilm_left" else "right"
+    assert _direct(tok)
+    rng = random.Random(2)
+    words = ["what", "is", "the", "capital", "of", "Australia", "?", "naïve", "日本語", "😀", "[SEP]", "[CLS]",
+             "<s>", "x" * 60, "  ", "\n"]
+    singles = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) for _ in range(60)]
+    singles += ["", "a", "[SEP] what [CLS]", "<s> is"]
+    pairs = [(a, b) for a, b in zip(singles, reversed(singles))]
+    lengths = (3, 8, 64)
+    # every direct encode first, on the tokenizer as loaded: the tokenizer's own calls below set its
+    # backend's state (truncation, special tokens), which the direct path must set itself
+    short = ["[SEP] what [CLS]", "<s> is"]  # none overlong: heads_of calls no tokenizer before the direct encode
+    got_short = tokenize(tok, short, 64)
+    got = {(L, kind): tokenize(tok, texts, L) for L in lengths for kind, texts in (("single", singles), ("pair", pairs))}
+    assert [x.tolist() for x in got_short.ids] == tok(short, truncation=True, max_length=64)["input_ids"]
+    for L in lengths:
+        assert [x.tolist() for x in got[L, "single"].ids] == tok(singles, truncation=True, max_length=L)["input_ids"]
+        assert got[L, "single"].types is None
+        enc, cut = _encode(tok, pairs, L)  # the tokenizer's own call on the same leading parts
+        want = _ids(enc, L, cut)
+        assert got[L, "pair"].precut == want.precut
+        assert [x.tolist() for x in got[L, "pair"].ids] == [x.tolist() for x in want.ids]
+        if want.types is not None:
+            assert [x.tolist() for x in got[L, "pair"].types] == [x.tolist() for x in want.types]
+        else:
+            assert got[L, "pair"].types is None
+        assert tokenize(tok, pairs, L, token_types=False).types is None
+
+
+def test_a_tokenizer_class_that_changes_its_call_is_called_itself(tiny_bert):
+    """A subclass that overrides how it encodes is not bypassed: tokenize() goes through its call."""
+    from transformers import AutoTokenizer
+
+    from frozentune.backbone import _direct, tokenize
+
+    base = type(AutoTokenizer.from_pretrained(str(tiny_bert)))
+
+    class Lowered(base):
+        def _encode_plus(self, text, *args, **kwargs):
+            return super()._encode_plus([t.upper() for t in text], *args, **kwargs)
+
+    tok = Lowered.from_pretrained(str(tiny_bert))
+    assert not _direct(tok)
+    texts = ["what is the capital of australia ?", "naïve"]
+    assert [x.tolist() for x in tokenize(tok, texts, 16).ids] == tok(texts, truncation=True, max_length=16)["input_ids"]

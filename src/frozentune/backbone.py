@@ -540,20 +540,66 @@ def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int
     return texts, cut
 
 
+def _heads(tok, texts: Sequence[Text], max_length: int) -> tuple[list[str], list[str] | None, int]:
+    """(first texts, second texts or None for single texts, how many were cut): every text, or
+    its leading part with the same first max_length tokens (heads_of)."""
+    if pair_kind(texts):
+        firsts, seconds = unzip(texts)  # type: ignore[arg-type]
+        (a, cut_a), (b, cut_b) = heads_of(tok, firsts, max_length), heads_of(tok, seconds, max_length)
+        return a, b, cut_a + cut_b
+    heads, cut = heads_of(tok, texts, max_length)  # type: ignore[arg-type]
+    return heads, None, cut
+
+
 def _encode(tok, texts: Sequence[Text], max_length: int, **extra):
     """The one tokenizer call: truncation to max_length (special tokens included), no padding;
     overlong texts are first cut to a leading part with the same first max_length tokens
     (heads_of). Sentence pairs are encoded as the tokenizer encodes pairs, `tok(firsts, seconds)`,
     truncated `longest_first` (each text is cut first as a single text would be: no text keeps
     more than max_length tokens either way). Returns (encoding, how many texts were cut)."""
-    if pair_kind(texts):
-        firsts, seconds = unzip(texts)  # type: ignore[arg-type]
-        (a, cut_a), (b, cut_b) = heads_of(tok, firsts, max_length), heads_of(tok, seconds, max_length)
+    a, b, cut = _heads(tok, texts, max_length)
+    if b is not None:
         return tok(a, b, truncation="longest_first", max_length=max_length, padding=False,
-                   return_attention_mask=False, **extra), cut_a + cut_b
-    heads, cut = heads_of(tok, texts, max_length)  # type: ignore[arg-type]
-    return tok(heads, truncation=True, max_length=max_length, padding=False,
+                   return_attention_mask=False, **extra), cut
+    return tok(a, truncation=True, max_length=max_length, padding=False,
                return_attention_mask=False, return_token_type_ids=False, **extra), cut
+
+
+def _direct(tok) -> bool:
+    """Whether `tok` is a fast tokenizer whose class encodes as transformers' TokenizersBackend does
+    (no subclass overrides its call): then its Rust backend, called directly without offsets, gives
+    the ids `tok(...)` gives, without building Python lists of every token (bench/tokenize_speed.py)."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: the plain call
+        return False
+    cls = type(tok)
+    same = [getattr(cls, name, None) is getattr(base, name, None) for base, name in (
+        (PreTrainedTokenizerBase, "__call__"), (PreTrainedTokenizerBase, "_get_padding_truncation_strategies"),
+        (TokenizersBackend, "_encode_plus"), (TokenizersBackend, "set_truncation_and_padding"))]
+    # a tokenizer with an input and a target mode (translation models) sets its special tokens per call
+    modes = hasattr(tok, "_switch_to_input_mode") or hasattr(tok, "_switch_to_target_mode")
+    return isinstance(tok, TokenizersBackend) and all(same) and not modes
+
+
+def _direct_ids(tok, batch: list, max_length: int, pairs: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """(ids, token types or None) of `batch` (texts, or (first, second) tuples) as
+    `tok(batch, truncation="longest_first", max_length=max_length)` gives them: the same truncation
+    and special-token settings on the backend, its encode without offsets. Token types come back
+    for pairs, where the tokenizer's inputs name them, as transformers returns them."""
+    from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
+
+    tok.set_truncation_and_padding(PaddingStrategy.DO_NOT_PAD, TruncationStrategy.LONGEST_FIRST, max_length,
+                                   0, None, None)
+    backend = tok.backend_tokenizer
+    if backend.encode_special_tokens != bool(tok.split_special_tokens):
+        backend.encode_special_tokens = bool(tok.split_special_tokens)
+    enc = backend.encode_batch_fast(batch, add_special_tokens=True)
+    ids = [np.asarray(e.ids, dtype=np.int64) for e in enc]
+    if not (pairs and "token_type_ids" in tok.model_input_names):
+        return ids, None
+    return ids, [np.asarray(e.type_ids, dtype=np.int64) for e in enc]
 
 
 def _ids(enc, max_length: int | None = None, precut: int = 0, token_types: bool = True) -> Tokenized:
@@ -567,6 +613,10 @@ def tokenize(tok, texts: Sequence[Text], max_length: int, token_types: bool = Tr
     """Tokenise with truncation to max_length (special tokens included), no padding. The result
     says how many texts reached max_length (`at_limit`) and how many were cut by characters first.
     token_types False: sentence pairs keep their separators but not their token type ids."""
+    if texts and _direct(tok):
+        a, b, cut = _heads(tok, texts, max_length)
+        ids, types = _direct_ids(tok, a if b is None else list(zip(a, b)), max_length, b is not None)
+        return Tokenized(ids, max_length, cut, types if token_types else None)
     enc, cut = _encode(tok, texts, max_length)
     return _ids(enc, max_length, cut, token_types)
 
