@@ -375,3 +375,41 @@ def test_a_tokenizer_class_that_changes_its_call_is_called_itself(tiny_bert):
     assert not _direct(tok)
     texts = ["what is the capital of australia ?", "naïve"]
     assert [x.tolist() for x in tokenize(tok, texts, 16).ids] == tok(texts, truncation=True, max_length=16)["input_ids"]
+
+
+def test_a_pair_cut_first_differs_from_its_whole_texts_only_by_where_the_odd_token_goes(tiny_bert):
+    """Pairs whose texts are cut to leading parts before tokenizing (heads_of) get the ids of their
+    whole texts, except where longest_first splits an odd room between two long texts: the odd
+    token goes to the text that is longer whole, which a cut part may not show. Then the two
+    texts keep the same number of tokens between them, each within one of the whole texts' split."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from frozentune.backbone import CHARS_PER_TOKEN, tokenize
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    rng = random.Random(3)
+    words = ["what", "is", "the", "capital", "of", "Australia", "?", "naïve", "x" * 40, "  "]
+    seen_odd = 0
+    for max_length in (8, 9, 16):
+        budget = CHARS_PER_TOKEN * max_length
+        texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 3 * budget // 6))) for _ in range(80)]
+        pairs = list(zip(texts, reversed(texts)))
+        got = tokenize(tok, pairs, max_length)
+        assert got.precut > 0
+        whole = tok(texts, list(reversed(texts)), truncation="longest_first", max_length=max_length)
+        room = max_length - 3  # [CLS] a [SEP] b [SEP]
+        for ids, types, want, want_types, (a, b) in zip(got.ids, got.types, whole["input_ids"],
+                                                          whole["token_type_ids"], pairs):
+            if ids.tolist() == want:
+                continue
+            seen_odd += 1
+            long_a, long_b = (len(tok(t, add_special_tokens=False)["input_ids"]) > room // 2 for t in (a, b))
+            assert room % 2 == 1 and long_a and long_b
+            assert max(len(a), len(b)) > budget  # one of them was cut
+            assert len(ids) == len(want) == max_length
+            firsts = int((types == 0).sum()) - 2
+            assert {firsts, room - firsts} == {room // 2, room // 2 + 1}
+            assert firsts != sum(t == 0 for t in want_types) - 2
+    assert seen_odd > 0  # the exception is met here, so the test checks it

@@ -556,7 +556,11 @@ def _encode(tok, texts: Sequence[Text], max_length: int, **extra):
     overlong texts are first cut to a leading part with the same first max_length tokens
     (heads_of). Sentence pairs are encoded as the tokenizer encodes pairs, `tok(firsts, seconds)`,
     truncated `longest_first` (each text is cut first as a single text would be: no text keeps
-    more than max_length tokens either way). Returns (encoding, how many texts were cut)."""
+    more than max_length tokens either way). A pair's ids equal its whole texts' except in one case:
+    both texts too long for half the room and one of them cut first, with an odd room (max_length
+    less the special tokens): `longest_first` then gives the odd token to the text that is longer
+    whole, which the cut part may not show (tests/test_backbone_input.py checks that no other pair
+    differs). Returns (encoding, how many texts were cut)."""
     a, b, cut = _heads(tok, texts, max_length)
     if b is not None:
         return tok(a, b, truncation="longest_first", max_length=max_length, padding=False,
