@@ -209,6 +209,7 @@ def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_b
     (["--lr", -1], "--lr -1.0: must be a positive number"),
     (["--batch-size", 0], "--batch-size 0: must be at least 1"),
     (["--warmup", 2], "--warmup 2.0"),
+    (["--seed", -1], "--seed -1: must be a whole number from 0 to 4294967295"),
     (["--num-labels", 3], "unknown option(s) --num-labels 3 for method 'probe'"),
     (["--span-width", 3], "unknown option(s) --span-width 3 for method 'probe'"),
 ])
@@ -275,6 +276,38 @@ def test_output_into_model_file_read_only_and_overwrite(tmp_path, tiny_bert, mod
     cli(*train_args(data, tiny_bert, tmp_path, "--output", existing, "--overwrite"), code=0)
     assert json.loads((existing / "config.json").read_text())["labels"] == ["a", "b"]
     assert not list(tmp_path.glob(".existing.*")), "no staging folder left beside the output"
+
+
+def test_overwrite_replaces_only_what_frozentune_wrote(tmp_path, tiny_bert, model_dir):
+    """--overwrite replaces a folder whole, so a folder holding anything frozentune did not write there
+    (a user's notes, a subfolder, a Hugging Face model) is refused, named, and left as it was."""
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30, ("a", "b")))
+    saved = tmp_path / "saved"
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", saved), code=0)
+    assert (saved / ".frozentune-files").is_file()
+    (saved / "notes.txt").write_text("mine")
+    (saved / "sub").mkdir()
+    before = tree(saved)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", saved, "--overwrite"),
+        contains=("2 entries frozentune did not write", "notes.txt", "sub", "move them out"))
+    assert tree(saved) == before and (saved / "sub").is_dir()
+    (saved / "notes.txt").unlink()
+    (saved / "sub").rmdir()
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", saved, "--overwrite"), code=0)
+    # a folder saved before manifests: frozentune's own kinds of file are replaced, others refused
+    earlier = tmp_path / "earlier"
+    shutil.copytree(model_dir, earlier)
+    (earlier / ".frozentune-files").unlink(missing_ok=True)
+    (earlier / "my_notes.txt").write_text("mine")
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", earlier, "--overwrite"), contains=("my_notes.txt",))
+    (earlier / "my_notes.txt").unlink()
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", earlier, "--overwrite"), code=0)
+    # a Hugging Face model folder is not frozentune's to replace
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_bert, hf)
+    before = tree(hf)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", hf, "--overwrite"), contains=("frozentune did not save",))
+    assert tree(hf) == before
 
 
 # ----------------------------------------------------------------------------- saved models

@@ -450,6 +450,7 @@ def dataclasses_replace(bb, layer):
     (["--methods", "probe", "--layer", "-1"], "not --layer"),
     # a grid smaller than typed went unnoticed: repeats and empty items were dropped, an empty list meant the default
     (["--methods", "probe", "--seeds", "0,0"], "0 is given twice"),
+    (["--methods", "probe", "--seeds", "1,-1"], "give seeds from 0 to 4294967295"),
     (["--methods", "probe", "--lr", "1e-3,0.001"], "0.001 is given twice (as 1e-3)"),
     (["--methods", "probe", "--lr", "1e-3,,1e-2"], "an empty item"),
     (["--methods", "probe", "--lr", ""], "empty; give a comma list"),

@@ -9,6 +9,7 @@ the user's folder exactly as it was.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -18,6 +19,14 @@ from typing import Iterator, Sequence
 
 MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
                "onnx.json", "model.onnx", "sweep.json")  # sweep.json: a `frozentune sweep` folder (its model in best/)
+
+
+MANIFEST = ".frozentune-files"  # the entries a run wrote into its output folder (JSON list), beside them
+# what older folders (saved before the manifest) can hold besides MODEL_FILES: cards, generations, an
+# ONNX export's external data and tokenizer files, a sweep's table, plot and best model
+EARLIER_FILES = ("README.md", "generations.jsonl", "model.onnx.data", "sweep.md", "sweep.png", "best", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
+                 "added_tokens.json", "chat_template.jinja", "spiece.model", "sentencepiece.bpe.model")
 
 
 class OutputError(ValueError):
@@ -63,6 +72,7 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
     if not present:
         return
     if any(name in present for name in MODEL_FILES):
+        _check_ours(output, present)
         if overwrite:
             return
         what = "a sweep" if "sweep.json" in present else "a saved model"
@@ -70,6 +80,36 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
                           f"pass --overwrite to replace it, or choose another folder")
     raise OutputError(f"--output {output}: is not empty ({len(present)} {'entry' if len(present) == 1 else 'entries'}, e.g. {present[0]}) and holds no "
                       f"saved model; choose a new or empty folder")
+
+
+def _frozentune_config(path: Path) -> bool:
+    try:
+        return str(json.loads(path.read_text()).get("format", "")).startswith("frozentune/")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_ours(output: Path, present: list[str]) -> None:
+    """An --output holding model files is replaced whole, so it must hold only what frozentune wrote
+    there: the entries its manifest names, or (a folder saved before manifests) frozentune's own kinds
+    of file. Anything else (a user's notes, a Hugging Face model) is refused, named, before any work."""
+    manifest = output / MANIFEST
+    if manifest.is_file():
+        try:
+            wrote = set(json.loads(manifest.read_text()))
+        except (OSError, ValueError, TypeError):
+            wrote = set()
+        other = [n for n in present if n not in wrote and n != MANIFEST]
+    else:
+        if "config.json" in present and not _frozentune_config(output / "config.json"):
+            raise OutputError(f"--output {output}: holds a model frozentune did not save (its config.json is not a "
+                              f"frozentune config); choose another folder")
+        other = [n for n in present if n not in MODEL_FILES and n not in EARLIER_FILES]
+    if other:
+        shown = ", ".join(other[:5]) + (" …" if len(other) > 5 else "")
+        raise OutputError(f"--output {output}: holds a saved model and {len(other)} "
+                          f"{'entry' if len(other) == 1 else 'entries'} frozentune did not write there ({shown}); "
+                          f"replacing the folder would delete them: move them out, or choose another folder")
 
 
 @contextlib.contextmanager
@@ -83,6 +123,7 @@ def staged_output(output: Path, overwrite: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        (tmp / MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
         check_output(output, overwrite)
         old = output.parent / f".{output.name}.replaced-{tag}"
         if output.is_dir():

@@ -81,7 +81,8 @@ class TrainConfig:
                  ("max_grad_norm", math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "0 (off) or more"),
                  ("steps", self.steps >= 0, "0 (from --epochs) or more"), ("min_steps", self.min_steps >= 0, "0 (no floor) or more"),
                  ("cv_folds", self.cv_folds >= 0, "0 or 1 (off), or at least 2 folds"), ("cv_below", self.cv_below >= 0, "0 (never) or more"),
-                 ("cv_repeats", self.cv_repeats >= 1, "at least 1")]
+                 ("cv_repeats", self.cv_repeats >= 1, "at least 1"),
+                 ("seed", 0 <= self.seed < 2 ** 32, "a whole number from 0 to 4294967295 (what numpy and scikit-learn seed)")]
         for name, ok, want in rules:
             if not ok:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be {want}")

@@ -78,6 +78,8 @@ class Grid:
                 raise MethodError(f"sweep: method {m!r} runs the backbone itself (or generates text), so it cannot "
                                   f"train from one cache; sweep frozen heads (probe, space, ytuning, selfexplain)")
         seed_list = _items(seeds, "seeds", "0,1,2", int, "integers")
+        if any(not 0 <= v < 2 ** 32 for v in seed_list):
+            raise MethodError(f"--seeds {seeds!r}: give seeds from 0 to 4294967295 (what numpy and scikit-learn seed)")
         layer_list = [""]  # each method's own layer
         if layers is not None:
             layer_list = [str(i) for i in _items(layers.replace(";", ","), "layers", "-1,-3", int, "hidden-state indices")]
