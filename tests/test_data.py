@@ -123,6 +123,7 @@ def test_numeric_labels_are_names_sorted_numerically(tmp_path):
     ('{"text": "a", "label": "x"}\n{"txt": "b", "label": "y"}\n', "d.jsonl:2: missing field 'text'"),
     ('{"text": "a", "label": "x"}\n{"text": "  ", "label": "y"}\n', "d.jsonl:2: empty text"),
     ('[1, 2]\n', "d.jsonl:1: expected a JSON object"),
+    ('{"text": "a", "label": 0}\n{"text": "b", "label": NaN}\n', "d.jsonl:2: no label"),  # NaN is no class
     ('', "no records"),
 ])
 def test_bad_jsonl_messages(tmp_path, content, needle):
@@ -137,6 +138,12 @@ def test_bad_csv_messages(tmp_path):
         read_split(write(tmp_path / "d.csv", "text,lab\na,x\n"))
     with pytest.raises(DataError, match=r"d.csv: empty CSV file"):
         read_split(write(tmp_path / "d.csv", ""))
+    # a name twice in the header: which column is 'label' would be a guess (csv's dict keeps the last)
+    with pytest.raises(DataError, match=r"d.csv:1: the header names 'label' more than once"):
+        read_split(write(tmp_path / "d.csv", "text,label,label\na,x,y\n"))
+    # a space after the comma is part of the name: the message quotes the names so it shows
+    with pytest.raises(DataError, match=r"the fields here are: 'text', ' label'"):
+        read_split(write(tmp_path / "d.csv", "text, label\na,x\n"))
 
 
 def test_blank_csv_tsv_row_in_the_middle_is_named_and_at_the_end_ignored(tmp_path):

@@ -244,6 +244,10 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
             header = next(reader, None)
             if not header:
                 raise DataError(f"{path}: empty {kind} file; the first row must name the columns.")
+            twice = sorted({h for h in header if header.count(h) > 1})
+            if twice:
+                raise DataError(f"{path}:1: the header names {', '.join(map(repr, twice))} more than once, so a "
+                                f"column cannot be chosen by name; rename the columns so that each name is used once.")
             for row in reader:
                 n = reader.line_num
                 if not row:
@@ -269,8 +273,8 @@ def label_name(value: object) -> str | None:
     """A label as its name: strings as written (trimmed); numbers, and strings that spell a
     number, canonically (1, 1.0, "1" and "1.0" are one class "1"; 0.5 is "0.5"); None for a
     missing label (null, empty)."""
-    if value is None or isinstance(value, (list, dict)):
-        return None
+    if value is None or isinstance(value, (list, dict)) or (isinstance(value, float) and not math.isfinite(value)):
+        return None  # NaN (JSON's NaN, pandas' missing value) is no label, nor is an infinity
     if isinstance(value, bool):
         return str(value).lower()
     text = str(value).strip()
@@ -378,7 +382,7 @@ def _require_fields(path: Path, n: int, rec: dict, fields: Sequence[str], pair_f
     for fld in fields:
         if fld not in rec:
             flag = "--text-pair-field" if fld == pair_field else flags
-            raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: {', '.join(map(str, rec))}. "
+            raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: {', '.join(map(repr, rec))}. "
                             f"Choose the field{'s' if '/' in flag else ''} with {flag}.")
 
 
