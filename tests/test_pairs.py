@@ -263,3 +263,19 @@ def test_no_token_types_refusals(monkeypatch, mrpc_slice, trec_slice, tiny_bert,
     cli("train", "--method", "prefix", "--data", gen, "--source-field", "source", "--target-field", "target",
         "--no-token-types", "--output", tmp_path / "g", contains="--no-token-types is for sentence-pair classification")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "g").exists()
+
+
+def test_inputs_of_a_pair_model_never_read_one_field_as_both_texts(tmp_path):
+    """predict --input on a pair model: a --text-field that is the model's second field (or a
+    --text-pair-field that is the first) would pair each text with itself; refused, as train refuses it."""
+    from frozentune.api import read_inputs_with
+
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"premise": "a man plays", "hypothesis": "nobody plays"}) + "\n")
+    fields = ("premise", "hypothesis")
+    assert read_inputs_with(fields, f) == [("a man plays", "nobody plays")]
+    with pytest.raises(DataError, match=r"--text-field 'hypothesis'.*as both texts"):
+        read_inputs_with(fields, f, text_field="hypothesis")
+    with pytest.raises(DataError, match=r"--text-pair-field 'premise'.*as both texts"):
+        read_inputs_with(fields, f, pair_field="premise")
+    assert read_inputs_with(fields, f, text_field="hypothesis", pair_field="premise") == [("nobody plays", "a man plays")]

@@ -523,7 +523,13 @@ def read_inputs_with(fields: tuple[str | None, str | None], path: Path, text_fie
 
     pair = pair_field or fields[1]
     if Path(path).suffix.lower() in SUFFIXES or is_hf_split_folder(Path(path)):
-        return read_texts(path, text_field or fields[0] or "text", pair)
+        text = text_field or fields[0] or "text"
+        if pair is not None and pair == text:  # each pair would be one field twice
+            given = "--text-field" if text_field else "--text-pair-field"
+            raise DataError(f"{given} {pair!r}: the model's pairs would read field {pair!r} as both texts; give "
+                            f"--text-field and --text-pair-field as two different fields (the model was trained on "
+                            f"{fields[0]!r}, {fields[1]!r})")
+        return read_texts(path, text, pair)
     if pair:
         raise DataError(f"{path}: the model takes sentence pairs ({fields[0]}, {pair}); give them in a "
                         f".jsonl / .csv / .tsv file with both fields, or as --pair FIRST SECOND")
