@@ -240,6 +240,14 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     for options in ({"num_beams": 0}, {"max_new_tokens": -1}):  # the Python API: the same rule
         with pytest.raises(DataError, match="must be at least 1"):
             G.generate_sources(gen, ["name[Aromi]"], **options)
+    # past the LM's 256 positions (prefix 2): refused before decoding, as the server refuses it (it ran for minutes)
+    assert main(["generate", "--model", str(gen), "--max-new-tokens", "300", "name[Aromi]"]) == 2
+    assert "context of 256 positions, less its prefix of 2, leaves no room" in capsys.readouterr().err
+    long = ", ".join(["name[Aromi]"] * 60)  # 4 tokens each
+    assert main(["generate", "--model", str(gen), "--max-new-tokens", "20", "name[Aromi]", long]) == 2
+    err = capsys.readouterr().err
+    assert "source 2 is" in err and "(1 source too long)" in err and "leaves 234" in err, err
+    assert main(["generate", "--model", str(gen), "--max-new-tokens", "3", "name[Aromi]"]) == 0
 
 
 def test_generate_writes_one_line_per_source(tiny_lm, e2e_slice, tmp_path, capsys, monkeypatch):

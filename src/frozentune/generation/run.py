@@ -251,6 +251,7 @@ def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_
 
     tuner.eval()
     ids = tuner.encode_sources(sources)
+    check_room(tuner, ids, max_new_tokens)
     order = np.argsort([len(x) for x in ids], kind="stable")
     out: list[str] = [""] * len(ids)
     step = max(1, batch_size // max(num_beams, 1))
@@ -266,6 +267,38 @@ def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_
             log(f"decoding: {done}/{len(order)} sources ({num_beams} beam{'s' if num_beams > 1 else ''}), "
                 f"{each:.2f}s a source; the longest come last, so more than {each * (len(order) - done) / 60:.1f} min left")
     return out
+
+
+def check_room(tuner: LMTuner, ids: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """A PrefixError before decoding where the LM cannot hold a source, its prefix and max_new_tokens
+    (a causal LM past its positions would fail or run for minutes first): the check the server makes.
+    An encoder-decoder's decoder must hold max_new_tokens (its sources are cut to its encoder)."""
+    lm = getattr(tuner, "lm", None)
+    context = getattr(getattr(lm, "config", None), "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return  # no stated limit (a model built here in a test): nothing to check against
+    from .seq2seq.tuner import is_seq2seq
+
+    if is_seq2seq(lm):  # its sources are cut to its encoder; the new tokens fill its decoder
+        if max_new_tokens > context:
+            raise PrefixError(f"--max-new-tokens {max_new_tokens}: this model's decoder takes {context} positions; "
+                              f"ask for fewer")
+        return
+    try:
+        prefix = int(tuner.prefix_batch(1, False).mask.shape[1])
+    except NotImplementedError:
+        prefix = 0
+    room = context - max_new_tokens - prefix
+    if room < 1:
+        raise PrefixError(f"--max-new-tokens {max_new_tokens}: this LM's context of {context} positions"
+                          + (f", less its prefix of {prefix}," if prefix else "") + " leaves no room for a source; ask for fewer")
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]), default=None)
+    if longest is not None and len(ids[longest]) > room:
+        too_long = sum(len(x) > room for x in ids)
+        raise PrefixError(f"source {longest + 1} is {len(ids[longest])} tokens ({too_long} source"
+                          f"{'s' if too_long > 1 else ''} too long): with --max-new-tokens {max_new_tokens}"
+                          + (f" and the prefix of {prefix}" if prefix else "") + f" this LM's context of {context} "
+                          f"leaves {room}; shorten the sources or ask for fewer new tokens")
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
