@@ -10,6 +10,7 @@ decisive next-token distributions, so greedy ids are not decided by near-ties.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,16 @@ def test_adapters_frozentune_cannot_read_are_clear_errors(lms, tmp_path):
     cli("import", "--format", "peft", "--adapter", pickled, "--output", out, contains=("a pickle", "safe_serialization"))
     (pickled / "adapter_config.json").write_text("{not json")
     cli("import", "--format", "peft", "--adapter", pickled, "--output", out, contains="not readable JSON")
+    # a prefix of NaN (a damaged file, a diverged training) was imported and then generated empty strings
+    from safetensors.torch import load_file, save_file
+
+    nan = tmp_path / "nan_prefix"
+    shutil.copytree(tmp_path / "llama_prefix", nan)
+    state = load_file(str(nan / "adapter_model.safetensors"))
+    state = {k: v.clone().fill_(float("nan")) if "prompt_embeddings" in k else v for k, v in state.items()}
+    save_file(state, str(nan / "adapter_model.safetensors"))
+    cli("import", "--format", "peft", "--adapter", nan, "--output", out, "--backbone", lms["llama"],
+        contains=("NaN or infinite", "export or train it again"))
     assert not out.exists()  # nothing was written by any refusal
 
 

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from torch import Tensor
 
 from . import ExportError
@@ -199,6 +200,11 @@ def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
     if tuple(flat.shape) != want:
         raise ExportError(f"{weights}: {PEFT_KEY} has shape {tuple(flat.shape)}; adapter_config.json says {want} "
                           f"(num_virtual_tokens, num_layers·2·token_dim); the folder is inconsistent")
+    if not bool(torch.isfinite(flat).all()):
+        bad = int((~torch.isfinite(flat)).sum())
+        raise ExportError(f"{weights}: {PEFT_KEY} holds {bad} of {flat.numel()} values that are NaN or infinite; a "
+                          f"prefix made of them generates nothing useful (the adapter is damaged, or its training "
+                          f"diverged): export or train it again")
     return cfg, flat.float()
 
 
