@@ -109,9 +109,9 @@ def test_delimited_bom_crlf_quoted_newlines_read_and_ragged_row_named(tmp_path, 
 
 def test_missing_fields_list_the_columns_present(tmp_path, tiny_bert):
     data = write_jsonl(tmp_path / "d.jsonl", [{"sentence": "x", "polarity": "pos"}] * 20)
-    cli(*train_args(data, tiny_bert, tmp_path), contains=("d.jsonl:1", "'text'", "sentence, polarity"), row=R_FIELDS)
+    cli(*train_args(data, tiny_bert, tmp_path), contains=("d.jsonl:1", "'text'", "'sentence', 'polarity'"), row=R_FIELDS)
     cli(*train_args(data, tiny_bert, tmp_path, "--text-field", "sentence"),
-        contains=("missing field 'label'", "sentence, polarity"), row=R_FIELDS)
+        contains=("missing field 'label'", "'sentence', 'polarity'"), row=R_FIELDS)
 
 
 @pytest.mark.parametrize("bad,what", [
