@@ -284,10 +284,7 @@ def check_room(tuner: LMTuner, ids: Sequence[Sequence[int]], max_new_tokens: int
             raise PrefixError(f"--max-new-tokens {max_new_tokens}: this model's decoder takes {context} positions; "
                               f"ask for fewer")
         return
-    try:
-        prefix = int(tuner.prefix_batch(1, False).mask.shape[1])
-    except NotImplementedError:
-        prefix = 0
+    prefix = int(tuner.prefix_batch(1, False).mask.shape[1])  # 0 for a fine-tuned LM
     room = context - max_new_tokens - prefix
     if room < 1:
         raise PrefixError(f"--max-new-tokens {max_new_tokens}: this LM's context of {context} positions"
