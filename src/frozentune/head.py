@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, TypeVar
+from typing import Callable, Hashable, Iterable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +127,24 @@ class TokenView:
                "weight": round(weight, 4)}
         if self.seqs:
             out["part"] = self.part(self._first_real(i, j)) if chars else None
+        return out
+
+    def ranked(self, candidates: Iterable[tuple[int, int, float]], top: int) -> list[dict]:
+        """The first `top` distinct entries of `candidates` ((i, j, weight) pieces i..j, largest weight
+        first) as `weighted` shows them. Candidates that show the same words (the pieces of one word,
+        or spans that grow to the same whole words) are one entry, with the first, largest weight:
+        an explanation lists a word once, not once per piece of it."""
+        out: list[dict] = []
+        seen: set[tuple] = set()
+        for i, j, weight in candidates:
+            if len(out) == top:
+                break
+            shown_ = self.weighted(i, weight, j)
+            key = ((shown_["start"], shown_["end"], shown_.get("part")) if shown_["start"] is not None
+                   else ("special",) + self.widen(i, j))
+            if key not in seen:
+                seen.add(key)
+                out.append(shown_)
         return out
 
 

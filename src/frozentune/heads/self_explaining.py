@@ -296,13 +296,15 @@ class SelfExplainHead(Head):
 
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
         """The `top` spans by α, as original text with their character range [start, end) in
-        tokens.text (null for a span of special tokens only, which has no characters)."""
+        tokens.text (null for a span of special tokens only, which has no characters). Spans are grown
+        to whole words, so spans that start or end inside the same words are listed once, with the
+        largest α of them."""
         alpha = out.extras["span_weights"][0].detach()  # (T, W)
         n = len(tokens.pieces)
         if alpha.shape[0] < n:
             raise ValueError(f"span weights cover {alpha.shape[0]} tokens but the input has {n}; "
                              f"pass the head's output for this input alone")
-        spans = [tokens.weighted(i, weight, j) for i, j, weight in top_spans(alpha[:n], top)]
+        spans = tokens.ranked(top_spans(alpha[:n]), top)
         lines = [f'{s["weight"]:.2f}  "{s["text"]}"{part_mark(s)}' for s in spans]
         return Explanation({"spans": spans}, lines)
 
@@ -390,10 +392,11 @@ def product_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def top_spans(alpha: Tensor, top: int) -> list[tuple[int, int, float]]:
-    """(n, W) span weights of one input → up to `top` (i, j, α) with α > 0, largest first."""
+def top_spans(alpha: Tensor, top: int | None = None) -> list[tuple[int, int, float]]:
+    """(n, W) span weights of one input → up to `top` (all when None) (i, j, α) with α > 0, largest first."""
     flat = alpha.flatten()
-    weights, idx = flat.topk(min(top, int((flat > 0).sum())))
+    positive = int((flat > 0).sum())
+    weights, idx = flat.topk(positive if top is None else min(top, positive))
     width = alpha.shape[1]
     return [(int(k) // width, int(k) // width + int(k) % width, float(v)) for v, k in zip(weights, idx)]
 

@@ -101,14 +101,15 @@ class SpaceHead(Head):
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
         """Per class: its centroid (and the centroid's mean) and the tokens whose attribution,
         tanh(E·P_i) averaged over the m dimensions, is highest ({text, start, end, weight}: the
-        token's word and its character range [start, end) in the text)."""
+        token's word and its character range [start, end) in the text; a word of several pieces is
+        listed once, with its highest piece's weight)."""
         k = out.extras["centroids"][0]  # (n, m)
         scores = out.extras["token_scores"][0, :, :len(tokens.pieces)]  # (n, T)
         real = tokens.text_pieces()
         data, lines = {}, []
         for i, lab in enumerate(labels):
-            w, j = scores[i, real].topk(min(top, len(real)))
-            toks = [tokens.weighted(real[int(t)], float(v)) for v, t in zip(w, j)]
+            w, j = scores[i, real].sort(descending=True)
+            toks = tokens.ranked(((real[int(t)], real[int(t)], float(v)) for v, t in zip(w, j)), top)
             data[lab] = {"centroid": [round(float(x), 4) for x in k[i]], "centroid_mean": round(float(k[i].mean()), 4),
                          "tokens": toks}
             lines.append(f"{lab:>14}: centroid mean {float(k[i].mean()):+.3f}   "
