@@ -146,6 +146,18 @@ def test_layer_range_is_checked_when_the_backbone_is_built(tiny_bert):
         assert Backbone.load(str(tiny_bert), LayerSpec((ok,)), 16).layers.layers == (ok,)
 
 
+def test_a_max_length_with_no_room_for_text_is_refused(tiny_bert, trec_slice, tmp_path):
+    """--max-length 2 on a BERT tokenizer left [CLS] [SEP] and nothing of any text: every input was the
+    same, and a model trained on it at chance, silently."""
+    from frozentune.backbone import Backbone, BackboneError
+
+    with pytest.raises(BackboneError, match="adds 2 special tokens.*give at least 3"):
+        Backbone.load(str(tiny_bert), max_length=2)
+    assert len(Backbone.load(str(tiny_bert), max_length=3).tokenize(["a fine film"]).ids[0]) == 3
+    cli(*train(tmp_path, trec_slice, tiny_bert, "--max-length", "2"), contains=("--max-length 2", "at least 3"))
+    nothing_written(tmp_path)
+
+
 # ----------------------------------------------------------------------------- hub ids, no network
 @pytest.mark.parametrize("backbone", ["sentence-transformers/all-MiniLM-L6-v2", "bert-base-uncased"])
 def test_hub_id_offline_fails_fast_in_one_line(backbone, offline, trec_slice, tmp_path):

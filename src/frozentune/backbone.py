@@ -696,6 +696,14 @@ def device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _special_count(tok) -> int:
+    """How many special tokens `tok` adds to one text ([CLS] and [SEP]: 2); 0 where it cannot say."""
+    try:
+        return int(tok.num_special_tokens_to_add(pair=False))
+    except (AttributeError, TypeError, NotImplementedError, ValueError):
+        return 0
+
+
 class Backbone:
     """A frozen encoder with its tokenizer, layer choice and max_length: everything that
     decides what the token states of a text are (and so what the feature cache is keyed on)."""
@@ -706,6 +714,11 @@ class Backbone:
                  token_types: bool = True):
         if max_length < 2:
             raise BackboneError(f"max_length {max_length}: must be at least 2")
+        specials = _special_count(tok)
+        if max_length <= specials:  # every input would be its special tokens alone: no word of the text
+            raise BackboneError(f"--max-length {max_length}: {name!r}'s tokenizer adds {specials} special tokens to "
+                                f"every text, so no room is left for the text itself; give at least {specials + 1} "
+                                f"(128 is the default)")
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None and max_length > limit:
             raise BackboneError(f"max_length {max_length} exceeds what {name!r} supports ({limit})")
