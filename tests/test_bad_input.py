@@ -93,13 +93,13 @@ def test_malformed_jsonl_line_is_named_and_nothing_cached(tmp_path, tiny_bert):
 @pytest.mark.parametrize("kind", ["csv", "tsv"])
 def test_delimited_bom_crlf_quoted_newlines_read_and_ragged_row_named(tmp_path, tiny_bert, kind):
     sep = "," if kind == "csv" else "\t"
-    rows = [f'"a good film, truly{chr(10)}over two lines"{sep}pos', f"a bad film{sep}neg"] * 10
+    rows = [row for i in range(10) for row in (f'"a good film {i}, truly{chr(10)}over two lines"{sep}pos', f"a bad film {i}{sep}neg")]
     good = tmp_path / f"good.{kind}"
     good.write_bytes(("\ufeff" + f"text{sep}label\r\n" + "\r\n".join(rows) + "\r\n").encode("utf-8"))
     from frozentune.data import read_split
 
     split = read_split(good)  # BOM dropped from the header, CRLF and the quoted newline kept right
-    assert split.texts[0] == "a good film, truly\nover two lines" and split.labels[:2] == ["pos", "neg"]
+    assert split.texts[0] == "a good film 0, truly\nover two lines" and split.labels[:2] == ["pos", "neg"]
     assert len(split) == 20
     cli(*train_args(good, tiny_bert, tmp_path), code=0, row=R_CSV, show="trainable parameters")
     ragged = tmp_path / f"ragged.{kind}"
@@ -117,6 +117,7 @@ def test_missing_fields_list_the_columns_present(tmp_path, tiny_bert):
 @pytest.mark.parametrize("bad,what", [
     ({"text": "", "label": "pos"}, "empty text"),
     ({"text": "   \t ", "label": "pos"}, "empty text"),
+    ({"text": "\u200b\u2060", "label": "pos"}, "only invisible characters: U+200B"),
     ({"text": None, "label": "pos"}, "holds null"),
     ({"text": "fine", "label": None}, "no label"),
 ])

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from frozentune.data import (DataError, carve_validation, encode_labels, inside_other_texts,
+from frozentune.data import (DataError, carve_validation, encode_labels, grouped_split, inside_other_texts,
                              linearize_triples, load_classification, load_generation, read_lines,
                              read_records, read_split, read_texts, stratified_split, unencodable)
 
@@ -45,7 +45,8 @@ def test_stratified_split_keeps_proportions():
 def test_plain_data_is_carved_at_random_and_unchanged_by_the_phrase_rule(shared_data):
     ds = load_classification("trec", seed=0)
     full = read_split(shared_data / "trec" / "train.jsonl")
-    keep, carve = stratified_split(full.labels, 0.1, seed=0)
+    keep, carve, copies = grouped_split(full.texts, full.labels, 0.1, seed=0)  # TREC repeats some questions
+    assert copies == len(full) - len({" ".join(t.split()).lower() for t in full.texts}) > 0
     assert ds.validation.texts == [full.texts[i] for i in carve]
     assert ds.train.texts == [full.texts[i] for i in keep]
 
@@ -110,6 +111,25 @@ def test_single_file_gets_test_and_validation_carved(tmp_path):
     ds = load_classification(str(write(tmp_path / "d.jsonl", "\n".join(lines))))
     assert len(ds.test) == 5 and len(ds.train) + len(ds.validation) == 45
     assert any("test" in n for n in ds.notes)
+
+
+def test_copies_of_a_text_fall_on_one_side_of_every_carve(tmp_path):
+    """A file with repeated texts (here 3 copies of each, spacing and case varied): no text of the
+    carved test or validation split is also in train; without copies the carve is the plain one."""
+    rows = [{"text": f"text number {i}", "label": "ab"[i % 2]} for i in range(60)]
+    copies = [{"text": r["text"].upper() if j == 1 else r["text"] + "  " * j, "label": r["label"]}
+              for r in rows for j in range(3)]
+    ds = load_classification(str(write(tmp_path / "d.jsonl", "\n".join(map(json.dumps, copies)))))
+    key = lambda t: " ".join(t.split()).lower()  # noqa: E731
+    train = {key(t) for t in ds.train.texts}
+    assert ds.test.texts and ds.validation.texts
+    assert not train & {key(t) for t in ds.test.texts} and not train & {key(t) for t in ds.validation.texts}
+    assert len(ds.test) % 3 == 0 and len(ds.validation) % 3 == 0  # whole groups
+    assert any("120 rows repeat an earlier text" in n for n in ds.notes)
+    plain = load_classification(str(write(tmp_path / "p.jsonl", "\n".join(map(json.dumps, rows)))))
+    keep, carve = stratified_split([r["label"] for r in rows], 0.1, 0)
+    assert plain.test.texts == [rows[i]["text"] for i in carve]
+    assert not any("repeat" in n for n in plain.notes)
 
 
 def test_numeric_labels_are_names_sorted_numerically(tmp_path):
@@ -197,6 +217,8 @@ def test_blank_lines_in_a_plain_text_file_are_errors_unless_at_the_end(tmp_path)
     with pytest.raises(DataError, match=r"t.txt:2: 2 blank lines with texts after them \(lines 2, 4\).*remove them, "
                                         r"or give the texts in a .jsonl file"):
         read_lines(write(tmp_path / "t.txt", "a\n\nb\n  \t\nc\n"))
+    with pytest.raises(DataError, match=r"z.txt:2: a blank line"):  # zero-width spaces alone are no text
+        read_lines(write(tmp_path / "z.txt", "a\n\u200b\u200b\nb\n"))
     with pytest.raises(DataError, match=r"s.txt:1: a blank line with sources after it"):
         read_lines(write(tmp_path / "s.txt", "\nname[A]\n"), "sources")
     assert read_lines(write(tmp_path / "end.txt", "\ufeff a \r\nb\u2028c\r\n\r\n  \n")) == ["a", "b\u2028c"]
@@ -258,3 +280,65 @@ def test_token_views_show_whole_words(tiny_bert):
     comma = view.pieces.index(",")
     assert view.surface(comma) == ","  # punctuation is its own word for this tokenizer
     assert view.surface(comma - 1, comma) == "forgettable,"
+
+
+def test_an_explanation_lists_a_word_once_however_many_pieces_it_has(tiny_bert):
+    """Pieces of one word show as the whole word: ranked keeps the first (largest) and skips the rest,
+    for every head that explains with words (each head given weights that favour one word's pieces)."""
+    import torch
+
+    from frozentune.backbone import Backbone
+    from frozentune.head import Output
+    from frozentune.registry import create_method
+
+    text = "a forgettable, overlong film"
+    bb = Backbone.load(tiny_bert, max_length=32)
+    view = bb.tokenize_with_views([text])[1][0]
+    n = len(view.pieces)
+    word = [i for i, p in enumerate(view.pieces) if view.surface(i) == "forgettable"]
+    assert len(word) >= 2, "the test needs a word split into pieces"
+    top = view.ranked([(i, i, 1.0 - 0.1 * k) for k, i in enumerate(word + [n - 2])], 2)
+    assert [t["text"] for t in top] == ["forgettable", view.surface(n - 2)] and top[0]["weight"] == 1.0
+
+    favour = torch.zeros(n)
+    favour[word] = torch.linspace(1.0, 0.9, len(word))
+    favour[n - 2] = 0.5
+    outputs = {"space": ("token_scores", favour.expand(1, 2, n)), "ytuning": ("label_attention", favour.expand(1, 2, n))}
+    alpha = torch.zeros(1, n, 3)
+    for k, i in enumerate(word):  # spans inside the word, and one that grows to it from its first piece
+        alpha[0, i, 0] = 0.4 - 0.01 * k
+    alpha[0, word[0], 1] = 0.2  # pieces word[0]..word[0]+1: the same word
+    alpha[0, n - 2, 0] = 0.1
+    outputs["selfexplain"] = ("span_weights", alpha)
+    for method, (key, value) in outputs.items():
+        head, _ = create_method(method, bb.dim, 2, {})
+        extras = {key: value, "centroids": torch.zeros(1, 2, 4)}
+        ex = head.explain(Output(torch.zeros(1, 2), extras), view, ["a", "b"], top=3)
+        lists = ([ex.data["spans"]] if method == "selfexplain" else
+                 [c["tokens"] for c in ex.data["classes"].values()] if method == "space" else ex.data["attention"].values())
+        for entries in lists:
+            shown = [(e["start"], e["end"]) for e in entries]
+            assert len(shown) == len(set(shown)), (method, entries)
+            assert entries[0]["text"] == "forgettable" and entries[1]["text"] == view.surface(n - 2), (method, entries)
+
+
+def test_a_label_typed_composed_or_decomposed_is_one_class(tmp_path):
+    composed, decomposed = "caf\u00e9", "cafe\u0301"  # both show as "café"
+    rows = [{"text": f"t{i}", "label": [composed, decomposed, "tea"][i % 3]} for i in range(60)]
+    ds = load_classification(str(write(tmp_path / "d.jsonl", "\n".join(map(json.dumps, rows)))))
+    assert ds.labels == [composed, "tea"]
+    note = next(n for n in ds.notes if "read as one class" in n)
+    assert '"cafe\\u0301"' in note  # the decomposed spelling is shown so that it looks different
+
+
+def test_a_carve_that_would_take_a_class_out_of_train_is_refused(tmp_path):
+    """Ten copies of one 'neg' text: that text falls wholly on one side of the carve; where that side was the
+    test split, training went on without the class and failed later on an unseen label."""
+    rows = [{"text": f"good {i}", "label": "pos"} for i in range(20)] + [{"text": "bad", "label": "neg"}] * 10
+    for seed in range(4):
+        try:
+            ds = load_classification(str(write(tmp_path / "d.jsonl", "\n".join(map(json.dumps, rows)))), seed=seed)
+        except DataError as e:
+            assert "'neg' would be only in the carved part" in str(e)
+        else:
+            assert "neg" in ds.train.labels and "bad" not in ds.test.texts + ds.validation.texts

@@ -372,6 +372,52 @@ def test_train_with_shots_cross_validates_and_records_it(capsys, trec_slice, tin
     assert r["config"]["shots"] == 2 and r["validation"] is None
 
 
+def test_eval_of_train_and_validation_scores_the_rows_training_used(capsys, trec_slice, tiny_bert, tmp_path):
+    """eval --split train / validation rebuild the training run's splits: its --shots sample, and no
+    validation where cross-validation used all of train (it used to carve one out of the training rows)."""
+    code, out, err = run(capsys, "train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert,
+                         "--max-length", 16, "--shots", 2, "--output", tmp_path / "m", "--cache-dir", tmp_path / "c")
+    assert code == 0, err
+    r = json.loads((tmp_path / "m" / "result.json").read_text())
+    code, out, err = run(capsys, "eval", "--model", tmp_path / "m", "--data", trec_slice, "--split", "train",
+                         "--cache-dir", tmp_path / "c")
+    assert code == 0, err
+    assert json.loads(out)["n"] == r["sizes"]["train"] == 2 * len(json.loads((tmp_path / "m" / "config.json").read_text())["labels"])
+    code, out, err = run(capsys, "eval", "--model", tmp_path / "m", "--data", trec_slice, "--split", "validation",
+                         "--cache-dir", tmp_path / "c")
+    assert code == 2 and "trained without a validation split" in err and "--split test" in err
+    # an old model (no split rule saved) is rebuilt from its result.json and checked against its sizes
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    del config["split_rule"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    code, out, err = run(capsys, "eval", "--model", tmp_path / "m", "--data", trec_slice, "--split", "train",
+                         "--cache-dir", tmp_path / "c")
+    assert code == 0 and json.loads(out)["n"] == r["sizes"]["train"], err
+    r["sizes"]["train"] += 1  # sizes that the data no longer gives: refused, not scored
+    (tmp_path / "m" / "result.json").write_text(json.dumps(r))
+    code, out, err = run(capsys, "eval", "--model", tmp_path / "m", "--data", trec_slice, "--split", "train",
+                         "--cache-dir", tmp_path / "c")
+    assert code == 2 and "cannot be rebuilt" in err
+
+
+def test_eval_reads_the_training_runs_max_train_sample(trec_slice, tiny_bert, tmp_path):
+    r = api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), max_train=30,
+                  train_cfg={"cv_below": 0, "epochs": 1}, output=tmp_path / "m", cache_root=tmp_path / "c",
+                  progress=False, log=lambda s: None)
+    for split in ("train", "validation"):
+        e = api.evaluate_model(tmp_path / "m", str(trec_slice), split, cache_root=tmp_path / "c", progress=False,
+                               log=lambda s: None)
+        assert e["n"] == r["sizes"][split] and (split != "validation" or e["metrics"] == r["validation"])
+    # other data than the model's: its splits as they are, no sample drawn
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in trec_slice.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    e = api.evaluate_model(tmp_path / "m", str(other), "train", cache_root=tmp_path / "c", progress=False,
+                           log=lambda s: None)
+    assert e["n"] == len(load_classification(str(other)).train) > 30
+
+
 def _grid():
     from frozentune.sweep import Grid
 
@@ -405,6 +451,7 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
               train_cfg=cfg | {"seed": min(best["seeds"]), "lr": best["lr"], "weight_decay": best["weight_decay"]},
               output=tmp_path / "t", cache_root=tmp_path / "c", progress=False, log=lambda s: None)
     texts = ["What is the capital of France ?", "Who wrote Hamlet ?"]
+    assert one.best_saved_as == json.loads((tmp_path / "s1" / "best" / "config.json").read_text())["method"]
     a = api.predict(tmp_path / "s1" / "best", texts)
     b = api.predict(tmp_path / "t", texts)
     assert a == b
@@ -432,6 +479,10 @@ def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     assert [t["fell_back"] for t in table] == [1, 0]
     text = markdown(SweepResult(rows, table, table[0]), "trec")
     assert "| space (a probe in 1 of 2) **best** |" in text and "kept that regression" in text
+    assert "best/" not in text  # where best/ holds the head, nothing more is said
+    # where best/ is the regression its folds kept, the table (and the log line) say what was saved
+    text = markdown(SweepResult(rows, table, table[0], best_saved_as="probe"), "trec")
+    assert "The best setting's saved model (best/), as a probe: on these few labels its folds found the space head" in text
     assert "| probe |" in text
 
 

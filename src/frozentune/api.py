@@ -293,7 +293,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         with staged_output(Path(output), overwrite) as folder:
             M.save(model, folder, extra={"train": dataclasses.asdict(cfg), "data": ds.name,
                                          "text_field": ds.text_field, "text_pair_field": ds.pair_field,
-                                         "label_field": label_field, "shots": shots})
+                                         "label_field": label_field, "shots": shots,
+                                         "split_rule": ds.split_rule})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
             write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
         log(f"saved to {output}")
@@ -352,7 +353,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     reported, when given the same data and precision). precision: of the frozen pass (default:
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
     model = _load(model_dir, device, precision, log)
-    ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field)
+    ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
         log(f"data: {note}")
     log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
@@ -392,7 +393,7 @@ def _live_backbone_on(model: M.Classifier, device) -> bool:
 
 
 def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,
-                 label_field: str | None, pair_field: str | None = None) -> tuple[Dataset, TextSplit, np.ndarray]:
+                 label_field: str | None, pair_field: str | None = None, model_dir: Path | None = None) -> tuple[Dataset, TextSplit, np.ndarray]:
     """A split of `data` read the way the model was trained (fields, seed for carved splits),
     with its labels encoded in the model's label order. Split `all`: every row of one file, nothing
     carved (a file of held-out examples scored whole)."""
@@ -406,8 +407,19 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
         ds = _whole_file(data, *fields)
         part = ds.test
     else:
-        ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2])
+        sample = _training_sample(saved, data, split, model_dir)
+        expect = sample.pop("expect_sizes", None)
+        ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], **sample)
         part = getattr(ds, split)
+        if expect is not None and (len(ds.train), len(ds.validation)) != (expect.get("train"), expect.get("validation")):
+            raise DataError(f"{data}: this model was saved before frozentune recorded how its splits were drawn, and "
+                            f"they cannot be rebuilt: its result.json has {expect.get('train')} train / "
+                            f"{expect.get('validation')} validation examples, reading the data now gives "
+                            f"{len(ds.train)} / {len(ds.validation)}; use --split test, or train it again")
+        if split == "validation" and not len(part):
+            raise DataError(f"{ds.name}: the model was trained without a validation split ({len(ds.train):,} training "
+                            f"examples, under --cv-below: cross-validation on all of train chose its schedule), so "
+                            f"there is none to score; use --split test (held out), or --split train")
     missing, extra = sorted(set(model.labels) - set(ds.labels)), sorted(set(part.labels) - set(model.labels))
     if extra:
         raise DataError(f"{part.source}: labels {', '.join(map(repr, extra))} are not among the model's "
@@ -415,6 +427,37 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
                         + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
                         + ". Evaluate on data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
+
+
+def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None) -> dict[str, Any]:
+    """load_classification's arguments that make train and validation what the model's training run
+    made of `data` (its --shots / --max-train sample, no validation carved under --cv-below), where
+    `data` is the data it was trained on; {} for other data, whose splits are read as they are (the
+    test split does not depend on them). A model saved before the rule was recorded is given the
+    arguments its result.json implies, and they are checked against the split sizes it recorded."""
+    from .data import resolve, resolved_files
+
+    name, files = resolve(data)
+    rule = saved.get("split_rule")
+    if rule is not None:
+        if resolved_files(files) != rule.get("files"):
+            return {}
+        return {k: rule[k] for k in ("shots", "max_train", "carve_below", "val_fraction") if k in rule}
+    if split == "test" or saved.get("data") != name:
+        return {}
+    try:
+        result = json.loads((Path(model_dir) / "result.json").read_text())
+        sizes, max_train = result["sizes"], result["config"].get("max_train")
+    except (TypeError, OSError, ValueError, KeyError):
+        sizes = None
+    if sizes is None:
+        raise DataError(f"{data}: this model was saved before frozentune recorded how its train and validation splits "
+                        f"were drawn, and its result.json cannot say, so its {split} split cannot be rebuilt for "
+                        f"certain; use --split test, or train it again")
+    cv_below = saved.get("train", {}).get("cv_below", 0)
+    no_val = sizes.get("validation") == 0 and sizes.get("train", 0) < cv_below
+    return {"shots": saved.get("shots"), "max_train": max_train, "carve_below": cv_below if no_val else 0,
+            "expect_sizes": sizes}
 
 
 def _whole_file(data: str, text_field: str, label_field: str, pair_field: str | None) -> Dataset:
@@ -467,7 +510,7 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     if max_points < 2:
         raise ValueError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
     output = _png_path(Path(output)) if output else None  # checked before the states are extracted
-    ds, part, y = _saved_split(model, data, split, text_field, label_field)
+    ds, part, y = _saved_split(model, data, split, text_field, label_field, model_dir=model_dir)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     src = sources(part)
     keep = np.sort(np.random.default_rng(0).permutation(len(part))[:max_points])
@@ -568,7 +611,7 @@ def given_texts(texts: object) -> list[Text]:
     """The texts of a predict / explain call, as a list, held to the rules of texts in files: a list
     (or any iterable) of strings or (first, second) pairs, at least one, none empty or not valid
     Unicode. A bare string is refused, not read one character at a time."""
-    from .data import unencodable
+    from .data import blank, invisible, unencodable
 
     if isinstance(texts, (str, bytes)):
         raise DataError(f"texts: a single {type(texts).__name__} ({texts[:40]!r}); give a list of texts, e.g. [text]")
@@ -582,8 +625,8 @@ def given_texts(texts: object) -> list[Text]:
     for i, t in enumerate(out):
         for k, part in enumerate(t if isinstance(t, tuple) else (t,)):
             where = f"texts[{i}]" + (f"[{k}]" if isinstance(t, tuple) else "")
-            if isinstance(part, str) and not part.strip():
-                raise DataError(f"{where}: empty; give some text")
+            if isinstance(part, str) and blank(part):
+                raise DataError(f"{where}: empty{invisible(part)}; give some text")
             if isinstance(part, str) and (why := unencodable(part)) is not None:
                 raise DataError(f"{where}: {why}; give valid Unicode")
     return out  # not strings nor pairs of them: pair_kind says so, naming the item

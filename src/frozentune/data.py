@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -92,6 +93,9 @@ class Dataset:
     notes: list[str] = field(default_factory=list)
     text_field: str = "text"
     pair_field: str | None = None   # the second text's field, for sentence-pair data
+    # how train and validation were made from the files: {"files": {split: path}, "seed", "shots",
+    # "max_train", "carve_below"}; load_classification with these gives the same splits again (eval)
+    split_rule: dict | None = None
 
     def label_ids(self, split: TextSplit) -> np.ndarray:
         """(N,) int64 label indices; a label training never saw is an error naming its line."""
@@ -270,14 +274,15 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
 
 
 def label_name(value: object) -> str | None:
-    """A label as its name: strings as written (trimmed); numbers, and strings that spell a
+    """A label as its name: strings as written (trimmed, in Unicode's composed form NFC, so that an
+    "é" typed as e + combining accent is the same class as "é"); numbers, and strings that spell a
     number, canonically (1, 1.0, "1" and "1.0" are one class "1"; 0.5 is "0.5"); None for a
     missing label (null, empty)."""
     if value is None or isinstance(value, (list, dict)) or (isinstance(value, float) and not math.isfinite(value)):
         return None  # NaN (JSON's NaN, pandas' missing value) is no label, nor is an infinity
     if isinstance(value, bool):
         return str(value).lower()
-    text = str(value).strip()
+    text = unicodedata.normalize("NFC", str(value).strip())
     if not text:
         return None
     if isinstance(value, (int, float)) or _NUMBER.fullmatch(text):
@@ -293,8 +298,8 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _JSON_KIND = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
 
 
-def _describe(value: object) -> str:
-    shown = json.dumps(value, ensure_ascii=False)
+def _describe(value: object, escape: bool = False) -> str:
+    shown = json.dumps(value, ensure_ascii=escape)
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
@@ -319,11 +324,12 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
         except UnicodeDecodeError as e:
             raise _utf8_error(path, e) from None
     lines = [ln.strip() for ln in text.split("\n")]  # newlines translated
+    lines = ["" if blank(ln) else ln for ln in lines]  # a line of zero-width spaces is a blank line
     while lines and not lines[-1]:
         lines.pop()
-    blank = [n for n, ln in enumerate(lines, 1) if not ln]
-    if blank and not skip_blank:
-        raise _blank_lines_error(path, blank, what, f"remove them, or give the {what} in a .jsonl file")
+    empty = [n for n, ln in enumerate(lines, 1) if not ln]
+    if empty and not skip_blank:
+        raise _blank_lines_error(path, empty, what, f"remove them, or give the {what} in a .jsonl file")
     lines = [ln for ln in lines if ln]
     if not lines:
         raise DataError(f"{path}: the file is empty (no non-blank lines); give one of the {what} per line")
@@ -363,14 +369,29 @@ def unencodable(text: str) -> str | None:
             f"which is not text")
 
 
+def blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace, control and format characters (zero-width
+    spaces and joiners, a byte-order mark, a soft hyphen), which a tokenizer drops or reads as no word."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
+def invisible(text: str) -> str:
+    """For a blank text that is not just whitespace, a note naming its first invisible character,
+    e.g. " (only invisible characters: U+200B ZERO WIDTH SPACE)"; "" otherwise."""
+    shown = next((ch for ch in text if not ch.isspace()), None)
+    if shown is None:
+        return ""
+    return f" (only invisible characters: U+{ord(shown):04X} {unicodedata.name(shown, 'a control character')})"
+
+
 def _text_problem(value: object, fld: str) -> tuple[str, str] | None:
     """(the kind of problem, its detail for this row) when `value` (field `fld` of a record) is not
     a usable text, or None. Rows are counted by kind; the detail adds what differs between them."""
     if not isinstance(value, str):
         kind = "null" if value is None else f"{_JSON_KIND.get(type(value), 'a value')} ({_describe(value)})"
         return f"field {fld!r} holds {kind}, not text", ""
-    if not value.strip():
-        return f"empty text in field {fld!r}", ""
+    if blank(value):
+        return f"empty text in field {fld!r}", invisible(value)
     if (why := unencodable(value)) is not None:
         return f"field {fld!r} is not valid Unicode", f": {why}"
     return None
@@ -419,7 +440,9 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
         elif (why := unencodable(raw if isinstance(raw := rec[label_field], str) else label)) is not None:
             found.append((f"field {label_field!r} is not valid Unicode", f": {why}"))
         else:
-            spellings.setdefault(label, set()).add(_describe(rec[label_field]))
+            raw = rec[label_field]  # a decomposed spelling is shown escaped: it looks like the composed one
+            spellings.setdefault(label, set()).add(_describe(raw, escape=isinstance(raw, str)
+                                                              and not unicodedata.is_normalized("NFC", raw)))
         for kind, detail in filter(None, found):
             problems.setdefault(kind, []).append(n)
             details.setdefault(kind, detail)
@@ -478,6 +501,11 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
                     f"of train / validation / test files, or a dataset name (those in {data_root()})")
 
 
+def resolved_files(files: dict[str, Path]) -> dict[str, str]:
+    """{split: absolute path} of resolve's files: which files a dataset was read from."""
+    return {k: str(Path(p).resolve()) for k, p in sorted(files.items())}
+
+
 def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Deterministic stratified (keep, carve) index split; same seed → same split."""
     from sklearn.model_selection import train_test_split
@@ -495,6 +523,45 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.
                         f"give more data or an explicit validation/test file.")
     keep, carve = train_test_split(idx, test_size=n_carve, random_state=seed, stratify=strat)
     return np.sort(keep), np.sort(carve)
+
+
+def _text_key(text: Text) -> Text:
+    """What makes two texts copies of each other: the same words, spacing and case aside."""
+    if is_pair(text):
+        return tuple(" ".join(t.split()).casefold() for t in text)  # type: ignore[return-value]
+    return " ".join(text.split()).casefold()  # type: ignore[union-attr]
+
+
+def text_groups(texts: Sequence[Text]) -> np.ndarray:
+    """(N,) int64: the same number for copies of a text, numbered in order of first occurrence."""
+    first: dict[Text, int] = {}
+    return np.array([first.setdefault(_text_key(t), len(first)) for t in texts], dtype=np.int64)
+
+
+def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
+                  seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(keep, carve, copies): stratified_split over the distinct texts, so that every copy of a text
+    falls on the same side (a copy on each side would score the model on a text it trained on).
+    Without copies it is stratified_split itself. `copies`: rows that repeat an earlier text."""
+    group = text_groups(texts)
+    n_groups = int(group.max()) + 1 if len(group) else 0
+    if n_groups == len(texts):
+        keep, carve = stratified_split(labels, fraction, seed)
+    else:
+        first = np.unique(group, return_index=True)[1]  # the first row of each group, in group order
+        _, carve_g = stratified_split([labels[i] for i in first], fraction, seed)
+        carved = np.isin(group, carve_g)
+        keep, carve = np.flatnonzero(~carved), np.flatnonzero(carved)
+    if missing := sorted(set(labels) - {labels[i] for i in keep}):  # a class with one (distinct) text
+        raise DataError(f"cannot carve {fraction:.0%} of {len(labels):,} examples ({n_groups:,} distinct texts) into a "
+                        f"separate split and keep every class in train: {', '.join(map(repr, missing))} would be only "
+                        f"in the carved part; give more examples of it, or an explicit validation/test file")
+    return keep, carve, len(texts) - n_groups
+
+
+def copies_note(copies: int) -> str:
+    return (f"; {copies:,} rows repeat an earlier text (spacing and case aside), and every copy went to the same "
+            f"side" if copies else "")
 
 
 PHRASE_SHARE = 0.25     # at least this share of texts inside other texts → a phrase treebank
@@ -541,9 +608,10 @@ def carve_validation(train: TextSplit, fraction: float, seed: int) -> tuple[Text
     """
     inside = inside_other_texts(train.texts)
     if inside.mean() < PHRASE_SHARE:
-        keep, carve = stratified_split(train.labels, fraction, seed)
+        keep, carve, copies = grouped_split(train.texts, train.labels, fraction, seed)
         val = train.subset(carve, f"{train.source} ({fraction:.0%} carved as validation, seed {seed})")
-        return train.subset(keep), val, f"no validation split: carved {fraction:.0%} of train (seed {seed})"
+        return (train.subset(keep), val,
+                f"no validation split: carved {fraction:.0%} of train (seed {seed}){copies_note(copies)}")
     whole = np.flatnonzero(~inside)
     keep_w, carve_w = stratified_split([train.labels[i] for i in whole], fraction, seed)
     val_idx, kept_whole = whole[carve_w], whole[keep_w]
@@ -619,6 +687,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     if name in GENERATION:
         raise DataError(f"{name} is a generation dataset (fields mr/refs or triples/texts); "
                         f"classification methods need text + label data.")
+    rule = {"files": resolved_files(files), "seed": seed, "shots": shots, "max_train": max_train,
+            "carve_below": carve_below, "val_fraction": val_fraction}
     trains_on_validation = "train" not in files and "validation" in files and "test" in files
     if "train" not in files and not trains_on_validation:
         raise DataError(f"{data}: no train file (found {', '.join(sorted(files))}); a classifier needs "
@@ -645,10 +715,10 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                             f"never occur in train (train has {', '.join(map(repr, classes))}). Fix the labels "
                             f"or add training examples of them.")
     if "test" not in splits:
-        keep, carve = stratified_split(train.labels, 0.1, seed)
+        keep, carve, copies = grouped_split(train.texts, train.labels, 0.1, seed)
         splits["test"] = train.subset(carve, f"{train.source} (10% carved as test, seed {seed})")
         train = train.subset(keep)
-        notes.append(f"no test split: carved 10% of {files['train']} (seed {seed})")
+        notes.append(f"no test split: carved 10% of {files['train']} (seed {seed}){copies_note(copies)}")
     if shots is not None:
         train, note = sample_shots(train, shots, seed)
         notes.append(note)
@@ -665,8 +735,10 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         keep, _ = stratified_split(train.labels, 1 - max_train / len(train), seed)
         train = train.subset(keep)
         notes.append(f"train limited to {len(train)} examples (stratified, seed {seed})")
+    elif max_train is not None:
+        notes.append(f"--max-train {max_train}: train has {len(train)} examples, so all are used")
     labels = label_order(name, train.labels)
-    return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field)
+    return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field, rule)
 
 
 def label_order(name: str, train_labels: list[str]) -> list[str]:
@@ -736,14 +808,14 @@ def load_generation(name: str, split: str, source_field: str | None = None,
                 raise DataError(f"{files[split]}:{n}: no {sf!r} field (has: {', '.join(map(str, rec))}); name the "
                                 f"source field with --source-field")
             src, refs = rec[sf], _references(files[split], n, rec, tf)
-            if not isinstance(src, str) or not src.strip():
+            if not isinstance(src, str) or blank(src):
                 raise DataError(f"{files[split]}:{n}: the source ({sf!r}) must be non-empty text, got {_describe(src)}")
         else:
             raise DataError(f"{files[split]}:{n}: a generation record needs 'mr' (E2E), 'triples' (WebNLG) or "
                             f"'source' and 'target' fields; for other names give --source-field / --target-field")
         if not isinstance(refs, list) or not refs:
             raise DataError(f"{files[split]}:{n}: no reference texts ('refs' / 'texts' / '{tf}').")
-        bad = [r for r in refs if not isinstance(r, str) or not r.strip()]
+        bad = [r for r in refs if not isinstance(r, str) or blank(r)]
         if bad:
             raise DataError(f"{files[split]}:{n}: a reference text must be non-empty text, got {_describe(bad[0])}")
         _check_unicode(f"{files[split]}:{n}", [(f"the source ({src_name})", str(src))]

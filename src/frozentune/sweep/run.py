@@ -21,6 +21,7 @@ class SweepResult:
     table: list[dict]         # one per setting: mean ± std over seeds
     best: dict                # the table row with the highest mean score
     seconds: dict = field(default_factory=dict)  # wall, extraction, fits, loading
+    best_saved_as: str | None = None  # the method of best/: the best's, or probe where its folds kept the regression
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -95,17 +96,28 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
         t0 = time.perf_counter()
         first = min(best["seeds"])
         with staged_output(Path(output), overwrite) as folder:
-            api.train(best["method"], datasets[first], backbones[best["layer"]],
+            saved = api.train(best["method"], datasets[first], backbones[best["layer"]],
                       train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
                       output=folder / "best", cache_root=cache_root, progress=False, log=silent)
             result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
+            result.best_saved_as = saved.get("model_method", best["method"])
             write(result, folder, data)
         log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
             f"{best['score_is']} {best['score_mean']:.2f} ± {best['score_std']:.2f}; saved to {Path(output) / 'best'} "
-            f"(seed {first}); table in {Path(output) / 'sweep.md'}")
+            f"(seed {first}){kept_note(result)}; table in {Path(output) / 'sweep.md'}")
     else:
         result.seconds = _seconds(t_start, extract_s, load_s, rows, 0.0)
     return result
+
+
+def kept_note(result: SweepResult) -> str:
+    """Where the best point's saved model is the logistic regression its folds kept, not the head it
+    names, a clause saying so; "" otherwise."""
+    kept, method = result.best_saved_as, result.best["method"]
+    if kept is None or kept == method:
+        return ""
+    return (f", as a {kept}: on these few labels its folds found the {method} head no better than a logistic "
+            f"regression and kept that (train --fallback off keeps the head)")
 
 
 def _seconds(t_start: float, extract_s: float, load_s: float, rows: list[dict], save_s: float) -> dict:
@@ -148,6 +160,8 @@ def markdown(result: SweepResult, data: str) -> str:
     if any("C" in r["selection"] for r in result.rows):
         lines += ["", "The probe's points on fewer than --cv-below examples are solved by L-BFGS with their C chosen "
                       "by cross-validation: --lr and --weight-decay do not change them."]
+    if kept_note(result):
+        lines += ["", f"The best setting's saved model (best/){kept_note(result)}."]
     s = result.seconds
     if s:
         lines += ["", f"score: {result.best['score_is']}. Wall {s['wall']:.1f}s: extraction {s['extraction']:.1f}s, "
