@@ -241,6 +241,8 @@ def test_counts_under_one_are_refused_in_one_line(capsys, argv, needle):
     (["predict", "--model", "m", "caf\udce9"], "text argument 1: character offset 3 is a lone UTF-16 surrogate (U+DCE9; "
                                                 "on a command line, the byte 0xe9"),
     (["generate", "--model", "m", ""], "source argument 1 is empty"),
+    # zero-width characters alone tokenize to nothing, as an empty text does
+    (["predict", "--model", "m", "\u200b\u200d "], "text argument 1 is empty (only invisible characters: U+200B ZERO WIDTH SPACE)"),
 ])
 def test_texts_given_as_arguments_follow_the_rules_of_files(capsys, argv, needle):
     """An empty text argument was labelled (the server and files refuse it), and a Latin-1 byte from the

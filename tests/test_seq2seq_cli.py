@@ -101,6 +101,10 @@ def test_pairs_errors_say_what_to_do(bart_dir, scitldr_slice, tmp_path):
         row=ROW)
     cli("train", "--method", "probe", "--data", scitldr_slice, "--backbone", bart_dir, contains="does not generate text",
         row=ROW)
+    # a classification field option on generation data was ignored: the run trained on source / target
+    cli("train", "--method", "prefix", "--data", scitldr_slice, "--backbone", bart_dir, "--text-field", "abstract",
+        "--output", tmp_path / "m", contains=("--text-field abstract", "--source-field"), row=ROW)
+    assert not (tmp_path / "m").exists()
 
 
 def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):

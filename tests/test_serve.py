@@ -571,6 +571,7 @@ BAD = [
     ("texts not a list", "/v1/classify", {"texts": "a"}, 422, "texts"),
     ("a text not a string", "/v1/classify", {"texts": [3]}, 422, "texts[0]"),
     ("empty text", "/v1/classify", {"texts": ["  "]}, 422, "empty"),
+    ("a text of zero-width spaces", "/v1/classify", {"texts": ["\u200b\ufeff"]}, 422, "only invisible characters"),
     ("no texts", "/v1/classify", {"texts": []}, 422, "empty"),
     ("text and texts", "/v1/classify", {"text": "a", "texts": ["b"]}, 422, "not texts and text"),
     ("unknown task", "/v1/classify", {"text": "a", "tasks": ["nope"]}, 404, "probe"),
@@ -708,6 +709,14 @@ def test_engine_checks_requests_before_queueing(engine):
     with pytest.raises(RequestError, match="max_new_tokens"):
         engine.generate("prefix-a", ["a"], max_new_tokens=0)
     assert engine.batcher.depth == depth
+    # explain with no task named, on a server none of whose tasks explains: an error, not an answer without one
+    only_probe = Engine([engine.tasks["probe"]], ServeOptions())
+    try:
+        with pytest.raises(RequestError, match="no classify task of this server gives an explanation"):
+            only_probe.explain(["a fine film"])
+        assert only_probe.classify(["a fine film"], explain=True)["results"][0]["tasks"]["probe"]["label"]
+    finally:
+        only_probe.close()
 
 
 # ----------------------------------------------------------------------------- metrics, OpenAPI, CLI

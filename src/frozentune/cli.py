@@ -372,7 +372,14 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
 
         if a.shots is not None:
             raise CLIError(f"--shots {a.shots}: few-shot sampling is for classification data (K examples per class); "
-                           f"for E2E/WebNLG give --max-train")
+                           f"for generation data give --max-train")
+        given = [f"--{k.replace('_', '-')} {v}" for k, v, default in
+                 (("text_field", a.text_field, "text"), ("text_pair_field", a.text_pair_field, None),
+                  ("label_field", a.label_field, "label")) if v != default]
+        if given:
+            raise CLIError(f"{', '.join(given)}: fields of classification data; {a.data} is read as source → target "
+                           f"generation data, whose fields are --source-field and --target-field (default: source "
+                           f"and target; E2E and WebNLG pick theirs)")
         if not a.token_types:
             raise CLIError("--no-token-types is for sentence-pair classification; generation data has sources, "
                            "not pairs: leave it out")
@@ -385,13 +392,21 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
                          a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite,
                          trust_remote_code=a.trust_remote_code, fields=(a.source_field, a.target_field))
+        _unsaved(a.output, log)
         return 0
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision, a.token_types)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
               overwrite=a.overwrite, shots=a.shots, pair_field=a.text_pair_field)
+    _unsaved(a.output, log)
     return 0
+
+
+def _unsaved(output: Path | None, log) -> None:
+    """A run without --output keeps nothing but what it printed: say so, once it is over."""
+    if output is None:
+        log("the model was not saved (no --output); give --output DIR to keep it for eval, predict and serve")
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
@@ -414,11 +429,11 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def _arguments(values: Sequence[str], what: str) -> list[str]:
     """Texts given on the command line, held to the rule of texts in files: an empty one, or one that
     is not valid Unicode (bytes the shell passed that are not UTF-8), is an error naming it."""
-    from .data import unencodable
+    from .data import blank, invisible, unencodable
 
     for i, text in enumerate(values, 1):
-        if not text.strip():
-            raise CLIError(f"{what} argument {i} is empty; give some text")
+        if blank(text):
+            raise CLIError(f"{what} argument {i} is empty{invisible(text)}; give some text")
         if (why := unencodable(text)) is not None:
             raise CLIError(f"{what} argument {i}: {why}; give UTF-8 text")
     return list(values)

@@ -230,6 +230,11 @@ class Schedule:
         return [min(r * self.every, self.total) for r in range(1, math.ceil(self.total / self.every) + 1)]
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 epoch", "3 epochs": a count with its noun in the right number."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def plan_steps(n: int, cfg: TrainConfig, constant: bool = False) -> Schedule:
     """The schedule for n training examples: --steps if given, else --epochs passes over train
     (ceil(n/B) steps each), raised to --min-steps. Validation happens once per epoch, or --epochs
@@ -237,13 +242,14 @@ def plan_steps(n: int, cfg: TrainConfig, constant: bool = False) -> Schedule:
     per_epoch = max(1, math.ceil(n / cfg.batch_size))
     from_epochs = per_epoch * cfg.epochs
     if cfg.steps:
-        total, why = cfg.steps, f"{cfg.steps} steps (--steps)"
+        total, why = cfg.steps, f"{counted(cfg.steps, 'step')} (--steps)"
     elif from_epochs < cfg.min_steps:
         total = cfg.min_steps
-        why = (f"{total} steps: {cfg.epochs} epochs of {n} examples would be {from_epochs} steps, under the floor of "
+        why = (f"{total} steps: {counted(cfg.epochs, 'epoch')} of {counted(n, 'example')} would be "
+               f"{counted(from_epochs, 'step')}, under the floor of "
                f"{cfg.min_steps} (--min-steps), so train is seen {total * min(n, cfg.batch_size) / max(n, 1):.0f} times")
     else:
-        total, why = from_epochs, f"{from_epochs} steps ({cfg.epochs} epochs of {per_epoch})"
+        total, why = from_epochs, f"{counted(from_epochs, 'step')} ({counted(cfg.epochs, 'epoch')} of {per_epoch})"
     every = per_epoch if total == from_epochs else max(1, math.ceil(total / cfg.epochs))
     return Schedule(total, every, int(cfg.warmup * total), constant, why + (", constant rate after warm-up" if constant else ""))
 

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..backbone import freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
-from ..data import DataError, GenExample, linearize_triples, load_generation, resolve
+from ..data import DataError, GenExample, blank, linearize_triples, load_generation, resolve
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
@@ -338,7 +338,8 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
 
     spec = get_method(method)
     if not spec.generates:
-        raise MethodError(f"method {method!r} does not generate text; for E2E/WebNLG use one of: "
+        raise MethodError(f"method {method!r} does not generate text; for generation data (E2E, WebNLG, source → target pairs) "
+                          f"use one of: "
                           f"{', '.join(list_methods('generation'))}")
     cfg = make_config(method, options)
     return spec.generator(cfg, lm, tok, lm_name), cfg
@@ -572,7 +573,7 @@ def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     for n, rec in read_records(path):
         if field in rec:
             value = rec[field]
-            if not isinstance(value, str) or not value.strip():
+            if not isinstance(value, str) or blank(value):
                 raise DataError(f"{path}:{n}: the source in {field!r} is {'empty' if isinstance(value, str) else 'not text'}; "
                                 f"fix or remove the row")
             if (why := unencodable(value)) is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..data import unencodable
+from ..data import blank, invisible, unencodable
 from .batcher import BatchStats, Batcher, Job
 from .graphs import HeadGraphs, graphs_choice
 from .models import FrozenPass, Task, find_models, load_tasks, pipeline_choice
@@ -215,8 +215,8 @@ class Engine:
             for where, x in parts:
                 if not isinstance(x, str):
                     raise RequestError(f"{where}: a {type(x).__name__}, not a string")
-                if not x.strip():
-                    raise RequestError(f"{where}: empty; give some text")
+                if blank(x):
+                    raise RequestError(f"{where}: empty{invisible(x)}; give some text")
                 if (why := unencodable(x)) is not None:
                     raise RequestError(f"{where}: {why}; send valid Unicode")
             out.append(tuple(t) if pairs else t)
@@ -238,7 +238,11 @@ class Engine:
         if tasks is None:
             if not mine:
                 raise RequestError(f"this server has no {kind} tasks (it serves: {', '.join(self.tasks) or 'nothing'})", 404)
-            return [t for t in mine if t.explains] if explaining and any(t.explains for t in mine) else mine
+            if explaining and not any(t.explains for t in mine):  # /v1/explain answered with no explanation at all
+                raise RequestError(f"no {kind} task of this server gives an explanation (its tasks: "
+                                   f"{', '.join(f'{t.name} ({t.method})' for t in mine)}; ytuning, space and "
+                                   f"selfexplain models do); use /v1/classify for their predictions", 422)
+            return [t for t in mine if t.explains] if explaining else mine
         if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)) or not tasks:
             raise RequestError("tasks: give a non-empty list of task names, or leave it out for all")
         out = []
