@@ -329,6 +329,29 @@ def test_damaged_saved_models_refuse_to_load(model_copy):
     cli("eval", "--model", model_copy, "--data", model_copy, contains=("config.json", "not valid JSON"), row=R_SAVED)
 
 
+@pytest.mark.parametrize("edit, needle", [
+    (lambda c: c.pop("labels"), '"labels" is missing'),
+    (lambda c: c.update(labels="ab"), '"labels" is "ab", not a list'),
+    (lambda c: c.update(labels=["a", "a"]), "not a list of distinct names"),  # loaded and answered "a" for both
+    (lambda c: c.update(labels=["a", "b", "c"]), "the weights do not fit config.json (3 labels"),
+    (lambda c: c["backbone"].update(max_length="x"), '"backbone"."max_length" is "x"'),
+    (lambda c: c["backbone"].update(layers=5), '"backbone"."layers" is 5'),
+    (lambda c: c["backbone"].update(combine=3), '"backbone"."combine" is 3'),  # loaded, and meant nothing
+    (lambda c: c["backbone"].update(precision="fp64"), '"backbone"."precision" is "fp64"'),
+    (lambda c: c["backbone"].update(cache_dtype="int3"), '"backbone"."cache_dtype" is "int3"'),
+    (lambda c: c.update(options=[]), '"options" is []'),
+    (lambda c: c["train"].update(seed="x"), '"train"."seed" is "x"'),
+], ids=["no-labels", "labels-string", "labels-twice", "labels-count", "max-length", "layers", "combine", "precision",
+        "cache-dtype", "options", "seed"])
+def test_a_hand_edited_config_is_named_not_a_traceback(model_copy, edit, needle):
+    """config.json edited by hand: each entry frozentune cannot use is named in one line (several ended in a
+    KeyError or TypeError traceback; labels as one string, or twice the same, loaded and answered wrongly)."""
+    config = json.loads((model_copy / "config.json").read_text())
+    edit(config)
+    (model_copy / "config.json").write_text(json.dumps(config))
+    cli("predict", "--model", model_copy, "fine", contains=("config.json", needle), row=R_SAVED)
+
+
 def test_corrupt_safetensors_with_matching_checksum_is_refused(model_copy):
     """The checksum guards against change; a file that was saved broken still fails in one line."""
     from frozentune.model import file_checksum

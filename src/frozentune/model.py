@@ -297,6 +297,46 @@ class ModelLoadError(RuntimeError):
     """A saved model folder is missing, incomplete or does not match its backbone."""
 
 
+def check_config(config: dict, path: Path) -> None:
+    """A ModelLoadError naming the first entry of a classifier's config.json (read from `path`) that
+    cannot be what frozentune wrote there: a hand edit that would otherwise end in a traceback, or
+    worse, load and answer wrongly (labels given as one string, two labels of one name)."""
+    from .cache import DTYPES
+    from .extract.precision import PRECISIONS
+
+    def bad(where: str, what: str, value: object) -> ModelLoadError:
+        shown = "missing (or null)" if value is None else json.dumps(value, ensure_ascii=False)
+        return ModelLoadError(f"{path}: {where} is {shown[:60]}{'...' if len(shown) > 60 else ''}, not {what}; the file "
+                              f"was edited or damaged: restore it, or train the model again")
+
+    labels = config.get("labels")
+    if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
+        raise bad('"labels"', "a list of at least two label names", labels)
+    if len(set(labels)) != len(labels):
+        raise bad('"labels"', "a list of distinct names", labels)
+    if not isinstance(config.get("options"), dict):
+        raise bad('"options"', "an object of the method's options", config.get("options"))
+    train = config.get("train", {})
+    if not isinstance(train, dict):
+        raise bad('"train"', "an object of the training options", train)
+    if not (type(seed := train.get("seed", 0)) is int and 0 <= seed < 2 ** 32):
+        raise bad('"train"."seed"', "a whole number from 0 to 2^32 - 1", seed)
+    b = config.get("backbone")
+    if not isinstance(b, dict):
+        raise bad('"backbone"', "an object describing the backbone", b)
+    checks = [("name", lambda v: isinstance(v, str) and v != "", "a model id or folder"),
+              ("layers", lambda v: isinstance(v, list) and v and all(type(x) is int for x in v), "a list of layer numbers"),
+              ("combine", lambda v: v in ("mean", "concat"), '"mean" or "concat"'),
+              ("max_length", lambda v: type(v) is int and v >= 2, "a whole number of tokens, 2 or more")]
+    optional = [("precision", lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+                ("cache_dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
+                ("token_types", lambda v: isinstance(v, bool), "true or false"),
+                ("trained", lambda v: isinstance(v, bool), "true or false")]
+    for key, ok, what in checks + [c for c in optional if c[0] in b]:
+        if not ok(b.get(key)):
+            raise bad(f'"backbone"."{key}"', what, b.get(key))
+
+
 def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict], tuple[str, str]] | None = None,
          ) -> Classifier:
     """Rebuild a saved classifier; the backbone is loaded from its recorded id unless given.
@@ -307,6 +347,7 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     if config.get("task") == "generation":
         raise ModelLoadError(f"{folder}: holds a text generator ({config.get('method')} on "
                              f"{config['backbone'].get('name')}); use `frozentune generate --model {folder}`")
+    check_config(config, folder / CONFIG)
     b = config["backbone"]
     spec = LayerSpec(tuple(b["layers"]), b["combine"])
     method = known_method(config, folder)
@@ -333,7 +374,13 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     state = load_weights(folder)
     if not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
         raise ModelLoadError(f"{folder / WEIGHTS}: holds NaN or infinite weights; the model is unusable: train it again")
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a shape that differs: e.g. config.json's labels edited to another count
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
+        raise ModelLoadError(f"{folder / WEIGHTS}: the weights do not fit config.json ({len(config['labels'])} labels, "
+                             f"options {config['options']}): {first[:300]}; restore config.json, or train the model "
+                             f"again") from None
     trained = model.trainable_state()  # what the file must hold
     missing = [k for k in missing if k in trained or (own and k.startswith("backbone."))]
     if missing or unexpected:
