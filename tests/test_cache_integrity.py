@@ -122,6 +122,30 @@ def test_list_marks_a_truncated_entry_unreadable_and_prune_removes_it(tiny_bert,
     assert sorted(p.name for p in root.iterdir()) == [intact.name]
 
 
+def test_verify_finds_bytes_changed_in_place_and_prune_removes_the_entry(tiny_bert, trec_slice, tmp_path):
+    """A flipped byte keeps every size: --list said ok and --prune kept the entry. With --verify both read
+    the checksums: the entry is unreadable, naming the file, and --prune --verify removes it."""
+    root = tmp_path / "cache"
+    made = entries(trec_slice, tiny_bert, root)
+    entry, intact = made["train"], made["test"]
+    data = bytearray((entry / "states.bin").read_bytes())
+    data[len(data) // 2] ^= 0x40
+    (entry / "states.bin").write_bytes(bytes(data))
+
+    def listed(*flags):
+        return {Path(r["path"]).name: r["status"]
+                for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root, *flags, code=0).out)}
+    assert listed()[entry.name] == "ok"  # sizes only: not found
+    verified = listed("--verify")
+    assert verified[entry.name].startswith("unreadable (") and "states.bin" in verified[entry.name]
+    assert "corrupt" in verified[entry.name] and verified[intact.name] == "ok"
+    cli("cache", "--prune", "--cache-dir", root, code=0)
+    assert entry.exists()  # without --verify, kept
+    cli("cache", "--prune", "--verify", "--cache-dir", root, code=0)
+    assert sorted(p.name for p in root.iterdir()) == [intact.name]
+    cli("cache", "trec", "--verify", contains="--verify goes with --list or --prune")
+
+
 def test_list_marks_an_entry_missing_a_file_unreadable(tiny_bert, trec_slice, tmp_path):
     from frozentune.extract.entries import scan
 

@@ -269,6 +269,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--include-resumable", action="store_true", help="with --prune: also delete builds holding finished "
                    "shards (interrupted, or a --shard part waiting for the others)")
     c.add_argument("--json", action="store_true", help="with --list / --prune: JSON instead of a table")
+    c.add_argument("--verify", action="store_true", help="with --list / --prune: read every entry's checksums (all "
+                   "its bytes), so an entry changed in place shows as unreadable and --prune removes it; without it, "
+                   "sizes only (checksums are read when a run opens an entry)")
     c.add_argument("--text-field", default="text")
     c.add_argument("--text-pair-field", help=PAIR_HELP)
     c.add_argument("--label-field", default="label")
@@ -534,6 +537,8 @@ def cmd_cache(a: argparse.Namespace) -> int:
         if a.include_resumable and not a.prune:
             raise CLIError("--include-resumable goes with --prune")
         return _cache_folder(a)
+    if a.verify:
+        raise CLIError("--verify goes with --list or --prune")
     if a.data is None:
         raise CLIError("give a dataset to cache (e.g. frozentune cache sst2), or --list / --prune")
     if a.json:
@@ -558,7 +563,7 @@ def _cache_folder(a: argparse.Namespace) -> int:
     root = a.cache_dir or default_root()
     if root.exists() and not root.is_dir():
         raise CLIError(f"{root}: a file, not a cache folder; give --cache-dir a folder")
-    rows = prune(root, include_resumable=a.include_resumable) if a.prune else scan(root)
+    rows = prune(root, include_resumable=a.include_resumable, verify=a.verify) if a.prune else scan(root, a.verify)
     if a.json:
         print(json.dumps([e.row() for e in rows], indent=2, allow_nan=False))
         return 0
