@@ -59,6 +59,22 @@ def test_eval_agrees_with_training_run(trained, trec_slice, capsys):
     assert "eval: the test split, 40 examples" in err
 
 
+def test_eval_rebuilds_a_damaged_entry_when_asked(trained, trec_slice, capsys, tmp_path):
+    """The cache's error says "rerun with --rebuild-cache", and eval now takes it (it did not)."""
+    import shutil
+
+    out, _, cache = trained
+    own = tmp_path / "own-cache"
+    shutil.copytree(cache, own)
+    for states in own.glob("*/states.bin"):
+        states.write_bytes(states.read_bytes()[:-4])
+    code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", own)
+    assert code == 2 and "--rebuild-cache (train, eval and cache take it)" in err
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", own, "--rebuild-cache")
+    assert code == 0, err
+    assert json.loads(stdout)["metrics"] == json.loads((out / "result.json").read_text())["metrics"]
+
+
 def test_eval_of_one_file_says_it_scores_the_carved_tenth(trained, trec_slice, capsys, tmp_path):
     """A single file gives up 10% as test, as training carved it: eval says so instead of scoring a tenth
     of its rows silently."""

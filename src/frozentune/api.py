@@ -348,7 +348,8 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
                    label_field: str | None = None, cache_root: Path | None = None,
                    progress: bool = True, device: str | None = None, precision: str | None = None,
-                   log: Callable[[str], None] = _stderr, pair_field: str | None = None) -> dict:
+                   log: Callable[[str], None] = _stderr, pair_field: str | None = None,
+                   rebuild_cache: bool = False) -> dict:
     """Metrics of a saved model on a split of a dataset (the same numbers its training run
     reported, when given the same data and precision). precision: of the frozen pass (default:
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
@@ -358,7 +359,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
         log(f"data: {note}")
     log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
     check_inputs(model, part.texts[:1])
-    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
+    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress)
     positive = positive_label(ds.name, model.labels)
     m, _ = evaluate(model, sources(part), y, positive=positive)
     bb = model.backbone_ref

@@ -54,7 +54,7 @@ FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
-REBUILD = "Rebuild it: rerun with --rebuild-cache (train, cache)."
+REBUILD = "Rebuild it: rerun with --rebuild-cache (train, eval and cache take it)."
 
 
 class CacheError(RuntimeError):

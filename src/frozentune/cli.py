@@ -212,6 +212,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--label-field")
     _pair_field_args(e)
     e.add_argument("--cache-dir", type=Path)
+    e.add_argument("--rebuild-cache", action="store_true", help="re-extract the split's features even if a cache entry "
+                   "exists (fixes a corrupt one)")
     e.add_argument("--max-test", type=_whole(1), help="generation models: score a seeded sample of this many sources")
     e.add_argument("--num-beams", type=_whole(1), help="generation models: beam width (default: as trained)")
     _runtime_args(e, GENERATORS_PRECISION)
@@ -424,7 +426,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
                                         progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
-                                        pair_field=a.text_pair_field),
+                                        pair_field=a.text_pair_field, rebuild_cache=a.rebuild_cache),
                      indent=2, allow_nan=False))
     return 0
 
