@@ -218,6 +218,7 @@ def test_bad_input_messages(capsys, argv, needle):
     (["cache", "trec", "--layer", "-3,-1"], "layer", "-3,-1"),
     (["train", "--method", "probe", "--data", "trec", "--layer", "-1"], "layer", "-1"),
     (["predict", "--model", "m", "-1,-2.5"], "texts", ["-1,-2.5"]),
+    (["sweep", "--data", "trec", "--lr", "-1e-3,1E+2"], "lr", "-1e-3,1E+2"),  # exponents: refused later, saying why
 ])
 def test_comma_lists_of_negative_numbers_are_values(argv, field, value):
     # The README's sweep command (`--layers -1,-3`) was refused by argparse as an unknown option.
@@ -225,6 +226,14 @@ def test_comma_lists_of_negative_numbers_are_values(argv, field, value):
 
     a, rest = _parser().parse_known_args(argv)
     assert getattr(a, field) == value and rest == []
+
+
+def test_a_value_read_as_an_option_says_how_to_pass_it(capsys):
+    with pytest.raises(SystemExit) as stop:  # argparse's own exit
+        main(["train", "--method", "probe", "--data", "trec", "--text-field", "-x"])
+    assert stop.value.code == 2 and "join it with '=', e.g. --text-field=-VALUE" in capsys.readouterr().err
+    code, _, err = run(capsys, "sweep", "--data", "trec", "--lr", "-1e-3")
+    assert code == 2 and "--lr '-1e-3': give a comma list of non-negative numbers" in err
 
 
 def test_readme_sweep_layers_run_end_to_end(capsys, tiny_bert, trec_slice, tmp_path):

@@ -48,13 +48,17 @@ class _Parser(argparse.ArgumentParser):
     # argparse reads an argument as a value, not an option, when this matches it (and the parser
     # has no option that looks like a number). The stock pattern takes "-1" and "-.5" only, and
     # argparse sets it on each parser in __init__, so it is replaced there.
-    _NUMBER_LIST = re.compile(r"^-(\d+(\.\d*)?|\.\d+)([,:]-?(\d+(\.\d*)?|\.\d+))*$")
+    _NUMBER = r"(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?"  # 1, 1.5, .5, 1e-3
+    _NUMBER_LIST = re.compile(rf"^-{_NUMBER}([,:]-?{_NUMBER})*$")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = self._NUMBER_LIST
 
     def error(self, message: str):  # type: ignore[override]
+        if message.endswith("expected one argument"):  # e.g. --text-field -x: a value that starts with "-"
+            flag = message.split()[1].rstrip(":")
+            message += f"; a value that starts with '-' is read as an option: join it with '=', e.g. {flag}=-VALUE"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
