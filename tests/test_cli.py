@@ -59,6 +59,21 @@ def test_eval_agrees_with_training_run(trained, trec_slice, capsys):
     assert "eval: the test split, 40 examples" in err
 
 
+def test_eval_of_a_folder_holding_only_a_test_file(trained, trec_slice, capsys, tmp_path):
+    """A folder of held-out data alone was refused ("no train file") though eval reads only its test split."""
+    out, _, cache = trained
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "test.jsonl").write_text((trec_slice / "test.jsonl").read_text())
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", held, "--cache-dir", cache)
+    assert code == 0, err
+    assert json.loads(stdout)["metrics"] == json.loads((out / "result.json").read_text())["metrics"]
+    code, _, err = run(capsys, "eval", "--model", out, "--data", held, "--split", "train")
+    assert code == 2 and "no train file (found test)" in err
+    code, _, err = run(capsys, "train", "--method", "probe", "--data", held)
+    assert code == 2 and "no train file (found test)" in err
+
+
 def test_eval_rebuilds_a_damaged_entry_when_asked(trained, trec_slice, capsys, tmp_path):
     """The cache's error says "rerun with --rebuild-cache", and eval now takes it (it did not)."""
     import shutil

@@ -20,7 +20,7 @@ from . import model as M
 from .backbone import Backbone, LayerSpec
 from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
-from .data import DataError, Dataset, TextSplit, encode_labels, load_classification
+from .data import DataError, Dataset, TextSplit, encode_labels, load_classification, read_split, resolve
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
@@ -407,6 +407,10 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     if split == "all":
         ds = _whole_file(data, *fields)
         part = ds.test
+    elif split == "test" and _test_file_alone(data):  # held-out data with nothing to train on: read as it is
+        part = read_split(_test_file_alone(data), *fields)
+        ds = Dataset(resolve(data)[0], part.subset([]), part.subset([]), part, sorted(set(part.labels)), [],
+                     fields[0], fields[2])
     else:
         sample = _training_sample(saved, data, split, model_dir)
         expect = sample.pop("expect_sizes", None)
@@ -436,7 +440,7 @@ def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None)
     `data` is the data it was trained on; {} for other data, whose splits are read as they are (the
     test split does not depend on them). A model saved before the rule was recorded is given the
     arguments its result.json implies, and they are checked against the split sizes it recorded."""
-    from .data import resolve, resolved_files
+    from .data import resolved_files
 
     name, files = resolve(data)
     rule = saved.get("split_rule")
@@ -461,10 +465,14 @@ def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None)
             "expect_sizes": sizes}
 
 
+def _test_file_alone(data: str) -> Path | None:
+    """The test file of a dataset folder that has no train or validation file, else None."""
+    files = resolve(data)[1]
+    return files["test"] if set(files) == {"test"} else None
+
+
 def _whole_file(data: str, text_field: str, label_field: str, pair_field: str | None) -> Dataset:
     """One labelled file read whole as the test split (nothing carved, no train): `eval --split all`."""
-    from .data import read_split, resolve
-
     name, files = resolve(data)
     if not Path(data).expanduser().is_file():
         raise DataError(f"--split all scores every row of one file; {data} is a dataset folder or name, whose splits "
@@ -665,7 +673,7 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     full (sizes and checksums) and reported. An interrupted build resumes from its finished
     shards. shard 'i/N' (or RANK / WORLD_SIZE from torchrun or accelerate launch) extracts only
     this process's part; the entry is published when every part is done."""
-    from .data import SPLIT_NAMES, read_split, resolve, text_fields
+    from .data import SPLIT_NAMES, text_fields
     from .extract.shards import part_of
 
     part = part_of(shard)

@@ -486,7 +486,7 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
         return path.stem, {"train": path}
     if path.is_dir():
         files = _find_split_files(path)
-        if "train" not in files and "validation" not in files:
+        if not files:  # a folder of a test file alone is read (eval, cache); training says it needs train
             raise DataError(f"{path}: no train file found (expected train.jsonl / .csv / .tsv / .parquet / "
                             f".arrow, optionally validation.* and test.*; or a save_to_disk folder with a train "
                             f"split).")
