@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import torch
@@ -925,17 +926,36 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
 
 
-def render_page(url: str, tmp_path: Path, shot_name: str, window: str) -> str:
-    """The page at `url` in headless Chromium (skips without it): its DOM after the scripts ran, and a
-    screenshot checked to exist, copied to $FROZENTUNE_SCREENSHOTS when set."""
+def test_api_docs_read_offline_in_headless_chromium(server, tmp_path):
+    """/docs was FastAPI's Swagger UI, loaded from a CDN: on a machine without internet (this one) the page
+    was blank. Where the CDN cannot be reached it lists the API from /openapi.json: every endpoint, and the
+    fields of each request body. Swagger UI itself, where it loads, is FastAPI's and not tested here."""
+    import httpx
+
+    html = httpx.get(server.url + "/docs", timeout=30).text
+    assert "swagger-ui-bundle.js" in html and "openapi.json" in html
+    blocked = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]  # offline even where a network is
+    dom = render_page(server.url, tmp_path, "serve-docs.png", "1100,1400", path="/docs", extra=blocked)
+    assert "Swagger UI could not be loaded" in dom
+    spec = httpx.get(server.url + "/openapi.json", timeout=30).json()
+    for path in spec["paths"]:
+        assert f'data-path="{path}"' in dom, f"{path} not listed"
+    for field in spec["components"]["schemas"]["Classify"]["properties"]:
+        assert f"<code>{field}" in dom
+
+
+def render_page(url: str, tmp_path: Path, shot_name: str, window: str, path: str = "/",
+                extra: Sequence[str] = ()) -> str:
+    """The page at `url` + `path` in headless Chromium (skips without it): its DOM after the scripts ran,
+    and a screenshot checked to exist, copied to $FROZENTUNE_SCREENSHOTS when set."""
     exe = chromium()
     if exe is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the page was not rendered")
     flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-             "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*flags, "--dump-dom", url + "/"], capture_output=True, text=True, timeout=120).stdout
+             "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}", *extra]
+    dom = subprocess.run([*flags, "--dump-dom", url + path], capture_output=True, text=True, timeout=120).stdout
     shot = tmp_path / shot_name
-    subprocess.run([*flags, f"--window-size={window}", f"--screenshot={shot}", url + "/"], capture_output=True, timeout=120)
+    subprocess.run([*flags, f"--window-size={window}", f"--screenshot={shot}", url + path], capture_output=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
     if os.environ.get("FROZENTUNE_SCREENSHOTS"):
         shutil.copy(shot, Path(os.environ["FROZENTUNE_SCREENSHOTS"]) / shot.name)

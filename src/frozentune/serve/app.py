@@ -3,6 +3,7 @@
 message while the server goes on serving.
 
   GET  /                 the page (page.html)
+  GET  /docs             the API: Swagger UI, or offline the same listed from /openapi.json (docs.html)
   GET  /health           {"status": "ok", ...}
   GET  /v1/models        the served tasks, the batching options and the memory allocator
   POST /v1/classify      {"texts": [...] | "text": "..." | "pairs": [[a, b], ...] | "pair": [a, b],
@@ -35,6 +36,21 @@ from .batcher import BatchStats, Overloaded
 from .engine import Engine, RequestError
 
 PAGE = Path(__file__).with_name("page.html")
+DOCS = Path(__file__).with_name("docs.html")
+
+
+def docs_html() -> str:
+    """/docs: Swagger UI from the CDN FastAPI's own /docs uses, and where the browser cannot reach it
+    (offline, a closed network: FastAPI's page is then blank), the same API listed from /openapi.json."""
+    import inspect
+    from urllib.parse import urlsplit
+
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    given = inspect.signature(get_swagger_ui_html).parameters
+    js, css = given["swagger_js_url"].default, given["swagger_css_url"].default
+    return (DOCS.read_text(encoding="utf-8").replace("{js}", js).replace("{css}", css)
+            .replace("{host}", urlsplit(js).hostname or js))
 
 
 class Classify(BaseModel):
@@ -188,7 +204,7 @@ def create_app(engine: Engine):
         yield
         engine.close()  # uvicorn runs this after the requests in flight were answered
 
-    app = FastAPI(title="frozentune serve", version="1", lifespan=lifespan,
+    app = FastAPI(title="frozentune serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Many tasks on one frozen backbone pass: classify, explain, generate.")
 
     app.add_middleware(Counting, requests=requests, latency=latency)
@@ -225,6 +241,7 @@ def create_app(engine: Engine):
         return error(500, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
 
     page_html = PAGE.read_text(encoding="utf-8")  # read once, with the app
+    api_html = docs_html()
 
     # GET and HEAD: a load balancer's or uptime checker's HEAD / or HEAD /health was a 405 (HEAD is
     # left out of the OpenAPI description, where it would repeat GET's operation)
@@ -232,6 +249,11 @@ def create_app(engine: Engine):
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return HTMLResponse(page_html)
+
+    @app.head("/docs", include_in_schema=False)
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    async def docs():
+        return HTMLResponse(api_html)
 
     @app.head("/health", include_in_schema=False)
     @app.get("/health")
