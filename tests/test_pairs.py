@@ -180,6 +180,9 @@ def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
     assert result["positive_label"] == "equivalent" and 0 <= result["metrics"]["positive_f1"] <= 100
     ev = cli("eval", "--model", out, "--data", "mrpc", "--cache-dir", cache, code=0)
     assert json.loads(ev.out)["metrics"] == result["metrics"]
+    # eval read as single texts: the advice is eval's fields, not predict's --pair / --input
+    cli("eval", "--model", out, "--data", "mrpc", "--cache-dir", cache, "--text-field", "sentence1",
+        contains="give --text-field sentence1 --text-pair-field sentence2")
     first = json.loads((mrpc_slice / "mrpc" / "test.jsonl").read_text().splitlines()[0])
     by_arg = cli("predict", "--model", out, "--pair", first["sentence1"], first["sentence2"], code=0)
     by_file = cli("predict", "--model", out, "--input", mrpc_slice / "mrpc" / "test.jsonl", code=0)

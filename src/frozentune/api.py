@@ -358,7 +358,16 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
         log(f"data: {note}")
     log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
-    check_inputs(model, part.texts[:1])
+    try:
+        check_inputs(model, part.texts[:1])
+    except PairError:  # its advice is predict's (--pair, --input): eval reads both fields from the data
+        fields = model.pair_fields
+        if model.takes_pairs:
+            raise PairError(f"this model was trained on sentence pairs ({fields[0]}, {fields[1]}), and {part.source} "
+                            f"was read as single texts: give --text-field {fields[0]} --text-pair-field {fields[1]} (or "
+                            f"leave both out to read the model's), naming the data's fields") from None
+        raise PairError(f"this model was trained on single texts (field {fields[0]!r}), and {part.source} was read as "
+                        f"sentence pairs: leave --text-pair-field out, and give --text-field the data's text field") from None
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress)
     positive = positive_label(ds.name, model.labels)
     m, _ = evaluate(model, sources(part), y, positive=positive)
