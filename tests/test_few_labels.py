@@ -416,6 +416,14 @@ def test_eval_reads_the_training_runs_max_train_sample(trec_slice, tiny_bert, tm
     e = api.evaluate_model(tmp_path / "m", str(other), "train", cache_root=tmp_path / "c", progress=False,
                            log=lambda s: None)
     assert e["n"] == len(load_classification(str(other)).train) > 30
+    # the same data moved to another folder (same name): the training run's sample again
+    moved = tmp_path / "moved" / trec_slice.name
+    moved.mkdir(parents=True)
+    for f in trec_slice.iterdir():
+        (moved / f.name).write_bytes(f.read_bytes())
+    e = api.evaluate_model(tmp_path / "m", str(moved), "train", cache_root=tmp_path / "c", progress=False,
+                           log=lambda s: None)
+    assert e["n"] == r["sizes"]["train"] == 30
 
 
 def _grid():

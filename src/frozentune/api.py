@@ -446,15 +446,16 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
 def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None) -> dict[str, Any]:
     """load_classification's arguments that make train and validation what the model's training run
     made of `data` (its --shots / --max-train sample, no validation carved under --cv-below), where
-    `data` is the data it was trained on; {} for other data, whose splits are read as they are (the
-    test split does not depend on them). A model saved before the rule was recorded is given the
-    arguments its result.json implies, and they are checked against the split sizes it recorded."""
+    `data` is the data it was trained on (the same files, or a dataset of the same name: the data moved
+    to another folder); {} for other data, whose splits are read as they are (the test split does not
+    depend on them). A model saved before the rule was recorded is given the arguments its result.json
+    implies, and they are checked against the split sizes it recorded."""
     from .data import resolved_files
 
     name, files = resolve(data)
     rule = saved.get("split_rule")
     if rule is not None:
-        if resolved_files(files) != rule.get("files"):
+        if resolved_files(files) != rule.get("files") and saved.get("data") != name:
             return {}
         return {k: rule[k] for k in ("shots", "max_train", "carve_below", "val_fraction") if k in rule}
     if split == "test" or saved.get("data") != name:
