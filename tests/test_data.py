@@ -342,3 +342,23 @@ def test_a_carve_that_would_take_a_class_out_of_train_is_refused(tmp_path):
             assert "'neg' would be only in the carved part" in str(e)
         else:
             assert "neg" in ds.train.labels and "bad" not in ds.test.texts + ds.validation.texts
+
+
+def test_shots_draw_different_texts():
+    """A class whose rows repeat a text: K per class are K different texts, and a sample without copies is
+    the plain seeded draw (so few-shot samples of data without copies are what they were)."""
+    from frozentune.data import TextSplit, sample_shots
+
+    texts = ["same text"] * 6 + [f"other {i}" for i in range(3)] + [f"b {i}" for i in range(9)]
+    labels = ["a"] * 9 + ["b"] * 9
+    split = TextSplit(texts, labels, "t.jsonl", list(range(1, 19)))
+    for seed in range(10):
+        got, _ = sample_shots(split, 4, seed)
+        a = [t for t, lab in zip(got.texts, got.labels) if lab == "a"]
+        assert len(a) == 4 and len(set(a)) == 4
+    with pytest.raises(DataError, match="class 'a' has only 4 different texts; give --shots 4 or fewer"):
+        sample_shots(split, 5, 0)
+    plain = TextSplit([f"t {i}" for i in range(18)], labels, "t.jsonl", list(range(1, 19)))
+    rng = np.random.default_rng(3)
+    want = np.sort(np.concatenate([rng.choice(np.arange(9), 4, replace=False), rng.choice(np.arange(9, 18), 4, replace=False)]))
+    assert sample_shots(plain, 4, 3)[0].texts == [plain.texts[i] for i in want]

@@ -633,7 +633,9 @@ def carve_validation(train: TextSplit, fraction: float, seed: int) -> tuple[Text
 def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, str]:
     """(K examples of each class, note): a seeded sample without replacement, drawn from the whole
     texts when train is a phrase treebank (a few-shot user labels sentences, not their phrases).
-    A class with fewer than K examples is an error naming it."""
+    K different texts: a copy of a text already drawn is replaced by another draw (a sample without
+    copies is the plain draw). A class with fewer than K examples (or different texts) is an error
+    naming it."""
     inside = inside_other_texts(train.texts)
     treebank = bool(inside.mean() >= PHRASE_SHARE)
     pool = np.flatnonzero(~inside) if treebank else np.arange(len(train))
@@ -645,11 +647,34 @@ def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, st
         if len(members) < shots:
             raise DataError(f"--shots {shots}: class {lab!r} has only {len(members)} training examples"
                             + (" among the whole texts" if treebank else "") + f"; give --shots {len(members)} or fewer")
-        keep.append(rng.choice(members, shots, replace=False))
+        keep.append(_distinct_draw(train.texts, members, shots, rng, lab))
     idx = np.sort(np.concatenate(keep))
     where = "whole texts (train is a phrase treebank)" if treebank else "train"
     return (train.subset(idx, f"{train.source} ({shots} per class, seed {seed})"),
             f"--shots {shots}: {len(idx)} examples, {shots} of each class drawn from {where} (seed {seed})")
+
+
+def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.random.Generator,
+                   label: str) -> np.ndarray:
+    """k of `members` (row indices) drawn without replacement, whose texts differ (spacing and case aside):
+    the plain draw, with a copy of a text already drawn replaced by a draw from the rows left."""
+    drawn = rng.choice(members, k, replace=False)
+    seen, out = set(), []
+    for i in drawn:
+        if (key := _text_key(texts[i])) not in seen:
+            seen.add(key)
+            out.append(int(i))
+    if len(out) < k:
+        left = [int(i) for i in members if _text_key(texts[i]) not in seen]
+        while len(out) < k and left:
+            i = left.pop(int(rng.integers(len(left))))
+            if (key := _text_key(texts[i])) not in seen:
+                seen.add(key)
+                out.append(i)
+        if len(out) < k:
+            raise DataError(f"--shots {k}: class {label!r} has only {len(seen)} different texts; give --shots "
+                            f"{len(seen)} or fewer")
+    return np.array(out, dtype=np.int64)
 
 
 def text_fields(name: str, text_field: str | None, pair_field: str | None) -> tuple[str, str | None]:
