@@ -474,6 +474,36 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
     assert [r["score"] for r in again.rows] == [r["score"] for r in one.rows] and (tmp_path / "s1" / "sweep.json").is_file()
 
 
+def test_sweep_from_python_and_its_folders(trec_slice, tiny_bert, tmp_path):
+    """From Python the grid takes lists and single values and the backbone a name, as api.train does; the
+    same hidden state written two ways (2 and -1 of a 2-layer model) is one layer; best/ records the
+    --shots it was trained with; --overwrite does not swap a model for a sweep or the reverse."""
+    from frozentune.output import OutputError
+    from frozentune.registry import MethodError
+    from frozentune.sweep import Grid, run_sweep
+
+    assert Grid.parse(["probe"], [-1, -2], [0.01], 0.1, [0, 1]) == Grid.parse("probe", "-1,-2", "0.01", "0.1", "0,1")
+    with pytest.raises(MethodError, match="layers 2 and -1 are the same hidden state"):
+        run_sweep(Grid.parse("probe", "2,-1"), str(trec_slice), str(tiny_bert), shots=2, cache_root=tmp_path / "c",
+                  log=lambda s: None)
+    with pytest.raises(MethodError, match="the seeds are the grid's"):
+        run_sweep(Grid.parse("probe"), str(trec_slice), str(tiny_bert), train_cfg={"seed": 7}, log=lambda s: None)
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    r = run_sweep(Grid.parse("probe"), str(trec_slice), bb, tmp_path / "s", shots=2, cache_root=tmp_path / "c",
+                  log=lambda s: None)
+    best = json.loads((tmp_path / "s" / "best" / "result.json").read_text())
+    assert best["config"]["shots"] == 2 and r.best_saved_as == "probe"
+    api.train("probe", str(trec_slice), bb, train_cfg={"epochs": 1, "cv_below": 0}, output=tmp_path / "m",
+              cache_root=tmp_path / "c", progress=False, log=lambda s: None)
+    with pytest.raises(OutputError, match="holds a saved model; --overwrite replaces a sweep with a sweep"):
+        run_sweep(Grid.parse("probe"), str(trec_slice), bb, tmp_path / "m", shots=2, overwrite=True,
+                  cache_root=tmp_path / "c", log=lambda s: None)
+    with pytest.raises(OutputError, match="holds a sweep; --overwrite replaces a saved model with a model"):
+        api.train("probe", str(trec_slice), bb, output=tmp_path / "s", overwrite=True, log=lambda s: None)
+    with pytest.raises(Exception, match="the folder of a sweep; its best point's model is"):
+        api.predict(tmp_path / "s", ["a question ?"])
+
+
 def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     """A point whose folds kept the logistic regression is a probe: its row said only the head's name."""
     from frozentune.sweep.run import SweepResult, markdown, tabulate
@@ -514,6 +544,9 @@ def dataclasses_replace(bb, layer):
     (["--methods", "probe", "--lr", "1e-3,,1e-2"], "an empty item"),
     (["--methods", "probe", "--lr", ""], "empty; give a comma list"),
     (["--methods", "probe,probe"], "probe is given twice"),
+    # --layer-combine was accepted and ignored (each point reads one layer); --shots 1 trained a point, then a traceback
+    (["--methods", "probe", "--layers", "-1,-2", "--layer-combine", "concat"], "leave the backbone's layers and --layer-combine out"),
+    (["--methods", "probe", "--shots", "1"], "a class with a single example and no validation split"),
 ])
 def test_sweep_refuses_bad_grids(capsys, trec_slice, args, message):
     code, _, err = run(capsys, "sweep", "--data", trec_slice, *args)

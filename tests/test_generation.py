@@ -5,6 +5,7 @@ word-level tokenizer; slices of the real E2E and WebNLG files."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,16 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
 
 
 def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, capsys):
+    from frozentune import api
+    from frozentune.registry import MethodError
+
+    # api.train on generation data: classification arguments and an encoder's options were dropped without a word
+    # (and a BackboneOptions(max_length=32) sent the encoder's name, minilm, to be loaded as the LM)
+    for kwargs, says in (({"shots": 3}, "shots=3: for classification data"),
+                         ({"text_field": "mr"}, "text_field='mr': for classification data"),
+                         ({"backbone": api.BackboneOptions(max_length=32)}, "BackboneOptions(max_length=32): options of a frozen encoder")):
+        with pytest.raises(MethodError, match=re.escape(says)):
+            api.train("prefix", str(e2e_slice), **kwargs)
     # a classifier cannot generate, a generator is not a classifier
     assert main(["train", "--method", "probe", "--data", str(e2e_slice), "--backbone", str(tiny_lm)]) == 2
     assert "does not generate text" in capsys.readouterr().err

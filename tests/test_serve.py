@@ -710,6 +710,16 @@ def test_engine_checks_requests_before_queueing(engine):
     with pytest.raises(RequestError, match="max_new_tokens"):
         engine.generate("prefix-a", ["a"], max_new_tokens=0)
     assert engine.batcher.depth == depth
+    # one folder given as a string is one folder (it was read one character at a time); options of the wrong kind
+    one = Engine.load(str(engine.tasks["probe"].folder), log=quiet)
+    try:
+        assert list(one.tasks) == ["probe"]
+    finally:
+        one.close()
+    with pytest.raises(TypeError, match=r"give ServeOptions\(\.\.\.\), e.g. ServeOptions\(\*\*\{'max_texts': 3\}\)"):
+        Engine.load([], options={"max_texts": 3})
+    with pytest.raises(ValueError, match="--max-texts='3': a whole number is expected"):
+        ServeOptions(max_texts="3").validate()
     # explain with no task named, on a server none of whose tasks explains: an error, not an answer without one
     only_probe = Engine([engine.tasks["probe"]], ServeOptions())
     try:

@@ -145,6 +145,16 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
                             "--cache-dir", tmp_path / "cache", "--max-points", 3)  # 3 points: fewer labels than the
     assert code == 0, err                                                         # silhouette needs, no sklearn error
     assert (tmp_path / "bare.png").is_file() and str(tmp_path / "bare.png") in stdout
+    code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", tmp_path / "c.jpg")
+    assert code == 2 and "writes a PNG; give a .png name" in err  # was written as c.jpg.png
+    # its picture in the model's own folder (the default) is frozentune's: train --overwrite may replace it
+    code, stdout, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--cache-dir", tmp_path / "cache",
+                            "--max-points", 10)
+    assert code == 0 and list(out.glob("concepts-*.png")), err
+    code, _, err = run(capsys, "train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert,
+                       "--max-length", 32, "--epochs", 1, "--output", out, "--overwrite", "--cache-dir", tmp_path / "cache",
+                       "--quiet")
+    assert code == 0, err
 
 
 def test_plot_concepts_refuses_other_methods(tiny_bert, trec_slice, tmp_path, capsys):

@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -53,12 +53,22 @@ class BackboneOptions:
     precision: str | None = None  # of the frozen pass; None: the device's measured default
     token_types: bool = True  # False: sentence pairs without their token type ids (see backbone.Backbone)
 
+    def __post_init__(self) -> None:
+        from .fields import wrong_value
+
+        if (why := wrong_value(self)) is not None:  # e.g. max_length="32": a BackboneError below, not a TypeError
+            raise MethodError(f"BackboneOptions: {why}")
+        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, (str, int, list, tuple))):
+            raise MethodError(f"BackboneOptions: layers={self.layers!r}: give a layer as text or a number, e.g. "
+                              f"'-1' or '-1,-2'")
+
     def runtime(self) -> Runtime:
         return choose_runtime(self.device, self.precision)
 
     def load(self, runtime: Runtime | None = None) -> Backbone:
         rt = runtime or self.runtime()
-        return Backbone.load(self.name, LayerSpec.parse(self.layers or "-1", self.combine), self.max_length,
+        return Backbone.load(self.name, LayerSpec.parse("-1" if self.layers is None else self.layers, self.combine),
+                             self.max_length,
                              trust_remote_code=self.trust_remote_code, device=rt.device, precision=rt.precision,
                              token_types=self.token_types)
 
@@ -84,7 +94,7 @@ def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | N
     (MethodSpec.encoder, e.g. conv), that encoder built from the method's options at opts.max_length."""
     spec = get_method(method)
     if spec.encoder is None:
-        return dataclasses.replace(opts, layers=opts.layers or spec.layer).load(runtime)
+        return dataclasses.replace(opts, layers=spec.layer if opts.layers is None else opts.layers).load(runtime)
     if (opts.name, opts.layers) != (BackboneOptions.name, BackboneOptions.layers):
         raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so --backbone "
                           f"and --layer do not apply; to start from pre-trained weights, give --init DIR "
@@ -102,10 +112,17 @@ def check_token_types(backbone: BackboneOptions | Backbone, pairs: bool, data: s
                         f"sentence pairs (give --text-pair-field, or leave the option out)")
 
 
-def _lm_name(backbone: BackboneOptions | Backbone) -> str:
+def _lm_name(backbone: BackboneOptions | Backbone) -> str | None:
+    """The causal LM a generation run loads: BackboneOptions' name, None (the default LM) for the default
+    encoder's; the encoder's other options (layers, max_length, precision...) do not apply to it."""
     if isinstance(backbone, Backbone):
         raise MethodError("generation runs load their causal LM by name; give BackboneOptions(name=...)")
-    return backbone.name
+    rest = {f.name: getattr(backbone, f.name) for f in dataclasses.fields(backbone)
+            if f.name not in ("name", "device", "trust_remote_code") and getattr(backbone, f.name) != f.default}
+    if rest:
+        raise MethodError(f"BackboneOptions({', '.join(f'{k}={v!r}' for k, v in rest.items())}): options of a frozen "
+                          f"encoder; a generation run loads a causal LM by name only (BackboneOptions(name=...))")
+    return None if backbone.name == BackboneOptions.name else backbone.name
 
 
 class SourceFactory:
@@ -158,8 +175,14 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as --backbone takes it
         backbone = BackboneOptions(str(backbone))
     if isinstance(data, str) and is_generation_data(data):
-        return train_generation(method, data, None if backbone == BackboneOptions() else _lm_name(backbone),
-                                options, train_cfg, output, max_train, log=log)
+        given = {"shots": shots, "text_field": text_field, "label_field": label_field, "pair_field": pair_field}
+        unused = [k for k, v in given.items() if v != {"text_field": "text", "label_field": "label"}.get(k)]
+        if unused:  # fields and few-shot sampling of classification data: generation data has sources and targets
+            raise MethodError(f"{', '.join(f'{k}={given[k]!r}' for k in unused)}: for classification data; {data} is "
+                              f"source → target generation data (use generation.run.train_generation for its fields "
+                              f"and decoding options)")
+        return train_generation(method, data, _lm_name(backbone), options, train_cfg, output, max_train, log=log,
+                                overwrite=overwrite)
     spec = get_method(method)
     trains_backbone = spec.encoder is None and make_config(method, options).train_backbone
     if isinstance(backbone, Backbone) and trains_backbone:
@@ -498,6 +521,9 @@ def _png_path(output: Path) -> Path:
     writable; a DataError saying which otherwise."""
     if output.is_dir():
         raise DataError(f"--output {output}: is a folder; give the picture's file name, e.g. {output / 'concepts.png'}")
+    if output.suffix.lower() in (".jpg", ".jpeg", ".svg", ".pdf", ".gif", ".webp", ".tif", ".tiff", ".bmp"):
+        raise DataError(f"--output {output}: plot-concepts writes a PNG; give a .png name, e.g. "
+                        f"{output.with_suffix('.png')}")
     if output.suffix.lower() != ".png":
         output = output.with_name(output.name + ".png")
     parent = output.parent
@@ -525,7 +551,9 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     model = _load(model_dir, device, precision, log)
     if model.method != "space":
         raise ValueError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
-                         f"a {model.method!r} model")
+                         f"a {model.method!r} model" + _fallback_note(model_dir))
+    if isinstance(max_points, bool) or not isinstance(max_points, int):
+        raise ValueError(f"max_points={max_points!r}: give a whole number of at least 2 (the examples drawn)")
     if max_points < 2:
         raise ValueError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
     output = _png_path(Path(output)) if output else None  # checked before the states are extracted
@@ -542,6 +570,10 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     title = (f"space model on {ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}\n"
              f"accuracy on these {accuracy:.1f}%, silhouette of the true labels {silhouette:.2f}")
     what = draw(k, y, model.labels, output, title)
+    if Path(output).parent.resolve() == Path(model_dir).resolve():  # in the model's folder: frozentune's, like the rest
+        from .output import record_written
+
+        record_written(Path(model_dir), Path(output).name)
     return {"png": str(output), "data": ds.name, "split": split, "points": len(k), "of": len(part),
             "drawn": what, "accuracy_on_points": accuracy, "silhouette": silhouette}
 
@@ -634,6 +666,9 @@ def given_texts(texts: object) -> list[Text]:
 
     if isinstance(texts, (str, bytes)):
         raise DataError(f"texts: a single {type(texts).__name__} ({texts[:40]!r}); give a list of texts, e.g. [text]")
+    if isinstance(texts, (Mapping, set, frozenset)):  # a dict's keys would be labelled, a set's rows come back in any order
+        raise DataError(f"texts: a {type(texts).__name__}, not a list; give a list of texts or (first, second) pairs"
+                        + (" (e.g. [record['text'] for record in records])" if isinstance(texts, Mapping) else ""))
     try:
         out = list(texts)  # type: ignore[arg-type]  # a generator is read once, here
     except TypeError:

@@ -703,6 +703,9 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     each class (seeded; whole sentences of a phrase treebank), before any validation carve.
     `max_train` keeps a stratified sample of train after it (for quick runs).
     """
+    for name_, value in (("--shots", shots), ("--max-train", max_train)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise DataError(f"{name_} {value!r}: give a whole number")
     if shots is not None and max_train is not None:
         raise DataError(f"--shots {shots} and --max-train {max_train}: give one of them (K per class, or a "
                         f"stratified sample of a total size)")

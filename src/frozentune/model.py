@@ -227,6 +227,8 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
         raise ModelLoadError(f"{folder}: a file, not a model folder; give {kind}")
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: no such folder; give {kind}")
+    if (folder / "sweep.json").is_file() and not (folder / CONFIG).is_file():
+        raise ModelLoadError(f"{folder}: the folder of a sweep; its best point's model is {folder / 'best'}")
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise ModelLoadError(f"{folder}: no {name}; is this {kind}?")

@@ -44,11 +44,12 @@ def _writable(folder: Path) -> bool:
     return True
 
 
-def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = ()) -> None:
-    """Raise OutputError unless `output` can receive a saved model: a new path in a writable
-    folder, an empty folder, or (with overwrite) a folder holding a model saved earlier. `reads`: the
-    folders the command reads (an export's --model): the output may be none of them, nor hold or
-    lie inside one, since it is replaced whole."""
+def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = (), kind: str = "model") -> None:
+    """Raise OutputError unless `output` can receive a saved model (kind "sweep": a sweep's folder):
+    a new path in a writable folder, an empty folder, or (with overwrite) a folder holding one of the
+    same kind saved earlier (--overwrite of a sweep does not replace a model, nor the reverse).
+    `reads`: the folders the command reads (an export's --model): the output may be none of them,
+    nor hold or lie inside one, since it is replaced whole."""
     output = Path(output)
     for source in map(Path, reads):
         a, b = output.resolve(), source.resolve()
@@ -73,9 +74,13 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
         return
     if any(name in present for name in MODEL_FILES):
         _check_ours(output, present)
+        what = "a sweep" if "sweep.json" in present else "a saved model"
+        if overwrite and (kind == "sweep") != (what == "a sweep"):
+            raise OutputError(f"--output {output}: holds {what}; --overwrite replaces a "
+                              f"{'sweep with a sweep' if kind == 'sweep' else 'saved model with a model'}, not one with "
+                              f"the other: remove it yourself, or choose another folder")
         if overwrite:
             return
-        what = "a sweep" if "sweep.json" in present else "a saved model"
         raise OutputError(f"--output {output}: already holds {what} ({', '.join(n for n in present if n in MODEL_FILES)}); "
                           f"pass --overwrite to replace it, or choose another folder")
     raise OutputError(f"--output {output}: is not empty ({len(present)} {'entry' if len(present) == 1 else 'entries'}, e.g. {present[0]}) and holds no "
@@ -107,13 +112,24 @@ def _check_ours(output: Path, present: list[str]) -> None:
         other = [n for n in present if n not in MODEL_FILES and n not in EARLIER_FILES]
     if other:
         shown = ", ".join(other[:5]) + (" …" if len(other) > 5 else "")
-        raise OutputError(f"--output {output}: holds a saved model and {len(other)} "
+        raise OutputError(f"--output {output}: holds {'a sweep' if 'sweep.json' in present else 'a saved model'} and {len(other)} "
                           f"{'entry' if len(other) == 1 else 'entries'} frozentune did not write there ({shown}); "
                           f"replacing the folder would delete them: move them out, or choose another folder")
 
 
+def record_written(folder: Path, name: str) -> None:
+    """Add `name` to the manifest of frozentune's output folder `folder` (a file a later command wrote
+    there, e.g. plot-concepts' picture in a model folder), so that --overwrite may replace it too."""
+    manifest = Path(folder) / MANIFEST
+    try:
+        wrote = set(json.loads(manifest.read_text()))
+    except (OSError, ValueError, TypeError):
+        return  # not a folder with a manifest: nothing to record in
+    manifest.write_text(json.dumps(sorted(wrote | {name})))
+
+
 @contextlib.contextmanager
-def staged_output(output: Path, overwrite: bool = False) -> Iterator[Path]:
+def staged_output(output: Path, overwrite: bool = False, kind: str = "model") -> Iterator[Path]:
     """Yield a temporary folder beside `output`; on success it replaces `output` (checked again
     first); on any exception, interrupts included, it is removed and `output` is untouched."""
     output = Path(output)
@@ -124,7 +140,7 @@ def staged_output(output: Path, overwrite: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         (tmp / MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
-        check_output(output, overwrite)
+        check_output(output, overwrite, kind=kind)
         old = output.parent / f".{output.name}.replaced-{tag}"
         if output.is_dir():
             output.rename(old)

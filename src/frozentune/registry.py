@@ -101,10 +101,10 @@ def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfi
         raise MethodError(f"method {name!r} has no option(s) {', '.join(bad)}; its options: "
                           f"{', '.join(names)}")
     cfg = spec.config_cls(**options)
-    for f in dataclasses.fields(cfg):
-        choices = f.metadata.get("choices")
-        if choices and getattr(cfg, f.name) not in choices:
-            raise MethodError(f"{name}: {f.name}={getattr(cfg, f.name)!r}; choose one of {', '.join(map(str, choices))}")
+    from .fields import wrong_value
+
+    if (why := wrong_value(cfg)) is not None:  # a value of the wrong type, or not among the choices
+        raise MethodError(f"{name}: {why.replace(': choose', '; choose')}")
     if hasattr(cfg, "validate"):
         try:
             cfg.validate()

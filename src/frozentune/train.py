@@ -72,6 +72,10 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         """Raise ValueError naming the option (as typed on the command line) whose value cannot work."""
+        from .fields import wrong_value
+
+        if (why := wrong_value(self, flag=True)) is not None:  # e.g. epochs=1.5 or fallback="on" from Python
+            raise ValueError(why)
         rules = [("epochs", self.epochs >= 1, "at least 1"), ("batch_size", self.batch_size >= 1, "at least 1"),
                  ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
                  ("lr", math.isfinite(self.lr) and self.lr > 0, "a positive number"),

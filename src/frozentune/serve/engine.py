@@ -71,6 +71,10 @@ class ServeOptions:
     max_new_tokens: int = field(default=256, metadata={"help": "generate: the most new tokens a request may ask for"})
 
     def validate(self) -> "ServeOptions":
+        from ..fields import wrong_value
+
+        if (why := wrong_value(self, flag=True)) is not None:  # e.g. max_texts="3" from Python
+            raise ValueError(why)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if "choices" in f.metadata:
@@ -121,7 +125,14 @@ class Engine:
     @classmethod
     def load(cls, paths: Sequence[Path | str], device: str | None = None, precision: str | None = None,
              options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
-        """Every saved model under `paths` (model folders, or folders of them), loaded once."""
+        """Every saved model under `paths` (model folders, or folders of them; one path alone is one
+        too), loaded once."""
+        if isinstance(paths, (str, Path)):  # not read one character at a time
+            paths = [paths]
+        if options is not None and not isinstance(options, ServeOptions):
+            raise TypeError(f"options: a {type(options).__name__}; give ServeOptions(...), e.g. "
+                            f"ServeOptions(**{options!r})" if isinstance(options, dict) else
+                            f"options: a {type(options).__name__}; give ServeOptions(...)")
         options = (options or ServeOptions()).validate()
         engine = cls(load_tasks(find_models(paths), device, precision, log), options, log)
         for g in engine.groups:

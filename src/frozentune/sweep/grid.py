@@ -29,9 +29,16 @@ class Point:
         return cfg
 
 
-def _items(text: str, what: str, example: str, read=str, kind: str = "names") -> list:
-    """The items of a comma list as typed, each read by `read`: an empty item or one given twice (as the
-    same value) is an error, not dropped: a grid of fewer points than typed would go unnoticed."""
+def _items(text: str | int | float | list | tuple, what: str, example: str, read=str, kind: str = "names") -> list:
+    """The items of a comma list as typed (or, from Python, a list or one value), each read by `read`:
+    an empty item or one given twice (as the same value) is an error, not dropped: a grid of fewer
+    points than typed would go unnoticed."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(map(str, text))
+    elif isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    if not isinstance(text, str):
+        raise MethodError(f"--{what} {text!r}: give a comma list, e.g. {example}")
     items = [v.strip() for v in text.split(",")]
     if not any(items):
         raise MethodError(f"--{what} {text!r}: empty; give a comma list, e.g. {example} (or leave the option out)")
@@ -47,7 +54,7 @@ def _items(text: str, what: str, example: str, read=str, kind: str = "names") ->
     return values
 
 
-def _floats(text: str | None, what: str) -> list[float | None]:
+def _floats(text: str | list | float | None, what: str) -> list[float | None]:
     if text is None:
         return [None]
     values = _items(text, what, "1e-3,1e-2", float, "numbers")
@@ -65,10 +72,11 @@ class Grid:
     seeds: tuple[int, ...]
 
     @classmethod
-    def parse(cls, methods: str, layers: str | None = None, lrs: str | None = None,
-              weight_decays: str | None = None, seeds: str = "0") -> "Grid":
-        """Axes from comma lists (layers separated by ';' or ',' — one layer index each); unknown
-        methods, generation or live methods (they read no cache) are refused."""
+    def parse(cls, methods: str | list, layers: str | list | int | None = None, lrs: str | list | float | None = None,
+              weight_decays: str | list | float | None = None, seeds: str | list | int = "0") -> "Grid":
+        """Axes from comma lists (layers separated by ';' or ',' — one layer index each; from Python, a
+        list or one value does as well); unknown methods, generation or live methods (they read no
+        cache) are refused."""
         from ..api import runs_live
 
         names = _items(methods, "methods", "probe,space")
@@ -82,7 +90,8 @@ class Grid:
             raise MethodError(f"--seeds {seeds!r}: give seeds from 0 to 4294967295 (what numpy and scikit-learn seed)")
         layer_list = [""]  # each method's own layer
         if layers is not None:
-            layer_list = [str(i) for i in _items(layers.replace(";", ","), "layers", "-1,-3", int, "hidden-state indices")]
+            text = layers.replace(";", ",") if isinstance(layers, str) else layers
+            layer_list = [str(i) for i in _items(text, "layers", "-1,-3", int, "hidden-state indices")]
         return cls(tuple(names), tuple(layer_list), tuple(_floats(lrs, "lr")),
                    tuple(_floats(weight_decays, "weight-decay")), tuple(seed_list))
 

@@ -50,19 +50,32 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     """Train every point of `grid` on `data` (`backbone`: api.BackboneOptions; its layers are the
     grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares."""
     from .. import api
-    from ..data import load_classification
+    from ..data import DataError, load_classification
     from ..output import check_output
+    from ..registry import MethodError
     from ..train import CV_BELOW
 
     t_start = time.perf_counter()
+    if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as api.train takes it
+        backbone = api.BackboneOptions(str(backbone))
+    if backbone.layers is not None or backbone.combine != "mean":
+        raise MethodError("sweep: each point reads one layer, the grid's (--layers); leave the backbone's layers and "
+                          "--layer-combine out")
+    if "seed" in (train_cfg or {}):
+        raise MethodError(f"sweep: train_cfg seed={train_cfg['seed']!r}: the seeds are the grid's (--seeds)")
     if output is not None:
-        check_output(Path(output), overwrite)
+        check_output(Path(output), overwrite, kind="sweep")
     points = grid.points()
     base = dict(train_cfg or {})
     seeds = {p.seed for p in points}
     datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
                                        carve_below=base.get("cv_below", CV_BELOW), pair_field=pair_field)
                 for s in sorted(seeds)}
+    for s, ds in datasets.items():  # every point must have a score: validation, or folds that can hold each class out
+        if not len(ds.validation) and min(ds.train.labels.count(lab) for lab in set(ds.train.labels)) < 2:
+            raise DataError(f"sweep: with seed {s}, train has a class with a single example and no validation split, "
+                            f"so no point could be scored (nothing to hold out); give --shots 2 or more, or a "
+                            f"validation file")
     backbones: dict[str, object] = {}
     rows, extract_s, load_s = [], 0.0, 0.0
     for i, p in enumerate(points, 1):
@@ -71,6 +84,10 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             t0 = time.perf_counter()
             backbones[layer] = dataclasses.replace(backbone, layers=layer).load()
             load_s += time.perf_counter() - t0
+            same = [k for k, b in backbones.items() if k != layer and b.layer_key == backbones[layer].layer_key]
+            if same:  # `6` and `-1` of a 6-layer model: one hidden state, two rows of the table
+                raise MethodError(f"sweep: layers {same[0]} and {layer} are the same hidden state of "
+                                  f"{backbone.name} ({backbones[layer].layer_key}); give each layer once")
         t0 = time.perf_counter()
         r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
                       progress=False, log=silent)
@@ -95,8 +112,8 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
 
         t0 = time.perf_counter()
         first = min(best["seeds"])
-        with staged_output(Path(output), overwrite) as folder:
-            saved = api.train(best["method"], datasets[first], backbones[best["layer"]],
+        with staged_output(Path(output), overwrite, kind="sweep") as folder:
+            saved = api.train(best["method"], datasets[first], backbones[best["layer"]], shots=shots, max_train=max_train,
                       train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
                       output=folder / "best", cache_root=cache_root, progress=False, log=silent)
             result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)

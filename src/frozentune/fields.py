@@ -1,0 +1,36 @@
+"""Checking the values of an options dataclass against the kinds of their defaults, so that a value
+of the wrong type given from Python (epochs=1.5, max_length="32", fallback="on") is refused by name
+before any work, not met later as a TypeError deep inside the library or, worse, taken for another
+setting. The command line parses its values already; this is for everything else."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def wrong_value(obj: Any, flag: bool = False) -> str | None:
+    """The first field of dataclass instance `obj` whose value is not of its default's kind (bool,
+    int, float, str; an int where a float is expected is fine, a bool is not a number), or not among
+    its metadata's `choices`, as "name=value: want"; None when every field is right. Fields whose
+    default is None or of another kind are not checked. flag: name them as --options."""
+    for f in dataclasses.fields(obj):
+        value, default = getattr(obj, f.name), f.default
+        declared = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        kind = next((k for k in KINDS if k.__name__ == declared), type(default))  # `x: float = 0` is a float
+        if default is dataclasses.MISSING or default is None or kind not in KINDS:
+            continue
+        ok = (isinstance(value, bool) if kind is bool else
+              type(value) is int if kind is int else
+              isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                  not isinstance(value, float) or not math.isnan(value)) if kind is float else
+              isinstance(value, str))
+        name = "--" + f.name.replace("_", "-") if flag else f.name
+        if not ok:
+            return f"{name}={value!r}: {KINDS[kind]} is expected"
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            return f"{name}={value!r}: choose one of {', '.join(map(str, choices))}"
+    return None
