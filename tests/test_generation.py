@@ -63,6 +63,38 @@ def test_e2e_splits_hold_out_whole_sources(shared_data):
     assert all(ref in dev[src] for src, ref in s.train)  # real (source, reference) pairs
 
 
+def test_a_file_of_one_row_per_reference_holds_out_whole_sources(tmp_path):
+    """E2E's CSV layout (one row per reference) was held out by row: every "held-out" source was also trained
+    on, and each was scored against one reference. Rows of one source are one example with all its targets."""
+    rows = [{"source": f"name[s{i}]", "target": f"S{i} reference {j}."} for i in range(30) for j in range(i % 4 + 1)]
+    rows += rows[:5]  # repeated rows too: the same reference is kept once
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = G.load_generation_splits(str(data), seed=0)
+    trained = {src for src, _ in s.train}
+    assert not trained & {src for src, _ in s.validation} and not trained & {ex.source for ex in s.test}
+    assert len(s.test) == 3  # 10% of the 30 sources, each with all its references
+    for ex in s.test:
+        i = int(ex.source[6:-1])
+        assert ex.refs == [f"S{i} reference {j}." for j in range(i % 4 + 1)]
+    assert any("rows repeat the source of an earlier row" in n and "(30 sources)" in n for n in s.notes)
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"mr": None, "refs": ["x"]}, "the source ('mr') must be non-empty text, got null"),
+    ({"mr": 42, "refs": ["x"]}, "the source ('mr') must be non-empty text, got 42"),
+    ({"triples": None, "texts": ["x"]}, "'triples' must be a non-empty list"),  # was a TypeError traceback
+    ({"triples": [], "texts": ["x"]}, "'triples' must be a non-empty list"),
+    ({"triples": "xyz", "texts": ["x"]}, "'triples' must be a non-empty list"),  # was read as "x ; y ; z"
+])
+def test_e2e_and_webnlg_records_with_a_bad_source_are_named(tmp_path, record, says):
+    data = tmp_path / "bad.jsonl"
+    good = {"mr": "name[A]", "refs": ["A."]} if "mr" in record else {"triples": [["A", "p", "B"]], "texts": ["A p B."]}
+    data.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"bad.jsonl:2: {says}")):
+        load_generation(str(data), "train")
+
+
 def test_webnlg_uses_its_validation_file_and_seen_marks(shared_data):
     s = G.load_generation_splits("webnlg", seed=0, max_train=50, max_validation=20, max_test=40)
     assert (len(s.train), len(s.validation), len(s.test)) == (50, 20, 40)
@@ -207,6 +239,16 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
         records.write_text(json.dumps({"source": "name[Aromi]"}) + "\n" + json.dumps(row) + "\n")
         assert main(["generate", "--model", str(out), "--input", str(records)]) == 2
         assert f"sources.jsonl:2: {needle}" in capsys.readouterr().err, needle
+    # an E2E record whose mr is not text was generated from as "None"; a .json document line by line
+    records.write_text(json.dumps({"mr": "name[Aromi]"}) + "\n" + json.dumps({"mr": None}) + "\n")
+    assert main(["generate", "--model", str(out), "--input", str(records)]) == 2
+    assert "sources.jsonl:2: the source ('mr') must be non-empty text, got null" in capsys.readouterr().err
+    doc = tmp_path / "sources.json"
+    doc.write_text(json.dumps([{"mr": "name[Aromi]"}], indent=2))
+    assert main(["generate", "--model", str(out), "--input", str(doc)]) == 2
+    assert "a .json file is one JSON document" in capsys.readouterr().err
+    assert main(["generate", "--model", str(out), "--input", str(lines), "--source-field", "mr"]) == 2
+    assert "is read as one source per line, which has no fields" in capsys.readouterr().err
 
 
 def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, capsys):
@@ -272,6 +314,18 @@ def test_generate_writes_one_line_per_source(tiny_lm, e2e_slice, tmp_path, capsy
     assert capsys.readouterr().out.splitlines() == ["two\\nlines", "a\\r\\nb"]
     assert main(["generate", "--model", str(gen), "--json", "first"]) == 0
     assert json.loads(capsys.readouterr().out)["output"] == "two\nlines"
+
+
+def test_generate_reads_the_source_field_the_model_was_trained_with(tiny_lm, tmp_path, capsys):
+    """eval read a pairs model's own source field, generate asked for --source-field again."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"article": f"name[A{i}]", "summary": f"A{i} ."}) + "\n" for i in range(20)))
+    _train(tiny_lm, pairs, tmp_path / "m", "--method", "prefix", "--prefix-length", "2", "--source-field", "article",
+           "--target-field", "summary", "--max-test", "2")
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tmp_path / "m"), "--input", str(pairs), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["source"] for r in rows] == [f"name[A{i}]" for i in range(20)]
 
 
 def test_generation_method_on_other_field_names_names_the_generation_options(tmp_path):

@@ -493,7 +493,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from .api import _stderr
     from .generation.run import generate_sources, read_sources
 
-    sources = _arguments(a.sources, "source") + (read_sources(a.input, a.source_field) if a.input else [])
+    from .data import SUFFIXES
+
+    records = a.input is not None and Path(a.input).suffix.lower() in SUFFIXES  # a record file: the model's field by default
+    field = a.source_field or (_saved_source_field(a.model) if records else None)
+    sources = _arguments(a.sources, "source") + (read_sources(a.input, field) if a.input else [])
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE (--input - reads one "
                        "source per line from standard input)")
@@ -502,6 +506,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else _escape_line_breaks(out),
               flush=True)
     return 0
+
+
+def _saved_source_field(model: Path) -> str | None:
+    """The source field a generation model was trained with (config.json "fields"), where it named one
+    (eval reads it too); None for E2E / WebNLG records or a folder that cannot say."""
+    try:
+        fields = json.loads((Path(model) / "config.json").read_text()).get("fields") or {}
+        return fields.get("source") if isinstance(fields.get("source"), str) else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def cmd_explain(a: argparse.Namespace) -> int:

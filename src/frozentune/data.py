@@ -787,6 +787,23 @@ class GenExample:
     source: str
     refs: list[str]
     meta: dict = field(default_factory=dict)
+    rows: int = 1  # the rows of the file it was read from: several where rows repeat a source (see load_generation)
+
+
+def table_source(where: str, rec: dict) -> str:
+    """The source of an E2E record (its `mr`) or a WebNLG one (its `triples`, linearised), or a
+    DataError at `where` (file:line) when it is not text, or not a list of triples of text."""
+    if "mr" in rec:
+        src = rec["mr"]
+        if not isinstance(src, str) or blank(src):
+            raise DataError(f"{where}: the source ('mr') must be non-empty text, got {_describe(src)}")
+        return src
+    triples = rec["triples"]
+    if not (isinstance(triples, list) and triples and all(
+            isinstance(t, list) and t and all(isinstance(x, str) and not blank(x) for x in t) for t in triples)):
+        raise DataError(f"{where}: 'triples' must be a non-empty list of [subject, property, object] lists of text, "
+                        f"got {_describe(triples)}")
+    return linearize_triples(triples)
 
 
 def linearize_triples(triples: list[list[str]]) -> str:
@@ -826,10 +843,9 @@ def load_generation(name: str, split: str, source_field: str | None = None,
     sf, tf = source_field or "source", target_field or "target"
     out = []
     for n, rec in read_records(files[split]):
-        if not pairs and "mr" in rec:
-            src, refs, src_name = rec["mr"], rec.get("refs"), "'mr'"
-        elif not pairs and "triples" in rec:
-            src, refs, src_name = linearize_triples(rec["triples"]), rec.get("texts"), "'triples', linearised"
+        if not pairs and ("mr" in rec or "triples" in rec):
+            src = table_source(f"{files[split]}:{n}", rec)
+            refs, src_name = (rec.get("refs"), "'mr'") if "mr" in rec else (rec.get("texts"), "'triples', linearised")
         elif pairs or sf in rec:
             src_name = repr(sf)
             if sf not in rec:
@@ -852,4 +868,28 @@ def load_generation(name: str, split: str, source_field: str | None = None,
         out.append(GenExample(str(src), [str(r) for r in refs], meta))
     if not out:
         raise DataError(f"{files[split]}: no examples")
-    return out
+    return merge_sources(out)
+
+
+def merge_sources(examples: list[GenExample]) -> list[GenExample]:
+    """One example per source, in order of first occurrence: a file with one row per reference (E2E's
+    CSV layout) or repeated rows gives each source all its references (each once), and `rows` says how
+    many rows it had. Held out by row, a repeated source was both trained on and scored."""
+    by_source: dict[str, GenExample] = {}
+    for ex in examples:
+        first = by_source.get(ex.source)
+        if first is None:
+            by_source[ex.source] = GenExample(ex.source, list(dict.fromkeys(ex.refs)), ex.meta, ex.rows)
+        else:
+            first.refs.extend(r for r in ex.refs if r not in first.refs)
+            first.rows += ex.rows
+    return list(by_source.values())
+
+
+def merged_note(examples: list[GenExample], what: str) -> str | None:
+    """A note where `examples` came from rows that repeat a source, else None."""
+    extra = sum(ex.rows - 1 for ex in examples)
+    if not extra:
+        return None
+    return (f"{what}: {extra:,} rows repeat the source of an earlier row; each source is one example with all its "
+            f"rows' targets as references ({len(examples):,} sources)")

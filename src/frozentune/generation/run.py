@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..backbone import freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
-from ..data import DataError, GenExample, blank, linearize_triples, load_generation, resolve
+from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
@@ -104,8 +104,10 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
     if "train" in files and "validation" in files:
         train_ex = load_generation(name, "train", *fields)
         val_ex = load_generation(name, "validation", *fields)
+        notes += [n for n in (merged_note(train_ex, files["train"].name), merged_note(val_ex, files["validation"].name)) if n]
     elif held_out in files:  # one file to train on: hold out whole sources of it for validation
         pool = load_generation(name, held_out, *fields)
+        notes += [n for n in (merged_note(pool, files[held_out].name),) if n]
         if len(pool) < 2:
             raise DataError(f"{files[held_out]}: {len(pool)} example; give at least 2 (one is held out to validate)")
         order = rng.permutation(len(pool))
@@ -117,6 +119,8 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
                      f"({validation_fraction:.0%}, seed {seed}) are held out for validation")
     else:
         raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
+    if test is not None and (note := merged_note(test, files["test"].name)):
+        notes.append(note)
     if test is None:
         test = val_ex
         notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
@@ -561,12 +565,19 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
 
 
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
-    """Sources from a file: a .jsonl / .csv / .tsv of E2E (`mr`), WebNLG (`triples`) or pairs records
-    (`source`, or `source_field`), else one per line."""
-    from ..data import read_lines, read_records, unencodable
+    """Sources from a file: a .jsonl / .csv / .tsv / .parquet / .arrow of E2E (`mr`), WebNLG (`triples`)
+    or pairs records (`source`, or `source_field`), else one per line (a .json file, one JSON document,
+    is refused: its lines are not sources)."""
+    from ..data import SUFFIXES, read_lines, read_records, table_source, unencodable
 
     path = Path(path)
-    if path.suffix.lower() not in (".jsonl", ".csv", ".tsv") or not path.is_file():
+    if path.suffix.lower() == ".json":
+        raise DataError(f"{path}: a .json file is one JSON document, not one source per line; give JSON Lines (.jsonl: "
+                        f"one record per line, e.g. {{\"source\": \"...\"}}) or a text file of one source per line")
+    if path.suffix.lower() not in SUFFIXES or not path.is_file():
+        if source_field is not None:
+            raise DataError(f"--source-field {source_field}: {path} is read as one source per line, which has no fields; "
+                            f"give a .jsonl / .csv / .tsv file, or leave --source-field out")
         return read_lines(path, "sources")
     field = source_field or "source"
     out = []
@@ -579,10 +590,8 @@ def read_sources(path: Path, source_field: str | None = None) -> list[str]:
             if (why := unencodable(value)) is not None:
                 raise DataError(f"{path}:{n}: the source in {field!r}: {why}; fix or remove the row")
             out.append(value)
-        elif source_field is None and "mr" in rec:
-            out.append(str(rec["mr"]))
-        elif source_field is None and "triples" in rec:
-            out.append(linearize_triples(rec["triples"]))
+        elif source_field is None and ("mr" in rec or "triples" in rec):
+            out.append(table_source(f"{path}:{n}", rec))
         else:
             raise DataError(f"{path}:{n}: a source record needs non-empty text in {field!r}"
                             + (" (or 'mr' / 'triples')" if source_field is None else "")
