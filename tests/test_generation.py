@@ -296,6 +296,17 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     # past the LM's 256 positions (prefix 2): refused before decoding, as the server refuses it (it ran for minutes)
     assert main(["generate", "--model", str(gen), "--max-new-tokens", "300", "name[Aromi]"]) == 2
     assert "context of 256 positions, less its prefix of 2, leaves no room" in capsys.readouterr().err
+    # options a generation run never read were accepted; a prefix of no positions trained nothing
+    for extra, says in ((["--max-length", "16"], "--max-length 16: options of a frozen encoder"),
+                        (["--layer", "-3"], "--layer -3"), (["--fallback", "off"], "--fallback"),
+                        (["--prefix-length", "0"], "--prefix-length 0: a prefix of no positions")):
+        assert main(["train", "--method", "prefix", "--data", str(e2e_slice), "--backbone", str(tiny_lm), *extra]) == 2
+        assert says in capsys.readouterr().err, extra
+    # train: the same check before training (it came after the training, whose work was lost)
+    assert main(["train", "--method", "prefix", "--prefix-length", "2", "--data", str(e2e_slice), "--backbone",
+                 str(tiny_lm), "--max-new-tokens", "300", "--output", str(tmp_path / "lost")]) == 2
+    err = capsys.readouterr()
+    assert "leaves no room" in err.err and "schedule:" not in err.out and not (tmp_path / "lost").exists()
     long = ", ".join(["name[Aromi]"] * 60)  # 4 tokens each
     assert main(["generate", "--model", str(gen), "--max-new-tokens", "20", "name[Aromi]", long]) == 2
     err = capsys.readouterr().err

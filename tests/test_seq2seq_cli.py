@@ -101,6 +101,13 @@ def test_pairs_errors_say_what_to_do(bart_dir, scitldr_slice, tmp_path):
         row=ROW)
     cli("train", "--method", "probe", "--data", scitldr_slice, "--backbone", bart_dir, contains="does not generate text",
         row=ROW)
+    # a target longer than the decoder's positions failed mid-epoch with an IndexError; now refused first
+    from frozentune.backbone import load_seq2seq_lm
+    limit = load_seq2seq_lm(str(bart_dir))[0].config.max_position_embeddings
+    long = tmp_path / "long.jsonl"
+    long.write_text("".join(json.dumps({"source": f"a b {i}", "target": " ".join(["a"] * (limit + 5))}) + "\n" for i in range(6)))
+    cli("train", "--method", "prefix", "--data", long, "--backbone", bart_dir, "--epochs", "1", "--output", tmp_path / "l",
+        contains=("training and validation targets are longer than the", "decoder takes"), row=ROW)
     # a classification field option on generation data was ignored: the run trained on source / target
     cli("train", "--method", "prefix", "--data", scitldr_slice, "--backbone", bart_dir, "--text-field", "abstract",
         "--output", tmp_path / "m", contains=("--text-field abstract", "--source-field"), row=ROW)

@@ -454,6 +454,9 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     lm, tok = load_generation_lm(lm_name, trust_remote_code=trust_remote_code)
     torch.manual_seed(cfg_train.seed)
     tuner, cfg = build_tuner(method, options, lm, tok, lm_name)
+    if getattr(cfg, "prefix_length", None) == 0:  # trained and saved, it changed nothing: the LM as it is
+        raise PrefixError(f"--prefix-length 0: a prefix of no positions leaves the LM as it is, so there is nothing to "
+                          f"train; give 1 or more (default {type(cfg)().prefix_length})")
     device = torch.device(cfg_train.device)
     lm.to(device)
     tuner.to(device)
@@ -464,6 +467,14 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                 splits.notes.append(f"{cut} of {len(texts)} {part} sources are longer than the {limit} tokens "
                                     f"{lm_name} takes; their ends are cut off")
                 log(f"data: {splits.notes[-1]}")
+    if hasattr(tuner, "targets_too_long"):  # an encoder-decoder's decoder holds a target whole: refused now, not mid-epoch
+        targets = [t for _, t in splits.train + splits.validation]
+        long, limit = tuner.targets_too_long(targets)
+        if long:
+            raise PrefixError(f"{long} of the {len(targets)} training and validation targets are longer than the {limit} "
+                              f"tokens {lm_name}'s decoder takes; shorten them, or use a model with a longer decoder")
+    # the test sources must fit with the new tokens: found now, not after training (the check decode makes)
+    check_room(tuner, tuner.encode_sources([ex.source for ex in splits.test]), decoding.max_new_tokens)
     lm_params = sum(p.numel() for p in lm.parameters())
     n_trainable = tuner.num_trainable()
     log(f"{method} on {splits.name} with {lm_name}: {len(splits.train)} train pairs / {len(splits.validation)} "

@@ -167,6 +167,14 @@ class Seq2SeqTuner(LMTuner):
             return 0, None
         return sum(len(ids) > limit for ids in self.encode_sources(texts, cut=False)), limit
 
+    def targets_too_long(self, texts: Sequence[str]) -> tuple[int, int | None]:
+        """(how many of `texts` hold more tokens than the decoder has positions, that limit; None: no
+        stated limit). Trained on, such a target fails in the decoder's position table."""
+        limit = getattr(self.lm.config, "max_position_embeddings", None)
+        if not isinstance(limit, int):
+            return 0, None
+        return sum(len(ids) > limit for ids in self.encode_targets(texts)), limit
+
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
         if self.eos_id() is None:
             raise PrefixError("the tokenizer has no eos token; generation could not learn to stop")
