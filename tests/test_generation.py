@@ -337,6 +337,13 @@ def test_generate_reads_the_source_field_the_model_was_trained_with(tiny_lm, tmp
     assert main(["generate", "--model", str(tmp_path / "m"), "--input", str(pairs), "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["source"] for r in rows] == [f"name[A{i}]" for i in range(20)]
+    # eval --split: validation is the held-out sources (it was refused for a single file, and on E2E scored the
+    # pool the model trained on), train the rest, all every row of the file (refused before)
+    n = {}
+    for split in ("validation", "train", "all", "test"):
+        assert main(["eval", "--model", str(tmp_path / "m"), "--data", str(pairs), "--split", split]) == 0, split
+        n[split] = json.loads(capsys.readouterr().out)["n"]
+    assert n == {"validation": 2, "train": 18, "all": 20, "test": 2}
 
 
 def test_generation_method_on_other_field_names_names_the_generation_options(tmp_path):

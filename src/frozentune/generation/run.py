@@ -41,6 +41,9 @@ class GenSplits:
     validation: list[tuple[str, str]]
     test: list[GenExample]
     notes: list[str] = field(default_factory=list)
+    # the examples (each source with all its references) train and validation were drawn from: what
+    # eval --split train / validation scores
+    examples: dict[str, list[GenExample]] = field(default_factory=dict)
 
 
 def is_generation_data(data: str, source_field: str | None = None, target_field: str | None = None) -> bool:
@@ -130,7 +133,7 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
     if max_test is not None:
         test = _sample(test, max_test, rng)
         notes.append(f"test: a seeded sample of {len(test)} examples")
-    return GenSplits(name, train, validation, test, notes)
+    return GenSplits(name, train, validation, test, notes, {"train": train_ex, "validation": val_ex})
 
 
 # ----------------------------------------------------------------------------- fine-tuning reference
@@ -563,12 +566,20 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     d = decoding(config, num_beams, max_new_tokens)
     saved = config.get("fields") or {}
     fields = (source_field or saved.get("source"), target_field or saved.get("target"))
-    if split == "test":  # drawn as the training run drew it (same seed, same earlier draws)
+    if split == "all":  # every source of one file, nothing held out
+        if not Path(data).expanduser().is_file():
+            raise DataError(f"--split all scores every source of one file; {data} is a dataset folder or name, whose "
+                            f"splits are files of their own: choose --split train, validation or test")
+        examples = _sample(load_generation(data, "train", *fields), max_test, np.random.default_rng(0))
+    elif split in ("test", "train", "validation"):  # drawn as the training run drew them (same seed, same draws)
         sizes = config.get("splits", {})
-        examples = load_generation_splits(data, config.get("train", {}).get("seed", 0), sizes.get("max_train"),
-                                          sizes.get("max_validation", 200), max_test, fields=fields).test
+        splits = load_generation_splits(data, config.get("train", {}).get("seed", 0), sizes.get("max_train"),
+                                        sizes.get("max_validation", 200), max_test, fields=fields)
+        for note in splits.notes if log else ():
+            log(f"data: {note}")
+        examples = splits.test if split == "test" else _sample(splits.examples[split], max_test, np.random.default_rng(0))
     else:
-        examples = _sample(load_generation(data, split, *fields), max_test, np.random.default_rng(0))
+        raise DataError(f"--split {split!r}: choose train, validation, test or all")
     hyps = decode(tuner, tok, [ex.source for ex in examples], d.num_beams, d.max_new_tokens, d.batch_size, log)
     metrics = grouped_scores(hyps, examples)
     return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
