@@ -333,6 +333,17 @@ def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp
             api.train("probe", str(trec_slice), train_cfg=cfg)
     with pytest.raises(MethodError, match=re.escape("space: concept_dim='x': a whole number is expected")):
         api.train("space", str(trec_slice), options={"concept_dim": "x"})
+    # arguments of the wrong kind: named, not a TypeError from pathlib or an AttributeError
+    with pytest.raises(MethodError, match=re.escape("backbone: dict ({'name': 'minilm'}); give a model name or folder")):
+        api.train("probe", str(trec_slice), backbone={"name": "minilm"})
+    with pytest.raises(DataError, match="data: NoneType"):
+        api.train("probe", None)
+    with pytest.raises(DataError, match="model: int"):
+        api.predict(3, ["a question ?"])
+    with pytest.raises(MethodError, match=re.escape("BackboneOptions: max_length='32'")):
+        api.BackboneOptions(max_length="32")
+    with pytest.raises(DataError, match=re.escape("--shots '3': give a whole number")):
+        api.train("probe", str(trec_slice), shots="3")
 
 
 def test_a_closed_pipe_ends_quietly(capsys, monkeypatch):

@@ -720,6 +720,8 @@ def test_engine_checks_requests_before_queueing(engine):
         Engine.load([], options={"max_texts": 3})
     with pytest.raises(ValueError, match="--max-texts='3': a whole number is expected"):
         ServeOptions(max_texts="3").validate()
+    with pytest.raises(RequestError, match="explain 'yes': give true or false"):
+        engine.classify(["a fine film"], explain="yes")  # type: ignore[arg-type]
     # explain with no task named, on a server none of whose tasks explains: an error, not an answer without one
     only_probe = Engine([engine.tasks["probe"]], ServeOptions())
     try:

@@ -174,6 +174,12 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
 
     if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as --backbone takes it
         backbone = BackboneOptions(str(backbone))
+    if not isinstance(backbone, (BackboneOptions, Backbone)):
+        raise MethodError(f"backbone: {type(backbone).__name__} ({str(backbone)[:40]}); give a model name or folder, "
+                          f"BackboneOptions(...)" + (f", e.g. BackboneOptions(**{backbone!r})" if isinstance(backbone, dict)
+                                                     else "") + ", or a loaded Backbone")
+    if isinstance(data, Path):
+        data = str(data)
     if isinstance(data, str) and is_generation_data(data):
         given = {"shots": shots, "text_field": text_field, "label_field": label_field, "pair_field": pair_field}
         unused = [k for k, v in given.items() if v != {"text_field": "text", "label_field": "label"}.get(k)]
@@ -406,6 +412,9 @@ def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | N
     (and a trained backbone) on that device too."""
     if isinstance(model_dir, M.Classifier):
         return model_dir
+    if not isinstance(model_dir, (str, os.PathLike)):
+        raise DataError(f"model: {type(model_dir).__name__} ({str(model_dir)[:40]}); give the folder of a saved model "
+                        f"(a str or Path), or a loaded model")
     model = M.load(model_dir, runtime=saved_runtime(device, precision, log))
     _live_backbone_on(model, model.backbone_ref.device)
     model.to(model.backbone_ref.device)

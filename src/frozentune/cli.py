@@ -379,6 +379,8 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     if is_generation_data(a.data, a.source_field, a.target_field):
         from .extract import resolve_device
 
+        on_interrupt("the output folder is as it was")  # a generation run reads no feature cache
+
         if a.shots is not None:
             raise CLIError(f"--shots {a.shots}: few-shot sampling is for classification data (K examples per class); "
                            f"for generation data give --max-train")

@@ -481,6 +481,10 @@ def _find_split_files(folder: Path) -> dict[str, Path]:
 
 def resolve(data: str) -> tuple[str, dict[str, Path]]:
     """Turn a dataset name, folder or file into (display name, {split: file})."""
+    if not isinstance(data, (str, os.PathLike)):
+        raise DataError(f"data: {type(data).__name__} ({str(data)[:40]}); give a dataset name, or the path of a file or "
+                        f"folder (a str or Path)")
+    data = str(data)
     path = Path(data).expanduser()
     if path.is_file():
         return path.stem, {"train": path}

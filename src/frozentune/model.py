@@ -229,6 +229,9 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
         raise ModelLoadError(f"{folder}: no such folder; give {kind}")
     if (folder / "sweep.json").is_file() and not (folder / CONFIG).is_file():
         raise ModelLoadError(f"{folder}: the folder of a sweep; its best point's model is {folder / 'best'}")
+    if (folder / "adapter_config.json").is_file() and not (folder / CONFIG).is_file():
+        raise ModelLoadError(f"{folder}: a PEFT adapter, not a frozentune model; bring a prefix-tuning adapter in with "
+                             f"`frozentune import --format peft --adapter {folder} --output DIR`")
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise ModelLoadError(f"{folder}: no {name}; is this {kind}?")

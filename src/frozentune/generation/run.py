@@ -131,8 +131,10 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
     train = _sample(_pairs(train_ex), max_train, rng)
     validation = _sample(_pairs(val_ex), max_validation, rng)
     if max_test is not None:
+        whole = len(test)
         test = _sample(test, max_test, rng)
-        notes.append(f"test: a seeded sample of {len(test)} examples")
+        notes.append(f"test: a seeded sample of {len(test)} examples" if len(test) < whole else
+                     f"test: all {whole} examples (--max-test {max_test} is not fewer)")
     return GenSplits(name, train, validation, test, notes, {"train": train_ex, "validation": val_ex})
 
 

@@ -278,6 +278,8 @@ class Engine:
         """The jobs of a classify (or, with explain, explain) request of texts (or, with pairs,
         [first, second] sentence pairs), and how to build its answer from their results; raises
         RequestError for a bad request (nothing queued)."""
+        if not isinstance(explain, bool):  # "yes", 1: the HTTP API's schema refuses them, the Python API did not
+            raise RequestError(f"explain {explain!r}: give true or false")
         texts = self._texts(texts, "pairs" if pairs else "texts", pairs)
         chosen = self._chosen(tasks, "classify", explaining_only, pairs)
         top = whole("top", top, 1, self.options.max_top)
