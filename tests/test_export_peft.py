@@ -280,3 +280,13 @@ def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, t
     assert (folder / "model.safetensors").is_file()
     cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "p", "--overwrite",
         contains="the command reads")
+
+
+def test_an_adapter_exported_from_a_cache_that_moved_finds_its_alias(tmp_path):
+    """export writes the alias's folder (PEFT can load it) as base_model_name_or_path; after the cache moved, or on
+    another machine, import failed on that path. A missing <cache>/models/<alias> folder is read as the alias."""
+    from frozentune.export.peft import alias_of
+
+    assert alias_of(str(tmp_path / "gone" / "models" / "smollm2-135m")) == "smollm2-135m"
+    assert alias_of(str(tmp_path)) is None  # a folder that is there is used as it is
+    assert alias_of("smollm2-135m") is None and alias_of(str(tmp_path / "models" / "gpt2")) is None

@@ -75,6 +75,17 @@ def base_model_path(name: str) -> str:
     return LM_ALIASES[name]() if name in LM_ALIASES else name
 
 
+def alias_of(path: str) -> str | None:
+    """The frozentune LM alias whose folder `path` was (base_model_path wrote it), where that folder
+    is gone, e.g. the cache moved or another machine: `<cache>/models/smollm2-135m`. None otherwise."""
+    from ..backbone import LM_ALIASES
+
+    p = Path(path)
+    if p.exists() or not p.is_absolute() or p.parent.name != "models" or p.name not in LM_ALIASES:
+        return None
+    return p.name
+
+
 def peft_config(prefix_shape: tuple[int, ...], base: str) -> Any:
     """PEFT's PrefixTuningConfig for a prefix (N, 2, H, P, E) of the causal LM `base`, stored as the
     materialised prefix (prefix_projection off, inference mode)."""
@@ -229,6 +240,10 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     if not name:
         raise ExportError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path; give the LM the adapter was "
                           f"trained on with --backbone")
+    if backbone is None and (alias := alias_of(name)) is not None:  # exported from frozentune's alias on another cache
+        log(f"note: the adapter names {name}, which is not here; it is the folder of frozentune's {alias}, used instead "
+            f"(its key/value shape is checked below)")
+        name = alias
     lm, _ = load_causal_lm(name)
     n, h, k = cfg["num_layers"], cfg["num_attention_heads"], cfg["token_dim"]
     shape = KVShape.from_config(lm.config)
