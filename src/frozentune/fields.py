@@ -5,7 +5,7 @@ setting. The command line parses its values already; this is for everything else
 from __future__ import annotations
 
 import dataclasses
-import math
+import numbers
 from typing import Any
 
 KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
@@ -22,10 +22,10 @@ def wrong_value(obj: Any, flag: bool = False) -> str | None:
         kind = next((k for k in KINDS if k.__name__ == declared), type(default))  # `x: float = 0` is a float
         if default is dataclasses.MISSING or default is None or kind not in KINDS:
             continue
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's numbers too
         ok = (isinstance(value, bool) if kind is bool else
-              type(value) is int if kind is int else
-              isinstance(value, (int, float)) and not isinstance(value, bool) and (
-                  not isinstance(value, float) or not math.isnan(value)) if kind is float else
+              number and isinstance(value, numbers.Integral) if kind is int else
+              number if kind is float else  # NaN is a number here: the options' own rules refuse it, saying why
               isinstance(value, str))
         name = "--" + f.name.replace("_", "-") if flag else f.name
         if not ok:
