@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import numbers
 import os
 import re
 import sys
@@ -708,8 +709,9 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     `max_train` keeps a stratified sample of train after it (for quick runs).
     """
     for name_, value in (("--shots", shots), ("--max-train", max_train)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
             raise DataError(f"{name_} {value!r}: give a whole number")
+    shots, max_train = (None if v is None else int(v) for v in (shots, max_train))  # numpy's ints too, saved as JSON
     if shots is not None and max_train is not None:
         raise DataError(f"--shots {shots} and --max-train {max_train}: give one of them (K per class, or a "
                         f"stratified sample of a total size)")
