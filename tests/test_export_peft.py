@@ -57,14 +57,14 @@ def logits_ops(layers: int, keys: int) -> int:
     return transformer(layers, 32, 128, keys, 8) + linear(32)
 
 
-def saved_prefix(lm_dir: Path, out: Path, length: int = 4, seed: int = 1) -> Path:
+def saved_prefix(lm_dir: Path, out: Path, length: int = 4, seed: int = 1, decoding: dict | None = None) -> Path:
     """A frozentune prefix model folder holding a random prefix (scaled up so it steers the LM)."""
     lm, tok = load_causal_lm(str(lm_dir))
     tuner = PrefixTuner(PrefixConfig(prefix_length=length, reparam=False), lm, tok, str(lm_dir))
     torch.manual_seed(seed)
     with torch.no_grad():
         tuner.encoder.init_from(2 * torch.randn_like(tuner.encoder.materialize()))
-    tuner.save(out, extra={"task": "generation", "data": "e2e"})
+    tuner.save(out, extra={"task": "generation", "data": "e2e", **({"decoding": decoding} if decoding else {})})
     return out
 
 
@@ -205,15 +205,17 @@ def test_round_trip_through_the_cli_generate(lms, tmp_path, capsys):
     prints on the original."""
     from frozentune.cli import main
 
-    folder = saved_prefix(lms["llama"], tmp_path / "m")
+    decoding = {"num_beams": 1, "max_new_tokens": NEW_TOKENS, "batch_size": 32}
+    folder = saved_prefix(lms["llama"], tmp_path / "m", decoding=decoding)
     cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
     cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "back",
         "--backbone", lms["llama"], code=0)
+    # the decoding options travel beside the adapter (they were dropped: the import decoded with the defaults)
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["decoding"] == decoding
     outs = []
     for m in (folder, tmp_path / "back"):
         capsys.readouterr()
-        assert main(["generate", "--model", str(m), "--num-beams", "1", "--max-new-tokens", str(NEW_TOKENS),
-                     *SOURCES]) == 0
+        assert main(["generate", "--model", str(m), *SOURCES]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == len(SOURCES)
 

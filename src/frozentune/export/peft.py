@@ -75,6 +75,24 @@ def base_model_path(name: str) -> str:
     return LM_ALIASES[name]() if name in LM_ALIASES else name
 
 
+DECODING = "frozentune_decoding.json"  # beside an exported adapter: the decoding options the model was trained with
+
+
+def _read_decoding(path: Path) -> dict | None:
+    """The decoding options an export wrote beside the adapter, or None (PEFT's own adapters have none;
+    an unreadable file is an ExportError naming it)."""
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())["decoding"]
+        if not isinstance(saved, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ExportError(f"{path}: not the decoding options frozentune's export writes; remove it to decode with "
+                          f"the defaults") from None
+    return saved
+
+
 def alias_of(path: str) -> str | None:
     """The frozentune LM alias whose folder `path` was (base_model_path wrote it), where that folder
     is gone, e.g. the cache moved or another machine: `<cache>/models/smollm2-135m`. None otherwise."""
@@ -125,6 +143,8 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
         save_file({PEFT_KEY: flat}, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         write_card(folder, config, read_result(model_dir), exported={"format": "peft", "from": str(model_dir),
                                                                    "base_model_name_or_path": base})
+        if config.get("decoding"):  # PEFT's config has no place for them; import reads them back
+            (folder / DECODING).write_text(json.dumps({"decoding": config["decoding"]}, indent=1))
     summary = {"format": "peft", "output": str(output), "base_model_name_or_path": base,
                "num_virtual_tokens": p, "num_layers": n, "kv_heads": h, "head_dim": e,
                "prompt_embeddings": list(flat.shape)}
@@ -259,9 +279,13 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     options = PrefixConfig(prefix_length=prefix.shape[3], reparam=bool(cfg.get("prefix_projection")))
     imported = {"format": "peft", "from": str(adapter_dir), "peft_version": cfg.get("peft_version"),
                 "base_model_name_or_path": cfg.get("base_model_name_or_path")}
+    decoding = dataclasses.asdict(DecodeOptions())
+    saved = _read_decoding(adapter_dir / DECODING)
+    if saved is not None:  # exported by frozentune: decode as the model it came from did
+        decoding = dataclasses.asdict(DecodeOptions(**{k: v for k, v in saved.items() if k in decoding}).validate())
     with staged_output(output, overwrite) as folder:
         save_prefix(folder, prefix, options, name, weights_hash(lm),
-                    extra={"task": "generation", "decoding": dataclasses.asdict(DecodeOptions()), "imported": imported})
+                    extra={"task": "generation", "decoding": decoding, "imported": imported})
         write_card_from_files(folder)
     log(f"imported a PEFT prefix-tuning adapter ({prefix.shape[3]} virtual tokens, {n} layers) for {name} into "
         f"{output}; generate / eval / serve read it. Prompts are encoded as frozentune's prefix runs encode them "

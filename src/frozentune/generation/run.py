@@ -424,6 +424,10 @@ class DecodeOptions:
     batch_size: int = 32         # prompts × beams per generate call
 
     def validate(self) -> "DecodeOptions":
+        from ..fields import wrong_value
+
+        if (why := wrong_value(self, flag=True)) is not None:
+            raise DataError(why)
         for name in ("num_beams", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise DataError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
