@@ -326,9 +326,9 @@ def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp
     for texts, says in (({"text": "Who ?"}, "a dict, not a list"), ({"Who ?"}, "a set, not a list")):
         with pytest.raises(DataError, match=says):
             api.predict(out, texts)
-    for cfg, says in (({"steps": 2.5}, "--steps=2.5: a whole number"), ({"batch_size": 3.5}, "--batch-size=3.5"),
-                      ({"epochs": 1.5}, "--epochs=1.5"), ({"fallback": "on"}, "--fallback='on': choose one of auto, off"),
-                      ({"seed": "1"}, "--seed='1': a whole number"), ({"lr": True}, "--lr=True: a number")):
+    for cfg, says in (({"steps": 2.5}, "--steps 2.5: a whole number"), ({"batch_size": 3.5}, "--batch-size 3.5"),
+                      ({"epochs": 1.5}, "--epochs 1.5"), ({"fallback": "on"}, "--fallback 'on': choose one of auto, off"),
+                      ({"seed": "1"}, "--seed '1': a whole number"), ({"lr": True}, "--lr True: a number")):
         with pytest.raises(MethodError, match=re.escape(says)):
             api.train("probe", str(trec_slice), train_cfg=cfg)
     with pytest.raises(MethodError, match=re.escape("space: concept_dim='x': a whole number is expected")):

@@ -89,4 +89,4 @@ def test_hf_data_errors(trec_dict, tmp_path):
         load_classification(str(tmp_path / "unlabelled"))
     # a DatasetDict without a train or validation split
     datasets.DatasetDict({"test": datasets.load_from_disk(str(folder / "test"))}).save_to_disk(str(tmp_path / "only_test"))
-    cli("train", "--method", "probe", "--data", tmp_path / "only_test", contains="no train file found")
+    cli("train", "--method", "probe", "--data", tmp_path / "only_test", contains="no train file (found test)")

@@ -718,7 +718,7 @@ def test_engine_checks_requests_before_queueing(engine):
         one.close()
     with pytest.raises(TypeError, match=r"give ServeOptions\(\.\.\.\), e.g. ServeOptions\(\*\*\{'max_texts': 3\}\)"):
         Engine.load([], options={"max_texts": 3})
-    with pytest.raises(ValueError, match="--max-texts='3': a whole number is expected"):
+    with pytest.raises(ValueError, match="--max-texts '3': a whole number is expected"):
         ServeOptions(max_texts="3").validate()
     with pytest.raises(RequestError, match="explain 'yes': give true or false"):
         engine.classify(["a fine film"], explain="yes")  # type: ignore[arg-type]

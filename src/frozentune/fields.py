@@ -14,8 +14,9 @@ KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "
 def wrong_value(obj: Any, flag: bool = False) -> str | None:
     """The first field of dataclass instance `obj` whose value is not of its default's kind (bool,
     int, float, str; an int where a float is expected is fine, a bool is not a number), or not among
-    its metadata's `choices`, as "name=value: want"; None when every field is right. Fields whose
-    default is None or of another kind are not checked. flag: name them as --options."""
+    its metadata's `choices`, as "name=value: want" (flag: "--name value: want", as the command line's
+    own messages say it); None when every field is right. Fields whose default is None or of another
+    kind are not checked."""
     for f in dataclasses.fields(obj):
         value, default = getattr(obj, f.name), f.default
         declared = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
@@ -27,10 +28,10 @@ def wrong_value(obj: Any, flag: bool = False) -> str | None:
               number and isinstance(value, numbers.Integral) if kind is int else
               number if kind is float else  # NaN is a number here: the options' own rules refuse it, saying why
               isinstance(value, str))
-        name = "--" + f.name.replace("_", "-") if flag else f.name
+        shown = f"--{f.name.replace('_', '-')} {value!r}" if flag else f"{f.name}={value!r}"
         if not ok:
-            return f"{name}={value!r}: {KINDS[kind]} is expected"
+            return f"{shown}: {KINDS[kind]} is expected"
         choices = f.metadata.get("choices")
         if choices and value not in choices:
-            return f"{name}={value!r}: choose one of {', '.join(map(str, choices))}"
+            return f"{shown}: choose one of {', '.join(map(str, choices))}"
     return None
