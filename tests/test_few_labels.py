@@ -101,6 +101,32 @@ def test_folds_are_stratified_seeded_and_disjoint():
     assert any(not np.array_equal(b, d) for (_, b), (_, d) in zip(f, other))
 
 
+def test_folds_hold_out_every_copy_of_a_text_together(tiny_bert):
+    """Copies of a text (one group) in two folds scored a fold on a text it trained on. With groups every
+    group is held out once, whole; distinct texts give the plain folds; a class counts its distinct texts."""
+    y = np.repeat(np.arange(3), [12, 9, 6])
+    groups = np.arange(len(y)) // 3  # rows 0-2 one text, 3-5 the next, ...: 9 groups of 3
+    f = crossval.folds(y, 2, seed=1, groups=groups)  # class c has 2 texts: 2 folds (choose_folds below)
+    assert sorted(np.concatenate([b for _, b in f]).tolist()) == list(range(len(y)))
+    for a, b in f:
+        assert not set(groups[a]) & set(groups[b])
+    plain = crossval.folds(y, 3, seed=1)
+    distinct = crossval.folds(y, 3, seed=1, groups=np.arange(len(y)))
+    assert all(np.array_equal(b, d) for (_, b), (_, d) in zip(plain, distinct))
+    assert crossval.choose_folds(y, 5, ["a", "b", "c"], groups)[0] == 2  # class c: 6 rows, 2 texts
+    # through fit_cv: the log says so, and a run trains (probe: the convex path; space: the head's path)
+    ds_y = np.repeat(np.arange(2), 12)
+    lines: list[str] = []
+    for method in ("probe", "space"):
+        bb = api.BackboneOptions(str(tiny_bert), max_length=16).load()
+        tokens = bb.tokenize([f"text {i // 2}" for i in range(24)])
+        src = M.LiveSource(tokens, bb.pad_id())
+        cfg = TrainConfig(epochs=1, min_steps=4, fallback="off")
+        crossval.fit_cv(lambda: M.build_classifier(method, bb, ["a", "b"], seed=0), src, ds_y, None, None, cfg,
+                        lines.append, groups=np.arange(24) // 2)
+    assert sum("12 training rows repeat an earlier text" in ln for ln in lines) == 2
+
+
 def test_repeated_folds_start_with_plain_k_fold_and_each_repeat_is_a_partition():
     y = np.repeat(np.arange(2), [8, 8])
     one = crossval.folds(y, 4, seed=5)

@@ -20,7 +20,8 @@ from . import model as M
 from .backbone import Backbone, LayerSpec
 from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
-from .data import DataError, Dataset, TextSplit, encode_labels, load_classification, read_split, resolve
+from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, read_split, resolve,
+                   text_groups)
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
@@ -266,7 +267,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             log("few labels: the folds also score a logistic regression on the same states (a probe), and the run "
                 "keeps it instead of the head where the head does no better on them (--fallback off: the head)")
         model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
-                                          src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback)
+                                          src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback,
+                                          groups=text_groups(ds.train.texts))
     elif fixed_few and len(ds.train) < cfg.cv_below:
         plan = plan_steps(len(ds.train), cfg, constant=True)  # a few steps: a decaying rate would halve them
         log(f"schedule: {plan.why}; {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: no early "

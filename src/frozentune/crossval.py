@@ -62,25 +62,38 @@ class Subset:
         return self.src.batch(self.idx[idx])
 
 
-def folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def folds(y: np.ndarray, k: int, seed: int, groups: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """k stratified, seeded (train rows, held-out rows) pairs: every example is held out exactly
-    once, and each class is spread over the folds as evenly as its count allows."""
+    once, and each class is spread over the folds as evenly as its count allows. groups (N,): rows
+    of one group (copies of one text, data.text_groups) are held out together, so that no fold is
+    scored on a text it trained on; the folds are then those of the groups' first rows. Without
+    copies (or groups None) they are the plain folds."""
     from sklearn.model_selection import StratifiedKFold
 
     skf = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
-    return [(np.sort(a), np.sort(b)) for a, b in skf.split(np.zeros(len(y)), y)]
+    if groups is None or len(np.unique(groups)) == len(groups):
+        return [(np.sort(a), np.sort(b)) for a, b in skf.split(np.zeros(len(y)), y)]
+    ids, first = np.unique(groups, return_index=True)  # each group by its first row (its label)
+    out = []
+    for _, held_g in skf.split(np.zeros(len(first)), y[first]):
+        held = np.isin(groups, ids[held_g])
+        out.append((np.flatnonzero(~held), np.flatnonzero(held)))
+    return out
 
 
-def repeated_folds(y: np.ndarray, k: int, seed: int, repeats: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+def repeated_folds(y: np.ndarray, k: int, seed: int, repeats: int = 1,
+                   groups: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """`repeats` × k stratified folds: repeat r splits with seed + r, so repeat 0 is folds(y, k, seed)
     and one repeat is plain k-fold."""
-    return [f for r in range(repeats) for f in folds(y, k, seed + r)]
+    return [f for r in range(repeats) for f in folds(y, k, seed + r, groups)]
 
 
-def choose_folds(y: np.ndarray, k: int, labels: list[str]) -> tuple[int, str | None]:
+def choose_folds(y: np.ndarray, k: int, labels: list[str], groups: np.ndarray | None = None) -> tuple[int, str | None]:
     """(folds to use, a note where it differs from k): k, or the smallest class count when a class
     has fewer than k examples (at least 2); 0 when some class has a single example (no fold could
-    both train on it and hold it out)."""
+    both train on it and hold it out). With groups, a class's count is of its distinct texts."""
+    if groups is not None:
+        y = y[np.unique(groups, return_index=True)[1]]
     counts = np.bincount(y, minlength=len(labels))
     smallest = int(counts[counts > 0].min())
     if smallest >= k:
@@ -137,7 +150,8 @@ def keep_regression(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None
 
 def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
            y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print,
-           fallback: Callable[[], Classifier] | None = None) -> tuple[Classifier, FitResult, dict]:
+           fallback: Callable[[], Classifier] | None = None,
+           groups: np.ndarray | None = None) -> tuple[Classifier, FitResult, dict]:
     """(model refit on all of train, its FitResult, what cross-validation did). `build()` makes a
     fresh classifier with the run's seed. `val`, when given, is scored after every refit round for
     the record only; it chooses nothing.
@@ -145,13 +159,20 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     `fallback()`: a convex probe on the same states. The folds then also score it (solved with
     C_DEFAULT, as scikit-learn's LogisticRegression() would be) as the simplest candidate, before
     the head's checkpoints; when keep_regression keeps it, the probe solved on all of train is
-    returned instead of the head, and the log and info say so."""
+    returned instead of the head, and the log and info say so.
+
+    `groups` (N,): copies of one text share a number (data.text_groups); a fold holds them out together."""
     first = build()
-    k, note = choose_folds(y, cfg.cv_folds, first.labels)
+    if groups is not None and len(np.unique(groups)) == len(groups):
+        groups = None  # no copies: the plain folds
+    k, note = choose_folds(y, cfg.cv_folds, first.labels, groups)
+    if groups is not None:
+        log(f"cross-validation: {len(groups) - len(np.unique(groups))} training rows repeat an earlier text; a fold holds "
+            f"out every copy of a text together")
     if note:
         log(f"cross-validation: {note}")
     if getattr(first.head, "convex", False):
-        return fit_convex_cv(build, k, note, train, y, val, y_val, cfg, log)
+        return fit_convex_cv(build, k, note, train, y, val, y_val, cfg, log, groups)
     plan = plan_steps(len(y), cfg, constant=True)
     plan = dataclasses.replace(plan, at=checkpoints(plan.total))
     info: dict = {"how": "cross-validation", "folds": k, "note": note, "schedule": plan.why, "fallback": None}
@@ -161,7 +182,7 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     if k >= 2:
         acc, loss, regression = [], [], fallback is not None
         x_lr = convex_inputs(fallback().to(cfg.device), train) if regression else None  # type: ignore[misc]
-        for i, (tr, held) in enumerate(repeated_folds(y, k, cfg.seed, cfg.cv_repeats)):
+        for i, (tr, held) in enumerate(repeated_folds(y, k, cfg.seed, cfg.cv_repeats, groups)):
             # the logistic regression on this fold: the first, simplest candidate
             lr = [convex_fold(fallback, x_lr, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
             model = build()
@@ -275,8 +296,8 @@ def solve_output(model: Classifier, src: Source, y: np.ndarray) -> None:
 
 
 def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, train: Source, y: np.ndarray,
-                  val: Source | None, y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print
-                  ) -> tuple[Classifier, FitResult, dict]:
+                  val: Source | None, y_val: np.ndarray | None, cfg: TrainConfig, log: Callable[[str], None] = print,
+                  groups: np.ndarray | None = None) -> tuple[Classifier, FitResult, dict]:
     """fit_cv for a convex head, over the k folds (and their note) fit_cv chose: the folds choose C
     from C_GRID (one_se, preferring C_DEFAULT), then the head is solved on all of train with it."""
     t0 = time.perf_counter()
@@ -284,7 +305,7 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
     chosen = C_DEFAULT
     x = convex_inputs(build().to(cfg.device), train)  # (N, D) once: every fold, C and the refit read rows of it
     if k >= 2:
-        splits = repeated_folds(y, k, cfg.seed, cfg.cv_repeats)
+        splits = repeated_folds(y, k, cfg.seed, cfg.cv_repeats, groups)
         acc = np.zeros((len(splits), len(C_GRID)))
         loss = np.zeros_like(acc)
         for i, (tr, held) in enumerate(splits):
