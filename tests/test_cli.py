@@ -340,6 +340,11 @@ def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp
         api.train("probe", None)
     with pytest.raises(DataError, match="model: int"):
         api.predict(3, ["a question ?"])
+    # a text cut at max_length says so, as the server's answer does (predict said nothing)
+    said: list[str] = []
+    rows = api.predict(out, ["a short one ?", "word " * 500], log=said.append)
+    assert "truncated" not in rows[0] and rows[1]["truncated"] is True
+    assert any("1 of 2 texts reached --max-length 32 tokens" in line for line in said)
     with pytest.raises(MethodError, match=re.escape("BackboneOptions: max_length='32'")):
         api.BackboneOptions(max_length="32")
     with pytest.raises(DataError, match=re.escape("--shots '3': give a whole number")):

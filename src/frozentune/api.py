@@ -700,18 +700,25 @@ def given_texts(texts: object) -> list[Text]:
 def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
     """Label and per-label probabilities for each text or (first, second) pair (backbone run live,
-    on `device` in `precision`: default auto and the precision the model was trained with)."""
+    on `device` in `precision`: default auto and the precision the model was trained with). A text
+    that reached max_length tokens (and was cut there) has "truncated": true, as the server says,
+    and `log` says how many were."""
     import torch
 
     texts = given_texts(texts)
     model, src = _live(model_dir, texts, device, precision, log)
+    cut = src.lengths >= model.backbone_ref.max_length  # (N,) bool: the text went on past what was read
+    if cut.any():
+        log(f"{int(cut.sum()):,} of {len(texts):,} texts reached --max-length {model.backbone_ref.max_length} tokens "
+            f"(special tokens included): what follows was not read (\"truncated\": true)")
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
     if not np.isfinite(probs).all():
         bad = int((~np.isfinite(probs).all(1)).sum())
         raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
                                f"{len(texts)} texts; its weights are damaged: train it again")
-    return [{**text_row(t), **labelled(model.labels, p)} for t, p in zip(texts, probs)]
+    return [{**text_row(t), **labelled(model.labels, p), **({"truncated": True} if c else {})}
+            for t, p, c in zip(texts, probs, cut)]
 
 
 def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
