@@ -322,6 +322,18 @@ def test_an_explanation_lists_a_word_once_however_many_pieces_it_has(tiny_bert):
             assert entries[0]["text"] == "forgettable" and entries[1]["text"] == view.surface(n - 2), (method, entries)
 
 
+def test_a_local_folder_named_like_a_dataset_says_so(tmp_path, monkeypatch, shared_data):
+    local = tmp_path / "trec"
+    local.mkdir()
+    write(local / "train.jsonl", "\n".join(json.dumps({"text": f"q {i}", "label": "ab"[i % 2]}) for i in range(40)))
+    monkeypatch.chdir(tmp_path)
+    ds = load_classification("trec")
+    assert len(ds.train) + len(ds.validation) + len(ds.test) == 40  # the folder, as before, and said:
+    assert any("is read as the folder" in n and "not the dataset of that name" in n for n in ds.notes)
+    monkeypatch.chdir(shared_data.parent)
+    assert not any("is read as the folder" in n for n in load_classification("trec").notes)
+
+
 def test_a_label_typed_composed_or_decomposed_is_one_class(tmp_path):
     composed, decomposed = "caf\u00e9", "cafe\u0301"  # both show as "café"
     rows = [{"text": f"t{i}", "label": [composed, decomposed, "tea"][i % 3]} for i in range(60)]

@@ -722,6 +722,14 @@ def test_engine_checks_requests_before_queueing(engine):
         ServeOptions(max_texts="3").validate()
     with pytest.raises(RequestError, match="explain 'yes': give true or false"):
         engine.classify(["a fine film"], explain="yes")  # type: ignore[arg-type]
+    # a request of more rows than the queue ever holds: a 413, not a 503 whose retries could never succeed
+    small = Engine([engine.tasks["probe"]], ServeOptions(max_queue=3))
+    try:
+        with pytest.raises(RequestError, match="5 rows .* more than the server ever queues") as err:
+            small.classify(["a", "b", "c", "d", "e"])
+        assert err.value.status == 413
+    finally:
+        small.close()
     # explain with no task named, on a server none of whose tasks explains: an error, not an answer without one
     only_probe = Engine([engine.tasks["probe"]], ServeOptions())
     try:

@@ -109,7 +109,8 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
                    "the separator but feed every token as type 0, for a backbone trained on single texts only "
                    "(sentence-transformers models such as the default MiniLM, whose second-segment embedding is "
                    "stale: see bench/REPORT.md, Sentence pairs); part of the cache key and the saved model")
-    g.add_argument("--cache-dir", type=Path, default=None, help="feature cache folder (default $FROZENTUNE_CACHE or ~/.cache/frozentune)")
+    g.add_argument("--cache-dir", type=Path, default=None, help="feature cache folder: its entries are in it (default "
+                   "$FROZENTUNE_CACHE/features, else ~/.cache/frozentune/features)")
     g.add_argument("--rebuild-cache", action="store_true", help="re-extract features even if a cache entry exists (fixes a corrupt one)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow a Hugging Face model whose folder or "
                    "hub repository ships its own Python code to run that code (off: such a model is refused)")

@@ -723,6 +723,12 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                         f"classification methods need text + label data.")
     rule = {"files": resolved_files(files), "seed": seed, "shots": shots, "max_train": max_train,
             "carve_below": carve_below, "val_fraction": val_fraction}
+    local, named = Path(str(data)).expanduser(), data_root() / str(data)
+    if os.sep not in str(data) and local.is_dir() and named.is_dir() and local.resolve() != named.resolve():
+        notes_first = [f"{data!r} is read as the folder {local.resolve()} here, not the dataset of that name in "
+                       f"{data_root()}; run elsewhere (or rename the folder) to read the dataset"]
+    else:
+        notes_first = []
     trains_on_validation = "train" not in files and "validation" in files and "test" in files
     if "train" not in files and not trains_on_validation:
         raise DataError(f"{data}: no train file (found {', '.join(sorted(files))}); a classifier needs "
@@ -732,8 +738,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     text_field, pair_field = text_fields(name, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
     train = splits["train"]
-    notes = [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
-             for split in splits.values() for label, forms in split.label_spellings.items()]
+    notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
+                           for split in splits.values() for label, forms in split.label_spellings.items()]
     if trains_on_validation:
         notes.append(f"no train file: training on {files['train']} (the validation split; a validation split "
                      f"is carved from it below), scored on {files['test']}")

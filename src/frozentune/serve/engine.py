@@ -389,10 +389,18 @@ class Engine:
         return await self._await(*self.plan_generate(prefix, sources, num_beams, max_new_tokens, min_new_tokens))
 
     # ------------------------------------------------------------------ waiting
+    def _fits(self, jobs: list[Job]) -> list[Job]:
+        """jobs, unless they are more rows than the queue ever holds: then no retry could succeed, so a
+        413 saying so, not the 503 + Retry-After of a queue that is full for now."""
+        if len(jobs) > self.options.max_queue:
+            raise RequestError(f"this request is {len(jobs)} rows (texts × the pass groups they go through), more than "
+                               f"the server ever queues (--max-queue {self.options.max_queue}); send fewer texts", 413)
+        return jobs
+
     def _wait(self, jobs: list[Job], assemble: Assemble):
-        futures: list[Future] = self.batcher.submit(jobs)
+        futures: list[Future] = self.batcher.submit(self._fits(jobs))
         return assemble([f.result() for f in futures])
 
     async def _await(self, jobs: list[Job], assemble: Assemble):
-        futures = self.batcher.submit(jobs)
+        futures = self.batcher.submit(self._fits(jobs))
         return assemble(list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))))
