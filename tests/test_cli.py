@@ -340,6 +340,10 @@ def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp
         api.train("probe", None)
     with pytest.raises(DataError, match="model: int"):
         api.predict(3, ["a question ?"])
+    # a text the tokenizer keeps nothing of (combining accents alone: the uncased WordPiece strips them) was
+    # classified as [CLS] [SEP], and explained by them
+    with pytest.raises(DataError, match=re.escape("texts[1]: the tokenizer keeps none of its characters")):
+        api.predict(out, ["a question ?", "\u0301\u0301"])
     # a text cut at max_length says so, as the server's answer does (predict said nothing)
     said: list[str] = []
     rows = api.predict(out, ["a short one ?", "word " * 500], log=said.append)

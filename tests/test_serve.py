@@ -573,6 +573,8 @@ BAD = [
     ("a text not a string", "/v1/classify", {"texts": [3]}, 422, "texts[0]"),
     ("empty text", "/v1/classify", {"texts": ["  "]}, 422, "empty"),
     ("a text of zero-width spaces", "/v1/classify", {"texts": ["\u200b\ufeff"]}, 422, "only invisible characters"),
+    ("a text of combining accents alone", "/v1/classify", {"texts": ["a", "\u0301"]}, 422, "texts[1]: the tokenizer keeps none"),
+    ("explain a text of combining accents alone", "/v1/explain", {"text": "\u0301"}, 422, "texts[0]: the tokenizer keeps none"),
     ("no texts", "/v1/classify", {"texts": []}, 422, "empty"),
     ("text and texts", "/v1/classify", {"text": "a", "texts": ["b"]}, 422, "not texts and text"),
     ("unknown task", "/v1/classify", {"text": "a", "tasks": ["nope"]}, 404, "probe"),

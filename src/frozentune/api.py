@@ -606,10 +606,15 @@ class _Subset:
 def _live(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
           precision: str | None = None, log: Callable[[str], None] = _stderr) -> tuple[M.Classifier, M.LiveSource]:
     """A saved (or given) model and a live source over texts: the backbone runs on them."""
+    from .backbone import textless_message
+
     model = _load(model_dir, device, precision, log)
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
-    return model, M.LiveSource(bb.tokenize(texts), bb.pad_id(), separator_ids(bb.tok) if pairs else None)
+    tokens = bb.tokenize(texts)
+    if empty := bb.textless(tokens.lengths, pairs):
+        raise DataError(textless_message(f"texts[{empty[0]}]"))
+    return model, M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
 
 
 def read_inputs(model_dir: Path, path: Path, text_field: str | None = None,
@@ -817,6 +822,10 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
     tokens, views = bb.tokenize_with_views(texts)
+    if empty := bb.textless(tokens.lengths, pairs):  # an explanation would rank [CLS] and [SEP]
+        from .backbone import textless_message
+
+        raise DataError(textless_message(f"texts[{empty[0]}]"))
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
     out = []
     model.eval()

@@ -864,3 +864,19 @@ class Backbone:
 
     def pad_id(self) -> int:
         return pad_id(self.tok)
+
+    def textless(self, lengths: Sequence[int], pairs: bool = False) -> list[int]:
+        """The indices of inputs whose tokens are the special tokens alone: every character of the text
+        was dropped by the tokenizer (e.g. combining accents alone, which an uncased BERT strips). Such
+        an input is classified as [CLS] [SEP], the same for any of them."""
+        try:
+            specials = int(self.tok.num_special_tokens_to_add(pair=pairs))
+        except (AttributeError, TypeError, NotImplementedError, ValueError):
+            return []
+        return [i for i, n in enumerate(lengths) if n <= specials]
+
+
+def textless_message(where: str) -> str:
+    """The error for an input `textless` found, at `where` (e.g. "texts[0]")."""
+    return (f"{where}: the tokenizer keeps none of its characters (e.g. combining accents alone), so it would be read as "
+            f"the special tokens only; give some text")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..backbone import textless_message
 from ..data import blank, invisible, unencodable
 from .batcher import BatchStats, Batcher, Job
 from .graphs import HeadGraphs, graphs_choice
@@ -289,6 +290,8 @@ class Engine:
             names = {t.name for t in chosen if t.group is group}
             views = explain and any(t.explains for t in chosen if t.group is group)
             tokens, vs = group.tokenize(texts, views)
+            if empty := group.backbone.textless([len(x) for x in tokens.ids], pairs):
+                raise RequestError(textless_message(f"{'pairs' if pairs else 'texts'}[{empty[0]}]"))
             for i, (x, v) in enumerate(zip(tokens.ids, vs)):
                 per_text[i].append(len(jobs))
                 # the key is the padding multiple: a classify batch's rows are padded alike
