@@ -450,10 +450,9 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     if split == "all":
         ds = _whole_file(data, *fields)
         part = ds.test
-    elif split == "test" and _test_file_alone(data):  # held-out data with nothing to train on: read as it is
-        part = read_split(_test_file_alone(data), *fields)
-        ds = Dataset(resolve(data)[0], part.subset([]), part.subset([]), part, sorted(set(part.labels)), [],
-                     fields[0], fields[2])
+    elif split == "test" and set((files := resolve(data))[1]) == {"test"}:  # held-out data alone: read as it is
+        part = read_split(files[1]["test"], *fields)
+        ds = Dataset(files[0], part.subset([]), part.subset([]), part, sorted(set(part.labels)), [], fields[0], fields[2])
     else:
         sample = _training_sample(saved, data, split, model_dir)
         expect = sample.pop("expect_sizes", None)
@@ -507,12 +506,6 @@ def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None)
     no_val = sizes.get("validation") == 0 and sizes.get("train", 0) < cv_below
     return {"shots": saved.get("shots"), "max_train": max_train, "carve_below": cv_below if no_val else 0,
             "expect_sizes": sizes}
-
-
-def _test_file_alone(data: str) -> Path | None:
-    """The test file of a dataset folder that has no train or validation file, else None."""
-    files = resolve(data)[1]
-    return files["test"] if set(files) == {"test"} else None
 
 
 def _whole_file(data: str, text_field: str, label_field: str, pair_field: str | None) -> Dataset:
@@ -606,15 +599,20 @@ class _Subset:
 def _live(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
           precision: str | None = None, log: Callable[[str], None] = _stderr) -> tuple[M.Classifier, M.LiveSource]:
     """A saved (or given) model and a live source over texts: the backbone runs on them."""
-    from .backbone import textless_message
-
     model = _load(model_dir, device, precision, log)
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
-    tokens = bb.tokenize(texts)
+    tokens = _with_text(bb, bb.tokenize(texts), pairs)
+    return model, M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
+
+
+def _with_text(bb: Backbone, tokens, pairs: bool):
+    """tokens, unless one input kept no token of its text (Backbone.textless): then a DataError naming it."""
+    from .backbone import textless_message
+
     if empty := bb.textless(tokens.lengths, pairs):
         raise DataError(textless_message(f"texts[{empty[0]}]"))
-    return model, M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
+    return tokens
 
 
 def read_inputs(model_dir: Path, path: Path, text_field: str | None = None,
@@ -822,10 +820,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
     tokens, views = bb.tokenize_with_views(texts)
-    if empty := bb.textless(tokens.lengths, pairs):  # an explanation would rank [CLS] and [SEP]
-        from .backbone import textless_message
-
-        raise DataError(textless_message(f"texts[{empty[0]}]"))
+    _with_text(bb, tokens, pairs)  # an explanation would rank [CLS] and [SEP]
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
     out = []
     model.eval()

@@ -696,12 +696,13 @@ def device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _special_count(tok) -> int:
-    """How many special tokens `tok` adds to one text ([CLS] and [SEP]: 2); 0 where it cannot say."""
+def _special_count(tok, pair: bool = False) -> int | None:
+    """How many special tokens `tok` adds to one text ([CLS] and [SEP]: 2), or to a pair; None where it
+    cannot say."""
     try:
-        return int(tok.num_special_tokens_to_add(pair=False))
+        return int(tok.num_special_tokens_to_add(pair=pair))
     except (AttributeError, TypeError, NotImplementedError, ValueError):
-        return 0
+        return None
 
 
 class Backbone:
@@ -715,7 +716,7 @@ class Backbone:
         if max_length < 2:
             raise BackboneError(f"max_length {max_length}: must be at least 2")
         specials = _special_count(tok)
-        if max_length <= specials:  # every input would be its special tokens alone: no word of the text
+        if specials is not None and max_length <= specials:  # every input would be its special tokens alone: no word of the text
             raise BackboneError(f"--max-length {max_length}: {name!r}'s tokenizer adds {specials} special tokens to "
                                 f"every text, so no room is left for the text itself; give at least {specials + 1} "
                                 f"(128 is the default)")
@@ -869,11 +870,8 @@ class Backbone:
         """The indices of inputs whose tokens are the special tokens alone: every character of the text
         was dropped by the tokenizer (e.g. combining accents alone, which an uncased BERT strips). Such
         an input is classified as [CLS] [SEP], the same for any of them."""
-        try:
-            specials = int(self.tok.num_special_tokens_to_add(pair=pairs))
-        except (AttributeError, TypeError, NotImplementedError, ValueError):
-            return []
-        return [i for i, n in enumerate(lengths) if n <= specials]
+        specials = _special_count(self.tok, pairs)
+        return [] if specials is None else [i for i, n in enumerate(lengths) if n <= specials]
 
 
 def textless_message(where: str) -> str:

@@ -74,7 +74,7 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
         return
     if any(name in present for name in MODEL_FILES):
         _check_ours(output, present)
-        what = "a sweep" if "sweep.json" in present else "a saved model"
+        what = _holds(present)
         if overwrite and (kind == "sweep") != (what == "a sweep"):
             raise OutputError(f"--output {output}: holds {what}; --overwrite replaces a "
                               f"{'sweep with a sweep' if kind == 'sweep' else 'saved model with a model'}, not one with "
@@ -94,16 +94,25 @@ def _frozentune_config(path: Path) -> bool:
         return False
 
 
+def _holds(present: list[str]) -> str:
+    """What a folder of frozentune's holds, by its entries: "a sweep" or "a saved model"."""
+    return "a sweep" if "sweep.json" in present else "a saved model"
+
+
+def _manifest(folder: Path) -> set[str] | None:
+    """The entries `folder`'s manifest names, or None where it has none (or none readable)."""
+    try:
+        return set(json.loads((Path(folder) / MANIFEST).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def _check_ours(output: Path, present: list[str]) -> None:
     """An --output holding model files is replaced whole, so it must hold only what frozentune wrote
     there: the entries its manifest names, or (a folder saved before manifests) frozentune's own kinds
     of file. Anything else (a user's notes, a Hugging Face model) is refused, named, before any work."""
-    manifest = output / MANIFEST
-    if manifest.is_file():
-        try:
-            wrote = set(json.loads(manifest.read_text()))
-        except (OSError, ValueError, TypeError):
-            wrote = set()
+    if (output / MANIFEST).is_file():
+        wrote = _manifest(output) or set()
         other = [n for n in present if n not in wrote and n != MANIFEST]
     else:
         if "config.json" in present and not _frozentune_config(output / "config.json"):
@@ -112,7 +121,7 @@ def _check_ours(output: Path, present: list[str]) -> None:
         other = [n for n in present if n not in MODEL_FILES and n not in EARLIER_FILES]
     if other:
         shown = ", ".join(other[:5]) + (" …" if len(other) > 5 else "")
-        raise OutputError(f"--output {output}: holds {'a sweep' if 'sweep.json' in present else 'a saved model'} and {len(other)} "
+        raise OutputError(f"--output {output}: holds {_holds(present)} and {len(other)} "
                           f"{'entry' if len(other) == 1 else 'entries'} frozentune did not write there ({shown}); "
                           f"replacing the folder would delete them: move them out, or choose another folder")
 
@@ -120,12 +129,9 @@ def _check_ours(output: Path, present: list[str]) -> None:
 def record_written(folder: Path, name: str) -> None:
     """Add `name` to the manifest of frozentune's output folder `folder` (a file a later command wrote
     there, e.g. plot-concepts' picture in a model folder), so that --overwrite may replace it too."""
-    manifest = Path(folder) / MANIFEST
-    try:
-        wrote = set(json.loads(manifest.read_text()))
-    except (OSError, ValueError, TypeError):
-        return  # not a folder with a manifest: nothing to record in
-    manifest.write_text(json.dumps(sorted(wrote | {name})))
+    wrote = _manifest(folder)
+    if wrote is not None:  # a folder without a manifest: nothing to record in
+        (Path(folder) / MANIFEST).write_text(json.dumps(sorted(wrote | {name})))
 
 
 @contextlib.contextmanager
