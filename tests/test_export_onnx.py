@@ -75,14 +75,18 @@ def test_the_export_folder_carries_a_card_of_its_heads(heads, graph_dir):
 
 
 def test_predict_onnx_gives_predicts_labels(heads, graph_dir):
-    ans = cli("predict", "--onnx", graph_dir, *TEXTS, code=0)
+    texts = [*TEXTS, "a question that goes on " * 200]  # the last is cut at max_length: both say "truncated"
+    ans = cli("predict", "--onnx", graph_dir, *texts, code=0)
     rows = [json.loads(line) for line in ans.out.splitlines()]
-    assert [r["text"] for r in rows] == TEXTS
+    assert [r["text"] for r in rows] == texts
+    assert [r.get("truncated", False) for r in rows] == [False] * len(TEXTS) + [True]  # it said nothing of the cut
+    assert "1 of 5 texts reached --max-length" in ans.err
     for m in HEADS:
-        want = [json.loads(line) for line in cli("predict", "--model", heads / m, "--precision", "fp32", *TEXTS,
+        want = [json.loads(line) for line in cli("predict", "--model", heads / m, "--precision", "fp32", *texts,
                                                  code=0).out.splitlines()]
         for r, w in zip(rows, want):
             assert r["tasks"][m]["label"] == w["label"], m
+            assert r.get("truncated") == w.get("truncated"), m
             assert_close(torch.tensor(list(r["tasks"][m]["scores"].values())), torch.tensor(list(w["scores"].values())),
                          rtol=tol(torch.float16, 1), scale=1.0, what=f"{m} probabilities")
 

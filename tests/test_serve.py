@@ -582,6 +582,7 @@ BAD = [
     ("explain a task that cannot", "/v1/explain", {"text": "a", "tasks": ["probe"]}, 422, "no explanation"),
     ("top out of range", "/v1/explain", {"text": "a", "top": 0}, 422, "top"),
     ("top as a string", "/v1/explain", {"text": "a", "top": "3"}, 422, "top"),  # was read as 3
+    ("top without explain", "/v1/classify", {"text": "a", "top": 3}, 422, 'add "explain": true'),  # was ignored
     ("explain as a string", "/v1/classify", {"text": "a", "explain": "yes"}, 422, "explain"),  # was read as true
     ("num_beams as a bool", "/v1/generate", {"prefix": "p", "source": "a", "num_beams": True}, 422, "num_beams"),
     ("unknown field", "/v1/classify", {"text": "a", "colour": 1}, 422, "colour"),
@@ -792,6 +793,9 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", tmp_path / "nothing", contains="no such folder", row="serve: a model folder that does not exist")
     (tmp_path / "empty").mkdir()
     cli("serve", tmp_path / "empty", contains="neither a saved model", row="serve: a folder without models")
+    (tmp_path / "model.safetensors").write_bytes(b"x")  # it said "no such folder" of a file that is there
+    cli("serve", tmp_path / "model.safetensors", contains="a file, not a model folder",
+        row="serve: a file given as a model folder")
     cli("serve", models / "probe", "--port", "70000", contains="--port 70000", row="serve: a port out of range")
     cli("serve", models / "probe", "--max-texts", "0", contains="--max-texts 0", row="serve: a limit below 1")
     cli("serve", models / "probe", "--pipeline", "sometimes", contains="invalid choice: 'sometimes'",

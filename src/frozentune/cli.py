@@ -485,7 +485,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
         if a.device or a.precision:
             raise CLIError("--device / --precision apply to --model; an --onnx graph runs in float32 on the CPU")
         graph = OnnxClassifier(a.onnx)
-        for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"]))):
+        for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"])), log=api._stderr):
             print(json.dumps(row, ensure_ascii=False, allow_nan=False))
         return 0
     texts = _inputs(a, "predict")

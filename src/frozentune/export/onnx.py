@@ -347,7 +347,8 @@ class OnnxClassifier:
 
     def run(self, texts: Sequence, batch_size: int = 32) -> dict[str, np.ndarray]:
         """Every output for `texts` (single texts, or (first, second) pairs for a pair model), in
-        input order; per-token outputs padded to the longest text."""
+        input order; per-token outputs padded to the longest text; `self.cut` (N,) bool: which texts
+        reached max_length tokens (and were cut there)."""
         from ..backbone import tokenize
         from ..pairs import pair_kind
 
@@ -355,6 +356,7 @@ class OnnxClassifier:
             raise ExportError(f"--onnx {self.folder}: the graph takes {'sentence pairs' if self.pairs else 'single texts'}; "
                               f"give {'--pair FIRST SECOND' if self.pairs else 'texts'}")
         tk = tokenize(self.tok, list(texts), int(self.meta["max_length"]))
+        self.cut = tk.lengths >= int(self.meta["max_length"])
         order = np.argsort(-tk.lengths, kind="stable")
         parts: dict[str, list] = {n: [None] * len(texts) for n in self.meta["outputs"]}
         for s in range(0, len(texts), batch_size):
@@ -368,11 +370,15 @@ class OnnxClassifier:
                     parts[name][i] = out[j]
         return {n: _stack(v) for n, v in parts.items()}
 
-    def predict(self, texts: Sequence) -> list[dict]:
-        """Per text: the text, and per head its label and per-label probabilities."""
+    def predict(self, texts: Sequence, log: Callable[[str], None] | None = None) -> list[dict]:
+        """Per text: the text, and per head its label and per-label probabilities; "truncated": true
+        where the text reached max_length tokens (as `frozentune predict --model` says), counted in `log`."""
         from ..api import labelled, text_row
 
         out = self.run(texts)
+        if self.cut.any() and log:
+            log(f"{int(self.cut.sum()):,} of {len(texts):,} texts reached --max-length {self.meta['max_length']} tokens "
+                f"(special tokens included): what follows was not read (\"truncated\": true)")
         rows = []
         for i, t in enumerate(texts):
             tasks = {}
@@ -380,7 +386,8 @@ class OnnxClassifier:
                 logits = out[f"{h['name']}.logits"][i]
                 p = np.exp(logits - logits.max())
                 tasks[h["name"]] = labelled(h["labels"], (p / p.sum()).tolist())
-            rows.append({**text_row(t), "tasks": tasks} if len(tasks) > 1 else {**text_row(t), **next(iter(tasks.values()))})
+            row = {**text_row(t), "tasks": tasks} if len(tasks) > 1 else {**text_row(t), **next(iter(tasks.values()))}
+            rows.append({**row, "truncated": True} if self.cut[i] else row)
         return rows
 
 

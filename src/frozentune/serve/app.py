@@ -274,6 +274,9 @@ def create_app(engine: Engine):
     @app.post("/v1/classify", response_class=JSONResponse)
     async def classify(body: Classify):
         texts, pairs = _inputs(body)
+        if "top" in body.model_fields_set and not body.explain:  # it was ignored: the answer had no explanations
+            raise RequestError("'top' sets how many tokens or spans an explanation lists; add \"explain\": true "
+                               "(or post to /v1/explain), or leave 'top' out", 422)
         return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs))
 
     @app.post("/v1/explain", response_class=JSONResponse)
@@ -374,7 +377,7 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
 
     sock = sock or listen_socket(host, port)
     http, loop, note = http_stack()
-    log(f"serve: {len(engine.tasks)} tasks on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
+    log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
                             http=http, loop=loop, timeout_graceful_shutdown=30)
     uvicorn.Server(config).run(sockets=[sock])

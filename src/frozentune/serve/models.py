@@ -52,6 +52,9 @@ def find_models(paths: Sequence[Path | str]) -> list[Path]:
                 raise ServeError(f"{p}: neither a saved model (no {M.CONFIG}) nor a folder of saved models; give "
                                  f"folders written by `frozentune train --output`")
             found += subs
+        elif p.exists():
+            raise ServeError(f"{p}: a file, not a model folder; give folders written by `frozentune train --output` "
+                             f"(or a folder of them)")
         else:
             raise ServeError(f"{p}: no such folder; give folders written by `frozentune train --output`")
     if not found:
