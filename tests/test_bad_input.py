@@ -130,6 +130,20 @@ def test_empty_or_null_rows_are_errors_with_a_count(tmp_path, tiny_bert, bad, wh
     cli(*train_args(data, tiny_bert, tmp_path), contains=("d.jsonl:5", what, "3 rows like it", "5, 10, 21"), row=R_EMPTY)
 
 
+@pytest.mark.parametrize("method", ["probe", "finetune"])  # cached states and the live pass
+def test_rows_the_tokenizer_keeps_nothing_of_are_named(tmp_path, tiny_bert, method):
+    """Combining accents alone (the uncased WordPiece strips them) passed the blank-text check and were
+    trained on, or scored, as [CLS] [SEP]: an error naming the lines, as for an empty text."""
+    rows = labelled(40)
+    rows[3] = rows[5] = {"text": "\u0301\u0301", "label": "pos"}
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "train.jsonl", rows)
+    write_jsonl(tmp_path / "d" / "test.jsonl", labelled(10))
+    cli(*train_args(tmp_path / "d", tiny_bert, tmp_path, "--method", method), contains=(
+        "train.jsonl: line 4: the tokenizer keeps none of its characters", "(2 rows like it: lines 4, 6)",
+        "fix or remove those rows"), row=R_EMPTY)
+
+
 def test_latin1_file_names_file_and_byte_offset(tmp_path, tiny_bert):
     data = tmp_path / "latin1.jsonl"
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in labelled(20))

@@ -145,14 +145,28 @@ class SourceFactory:
     def __call__(self, split: TextSplit) -> M.Source:
         sep = separator_ids(self.backbone.tok) if split.is_pair else None
         if self.live:
-            return M.LiveSource(self.backbone.tokenize(split.texts), self.backbone.pad_id(), sep)
+            tokens = self.backbone.tokenize(split.texts)
+            self._check_text(split, tokens.lengths)
+            return M.LiveSource(tokens, self.backbone.pad_id(), sep)
         key = id(split.file_texts)
         if key not in self._caches:
             cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root,
                                        rebuild=self.rebuild, progress=self.progress)
             self._caches[key] = cache
             self.extract_seconds += secs
+        self._check_text(split, self._caches[key].lengths[split.rows])
         return M.CachedSource(self._caches[key], split.rows, sep)
+
+    def _check_text(self, split: TextSplit, lengths: np.ndarray) -> None:
+        """A DataError naming the lines of rows the tokenizer kept nothing of (Backbone.textless):
+        each would be trained on, or scored, as the special tokens alone, the same for all of them."""
+        from .backbone import textless_message
+
+        if empty := self.backbone.textless(lengths, split.is_pair):
+            at = [split.lines[i] for i in empty]
+            more = (f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})"
+                    if len(at) > 1 else "")
+            raise DataError(textless_message(f"{split.source}: line {at[0]}", f"fix or remove those rows{more}"))
 
 
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),

@@ -874,7 +874,7 @@ class Backbone:
         return [] if specials is None else [i for i, n in enumerate(lengths) if n <= specials]
 
 
-def textless_message(where: str) -> str:
-    """The error for an input `textless` found, at `where` (e.g. "texts[0]")."""
+def textless_message(where: str, advice: str = "give some text") -> str:
+    """The error for an input `textless` found, at `where` (e.g. "texts[0]"), ending with `advice`."""
     return (f"{where}: the tokenizer keeps none of its characters (e.g. combining accents alone), so it would be read as "
-            f"the special tokens only; give some text")
+            f"the special tokens only; {advice}")
