@@ -1,6 +1,7 @@
 """Sentence pairs: encoding, cache keys, explanations, data errors and the CLI, on the tiny BERT
 (real MiniLM tokenizer) and a slice of the real MRPC files."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +167,25 @@ def test_named_pair_datasets_pick_their_fields(monkeypatch, mrpc_slice):
     assert text_fields("rte", None, "nosuch") == ("premise", "nosuch")
     with pytest.raises(DataError, match="missing field 'nosuch'"):
         load_classification("mrpc", None, pair_field="nosuch")
+    # the dataset's first field as the second: it trained on (sentence1, sentence1), sentence2 left out
+    with pytest.raises(DataError, match=re.escape("--text-pair-field 'sentence1' is the --text-field too (mrpc's pairs "
+                                                  "are sentence1, sentence2)")):
+        load_classification("mrpc", None, pair_field="sentence1")
+    # one field of a pair dataset alone: read as single texts, and said (it was silent)
+    ds = load_classification("mrpc", "sentence2")
+    assert (ds.text_field, ds.pair_field) == ("sentence2", None) and isinstance(ds.train.texts[0], str)
+    assert any("--text-field sentence2 alone reads sentence2 as single texts and leaves sentence1 out" in n
+               for n in ds.notes)
+
+
+def test_a_file_named_like_a_pair_dataset_reads_its_text_field(tmp_path):
+    """A user's rte.jsonl of text + label: the named dataset's fields were forced on it (missing field
+    'premise', whatever --text-field said)."""
+    rows = [{"text": f"{w} film {i}", "label": "pos" if i % 2 else "neg"} for i, w in enumerate(["good", "bad"] * 15)]
+    (tmp_path / "rte.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for field in (None, "text"):
+        ds = load_classification(str(tmp_path / "rte.jsonl"), field)
+        assert ds.pair_field is None and isinstance(ds.train.texts[0], str) and not any("pairs" in n for n in ds.notes)
 
 
 def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
@@ -193,6 +213,22 @@ def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
     plain = tmp_path / "lines.txt"
     plain.write_text("one\ntwo\n")
     cli("predict", "--model", out, "--input", plain, contains="give them in a .jsonl / .csv / .tsv file")
+
+
+def test_plot_concepts_reads_pairs_as_the_model_was_trained(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
+    """plot-concepts of a pair `space` model: the model's two fields by default; one field alone is refused
+    as eval refuses it (it drew the first texts alone, silently, and had no --text-pair-field)."""
+    monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
+    out, cache = tmp_path / "m", tmp_path / "cache"
+    cli("train", "--method", "space", "--data", "mrpc", "--backbone", tiny_bert, "--max-length", 48, "--epochs", 1,
+        "--output", out, "--cache-dir", cache, "--quiet", code=0)
+    cli("plot-concepts", "--model", out, "--data", "mrpc", "--cache-dir", cache, "--output", tmp_path / "a.png",
+        code=0, show="wrote")
+    cli("plot-concepts", "--model", out, "--data", "mrpc", "--cache-dir", cache, "--output", tmp_path / "b.png",
+        "--text-field", "sentence1", contains="give --text-field sentence1 --text-pair-field sentence2")
+    assert not (tmp_path / "b.png").exists()
+    cli("plot-concepts", "--model", out, "--data", "mrpc", "--cache-dir", cache, "--output", tmp_path / "c.png",
+        "--text-field", "sentence2", "--text-pair-field", "sentence1", code=0, show="wrote")
 
 
 # ----------------------------------------------------------------------------- --no-token-types

@@ -20,8 +20,8 @@ from . import model as M
 from .backbone import Backbone, LayerSpec
 from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
-from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, read_split, resolve,
-                   text_groups)
+from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
+                   resolve, text_groups)
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
@@ -403,16 +403,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
         log(f"data: {note}")
     log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
-    try:
-        check_inputs(model, part.texts[:1])
-    except PairError:  # its advice is predict's (--pair, --input): eval reads both fields from the data
-        fields = model.pair_fields
-        if model.takes_pairs:
-            raise PairError(f"this model was trained on sentence pairs ({fields[0]}, {fields[1]}), and {part.source} "
-                            f"was read as single texts: give --text-field {fields[0]} --text-pair-field {fields[1]} (or "
-                            f"leave both out to read the model's), naming the data's fields") from None
-        raise PairError(f"this model was trained on single texts (field {fields[0]!r}), and {part.source} was read as "
-                        f"sentence pairs: leave --text-pair-field out, and give --text-field the data's text field") from None
+    _read_as_trained(model, part)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress)
     positive = positive_label(ds.name, model.labels)
     m, _ = evaluate(model, sources(part), y, positive=positive)
@@ -420,6 +411,21 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m,
             "positive_label": positive[1] if positive else None,
             "device": str(bb.device), "precision": bb.precision}
+
+
+def _read_as_trained(model: M.Classifier, part: TextSplit) -> None:
+    """A PairError when `part` holds single texts for a pair model or pairs for a single-text one
+    (eval and plot-concepts read fields from data files, so the advice names the field options)."""
+    try:
+        check_inputs(model, part.texts[:1])
+    except PairError:  # its advice is predict's (--pair, --input): these read both fields from the data
+        fields = model.pair_fields
+        if model.takes_pairs:
+            raise PairError(f"this model was trained on sentence pairs ({fields[0]}, {fields[1]}), and {part.source} "
+                            f"was read as single texts: give --text-field {fields[0]} --text-pair-field {fields[1]} (or "
+                            f"leave both out to read the model's), naming the data's fields") from None
+        raise PairError(f"this model was trained on single texts (field {fields[0]!r}), and {part.source} was read as "
+                        f"sentence pairs: leave --text-pair-field out, and give --text-field the data's text field") from None
 
 
 def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | None,
@@ -557,7 +563,8 @@ def _png_path(output: Path) -> Path:
 def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split: str = "test",
                   max_points: int = 3000, text_field: str | None = None, label_field: str | None = None,
                   cache_root: Path | None = None, progress: bool = True, device: str | None = None,
-                  precision: str | None = None, log: Callable[[str], None] = _stderr) -> dict:
+                  precision: str | None = None, log: Callable[[str], None] = _stderr,
+                  pair_field: str | None = None) -> dict:
     """Write a PNG of a `space` model's centroids for a split's examples in concept space (a seeded
     sample of at most max_points), coloured by true label; also return the silhouette score of the
     true labels over the concatenated centroids (1: tight separate classes, 0: overlapping)."""
@@ -575,7 +582,8 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     if max_points < 2:
         raise ValueError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
     output = _png_path(Path(output)) if output else None  # checked before the states are extracted
-    ds, part, y = _saved_split(model, data, split, text_field, label_field, model_dir=model_dir)
+    ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
+    _read_as_trained(model, part)  # a pair model was drawn from single texts, silently
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     src = sources(part)
     keep = np.sort(np.random.default_rng(0).permutation(len(part))[:max_points])
@@ -762,7 +770,9 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                         f"delete each other's shards; rebuild with one process, or remove the entry first "
                         f"(`frozentune cache --prune` lists what it removes)")
     name, files = resolve(data)
-    text_field, pair_field = text_fields(name, text_field, pair_field)
+    text_field, pair_field = text_fields(name, text_field, pair_field, files)
+    for note in one_side_note(name, files, text_field, pair_field):
+        log(f"data: {note}")
     check_token_types(backbone, pair_field is not None, data)
     unknown = [s for s in splits if s not in SPLIT_NAMES]
     if unknown or not splits:

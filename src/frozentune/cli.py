@@ -259,6 +259,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     pc.add_argument("--output", type=Path, help="PNG path (default: MODEL/concepts-DATA-SPLIT.png)")
     pc.add_argument("--max-points", type=int, default=3000, help="seeded sample of examples drawn")
     pc.add_argument("--text-field")
+    pc.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
     pc.add_argument("--label-field")
     pc.add_argument("--cache-dir", type=Path)
     _runtime_args(pc)
@@ -552,7 +553,8 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
     from . import api
     try:
         r = api.plot_concepts(a.model, a.data, a.output, a.split, a.max_points, a.text_field, a.label_field,
-                              a.cache_dir, progress=sys.stderr.isatty(), device=a.device, precision=a.precision)
+                              a.cache_dir, progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
+                              pair_field=a.text_pair_field)
     except ValueError as e:
         raise CLIError(str(e)) from None
     print(f"wrote {r['png']}: {r['points']:,} of {r['of']:,} {r['data']} {r['split']} examples, {r['drawn']}; "

@@ -682,15 +682,37 @@ def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.r
     return np.array(out, dtype=np.int64)
 
 
-def text_fields(name: str, text_field: str | None, pair_field: str | None) -> tuple[str, str | None]:
+def text_fields(name: str, text_field: str | None, pair_field: str | None,
+                files: dict[str, Path] | None = None) -> tuple[str, str | None]:
     """(text field, pair field or None) to read: as given; a named pair dataset (snli, rte, mrpc)
-    given no --text-field reads its two fields; anything else given none reads `text`."""
-    if text_field in (None, "text") and name in PAIR_FIELDS:  # a named pair dataset: its own first field,
-        return PAIR_FIELDS[name][0], pair_field or PAIR_FIELDS[name][1]  # the second as given or its own
+    given no --text-field reads its two fields (unless its rows have a `text` field: a user's file
+    that happens to be called rte.jsonl); anything else given none reads `text`."""
+    named = PAIR_FIELDS.get(name)
+    if named and text_field in (None, "text") and not (files and "text" in first_fields(files)):
+        text_field, pair_field = named[0], pair_field or named[1]  # its own first field; the second as given or its own
     if pair_field is not None and pair_field == (text_field or "text"):
-        raise DataError(f"--text-pair-field {pair_field!r} is the --text-field too; name the field of the "
-                        f"second text of each pair")
+        raise DataError(f"--text-pair-field {pair_field!r} is the --text-field too"
+                        + (f" ({name}'s pairs are {named[0]}, {named[1]})" if named else "")
+                        + "; name the field of the second text of each pair")
     return text_field or "text", pair_field
+
+
+def first_fields(files: dict[str, Path]) -> set[str]:
+    """The fields of the first record of a dataset's first file (empty for an empty file)."""
+    path = files.get("train") or next(iter(files.values()))
+    records = read_records(Path(path))
+    return set(records[0][1]) if records else set()
+
+
+def one_side_note(name: str, files: dict[str, Path], text_field: str, pair_field: str | None) -> list[str]:
+    """A note when a pair dataset is read as single texts of one of its two fields (a
+    hypothesis-only baseline is a real experiment, but it should not happen unnoticed)."""
+    named = PAIR_FIELDS.get(name)
+    if not named or pair_field is not None or text_field not in named or not set(named) <= first_fields(files):
+        return []
+    other = named[1] if text_field == named[0] else named[0]
+    return [f"{name}'s rows are sentence pairs ({named[0]}, {named[1]}); --text-field {text_field} alone reads "
+            f"{text_field} as single texts and leaves {other} out (for pairs, also give --text-pair-field {other})"]
 
 
 def load_classification(data: str, text_field: str | None = "text", label_field: str = "label",
@@ -735,7 +757,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                         f"train.jsonl / .csv / .tsv")
     if trains_on_validation:  # e.g. snli offline: its 549k train split is not there
         files = {"train": files["validation"], "test": files["test"]}
-    text_field, pair_field = text_fields(name, text_field, pair_field)
+    text_field, pair_field = text_fields(name, text_field, pair_field, files)
+    notes_first += one_side_note(name, files, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
     train = splits["train"]
     notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
