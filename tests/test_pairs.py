@@ -210,6 +210,9 @@ def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
     assert row == json.loads(by_file.out.splitlines()[0])
     assert row["text"] == first["sentence1"] and row["text_pair"] == first["sentence2"]
     cli("predict", "--model", out, "just one text", contains="trained on sentence pairs (sentence1, sentence2)")
+    for side, pair in ((0, ["\u0301", "He plays."]), (1, ["A man plays.", "\u0301\u0301"])):  # were read as one text
+        cli("predict", "--model", out, "--pair", *pair, contains=f"texts[0]: the tokenizer keeps none of the "
+            f"characters of its {('first', 'second')[side]} text")
     plain = tmp_path / "lines.txt"
     plain.write_text("one\ntwo\n")
     cli("predict", "--model", out, "--input", plain, contains="give them in a .jsonl / .csv / .tsv file")

@@ -8,6 +8,7 @@ answered alone (token types zero on the single rows, the separator only on pair 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,11 @@ def test_inputs_go_to_the_tasks_that_take_them(engine, pairs):
         engine.classify(["just one"], pairs=True)
     with pytest.raises(RequestError, match=r"pairs\[0\]\[1\]: empty"):
         engine.classify([["a premise", " "]], pairs=True)
+    # one text of the pair that the tokenizer keeps nothing of: it was classified as the other text alone
+    with pytest.raises(RequestError, match=re.escape("pairs[1]: the tokenizer keeps none of the characters of its second "
+                                                     "text (e.g. combining accents alone), so it would be read as the "
+                                                     "first text alone")):
+        engine.classify([list(pairs[0]), ["a premise", "\u0301\u0301"]], pairs=True)
 
 
 def test_pairs_and_texts_in_one_batch_answer_as_alone(engine, pairs):

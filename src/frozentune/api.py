@@ -162,11 +162,12 @@ class SourceFactory:
         each would be trained on, or scored, as the special tokens alone, the same for all of them."""
         from .backbone import textless_message
 
-        if empty := self.backbone.textless(lengths, split.is_pair):
-            at = [split.lines[i] for i in empty]
+        if empty := self.backbone.textless(split.texts, lengths):
+            at = [split.lines[i] for i, _ in empty]
             more = (f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})"
                     if len(at) > 1 else "")
-            raise DataError(textless_message(f"{split.source}: line {at[0]}", f"fix or remove those rows{more}"))
+            raise DataError(textless_message(f"{split.source}: line {at[0]}", empty[0][1],
+                                             f"fix or remove those rows{more}"))
 
 
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
@@ -624,16 +625,16 @@ def _live(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | N
     model = _load(model_dir, device, precision, log)
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
-    tokens = _with_text(bb, bb.tokenize(texts), pairs)
+    tokens = _with_text(bb, texts, bb.tokenize(texts))
     return model, M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
 
 
-def _with_text(bb: Backbone, tokens, pairs: bool):
+def _with_text(bb: Backbone, texts: Sequence[Text], tokens):
     """tokens, unless one input kept no token of its text (Backbone.textless): then a DataError naming it."""
     from .backbone import textless_message
 
-    if empty := bb.textless(tokens.lengths, pairs):
-        raise DataError(textless_message(f"texts[{empty[0]}]"))
+    if empty := bb.textless(texts, tokens.lengths):
+        raise DataError(textless_message(f"texts[{empty[0][0]}]", empty[0][1]))
     return tokens
 
 
@@ -844,7 +845,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
     tokens, views = bb.tokenize_with_views(texts)
-    _with_text(bb, tokens, pairs)  # an explanation would rank [CLS] and [SEP]
+    _with_text(bb, texts, tokens)  # an explanation would rank [CLS] and [SEP]
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
     out = []
     model.eval()

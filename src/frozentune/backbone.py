@@ -866,15 +866,31 @@ class Backbone:
     def pad_id(self) -> int:
         return pad_id(self.tok)
 
-    def textless(self, lengths: Sequence[int], pairs: bool = False) -> list[int]:
-        """The indices of inputs whose tokens are the special tokens alone: every character of the text
-        was dropped by the tokenizer (e.g. combining accents alone, which an uncased BERT strips). Such
-        an input is classified as [CLS] [SEP], the same for any of them."""
+    def textless(self, texts: Sequence[Text], lengths: Sequence[int]) -> list[tuple[int, int | None]]:
+        """(index, None) of inputs whose tokens are the special tokens alone: every character was
+        dropped by the tokenizer (e.g. combining accents alone, which an uncased BERT strips), and the
+        input would be classified as [CLS] [SEP], the same for any of them; for sentence pairs also
+        (index, 0 or 1) where one text of the pair lost every character (the pair would be read as
+        the other text alone). `lengths`: the inputs' token counts, specials included."""
+        pairs = bool(texts) and is_pair(texts[0])
         specials = _special_count(self.tok, pairs)
-        return [] if specials is None else [i for i, n in enumerate(lengths) if n <= specials]
+        whole: list[tuple[int, int | None]] = [] if specials is None else [
+            (i, None) for i, n in enumerate(lengths) if n <= specials]
+        if not pairs or whole:
+            return whole
+        # only a text with a character outside ASCII can lose them all: a blank one (whitespace, control
+        # and format characters) was refused when read; the first 4,096 characters decide
+        maybe = [(i, side) for i, t in enumerate(texts) for side in (0, 1) if not t[side].isascii()]
+        if not maybe:
+            return []
+        ids = self.tok([texts[i][side][:4096] for i, side in maybe], add_special_tokens=False)["input_ids"]
+        return [m for m, x in zip(maybe, ids) if not len(x)]
 
 
-def textless_message(where: str, advice: str = "give some text") -> str:
-    """The error for an input `textless` found, at `where` (e.g. "texts[0]"), ending with `advice`."""
-    return (f"{where}: the tokenizer keeps none of its characters (e.g. combining accents alone), so it would be read as "
-            f"the special tokens only; {advice}")
+def textless_message(where: str, side: int | None = None, advice: str = "give some text") -> str:
+    """The error for an input `textless` found, at `where` (e.g. "texts[0]"), and for a pair's `side`
+    (0, 1: its first or second text), ending with `advice`."""
+    what = "its characters" if side is None else f"the characters of its {('first', 'second')[side]} text"
+    return (f"{where}: the tokenizer keeps none of {what} (e.g. combining accents alone), so it would be read as "
+            + ("the special tokens only" if side is None else f"the {('second', 'first')[side]} text alone")
+            + f"; {advice}")

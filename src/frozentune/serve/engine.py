@@ -290,8 +290,8 @@ class Engine:
             names = {t.name for t in chosen if t.group is group}
             views = explain and any(t.explains for t in chosen if t.group is group)
             tokens, vs = group.tokenize(texts, views)
-            if empty := group.backbone.textless([len(x) for x in tokens.ids], pairs):
-                raise RequestError(textless_message(f"{'pairs' if pairs else 'texts'}[{empty[0]}]"))
+            if empty := group.backbone.textless(texts, [len(x) for x in tokens.ids]):
+                raise RequestError(textless_message(f"{'pairs' if pairs else 'texts'}[{empty[0][0]}]", empty[0][1]))
             for i, (x, v) in enumerate(zip(tokens.ids, vs)):
                 per_text[i].append(len(jobs))
                 # the key is the padding multiple: a classify batch's rows are padded alike
