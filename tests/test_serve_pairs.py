@@ -144,3 +144,23 @@ def test_page_shows_pair_tasks_in_headless_chromium(models, tmp_path):
         assert "pair (sentence1, sentence2)" in dom
     finally:
         running.stop()
+
+
+def test_a_pair_cut_at_max_length_is_said_to_be_a_pair(engine, models, pairs):
+    """A pair is cut longest_first: the longer text loses its end and the second may be read whole. predict
+    and the server said "what follows was not read", and explain said nothing."""
+    from frozentune import api
+
+    long_pair = ("a man plays a guitar on a stage " * 40, "He plays music.")
+    said: list[str] = []
+    rows = api.explain(models / "pair-se", [long_pair, pairs[0]], top=2, log=said.append)
+    assert rows[0]["truncated"] is True and "truncated" not in rows[1]
+    assert rows[0]["explanation"]  # the explanation is of the part that was read
+    predicted = api.predict(models / "pair-se", [long_pair, pairs[0]], log=said.append)
+    assert predicted[0]["truncated"] is True and "truncated" not in predicted[1]
+    lines = [s for s in said if "reached --max-length" in s]
+    assert len(lines) == 2 and all(s.startswith("1 of 2 pairs") and "the longer text of the pair was cut first" in s
+                                   for s in lines), said
+    answer = engine.classify([list(long_pair)], tasks=["pair-se"], pairs=True)["results"][0]
+    assert answer["truncated"] is True and "the pair reached max_length" in answer["note"]
+    assert "the longer text of the pair was cut first" in answer["note"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import model as M
-from .backbone import Backbone, LayerSpec
+from .backbone import Backbone, LayerSpec, cut_line
 from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
@@ -375,7 +375,9 @@ def truncation_note(sources, max_length: int) -> str | None:
     if not reached:
         return None
     total = sum(len(s) for s in sources)
-    return f"{reached:,} of {total:,} texts reached --max-length {max_length} tokens; longer ones were truncated to it"
+    pairs = any(getattr(s, "sep", None) is not None for s in sources)
+    return (f"{reached:,} of {total:,} {'pairs' if pairs else 'texts'} reached --max-length {max_length} tokens; "
+            + ("the longer text of a pair was cut first" if pairs else "longer ones were truncated to it"))
 
 
 def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> TrainConfig:
@@ -735,8 +737,7 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str |
     model, src = _live(model_dir, texts, device, precision, log)
     cut = src.lengths >= model.backbone_ref.max_length  # (N,) bool: the text went on past what was read
     if cut.any():
-        log(f"{int(cut.sum()):,} of {len(texts):,} texts reached --max-length {model.backbone_ref.max_length} tokens "
-            f"(special tokens included): what follows was not read (\"truncated\": true)")
+        log(cut_line(int(cut.sum()), len(texts), model.backbone_ref.max_length, pair_kind(texts)))
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
     if not np.isfinite(probs).all():
@@ -847,6 +848,9 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     tokens, views = bb.tokenize_with_views(texts)
     _with_text(bb, texts, tokens)  # an explanation would rank [CLS] and [SEP]
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
+    cut = tokens.lengths >= bb.max_length  # (N,) bool: the explanation covers the part that was read
+    if cut.any():
+        log(cut_line(int(cut.sum()), len(texts), bb.max_length, pairs))
     out = []
     model.eval()
     device = next(model.parameters()).device
@@ -855,6 +859,6 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
             o = model(src.batch(np.array([i])).to(device))
         ex = model.head.explain(o, views[i], model.labels, top)
         out.append({**text_row(text), "label": model.labels[int(o.logits[0].argmax())],
-                    "explanation": ex.data, "lines": ex.lines})
+                    "explanation": ex.data, "lines": ex.lines, **({"truncated": True} if cut[i] else {})})
     return out
 

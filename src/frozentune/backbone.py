@@ -887,6 +887,19 @@ class Backbone:
         return [m for m, x in zip(maybe, ids) if not len(x)]
 
 
+def cut_words(pairs: bool) -> str:
+    """What an input cut at max_length lost, in words: a pair is cut `longest_first` (tokenize), so
+    its longer text loses its end first, and the text after it may still be read whole."""
+    return ("the longer text of the pair was cut first, so the end of one text or both was not read" if pairs
+            else "what follows was not read")
+
+
+def cut_line(cut: int, total: int, max_length: int, pairs: bool) -> str:
+    """The log line of predict / explain: how many inputs reached max_length, and what that means."""
+    return (f"{cut:,} of {total:,} {'pairs' if pairs else 'texts'} reached --max-length {max_length} tokens (special "
+            f"tokens included): {cut_words(pairs)} (\"truncated\": true)")
+
+
 def textless_message(where: str, side: int | None = None, advice: str = "give some text") -> str:
     """The error for an input `textless` found, at `where` (e.g. "texts[0]"), and for a pair's `side`
     (0, 1: its first or second text), ending with `advice`."""

@@ -377,8 +377,9 @@ class OnnxClassifier:
 
         out = self.run(texts)
         if self.cut.any() and log:
-            log(f"{int(self.cut.sum()):,} of {len(texts):,} texts reached --max-length {self.meta['max_length']} tokens "
-                f"(special tokens included): what follows was not read (\"truncated\": true)")
+            from ..backbone import cut_line
+
+            log(cut_line(int(self.cut.sum()), len(texts), int(self.meta["max_length"]), self.pairs))
         rows = []
         for i, t in enumerate(texts):
             tasks = {}

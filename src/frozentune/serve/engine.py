@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..backbone import textless_message
+from ..backbone import cut_words, textless_message
 from ..data import blank, invisible, unencodable
 from .batcher import BatchStats, Batcher, Job
 from .graphs import HeadGraphs, graphs_choice
@@ -310,8 +310,8 @@ class Engine:
                 row: dict[str, Any] = {"chars": chars, "tasks": {t.name: merged[t.name] for t in chosen},
                                        "truncated": bool(cut)}
                 if cut:
-                    row["note"] = (f"the text reached max_length ({min(cut)} tokens, special tokens included): "
-                                   f"what follows was not read")
+                    row["note"] = (f"the {'pair' if pairs else 'text'} reached max_length ({min(cut)} tokens, special "
+                                   f"tokens included): {cut_words(pairs)}")
                 rows.append(row)
             return {"tasks": [t.name for t in chosen], "results": rows}
 
