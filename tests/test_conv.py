@@ -257,6 +257,23 @@ def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     with pytest.raises(ConvError, match="is not empty .* holds no pre-training run"):
         pretrain(busy, str(corpus_file), ENC, {"steps": 2}, log=quiet)
     assert [p.name for p in busy.iterdir()] == ["result.json"] and (busy / "result.json").read_text() == "{}"
+    # a resumed run whose budget is already spent: said, nothing rewritten (it said "steps budget spent" and
+    # rewrote result.json with the smaller budget)
+    before = (out / "result.json").read_text()
+    with pytest.raises(ConvError, match=f"is at step {r['step']} .* already past --minutes 1e-05; give a larger budget"):
+        pretrain(out, None, {}, {"minutes": 1e-5}, resume=True, log=quiet)
+    assert (out / "result.json").read_text() == before
+
+
+def test_pretrain_stopped_before_its_first_checkpoint_starts_again(corpus_file, tmp_path):
+    """A run interrupted before its first checkpoint left only loss.jsonl: the same command was then refused
+    ("not empty ... holds no pre-training run") and --resume found nothing to resume."""
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "loss.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    (out / ".tmp-step-0000002").mkdir()  # a checkpoint being written when it stopped
+    r = pretrain(out, str(corpus_file), ENC, {**RUN, "steps": 2}, log=quiet)
+    assert r["step"] == 2 and len((out / "loss.jsonl").read_text().splitlines()) == 2
 
 
 # ----------------------------------------------------------------------------- the conv method
@@ -313,6 +330,13 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice)
     assert code == 0, err
     assert json.loads(stdout)["metrics"] == result["metrics"]  # exact: the same model, kernels and test batches
+    # conv's encoder runs in fp32: --precision was said to be used ("precision: bf16 (as asked)") and ignored
+    code, _, err = run(capsys, "train", "--method", "conv", *sizes, "--data", trec_slice, "--max-length", 32,
+                       "--precision", "bf16", "--output", tmp_path / "m2", "--quiet")
+    assert code == 2 and "--precision bf16: method 'conv' trains or steers the backbone" in err, err
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--precision", "bf16")
+    assert code == 0 and "precision: fp32 (method 'conv' runs its backbone itself" in err and "as asked" not in err, err
+    assert json.loads(stdout)["metrics"] == result["metrics"] and json.loads(stdout)["precision"] == "fp32"
     from frozentune.data import load_classification
     test = load_classification(str(trec_slice)).test
     texts = tmp_path / "texts.txt"
@@ -330,14 +354,24 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     (["pretrain", "--output", "{tmp}/o", "--steps", "1"], "give --corpus"),
     (["pretrain", "--corpus", "{unk}", "--output", "{tmp}/o", "--steps", "1"], "no tokens the tokenizer keeps"),
     (["pretrain", "--corpus", "imdb", "--output", "{tmp}/o"], "give a budget"),
+    # each of these was a traceback, or (nan minutes) a run that never ended, or accepted
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--minutes", "nan"], "--minutes nan: give a finite number"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--lr", "nan"], "--lr nan: give a finite"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--lr", "-1"], "--lr -1.0: give a learning rate above 0"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--seed", "-1"], "--seed -1: give a whole number of 0"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--weight-decay", "-1"], "--weight-decay -1.0"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-grad-norm", "-1"], "--max-grad-norm -1.0"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-length", "2"], "give at least 3"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--device", "foo"], "--device 'foo': give auto"),
     (["train", "--method", "conv", "--init", "{tmp}", "--data", "{trec}"], "is not a pre-training checkpoint"),
     (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone and --layer do not apply"),
 ])
-def test_bad_input_messages(capsys, tmp_path, trec_slice, argv, needle):
+def test_bad_input_messages(capsys, tmp_path, trec_slice, corpus_file, argv, needle):
     unk = tmp_path / "unknown.txt"  # text, but only characters MiniLM's tokenizer reads as [UNK]
     unk.write_text("\u2603\u2603\n\u2603\n")
-    code, _, err = run(capsys, *[a.format(tmp=tmp_path, trec=trec_slice, unk=unk) for a in argv])
-    assert code == 2 and needle in err, err
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path, trec=trec_slice, unk=unk, corpus=corpus_file) for a in argv])
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "o" / "loss.jsonl").exists()  # refused before any work
 
 
 @pytest.mark.parametrize("command", [["pretrain", "--corpus", "imdb", "--output", "o", "--steps", "1"],

@@ -247,12 +247,13 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     model = M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed)
     model.pair_fields = (ds.text_field, ds.pair_field)
     lines = list(rt.lines)
-    if model.runs_live and bb.precision != "fp32" and isinstance(backbone, BackboneOptions) \
-            and backbone.precision is not None:
-        raise MethodError(f"--precision {bb.precision}: method {method!r} trains or steers the backbone, which "
+    asked = backbone.precision if isinstance(backbone, BackboneOptions) else None
+    if model.runs_live and asked not in (None, "fp32"):  # (conv's own encoder is fp32 whatever was asked: it was ignored)
+        raise MethodError(f"--precision {asked}: method {method!r} trains or steers the backbone, which "
                           f"it does in fp32; leave --precision out (or give fp32)")
-    if _live_backbone_on(model, rt.device):
-        lines[-1] = f"precision: fp32 (method {method!r} trains or steers the backbone)"
+    if _live_backbone_on(model, rt.device) or model.runs_live:
+        lines = [f"precision: fp32 (method {method!r} trains or steers the backbone)" if line.startswith("precision:")
+                 else line for line in lines]
     for line in lines:
         log(line)
     cfg = dataclasses.replace(cfg, device=str(rt.device))
@@ -440,7 +441,11 @@ def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | N
     if not isinstance(model_dir, (str, os.PathLike)):
         raise DataError(f"model: {type(model_dir).__name__} ({str(model_dir)[:40]}); give the folder of a saved model "
                         f"(a str or Path), or a loaded model")
-    model = M.load(model_dir, runtime=saved_runtime(device, precision, log))
+    lines: list[str] = []  # said once the method is known: a live method runs its backbone in fp32 whatever was asked
+    model = M.load(model_dir, runtime=saved_runtime(device, precision, lines.append))
+    for line in lines:
+        log(f"precision: fp32 (method {model.method!r} runs its backbone itself, in fp32; --precision applies to "
+            f"frozen passes)" if model.runs_live and line.startswith("precision:") else line)
     _live_backbone_on(model, model.backbone_ref.device)
     model.to(model.backbone_ref.device)
     return model

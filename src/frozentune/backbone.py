@@ -713,9 +713,9 @@ class Backbone:
     def __init__(self, name: str, model: nn.Module, tok, layers: LayerSpec = LayerSpec(),
                  max_length: int = 128, device: str | torch.device = "cpu", precision: str = "fp32",
                  token_types: bool = True):
-        if max_length < 2:
-            raise BackboneError(f"max_length {max_length}: must be at least 2")
         specials = _special_count(tok)
+        if max_length < 2 and not specials:  # (with special tokens, the check below names the least that works)
+            raise BackboneError(f"max_length {max_length}: must be at least 2")
         if specials is not None and max_length <= specials:  # every input would be its special tokens alone: no word of the text
             raise BackboneError(f"--max-length {max_length}: {name!r}'s tokenizer adds {specials} special tokens to "
                                 f"every text, so no room is left for the text itself; give at least {specials + 1} "

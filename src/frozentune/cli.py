@@ -635,7 +635,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
     if a.output.exists() and not a.output.is_dir():
         raise CLIError(f"--output {a.output}: is a file; give a folder for the checkpoint (it is created)")
-    on_interrupt(f"the last complete checkpoint in {a.output} is kept; --resume continues from it")
+    on_interrupt(f"{a.output} keeps its last complete checkpoint, if one was written: --resume continues from it "
+                 f"(with none yet, run the same command again to start over)")
     pretrain(a.output, a.corpus, _given(a, EncoderConfig), _given(a, PretrainConfig), a.resume, a.text_field,
              log=lambda s: print(s, flush=True))
     return 0

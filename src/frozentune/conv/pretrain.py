@@ -74,6 +74,20 @@ class PretrainConfig:
     device: str = field(default="cpu", metadata={"help": "torch device (cpu, cuda, cuda:1 …)"})
 
     def validate(self) -> None:
+        from ..fields import wrong_value
+
+        if (why := wrong_value(self, flag=True)) is not None:  # e.g. steps=1.5 from Python
+            raise ConvError(why)
+        for name in ("minutes", "lr", "weight_decay", "max_grad_norm", "mask_prob"):
+            if not math.isfinite(value := getattr(self, name)):  # NaN passed every comparison: --minutes nan never ended
+                raise ConvError(f"--{name.replace('_', '-')} {value}: give a finite number")
+        if self.lr <= 0:
+            raise ConvError(f"--lr {self.lr}: give a learning rate above 0 (the default is 5e-4)")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ConvError(f"--weight-decay {self.weight_decay} / --max-grad-norm {self.max_grad_norm}: give 0 or more "
+                            f"(0: off)")
+        if self.seed < 0:
+            raise ConvError(f"--seed {self.seed}: give a whole number of 0 or more")
         if self.steps < 0 or self.minutes < 0:
             raise ConvError(f"--steps {self.steps} / --minutes {self.minutes}: a budget cannot be negative; give "
                             f"--steps N and/or --minutes M, at least one of them above 0 (0 means no limit of that kind)")
@@ -330,7 +344,11 @@ def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume
                         f"continue it, or choose another --output")
     if output.exists() and not output.is_dir():
         raise ConvError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
-    if output.is_dir() and (present := sorted(p.name for p in output.iterdir())):  # e.g. a saved model's folder
+    # a folder holding only what a run stopped before its first checkpoint wrote (its loss curve, a
+    # half-written checkpoint) is started afresh; anything else (e.g. a saved model's folder) is not ours
+    own = {CURVE} if not (output / "result.json").exists() else set()
+    if output.is_dir() and (present := sorted(p.name for p in output.iterdir()
+                                              if p.name not in own and not p.name.startswith(".tmp-"))):
         raise ConvError(f"--output {output}: is not empty ({len(present)} entr{'y' if len(present) == 1 else 'ies'}, "
                         f"e.g. {present[0]}) and holds no pre-training run; choose a new or empty folder")
     if corpus is None:
@@ -339,6 +357,15 @@ def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume
         return EncoderConfig(**encoder), PretrainConfig(**run), corpus, None
     except TypeError as e:
         raise ConvError(f"bad option: {e}") from None
+
+
+def _device(spec: str) -> torch.device:
+    """The device to train on: an absent or unknown one is an error listing what this machine has
+    (extract.resolve_device); under a launcher, a bare "cuda" is this rank's GPU."""
+    from ..extract.device import resolve_device
+
+    chosen, _ = resolve_device(spec)
+    return chosen if spec.strip().lower() == "auto" else distributed.device(spec.strip().lower())
 
 
 class Batches:
@@ -384,6 +411,10 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
     enc_cfg.validate()
     run_cfg.validate()
+    if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
+        raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
+                        f"word piece; give at least 3 (the default is 128)")
+    device = _device(run_cfg.device)  # an unknown or absent device: said before any work
     distributed.barrier()  # every rank has read the output folder as it was before rank 0 writes to it
     if main:
         output.mkdir(parents=True, exist_ok=True)
@@ -400,7 +431,6 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['corpus']['chunks']:,} chunks "
                         f"then, {len(data.chunks):,} now); resume with the same corpus or start a new run")
 
-    device = distributed.device(run_cfg.device)  # under a launcher, a bare "cuda" is this rank's GPU
     torch.manual_seed(run_cfg.seed)
     model = MaskedLM(Encoder(enc_cfg, len(tok))).to(device)
     if not main:  # dropout: rank 0 continues the stream as one process would, the others draw their own
@@ -424,6 +454,10 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             raise ConvError(f"{folder}: the checkpoint does not fit the run it describes "
                             f"({' '.join(str(e).split())[:200]}); restore it or start a new run") from None
         step, elapsed, tokens_seen = saved["step"], saved["seconds"], saved["tokens_seen"]
+        if run_cfg.steps and step >= run_cfg.steps or run_cfg.minutes and elapsed >= 60 * run_cfg.minutes:
+            raise ConvError(f"{output} is at step {step} ({elapsed / 60:.1f} minutes trained), already past "
+                            f"{as_flags({k: v for k, v in (('steps', run_cfg.steps), ('minutes', run_cfg.minutes)) if v})}; "
+                            f"give a larger budget to continue it (nothing was changed)")
         curve = [json.loads(line) for line in (folder / CURVE).read_text().splitlines() if line.strip()]
         log(f"resuming {output} at step {step} ({elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in model.encoder.parameters())
