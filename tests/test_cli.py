@@ -297,6 +297,10 @@ def test_device_messages_say_what_to_do():
 
     with pytest.raises(ExtractError, match="empty; give auto"):  # was taken as auto without a word
         resolve_device("")
+    from frozentune.extract import choose_runtime
+
+    with pytest.raises(ExtractError, match="empty; give auto"):  # --device "" on cache / train: the same
+        choose_runtime("", None)
     with pytest.raises(ExtractError, match="Use --device cpu"):
         resolve_device("mps" if not torch.backends.mps.is_available() else "cuda:99")
 

@@ -138,6 +138,7 @@ def test_cache_interrupted_keeps_finished_shards_then_resumes(tiny_bert, big, tm
     assert kept
     answer = cli(*argv, code=0)  # the rerun extracts only the shards not finished
     assert f"{len(kept)} of 8 shards were finished before" in answer.err, answer.err
+    assert "s now; the build: " in answer.out, answer.out  # this run's seconds beside the whole build's rate
     whole_entry(root, N_TEXTS)
 
 

@@ -819,8 +819,11 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                 "tokens_per_s": (cache.meta["tokens"] / cache.meta["extract_seconds"]
                                  if secs and part.count == 1 and cache.meta.get("extract_seconds") else None),
                 "at_max_length": int((cache.lengths >= bb.max_length).sum())}
+        built = float(cache.meta.get("extract_seconds") or 0.0)  # every run's shards: more than secs after a resume
         log(f"{split}: {cache.n} examples, {row['tokens']:,} tokens → {cache.path}"
-            + (f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if row["tokens_per_s"] else
+            + (f" ({secs:.1f}s now; the build: {built:.1f}s, {row['tokens_per_s']:,.0f} tok/s)"
+               if row["tokens_per_s"] and built > secs * 1.01 + 0.05 else
+               f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if row["tokens_per_s"] else
                f" (this part: {secs:.1f}s)" if secs else " (cached)")
             + (f"; {row['at_max_length']:,} reached --max-length {bb.max_length} (truncated)" if row["at_max_length"] else ""))
         out.append(row)

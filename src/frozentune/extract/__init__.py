@@ -44,7 +44,7 @@ def choose_runtime(device: str | None, precision: str | None, fallback: str | No
     the device, else the device's measured default; the lines say which and why."""
     from .precision import check_precision, default_precision
 
-    dev, said = resolve_device(device or "auto")
+    dev, said = resolve_device("auto" if device is None else device)  # "" is an error there, not auto
     lines = [said]
     if precision is not None:
         check_precision(precision, dev)
