@@ -95,6 +95,10 @@ def test_one_head_prints_predicts_rows(heads, tmp_path):
     cli("export", "--model", heads / "probe", "--format", "onnx", "--output", tmp_path / "g", code=0)
     cli("export", "--model", heads / "probe", "--format", "onnx", "--output", tmp_path / "g", contains="--overwrite")
     cli("export", "--model", heads / "probe", "--format", "onnx", "--output", tmp_path / "g", "--overwrite", code=0)
+    # an export's --overwrite deleted a trained model folder given as --output
+    cli("export", "--model", heads / "probe", "--format", "onnx", "--output", heads / "space", "--overwrite",
+        contains="holds a saved model; --overwrite replaces an ONNX export with another, not a saved model")
+    assert (heads / "space" / "model.safetensors").is_file()
     (tmp_path / "q.txt").write_text("\n".join(TEXTS) + "\n")
     rows = [json.loads(line) for line in cli("predict", "--onnx", tmp_path / "g", "--input", tmp_path / "q.txt",
                                              code=0).out.splitlines()]
@@ -198,3 +202,63 @@ def test_the_exporters_noise_is_quieted_and_restored():
     with X.quiet_loggers():
         assert all(not lg.isEnabledFor(logging.WARNING) and lg.isEnabledFor(logging.ERROR) for lg in loggers)
     assert [lg.level for lg in loggers] == before
+
+
+def test_a_damaged_export_folder_is_named_not_a_traceback(graph_dir, tmp_path):
+    """A folder copied without its weights file, an edited onnx.json, lost tokenizer files: tracebacks
+    from onnxruntime / json / transformers before, and an edited label list gave scores of other labels."""
+    import shutil
+
+    def broken(name: str, damage) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(graph_dir, folder)
+        damage(folder)
+        return folder
+
+    def edit_meta(change):
+        def apply(folder):
+            meta = json.loads((folder / "onnx.json").read_text())
+            change(meta)
+            (folder / "onnx.json").write_text(json.dumps(meta))
+        return apply
+
+    labels = len(json.loads((graph_dir / "onnx.json").read_text())["heads"][0]["labels"])
+    cases = [
+        ("not-json", lambda f: (f / "onnx.json").write_text("{"), "onnx.json is not valid JSON"),
+        ("no-pairs", edit_meta(lambda m: m.pop("pairs")), "onnx.json lacks or has a wrong pairs"),
+        ("labels", edit_meta(lambda m: m["heads"][0]["labels"].pop()),
+         f"gives head '{HEADS[0]}' {labels - 1} labels, and the graph's {HEADS[0]}.logits has {labels}"),
+        ("graph", lambda f: (f / "model.onnx").write_bytes((f / "model.onnx").read_bytes()[:100]),
+         "ONNX Runtime cannot load model.onnx"),
+        ("tokenizer", lambda f: [p.unlink() for p in f.glob("tokenizer*")] + [p.unlink() for p in f.glob("vocab*")],
+         "its tokenizer files cannot be read"),
+    ]
+    for name, damage, says in cases:
+        cli("predict", "--onnx", broken(name, damage), "a question ?", contains=says)
+
+
+def test_a_head_trained_on_other_states_is_said_to_be(heads, tmp_path):
+    """The graph runs the backbone in fp32; a head trained on int8 (or the bf16 default) states was exported
+    without a word, and its `predict --model` answers differed from the graph's on texts near a tie."""
+    import shutil
+
+    head = tmp_path / "probe-int8"
+    shutil.copytree(heads / "probe", head)
+    config = json.loads((head / "config.json").read_text())
+    config["backbone"]["precision"] = "int8"
+    (head / "config.json").write_text(json.dumps(config))
+    ans = cli("export", "--model", head, "--format", "onnx", "--output", tmp_path / "g", code=0)
+    assert "probe-int8 (int8) trained on int8 states; the graph runs the backbone in fp32" in ans.err + ans.out
+    meta = json.loads((tmp_path / "g" / "onnx.json").read_text())
+    assert meta["precision"] == "fp32" and meta["heads"][0]["trained_precision"] == "int8"
+    assert "Trained on int8 states; this graph runs the backbone in fp32" in (tmp_path / "g" / "README.md").read_text()
+    (tmp_path / "here").mkdir()
+    shutil.copytree(heads / "probe", tmp_path / "here" / "task")
+    import os  # `export --model .` without --name: it blamed --name ("'' cannot name a head's output")
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "here" / "task")
+    try:
+        cli("export", "--model", ".", "--format", "onnx", "--output", tmp_path / "dot", code=0)
+    finally:
+        os.chdir(cwd)
+    assert json.loads((tmp_path / "dot" / "onnx.json").read_text())["heads"][0]["name"] == "task"

@@ -521,10 +521,10 @@ def test_sweep_from_python_and_its_folders(trec_slice, tiny_bert, tmp_path):
     assert best["config"]["shots"] == 2 and r.best_saved_as == "probe"
     api.train("probe", str(trec_slice), bb, train_cfg={"epochs": 1, "cv_below": 0}, output=tmp_path / "m",
               cache_root=tmp_path / "c", progress=False, log=lambda s: None)
-    with pytest.raises(OutputError, match="holds a saved model; --overwrite replaces a sweep with a sweep"):
+    with pytest.raises(OutputError, match="holds a saved model; --overwrite replaces a sweep with another, not a saved model"):
         run_sweep(Grid.parse("probe"), str(trec_slice), bb, tmp_path / "m", shots=2, overwrite=True,
                   cache_root=tmp_path / "c", log=lambda s: None)
-    with pytest.raises(OutputError, match="holds a sweep; --overwrite replaces a saved model with a model"):
+    with pytest.raises(OutputError, match="holds a sweep; --overwrite replaces a saved model with another, not a sweep"):
         api.train("probe", str(trec_slice), bb, output=tmp_path / "s", overwrite=True, log=lambda s: None)
     with pytest.raises(Exception, match="the folder of a sweep; its best point's model is"):
         api.predict(tmp_path / "s", ["a question ?"])

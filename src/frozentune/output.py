@@ -45,9 +45,10 @@ def _writable(folder: Path) -> bool:
 
 
 def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = (), kind: str = "model") -> None:
-    """Raise OutputError unless `output` can receive a saved model (kind "sweep": a sweep's folder):
-    a new path in a writable folder, an empty folder, or (with overwrite) a folder holding one of the
-    same kind saved earlier (--overwrite of a sweep does not replace a model, nor the reverse).
+    """Raise OutputError unless `output` can receive what a command writes (`kind`, one of KINDS: a
+    saved model, a sweep's folder, an ONNX export, a PEFT adapter): a new path in a writable folder,
+    an empty folder, or (with overwrite) a folder holding one of the same kind written earlier
+    (--overwrite of an export does not replace a model, nor a sweep's a model, nor the reverse).
     `reads`: the folders the command reads (an export's --model): the output may be none of them,
     nor hold or lie inside one, since it is replaced whole."""
     output = Path(output)
@@ -75,10 +76,9 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
     if any(name in present for name in MODEL_FILES):
         _check_ours(output, present)
         what = _holds(present)
-        if overwrite and (kind == "sweep") != (what == "a sweep"):
-            raise OutputError(f"--output {output}: holds {what}; --overwrite replaces a "
-                              f"{'sweep with a sweep' if kind == 'sweep' else 'saved model with a model'}, not one with "
-                              f"the other: remove it yourself, or choose another folder")
+        if overwrite and what != KINDS[kind]:  # e.g. an export's --overwrite deleted a trained model
+            raise OutputError(f"--output {output}: holds {what}; --overwrite replaces {KINDS[kind]} with another, not "
+                              f"{what}: remove it yourself, or choose another folder")
         if overwrite:
             return
         raise OutputError(f"--output {output}: already holds {what} ({', '.join(n for n in present if n in MODEL_FILES)}); "
@@ -94,9 +94,15 @@ def _frozentune_config(path: Path) -> bool:
         return False
 
 
+# what each kind of output folder is called: what a command writes, and what --overwrite may replace
+KINDS = {"model": "a saved model", "sweep": "a sweep", "onnx": "an ONNX export", "peft": "a PEFT adapter"}
+
+
 def _holds(present: list[str]) -> str:
-    """What a folder of frozentune's holds, by its entries: "a sweep" or "a saved model"."""
-    return "a sweep" if "sweep.json" in present else "a saved model"
+    """What a folder of frozentune's holds, by its entries (one of KINDS' values)."""
+    return ("a sweep" if "sweep.json" in present else "an ONNX export" if "onnx.json" in present
+            else "a PEFT adapter" if "adapter_config.json" in present and "config.json" not in present
+            else "a saved model")
 
 
 def _manifest(folder: Path) -> set[str] | None:

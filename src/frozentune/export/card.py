@@ -63,11 +63,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
         header += ["datasets:", f"- {HUB_DATASETS[data]}"]
     header.append("---")
     title = f"# {method} on {data}" if data else f"# {method}"
-    body = [title, f"**Method.** {METHOD_LINES.get(method, method)}."]
-    asked = result.get("method")
-    if asked and asked != method:  # few labels: cross-validation kept the logistic regression (crossval.fit_cv)
-        body[-1] += (f" Trained as `--method {asked}`: on its few labels, cross-validation found the {asked} head no "
-                     f"better than a logistic regression on the same states, which is what this folder holds.")
+    body = [title, f"**Method.** {METHOD_LINES.get(method, method)}.{_fallback_words(method, result)}"]
     body.append(_sizes_line(config, result))
     body.append(_backbone_line(name, base, backbone))
     if data:
@@ -98,6 +94,16 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     return path
 
 
+def _fallback_words(method: str, result: dict) -> str:
+    """The sentence a card adds when cross-validation kept the logistic regression (crossval.fit_cv)
+    instead of the head asked for; '' otherwise."""
+    asked = result.get("method")
+    if not asked or asked == method:
+        return ""
+    return (f" Trained as `--method {asked}`: on its few labels, cross-validation found the {asked} head no "
+            f"better than a logistic regression on the same states, which is what this folder holds.")
+
+
 def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
     """The card of an ONNX export folder (export/onnx.py's onnx.json `meta`): one graph, one backbone
     pass and its heads; per head its method, labels and the test metrics of the folder it came from
@@ -118,7 +124,10 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
         r = results.get(h.get("name"), {})
         body += [f"## Head `{h.get('name')}`",
                  f"**Method.** {METHOD_LINES.get(h.get('method'), h.get('method'))}; exported from `{h.get('from')}`"
-                 f"{' (data: ' + str(r['data']) + ')' if r.get('data') else ''}.",
+                 f"{' (data: ' + str(r['data']) + ')' if r.get('data') else ''}.{_fallback_words(h.get('method'), r)}"
+                 + (f" Trained on {h['trained_precision']} states; this graph runs the backbone in fp32, as "
+                    f"`frozentune predict --precision fp32` does (a few labels near a tie may differ from `predict` in "
+                    f"{h['trained_precision']})." if h.get("trained_precision", "fp32") != "fp32" else ""),
                  "**Labels.** " + ", ".join(f"`{x}`" for x in h.get("labels", [])) + ".",
                  _metrics_table(r.get("metrics"), False)]
     body += ["## How to use",

@@ -8,8 +8,11 @@ tokenizer that has them), int64 (batch, tokens), both dimensions dynamic down to
 NAME it returns `NAME.logits` (batch, classes) and the method's explanation tensors: the
 self-explaining head's `NAME.span_weights` (batch, T, W), Y-Tuning's `NAME.label_attention`
 (batch, C, T), the space model's `NAME.centroids`, `NAME.concept_variance` and
-`NAME.token_scores`. The backbone runs once; each head reads its own layers, rounded to float16
-and back as the feature cache stores them, so ONNX predictions are `frozentune predict`'s.
+`NAME.token_scores`. The backbone runs once, in float32; each head reads its own layers, rounded
+to float16 and back as the feature cache stores them, so ONNX predictions are `frozentune predict
+--precision fp32`'s. A head trained on bf16 or int8 states (bf16 is the default on a CPU with native
+bf16) is said to be one at export and in onnx.json (`trained_precision`): its `predict --model`
+runs that precision, and a few labels near a tie can differ from the graph's.
 
 Made by torch.onnx's dynamo exporter (opset 18) from the float32 backbone, with the batch and
 token dimensions declared dynamic. Before anything is written, ONNX Runtime runs the graph on
@@ -103,7 +106,7 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
     from .. import model as M
 
     dirs = [Path(d) for d in model_dirs]
-    names = list(names) if names else [d.name for d in dirs]
+    names = list(names) if names else [d.resolve().name for d in dirs]  # `--model .` is named after its folder
     if len(names) != len(dirs):
         raise ExportError(f"--name: {len(names)} names for {len(dirs)} models; give one per --model, or none")
     for i, name in enumerate(names, 1):
@@ -120,6 +123,7 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
             raise ExportError(f"{d}: a text generator ({config.get('method')}); --format onnx exports classifiers "
                               f"(a prefix goes to PEFT with --format peft)")
         m = M.load(d, runtime=lambda b: ("cpu", "fp32"))  # also sets the fields it was trained on
+        m.trained_precision = config["backbone"].get("precision", "fp32")  # type: ignore[attr-defined]
         if m.runs_live:
             why = "trains its encoder" if m.trains_backbone else "changes what the backbone computes (a prefix inside it)"
             raise ExportError(f"{d}: method {m.method!r} {why}, so it shares no frozen pass; --format onnx exports "
@@ -183,12 +187,12 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
     from .card import CARD, onnx_card_text, read_result
 
     output = Path(output)
-    check_output(output, overwrite, reads=model_dirs)
+    check_output(output, overwrite, reads=model_dirs, kind="onnx")
     _require("onnxruntime", "onnx", "onnxscript")
     heads = load_heads(model_dirs, names)
     graph = build_graph(heads)
     bb = heads[0][1].backbone_ref
-    with staged_output(output, overwrite) as folder:
+    with staged_output(output, overwrite, kind="onnx") as folder:
         t0 = time.perf_counter()
         _export(graph, bb, folder / GRAPH)
         export_seconds = time.perf_counter() - t0
@@ -200,9 +204,9 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
                               f"{PARITY:g}); the graph was not written. Please report it with the models' methods")
         bb.tok.save_pretrained(str(folder))
         meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET,
-                "inputs": graph.input_names, "outputs": graph.output_names,
+                "inputs": graph.input_names, "outputs": graph.output_names, "precision": "fp32",
                 "heads": [{"name": n, "method": m.method, "labels": m.labels, "layers": list(m.backbone_ref.layers.layers),
-                           "outputs": graph.outputs_of(n), "from": str(d)}
+                           "outputs": graph.outputs_of(n), "from": str(d), "trained_precision": m.trained_precision}
                           for (n, m), d in zip(heads, model_dirs)],
                 "pairs": bool(heads[0][1].takes_pairs), "fields": list(heads[0][1].pair_fields),
                 "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
@@ -210,10 +214,14 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
         (folder / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
         (folder / CARD).write_text(onnx_card_text(meta, {n: read_result(d) for (n, _), d in zip(heads, model_dirs)}),
                                    encoding="utf-8")
+    if other := [f"{n} ({m.trained_precision})" for n, m in heads if m.trained_precision != "fp32"]:
+        log(f"note: {', '.join(other)} trained on {'/'.join(sorted({m.trained_precision for _, m in heads} - {'fp32'}))} "
+            f"states; the graph runs the backbone in fp32, so it answers as `frozentune predict --precision fp32` "
+            f"does, and `predict --model` (its trained precision) may differ on a few texts near a tie")
     size = graph_bytes(output)
     log(f"wrote {output / GRAPH} ({size / 2**20:.1f} MiB with its weights file): {len(heads)} head(s) ({', '.join(n for n, _ in heads)}) on "
         f"one {bb.name} pass; inputs {', '.join(graph.input_names)}; ONNX Runtime vs PyTorch on batches "
-        f"{', '.join(f'{b}×{t}' for b, t in CHECK_SHAPES)}: max relative difference {worst:.1e}")
+        f"{', '.join(f'{b}×{t}' for b, t in meta['check']['shapes'])}: max relative difference {worst:.1e}")
     return meta
 
 
@@ -298,9 +306,11 @@ def parity(graph: Graph, bb, path: Path) -> dict:
     sess = session(path)
     absolute: dict[str, float] = {}
     relative: dict[str, float] = {}
+    shapes = []
     for batch, tokens in CHECK_SHAPES:
         tokens = max(tokens, graph.min_tokens)
         ids, mask, types = example_inputs(bb, graph.sep is not None, batch, tokens, seed=batch)
+        shapes.append(list(ids.shape))  # the tokenizer cuts at max_length: the shape that ran, not the one asked
         feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
         if graph.types:
             feed["token_type_ids"] = types.numpy()
@@ -319,10 +329,29 @@ def parity(graph: Graph, bb, path: Path) -> dict:
             d = float(np.abs(g - w).max()) if w.size else 0.0
             absolute[name] = max(absolute.get(name, 0.0), d)
             relative[name] = max(relative.get(name, 0.0), d / (1.0 + float(np.abs(w).max()) if w.size else 1.0))
-    return {"shapes": [list(s) for s in CHECK_SHAPES], "max_abs": absolute, "relative": relative}
+    return {"shapes": shapes, "max_abs": absolute, "relative": relative}
 
 
 # ----------------------------------------------------------------------------- running it
+META_KEYS = {"heads": list, "outputs": list, "inputs": list, "pairs": bool, "fields": list, "max_length": int}
+
+
+def _read_meta(folder: Path) -> dict:
+    """onnx.json, checked for what predict reads: an ExportError naming what is wrong, not a KeyError."""
+    try:
+        meta = json.loads((folder / META).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ExportError(f"--onnx {folder}: {META} is not valid JSON ({e}); restore it, or export again") from None
+    bad = [k for k, kind in META_KEYS.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), kind)]
+    heads = meta.get("heads") if isinstance(meta, dict) else None
+    if not bad and not all(isinstance(h, dict) and isinstance(h.get("name"), str) and isinstance(h.get("labels"), list)
+                           and all(isinstance(x, str) for x in h["labels"]) for h in heads):
+        bad = ["heads (each with a name and a list of labels)"]
+    if bad:
+        raise ExportError(f"--onnx {folder}: {META} lacks or has a wrong {', '.join(bad)}; restore it, or export again")
+    return meta
+
+
 class OnnxClassifier:
     """An exported folder, run with ONNX Runtime: tokenise as frozentune does, one session call per
     batch, softmax per head."""
@@ -336,9 +365,23 @@ class OnnxClassifier:
                               f"`frozentune export --format onnx`")
         _require("onnxruntime")
         self.folder = folder
-        self.meta = json.loads((folder / META).read_text(encoding="utf-8"))
-        self.tok = AutoTokenizer.from_pretrained(str(folder))
-        self.sess = session(folder / GRAPH, threads)
+        self.meta = _read_meta(folder)
+        again = "copy the whole folder written by `frozentune export --format onnx`, or export again"
+        try:
+            self.tok = AutoTokenizer.from_pretrained(str(folder))
+        except Exception as e:  # transformers' own errors: a missing or damaged tokenizer file
+            raise ExportError(f"--onnx {folder}: its tokenizer files cannot be read ({' '.join(str(e).split())[:200]}); "
+                              f"{again}") from None
+        try:
+            self.sess = session(folder / GRAPH, threads)
+        except Exception as e:  # onnxruntime's own errors: e.g. model.onnx.data (its weights) left behind
+            raise ExportError(f"--onnx {folder}: ONNX Runtime cannot load {GRAPH} ({' '.join(str(e).split())[:200]}); "
+                              f"the graph's weights are in a file beside it (model.onnx.data): {again}") from None
+        widths = {o.name: o.shape[-1] for o in self.sess.get_outputs()}
+        for h in self.meta["heads"]:  # a label list edited apart from the graph would label the wrong scores
+            if (n := widths.get(f"{h['name']}.logits")) != len(h["labels"]):
+                raise ExportError(f"--onnx {folder}: {META} gives head {h['name']!r} {len(h['labels'])} labels, and the "
+                                  f"graph's {h['name']}.logits has {n if n is not None else 'no such output'}; {again}")
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
 
     @property

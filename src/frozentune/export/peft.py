@@ -134,11 +134,11 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     if p == 0:
         raise ExportError(f"{model_dir}: the prefix has 0 positions, which a PEFT adapter cannot hold "
                           f"(num_virtual_tokens must be at least 1); train with --prefix-length 1 or more")
-    check_output(output, overwrite, reads=[model_dir])
+    check_output(output, overwrite, reads=[model_dir], kind="peft")
     base = base_model_path(config["backbone"]["name"])
     cfg = peft_config(tuple(prefix.shape), base)
     flat = to_peft(prefix.float())
-    with staged_output(output, overwrite) as folder:
+    with staged_output(output, overwrite, kind="peft") as folder:
         cfg.save_pretrained(str(folder))
         save_file({PEFT_KEY: flat}, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         write_card(folder, config, read_result(model_dir), exported={"format": "peft", "from": str(model_dir),
