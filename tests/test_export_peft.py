@@ -282,6 +282,22 @@ def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, t
     assert (folder / "model.safetensors").is_file()
     cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "p", "--overwrite",
         contains="the command reads")
+    # a masked LM given as the causal LM: transformers made a BertLMHeadModel (its LM head newly initialised), the
+    # import wrote a folder that generate then refused
+    cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "onbert", "--backbone",
+        tiny_bert, contains="an encoder (a masked LM), not a causal LM")
+    assert not (tmp_path / "onbert").exists()
+    # a decoding value edited in the file beside the adapter: the message blamed --num-beams, never given
+    (tmp_path / "p" / "frozentune_decoding.json").write_text(json.dumps({"decoding": {"num_beams": 0}}))
+    cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "dec",
+        contains=("frozentune_decoding.json: --num-beams 0: must be at least 1 (a value in this file",
+                  "remove the file to decode with the defaults"))
+    # a prefix inside a frozen encoder classifies: it was read as a damaged prefix file ("expected one tensor")
+    enc = tmp_path / "enc-prefix"
+    cli("train", "--method", "prefix", "--data", trec_slice, "--backbone", tiny_bert, "--epochs", "1", "--output", enc,
+        "--max-length", "16", "--quiet", code=0)
+    cli("export", "--model", enc, "--format", "peft", "--output", tmp_path / "q",
+        contains="'prefix' classifier (a prefix inside a frozen encoder)")
 
 
 def test_an_adapter_exported_from_a_cache_that_moved_finds_its_alias(tmp_path):

@@ -295,9 +295,15 @@ def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool)
 def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
     frozen, in eval mode, fp32."""
-    return _load_lm(name, "AutoModelForCausalLM",
-                    f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
-                    f"or a hub id reachable from this machine.", trust_remote_code)
+    model, tok = _load_lm(name, "AutoModelForCausalLM",
+                          f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
+                          f"or a hub id reachable from this machine.", trust_remote_code)
+    if not _decoder_only(model.config):  # transformers builds e.g. BertLMHeadModel, its LM head newly made, and says little
+        kind = ("an encoder-decoder LM" if getattr(model.config, "is_encoder_decoder", False)
+                else "an encoder (a masked LM), not a causal LM")
+        raise BackboneError(f"{name}: {kind} ({getattr(model.config, 'model_type', '?')}); this needs a causal "
+                            f"(decoder-only) LM such as {', '.join(LM_ALIASES)} or a GPT-2 / Llama folder")
+    return model, tok
 
 
 def load_seq2seq_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:

@@ -165,8 +165,9 @@ def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
 
     config = read_saved(model_dir, "the --output folder of `frozentune train --method prefix`")
     method = config.get("method")
-    if method != "prefix":
-        kind = "text generator" if config.get("task") == "generation" else "classifier"
+    if method != "prefix" or config.get("task") != "generation":  # a prefix in a frozen encoder classifies
+        kind = ("text generator" if config.get("task") == "generation" else
+                "classifier (a prefix inside a frozen encoder)" if method == "prefix" else "classifier")
         raise ExportError(f"{model_dir}: holds a {method!r} {kind}; --format peft writes prefix-tuning adapters "
                           f"of a causal LM, i.e. models trained with --method prefix on a generation dataset")
     if config.get("architecture") == "encoder-decoder":
@@ -248,6 +249,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     import dataclasses
 
     from ..backbone import load_causal_lm, weights_hash
+    from ..data import DataError
     from ..generation.run import DecodeOptions
     from ..output import check_output, staged_output
     from ..generation.prefix import KVShape, PrefixConfig, save_prefix
@@ -282,7 +284,11 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     decoding = dataclasses.asdict(DecodeOptions())
     saved = _read_decoding(adapter_dir / DECODING)
     if saved is not None:  # exported by frozentune: decode as the model it came from did
-        decoding = dataclasses.asdict(DecodeOptions(**{k: v for k, v in saved.items() if k in decoding}).validate())
+        try:
+            decoding = dataclasses.asdict(DecodeOptions(**{k: v for k, v in saved.items() if k in decoding}).validate())
+        except DataError as e:  # its words name the command line's flags, which the user did not give
+            raise ExportError(f"{adapter_dir / DECODING}: {e} (a value in this file, which frozentune's export "
+                              f"wrote); restore it, or remove the file to decode with the defaults") from None
     with staged_output(output, overwrite) as folder:
         save_prefix(folder, prefix, options, name, weights_hash(lm),
                     extra={"task": "generation", "decoding": decoding, "imported": imported})
