@@ -73,6 +73,9 @@ def test_train_predict_from_hf_data(trec_dict, tiny_bert, tmp_path):
     for given in (tmp_path / "q.parquet", tmp_path / "q_folder"):
         ans = cli("predict", "--model", out, "--input", given, code=0)
         assert len(ans.out.strip().splitlines()) == 2
+    # a DatasetDict folder holds several splits: named, with the folder to give (it said "is a folder; give a file")
+    cli("predict", "--model", out, "--input", folder, contains=(f"{folder}: a DatasetDict folder (splits: ",
+                                                                f"give the folder of one split, e.g. {folder / 'test'}"))
 
 
 def test_hf_data_errors(trec_dict, tmp_path):

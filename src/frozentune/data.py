@@ -315,6 +315,10 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
         path, text = Path("<standard input>"), _read_stdin(what)
     else:
         path = Path(path)
+        if path.is_dir() and (path / "dataset_dict.json").is_file():  # several splits: which one is not ours to guess
+            splits = sorted(p.name for p in path.iterdir() if is_hf_split_folder(p))
+            raise DataError(f"{path}: a DatasetDict folder (splits: {', '.join(splits) or 'none'}); give the folder of "
+                            f"one split, e.g. {path / ('test' if 'test' in splits or not splits else splits[0])}")
         if path.is_dir():
             raise DataError(f"{path}: is a folder; give a file with one of the {what} per line")
         if not path.is_file():
