@@ -126,6 +126,10 @@ def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):
     cli("export", "--model", tmp_path / "m", "--format", "peft", "--output", tmp_path / "p",
         contains="no PEFT form", row=ROW)
     assert not (tmp_path / "p").exists()
+    pytest.importorskip("onnxruntime", reason="the onnx extra")
+    # --format onnx sent it to --format peft, which refuses it
+    cli("export", "--model", tmp_path / "m", "--format", "onnx", "--output", tmp_path / "p",
+        contains="an encoder-decoder prefix has no PEFT form either")
 
 
 def test_serve_batches_encoder_decoder_prefixes_as_each_alone(bart_dir, tmp_path):

@@ -120,8 +120,10 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
     for name, d in zip(names, dirs):
         config = M.read_saved(d)
         if config.get("task") == "generation":
+            where = ("an encoder-decoder prefix has no PEFT form either: use it here (generate / eval / serve)"
+                     if config.get("architecture") == "encoder-decoder" else "a prefix goes to PEFT with --format peft")
             raise ExportError(f"{d}: a text generator ({config.get('method')}); --format onnx exports classifiers "
-                              f"(a prefix goes to PEFT with --format peft)")
+                              f"({where})")
         m = M.load(d, runtime=lambda b: ("cpu", "fp32"))  # also sets the fields it was trained on
         m.trained_precision = config["backbone"].get("precision", "fp32")  # type: ignore[attr-defined]
         if m.runs_live:
