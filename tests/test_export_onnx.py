@@ -252,6 +252,11 @@ def test_a_head_trained_on_other_states_is_said_to_be(heads, tmp_path):
     meta = json.loads((tmp_path / "g" / "onnx.json").read_text())
     assert meta["precision"] == "fp32" and meta["heads"][0]["trained_precision"] == "int8"
     assert "Trained on int8 states; this graph runs the backbone in fp32" in (tmp_path / "g" / "README.md").read_text()
+    # heads trained on different field names: the graph's --input reads the first head's, now said
+    config["text_field"] = "question"
+    (head / "config.json").write_text(json.dumps(config))
+    ans = cli("export", "--model", heads / "probe", head, "--format", "onnx", "--output", tmp_path / "two", code=0)
+    assert "the heads were trained on different fields (probe: text; probe-int8: question)" in ans.err + ans.out
     (tmp_path / "here").mkdir()
     shutil.copytree(heads / "probe", tmp_path / "here" / "task")
     import os  # `export --model .` without --name: it blamed --name ("'' cannot name a head's output")

@@ -216,6 +216,9 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
         (folder / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
         (folder / CARD).write_text(onnx_card_text(meta, {n: read_result(d) for (n, _), d in zip(heads, model_dirs)}),
                                    encoding="utf-8")
+    if len({tuple(m.pair_fields) for _, m in heads}) > 1:  # one graph reads one input: the first head's fields
+        log(f"note: the heads were trained on different fields ({'; '.join(f'{n}: {m.pair_fields[0]}' + (f', {m.pair_fields[1]}' if m.pair_fields[1] else '') for n, m in heads)}); "
+            f"`predict --onnx --input FILE` reads {heads[0][0]}'s unless --text-field / --text-pair-field say otherwise")
     if other := [f"{n} ({m.trained_precision})" for n, m in heads if m.trained_precision != "fp32"]:
         log(f"note: {', '.join(other)} trained on {'/'.join(sorted({m.trained_precision for _, m in heads} - {'fp32'}))} "
             f"states; the graph runs the backbone in fp32, so it answers as `frozentune predict --precision fp32` "
