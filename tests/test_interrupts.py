@@ -137,7 +137,9 @@ def test_cache_interrupted_keeps_finished_shards_then_resumes(tiny_bert, big, tm
     kept = {p.parent.name for p in finished_shards(only_build_folder(root).parent)}
     assert kept
     answer = cli(*argv, code=0)  # the rerun extracts only the shards not finished
-    assert f"{len(kept)} of 8 shards were finished before" in answer.err, answer.err
+    assert f"{len(kept)} of 8 shards were finished before; extracting the other {8 - len(kept)}" in answer.err, answer.err
+    # said when the rerun starts (it was said only once the build had ended, so an interrupted rerun never said it)
+    assert answer.err.index("cache: resuming") < answer.err.index("cache: resumed"), answer.err
     assert "s now; the build: " in answer.out, answer.out  # this run's seconds beside the whole build's rate
     whole_entry(root, N_TEXTS)
 

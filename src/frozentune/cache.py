@@ -373,10 +373,12 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
                 check_plan(folder, key, plan)  # first: shards of another plan are not finished ones of this
                 done = finished(folder, plan)
                 bar.skip(work_of(plan, tokens.lengths, [k for k in owned if k in done])[0])
+                if done and (left := [k for k in owned if k not in done]):  # said now, not when the build ends
+                    log(f"cache: resuming {key}: {len(done)} of {len(plan.shards)} shards were finished before; "
+                        f"extracting the other {len(left)}")
             report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)
         if report.done_before and report.done_now:
-            log(f"cache: resumed {key}: {len(report.done_before)} of {len(plan.shards)} shards were finished "
-                f"before, {len(report.done_now)} extracted now")
+            log(f"cache: resumed {key}: {len(report.done_now)} shards extracted now, {len(report.done_before)} before")
         if report.missing or part.count > 1:  # a part of several publishes under the build lock (build_part)
             return BuildStats(len(plan.order), 0, report.seconds, {}, complete=False, report=report,
                               shards=len(plan.shards))

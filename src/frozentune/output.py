@@ -82,7 +82,7 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
         if overwrite:
             return
         raise OutputError(f"--output {output}: already holds {what} ({', '.join(n for n in present if n in MODEL_FILES)}); "
-                          f"pass --overwrite to replace it, or choose another folder")
+                          f"pass --overwrite (overwrite=True in Python) to replace it, or choose another folder")
     raise OutputError(f"--output {output}: is not empty ({len(present)} {'entry' if len(present) == 1 else 'entries'}, e.g. {present[0]}) and holds no "
                       f"saved model; choose a new or empty folder")
 
