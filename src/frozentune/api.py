@@ -17,11 +17,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import model as M
-from .backbone import Backbone, LayerSpec, cut_line
+from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
-                   resolve, text_groups)
+                   resolve, rows_like_it, text_groups)
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
@@ -164,10 +164,8 @@ class SourceFactory:
 
         if empty := self.backbone.textless(split.texts, lengths):
             at = [split.lines[i] for i, _ in empty]
-            more = (f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})"
-                    if len(at) > 1 else "")
             raise DataError(textless_message(f"{split.source}: line {at[0]}", empty[0][1],
-                                             f"fix or remove those rows{more}"))
+                                             f"fix or remove those rows{rows_like_it(at)}"))
 
 
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
@@ -251,7 +249,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if model.runs_live and asked not in (None, "fp32"):  # (conv's own encoder is fp32 whatever was asked: it was ignored)
         raise MethodError(f"--precision {asked}: method {method!r} trains or steers the backbone, which "
                           f"it does in fp32; leave --precision out (or give fp32)")
-    if _live_backbone_on(model, rt.device) or model.runs_live:
+    _live_backbone_on(model, rt.device)
+    if model.runs_live:  # its own encoder (conv) or the backbone it trains runs in fp32, whatever the default said
         lines = [f"precision: fp32 (method {method!r} trains or steers the backbone)" if line.startswith("precision:")
                  else line for line in lines]
     for line in lines:
@@ -740,9 +739,7 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str |
 
     texts = given_texts(texts)
     model, src = _live(model_dir, texts, device, precision, log)
-    cut = src.lengths >= model.backbone_ref.max_length  # (N,) bool: the text went on past what was read
-    if cut.any():
-        log(cut_line(int(cut.sum()), len(texts), model.backbone_ref.max_length, pair_kind(texts)))
+    cut = cut_rows(src.lengths, model.backbone_ref.max_length, pair_kind(texts), log)  # the text went on past what was read
     logits = predict_logits(model, src)
     probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
     if not np.isfinite(probs).all():
@@ -856,9 +853,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     tokens, views = bb.tokenize_with_views(texts)
     _with_text(bb, texts, tokens)  # an explanation would rank [CLS] and [SEP]
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
-    cut = tokens.lengths >= bb.max_length  # (N,) bool: the explanation covers the part that was read
-    if cut.any():
-        log(cut_line(int(cut.sum()), len(texts), bb.max_length, pairs))
+    cut = cut_rows(tokens.lengths, bb.max_length, pairs, log)  # the explanation covers the part that was read
     out = []
     model.eval()
     device = next(model.parameters()).device

@@ -900,10 +900,15 @@ def cut_words(pairs: bool) -> str:
             else "what follows was not read")
 
 
-def cut_line(cut: int, total: int, max_length: int, pairs: bool) -> str:
-    """The log line of predict / explain: how many inputs reached max_length, and what that means."""
-    return (f"{cut:,} of {total:,} {'pairs' if pairs else 'texts'} reached --max-length {max_length} tokens (special "
-            f"tokens included): {cut_words(pairs)} (\"truncated\": true)")
+def cut_rows(lengths: np.ndarray, max_length: int, pairs: bool,
+             log: Callable[[str], None] | None = None) -> np.ndarray:
+    """(N,) bool: the inputs whose ids (`lengths`, specials included) reached max_length, i.e. were cut
+    there; predict / explain mark them "truncated", and `log` says how many and what that means."""
+    cut = np.asarray(lengths) >= max_length
+    if cut.any() and log is not None:
+        log(f"{int(cut.sum()):,} of {len(cut):,} {'pairs' if pairs else 'texts'} reached --max-length {max_length} "
+            f"tokens (special tokens included): {cut_words(pairs)} (\"truncated\": true)")
+    return cut
 
 
 def textless_message(where: str, side: int | None = None, advice: str = "give some text") -> str:

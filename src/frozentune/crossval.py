@@ -24,6 +24,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+from .data import first_rows, split_by_groups
 from .model import Batch, Classifier, Source
 from .train import FitResult, Schedule, TrainConfig, eval_batches, fit, plan_steps, scored, silent
 
@@ -73,12 +74,8 @@ def folds(y: np.ndarray, k: int, seed: int, groups: np.ndarray | None = None) ->
     skf = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
     if groups is None or len(np.unique(groups)) == len(groups):
         return [(np.sort(a), np.sort(b)) for a, b in skf.split(np.zeros(len(y)), y)]
-    ids, first = np.unique(groups, return_index=True)  # each group by its first row (its label)
-    out = []
-    for _, held_g in skf.split(np.zeros(len(first)), y[first]):
-        held = np.isin(groups, ids[held_g])
-        out.append((np.flatnonzero(~held), np.flatnonzero(held)))
-    return out
+    first = first_rows(groups)  # each group by its first row (its label)
+    return [split_by_groups(groups, held_g) for _, held_g in skf.split(np.zeros(len(first)), y[first])]
 
 
 def repeated_folds(y: np.ndarray, k: int, seed: int, repeats: int = 1,
@@ -93,7 +90,7 @@ def choose_folds(y: np.ndarray, k: int, labels: list[str], groups: np.ndarray | 
     has fewer than k examples (at least 2); 0 when some class has a single example (no fold could
     both train on it and hold it out). With groups, a class's count is of its distinct texts."""
     if groups is not None:
-        y = y[np.unique(groups, return_index=True)[1]]
+        y = y[first_rows(groups)]
     counts = np.bincount(y, minlength=len(labels))
     smallest = int(counts[counts > 0].min())
     if smallest >= k:
@@ -163,11 +160,12 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
 
     `groups` (N,): copies of one text share a number (data.text_groups); a fold holds them out together."""
     first = build()
-    if groups is not None and len(np.unique(groups)) == len(groups):
+    copies = 0 if groups is None else len(groups) - len(np.unique(groups))
+    if not copies:
         groups = None  # no copies: the plain folds
     k, note = choose_folds(y, cfg.cv_folds, first.labels, groups)
-    if groups is not None:
-        log(f"cross-validation: {len(groups) - len(np.unique(groups))} training rows repeat an earlier text; a fold holds "
+    if copies:
+        log(f"cross-validation: {copies} training rows repeat an earlier text; a fold holds "
             f"out every copy of a text together")
     if note:
         log(f"cross-validation: {note}")

@@ -426,6 +426,12 @@ def read_texts(path: Path, text_field: str = "text", pair_field: str | None = No
     return out
 
 
+def rows_like_it(lines: Sequence[int]) -> str:
+    """The count and first lines of rows sharing a problem, as an error message adds them (nothing for one row)."""
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    return f" ({len(lines):,} rows like it: lines {shown})" if len(lines) > 1 else ""
+
+
 def read_split(path: Path, text_field: str = "text", label_field: str = "label",
                pair_field: str | None = None) -> TextSplit:
     """A classification split from one file; with `pair_field`, each text is the pair (text_field,
@@ -456,8 +462,7 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
         lines.append(n)
     if problems:
         what, at = min(problems.items(), key=lambda kv: kv[1][0])
-        more = f" ({len(at):,} rows like it: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})" \
-            if len(at) > 1 else ""
+        more = rows_like_it(at)
         raise DataError(f"{path}:{at[0]}: {what}{details[what]}{more}. Fix or remove those rows, or pick the columns "
                         f"with --text-field / --label-field" + (" / --text-pair-field." if pair_field else "."))
     return TextSplit(texts, labels, str(path), lines,
@@ -547,6 +552,18 @@ def text_groups(texts: Sequence[Text]) -> np.ndarray:
     return np.array([first.setdefault(_text_key(t), len(first)) for t in texts], dtype=np.int64)
 
 
+def first_rows(group: np.ndarray) -> np.ndarray:
+    """The first row of each group (text_groups' numbers), in the order of the groups' numbers."""
+    return np.unique(group, return_index=True)[1]
+
+
+def split_by_groups(group: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows outside, rows inside) the groups at positions `chosen` of the sorted group numbers: a split
+    made over the groups' first rows (first_rows), given back to every row of each group."""
+    inside = np.isin(group, np.unique(group)[chosen])
+    return np.flatnonzero(~inside), np.flatnonzero(inside)
+
+
 def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
                   seed: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(keep, carve, copies): stratified_split over the distinct texts, so that every copy of a text
@@ -557,10 +574,8 @@ def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
     if n_groups == len(texts):
         keep, carve = stratified_split(labels, fraction, seed)
     else:
-        first = np.unique(group, return_index=True)[1]  # the first row of each group, in group order
-        _, carve_g = stratified_split([labels[i] for i in first], fraction, seed)
-        carved = np.isin(group, carve_g)
-        keep, carve = np.flatnonzero(~carved), np.flatnonzero(carved)
+        _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed)
+        keep, carve = split_by_groups(group, carve_g)
     if missing := sorted(set(labels) - {labels[i] for i in keep}):  # a class with one (distinct) text
         raise DataError(f"cannot carve {fraction:.0%} of {len(labels):,} examples ({n_groups:,} distinct texts) into a "
                         f"separate split and keep every class in train: {', '.join(map(repr, missing))} would be only "

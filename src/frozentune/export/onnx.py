@@ -125,7 +125,6 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
             raise ExportError(f"{d}: a text generator ({config.get('method')}); --format onnx exports classifiers "
                               f"({where})")
         m = M.load(d, runtime=lambda b: ("cpu", "fp32"))  # also sets the fields it was trained on
-        m.trained_precision = config["backbone"].get("precision", "fp32")  # type: ignore[attr-defined]
         if m.runs_live:
             why = "trains its encoder" if m.trains_backbone else "changes what the backbone computes (a prefix inside it)"
             raise ExportError(f"{d}: method {m.method!r} {why}, so it shares no frozen pass; --format onnx exports "
@@ -143,6 +142,11 @@ def load_heads(model_dirs: Sequence[Path], names: Sequence[str] | None = None) -
             raise ExportError(f"{name} takes {'sentence pairs' if m.takes_pairs else 'single texts'} and "
                               f"{heads[0][0]} does not; export them as separate graphs")
     return heads
+
+
+def trained_precision(model) -> str:
+    """The precision of the frozen pass a loaded head was trained on (its saved config's)."""
+    return model.saved_config["backbone"].get("precision", "fp32")
 
 
 def build_graph(heads: list[tuple[str, object]]) -> Graph:
@@ -208,7 +212,7 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
         meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET,
                 "inputs": graph.input_names, "outputs": graph.output_names, "precision": "fp32",
                 "heads": [{"name": n, "method": m.method, "labels": m.labels, "layers": list(m.backbone_ref.layers.layers),
-                           "outputs": graph.outputs_of(n), "from": str(d), "trained_precision": m.trained_precision}
+                           "outputs": graph.outputs_of(n), "from": str(d), "trained_precision": trained_precision(m)}
                           for (n, m), d in zip(heads, model_dirs)],
                 "pairs": bool(heads[0][1].takes_pairs), "fields": list(heads[0][1].pair_fields),
                 "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
@@ -219,8 +223,9 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
     if len({tuple(m.pair_fields) for _, m in heads}) > 1:  # one graph reads one input: the first head's fields
         log(f"note: the heads were trained on different fields ({'; '.join(f'{n}: {m.pair_fields[0]}' + (f', {m.pair_fields[1]}' if m.pair_fields[1] else '') for n, m in heads)}); "
             f"`predict --onnx --input FILE` reads {heads[0][0]}'s unless --text-field / --text-pair-field say otherwise")
-    if other := [f"{n} ({m.trained_precision})" for n, m in heads if m.trained_precision != "fp32"]:
-        log(f"note: {', '.join(other)} trained on {'/'.join(sorted({m.trained_precision for _, m in heads} - {'fp32'}))} "
+    trained = {n: trained_precision(m) for n, m in heads}
+    if other := [f"{n} ({p})" for n, p in trained.items() if p != "fp32"]:
+        log(f"note: {', '.join(other)} trained on {'/'.join(sorted(set(trained.values()) - {'fp32'}))} "
             f"states; the graph runs the backbone in fp32, so it answers as `frozentune predict --precision fp32` "
             f"does, and `predict --model` (its trained precision) may differ on a few texts near a tie")
     size = graph_bytes(output)
@@ -395,8 +400,11 @@ class OnnxClassifier:
 
     def run(self, texts: Sequence, batch_size: int = 32) -> dict[str, np.ndarray]:
         """Every output for `texts` (single texts, or (first, second) pairs for a pair model), in
-        input order; per-token outputs padded to the longest text; `self.cut` (N,) bool: which texts
-        reached max_length tokens (and were cut there)."""
+        input order; per-token outputs padded to the longest text."""
+        return self._run(texts, batch_size)[0]
+
+    def _run(self, texts: Sequence, batch_size: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(run's outputs, (N,) the inputs' token counts, specials included)."""
         from ..backbone import tokenize
         from ..pairs import pair_kind
 
@@ -404,7 +412,6 @@ class OnnxClassifier:
             raise ExportError(f"--onnx {self.folder}: the graph takes {'sentence pairs' if self.pairs else 'single texts'}; "
                               f"give {'--pair FIRST SECOND' if self.pairs else 'texts'}")
         tk = tokenize(self.tok, list(texts), int(self.meta["max_length"]))
-        self.cut = tk.lengths >= int(self.meta["max_length"])
         order = np.argsort(-tk.lengths, kind="stable")
         parts: dict[str, list] = {n: [None] * len(texts) for n in self.meta["outputs"]}
         for s in range(0, len(texts), batch_size):
@@ -416,18 +423,16 @@ class OnnxClassifier:
             for name, out in zip(self.meta["outputs"], self.sess.run(self.meta["outputs"], feed)):
                 for j, i in enumerate(idx):
                     parts[name][i] = out[j]
-        return {n: _stack(v) for n, v in parts.items()}
+        return {n: _stack(v) for n, v in parts.items()}, tk.lengths
 
     def predict(self, texts: Sequence, log: Callable[[str], None] | None = None) -> list[dict]:
         """Per text: the text, and per head its label and per-label probabilities; "truncated": true
         where the text reached max_length tokens (as `frozentune predict --model` says), counted in `log`."""
         from ..api import labelled, text_row
+        from ..backbone import cut_rows
 
-        out = self.run(texts)
-        if self.cut.any() and log:
-            from ..backbone import cut_line
-
-            log(cut_line(int(self.cut.sum()), len(texts), int(self.meta["max_length"]), self.pairs))
+        out, lengths = self._run(texts)
+        cut = cut_rows(lengths, int(self.meta["max_length"]), self.pairs, log)
         rows = []
         for i, t in enumerate(texts):
             tasks = {}
@@ -436,7 +441,7 @@ class OnnxClassifier:
                 p = np.exp(logits - logits.max())
                 tasks[h["name"]] = labelled(h["labels"], (p / p.sum()).tolist())
             row = {**text_row(t), "tasks": tasks} if len(tasks) > 1 else {**text_row(t), **next(iter(tasks.values()))}
-            rows.append({**row, "truncated": True} if self.cut[i] else row)
+            rows.append({**row, "truncated": True} if cut[i] else row)
         return rows
 
 
