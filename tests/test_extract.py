@@ -482,6 +482,9 @@ def test_running_build_is_not_pruned(bb, tmp_path):
     S.open_plan(folder, key, fields, plan_of(bb), {})
     with S.active(folder):
         assert [e.status for e in scan(root)] == ["running"] and prune(root) == []
+        answer = cli("cache", "--prune", "--cache-dir", str(root), code=0)  # it says what it kept, and why
+        assert f"kept {folder.name} (running: a process is extracting into it now" in answer.out
+        assert "pruned 0 item(s)" in answer.out and folder.is_dir()
     assert [e.status for e in scan(root)] == ["interrupted"]
 
 

@@ -199,10 +199,15 @@ def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> 
 
 
 def kept_lines(root: Path) -> list[str]:
-    """After `prune`: one line per build it kept for its finished shards, saying why and how to
-    finish or remove it (none once everything resumable was removed)."""
+    """After `prune`: one line per build it kept, a running one or one holding finished shards,
+    saying why and how to finish or remove it (none once everything resumable was removed and
+    nothing runs)."""
     lines = []
     for e in scan(root):
+        if e.status == RUNNING:
+            what = "a process is extracting into it now" if e.kind == "building" else "a process is merging into it now"
+            lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {mb(e.bytes)})")
+            continue
         if not e.resumable:
             continue
         if e.status == WAITING:
