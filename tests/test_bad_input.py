@@ -343,6 +343,23 @@ def test_damaged_saved_models_refuse_to_load(model_copy):
     cli("eval", "--model", model_copy, "--data", model_copy, contains=("config.json", "not valid JSON"), row=R_SAVED)
 
 
+def test_saved_files_that_cannot_be_read_are_named(model_copy, monkeypatch):
+    """A config.json or model.safetensors the user may not read (as root, chmod cannot show it: the
+    read is made to fail as it would) is named with what to check, not a PermissionError traceback."""
+    import frozentune.model as M
+
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    with monkeypatch.context() as m:
+        m.setattr(M, "file_checksum", denied)
+        cli("predict", "--model", model_copy, "fine", contains=("model.safetensors: cannot be read",
+                                                               "Permission denied", "check its permissions"))
+    with monkeypatch.context() as m:
+        m.setattr(Path, "read_text", denied)
+        cli("predict", "--model", model_copy, "fine", contains=("config.json: cannot be read", "check its permissions"))
+
+
 @pytest.mark.parametrize("edit, needle", [
     (lambda c: c.pop("labels"), '"labels" is missing'),
     (lambda c: c.update(labels="ab"), '"labels" is "ab", not a list'),

@@ -237,6 +237,8 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
             raise ModelLoadError(f"{folder}: no {name}; is this {kind}?")
     try:
         config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ModelLoadError(f"{folder / CONFIG}: cannot be read ({e.strerror or e}); check its permissions") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{folder / CONFIG}: not valid JSON ({e}); the folder is damaged: train it again") from None
     if not isinstance(config, dict) or "method" not in config:
@@ -245,7 +247,10 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
     if not isinstance(want, dict):
         raise ModelLoadError(f"{folder / CONFIG}: no checksum of {WEIGHTS} recorded (saved by an older frozentune); "
                              f"train it again to get a folder whose weights can be verified")
-    got = file_checksum(folder / WEIGHTS)
+    try:
+        got = file_checksum(folder / WEIGHTS)
+    except OSError as e:
+        raise ModelLoadError(f"{folder / WEIGHTS}: cannot be read ({e.strerror or e}); check its permissions") from None
     if got != want:
         what = (f"{got['bytes']:,} bytes, {want['bytes']:,} when saved" if got["bytes"] != want["bytes"]
                 else "same size, different content")
