@@ -574,7 +574,7 @@ BAD = [
     ("empty text", "/v1/classify", {"texts": ["  "]}, 422, "empty"),
     ("a text of zero-width spaces", "/v1/classify", {"texts": ["\u200b\ufeff"]}, 422, "only invisible characters"),
     ("a text of combining accents alone", "/v1/classify", {"texts": ["a", "\u0301"]}, 422, "texts[1]: the tokenizer keeps none"),
-    ("explain a text of combining accents alone", "/v1/explain", {"text": "\u0301"}, 422, "texts[0]: the tokenizer keeps none"),
+    ("explain a text of combining accents alone", "/v1/explain", {"text": "\u0301"}, 422, "text: the tokenizer keeps none"),
     ("no texts", "/v1/classify", {"texts": []}, 422, "empty"),
     ("text and texts", "/v1/classify", {"text": "a", "texts": ["b"]}, 422, "not texts and text"),
     ("unknown task", "/v1/classify", {"text": "a", "tasks": ["nope"]}, 404, "probe"),
@@ -596,13 +596,18 @@ BAD = [
     ("a source of 1 MB", "/v1/generate", {"prefix": "prefix-a", "source": "name " * 200_000}, 413, "shorten"),
     # JSON allows a lone surrogate ("\\ud800"); it cannot be encoded or tokenised: 422 naming where, not a 500
     ("a lone surrogate in a text", "/v1/classify", b'{"text": "abc \\ud800 def"}', 422,
-     "texts[0]: character offset 4 is a lone UTF-16 surrogate (U+D800), which is not text; send valid Unicode"),
+     "text: character offset 4 is a lone UTF-16 surrogate (U+D800), which is not text; send valid Unicode"),
     ("a lone surrogate in a pair", "/v1/classify", b'{"pairs": [["fine", "x \\udfff"]]}', 422,
      "pairs[0][1]: character offset 2 is a lone UTF-16 surrogate (U+DFFF)"),
     ("a surrogate as UTF-8 bytes", "/v1/classify", b'{"texts": ["ok", "\xed\xa0\x80"]}', 422,
      "texts[1]: character offset 0 is a lone UTF-16 surrogate (U+D800)"),
     ("a lone surrogate in a source", "/v1/generate", b'{"prefix": "prefix-a", "source": "a \\ud800"}', 422,
-     "sources[0]: character offset 2 is a lone UTF-16 surrogate"),
+     "source: character offset 2 is a lone UTF-16 surrogate"),
+    # one item sent as `text` / `pair` / `source` is answered about that field, not about a list it never sent
+    ("a text that is empty", "/v1/classify", {"text": " "}, 422, "text: empty"),
+    ("a source that is empty", "/v1/generate", {"prefix": "prefix-a", "source": ""}, 422, "source: empty"),
+    ("a lone surrogate in a list of sources", "/v1/generate", b'{"prefix": "prefix-a", "sources": ["a", "\\ud800"]}',
+     422, "sources[1]: character offset 0 is a lone UTF-16 surrogate"),
     ("JSON nested too deeply", "/v1/classify", b"[" * 100_000, 400, "nested too deeply"),
 ]
 

@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,22 +85,38 @@ class Generate(BaseModel):
     min_new_tokens: StrictInt = Field(0, description="no end-of-text before this many new tokens")
 
 
-def _inputs(body: Any) -> tuple[list, bool]:
-    """(the request's texts or pairs, whether pairs): exactly one of texts, text, pairs, pair."""
+def _inputs(body: Any) -> tuple[list, bool, str]:
+    """(the request's texts or pairs, whether pairs, the field they came in): exactly one of texts,
+    text, pairs, pair."""
     given = [k for k in ("texts", "text", "pairs", "pair") if getattr(body, k) is not None]
     if len(given) != 1:
         raise RequestError("give one of 'texts' (a list), 'text' (one string), 'pairs' (a list of [first, second]) "
                            "or 'pair' ([first, second]), not " + (" and ".join(given) if given else "none"))
     k = given[0]
     value = getattr(body, k)
-    return ([value] if k in ("text", "pair") else value), k in ("pairs", "pair")
+    return ([value] if k in ("text", "pair") else value), k in ("pairs", "pair"), k
 
 
-def _one(body: Any, many: str, one: str) -> list:
+def _one(body: Any, many: str, one: str) -> tuple[list, str]:
+    """(the request's list, the field it came in): exactly one of `many` (a list) and `one`."""
     given = [k for k in (many, one) if getattr(body, k) is not None]
     if len(given) != 1:
         raise RequestError(f"give either {many!r} (a list) or {one!r} (one string), not {'both' if given else 'neither'}")
-    return getattr(body, many) if given[0] == many else [getattr(body, one)]
+    return (getattr(body, many), many) if given[0] == many else ([getattr(body, one)], one)
+
+
+@contextmanager
+def _as_sent(field: str):
+    """A request that sent one item (`text`, `pair`, `source`) is answered about that field: the
+    engine checks lists, and would name `texts[0]` (or `pairs[0]`, `sources[0]`), which it never sent."""
+    many = {"text": "texts", "pair": "pairs", "source": "sources"}.get(field)
+    try:
+        yield
+    except RequestError as e:
+        said = str(e)
+        if many is None or not said.startswith(f"{many}[0]"):
+            raise
+        raise RequestError(field + said[len(many) + 3:], e.status) from None
 
 
 def _validation_message(errors: list[dict]) -> tuple[int, str]:
@@ -273,21 +289,25 @@ def create_app(engine: Engine):
     # jsonable_encoder, 70 µs of the event loop per 8-task answer on this CPU against 14 µs for the rendering.
     @app.post("/v1/classify", response_class=JSONResponse)
     async def classify(body: Classify):
-        texts, pairs = _inputs(body)
+        texts, pairs, field = _inputs(body)
         if "top" in body.model_fields_set and not body.explain:  # it was ignored: the answer had no explanations
             raise RequestError("'top' sets how many tokens or spans an explanation lists; add \"explain\": true "
                                "(or post to /v1/explain), or leave 'top' out", 422)
-        return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs))
+        with _as_sent(field):
+            return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs))
 
     @app.post("/v1/explain", response_class=JSONResponse)
     async def explain(body: Explain):
-        texts, pairs = _inputs(body)
-        return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs))
+        texts, pairs, field = _inputs(body)
+        with _as_sent(field):
+            return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs))
 
     @app.post("/v1/generate", response_class=JSONResponse)
     async def generate(body: Generate):
-        return JSONResponse(await engine.agenerate(body.prefix, _one(body, "sources", "source"), body.num_beams,
-                                                   body.max_new_tokens, body.min_new_tokens))
+        sources, field = _one(body, "sources", "source")
+        with _as_sent(field):
+            return JSONResponse(await engine.agenerate(body.prefix, sources, body.num_beams,
+                                                       body.max_new_tokens, body.min_new_tokens))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
