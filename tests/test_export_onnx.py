@@ -122,6 +122,15 @@ def test_pair_model_graph(tiny_bert, mrpc_slice, tmp_path, monkeypatch):
     sep = graph.tok(*pair)["input_ids"].index(graph.tok.sep_token_id)
     exact(torch.from_numpy(out["m.span_weights"][0, sep]), torch.zeros(out["m.span_weights"].shape[2]),
           "spans starting on the separator are masked to exactly 0")
+    # a literal "[SEP]" typed in the first text is text in the graph's tokenizer too (recorded in its
+    # saved config), so the graph finds the one separator predict finds
+    assert json.loads((tmp_path / "g" / "tokenizer_config.json").read_text())["split_special_tokens"] is True
+    typed = ("The cat [SEP] sat on the mat .", "A cat was sitting on a mat .")
+    got = json.loads(cli("predict", "--onnx", tmp_path / "g", "--pair", *typed, code=0).out)
+    want = json.loads(cli("predict", "--model", tmp_path / "m", "--precision", "fp32", "--pair", *typed, code=0).out)
+    assert got["label"] == want["label"]
+    assert_close(torch.tensor(list(got["scores"].values())), torch.tensor(list(want["scores"].values())),
+                 rtol=tol(torch.float16, 1), scale=1.0, what="probabilities of a pair with a typed [SEP]")
 
 
 def test_pair_model_without_token_types(tiny_bert, mrpc_slice, tmp_path, monkeypatch):

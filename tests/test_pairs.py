@@ -56,6 +56,35 @@ def test_separator_found_again_in_the_ids(bb):
         assert marked[k].nonzero().flatten().tolist() == [enc.sequence_ids(k).index(1) - 1]
 
 
+SPECIAL = ("The answer is [SEP] or [CLS], as typed.", "A second [sep] text [PAD] here.")
+
+
+def test_a_literal_separator_in_a_text_is_read_as_text(bb):
+    """A "[SEP]" typed in a pair's first text is its characters, not the tokenizer's separator:
+    the pair keeps one boundary, where the tokenizer's own sequence ids put it, and explanations
+    slice each text where they say. Read as the special token, it ended the first text early."""
+    tokens = bb.tokenize([SPECIAL])
+    enc = bb.tok(*SPECIAL, truncation="longest_first", max_length=32, split_special_tokens=True)
+    assert tokens.ids[0].tolist() == enc["input_ids"]
+    special = {bb.tok.sep_token_id, bb.tok.cls_token_id, bb.tok.pad_token_id}
+    assert [i for i in enc["input_ids"] if i in special] == [bb.tok.cls_token_id] + [bb.tok.sep_token_id] * 2
+    ids, mask, _ = tokens.padded([0], bb.pad_id())
+    marked = separator_mask(ids, mask.bool(), separator_ids(bb.tok))
+    assert marked[0].nonzero().flatten().tolist() == [enc.sequence_ids(0).index(1) - 1]
+    assert bb.tokenize(["just [SEP] one"]).ids[0].tolist().count(bb.tok.sep_token_id) == 1  # single texts too
+    model = M.build_classifier("selfexplain", bb, ["neg", "pos"], {"max_span_width": 4, "dim": 16}, seed=0)
+    model.pair_fields = ("premise", "hypothesis")
+    (row,) = api.explain(model, [SPECIAL], top=200)
+    spans = row["explanation"]["spans"]
+    assert {s["part"] for s in spans} == {0, 1}
+    for span in spans:
+        assert SPECIAL[span["part"]][span["start"]:span["end"]] == span["text"]
+    # only texts holding a special token's string get another cache key (their ids changed)
+    assert "split_special_tokens" not in cache_key(bb, PAIRS)[1]
+    assert cache_key(bb, PAIRS + [SPECIAL])[1]["split_special_tokens"] is True
+    assert cache_key(bb, ["a [mask] here"])[1]["split_special_tokens"] is True
+
+
 def test_cache_keys_of_pairs_and_glued_texts_differ(bb):
     key_pair, fields = cache_key(bb, PAIRS)
     key_glued, _ = cache_key(bb, [glue(p) for p in PAIRS])

@@ -390,6 +390,35 @@ def tokenizer_hash(tok) -> str:
     return h.hexdigest()
 
 
+def text_as_text(tok) -> None:
+    """Make `tok` read a text's characters as text: a literal "[SEP]" or "[CLS]" in what a user
+    sends is tokenised as those characters, not as the tokenizer's special token (transformers'
+    `split_special_tokens`). Otherwise a "[SEP]" in a pair's first text would end that text early
+    for every part of frozentune that finds the separator in the ids (the span heads, explanations'
+    `part`, the server), and a text could smuggle in a [CLS] or [PAD]. Recorded in the tokenizer's
+    own config too, so a tokenizer saved from it (an ONNX export) reads texts the same way. Texts
+    without a special token's string are tokenised as before (`holds_special_text`)."""
+    if not getattr(tok, "split_special_tokens", False):
+        tok.split_special_tokens = True
+    init = getattr(tok, "init_kwargs", None)
+    if isinstance(init, dict):
+        init["split_special_tokens"] = True
+
+
+def holds_special_text(tok, texts: Sequence[Text]) -> bool:
+    """Whether any text (either text of a pair) holds the string of one of `tok`'s special tokens
+    (any case): the only texts whose ids `text_as_text` changes."""
+    specials = [s.lower() for s in getattr(tok, "all_special_tokens", []) if s]
+    if not specials:
+        return False
+    for t in texts:
+        for x in (t if isinstance(t, tuple) else (t,)):
+            low = x.lower()
+            if any(s in low for s in specials):
+                return True
+    return False
+
+
 def check_layers(name: str, model: nn.Module, spec: LayerSpec) -> None:
     """Every index of `spec` names one of the model's hidden states (embeddings + one per layer),
     checked when a Backbone is built, before any text is encoded."""
@@ -730,6 +759,7 @@ class Backbone:
         if limit is not None and max_length > limit:
             raise BackboneError(f"max_length {max_length} exceeds what {name!r} supports ({limit})")
         check_layers(name, model, layers)
+        text_as_text(tok)
         self.name, self.model, self.tok = name, model, tok
         self.layers, self.max_length = layers, max_length
         # False: sentence pairs are fed without their token type ids (all type 0), for a model

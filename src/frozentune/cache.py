@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .backbone import Backbone, Tokenized, tokenizer_hash
+from .backbone import Backbone, Tokenized, holds_special_text, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
@@ -94,6 +94,8 @@ def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") 
         "texts": texts_hash(texts),
         "n": len(texts),
     }
+    if holds_special_text(backbone.tok, texts):  # a literal "[SEP]" is now read as text (backbone.text_as_text):
+        fields["split_special_tokens"] = True    # other ids than an entry made before; other texts keep their key
     if pair_kind(texts):  # sentence pairs (encoded as pairs): never the entry of the same texts glued
         fields["pairs"] = True
         if not backbone.token_types:  # the same pairs fed without token type ids: other states

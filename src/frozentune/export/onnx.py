@@ -369,6 +369,8 @@ class OnnxClassifier:
     def __init__(self, folder: Path, threads: int | None = None):
         from transformers import AutoTokenizer
 
+        from ..backbone import text_as_text
+
         folder = Path(folder)
         if not (folder / META).is_file() or not (folder / GRAPH).is_file():
             raise ExportError(f"--onnx {folder}: no {META} / {GRAPH}; give a folder written by "
@@ -382,6 +384,7 @@ class OnnxClassifier:
         except Exception as e:  # transformers' own errors: a missing or damaged tokenizer file
             raise ExportError(f"--onnx {folder}: its tokenizer files cannot be read ({' '.join(str(e).split())[:200]}); "
                               f"{again}") from None
+        text_as_text(self.tok)  # as the backbone reads texts (an export made before it was recorded)
         try:
             self.sess = session(folder / GRAPH, threads)
         except Exception as e:  # onnxruntime's own errors: e.g. model.onnx.data (its weights) left behind
