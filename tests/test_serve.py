@@ -957,6 +957,34 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
 
 
+def test_page_draws_marks_where_the_server_says_after_an_emoji(server, tmp_path):
+    """The server's offsets count code points (Python's), a JavaScript string UTF-16 units: after an
+    emoji (two units) every mark was drawn a character early per emoji and the emoji split into two
+    replacement characters. Each token the space and Y-Tuning cards mark is now the token the API
+    names; negative weights are drawn as weighing against the label."""
+    import html as H
+    import re
+    from urllib.parse import quote
+
+    import httpx
+
+    text = "\U0001F600\U0001F600\U0001F600 Who invented the telephone ? \U0001F600 Name a bird ."
+    dom = render_page(server.url, tmp_path, "serve-page-emoji.png", "1280,1100", path="/?text=" + quote(text))
+    assert "\ufffd" not in dom and dom.count("\U0001F600") >= 4 * 2  # the text box and every card keep them whole
+    api = httpx.post(server.url + "/v1/classify", json={"text": text, "explain": True, "top": 5}, timeout=60).json()
+    for name in ("space", "ytuning"):
+        got = api["results"][0]["tasks"][name]
+        ex = got["explanation"]
+        marks = ex["classes"][got["label"]]["tokens"] if name == "space" else ex["attention"][got["label"]]
+        card = dom[dom.index(f'data-task="{name}"'):]
+        card = card[:card.index('<div class="why">')]
+        drawn = [H.unescape(m) for m in re.findall(r"<mark[^>]*>(.*?)</mark>", card)]
+        want = [m["text"] for m in marks if m["start"] is not None and m["weight"] != 0]
+        assert want and set(drawn) <= {text[m["start"]:m["end"]] for m in marks if m["start"] is not None}, (drawn, want)
+        assert all(text[m["start"]:m["end"]] in drawn for m in marks if m["start"] is not None and m["weight"] != 0)
+        assert ('class="against"' in card) == any(m["weight"] < 0 for m in marks if m["start"] is not None)
+
+
 def test_api_docs_read_offline_in_headless_chromium(server, tmp_path):
     """/docs was FastAPI's Swagger UI, loaded from a CDN: on a machine without internet (this one) the page
     was blank. Where the CDN cannot be reached it lists the API from /openapi.json: every endpoint, and the

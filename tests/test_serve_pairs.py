@@ -142,6 +142,10 @@ def test_page_shows_pair_tasks_in_headless_chromium(models, tmp_path):
             assert f'data-task="{name}"' in dom, f"no card for {name}"
         assert 'id="pairbox" hidden' not in dom and "second:</span>" in dom
         assert "pair (sentence1, sentence2)" in dom
+        # an empty second box: the pair tasks say so, in the page's words, and the text task is still answered
+        dom = render_page(running.url, tmp_path, "serve-page-no-second.png", "1280,900", path="/?text=fine&text2=")
+        assert 'data-task="text-probe"' in dom and not any(f'data-task="{n}"' in dom for n in PAIR_TASKS)
+        assert "pair tasks: second text: empty" in dom and "(1 task in" in dom
     finally:
         running.stop()
 
