@@ -477,3 +477,20 @@ def test_no_method_option_is_the_start_of_a_train_option():
             flag = _flag(name)
             clash = sorted(o for o in train if o != flag and o.startswith(flag))
             assert not clash, f"{method}: {flag} begins {clash}"
+
+
+@pytest.mark.parametrize("argv", [["eval", "--model", "M", "--data", "trec"], ["predict", "--model", "M", "a text"],
+                                  ["sweep", "--data", "trec", "--output", "OUT"], ["serve", "M"],
+                                  ["export", "--model", "M", "--format", "onnx", "--output", "OUT"]])
+def test_one_process_commands_refuse_a_launcher(argv, monkeypatch, capsys, tmp_path):
+    """Under torchrun (WORLD_SIZE 2) eval and predict printed every answer once per rank (two JSON
+    objects: not JSON), and a sweep's ranks raced on --output (one published it without best/).
+    Each refuses in one line before reading anything, and nothing is written."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert f"frozentune {argv[0]} runs in one process; under torchrun (world size 2)" in err
+    assert "run it without the launcher" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

@@ -829,6 +829,25 @@ def _allocator_before_imports(args: list[str]) -> None:
         restart(chosen, args)
 
 
+# The commands that split their work across the processes of a launcher (torchrun, accelerate launch):
+# the backbone pass (each rank extracts its share) and training (data parallel).
+SPLIT_COMMANDS = ("cache", "train", "pretrain")
+
+
+def _one_process_only(command: str) -> None:
+    """Refuse a command that runs in one process when a launcher started several: every rank would
+    do the whole work and print it again (eval's JSON twice, not valid JSON), or write the same
+    folder (a sweep's ranks raced on --output) or port."""
+    from .distributed import read_launch
+
+    launch = read_launch(os.environ)
+    if command in SPLIT_COMMANDS or command == "list" or launch.world_size == 1:
+        return
+    raise CLIError(f"frozentune {command} runs in one process; under {launch.how} (world size {launch.world_size}) "
+                   f"every process would do all of it again: run it without the launcher (what splits across "
+                   f"processes is the backbone pass, `frozentune cache`, and training: {', '.join(SPLIT_COMMANDS)})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
@@ -871,6 +890,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"frozentune {a.command}: error: unrecognized arguments: {' '.join(rest)} "
                   f"(see frozentune {a.command} --help)", file=sys.stderr)
             return 2
+        _one_process_only(a.command)
         if a.command == "train":
             return cmd_train(a, rest)
         if a.command == "list":

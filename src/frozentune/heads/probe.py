@@ -25,6 +25,8 @@ class ProbeConfig(MethodConfig):
 
 @dataclass
 class FinetuneConfig(ProbeConfig):
+    dropout: float = field(default=0.0, metadata={
+        "help": "dropout on the pooled vector; the backbone keeps its own (MiniLM: 0.1), set in its config.json"})
     train_backbone: bool = field(default=True, metadata={
         "help": "train the backbone with the head (the point of this baseline)"})
     top_layers: int = field(default=0, metadata={
