@@ -475,6 +475,46 @@ def test_a_plan_of_other_batch_settings_says_which(bb, tmp_path, monkeypatch):
         get_or_build(bb, MANY, root, progress=False, shard_tokens=SHARD, max_tokens=256)
 
 
+def test_a_build_folder_left_beside_its_entry_is_removed(bb, reference, tmp_path, monkeypatch):
+    """Publishing renames the entry into place, then removes the build folder (whose data files are
+    links to the entry's). An interrupt there left the folder listed as "interrupted, resumable" and
+    kept by --prune, its bytes counted twice: the removal now finishes before the interrupt goes on,
+    and a folder left so anyway (a kill) is listed as left over and pruned."""
+    import frozentune.cache as C
+
+    root = tmp_path / "cache"
+    key = cache_key(bb, MANY)[0]
+    folder = building_dir(root, key)
+    real = shutil.rmtree
+    calls = []
+
+    def interrupted(path, *a, **k):
+        if str(path).endswith(".building") and not calls:
+            calls.append(path)
+            raise KeyboardInterrupt  # arrives as the removal starts
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(C.shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    monkeypatch.undo()
+    assert calls and not folder.exists() and [e.kind for e in scan(root)] == ["entry"]
+    assert sums(get_or_build(bb, MANY, root, progress=False, **KW)[0]) == sums(reference)
+    # a kill leaves it whole: simulated with the shards of an interrupted build of the same key
+    shutil.rmtree(root)
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    monkeypatch.undo()
+    shutil.copytree(folder, tmp_path / "kept")
+    get_or_build(bb, MANY, root, progress=False, **KW)
+    shutil.copytree(tmp_path / "kept", folder)
+    (row,) = [e for e in scan(root) if e.kind == "building"]
+    assert row.status == "left over beside its complete entry" and row.removable
+    assert [e.path for e in prune(root)] == [folder] and not folder.exists()
+    assert sums(get_or_build(bb, MANY, root, progress=False, **KW)[0]) == sums(reference)
+
+
 def test_running_build_is_not_pruned(bb, tmp_path):
     root = tmp_path / "cache"
     key, fields = cache_key(bb, MANY)

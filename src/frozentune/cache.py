@@ -442,7 +442,11 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
             os.rename(final, old)
         os.rename(tmp, final)
         moved.clear()
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+        except BaseException:  # an interrupt while the build folder goes: the entry is published, so finish
+            shutil.rmtree(folder, ignore_errors=True)  # removing it (it held links to the entry's files)
+            raise
     finally:
         for name in moved:  # not published: the build keeps its data (and so its finished shards)
             with contextlib.suppress(OSError):

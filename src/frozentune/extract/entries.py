@@ -16,6 +16,7 @@ RUNNING = "running"                       # a process is extracting into it now
 WAITING = "waiting for other parts"       # a part of several (--shard i/N) finished its shards
 RESUMABLE = "interrupted, resumable"      # finished shards that a rerun resumes from
 INTERRUPTED = "interrupted"               # nothing to resume from (no finished shard, or no readable plan)
+DONE_LEFTOVER = "left over beside its complete entry"  # a build whose entry was published (a run reads the entry)
 UNREADABLE = "unreadable"                 # an entry's status starts with it, then says why in parentheses
 NOT_OURS = "not a cache entry (left alone)"  # a folder whose name frozentune never writes
 # The names frozentune writes in a cache folder: <key>, <key>.building, <key>.partial-<pid>-<tag>[-replaced],
@@ -47,8 +48,9 @@ class Entry:
         """What --prune removes: builds with nothing to resume from (no finished shard), leftovers
         of merges whose process is gone, and entries that no version can read. A running build, a
         build holding finished shards (see `resumable`) and a readable entry (old-format ones are
-        re-keyed on use) are kept."""
-        return (self.kind == "building" and self.status == INTERRUPTED) or self.kind == "partial" \
+        re-keyed on use) are kept. A build folder left beside its complete entry (publishing
+        interrupted while removing it) is removed too: no run reads it."""
+        return (self.kind == "building" and self.status in (INTERRUPTED, DONE_LEFTOVER)) or self.kind == "partial" \
             or self.status.startswith(UNREADABLE)
 
     @property
@@ -152,8 +154,13 @@ def _building(p: Path) -> Entry:
     total = int(plan.get("shards", 0))
     done = set(shard_records(p))
     parts = parts_done(p, done, total)
+    entry = p.with_name(p.name[:-len(".building")])
     if is_running(p):
         status = RUNNING
+    elif (entry / "meta.json").is_file() and _entry(entry).status == "ok":
+        # published, then interrupted while its build folder was removed: no run reads it (a run finds the
+        # entry first), and its data files may be links to the entry's
+        status = DONE_LEFTOVER
     elif not done:
         status = INTERRUPTED
     elif parts and len(done) < total:
