@@ -429,8 +429,11 @@ def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch)
     assert prune(root) == [] and folder.is_dir()
     (kept,) = kept_lines(root)
     assert "waiting for other parts" in kept and "part 0/2 done" in kept and "--shard" in kept
-    cache, _ = build_part(bb, MANY, Part(1, 2, "--shard 1/2"), root, progress=False, **KW)
+    said: list[str] = []
+    cache, _ = build_part(bb, MANY, Part(1, 2, "--shard 1/2"), root, progress=False, log=said.append, **KW)
     assert sums(cache) == sums(reference) and scan(root)[0].kind == "entry"
+    # part 1/2 found part 0/2's shards: that is not a resume of its own (it was said to be one)
+    assert not any("resum" in line for line in said), said
 
 
 def test_resume_needs_the_shard_size_it_was_started_with(bb, reference, tmp_path, monkeypatch):
@@ -455,8 +458,11 @@ def test_resume_needs_the_shard_size_it_was_started_with(bb, reference, tmp_path
     assert f"rerun with {S.SHARD_ENV}={SHARD} to resume it" in said and "--rebuild-cache" in said
     assert f"{S.SHARD_TOKENS:,} tokens (the default, {S.SHARD_ENV} unset)" in said
     assert "shard-00000" not in said and "version" not in said
-    with pytest.raises(ExtractError, match=f"rerun with {S.SHARD_ENV}={SHARD} to resume"):  # as well for a part
+    with pytest.raises(ExtractError, match=f"rerun with {S.SHARD_ENV}={SHARD} to resume") as e:  # as well for a part,
         build_part(bb, MANY, Part(1, 2, "--shard 1/2"), root, progress=False, max_tokens=128)
+    # which cannot start over with --rebuild-cache (parts refuse it): it is told what can
+    assert f"or delete {folder} and rerun every part (2) to start over" in str(e.value)
+    assert "--rebuild-cache" not in str(e.value)
     assert sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*")) == before
     monkeypatch.setenv(S.SHARD_ENV, str(SHARD))
     said = []

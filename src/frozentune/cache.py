@@ -372,14 +372,23 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         owned = [k for k in range(len(plan.shards)) if part.owns(k)]
         with _Progress(*work_of(plan, tokens.lengths, owned), "extracting", enabled=progress) as bar:
             if folder.exists():
-                check_plan(folder, key, plan)  # first: shards of another plan are not finished ones of this
+                check_plan(folder, key, plan, part)  # first: shards of another plan are not finished ones of this
                 done = finished(folder, plan)
                 bar.skip(work_of(plan, tokens.lengths, [k for k in owned if k in done])[0])
-                if done and (left := [k for k in owned if k not in done]):  # said now, not when the build ends
+                mine = [k for k in owned if k in done]
+                if part.count > 1 and done and (left := [k for k in owned if k not in done]):
+                    log(f"cache: part {part.index}/{part.count} of {key}: {len(done)} of {len(plan.shards)} shards "
+                        f"finished already ({len(mine)} of them this part's, by an earlier run; the others by other "
+                        f"parts); extracting this part's other {len(left)}")
+                elif done and (left := [k for k in owned if k not in done]):  # said now, not when the build ends
                     log(f"cache: resuming {key}: {len(done)} of {len(plan.shards)} shards were finished before; "
                         f"extracting the other {len(left)}")
             report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)
-        if report.done_before and report.done_now:
+        if part.count > 1:
+            if report.done_now and (before := [k for k in report.done_before if part.owns(k)]):
+                log(f"cache: resumed part {part.index}/{part.count} of {key}: {len(report.done_now)} shards extracted "
+                    f"now, {len(before)} by an earlier run of this part")
+        elif report.done_before and report.done_now:
             log(f"cache: resumed {key}: {len(report.done_now)} shards extracted now, {len(report.done_before)} before")
         if report.missing or part.count > 1:  # a part of several publishes under the build lock (build_part)
             return BuildStats(len(plan.order), 0, report.seconds, {}, complete=False, report=report,

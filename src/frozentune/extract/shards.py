@@ -248,49 +248,57 @@ def _wrong_size(path: Path, have: int | None, size: int) -> ExtractError:
                         f"to start over")
 
 
-def check_plan(folder: Path, key: str, plan: Plan) -> None:
+def start_over(folder: Path, part: "Part | None" = None) -> str:
+    """How to start a build over: --rebuild-cache in one process; a part of several cannot take it
+    (the parts would delete each other's shards), so the build folder is deleted and every part rerun."""
+    if part is not None and part.count > 1:
+        return f"delete {folder} and rerun every part ({part.count}) to start over"
+    return "rerun with --rebuild-cache to start over"
+
+
+def check_plan(folder: Path, key: str, plan: Plan, part: "Part | None" = None) -> None:
     """The plan.json of a build already in `folder` (an interrupted build's, or another part's) is
-    this plan; an ExtractError saying which setting differs and how to resume otherwise. No
-    plan.json (no build yet, or one just published and removed) passes. Checked before any shard
-    is counted: a shard of another plan is only as foreign as its plan."""
+    this plan; an ExtractError saying which setting differs and how to resume otherwise (for a
+    part of several, how to start over without --rebuild-cache, which parts refuse). No plan.json
+    (no build yet, or one just published and removed) passes. Checked before any shard is counted:
+    a shard of another plan is only as foreign as its plan."""
     path = folder / "plan.json"
     have = read_json(path)
+    again = start_over(folder, part)
     if have is None:
         if path.exists():  # written atomically, so an unreadable one is damaged, not half-written
-            raise ExtractError(f"{path}: damaged plan of an interrupted build; rerun with --rebuild-cache to start over")
+            raise ExtractError(f"{path}: damaged plan of an interrupted build; {again}")
         return
     if have.get("key") != key:
         raise ExtractError(f"{path}: the plan of another cache entry ({have.get('key')}), not of {key}; delete "
                            f"{folder} (or rerun with --rebuild-cache) to start this entry over")
     if have.get("digest") != plan.digest:
         settings = have.get("settings")
-        raise ExtractError(_plan_mismatch(folder, settings if isinstance(settings, dict) else {}, plan))
+        raise ExtractError(_plan_mismatch(folder, settings if isinstance(settings, dict) else {}, plan, again))
 
 
-def _plan_mismatch(folder: Path, had: dict, plan: Plan) -> str:
+def _plan_mismatch(folder: Path, had: dict, plan: Plan, again: str) -> str:
     """Why the interrupted build in `folder` (settings `had`) cannot take this run's shards, and
-    the one way to resume it when the shard size is all that differs."""
+    the one way to resume it when the shard size is all that differs; `again`: how to start over."""
     now = plan.settings
     if had.get("version") == 1:
         return (f"{folder}: an interrupted build by an earlier frozentune, which kept each shard in a folder of its "
                 f"own; this version writes shards into the entry's files and cannot resume it: finish it with "
-                f"that version, or rerun with --rebuild-cache to start over")
+                f"that version, or {again}")
     size_had, size_now = had.get("shard_tokens"), now["shard_tokens"]
     batching = [name for name in ("version", "max_tokens", "max_batch") if had.get(name) != now[name]]
     if not batching and isinstance(size_had, int) and size_had != size_now:
         default = " (the default: unset it)" if size_had == SHARD_TOKENS else ""
         return (f"{folder}: this build was started with {SHARD_ENV}={size_had} (shards of {size_had:,} tokens); "
                 f"this run makes shards of {size_now:,} tokens ({plan.source}), and shards of two sizes cannot be "
-                f"combined; rerun with {SHARD_ENV}={size_had}{default} to resume it, or with --rebuild-cache to "
-                f"start over")
+                f"combined; rerun with {SHARD_ENV}={size_had}{default} to resume it, or {again}")
     if batching:
         shown = ", ".join(f"{name} {had.get(name)}, now {now[name]}" for name in batching)
         why = f"other batch settings: {shown}"
     else:
         why = "the same settings but another extraction order: another frozentune version's batching"
     return (f"{folder}: an interrupted build of this entry used another plan ({why}), so its shards cannot be "
-            f"combined with new ones; finish it with the settings (or frozentune version) that started it, or "
-            f"rerun with --rebuild-cache to start over")
+            f"combined with new ones; finish it with the settings (or frozentune version) that started it, or {again}")
 
 
 def finished(folder: Path, plan: Plan) -> set[int]:
