@@ -214,7 +214,7 @@ def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_b
     assert json.loads((out / "config.json").read_text())["labels"] == ["0", "1"]
     assert "labels 1, 1.0 read as one class '1'" in ans.out
     rows[7] = {"text": 42, "label": 1}
-    cli(*train_args(write_jsonl(tmp_path / "n.jsonl", rows), tiny_bert, tmp_path), contains=("n.jsonl:8", "a number (42), not text"),
+    cli(*train_args(write_jsonl(tmp_path / "n.jsonl", rows), tiny_bert, tmp_path), contains=("n.jsonl:8", "holds a number, not text (42)"),
         row=R_NUMBERS)
 
 

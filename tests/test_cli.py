@@ -494,3 +494,13 @@ def test_one_process_commands_refuse_a_launcher(argv, monkeypatch, capsys, tmp_p
     assert f"frozentune {argv[0]} runs in one process; under torchrun (world size 2)" in err
     assert "run it without the launcher" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_names_the_lines_of_labels_the_model_lacks(trained, capsys, tmp_path):
+    out, _, cache = trained
+    rows = [{"text": f"What is thing number {i} ?", "label": "meh" if i in (2, 5) else "DESC"} for i in range(8)]
+    data = tmp_path / "extra.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", data, "--split", "all", "--cache-dir", cache)
+    assert code == 2 and stdout == ""
+    assert "extra.jsonl:3: labels 'meh' are not among the model's" in err and "(2 rows hold them: lines 3, 6)" in err

@@ -374,3 +374,134 @@ def test_shots_draw_different_texts():
     rng = np.random.default_rng(3)
     want = np.sort(np.concatenate([rng.choice(np.arange(9), 4, replace=False), rng.choice(np.arange(9, 18), 4, replace=False)]))
     assert sample_shots(plain, 4, 3)[0].texts == [plain.texts[i] for i in want]
+
+
+# ----------------------------------------------------------------------------- formats (a walk-through's findings)
+def test_a_tsv_quote_that_swallows_rows_is_refused(tmp_path):
+    """A TSV field opening with a quote ran on, with its tabs and line breaks, to the next quote:
+    five rows were read as one (56 of 60 rows, nothing said). Refused, naming the line."""
+    lines = ["sentence\tlabel"] + [f"text {i}\t{i % 2}" for i in range(10)]
+    lines[3] = '"the film opens with a bang\t1'
+    lines[7] = 'best seen on a 60"\t0'
+    path = write(tmp_path / "q.tsv", "\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"q.tsv:4: a field that starts with a quote .* runs on to line 8.*5 lines "
+                                        r"read as one row"):
+        read_records(path)
+    # a quoted TSV field with a line break but no tab, and a CSV field with both, are fields, not merges
+    write(tmp_path / "ok.tsv", 'text\tlabel\n"two\nlines"\ta\nplain\tb\n')
+    assert [r["text"] for _, r in read_records(tmp_path / "ok.tsv")] == ["two\nlines", "plain"]
+    write(tmp_path / "ok.csv", 'text,label\n"a, b\nc",x\nd,y\n')  # a row is numbered by its first line
+    assert read_records(tmp_path / "ok.csv") == [(2, {"text": "a, b\nc", "label": "x"}), (4, {"text": "d", "label": "y"})]
+
+
+def test_labels_keep_whole_numbers_exact_and_merge_boolean_spellings(tmp_path):
+    """Labels went through float(): 9007199254740993 became 9007199254740992 (two classes merged)
+    and 12345678901234567890 a name not in the file. True (a CSV's) and true (JSON's) were two."""
+    from decimal import Decimal
+
+    from frozentune.data import label_name
+
+    assert [label_name(v) for v in (9007199254740992, 9007199254740993, "9007199254740993", 12345678901234567890)] == \
+        ["9007199254740992", "9007199254740993", "9007199254740993", "12345678901234567890"]
+    assert [label_name(v) for v in (1, 1.0, "1", "1.0", "+1", Decimal("1.00"))] == ["1"] * 6
+    assert [label_name(v) for v in (0.5, "0.50", Decimal("0.5"))] == ["0.5"] * 3
+    assert [label_name(v) for v in (True, "True", "true", " TRUE ")] == ["true"] * 4
+    assert label_name(b"pos") is None and label_name("Truth") == "Truth"
+    rows = [{"text": f"t {i}", "label": [9007199254740992, 9007199254740993, 7][i % 3]} for i in range(9)]
+    path = write(tmp_path / "big.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert sorted(set(read_split(path).labels)) == ["7", "9007199254740992", "9007199254740993"]
+
+
+def test_columns_json_cannot_show_are_named_in_one_line(tmp_path):
+    """bytes, Decimal and date values of a Parquet column ended in a JSON serialisation traceback."""
+    import datetime
+    from decimal import Decimal
+
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = [f"text {i}" for i in range(6)]
+    pq.write_table(pa.table({"text": [t.encode() for t in texts], "label": ["a", "b"] * 3}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match=r"b.parquet:1: field 'text' holds bytes, not text \(.*b'text 0'.*\) "
+                                        r"\(6 rows like it"):
+        read_split(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"text": texts, "label": pa.array([Decimal(i % 2) for i in range(6)], pa.decimal128(5, 2))}),
+                   tmp_path / "d.parquet")
+    assert read_split(tmp_path / "d.parquet").labels == ["0", "1"] * 3
+    pq.write_table(pa.table({"text": texts, "label": [datetime.date(2020, 1, 1 + i % 2) for i in range(6)]}),
+                   tmp_path / "t.parquet")
+    assert read_split(tmp_path / "t.parquet").labels == ["2020-01-01", "2020-01-02"] * 3
+    with pytest.raises(DataError, match=r"field 'text' holds bytes, not text"):
+        read_texts(tmp_path / "b.parquet")
+
+
+def test_rows_like_it_count_every_row_with_the_problem(tmp_path):
+    """The problem's key held the value, so rows holding other numbers (or other lists) were not counted."""
+    rows = [{"text": i if i % 3 == 0 else f"t {i}", "label": ["x"] if i < 6 else "y"} for i in range(9)]
+    path = write(tmp_path / "n.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"n.jsonl:1: field 'text' holds a number, not text \(0\) \(3 rows like it: "
+                                        r"lines 1, 4, 7\)"):
+        read_split(path)
+    rows = [{"text": f"t {i}", "label": [str(i)]} for i in range(4)]
+    path = write(tmp_path / "l.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"no label in field 'label' \(\[\"0\"\]\) \(4 rows like it"):
+        read_split(path)
+
+
+def test_json_files_are_read_alike_everywhere(tmp_path):
+    """.json was JSON Lines for --data, plain text lines for predict --input, and no split file in a
+    folder (its test.json ignored, a test carved instead). It is records everywhere: JSON Lines, or
+    one array of objects (pandas' orient="records"), whose errors name lines."""
+    rows = [{"text": f"text {i}", "label": "ab"[i % 2]} for i in range(4)]
+    lines = write(tmp_path / "lines.json", "".join(json.dumps(r) + "\n" for r in rows))
+    array = write(tmp_path / "array.json", "[\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n]\n")
+    assert read_records(array) == [(n, r) for n, r in zip(range(2, 6), rows)]
+    assert [r for _, r in read_records(lines)] == rows
+    assert read_texts(array) == read_texts(lines) == [r["text"] for r in rows]
+    write(tmp_path / "bad.json", '[\n {"text": "a", "label": "x"},\n ["not", "an", "object"]\n]')
+    with pytest.raises(DataError, match=r"bad.json:3: expected an object in the array, got list"):
+        read_records(tmp_path / "bad.json")
+    write(tmp_path / "open.json", '[{"text": "a", "label": "x"}')
+    with pytest.raises(DataError, match=r"open.json:1: not a valid JSON array of objects"):
+        read_records(tmp_path / "open.json")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    write(folder / "train.jsonl", "".join(json.dumps({"text": f"train {i}", "label": "ab"[i % 2]}) + "\n"
+                                          for i in range(20)))
+    write(folder / "test.json", json.dumps(rows))
+    ds = load_classification(str(folder))
+    assert ds.test.texts == [r["text"] for r in rows] and len(ds.train) + len(ds.validation) == 20
+
+
+def test_long_csv_fields_and_late_bad_bytes_are_read_or_named_where_they_are(tmp_path):
+    """A CSV field over 131,072 characters was "not valid CSV"; a byte that is not UTF-8 past the first
+    MiB was named at "byte 210 of that line" with no line."""
+    long = "word " * 30_000
+    write(tmp_path / "long.csv", f"text,label\nshort,a\n{long},b\n")
+    assert read_records(tmp_path / "long.csv")[1] == (3, {"text": long, "label": "b"})
+    body = b"text,label\n" + b"".join(f"row number {i},a\n".encode() for i in range(100_000))
+    bad = body + b"caf\xe9,b\n"
+    (tmp_path / "late.csv").write_bytes(bad)
+    with pytest.raises(DataError, match=rf"late.csv:100002: not UTF-8 text \(byte 0xe9 at byte offset "
+                                        rf"{len(body) + 3:,}\)"):
+        read_records(tmp_path / "late.csv")
+    (tmp_path / "late.txt").write_bytes(b"one\ntwo\r\nthr\xe9e\n")
+    with pytest.raises(DataError, match=r"late.txt:3: not UTF-8 text \(byte 0xe9 at byte offset 12\)"):
+        read_lines(tmp_path / "late.txt")
+
+
+def test_compressed_and_arrow_file_formats(tmp_path):
+    """A .gz given to predict was read as text ("not UTF-8 ... iconv"); an Arrow IPC *file* (Feather v2,
+    pandas' to_feather) was "not readable as arrow data"."""
+    import gzip
+
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a", "label": "x"}\n'))
+    for read in (read_lines, read_records):
+        with pytest.raises(DataError, match=r"t.jsonl.gz.*a compressed file is not read: decompress it first, e.g. "
+                                            r"gunzip -k t.jsonl.gz"):
+            read(tmp_path / "t.jsonl.gz")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.feather as feather
+
+    feather.write_feather(pa.table({"text": ["a b", "c d"], "label": ["x", "y"]}), str(tmp_path / "f.arrow"))
+    assert read_records(tmp_path / "f.arrow") == [(1, {"text": "a b", "label": "x"}), (2, {"text": "c d", "label": "y"})]

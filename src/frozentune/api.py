@@ -496,9 +496,13 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
                             f"there is none to score; use --split test (held out), or --split train")
     missing, extra = sorted(set(model.labels) - set(ds.labels)), sorted(set(part.labels) - set(model.labels))
     if extra:
-        raise DataError(f"{part.source}: labels {', '.join(map(repr, extra))} are not among the model's "
+        at = [n for n, lab in zip(part.lines, part.labels) if lab in extra] if part.lines else []
+        where = f"{part.source}:{at[0]}" if at else part.source
+        raise DataError(f"{where}: labels {', '.join(map(repr, extra))} are not among the model's "
                         f"({', '.join(map(repr, model.labels))})"
                         + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
+                        + (f" ({len(at):,} rows hold them: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})"
+                           if len(at) > 1 else "")
                         + ". Evaluate on data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 

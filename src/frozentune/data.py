@@ -8,6 +8,8 @@ Every error names the file and, where there is one, the line, and says what to d
 from __future__ import annotations
 
 import csv
+import decimal
+import io
 import json
 import math
 import numbers
@@ -37,9 +39,10 @@ GENERATION = {"e2e", "webnlg"}
 SPLIT_NAMES = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": "train", "validation": "validation", "valid": "validation",
                  "dev": "validation", "val": "validation", "test": "test"}
-SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".arrow")
+SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow")  # .json: JSON Lines, or one array of objects
+COMPRESSED = (".gz", ".bz2", ".xz", ".zip", ".zst", ".7z", ".tgz")
 ARROW_SUFFIXES = (".parquet", ".arrow")  # read through Hugging Face `datasets` (the `hf` extra)
-FORMATS_HELP = ".jsonl, .csv, .tsv, .parquet or .arrow file, a folder of train/validation/test files, a folder " \
+FORMATS_HELP = ".jsonl, .json, .csv, .tsv, .parquet or .arrow file, a folder of train/validation/test files, a folder " \
                "written by datasets' save_to_disk"
 
 
@@ -141,13 +144,73 @@ def read_records(path: Path, skip_blank: bool = False) -> list[tuple[int, dict]]
         raise DataError(f"{path}: no such file. Give a {FORMATS_HELP}, "
                         f"or a dataset name ({', '.join(sorted(CLASSIFICATION | dict.fromkeys(GENERATION)))}).")
     suffix = path.suffix.lower()
+    if suffix == ".json" and _starts_with(path, b"["):
+        return _read_json_array(path)
     if suffix == ".jsonl" or suffix == ".json":
         return _read_jsonl(path)
     if suffix in (".csv", ".tsv"):
         return _read_delimited(path, "\t" if suffix == ".tsv" else ",", skip_blank)
     if suffix in ARROW_SUFFIXES:
         return read_hf(path)
-    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv, .tsv, .parquet or .arrow.")
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .csv, .tsv, .parquet or .arrow"
+                    + (f" ({compressed_note(path)})." if suffix in COMPRESSED else "."))
+
+
+def compressed_note(path: Path) -> str:
+    """What to do with a compressed file, which is not read (its bytes are not text)."""
+    how = _DECOMPRESS.get(path.suffix.lower(), "unzip")
+    return f"a compressed file is not read: decompress it first, e.g. {how} {path.name}"
+
+
+_DECOMPRESS = {".gz": "gunzip -k", ".tgz": "tar xzf", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd",
+               ".7z": "7z x"}
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file's first byte that is not whitespace (or a byte-order mark) is `prefix`."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n").startswith(prefix)
+
+
+def _read_json_array(path: Path) -> list[tuple[int, dict]]:
+    """A .json file holding one array of objects (pandas' `to_json(orient="records")`), as (the
+    line its object starts on, dict), so that errors name lines as they do for JSON Lines."""
+    text = _decode(path, path.read_bytes())
+    dec = json.JSONDecoder()
+    pos, out = text.index("[") + 1, []
+
+    def line_at(i: int) -> int:
+        return text.count("\n", 0, i) + 1
+
+    def skip(i: int) -> int:
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    pos = skip(pos)
+    while pos < len(text) and text[pos] != "]":
+        try:
+            rec, end = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: not a valid JSON array of objects ({e.msg} at column {e.colno}).") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}:{line_at(pos)}: expected an object in the array, got {type(rec).__name__}.")
+        out.append((line_at(pos), rec))
+        pos = skip(end)
+        if pos < len(text) and text[pos] == ",":
+            pos = skip(pos + 1)
+        elif pos >= len(text) or text[pos] != "]":
+            raise DataError(f"{path}:{line_at(pos)}: not a valid JSON array of objects (expected ',' or ']' after "
+                            f"the object on line {out[-1][0]}).")
+    if pos >= len(text):
+        raise DataError(f"{path}:{line_at(pos)}: not a valid JSON array of objects (no closing ']').")
+    if text[pos + 1:].strip():
+        raise DataError(f"{path}:{line_at(pos + 1)}: text after the JSON array's closing ']'; a .json file holds one "
+                        f"array of objects, or one object per line (JSON Lines).")
+    if not out:
+        raise DataError(f"{path}: the file has no records (an empty array).")
+    return out
 
 
 def is_hf_split_folder(path: Path) -> bool:
@@ -173,7 +236,7 @@ def read_hf(path: Path) -> list[tuple[int, dict]]:
             table = pq.read_table(str(path))
             ds = datasets.Dataset(table)  # its features (ClassLabel names) come from the file's schema metadata
         else:
-            ds = datasets.Dataset.from_file(str(path))
+            ds = _read_arrow(path)
     except (OSError, ValueError, KeyError) as e:  # pyarrow's errors are OSError / ValueError
         raise DataError(f"{path}: not readable as {'a save_to_disk folder' if path.is_dir() else path.suffix[1:] + ' data'} "
                         f"({' '.join(str(e).split())[:300]}); check the file, or write it again") from None
@@ -190,30 +253,46 @@ def read_hf(path: Path) -> list[tuple[int, dict]]:
     return out
 
 
-def _utf8_error(path: Path, e: UnicodeDecodeError, line: int | None = None) -> DataError:
-    """A decoding error as one line: the file, the byte offset (and line) and the way out."""
-    where = f"{path}:{line}" if line else str(path)
+def _read_arrow(path: Path):
+    """An .arrow file as a `datasets.Dataset`: the IPC stream format `datasets` writes, or the IPC
+    file format (Feather v2) that pandas' `to_feather` and polars' `write_ipc` write."""
+    import datasets
+    import pyarrow as pa
+
     with open(path, "rb") as f:
-        head = f.read(1 << 20)
-    try:  # the offset of the first bad byte in the whole file
-        head.decode("utf-8")
-        offset = None
-    except UnicodeDecodeError as whole:
-        offset = whole.start
-    at = f"byte offset {offset:,}" if offset is not None else f"byte {e.start} of that line"
+        magic = f.read(6)
+    if magic == b"ARROW1":  # the file format opens with its magic bytes; the stream format does not
+        with pa.memory_map(str(path)) as source:
+            return datasets.Dataset(pa.ipc.open_file(source).read_all())
+    return datasets.Dataset.from_file(str(path))
+
+
+def _utf8_error(path: Path, e: UnicodeDecodeError, line: int, offset: int) -> DataError:
+    """A decoding error as one line: the file, the line, the byte offset in the file and the way out."""
     bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
-    return DataError(f"{where}: not UTF-8 text (byte 0x{bad} at {at}). Save the file as UTF-8, "
+    return DataError(f"{path}:{line}: not UTF-8 text (byte 0x{bad} at byte offset {offset:,}). Save the file as UTF-8, "
                      f"e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}")
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """A whole file's bytes as text (a byte-order mark dropped), or a DataError naming the line and
+    the byte offset of the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _utf8_error(path, e, data.count(b"\n", 0, e.start) + 1, e.start) from None
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     out = []
+    offset = 0  # of the line in the file
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise _utf8_error(path, e, n) from None
+                raise _utf8_error(path, e, n, offset + e.start) from None
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -242,8 +321,11 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
     kind = "TSV" if delimiter == "\t" else "CSV"
     out = []
     blank: list[int] = []  # blank lines not yet followed by a row
-    # utf-8-sig drops a byte-order mark; newline="" lets csv read CRLF and quoted newlines
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    # decoded whole (so that a byte that is not UTF-8 is named with its line); newline="" lets csv read
+    # CRLF and quoted newlines. Fields may be as long as a text can be (csv's default limit is 131,072
+    # characters, and a review longer than that is cut at --max-length like any other)
+    csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))
+    with io.StringIO(_decode(path, path.read_bytes()), newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, strict=True)
         try:
             header = next(reader, None)
@@ -253,22 +335,26 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
             if twice:
                 raise DataError(f"{path}:1: the header names {', '.join(map(repr, twice))} more than once, so a "
                                 f"column cannot be chosen by name; rename the columns so that each name is used once.")
+            end = reader.line_num
             for row in reader:
-                n = reader.line_num
+                n, start, end = reader.line_num, end + 1, reader.line_num
+                if kind == "TSV" and n > start and any("\t" in x and "\n" in x for x in row):
+                    raise DataError(f"{path}:{start}: a field that starts with a quote (\") runs on to line {n}, taking "
+                                    f"in the tabs and line breaks between: {n - start + 1} lines read as one row. Where "
+                                    f"a quote is part of the text, write the field in quotes with the quote doubled "
+                                    f"(\"\"), or save the data as .jsonl")
                 if not row:
                     blank.append(n)
                     continue
                 if blank and not skip_blank:
                     raise _blank_lines_error(path, blank, "rows", "remove them, or fill them in")
                 if len(row) != len(header):
-                    raise DataError(f"{path}:{n}: not valid {kind}: {len(row)} fields where the "
+                    raise DataError(f"{path}:{start}: not valid {kind}: {len(row)} fields where the "
                                     f"header has {len(header)} ({', '.join(header)}). Quote fields "
                                     f"that contain the delimiter.")
-                out.append((n, dict(zip(header, row))))
+                out.append((start, dict(zip(header, row))))  # numbered by its first line (a quoted field may span several)
         except csv.Error as e:
             raise DataError(f"{path}:{reader.line_num}: not valid {kind}: {e}.") from None
-        except UnicodeDecodeError as e:
-            raise _utf8_error(path, e) from None
     if not out:
         raise DataError(f"{path}: the file has a header but no rows.")
     return out
@@ -276,31 +362,48 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
 
 def label_name(value: object) -> str | None:
     """A label as its name: strings as written (trimmed, in Unicode's composed form NFC, so that an
-    "é" typed as e + combining accent is the same class as "é"); numbers, and strings that spell a
-    number, canonically (1, 1.0, "1" and "1.0" are one class "1"; 0.5 is "0.5"); None for a
-    missing label (null, empty)."""
+    "é" typed as e + combining accent is the same class as "é"); numbers (a Decimal too), and
+    strings that spell a number, canonically (1, 1.0, "1" and "1.0" are one class "1"; 0.5 is "0.5";
+    whole numbers exactly, however large: 9007199254740993 is not 9007199254740992); booleans and
+    the strings "true" / "false" in any case as "true" / "false" (a CSV writes True where JSON has
+    true); None for a missing label (null, empty)."""
     if value is None or isinstance(value, (list, dict)) or (isinstance(value, float) and not math.isfinite(value)):
         return None  # NaN (JSON's NaN, pandas' missing value) is no label, nor is an infinity
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, (bytes, bytearray)):
+        return None  # not a name: said as "no label (b'...')"
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
     text = unicodedata.normalize("NFC", str(value).strip())
     if not text:
         return None
-    if isinstance(value, (int, float)) or _NUMBER.fullmatch(text):
-        x = float(text)
-        if math.isfinite(x):
-            return str(int(x)) if x.is_integer() else repr(x)
+    if text.lower() in ("true", "false"):
+        return text.lower()
+    if _INTEGER.fullmatch(text):
+        return str(int(text))
+    if isinstance(value, numbers.Number) or _NUMBER.fullmatch(text):
+        try:
+            x = decimal.Decimal(text)
+        except decimal.InvalidOperation:
+            return text
+        if x.is_finite():
+            return str(int(x)) if x == x.to_integral_value() else repr(float(x))
     return text
 
 
+_INTEGER = re.compile(r"[+-]?\d+")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
-_JSON_KIND = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+_JSON_KIND = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object",
+              bytes: "bytes"}
 
 
 def _describe(value: object, escape: bool = False) -> str:
-    shown = json.dumps(value, ensure_ascii=escape)
+    """A value as a message shows it: JSON, or Python's repr for what JSON has no form of (bytes,
+    Decimal, dates: columns of a Parquet file), at most 40 characters."""
+    shown = json.dumps(value, ensure_ascii=escape, default=repr)
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
@@ -324,10 +427,9 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
         if not path.is_file():
             raise DataError(f"{path}: no such file; give a file with one of the {what} per line (or - to read "
                             f"standard input)")
-        try:
-            text = path.read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise _utf8_error(path, e) from None
+        if path.suffix.lower() in COMPRESSED:
+            raise DataError(f"{path}: {compressed_note(path)}")
+        text = _decode(path, path.read_bytes()).replace("\r\n", "\n").replace("\r", "\n")  # as an editor counts lines
     lines = [ln.strip() for ln in text.split("\n")]  # newlines translated
     lines = ["" if blank(ln) else ln for ln in lines]  # a line of zero-width spaces is a blank line
     while lines and not lines[-1]:
@@ -392,9 +494,10 @@ def invisible(text: str) -> str:
 def _text_problem(value: object, fld: str) -> tuple[str, str] | None:
     """(the kind of problem, its detail for this row) when `value` (field `fld` of a record) is not
     a usable text, or None. Rows are counted by kind; the detail adds what differs between them."""
-    if not isinstance(value, str):
-        kind = "null" if value is None else f"{_JSON_KIND.get(type(value), 'a value')} ({_describe(value)})"
-        return f"field {fld!r} holds {kind}, not text", ""
+    if not isinstance(value, str):  # the value is the detail: rows holding other numbers are counted alike
+        if value is None:
+            return f"field {fld!r} holds null, not text", ""
+        return f"field {fld!r} holds {_JSON_KIND.get(type(value), 'a value')}, not text", f" ({_describe(value)})"
     if blank(value):
         return f"empty text in field {fld!r}", invisible(value)
     if (why := unencodable(value)) is not None:
@@ -446,8 +549,8 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
         _require_fields(path, n, rec, fields, pair_field, "--text-field / --label-field")
         label = label_name(rec[label_field])
         found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
-        if label is None:
-            found.append((f"no label in field {label_field!r} ({_describe(rec[label_field])})", ""))
+        if label is None:  # the value is the detail: rows of other missing values are counted alike
+            found.append((f"no label in field {label_field!r}", f" ({_describe(rec[label_field])})"))
         elif (why := unencodable(raw if isinstance(raw := rec[label_field], str) else label)) is not None:
             found.append((f"field {label_field!r} is not valid Unicode", f": {why}"))
         else:
@@ -492,7 +595,7 @@ def _find_split_files(folder: Path) -> dict[str, Path]:
 def resolve(data: str) -> tuple[str, dict[str, Path]]:
     """Turn a dataset name, folder or file into (display name, {split: file})."""
     if not isinstance(data, (str, os.PathLike)):
-        raise DataError(f"data: {type(data).__name__} ({str(data)[:40]}); give a dataset name, or the path of a file or "
+        raise DataError(f"data: {type(data).__name__} ({' '.join(str(data).split())[:40]}); give a dataset name, or the path of a file or "
                         f"folder (a str or Path)")
     data = str(data)
     path = Path(data).expanduser()
