@@ -572,8 +572,69 @@ def dataclasses_replace(bb, layer):
     (["--methods", "probe,probe"], "probe is given twice"),
     # --layer-combine was accepted and ignored (each point reads one layer); --shots 1 trained a point, then a traceback
     (["--methods", "probe", "--layers", "-1,-2", "--layer-combine", "concat"], "leave the backbone's layers and --layer-combine out"),
-    (["--methods", "probe", "--shots", "1"], "a class with a single example and no validation split"),
+    (["--methods", "probe", "--shots", "1"], "has a single training example and there is no validation split"),
 ])
 def test_sweep_refuses_bad_grids(capsys, trec_slice, args, message):
     code, _, err = run(capsys, "sweep", "--data", trec_slice, *args)
     assert code == 2 and message in err
+
+
+def test_folds_count_the_distinct_texts_each_class_holds():
+    """A class whose rows are copies of one text has one distinct example (a sweep on it passed the
+    row count, trained, then ended in a traceback); a class whose texts are also labelled as another
+    class counts them (it counted 0 there and was left out of the smallest count)."""
+    y = np.array([0, 0, 0, 0, 0, 1, 1])
+    groups = np.array([0, 1, 2, 3, 4, 5, 5])  # class 1: one text twice
+    k, note = crossval.choose_folds(y, 5, ["a", "rare"], groups)
+    assert k == 0 and "'rare' has a single distinct training text (2 rows: copies of it)" in note
+    y = np.array([0, 0, 0, 0, 0, 1, 1, 1])
+    groups = np.array([0, 1, 2, 3, 4, 0, 1, 5])  # 'rare' on texts 0 and 1 (also 'a'), and text 5
+    assert crossval.choose_folds(y, 5, ["a", "rare"], groups) == (3, "class 'rare' has 3 training examples, fewer "
+                                                                     "than --cv-folds 5: 3-fold cross-validation")
+
+
+def test_a_run_without_folds_says_so_in_its_selection(tiny_bert):
+    src, _ = _toy(2, dim=32)
+    y1 = np.array([0, 0, 0, 1])
+    lines = []
+    model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, y1, None, None,
+                                          TrainConfig(min_steps=12), lines.append)
+    assert info["how"] == "planned schedule (no cross-validation possible)" and "score" not in info
+    assert any("the planned 12 steps are trained without selection" in s for s in lines)
+    assert not any("chosen by cross-validation" in s for s in lines)
+
+
+def test_the_sweep_scores_a_point_by_what_chose_it():
+    """Under --cv-below a validation split is scored, not used: the folds chose, so the sweep ranks
+    by their score (it ranked by validation accuracy, which the run's log said it did not use)."""
+    from frozentune.sweep.run import point_score
+
+    assert point_score({"validation": {"accuracy": 50.0}, "selection": {"score": 37.5}}) == \
+        (37.5, "cross-validated accuracy")
+    assert point_score({"validation": {"accuracy": 50.0}, "selection": {"how": "validation"}}) == \
+        (50.0, "validation accuracy")
+
+
+def test_a_sweep_on_a_class_of_copies_is_refused_before_training(capsys, tmp_path):
+    rows = [{"text": f"a fine film number {i}", "label": "pos" if i % 2 else "neg"} for i in range(12)]
+    rows += [{"text": "the same rare text", "label": "rare"}] * 2
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run(capsys, "sweep", "--data", tmp_path / "d.jsonl", "--methods", "probe", "--seeds", "0",
+                         "--output", tmp_path / "s")
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "s").exists()
+    assert "class 'rare' has a single distinct training text (2 rows: copies of it) and there is no validation" in err
+
+
+def test_options_a_run_does_not_use_are_said(trec_slice, tiny_bert, tmp_path):
+    """The exact solve ignored --lr, --epochs, --batch-size... and a run above --cv-below its --cv-* options,
+    saying nothing; the probe's repeated folds were run and not recorded."""
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    said: list[str] = []
+    r = api.train("probe", str(trec_slice), bb, shots=2, train_cfg={"lr": 0.5, "epochs": 3, "cv_repeats": 2},
+                  cache_root=tmp_path / "c", progress=False, log=said.append)
+    assert any(s.startswith("schedule: --lr, --epochs not used: the exact solve") for s in said), said
+    assert r["selection"]["repeats"] == 2 and any("folds × 2 repeats, L-BFGS" in s for s in said)
+    said.clear()
+    api.train("probe", str(trec_slice), bb, max_train=60, train_cfg={"cv_below": 50, "cv_folds": 3, "epochs": 1},
+              cache_root=tmp_path / "c", progress=False, log=said.append)
+    assert any("--cv-folds not used: 60 training examples are not under --cv-below 50" in s for s in said), said

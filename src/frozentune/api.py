@@ -25,7 +25,7 @@ from .data import (DataError, Dataset, TextSplit, encode_labels, load_classifica
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
-from .crossval import fit_cv
+from .crossval import choose_folds, fit_cv
 from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits
 
 
@@ -270,12 +270,23 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     log(f"{method} on {ds.name}: {len(ds.train)} train / {len(ds.validation)} validation / "
         f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
     val_src, y_val = src.get("validation"), y.get("validation")
+    given = set(train_cfg or {})
     if may_cv and len(ds.train) < cfg.cv_below:
         convex = getattr(model.head, "convex", False)
-        log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: {cfg.cv_folds}-fold "
-            f"cross-validation on train picks "
-            + ("the L2 strength C of the exact solve (convex head)" if convex else "the number of steps")
+        groups = text_groups(ds.train.texts)
+        k = choose_folds(y["train"], cfg.cv_folds, ds.labels, groups)[0]
+        log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: "
+            + (f"{k}-fold cross-validation on train picks " + ("the L2 strength C of the exact solve (convex head)"
+                                                               if convex else "the number of steps") if k >= 2 else
+               "no cross-validation is possible (a class has a single distinct example): "
+               + ("the exact solve with scikit-learn's C=1" if convex else "the planned steps, without selection"))
             + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
+        unused = [o for o in (("lr", "weight_decay", "epochs", "min_steps", "warmup", "batch_size", "patience")
+                              if convex else ("patience",)) if o in given]
+        if unused:
+            log(f"schedule: {', '.join('--' + o.replace('_', '-') for o in unused)} not used: "
+                + ("the exact solve has no learning rate, steps or batches (its only setting is C, chosen by the folds)"
+                   if convex else "cross-validation chooses the steps, so nothing is early-stopped"))
         fallback = None
         if cfg.fallback == "auto" and not convex and get_method(method).encoder is None:
             fallback = lambda: M.build_classifier("probe", bb, ds.labels, seed=cfg.seed)  # noqa: E731
@@ -283,7 +294,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                 "keeps it instead of the head where the head does no better on them (--fallback off: the head)")
         model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
                                           src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback,
-                                          groups=text_groups(ds.train.texts))
+                                          groups=groups)
     elif fixed_few and len(ds.train) < cfg.cv_below:
         plan = plan_steps(len(ds.train), cfg, constant=True)  # a few steps: a decaying rate would halve them
         log(f"schedule: {plan.why}; {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: no early "
@@ -296,6 +307,11 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             raise DataError(f"{ds.name}: the validation split is empty; give a validation file, or train a frozen "
                             f"head with --cv-folds 2 or more")
         plan = plan_steps(len(ds.train), cfg)
+        unused = [o for o in ("cv_folds", "cv_repeats", "fallback") if o in given and may_cv]
+        if unused:
+            log(f"schedule: {', '.join('--' + o.replace('_', '-') for o in unused)} not used: {len(ds.train):,} training "
+                f"examples are not under --cv-below {cfg.cv_below}, so validation chooses (raise --cv-below to "
+                f"cross-validate)")
         log(f"schedule: {plan.why}; early stopping on {len(ds.validation)} validation examples "
             f"(--patience {cfg.patience})" + ("; methods that train or steer the backbone do not cross-validate"
                                                if model.runs_live and len(ds.train) < cfg.cv_below else ""))

@@ -88,19 +88,26 @@ def repeated_folds(y: np.ndarray, k: int, seed: int, repeats: int = 1,
 def choose_folds(y: np.ndarray, k: int, labels: list[str], groups: np.ndarray | None = None) -> tuple[int, str | None]:
     """(folds to use, a note where it differs from k): k, or the smallest class count when a class
     has fewer than k examples (at least 2); 0 when some class has a single example (no fold could
-    both train on it and hold it out). With groups, a class's count is of its distinct texts."""
-    if groups is not None:
-        y = y[first_rows(groups)]
-    counts = np.bincount(y, minlength=len(labels))
-    smallest = int(counts[counts > 0].min())
+    both train on it and hold it out). With groups, a class's count is of the distinct texts that
+    hold it (copies of one text are held out together; a text that is also labelled as another
+    class counts for both), and the note says so where rows are copies."""
+    rows = np.bincount(y, minlength=len(labels))
+    if groups is None:
+        counts = rows
+    else:
+        counts = np.array([len(np.unique(groups[y == c])) for c in range(len(labels))])
+    smallest = int(counts[rows > 0].min())
     if smallest >= k:
         return k, None
-    name = labels[int(np.flatnonzero(counts == smallest)[0])]
+    c = int(np.flatnonzero((counts == smallest) & (rows > 0))[0])
+    name, copies = labels[c], int(rows[c]) > smallest
     if smallest >= 2:
-        return smallest, (f"class {name!r} has {smallest} training examples, fewer than --cv-folds {k}: "
-                          f"{smallest}-fold cross-validation")
-    return 0, (f"class {name!r} has a single training example, so no fold could hold it out: no cross-validation; "
-               f"the planned steps are trained without selection (give 2 or more examples per class)")
+        what = f"{smallest} distinct training texts ({rows[c]} rows, the others copies)" if copies else \
+            f"{smallest} training examples"
+        return smallest, f"class {name!r} has {what}, fewer than --cv-folds {k}: {smallest}-fold cross-validation"
+    what = f"a single distinct training text ({rows[c]} rows: copies of it)" if copies else "a single training example"
+    return 0, (f"class {name!r} has {what}, so no fold could hold it out: no cross-validation (give 2 or more "
+               f"distinct examples per class)")
 
 
 def best_candidate(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None) -> tuple[int, float]:
@@ -217,8 +224,10 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             return model, fitted, info
     else:
         chosen = plan.total
-        info |= {"chosen_steps": chosen, "seconds": 0.0}
-    refit = Schedule(chosen, max(1, -(-chosen // 4)), plan.warmup, True, f"{chosen} steps chosen by cross-validation")
+        info |= {"how": "planned schedule (no cross-validation possible)", "chosen_steps": chosen, "seconds": 0.0}
+        log(f"cross-validation: none possible; the planned {chosen} steps are trained without selection")
+    why = f"{chosen} steps chosen by cross-validation" if k >= 2 else f"the planned {chosen} steps (no cross-validation)"
+    refit = Schedule(chosen, max(1, -(-chosen // 4)), plan.warmup, True, why)
     model = build()
     fitted = fit(model, train, y, val, y_val, cfg, log, refit, select=False)
     fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"])
@@ -300,6 +309,8 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
     from C_GRID (one_se, preferring C_DEFAULT), then the head is solved on all of train with it."""
     t0 = time.perf_counter()
     info: dict = {"how": "cross-validation", "solver": "lbfgs", "folds": k, "note": note, "grid": list(C_GRID)}
+    if cfg.cv_repeats > 1 and k >= 2:
+        info["repeats"] = cfg.cv_repeats
     chosen = C_DEFAULT
     x = convex_inputs(build().to(cfg.device), train)  # (N, D) once: every fold, C and the refit read rows of it
     if k >= 2:
@@ -314,9 +325,11 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
         pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT), k=k)
         chosen = C_GRID[pick]
         info |= {"score": float(mean_acc[pick]), "mean_accuracy": mean_acc.tolist(), "std_accuracy": acc.std(0).tolist(), "mean_loss": mean_loss.tolist()}
-        log(f"cross-validation: {k} folds, L-BFGS (convex head) with L2 strength C: held-out accuracy "
+        log(f"cross-validation: {k} folds{f' × {cfg.cv_repeats} repeats' if cfg.cv_repeats > 1 else ''}, L-BFGS "
+            f"(convex head) with L2 strength C: held-out accuracy "
             + " ".join(f"C={c:g}:{a:.1f}" for c, a in zip(C_GRID, mean_acc)) + f"; refit on all {len(y)} with C={chosen:g}")
     else:
+        info["how"] = "exact solve (no cross-validation possible)"
         log(f"cross-validation: none possible; L-BFGS with C={chosen:g} (scikit-learn's default)")
     model, fitted = convex_refit(build, x, train, y, val, y_val, chosen, cfg, t0)
     info |= {"C": chosen, "seconds": fitted.train_seconds}

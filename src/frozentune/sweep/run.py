@@ -28,15 +28,18 @@ class SweepResult:
 
 
 def point_score(result: dict) -> tuple[float, str]:
-    """(score, what it is) of a train result: validation accuracy where there is a validation
-    split, else the cross-validated held-out accuracy of what the folds chose."""
+    """(score, what it is) of a train result, by what chose its model: the cross-validated held-out
+    accuracy where folds chose (under --cv-below: a validation split there is scored, not used, as
+    train says), else validation accuracy."""
+    sel = result["selection"]
+    if sel.get("score") is not None:
+        return float(sel["score"]), "cross-validated accuracy"
     if result.get("validation"):
         return float(result["validation"]["accuracy"]), "validation accuracy"
-    sel = result["selection"]
-    if sel.get("score") is None:
-        raise ValueError("this run has neither a validation split nor cross-validation folds to score it by; "
-                         "give 2 or more examples per class, or a validation file")
-    return float(sel["score"]), "cross-validated accuracy"
+    from ..data import DataError
+
+    raise DataError("sweep: a point has neither cross-validation folds nor a validation split to score it by; give "
+                    "2 or more distinct examples per class, or a validation file")
 
 
 def effective_layer(p: Point) -> str:
@@ -50,7 +53,8 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     """Train every point of `grid` on `data` (`backbone`: api.BackboneOptions; its layers are the
     grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares."""
     from .. import api
-    from ..data import DataError, load_classification
+    from ..crossval import choose_folds
+    from ..data import DataError, load_classification, text_groups
     from ..output import check_output
     from ..registry import MethodError
     from ..train import CV_BELOW
@@ -71,11 +75,15 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
                                        carve_below=base.get("cv_below", CV_BELOW), pair_field=pair_field)
                 for s in sorted(seeds)}
+    folds = base.get("cv_folds", 5)
     for s, ds in datasets.items():  # every point must have a score: validation, or folds that can hold each class out
-        if not len(ds.validation) and min(ds.train.labels.count(lab) for lab in set(ds.train.labels)) < 2:
-            raise DataError(f"sweep: with seed {s}, train has a class with a single example and no validation split, "
-                            f"so no point could be scored (nothing to hold out); give --shots 2 or more, or a "
-                            f"validation file")
+        index = {lab: i for i, lab in enumerate(sorted(set(ds.train.labels)))}
+        y = np.array([index[lab] for lab in ds.train.labels])
+        k, note = choose_folds(y, max(folds, 2), sorted(index), text_groups(ds.train.texts))
+        if not len(ds.validation) and k < 2:
+            raise DataError(f"sweep: with seed {s}, {note.split(', so ')[0]} and there is no validation split, so no "
+                            f"point could be scored (nothing to hold out); give a validation file, or data with 2 or "
+                            f"more distinct texts in every class")
     backbones: dict[str, object] = {}
     rows, extract_s, load_s = [], 0.0, 0.0
     for i, p in enumerate(points, 1):
