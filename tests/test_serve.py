@@ -11,6 +11,7 @@ Chromium.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -229,6 +230,22 @@ def test_generators_decode_in_the_precision_given(models):
         e.close()
     with pytest.raises(ValueError, match="int8 is for the frozen pass of classifiers"):
         Engine.load([models / "prefix-a"], precision="int8", log=lambda line: None)
+
+
+def test_embedded_engine_refuses_odd_arguments_and_says_when_closed(engine):
+    """From Python: a task name that is a list ended in "unhashable type" (a TypeError), pairs=1 was
+    taken as true while explain=1 was refused, and a closed Engine said "the server is shutting down"."""
+    from frozentune.serve.batcher import Closed
+
+    with pytest.raises(RequestError, match=r"tasks: \['probe'\] is a list, not a task name"):
+        engine.classify(TEXTS[:1], tasks=[["probe"]])
+    with pytest.raises(RequestError, match="pairs 1: give True"):
+        engine.classify(TEXTS[:1], pairs=1)
+    e = Engine(list(engine.tasks.values()), ServeOptions())
+    e.close()
+    with pytest.raises(Closed, match="closed: no more requests are taken .*Engine.close\\(\\) was called") as got:
+        e.classify(TEXTS[:1], tasks=["probe"])
+    assert isinstance(got.value, Overloaded)  # over HTTP still a 503 with Retry-After
 
 
 # ----------------------------------------------------------------------------- batching across requests
@@ -569,6 +586,7 @@ def test_async_api(engine):
 # ----------------------------------------------------------------------------- bad requests
 BAD = [
     ("malformed JSON", "/v1/classify", b'{"texts": ["a"', 400, "not valid JSON"),
+    ("an empty body", "/v1/classify", b"", 400, "the body is empty; send a JSON object"),  # was 422 "Field required"
     ("texts not a list", "/v1/classify", {"texts": "a"}, 422, "texts"),
     ("a text not a string", "/v1/classify", {"texts": [3]}, 422, "texts[0]"),
     ("empty text", "/v1/classify", {"texts": ["  "]}, 422, "empty"),
@@ -792,6 +810,50 @@ def test_metrics_and_openapi(client):
     assert {"/v1/classify", "/v1/explain", "/v1/generate", "/v1/models", "/health"} <= set(spec["paths"])
     models = client.get("/v1/models").json()
     assert len(models["tasks"]) == 9 and models["batching"]["max_texts"] == 64
+
+
+def _shape(x):
+    """A JSON value's structure: the keys of objects (recursively, the first item of lists), types elsewhere."""
+    if isinstance(x, dict):
+        return {k: _shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_shape(x[0])] if x else []
+    return type(x).__name__
+
+
+def test_openapi_describes_the_answers_the_server_gives(client):
+    """The description listed 200 and FastAPI's 422 `{"detail": [...]}` only, while every error is
+    `{"error": "..."}`, with 400, 404, 413, 415, 503 and 500 besides. Each POST now lists every status
+    with the error body, and its 200 example has the shape of a real answer."""
+    spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in json.dumps(spec)
+    assert spec["components"]["schemas"]["ErrorBody"]["required"] == ["error"]
+    for path in ("/v1/classify", "/v1/explain", "/v1/generate"):
+        answers = spec["paths"][path]["post"]["responses"]
+        assert set(answers) == {"200", "400", "404", "413", "415", "422", "500", "503"}, path
+        for status in set(answers) - {"200"}:
+            assert answers[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+        assert "Retry-After" in answers["503"]["headers"]
+    real = {
+        "/v1/classify": client.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).json(),
+        "/v1/explain": client.post("/v1/explain", json={"text": TEXTS[0], "tasks": ["selfexplain"]}).json(),
+        "/v1/generate": client.post("/v1/generate", json={"prefix": "prefix-a", "source": SOURCES[0],
+                                                          "max_new_tokens": 4}).json()}
+    for path, answer in real.items():
+        example = spec["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["example"]
+        want, got = _shape(example), _shape(answer)
+        # the example's task names are made up: compare one task's answer, not the names
+        if "results" in got:
+            name = answer["tasks"][0]
+            got["tasks"], got["results"][0]["tasks"] = want["tasks"], {example["tasks"][0]: got["results"][0]["tasks"][name]}
+            ex_task = want["results"][0]["tasks"][example["tasks"][0]]
+            got_task = got["results"][0]["tasks"][example["tasks"][0]]
+            assert set(ex_task) == set(got_task), (path, ex_task, got_task)
+            assert set(want["results"][0]) == set(got["results"][0]), path
+        else:
+            assert want == got, (path, want, got)
+    bad = client.post("/v1/classify", json={"texts": "abc"})
+    assert bad.status_code == 422 and set(bad.json()) == {"error"}
 
 
 def test_serve_cli_refuses_bad_input(tmp_path, models):

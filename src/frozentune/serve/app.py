@@ -85,6 +85,44 @@ class Generate(BaseModel):
     min_new_tokens: StrictInt = Field(0, description="no end-of-text before this many new tokens")
 
 
+class ErrorBody(BaseModel):
+    """Every error's body, whatever its status."""
+    error: str = Field(..., description="what is wrong and what to do, in one line")
+
+
+# The statuses the API answers with, as its OpenAPI description lists them (FastAPI's own 422
+# `{"detail": [...]}` is replaced by these: every error is {"error": message})
+ERRORS = {
+    400: "the body is not valid JSON, or cannot be read",
+    404: "an unknown task or prefix, or no such endpoint",
+    413: "too many texts in one request, or a source too long for the language model",
+    415: "a body not sent as JSON (Content-Type)",
+    422: "a field of the wrong type or value (an empty text, top out of range, ...)",
+    500: "a batch failed (its message)",
+    503: "the queue is full, or the server is stopping; try again after Retry-After seconds",
+}
+
+
+def _responses(ok: str, example: dict) -> dict:
+    """A POST endpoint's documented answers: 200 (what it holds, with an example) and every error status."""
+    out: dict = {200: {"description": ok, "content": {"application/json": {"example": example}}}}
+    for status, why in ERRORS.items():
+        out[status] = {"model": ErrorBody, "description": why}
+    out[503]["headers"] = {"Retry-After": {"description": "seconds to wait before trying again",
+                                           "schema": {"type": "integer"}}}
+    return out
+
+
+_LABELLED = {"label": "positive", "scores": {"negative": 0.08, "positive": 0.92}}
+_CLASSIFIED = {"tasks": ["sst2-probe"], "results": [{"chars": 27, "truncated": False,
+                                                      "tasks": {"sst2-probe": _LABELLED}}]}
+_EXPLAINED = {"tasks": ["sst2-se"], "results": [{"chars": 27, "truncated": False, "tasks": {"sst2-se": {
+    **_LABELLED, "explanation": {"spans": [{"text": "a gorgeous, witty film", "start": 0, "end": 22, "weight": 0.41}]},
+    "lines": ['0.41 "a gorgeous, witty film"']}}}]}
+_GENERATED = {"prefix": "e2e", "num_beams": 1, "max_new_tokens": 64, "outputs": [
+    {"source": "name[Aromi], food[Italian]", "output": "Aromi serves Italian food.", "tokens": 6}]}
+
+
 def _inputs(body: Any) -> tuple[list, bool, str]:
     """(the request's texts or pairs, whether pairs, the field they came in): exactly one of texts,
     text, pairs, pair."""
@@ -124,6 +162,8 @@ def _validation_message(errors: list[dict]) -> tuple[int, str]:
     for e in errors:
         if e.get("type") == "json_invalid":
             return 400, f"the body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))}); send a JSON object"
+        if e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",):  # nothing was sent
+            return 400, "the body is empty; send a JSON object"
     parts = []
     for e in errors[:3]:
         loc = [str(x) for x in e.get("loc", ()) if x != "body"]
@@ -287,7 +327,9 @@ def create_app(engine: Engine):
     # The engine's answers hold JSON's own types only (str, float, int, bool, None, lists and dicts of them),
     # so they are rendered as they are: returned as a dict, FastAPI would first walk every value with
     # jsonable_encoder, 70 µs of the event loop per 8-task answer on this CPU against 14 µs for the rendering.
-    @app.post("/v1/classify", response_class=JSONResponse)
+    @app.post("/v1/classify", response_class=JSONResponse, responses=_responses(
+        "per text (or pair), in order: each task's label and probabilities (and, with explain, its explanation); "
+        "`truncated` and a `note` where the input reached max_length", _CLASSIFIED))
     async def classify(body: Classify):
         texts, pairs, field = _inputs(body)
         if "top" in body.model_fields_set and not body.explain:  # it was ignored: the answer had no explanations
@@ -296,13 +338,16 @@ def create_app(engine: Engine):
         with _as_sent(field):
             return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs))
 
-    @app.post("/v1/explain", response_class=JSONResponse)
+    @app.post("/v1/explain", response_class=JSONResponse, responses=_responses(
+        "as /v1/classify with explain: every task that explains, its label, probabilities and explanation "
+        "(spans, tokens or attention, with character offsets)", _EXPLAINED))
     async def explain(body: Explain):
         texts, pairs, field = _inputs(body)
         with _as_sent(field):
             return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs))
 
-    @app.post("/v1/generate", response_class=JSONResponse)
+    @app.post("/v1/generate", response_class=JSONResponse, responses=_responses(
+        "the prefix's output for each source, in order", _GENERATED))
     async def generate(body: Generate):
         sources, field = _one(body, "sources", "source")
         with _as_sent(field):

@@ -45,6 +45,15 @@ class Overloaded(RuntimeError):
         self.retry_after = retry_after
 
 
+class Closed(Overloaded):
+    """The batcher was closed (Engine.close(), or the server stopping): it takes no more jobs. Over
+    HTTP a 503 like a full queue; from Python, its own type and words."""
+
+    def __init__(self):
+        super().__init__("closed: no more requests are taken (the server is shutting down, or Engine.close() was "
+                         "called; an embedded Engine is used until it is closed)", 1)
+
+
 @dataclass
 class Job:
     group: Any                 # what runs it: has run(jobs) -> results, one per job, and where the batcher's
@@ -100,7 +109,7 @@ class Batcher:
         """Queue jobs (all or none); their futures get each job's result or exception."""
         with self._cv:
             if self._closing:
-                raise Overloaded("the server is shutting down", 1)
+                raise Closed()
             if len(self._pending) + len(jobs) > self.max_queue:
                 raise Overloaded(f"{len(self._pending)} rows are waiting (the bound is {self.max_queue}); "
                                  f"retry shortly", self.retry_after())

@@ -257,6 +257,8 @@ class Engine:
             return [t for t in mine if t.explains] if explaining else mine
         if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)) or not tasks:
             raise RequestError("tasks: give a non-empty list of task names, or leave it out for all")
+        if (odd := next((t for t in tasks if not isinstance(t, str)), None)) is not None:  # a list is unhashable
+            raise RequestError(f"tasks: {odd!r} is a {type(odd).__name__}, not a task name; give task names (strings)")
         out = []
         for name in dict.fromkeys(tasks):
             task = self.tasks.get(name) if isinstance(name, str) else None
@@ -281,6 +283,8 @@ class Engine:
         RequestError for a bad request (nothing queued)."""
         if not isinstance(explain, bool):  # "yes", 1: the HTTP API's schema refuses them, the Python API did not
             raise RequestError(f"explain {explain!r}: give true or false")
+        if not isinstance(pairs, bool):  # 1 or "yes" was taken as true
+            raise RequestError(f"pairs {pairs!r}: give True (the texts are [first, second] pairs) or False")
         texts = self._texts(texts, "pairs" if pairs else "texts", pairs)
         chosen = self._chosen(tasks, "classify", explaining_only, pairs)
         top = whole("top", top, 1, self.options.max_top)
