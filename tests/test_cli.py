@@ -504,3 +504,17 @@ def test_eval_names_the_lines_of_labels_the_model_lacks(trained, capsys, tmp_pat
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", data, "--split", "all", "--cache-dir", cache)
     assert code == 2 and stdout == ""
     assert "extra.jsonl:3: labels 'meh' are not among the model's" in err and "(2 rows hold them: lines 3, 6)" in err
+
+
+def test_macro_f1_averages_the_classes_that_occur():
+    """A test split holding one of two classes, every example right, had macro-F1 50 (the absent,
+    never-predicted class counted as F1 0)."""
+    from sklearn.metrics import f1_score
+
+    from frozentune.train import metrics
+
+    assert metrics(np.array([0, 0, 0]), np.array([0, 0, 0]), 2) == {"accuracy": 100.0, "macro_f1": 100.0}
+    y, p = np.array([0, 0, 1, 2]), np.array([0, 1, 1, 1])  # class 3 of 4 in neither
+    got = metrics(y, p, 4)["macro_f1"]
+    assert got == pytest.approx(100 * f1_score(y, p, average="macro", zero_division=0))
+    assert got == pytest.approx(100 * (1 / 1.5 * 1 + 2 * (1 / 3) / (1 / 3 + 1) + 0) / 3)

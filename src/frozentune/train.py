@@ -115,12 +115,15 @@ def eval_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
 def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int,
             positive: tuple[int, str] | None = None) -> dict[str, float]:
     """Accuracy and macro-F1 in percent; with `positive` (index, name), also the F1 of that class
-    (`positive_f1`, as MRPC is reported)."""
+    (`positive_f1`, as MRPC is reported). Macro-F1 averages over the classes that occur in the
+    labels or the predictions (scikit-learn's default): a class of the model's `num_labels` that is
+    neither in a small test split nor predicted has no F1, and counting it as 0 gave a split whose
+    every example was right a macro-F1 of 50."""
     from sklearn.metrics import accuracy_score, f1_score
 
+    present = sorted(set(np.asarray(y_true).tolist()) | set(np.asarray(y_pred).tolist()))
     out = {"accuracy": 100.0 * accuracy_score(y_true, y_pred),
-           "macro_f1": 100.0 * f1_score(y_true, y_pred, average="macro",
-                                        labels=list(range(num_labels)), zero_division=0)}
+           "macro_f1": 100.0 * f1_score(y_true, y_pred, average="macro", labels=present, zero_division=0)}
     if positive is not None:
         out["positive_f1"] = 100.0 * f1_score(y_true, y_pred, labels=[positive[0]], average="macro", zero_division=0)
     return out
