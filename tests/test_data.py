@@ -505,3 +505,31 @@ def test_compressed_and_arrow_file_formats(tmp_path):
 
     feather.write_feather(pa.table({"text": ["a b", "c d"], "label": ["x", "y"]}), str(tmp_path / "f.arrow"))
     assert read_records(tmp_path / "f.arrow") == [(1, {"text": "a b", "label": "x"}), (2, {"text": "c d", "label": "y"})]
+
+
+def test_the_test_carve_note_says_how_many_it_took(tmp_path):
+    """The note said "carved 10%" where one example of each class made it a quarter."""
+    rows = [{"text": f"text number {i}", "label": "abc"[i % 3]} for i in range(12)]
+    path = write(tmp_path / "small.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    ds = load_classification(str(path), carve_below=0)
+    (note,) = [n for n in ds.notes if n.startswith("no test split")]
+    assert len(ds.test) == 3 and "3 of 12 examples, more than 10% so that every class has an example" in note
+    rows = [{"text": f"text number {i}", "label": "ab"[i % 2]} for i in range(100)]
+    path = write(tmp_path / "big.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    (note,) = [n for n in load_classification(str(path), carve_below=0).notes if n.startswith("no test split")]
+    assert "10 of 100 examples" in note and "more than" not in note
+
+
+def test_unnamed_header_columns_are_named_as_such(tmp_path):
+    write(tmp_path / "x.csv", "text,label,,\nfine,a,,\ngood,b,,\n")
+    with pytest.raises(DataError, match=r"x.csv:1: the header leaves 2 columns unnamed \(columns 3, 4 of 4\)"):
+        read_records(tmp_path / "x.csv")
+
+
+def test_a_minus_one_label_beside_class_ids_is_pointed_out(tmp_path):
+    """A JSONL exported from Hugging Face keeps -1 for unlabelled rows; it trained as a third class unsaid."""
+    rows = [{"text": f"text number {i}", "label": [0, 1, -1][i % 3]} for i in range(30)]
+    path = write(tmp_path / "neg.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    ds = load_classification(str(path), carve_below=0)
+    assert ds.labels == ["-1", "0", "1"]
+    assert any("10 rows have the label -1, read as a class" in n and "remove them" in n for n in ds.notes)

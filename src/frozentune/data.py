@@ -331,6 +331,11 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
             header = next(reader, None)
             if not header:
                 raise DataError(f"{path}: empty {kind} file; the first row must name the columns.")
+            unnamed = [i + 1 for i, h in enumerate(header) if not h.strip()]
+            if len(unnamed) > 1:  # e.g. empty columns a spreadsheet left at the end of every row (trailing commas)
+                raise DataError(f"{path}:1: the header leaves {len(unnamed)} columns unnamed (columns "
+                                f"{', '.join(map(str, unnamed))} of {len(header)}), so they cannot be told apart; "
+                                f"name them, or delete them (a spreadsheet's empty columns: trailing delimiters)")
             twice = sorted({h for h in header if header.count(h) > 1})
             if twice:
                 raise DataError(f"{path}:1: the header names {', '.join(map(repr, twice))} more than once, so a "
@@ -886,8 +891,13 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
                            for split in splits.values() for label, forms in split.label_spellings.items()]
     if trains_on_validation:
-        notes.append(f"no train file: training on {files['train']} (the validation split; a validation split "
-                     f"is carved from it below), scored on {files['test']}")
+        notes.append(f"no train file: training on {files['train']} (the validation split), scored on "
+                     f"{files['test']}; the notes below say whether a validation split is carved from it")
+    for split in splits.values():  # a class -1 beside 0, 1, ...: the unlabelled rows of a Hugging Face export
+        others = set(split.labels) - {"-1"}
+        if "-1" in split.labels and others and all(lab.isdigit() for lab in others):
+            notes.append(f"{split.source}: {split.labels.count('-1'):,} rows have the label -1, read as a class; in "
+                         f"Hugging Face datasets -1 marks a row without a label (GLUE's test files): if so, remove them")
     classes = sorted(set(train.labels))
     if len(classes) < 2:
         raise DataError(f"{train.source}: every training example has the label {classes[0]!r}; a classifier "
@@ -901,9 +911,12 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                             f"or add training examples of them.")
     if "test" not in splits:
         keep, carve, copies = grouped_split(train.texts, train.labels, 0.1, seed)
-        splits["test"] = train.subset(carve, f"{train.source} (10% carved as test, seed {seed})")
+        share = len(carve) / len(train)
+        splits["test"] = train.subset(carve, f"{train.source} ({share:.0%} carved as test, seed {seed})")
         train = train.subset(keep)
-        notes.append(f"no test split: carved 10% of {files['train']} (seed {seed}){copies_note(copies)}")
+        more = "" if abs(share - 0.1) < 0.015 else ", more than 10% so that every class has an example on both sides"
+        notes.append(f"no test split: carved 10% of {files['train']} (seed {seed}): {len(carve):,} of "
+                     f"{len(carve) + len(keep):,} examples{more}{copies_note(copies)}")
     if shots is not None:
         train, note = sample_shots(train, shots, seed)
         notes.append(note)
