@@ -571,7 +571,11 @@ def _acquire(root: Path, key: str, log: Callable[[str], None]) -> tuple[int, boo
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if not waited:
-                    log(f"cache: waiting for another process that is building the same entry {root / key}")
+                    from .distributed import read_launch
+
+                    launch = read_launch(os.environ)
+                    who = f" (under {launch.how}: another rank of this run)" if launch.world_size > 1 else ""
+                    log(f"cache: waiting for another process that is building the same entry{who} {root / key}")
                 waited = True
                 fcntl.flock(fd, fcntl.LOCK_EX)  # an interrupt while waiting raises here
             try:
