@@ -533,3 +533,21 @@ def test_a_minus_one_label_beside_class_ids_is_pointed_out(tmp_path):
     ds = load_classification(str(path), carve_below=0)
     assert ds.labels == ["-1", "0", "1"]
     assert any("10 rows have the label -1, read as a class" in n and "remove them" in n for n in ds.notes)
+
+
+def test_a_hub_dataset_folder_is_read(tmp_path):
+    """A dataset repository from the Hub keeps data/train-00000-of-00001.parquet: "no train file found"."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "repo" / "data"
+    data.mkdir(parents=True)
+    for split, n in (("train", 20), ("test", 6)):
+        pq.write_table(pa.table({"text": [f"{split} text {i}" for i in range(n)], "label": ["ab"[i % 2] for i in range(n)]}),
+                       data / f"{split}-00000-of-00001.parquet")
+    ds = load_classification(str(tmp_path / "repo"), carve_below=0)
+    assert len(ds.test) == 6 and len(ds.train) + len(ds.validation) == 20
+    pq.write_table(pa.table({"text": ["x"], "label": ["a"]}), data / "train-00000-of-00002.parquet")
+    (data / "train-00000-of-00001.parquet").unlink()
+    with pytest.raises(DataError, match=r"the train split is in 2 shard files .*join them into one"):
+        load_classification(str(tmp_path / "repo"))

@@ -588,13 +588,24 @@ def _find_split_files(folder: Path) -> dict[str, Path]:
     if is_hf_split_folder(folder):  # Dataset.save_to_disk: one split, used as train
         return {"train": folder}
     for p in sorted(folder.iterdir()):
-        if p.suffix.lower() in SUFFIXES and p.stem.lower() in SPLIT_ALIASES:
-            split = SPLIT_ALIASES[p.stem.lower()]
+        shard = _HUB_SHARD.fullmatch(p.stem.lower())  # the Hub's layout: data/train-00000-of-00001.parquet
+        stem = shard.group(1) if shard else p.stem.lower()
+        if p.suffix.lower() in SUFFIXES and stem in SPLIT_ALIASES:
+            split = SPLIT_ALIASES[stem]
+            if shard and int(shard.group(3)) > 1:
+                raise DataError(f"{folder}: the {split} split is in {int(shard.group(3))} shard files ({p.name}, ...); "
+                                f"frozentune reads one file per split: join them into one (e.g. datasets.load_dataset("
+                                f"'parquet', data_files=...).save_to_disk(FOLDER), then --data FOLDER)")
             if split in found:
                 raise DataError(f"{folder}: two files for the {split} split "
                                 f"({found[split].name}, {p.name}); keep one.")
             found[split] = p
+    if not found and (folder / "data").is_dir():  # a dataset repository cloned from the Hub keeps its files in data/
+        return _find_split_files(folder / "data")
     return found
+
+
+_HUB_SHARD = re.compile(r"(.+?)-(\d+)-of-(\d+)")
 
 
 def resolve(data: str) -> tuple[str, dict[str, Path]]:
