@@ -518,3 +518,16 @@ def test_macro_f1_averages_the_classes_that_occur():
     got = metrics(y, p, 4)["macro_f1"]
     assert got == pytest.approx(100 * f1_score(y, p, average="macro", zero_division=0))
     assert got == pytest.approx(100 * (1 / 1.5 * 1 + 2 * (1 / 3) / (1 / 3 + 1) + 0) / 3)
+
+
+def test_options_of_the_other_task_are_refused(trained, trec_slice, tiny_bert, capsys, tmp_path):
+    """--num-beams / --max-test on a classification run, and eval's generation options on a
+    classification model, were accepted and ignored (the whole test split was scored)."""
+    code, _, err = run(capsys, "train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert,
+                       "--max-test", 5, "--num-beams", 3, "--output", tmp_path / "x")
+    assert code == 2 and "--num-beams, --max-test: options of a generation run" in err
+    assert not (tmp_path / "x").exists()
+    out, _, cache = trained
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--num-beams", 3,
+                            "--source-field", "text", "--cache-dir", cache)
+    assert code == 2 and stdout == "" and "--source-field, --num-beams: options for generation models" in err

@@ -105,6 +105,27 @@ def test_webnlg_uses_its_validation_file_and_seen_marks(shared_data):
 def test_is_generation_data(shared_data, tmp_path):
     assert G.is_generation_data("e2e") and G.is_generation_data("webnlg")
     assert not G.is_generation_data("trec") and not G.is_generation_data(str(tmp_path / "nope.jsonl"))
+    # pairs in every format --data reads (Parquet and a .json array were taken for classification data), and a
+    # folder whose test file has sources alone (its test file was looked at, not its train file)
+    rows = [{"source": f"name[Place {i}]", "target": f"Place {i} is a pub ."} for i in range(4)]
+    (tmp_path / "p.json").write_text(json.dumps(rows))
+    (tmp_path / "l.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"source": [r["source"] for r in rows], "target": [r["target"] for r in rows]}),
+                   tmp_path / "p.parquet")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "test.jsonl").write_text("".join(json.dumps({"source": r["source"]}) + "\n" for r in rows))
+    for data in ("p.json", "l.json", "p.parquet", "f"):
+        assert G.is_generation_data(str(tmp_path / data)), data
+    with pytest.raises(DataError, match=r"test.jsonl:1: the test split has no references \(no 'target' field; it has: "
+                                        r"source\)"):
+        G.load_generation_splits(str(folder), 0)
+    (tmp_path / "c.json").write_text(json.dumps([{"text": "a", "label": "x"}]))
+    assert not G.is_generation_data(str(tmp_path / "c.json"))
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -243,10 +264,13 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
     records.write_text(json.dumps({"mr": "name[Aromi]"}) + "\n" + json.dumps({"mr": None}) + "\n")
     assert main(["generate", "--model", str(out), "--input", str(records)]) == 2
     assert "sources.jsonl:2: the source ('mr') must be non-empty text, got null" in capsys.readouterr().err
-    doc = tmp_path / "sources.json"
-    doc.write_text(json.dumps([{"mr": "name[Aromi]"}], indent=2))
+    doc = tmp_path / "sources.json"  # a JSON array of records is read as --data reads it (it was refused)
+    doc.write_text(json.dumps([{"mr": "name[Aromi]"}, {"mr": None}], indent=2))
     assert main(["generate", "--model", str(out), "--input", str(doc)]) == 2
-    assert "a .json file is one JSON document" in capsys.readouterr().err
+    assert "sources.json:5: the source ('mr') must be non-empty text, got null" in capsys.readouterr().err
+    doc.write_text(json.dumps([{"mr": "name[Aromi]"}], indent=2))
+    assert main(["generate", "--model", str(out), "--input", str(doc)]) == 0
+    capsys.readouterr()
     assert main(["generate", "--model", str(out), "--input", str(lines), "--source-field", "mr"]) == 2
     assert "is read as one source per line, which has no fields" in capsys.readouterr().err
 
@@ -312,6 +336,25 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     err = capsys.readouterr().err
     assert "source 2 is" in err and "(1 source too long)" in err and "leaves 234" in err, err
     assert main(["generate", "--model", str(gen), "--max-new-tokens", "3", "name[Aromi]"]) == 0
+    # training pairs past the context: refused before training (a rotary LM trained on them unsaid, and
+    # eval then refused the sources; one with learnt positions ended in an index error mid-epoch)
+    pairs = tmp_path / "long.jsonl"
+    longer = ", ".join(["name[Aromi]"] * 80)  # about 320 tokens
+    pairs.write_text("".join(json.dumps({"source": longer if i == 3 else "name[Aromi]", "target": "Aromi is a pub ."})
+                             + "\n" for i in range(12)))
+    assert main(["train", "--method", "prefix", "--prefix-length", "2", "--data", str(pairs), "--backbone",
+                 str(tiny_lm), "--max-new-tokens", "4", "--output", str(tmp_path / "long")]) == 2
+    err = capsys.readouterr()
+    assert "training pairs do not fit this LM's context of 256 positions" in err.err and "schedule:" not in err.out
+    assert not (tmp_path / "long").exists()
+    # eval of a generation model with a classification model's options: refused (they were ignored)
+    assert main(["eval", "--model", str(gen), "--data", str(e2e_slice), "--text-field", "source", "--cache-dir",
+                 str(tmp_path)]) == 2
+    assert "--text-field, --cache-dir: options for classification models" in capsys.readouterr().err
+    # a prefix longer than the context is named, not --max-new-tokens
+    assert main(["train", "--method", "prefix", "--prefix-length", "300", "--data", str(e2e_slice), "--backbone",
+                 str(tiny_lm)]) == 2
+    assert "--prefix-length 300: this LM's context holds 256 positions" in capsys.readouterr().err
 
 
 def test_generate_writes_one_line_per_source(tiny_lm, e2e_slice, tmp_path, capsys, monkeypatch):

@@ -65,10 +65,15 @@ def test_train_generate_eval_on_a_pairs_folder(method, extra, bart_dir, scitldr_
     assert [w["refs"] for w in written] == [t["targets"] for t in test]  # every reference is scored
     capsys.readouterr()
     assert main(["generate", "--model", str(out), "--input", str(scitldr_slice / "test.jsonl"), "--json"]) == 0
-    again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    said = capsys.readouterr()
+    again = [json.loads(line) for line in said.out.splitlines()]
     assert [a["output"] for a in again] == [w["output"] for w in written]
+    # generate and eval say the cut too (only train did)
+    assert "5 of 5 sources are longer than the 64 tokens the encoder takes" in said.err
     assert main(["eval", "--model", str(out), "--data", str(scitldr_slice)]) == 0
-    assert json.loads(capsys.readouterr().out)["metrics"] == r["metrics"]  # exact: same model, same batches
+    said = capsys.readouterr()
+    assert json.loads(said.out)["metrics"] == r["metrics"]  # exact: same model, same batches
+    assert "5 of 5 sources are longer than the 64 tokens the encoder takes" in said.err
 
 
 def test_one_csv_file_with_named_fields(bart_dir, tmp_path, capsys):

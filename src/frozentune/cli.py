@@ -192,9 +192,10 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="replace a model already saved in --output (otherwise refused)")
     _backbone_args(t)
     g = t.add_argument_group("generation (e2e, webnlg)")
-    g.add_argument("--num-beams", type=_whole(1), default=5, help="beam width for decoding the test sources (1: greedy)")
-    g.add_argument("--max-new-tokens", type=_whole(1), default=64, help="longest generated text, in tokens")
-    g.add_argument("--max-validation", type=_whole(1), default=200, help="validation pairs (seeded sample) for early stopping")
+    g.add_argument("--num-beams", type=_whole(1), help="beam width for decoding the test sources (1: greedy; default 5)")
+    g.add_argument("--max-new-tokens", type=_whole(1), help="longest generated text, in tokens (default 64)")
+    g.add_argument("--max-validation", type=_whole(1), help="validation pairs (seeded sample) for early stopping "
+                   "(default 200)")
     g.add_argument("--max-test", type=_whole(1), help="decode a seeded sample of this many test sources (default: all)")
     from .train import TrainConfig
     if method is None:
@@ -410,11 +411,18 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         device, said = resolve_device(a.device or "auto")
         log(said)
         train_cfg["device"] = str(device)
-        train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train, a.max_validation,
-                         a.max_test, DecodeOptions(a.num_beams, a.max_new_tokens), log, overwrite=a.overwrite,
+        decode_given = {k: v for k, v in (("num_beams", a.num_beams), ("max_new_tokens", a.max_new_tokens)) if v is not None}
+        train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train,
+                         200 if a.max_validation is None else a.max_validation, a.max_test,
+                         DecodeOptions(**decode_given), log, overwrite=a.overwrite,
                          trust_remote_code=a.trust_remote_code, fields=(a.source_field, a.target_field))
         _unsaved(a.output, log)
         return 0
+    generation = [flag for flag, v in (("--num-beams", a.num_beams), ("--max-new-tokens", a.max_new_tokens),
+                                       ("--max-validation", a.max_validation), ("--max-test", a.max_test)) if v is not None]
+    if generation:  # accepted and ignored before: a classification run scored its whole test split
+        raise CLIError(f"{', '.join(generation)}: options of a generation run (source → target data); {a.data} is read "
+                       f"as classification data: leave them out (--max-train samples its train split)")
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision, a.token_types)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
@@ -434,7 +442,18 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from . import api
     from .generation.run import evaluate_generation, is_generation_model
 
-    if is_generation_model(a.model):
+    generation = is_generation_model(a.model)
+    other = ([f for f, v in (("--text-field", a.text_field), ("--text-pair-field", a.text_pair_field),
+                             ("--label-field", a.label_field), ("--cache-dir", a.cache_dir),
+                             ("--rebuild-cache", a.rebuild_cache or None)) if v is not None] if generation else
+             [f for f, v in (("--source-field", a.source_field), ("--target-field", a.target_field),
+                             ("--num-beams", a.num_beams), ("--max-test", a.max_test)) if v is not None])
+    if other:  # accepted and ignored before
+        raise CLIError(f"{', '.join(other)}: options for " + ("classification models; this is a generation model (its "
+                       "options: --source-field, --target-field, --num-beams, --max-test)" if generation else
+                       "generation models; this is a classification model (its options: --text-field, "
+                       "--text-pair-field, --label-field, --cache-dir, --rebuild-cache)"))
+    if generation:
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
                                              source_field=a.source_field, target_field=a.target_field,
                                              log=api._stderr, device=a.device, precision=a.precision),

@@ -992,13 +992,18 @@ def linearize_triples(triples: list[list[str]]) -> str:
     return " ; ".join(" | ".join(str(x).replace("_", " ") for x in t) for t in triples)
 
 
-def _references(path: Path, n: int, rec: dict, target_field: str) -> list:
+def _references(path: Path, n: int, rec: dict, target_field: str, split: str = "train") -> list:
     """A pairs record's reference texts: the list in `<target_field>s` when it has one (SciTLDR's
     `targets`: every reference), else the target field (one string, or a list of them)."""
     many = rec.get(target_field + "s")
     if isinstance(many, list) and many:
         return many
     if target_field not in rec:
+        if split == "test" and n == 1:  # a test file of sources alone: no references to score against
+            raise DataError(f"{path}:{n}: the test split has no references (no {target_field!r} field; it has: "
+                            f"{', '.join(map(str, rec))}): generation is scored against them; give a test file with "
+                            f"targets (--target-field names their field), or leave it out (10% of train is carved as "
+                            f"test); `frozentune generate --input` reads sources alone")
         raise DataError(f"{path}:{n}: no {target_field!r} field (has: {', '.join(map(str, rec))}); name the target "
                         f"field with --target-field")
     value = rec[target_field]
@@ -1032,7 +1037,7 @@ def load_generation(name: str, split: str, source_field: str | None = None,
             if sf not in rec:
                 raise DataError(f"{files[split]}:{n}: no {sf!r} field (has: {', '.join(map(str, rec))}); name the "
                                 f"source field with --source-field")
-            src, refs = rec[sf], _references(files[split], n, rec, tf)
+            src, refs = rec[sf], _references(files[split], n, rec, tf, split)
             if not isinstance(src, str) or blank(src):
                 raise DataError(f"{files[split]}:{n}: the source ({sf!r}) must be non-empty text, got {_describe(src)}")
         else:

@@ -47,34 +47,54 @@ class GenSplits:
 
 
 def is_generation_data(data: str, source_field: str | None = None, target_field: str | None = None) -> bool:
-    """True when `data` is a source → target dataset: a source or target field is named, or its
-    first .jsonl record has `mr` (E2E), `triples` (WebNLG) or `source` and `target`, or its .csv /
-    .tsv header has `source` and `target` (reads one line, not the file)."""
+    """True when `data` is a source → target dataset: a source or target field is named, or the
+    first record of its train file (else of its first file) has `mr` (E2E), `triples` (WebNLG) or
+    `source` and `target` (a test file may hold sources alone). Reads a header, a first record or a
+    schema, not the whole file."""
     if source_field is not None or target_field is not None:
         return True
     try:
         _, files = resolve(data)
     except DataError:
         return False
-    for path in files.values():
-        if path.suffix in (".csv", ".tsv"):
+    path = files.get("train") or next(iter(files.values()), None)
+    fields = _first_fields(path) if path is not None else None
+    return fields is not None and ("mr" in fields or "triples" in fields or {"source", "target"} <= fields)
+
+
+def _first_fields(path: Path) -> set[str] | None:
+    """The fields of a data file's first record (of its header, its schema), or None where it cannot
+    be read: the data reader then reports why, with its line."""
+    from ..data import is_hf_split_folder, read_records
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".csv", ".tsv"):
             import csv
             with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-                header = next(csv.reader(f, delimiter="\t" if path.suffix == ".tsv" else ","), [])
-            return {"source", "target"} <= set(header)
-        if path.suffix != ".jsonl":
-            return False
-        with open(path, "rb") as f:  # bytes: a bad byte further on is the data reader's to report
-            for raw in f:
-                line = raw.decode("utf-8-sig", errors="replace")
-                if line.strip():
-                    try:
+                return set(next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), []))
+        if suffix == ".jsonl" or (suffix == ".json" and not _array(path)):
+            with open(path, "rb") as f:  # bytes: a bad byte further on is the data reader's to report
+                for raw in f:
+                    line = raw.decode("utf-8-sig", errors="replace")
+                    if line.strip():
                         rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        return False  # the classification reader reports it with its line
-                    return isinstance(rec, dict) and ("mr" in rec or "triples" in rec
-                                                      or {"source", "target"} <= set(rec))
-    return False
+                        return set(rec) if isinstance(rec, dict) else None
+            return None
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+            return set(pq.read_schema(str(path)).names)
+        if suffix in (".json", ".arrow") or is_hf_split_folder(path):  # a JSON array; Arrow files: memory-mapped
+            records = read_records(path)
+            return set(records[0][1]) if records else None
+    except (OSError, ValueError, DataError, ImportError):  # json's errors are ValueErrors
+        return None
+    return None
+
+
+def _array(path: Path) -> bool:
+    from ..data import _starts_with
+    return _starts_with(path, b"[")
 
 
 def _pairs(examples: Sequence[GenExample]) -> list[tuple[str, str]]:
@@ -294,6 +314,9 @@ def check_room(tuner: LMTuner, ids: Sequence[Sequence[int]], max_new_tokens: int
                               f"ask for fewer")
         return
     prefix = int(tuner.prefix_batch(1, False).mask.shape[1])  # 0 for a fine-tuned LM
+    if prefix >= context:
+        raise PrefixError(f"--prefix-length {prefix}: this LM's context holds {context} positions, so a prefix of "
+                          f"{prefix} leaves none for a source and its output; give a shorter prefix")
     room = context - max_new_tokens - prefix
     if room < 1:
         raise PrefixError(f"--max-new-tokens {max_new_tokens}: this LM's context of {context} positions"
@@ -305,6 +328,33 @@ def check_room(tuner: LMTuner, ids: Sequence[Sequence[int]], max_new_tokens: int
                           f"{'s' if too_long > 1 else ''} too long): with --max-new-tokens {max_new_tokens}"
                           + (f" and the prefix of {prefix}" if prefix else "") + f" this LM's context of {context} "
                           f"leaves {room}; shorten the sources or ask for fewer new tokens")
+
+
+def check_pairs_room(tuner: LMTuner, splits: "GenSplits") -> None:
+    """A PrefixError before training where a causal LM cannot hold a training or validation pair
+    whole: its prefix, the source, the separator, the target and its end token. Past its position
+    table an LM with learnt positions fails mid-epoch (an index error), and one with rotary
+    positions trains on positions it never saw, then refuses those sources at eval. An
+    encoder-decoder cuts its sources and checks its targets (targets_too_long)."""
+    from .seq2seq.tuner import is_seq2seq
+
+    lm = getattr(tuner, "lm", None)
+    context = getattr(getattr(lm, "config", None), "max_position_embeddings", None)
+    if not isinstance(context, int) or is_seq2seq(lm):
+        return
+    prefix = int(tuner.prefix_batch(1, False).mask.shape[1])
+    for part, pairs in (("training", splits.train), ("validation", splits.validation)):
+        if not pairs:
+            continue
+        src, tgt = encode_pairs(tuner, pairs)
+        sizes = [prefix + len(a) + len(b) for a, b in zip(src, tgt)]
+        long = [i for i, n in enumerate(sizes) if n > context]
+        if long:
+            i = max(long, key=lambda j: sizes[j])
+            raise PrefixError(f"{len(long)} of the {len(pairs)} {part} pairs do not fit this LM's context of {context} "
+                              f"positions (the longest, pair {i + 1}: {len(src[i])} source and {len(tgt[i])} target "
+                              f"tokens" + (f" after a prefix of {prefix}" if prefix else "") + "); shorten or drop them, "
+                              f"or use an LM with a longer context (an encoder-decoder cuts its sources)")
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
@@ -484,6 +534,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                               f"tokens {lm_name}'s decoder takes; shorten them, or use a model with a longer decoder")
     # the test sources must fit with the new tokens: found now, not after training (the check decode makes)
     check_room(tuner, tuner.encode_sources([ex.source for ex in splits.test]), decoding.max_new_tokens)
+    check_pairs_room(tuner, splits)
     lm_params = sum(p.numel() for p in lm.parameters())
     n_trainable = tuner.num_trainable()
     log(f"{method} on {splits.name} with {lm_name}: {len(splits.train)} train pairs / {len(splits.validation)} "
@@ -537,7 +588,19 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
     its training run used unless given, on `device` in `precision` (load_tuner)."""
     tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
+    say_cut(tuner, sources, log)
     return decode(tuner, tok, sources, d.num_beams, d.max_new_tokens, d.batch_size)
+
+
+def say_cut(tuner: nn.Module, sources: Sequence[str], log: Callable[[str], None] | None) -> None:
+    """An encoder-decoder reads at most its encoder's positions of a source: say how many sources
+    lose their ends (train says it of its own splits; generate and eval did not)."""
+    if log is None or not hasattr(tuner, "sources_cut"):
+        return
+    cut, limit = tuner.sources_cut(sources)
+    if cut:
+        log(f"data: {cut} of {len(sources)} sources are longer than the {limit} tokens the encoder takes; their ends "
+            f"are cut off")
 
 
 def decoding(config: dict, num_beams: int | None = None, max_new_tokens: int | None = None) -> DecodeOptions:
@@ -586,6 +649,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
         examples = splits.test if split == "test" else _sample(splits.examples[split], max_test, np.random.default_rng(0))
     else:
         raise DataError(f"--split {split!r}: choose train, validation, test or all")
+    say_cut(tuner, [ex.source for ex in examples], log)
     hyps = decode(tuner, tok, [ex.source for ex in examples], d.num_beams, d.max_new_tokens, d.batch_size, log)
     metrics = grouped_scores(hyps, examples)
     return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
@@ -593,15 +657,11 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
 
 
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
-    """Sources from a file: a .jsonl / .csv / .tsv / .parquet / .arrow of E2E (`mr`), WebNLG (`triples`)
-    or pairs records (`source`, or `source_field`), else one per line (a .json file, one JSON document,
-    is refused: its lines are not sources)."""
+    """Sources from a file: a .jsonl / .json / .csv / .tsv / .parquet / .arrow of E2E (`mr`), WebNLG
+    (`triples`) or pairs records (`source`, or `source_field`), else one per line."""
     from ..data import SUFFIXES, read_lines, read_records, table_source, unencodable
 
     path = Path(path)
-    if path.suffix.lower() == ".json":
-        raise DataError(f"{path}: a .json file is one JSON document, not one source per line; give JSON Lines (.jsonl: "
-                        f"one record per line, e.g. {{\"source\": \"...\"}}) or a text file of one source per line")
     if path.suffix.lower() not in SUFFIXES or not path.is_file():
         if source_field is not None:
             raise DataError(f"--source-field {source_field}: {path} is read as one source per line, which has no fields; "
