@@ -551,3 +551,9 @@ def test_a_hub_dataset_folder_is_read(tmp_path):
     (data / "train-00000-of-00001.parquet").unlink()
     with pytest.raises(DataError, match=r"the train split is in 2 shard files .*join them into one"):
         load_classification(str(tmp_path / "repo"))
+
+
+def test_a_pair_read_missing_its_first_field_names_every_field_option(tmp_path):
+    path = write(tmp_path / "p.jsonl", json.dumps({"text": "a", "label": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"missing field 'premise'.*--text-field / --text-pair-field / --label-field"):
+        read_split(path, "premise", "label", "hypothesis")

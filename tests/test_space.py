@@ -121,6 +121,13 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
     labels, m = config["labels"], SpaceConfig().concept_dim
     code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--top", 2, "--json")
     assert code == 0, err
+    assert "truncated" not in json.loads(stdout)[0]
+    # a text that reached --max-length says so in explain's JSON and text, as predict's (it was in the log only)
+    long = "Who invented the telephone and " * 20 + "why ?"
+    code, said, err = run(capsys, "explain", "--model", out, long, "--top", 2, "--json")
+    assert code == 0 and json.loads(said)[0]["truncated"] is True, err
+    code, said, err = run(capsys, "explain", "--model", out, long, "--top", 2)
+    assert code == 0 and "(truncated: it reached --max-length" in said, err
     ex = json.loads(stdout)[0]["explanation"]["classes"]
     assert set(ex) == set(labels)
     for row in ex.values():
@@ -141,10 +148,19 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
         code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", bad,
                            "--cache-dir", tmp_path / "cache")
         assert code == 2 and says in err, err
+    # paths os.access called writable: a dangling link, a name too long (and /proc or /sys, for root): a traceback
+    # after the whole pass, now refused first
+    (tmp_path / "dangling.png").symlink_to(tmp_path / "gone" / "x.png")
+    for bad in (tmp_path / "dangling.png", tmp_path / ("a" * 300 + ".png")):
+        code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", bad,
+                           "--cache-dir", tmp_path / "cache")
+        assert code == 2 and "cannot be written" in err and "Traceback" not in err, err
+    assert (tmp_path / "dangling.png").is_symlink()
     code, stdout, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", tmp_path / "bare",
                             "--cache-dir", tmp_path / "cache", "--max-points", 3)  # 3 points: fewer labels than the
     assert code == 0, err                                                         # silhouette needs, no sklearn error
     assert (tmp_path / "bare.png").is_file() and str(tmp_path / "bare.png") in stdout
+    assert "no silhouette (nan): it needs 2 to 2 distinct labels among the 3 points" in err  # nan was unexplained
     code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", tmp_path / "c.jpg")
     assert code == 2 and "writes a PNG; give a .png name" in err  # was written as c.jpg.png
     # its picture in the model's own folder (the default) is frozentune's: train --overwrite may replace it

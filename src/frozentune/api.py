@@ -570,6 +570,13 @@ def _png_path(output: Path) -> Path:
     """Where plot-concepts writes its picture, checked before any work: a .png path (the suffix added
     when it has none, as matplotlib would), not a folder, in a folder that exists or can be made, and
     writable; a DataError saying which otherwise."""
+    try:
+        return _checked_png_path(output)
+    except OSError as e:  # e.g. a name too long: even asking whether it is a folder fails
+        raise DataError(f"--output {output}: cannot be written ({e.strerror or e}); choose another file") from None
+
+
+def _checked_png_path(output: Path) -> Path:
     if output.is_dir():
         raise DataError(f"--output {output}: is a folder; give the picture's file name, e.g. {output / 'concepts.png'}")
     if output.suffix.lower() in (".jpg", ".jpeg", ".svg", ".pdf", ".gif", ".webp", ".tif", ".tiff", ".bmp"):
@@ -584,6 +591,15 @@ def _png_path(output: Path) -> Path:
         raise DataError(f"--output {output}: {parent} is a file, so the folder cannot be made there")
     if not os.access(parent, os.W_OK):
         raise DataError(f"--output {output}: {parent} is not writable; choose a folder you can write to")
+    if output.parent.is_dir():  # the path itself, opened as the picture will be: os.access says yes to root on /proc,
+        existed = output.exists() or output.is_symlink()  # and knows nothing of a dangling link or a name too long
+        try:
+            with open(output, "ab"):
+                pass
+        except OSError as e:
+            raise DataError(f"--output {output}: cannot be written ({e.strerror or e}); choose another file") from None
+        if not existed:
+            output.unlink()
     return output
 
 
@@ -618,11 +634,18 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     k, y = outs["centroids"], y[keep]  # (N, n, m), (N,)
     accuracy = 100.0 * float((outs["logits"].argmax(1) == y).mean())
     # the silhouette needs 2 .. n − 1 distinct labels among the n points drawn (a handful of points may hold fewer)
-    silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if 1 < len(set(y.tolist())) < len(y) else float("nan")
+    labels_drawn = len(set(y.tolist()))
+    silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if 1 < labels_drawn < len(y) else float("nan")
+    if silhouette != silhouette:
+        log(f"plot-concepts: no silhouette (nan): it needs 2 to {len(y) - 1} distinct labels among the {len(y)} points "
+            f"drawn, and they hold {labels_drawn}; draw more points (--max-points)")
     output = output or Path(model_dir) / f"concepts-{ds.name}-{split}.png"
     title = (f"space model on {ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}\n"
              f"accuracy on these {accuracy:.1f}%, silhouette of the true labels {silhouette:.2f}")
-    what = draw(k, y, model.labels, output, title)
+    try:
+        what = draw(k, y, model.labels, output, title)
+    except OSError as e:  # the disk filled, or the folder went, while the states were read
+        raise DataError(f"--output {output}: cannot be written ({e.strerror or e}); choose another file") from None
     if Path(output).parent.resolve() == Path(model_dir).resolve():  # in the model's folder: frozentune's, like the rest
         from .output import record_written
 

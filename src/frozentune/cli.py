@@ -556,13 +556,14 @@ def cmd_explain(a: argparse.Namespace) -> int:
         rows = api.explain(a.model, texts, a.top, a.device, a.precision)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    if a.json:
-        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "explanation") if k in r} for r in rows],
-                         indent=2, allow_nan=False))
+    if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise
+        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "truncated", "explanation") if k in r}
+                          for r in rows], indent=2, allow_nan=False))
         return 0
     for row in rows:
         shown = f"{row['text']}\n  ⟷ {row['text_pair']}" if "text_pair" in row else row["text"]
-        print(f"{shown}\n  predicted: {row['label']}")
+        cut = "  (truncated: it reached --max-length; the explanation is of the part read)" if row.get("truncated") else ""
+        print(f"{shown}\n  predicted: {row['label']}{cut}")
         for line in row["lines"]:
             print(f"  {line}")
     return 0

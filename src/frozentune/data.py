@@ -551,7 +551,8 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     spellings: dict[str, set[str]] = {}
     fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
     for n, rec in read_records(path):
-        _require_fields(path, n, rec, fields, pair_field, "--text-field / --label-field")
+        _require_fields(path, n, rec, fields, pair_field,
+                        "--text-field / --text-pair-field / --label-field" if pair_field else "--text-field / --label-field")
         label = label_name(rec[label_field])
         found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
         if label is None:  # the value is the detail: rows of other missing values are counted alike
