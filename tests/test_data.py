@@ -557,3 +557,66 @@ def test_a_pair_read_missing_its_first_field_names_every_field_option(tmp_path):
     path = write(tmp_path / "p.jsonl", json.dumps({"text": "a", "label": "x"}) + "\n")
     with pytest.raises(DataError, match=r"missing field 'premise'.*--text-field / --text-pair-field / --label-field"):
         read_split(path, "premise", "label", "hypothesis")
+
+
+def test_numbers_no_float_or_int_can_hold_are_read_in_an_instant(tmp_path):
+    """A label "1e99999999" was written out as a 100-million-digit integer (minutes, deaf to SIGTERM);
+    a 5,000-digit one raised Python's integer-string limit as a traceback; 1e-400 and 2e-400 were one
+    class "0.0"; Decimal NaN was a class."""
+    import time
+    from decimal import Decimal
+
+    from frozentune.data import label_name
+
+    t0 = time.perf_counter()
+    got = [label_name(v) for v in ("1e99999999", "1e5000", "1.50e5000", "7" * 5000, 10 ** 5000, "1e-400", "2e-400")]
+    assert time.perf_counter() - t0 < 5  # seconds; the exponent of 1e99999999 alone took minutes
+    assert got[:3] == ["1E+99999999", "1E+5000", "1.5E+5000"] and got[3] == "7" * 5000
+    assert got[4] == label_name("1" + "0" * 5000) == "1E+5000" and got[5:] == ["1E-400", "2E-400"]
+    assert label_name("1e400") == "1" + "0" * 400 and label_name(Decimal("NaN")) is None
+    assert label_name(Decimal("Infinity")) is None and label_name("0.1000000000000000055511151231257827") != "0.1"
+    big = "7" * 5000
+    write(tmp_path / "big.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": %s}\n' % big)
+    with pytest.raises(DataError, match=r"big.jsonl:2: not readable as JSON \(Exceeds the limit"):
+        read_records(tmp_path / "big.jsonl")
+    write(tmp_path / "big.json", '[{"text": "a", "label": "x"},\n {"text": "b", "label": %s}]' % big)
+    with pytest.raises(DataError, match=r"big.json:2: not readable as JSON"):
+        read_records(tmp_path / "big.json")
+
+
+def test_csv_rows_a_quote_swallows_and_a_repeated_header_are_refused(tmp_path):
+    """An unmatched quote read 36 CSV rows into one field (24 of 60 rows read, nothing said); two files
+    joined with their headers made the header a row (a class "label"); a quote never closed was named
+    at the file's last line."""
+    rows = [f"text number {i},{'ab'[i % 2]}" for i in range(12)]
+    swallow = rows.copy()
+    swallow[3] = '"an unclosed quote,a'
+    swallow[8] = 'closes here",b'
+    write(tmp_path / "s.csv", "text,label\n" + "\n".join(swallow) + "\n")
+    with pytest.raises(DataError, match=r"s.csv:5: a field that starts with a quote .* runs on to line 10, taking in 4 "
+                                        r"line\(s\) shaped like rows"):
+        read_records(tmp_path / "s.csv")
+    write(tmp_path / "h.csv", "text,label\n" + "\n".join(rows[:5]) + "\ntext,label\n" + "\n".join(rows[5:]) + "\n")
+    with pytest.raises(DataError, match=r"h.csv:7: the header again"):
+        read_records(tmp_path / "h.csv")
+    never = rows.copy()
+    never[3] = 'fine,"a label never closed'
+    write(tmp_path / "n.csv", "text,label\n" + "\n".join(never) + "\n")
+    with pytest.raises(DataError, match=r"n.csv:5: not valid CSV: .*the row starting on line 5 reads on to line \d+: "
+                                        r"is a quote in it never closed"):
+        read_records(tmp_path / "n.csv")
+    # a review's own line breaks and commas are not rows
+    write(tmp_path / "ok.csv", 'text,label\n"first line, with a comma\nsecond, too\nthird",a\nplain,b\n')
+    assert len(read_records(tmp_path / "ok.csv")) == 2
+
+
+def test_utf16_files_are_told_to_convert_from_utf16(tmp_path):
+    (tmp_path / "u.csv").write_bytes("\ufefftext,label\nfine,a\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"the file is UTF-16.*iconv -f UTF-16 -t utf-8 u.csv"):
+        read_records(tmp_path / "u.csv")
+
+
+def test_json_arrays_with_old_mac_line_ends_name_their_lines(tmp_path):
+    write(tmp_path / "r.json", '[\r{"text": "a", "label": "x"},\r{"text": "b", "label": "y"},\r["no"]\r]')
+    with pytest.raises(DataError, match=r"r.json:4: expected an object in the array"):
+        read_records(tmp_path / "r.json")

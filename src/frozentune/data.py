@@ -180,8 +180,9 @@ def _read_json_array(path: Path) -> list[tuple[int, dict]]:
     dec = json.JSONDecoder()
     pos, out = text.index("[") + 1, []
 
-    def line_at(i: int) -> int:
-        return text.count("\n", 0, i) + 1
+    def line_at(i: int) -> int:  # lines end at \n, \r\n or \r
+        head = text[:i]
+        return head.count("\n") + head.count("\r") - head.count("\r\n") + 1
 
     def skip(i: int) -> int:
         while i < len(text) and text[i] in " \t\r\n":
@@ -193,7 +194,9 @@ def _read_json_array(path: Path) -> list[tuple[int, dict]]:
         try:
             rec, end = dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: not a valid JSON array of objects ({e.msg} at column {e.colno}).") from None
+            raise DataError(f"{path}:{line_at(e.pos)}: not a valid JSON array of objects ({e.msg}).") from None
+        except ValueError as e:  # e.g. an integer of more than 4,300 digits
+            raise DataError(f"{path}:{line_at(pos)}: not readable as JSON ({e}).") from None
         if not isinstance(rec, dict):
             raise DataError(f"{path}:{line_at(pos)}: expected an object in the array, got {type(rec).__name__}.")
         out.append((line_at(pos), rec))
@@ -268,10 +271,17 @@ def _read_arrow(path: Path):
 
 
 def _utf8_error(path: Path, e: UnicodeDecodeError, line: int, offset: int) -> DataError:
-    """A decoding error as one line: the file, the line, the byte offset in the file and the way out."""
+    """A decoding error as one line: the file, the line, the byte offset in the file and the way out
+    (from UTF-16 where the file opens with its byte-order mark, else from Latin-1 as the likeliest)."""
     bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
-    return DataError(f"{path}:{line}: not UTF-8 text (byte 0x{bad} at byte offset {offset:,}). Save the file as UTF-8, "
-                     f"e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}")
+    with open(path, "rb") as f:
+        head = f.read(2)
+    utf16 = head in (b"\xff\xfe", b"\xfe\xff")
+    source = "UTF-16" if utf16 else "latin1"
+    return DataError(f"{path}:{line}: not UTF-8 text (byte 0x{bad} at byte offset {offset:,}"
+                     + ("; the file is UTF-16: it opens with UTF-16's byte-order mark" if utf16 else "")
+                     + f"). Save the file as UTF-8, e.g. iconv -f {source} -t utf-8 {path.name} > "
+                     f"{path.stem}.utf8{path.suffix}")
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -298,8 +308,10 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON Lines ({e.msg} at column {e.colno}). "
+                raise DataError(f"{path}:{n}: not valid JSON Lines ({e.msg}: column {e.colno}). "
                                 f"Each line must be one JSON object.") from None
+            except ValueError as e:  # e.g. an integer of more than 4,300 digits
+                raise DataError(f"{path}:{n}: not readable as JSON ({e}).") from None
             if not isinstance(rec, dict):
                 raise DataError(f"{path}:{n}: expected a JSON object per line, got {type(rec).__name__}.")
             out.append((n, rec))
@@ -341,13 +353,17 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
                 raise DataError(f"{path}:1: the header names {', '.join(map(repr, twice))} more than once, so a "
                                 f"column cannot be chosen by name; rename the columns so that each name is used once.")
             end = reader.line_num
+            seen: list[set[str]] = [set() for _ in header]  # each column's values so far (a label column's few)
             for row in reader:
                 n, start, end = reader.line_num, end + 1, reader.line_num
-                if kind == "TSV" and n > start and any("\t" in x and "\n" in x for x in row):
+                if n > start and (swallowed := _swallowed(row, delimiter, len(header), seen)):
                     raise DataError(f"{path}:{start}: a field that starts with a quote (\") runs on to line {n}, taking "
-                                    f"in the tabs and line breaks between: {n - start + 1} lines read as one row. Where "
-                                    f"a quote is part of the text, write the field in quotes with the quote doubled "
-                                    f"(\"\"), or save the data as .jsonl")
+                                    f"in {swallowed} line(s) shaped like rows of this file: {n - start + 1} lines read as "
+                                    f"one row. Where a quote is part of the text, write the field in quotes with the "
+                                    f"quote doubled (\"\"), or save the data as .jsonl")
+                if row == header and out:  # two files joined: the header again, which would be a row (a class 'label')
+                    raise DataError(f"{path}:{start}: the header again ({delimiter.join(header)!r}), read as a row; "
+                                    f"files joined with their headers? Remove the line")
                 if not row:
                     blank.append(n)
                     continue
@@ -358,11 +374,35 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
                                     f"header has {len(header)} ({', '.join(header)}). Quote fields "
                                     f"that contain the delimiter.")
                 out.append((start, dict(zip(header, row))))  # numbered by its first line (a quoted field may span several)
+                for col, value in zip(seen, row):
+                    if len(col) <= 100:
+                        col.add(value)
         except csv.Error as e:
-            raise DataError(f"{path}:{reader.line_num}: not valid {kind}: {e}.") from None
+            start = end + 1  # the row being read starts there; a quote opened in it can run to the end of the file
+            more = (f" (the row starting on line {start} reads on to line {reader.line_num}: is a quote in it never "
+                    f"closed?)" if reader.line_num > start else "")
+            raise DataError(f"{path}:{start}: not valid {kind}: {e}{more}.") from None
     if not out:
         raise DataError(f"{path}: the file has a header but no rows.")
     return out
+
+
+def _swallowed(row: list[str], delimiter: str, width: int, seen: list[set[str]]) -> int:
+    """How many lines inside a row's quoted fields look like rows of the file (0: none): as many
+    fields as the header, one of them a value its column already holds (a label). A quote that is
+    never matched reads such rows into one field; a text's own line breaks seldom look like that.
+    In a TSV, any field holding both a tab and a line break counts (quoting is rare there)."""
+    count = 0
+    for x in row:
+        if "\n" not in x:
+            continue
+        if delimiter == "\t" and "\t" in x:
+            return max(1, x.count("\n"))
+        for line in x.splitlines()[1:-1] or x.splitlines()[1:]:
+            pieces = line.split(delimiter)
+            if width > 1 and len(pieces) == width and any(p in col for p, col in zip(pieces, seen) if 0 < len(col) <= 100):
+                count += 1
+    return count
 
 
 def label_name(value: object) -> str | None:
@@ -378,26 +418,37 @@ def label_name(value: object) -> str | None:
         return str(value).lower()
     if isinstance(value, (bytes, bytearray)):
         return None  # not a name: said as "no label (b'...')"
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+        return str(value) if abs(value).bit_length() < 10_000 else _decimal_name(decimal.Decimal(value))
     text = unicodedata.normalize("NFC", str(value).strip())
     if not text:
         return None
     if text.lower() in ("true", "false"):
         return text.lower()
-    if _INTEGER.fullmatch(text):
-        return str(int(text))
     if isinstance(value, numbers.Number) or _NUMBER.fullmatch(text):
         try:
             x = decimal.Decimal(text)
         except decimal.InvalidOperation:
             return text
-        if x.is_finite():
-            return str(int(x)) if x == x.to_integral_value() else repr(float(x))
+        return _decimal_name(x) if x.is_finite() else None  # NaN and infinities are no label, as a float NaN
     return text
 
 
-_INTEGER = re.compile(r"[+-]?\d+")
+def _decimal_name(x: "decimal.Decimal") -> str:
+    """A finite number's class name: a whole number's digits (up to 3,000 of them; 1e99999999 would
+    take minutes to write out), else the shortest float that is exactly it ("0.5"), else its exact
+    decimal form ("1E-400": as a float it was 0.0, one class with every other tiny number)."""
+    if x == x.to_integral_value() and x.adjusted() < 3000:
+        return str(int(x))
+    if x.adjusted() < 3000:
+        shortest = repr(float(x))
+        if decimal.Decimal(shortest) == x:
+            return shortest
+    wide = decimal.Context(prec=max(28, len(x.as_tuple().digits)), Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+    return str(x.normalize(wide))  # every digit kept, trailing zeros dropped: 1.50E+5000 and 1.5E+5000 are one
+
+
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
@@ -621,9 +672,9 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
     if path.is_dir():
         files = _find_split_files(path)
         if not files:  # a folder of a test file alone is read (eval, cache); training says it needs train
-            raise DataError(f"{path}: no train file found (expected train.jsonl / .csv / .tsv / .parquet / "
-                            f".arrow, optionally validation.* and test.*; or a save_to_disk folder with a train "
-                            f"split).")
+            raise DataError(f"{path}: no train file found (expected train.jsonl / .json / .csv / .tsv / .parquet / "
+                            f".arrow, optionally validation.* and test.*, or those in a data/ subfolder as the Hub "
+                            f"keeps them; or a save_to_disk folder with a train split).")
         return path.name, files
     if os.sep not in data and not path.suffix:
         folder = data_root() / data
