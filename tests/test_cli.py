@@ -204,6 +204,12 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     assert "train: 120 examples" in stdout and "test: 40 examples" in stdout
     code, stdout, _ = run(capsys, "cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", tmp_path, "--quiet")
     assert "(cached)" in stdout
+    # texts without labels (a file to predict on) are cached too: the states need none ("missing field 'label'")
+    texts = [json.loads(line)["text"] for line in (trec_slice / "test.jsonl").read_text().splitlines()]
+    (tmp_path / "unlabelled.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    code, stdout, err = run(capsys, "cache", tmp_path / "unlabelled.jsonl", "--backbone", tiny_bert, "--cache-dir",
+                            tmp_path, "--quiet")
+    assert code == 0 and "(cached)" in stdout, err  # the same texts as the labelled test file: its entry
     code, stdout, _ = run(capsys, "list")
     assert code == 0 and "probe" in stdout and "finetune" in stdout and "--pooling" in stdout
     assert "--[no-]train-backbone" in stdout  # a flag's two forms (rich would read "[no-]" as markup)

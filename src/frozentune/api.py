@@ -21,7 +21,7 @@ from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
-                   resolve, rows_like_it, text_groups)
+                   read_texts, resolve, rows_like_it, text_groups)
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .registry import MethodError, get_method, make_config
@@ -837,7 +837,9 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     for split in splits:
         if split not in files:
             continue
-        texts = read_split(files[split], text_field, label_field, pair_field).texts
+        # the texts alone: the states need no labels (a file of texts to predict on can be cached); a file with
+        # labels gives the same texts in the same order as training reads them
+        texts = read_texts(files[split], text_field, pair_field)
         if part.count == 1:
             cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress)
             stats = None
