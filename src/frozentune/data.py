@@ -1051,10 +1051,10 @@ def _references(path: Path, n: int, rec: dict, target_field: str, split: str = "
     if isinstance(many, list) and many:
         return many
     if target_field not in rec:
-        if split == "test" and n == 1:  # a test file of sources alone: no references to score against
-            raise DataError(f"{path}:{n}: the test split has no references (no {target_field!r} field; it has: "
-                            f"{', '.join(map(str, rec))}): generation is scored against them; give a test file with "
-                            f"targets (--target-field names their field), or leave it out (10% of train is carved as "
+        if split == "test" and n == 1:  # a wrong --target-field, or a test file of sources alone
+            raise DataError(f"{path}:{n}: no {target_field!r} field (has: {', '.join(map(str, rec))}); name the target "
+                            f"field with --target-field. If this test file holds sources alone, it has no references "
+                            f"to score against: give one with targets, or leave it out (10% of train is then carved as "
                             f"test); `frozentune generate --input` reads sources alone")
         raise DataError(f"{path}:{n}: no {target_field!r} field (has: {', '.join(map(str, rec))}); name the target "
                         f"field with --target-field")
