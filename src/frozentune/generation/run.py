@@ -354,7 +354,7 @@ def check_pairs_room(tuner: LMTuner, splits: "GenSplits") -> None:
             raise PrefixError(f"{len(long)} of the {len(pairs)} {part} pairs do not fit this LM's context of {context} "
                               f"positions (the longest, pair {i + 1}: {len(src[i])} source and {len(tgt[i])} target "
                               f"tokens" + (f" after a prefix of {prefix}" if prefix else "") + "); shorten or drop them, "
-                              f"or use an LM with a longer context (an encoder-decoder cuts its sources)")
+                              "or use an LM with a longer context (an encoder-decoder cuts its sources)")
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
