@@ -124,6 +124,11 @@ def test_is_generation_data(shared_data, tmp_path):
     with pytest.raises(DataError, match=r"test.jsonl:1: no 'target' field \(has: source\).*If this test file holds "
                                         r"sources alone, it has no references"):
         G.load_generation_splits(str(folder), 0)
+    # a test file sharing sources with train is said to (a carve keeps them apart; a user's own files may not)
+    (folder / "test.jsonl").write_text("".join(json.dumps({**r, "target": "other"}) + "\n" for r in rows[:2]) +
+                                       json.dumps({"source": "name[Elsewhere]", "target": "a pub ."}) + "\n")
+    notes = G.load_generation_splits(str(folder), 0).notes
+    assert any("2 of 3 test sources are also training sources" in n for n in notes), notes
     (tmp_path / "c.json").write_text(json.dumps([{"text": "a", "label": "x"}]))
     assert not G.is_generation_data(str(tmp_path / "c.json"))
 

@@ -144,6 +144,11 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
         raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
     if test is not None and (note := merged_note(test, files["test"].name)):
         notes.append(note)
+    if test is not None:  # a carve keeps them apart; a user's own test file may not
+        trained = {ex.source for ex in train_ex}
+        if shared := sum(ex.source in trained for ex in test):
+            notes.append(f"{files['test'].name}: {shared} of {len(test)} test sources are also training sources (their "
+                         f"targets may differ): those scores are of sources the model was trained on")
     if test is None:
         test = val_ex
         notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
