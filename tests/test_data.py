@@ -573,6 +573,8 @@ def test_numbers_no_float_or_int_can_hold_are_read_in_an_instant(tmp_path):
     assert time.perf_counter() - t0 < 5  # seconds; the exponent of 1e99999999 alone took minutes
     assert got[:3] == ["1E+99999999", "1E+5000", "1.5E+5000"] and got[3] == "7" * 5000
     assert got[4] == label_name("1" + "0" * 5000) == "1E+5000" and got[5:] == ["1E-400", "2E-400"]
+    for digits in (2999, 3005, 3020):  # a number is one class whether it came as an int or as a string
+        assert label_name(10 ** digits) == label_name("1" + "0" * digits)
     assert label_name("1e400") == "1" + "0" * 400 and label_name(Decimal("NaN")) is None
     assert label_name(Decimal("Infinity")) is None and label_name("0.1000000000000000055511151231257827") != "0.1"
     big = "7" * 5000

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import resource
 import sys
@@ -517,8 +518,7 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
         raise DataError(f"{where}: labels {', '.join(map(repr, extra))} are not among the model's "
                         f"({', '.join(map(repr, model.labels))})"
                         + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
-                        + (f" ({len(at):,} rows hold them: lines {', '.join(map(str, at[:5]))}{', ...' if len(at) > 5 else ''})"
-                           if len(at) > 1 else "")
+                        + rows_like_it(at, "hold them")
                         + ". Evaluate on data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
@@ -636,7 +636,7 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     # the silhouette needs 2 .. n − 1 distinct labels among the n points drawn (a handful of points may hold fewer)
     labels_drawn = len(set(y.tolist()))
     silhouette = float(silhouette_score(k.reshape(len(k), -1), y)) if 1 < labels_drawn < len(y) else float("nan")
-    if silhouette != silhouette:
+    if math.isnan(silhouette):
         log(f"plot-concepts: no silhouette (nan): it needs 2 to {len(y) - 1} distinct labels among the {len(y)} points "
             f"drawn, and they hold {labels_drawn}; draw more points (--max-points)")
     output = output or Path(model_dir) / f"concepts-{ds.name}-{split}.png"

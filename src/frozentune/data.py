@@ -7,6 +7,7 @@ Every error names the file and, where there is one, the line, and says what to d
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import decimal
 import io
@@ -179,10 +180,10 @@ def _read_json_array(path: Path) -> list[tuple[int, dict]]:
     text = _decode(path, path.read_bytes())
     dec = json.JSONDecoder()
     pos, out = text.index("[") + 1, []
+    starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]  # where each line starts (\n, \r\n or \r)
 
-    def line_at(i: int) -> int:  # lines end at \n, \r\n or \r
-        head = text[:i]
-        return head.count("\n") + head.count("\r") - head.count("\r\n") + 1
+    def line_at(i: int) -> int:  # found among the line starts, not by counting the text before i for every object
+        return bisect.bisect_right(starts, i)
 
     def skip(i: int) -> int:
         while i < len(text) and text[i] in " \t\r\n":
@@ -353,7 +354,7 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
                 raise DataError(f"{path}:1: the header names {', '.join(map(repr, twice))} more than once, so a "
                                 f"column cannot be chosen by name; rename the columns so that each name is used once.")
             end = reader.line_num
-            seen: list[set[str]] = [set() for _ in header]  # each column's values so far (a label column's few)
+            seen: list[set[str]] = [set() for _ in header]  # each column's first _FEW + 1 values (a label column's few)
             for row in reader:
                 n, start, end = reader.line_num, end + 1, reader.line_num
                 if n > start and (swallowed := _swallowed(row, delimiter, len(header), seen)):
@@ -375,7 +376,7 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
                                     f"that contain the delimiter.")
                 out.append((start, dict(zip(header, row))))  # numbered by its first line (a quoted field may span several)
                 for col, value in zip(seen, row):
-                    if len(col) <= 100:
+                    if len(col) <= _FEW:
                         col.add(value)
         except csv.Error as e:
             start = end + 1  # the row being read starts there; a quote opened in it can run to the end of the file
@@ -398,11 +399,17 @@ def _swallowed(row: list[str], delimiter: str, width: int, seen: list[set[str]])
             continue
         if delimiter == "\t" and "\t" in x:
             return max(1, x.count("\n"))
-        for line in x.splitlines()[1:-1] or x.splitlines()[1:]:
+        if width < 2:  # one column: every line has the file's shape, and a multi-line text is legal
+            continue
+        lines = x.splitlines()
+        for line in lines[1:-1] or lines[1:]:
             pieces = line.split(delimiter)
-            if width > 1 and len(pieces) == width and any(p in col for p, col in zip(pieces, seen) if 0 < len(col) <= 100):
+            if len(pieces) == width and any(p in col for p, col in zip(pieces, seen) if 0 < len(col) <= _FEW):
                 count += 1
     return count
+
+
+_FEW = 100  # a column with at most this many distinct values so far is label-like (_swallowed)
 
 
 def label_name(value: object) -> str | None:
@@ -418,9 +425,8 @@ def label_name(value: object) -> str | None:
         return str(value).lower()
     if isinstance(value, (bytes, bytearray)):
         return None  # not a name: said as "no label (b'...')"
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = int(value)
-        return str(value) if abs(value).bit_length() < 10_000 else _decimal_name(decimal.Decimal(value))
+    if isinstance(value, numbers.Integral):  # named as the same number spelt as a string is
+        return _decimal_name(decimal.Decimal(int(value)))
     text = unicodedata.normalize("NFC", str(value).strip())
     if not text:
         return None
@@ -439,9 +445,9 @@ def _decimal_name(x: "decimal.Decimal") -> str:
     """A finite number's class name: a whole number's digits (up to 3,000 of them; 1e99999999 would
     take minutes to write out), else the shortest float that is exactly it ("0.5"), else its exact
     decimal form ("1E-400": as a float it was 0.0, one class with every other tiny number)."""
-    if x == x.to_integral_value() and x.adjusted() < 3000:
-        return str(int(x))
     if x.adjusted() < 3000:
+        if x == x.to_integral_value():
+            return str(int(x))
         shortest = repr(float(x))
         if decimal.Decimal(shortest) == x:
             return shortest
@@ -585,10 +591,11 @@ def read_texts(path: Path, text_field: str = "text", pair_field: str | None = No
     return out
 
 
-def rows_like_it(lines: Sequence[int]) -> str:
-    """The count and first lines of rows sharing a problem, as an error message adds them (nothing for one row)."""
+def rows_like_it(lines: Sequence[int], what: str = "like it") -> str:
+    """The count and first lines of rows sharing a problem, as an error message adds them (nothing
+    for one row): " (N rows like it: lines 3, 6, ...)", or with `what` in place of "like it"."""
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-    return f" ({len(lines):,} rows like it: lines {shown})" if len(lines) > 1 else ""
+    return f" ({len(lines):,} rows {what}: lines {shown})" if len(lines) > 1 else ""
 
 
 def read_split(path: Path, text_field: str = "text", label_field: str = "label",
