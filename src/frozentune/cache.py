@@ -375,12 +375,12 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
                 check_plan(folder, key, plan, part)  # first: shards of another plan are not finished ones of this
                 done = finished(folder, plan)
                 bar.skip(work_of(plan, tokens.lengths, [k for k in owned if k in done])[0])
-                mine = [k for k in owned if k in done]
-                if part.count > 1 and done and (left := [k for k in owned if k not in done]):
+                left = [k for k in owned if k not in done]
+                if done and left and part.count > 1:  # said now, not when the build ends
                     log(f"cache: part {part.index}/{part.count} of {key}: {len(done)} of {len(plan.shards)} shards "
-                        f"finished already ({len(mine)} of them this part's, by an earlier run; the others by other "
-                        f"parts); extracting this part's other {len(left)}")
-                elif done and (left := [k for k in owned if k not in done]):  # said now, not when the build ends
+                        f"finished already ({len(owned) - len(left)} of them this part's, by an earlier run; the "
+                        f"others by other parts); extracting this part's other {len(left)}")
+                elif done and left:
                     log(f"cache: resuming {key}: {len(done)} of {len(plan.shards)} shards were finished before; "
                         f"extracting the other {len(left)}")
             report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)

@@ -369,7 +369,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     from . import api
     from .train import TrainConfig
 
-    from .generation.run import DecodeOptions, is_generation_data, train_generation
+    from .generation.run import MAX_VALIDATION, DecodeOptions, is_generation_data, train_generation
 
     on_interrupt("the output folder is as it was; cache entries already complete are kept, and the finished "
                  "shards of one being built (a rerun resumes from them)")
@@ -413,7 +413,7 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         train_cfg["device"] = str(device)
         decode_given = {k: v for k, v in (("num_beams", a.num_beams), ("max_new_tokens", a.max_new_tokens)) if v is not None}
         train_generation(a.method, a.data, a.backbone, options, train_cfg, a.output, a.max_train,
-                         200 if a.max_validation is None else a.max_validation, a.max_test,
+                         MAX_VALIDATION if a.max_validation is None else a.max_validation, a.max_test,
                          DecodeOptions(**decode_given), log, overwrite=a.overwrite,
                          trust_remote_code=a.trust_remote_code, fields=(a.source_field, a.target_field))
         _unsaved(a.output, log)

@@ -33,6 +33,9 @@ GEN_LM = "smollm2-135m"  # default language model of generation runs
 
 
 # ----------------------------------------------------------------------------- data
+MAX_VALIDATION = 200  # validation pairs (a seeded sample) for early stopping, unless --max-validation says
+
+
 @dataclass
 class GenSplits:
     """(source, target) pairs to train and validate on; test examples keep all their references."""
@@ -65,7 +68,7 @@ def is_generation_data(data: str, source_field: str | None = None, target_field:
 def _first_fields(path: Path) -> set[str] | None:
     """The fields of a data file's first record (of its header, its schema), or None where it cannot
     be read: the data reader then reports why, with its line."""
-    from ..data import is_hf_split_folder, read_records
+    from ..data import _read_arrow, is_hf_split_folder, read_records
 
     suffix = path.suffix.lower()
     try:
@@ -84,7 +87,12 @@ def _first_fields(path: Path) -> set[str] | None:
         if suffix == ".parquet":
             import pyarrow.parquet as pq
             return set(pq.read_schema(str(path)).names)
-        if suffix in (".json", ".arrow") or is_hf_split_folder(path):  # a JSON array; Arrow files: memory-mapped
+        if suffix == ".arrow":  # the columns, memory-mapped: no row is read
+            return set(_read_arrow(path).column_names)
+        if is_hf_split_folder(path):
+            import datasets
+            return set(datasets.load_from_disk(str(path)).column_names)
+        if suffix == ".json":  # one JSON array: parsed whole
             records = read_records(path)
             return set(records[0][1]) if records else None
     except (OSError, ValueError, DataError, ImportError):  # json's errors are ValueErrors
@@ -110,8 +118,9 @@ def _sample(items: list, n: int | None, rng: np.random.Generator) -> list:
     return [items[i] for i in np.sort(rng.choice(len(items), n, replace=False))]
 
 
-def load_generation_splits(name: str, seed: int = 0, max_train: int | None = None, max_validation: int | None = 200,
-                           max_test: int | None = None, validation_fraction: float = 0.1,
+def load_generation_splits(name: str, seed: int = 0, max_train: int | None = None,
+                           max_validation: int | None = MAX_VALIDATION, max_test: int | None = None,
+                           validation_fraction: float = 0.1,
                            fields: tuple[str | None, str | None] = (None, None)) -> GenSplits:
     """Train/validation pairs and test examples of a data-to-text dataset. Training pairs come from
     `train`, or, when the dataset has none (E2E as shipped here: dev + test), from `validation`, whose
@@ -263,6 +272,8 @@ def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[
 
     src, tgt = encode_pairs(tuner, splits.train)
     vsrc, vtgt = encode_pairs(tuner, splits.validation)
+    check_pairs_room(tuner, "training", src, tgt)  # before any step: the pairs just encoded, not encoded again
+    check_pairs_room(tuner, "validation", vsrc, vtgt)
     lengths = np.array([len(a) + len(b) for a, b in zip(src, tgt)])
 
     def batch_loss(idx: np.ndarray) -> Tensor:
@@ -308,8 +319,8 @@ def check_room(tuner: LMTuner, ids: Sequence[Sequence[int]], max_new_tokens: int
     (a causal LM past its positions would fail or run for minutes first): the check the server makes.
     An encoder-decoder's decoder must hold max_new_tokens (its sources are cut to its encoder)."""
     lm = getattr(tuner, "lm", None)
-    context = getattr(getattr(lm, "config", None), "max_position_embeddings", None)
-    if not isinstance(context, int):
+    context = _context(lm)
+    if context is None:
         return  # no stated limit (a model built here in a test): nothing to check against
     from .seq2seq.tuner import is_seq2seq
 
@@ -335,31 +346,34 @@ def check_room(tuner: LMTuner, ids: Sequence[Sequence[int]], max_new_tokens: int
                           f"leaves {room}; shorten the sources or ask for fewer new tokens")
 
 
-def check_pairs_room(tuner: LMTuner, splits: "GenSplits") -> None:
-    """A PrefixError before training where a causal LM cannot hold a training or validation pair
-    whole: its prefix, the source, the separator, the target and its end token. Past its position
-    table an LM with learnt positions fails mid-epoch (an index error), and one with rotary
-    positions trains on positions it never saw, then refuses those sources at eval. An
-    encoder-decoder cuts its sources and checks its targets (targets_too_long)."""
+def _context(lm: nn.Module | None) -> int | None:
+    """The positions an LM's config says it holds (max_position_embeddings), or None where it states none."""
+    context = getattr(getattr(lm, "config", None), "max_position_embeddings", None)
+    return context if isinstance(context, int) else None
+
+
+def check_pairs_room(tuner: LMTuner, part: str, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
+    """A PrefixError before training where a causal LM cannot hold a pair (`src`, `tgt`: the
+    encoded sources with their separator, the targets with their end token) after its prefix. Past
+    its position table an LM with learnt positions fails mid-epoch (an index error), and one with
+    rotary positions trains on positions it never saw, then refuses those sources at eval. An
+    encoder-decoder cuts its sources and checks its targets (targets_too_long). `part`: training,
+    validation."""
     from .seq2seq.tuner import is_seq2seq
 
     lm = getattr(tuner, "lm", None)
-    context = getattr(getattr(lm, "config", None), "max_position_embeddings", None)
-    if not isinstance(context, int) or is_seq2seq(lm):
+    context = _context(lm)
+    if context is None or is_seq2seq(lm) or not src:
         return
     prefix = int(tuner.prefix_batch(1, False).mask.shape[1])
-    for part, pairs in (("training", splits.train), ("validation", splits.validation)):
-        if not pairs:
-            continue
-        src, tgt = encode_pairs(tuner, pairs)
-        sizes = [prefix + len(a) + len(b) for a, b in zip(src, tgt)]
-        long = [i for i, n in enumerate(sizes) if n > context]
-        if long:
-            i = max(long, key=lambda j: sizes[j])
-            raise PrefixError(f"{len(long)} of the {len(pairs)} {part} pairs do not fit this LM's context of {context} "
-                              f"positions (the longest, pair {i + 1}: {len(src[i])} source and {len(tgt[i])} target "
-                              f"tokens" + (f" after a prefix of {prefix}" if prefix else "") + "); shorten or drop them, "
-                              "or use an LM with a longer context (an encoder-decoder cuts its sources)")
+    sizes = [prefix + len(a) + len(b) for a, b in zip(src, tgt)]
+    long = [i for i, n in enumerate(sizes) if n > context]
+    if long:
+        i = max(long, key=lambda j: sizes[j])
+        raise PrefixError(f"{len(long)} of the {len(src)} {part} pairs do not fit this LM's context of {context} "
+                          f"positions (the longest, pair {i + 1}: {len(src[i])} source and {len(tgt[i])} target "
+                          f"tokens" + (f" after a prefix of {prefix}" if prefix else "") + "); shorten or drop them, "
+                          "or use an LM with a longer context (an encoder-decoder cuts its sources)")
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
@@ -491,7 +505,7 @@ class DecodeOptions:
 
 def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
-                     max_train: int | None = None, max_validation: int | None = 200, max_test: int | None = None,
+                     max_train: int | None = None, max_validation: int | None = MAX_VALIDATION, max_test: int | None = None,
                      decoding: DecodeOptions = DecodeOptions(), log: Callable[[str], None] = print,
                      overwrite: bool = False, trust_remote_code: bool = False,
                      fields: tuple[str | None, str | None] = (None, None)) -> dict:
@@ -539,7 +553,6 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                               f"tokens {lm_name}'s decoder takes; shorten them, or use a model with a longer decoder")
     # the test sources must fit with the new tokens: found now, not after training (the check decode makes)
     check_room(tuner, tuner.encode_sources([ex.source for ex in splits.test]), decoding.max_new_tokens)
-    check_pairs_room(tuner, splits)
     lm_params = sum(p.numel() for p in lm.parameters())
     n_trainable = tuner.num_trainable()
     log(f"{method} on {splits.name} with {lm_name}: {len(splits.train)} train pairs / {len(splits.validation)} "
@@ -648,7 +661,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     elif split in ("test", "train", "validation"):  # drawn as the training run drew them (same seed, same draws)
         sizes = config.get("splits", {})
         splits = load_generation_splits(data, config.get("train", {}).get("seed", 0), sizes.get("max_train"),
-                                        sizes.get("max_validation", 200), max_test, fields=fields)
+                                        sizes.get("max_validation", MAX_VALIDATION), max_test, fields=fields)
         for note in splits.notes if log else ():
             log(f"data: {note}")
         examples = splits.test if split == "test" else _sample(splits.examples[split], max_test, np.random.default_rng(0))

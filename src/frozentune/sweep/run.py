@@ -57,7 +57,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     from ..data import DataError, load_classification, text_groups
     from ..output import check_output
     from ..registry import MethodError
-    from ..train import CV_BELOW
+    from ..train import CV_BELOW, TrainConfig
 
     t_start = time.perf_counter()
     if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as api.train takes it
@@ -75,7 +75,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
                                        carve_below=base.get("cv_below", CV_BELOW), pair_field=pair_field)
                 for s in sorted(seeds)}
-    folds = base.get("cv_folds", 5)
+    folds = base.get("cv_folds", TrainConfig.cv_folds)  # the class attribute is the field's default
     for s, ds in datasets.items():  # every point must have a score: validation, or folds that can hold each class out
         index = {lab: i for i, lab in enumerate(sorted(set(ds.train.labels)))}
         y = np.array([index[lab] for lab in ds.train.labels])
