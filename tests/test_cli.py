@@ -446,6 +446,10 @@ def test_explain_ytuning_and_refuse_probe(tiny_bert, trec_slice, tmp_path, capsy
     assert "predicted:" in stdout and "who" in stdout.lower()
     config = __import__("json").loads((out / "config.json").read_text())
     assert all(f"{lab}:" in stdout for lab in config["labels"])
+    assert "asked for" not in stdout  # five words and a mark: two to show, no note
+    code, stdout, err = run(capsys, "explain", "--model", out, "Who invented ?", "--top", 5)
+    assert code == 0, err  # three words: each label lists three, and the run says why not five
+    assert "(3 of the 5 asked for: the text has no more words)" in stdout
     code, stdout, err = run(capsys, "explain", "--model", out, "Who invented the telephone ?", "--json")
     assert code == 0, err
     rows = __import__("json").loads(stdout)

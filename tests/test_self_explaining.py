@@ -274,6 +274,7 @@ def test_explanation_offsets_slice_the_original_text(tiny_bert):
     assert [(s["text"], s["start"], s["end"]) for s in ex.data["spans"]] == [
         ("not  good", 14, 23), ("really", 25, 31), ("The movie was", 0, 13)]
     assert ex.lines[0] == '0.60  "not  good"'
+    assert ex.lines[3] == "(3 of the 5 asked for: the text has no more distinct spans of weight > 0 (whole words, up to 3 tokens))"
 
     # with special_tokens=include a span may hold [SEP]: it adds no characters; alone it has none
     alpha = torch.zeros(1, n, 3)

@@ -148,6 +148,12 @@ class TokenView:
         return out
 
 
+def fewer_note(shown: int, top: int, why: str) -> list[str]:
+    """The line an explanation adds when it lists fewer entries than `top` asked for (why: the reason,
+    e.g. the text has no more words), so a short list is not read as a cut-off; [] otherwise."""
+    return [f"({shown} of the {top} asked for: {why})"] if shown < top else []
+
+
 def part_mark(piece: dict) -> str:
     """" (1st)" / " (2nd)": which text of a sentence pair a weighted piece (TokenView.weighted) is in,
     since the same word may be in both; "" for a single text or a piece with no characters."""

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, part_mark
+from ..head import Explanation, Features, Head, Output, TokenView, fewer_note, kept_from_weights, part_mark
 from ..registry import MethodConfig, register_method
 
 
@@ -306,6 +306,9 @@ class SelfExplainHead(Head):
                              f"pass the head's output for this input alone")
         spans = tokens.ranked(top_spans(alpha[:n]), top)
         lines = [f'{s["weight"]:.2f}  "{s["text"]}"{part_mark(s)}' for s in spans]
+        widest = f"up to {self.cfg.max_span_width} tokens" if self.cfg.max_span_width else "any width"
+        lines += fewer_note(len(spans), top,
+                            f"the text has no more distinct spans of weight > 0 (whole words, {widest})")
         return Explanation({"spans": spans}, lines)
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView, shown
+from ..head import Explanation, Features, Head, Output, TokenView, fewer_note, shown
 from ..registry import MethodConfig, register_method
 
 VAR_EPS = 1e-4  # floor under the variance in the intra-space loss
@@ -114,6 +114,7 @@ class SpaceHead(Head):
                          "tokens": toks}
             lines.append(f"{lab:>14}: centroid mean {float(k[i].mean()):+.3f}   "
                          + "  ".join(f"{shown(t)} {t['weight']:+.2f}" for t in toks))
+        lines += fewer_note(min(len(d["tokens"]) for d in data.values()), top, "the text has no more words")
         return Explanation({"classes": data}, lines)
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, shown
+from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
 from ..registry import MethodConfig, register_method
 
 
@@ -227,6 +227,7 @@ class YTuningHead(Head):
             shares[lab] = round(max(float(special[c]), 0.0), 4)
             lines.append(f"{lab:>14}: " + "  ".join(f"{shown(t)} {t['weight']:.2f}" for t in per_label[lab])
                          + f"   (special tokens {shares[lab]:.2f})")
+        lines += fewer_note(min(len(t) for t in per_label.values()), top, "the text has no more words")
         return Explanation({"attention": per_label, "special_tokens": shares}, lines)
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:
