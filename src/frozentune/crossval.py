@@ -91,23 +91,32 @@ def choose_folds(y: np.ndarray, k: int, labels: list[str], groups: np.ndarray | 
     both train on it and hold it out). With groups, a class's count is of the distinct texts that
     hold it (copies of one text are held out together; a text that is also labelled as another
     class counts for both), and the note says so where rows are copies."""
+    smallest, what = smallest_class(y, labels, groups)
+    if smallest >= k:
+        return k, None
+    if smallest >= 2:
+        return smallest, f"{what}, fewer than --cv-folds {k}: {smallest}-fold cross-validation"
+    return 0, f"{what}, so no fold could hold it out: no cross-validation (give 2 or more distinct examples per class)"
+
+
+def smallest_class(y: np.ndarray, labels: list[str], groups: np.ndarray | None = None) -> tuple[int, str]:
+    """(the count of the class with the fewest examples present, "class 'x' has …" saying it): with
+    groups, the count is of the distinct texts holding the class, and the phrase names the copies."""
     rows = np.bincount(y, minlength=len(labels))
     if groups is None:
         counts = rows
     else:
         counts = np.array([len(np.unique(groups[y == c])) for c in range(len(labels))])
     smallest = int(counts[rows > 0].min())
-    if smallest >= k:
-        return k, None
     c = int(np.flatnonzero((counts == smallest) & (rows > 0))[0])
-    name, copies = labels[c], int(rows[c]) > smallest
+    copies = int(rows[c]) > smallest
     if smallest >= 2:
         what = f"{smallest} distinct training texts ({rows[c]} rows, the others copies)" if copies else \
             f"{smallest} training examples"
-        return smallest, f"class {name!r} has {what}, fewer than --cv-folds {k}: {smallest}-fold cross-validation"
-    what = f"a single distinct training text ({rows[c]} rows: copies of it)" if copies else "a single training example"
-    return 0, (f"class {name!r} has {what}, so no fold could hold it out: no cross-validation (give 2 or more "
-               f"distinct examples per class)")
+    else:
+        what = f"a single distinct training text ({rows[c]} rows: copies of it)" if copies else \
+            "a single training example"
+    return smallest, f"class {labels[c]!r} has {what}"
 
 
 def best_candidate(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None) -> tuple[int, float]:

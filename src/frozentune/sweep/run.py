@@ -53,11 +53,11 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     """Train every point of `grid` on `data` (`backbone`: api.BackboneOptions; its layers are the
     grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares."""
     from .. import api
-    from ..crossval import choose_folds
+    from ..crossval import smallest_class
     from ..data import DataError, load_classification, text_groups
     from ..output import check_output
     from ..registry import MethodError
-    from ..train import CV_BELOW, TrainConfig
+    from ..train import CV_BELOW
 
     t_start = time.perf_counter()
     if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as api.train takes it
@@ -75,13 +75,12 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
                                        carve_below=base.get("cv_below", CV_BELOW), pair_field=pair_field)
                 for s in sorted(seeds)}
-    folds = base.get("cv_folds", TrainConfig.cv_folds)  # the class attribute is the field's default
     for s, ds in datasets.items():  # every point must have a score: validation, or folds that can hold each class out
         index = {lab: i for i, lab in enumerate(sorted(set(ds.train.labels)))}
         y = np.array([index[lab] for lab in ds.train.labels])
-        k, note = choose_folds(y, max(folds, 2), sorted(index), text_groups(ds.train.texts))
-        if not len(ds.validation) and k < 2:
-            raise DataError(f"sweep: with seed {s}, {note.split(', so ')[0]} and there is no validation split, so no "
+        smallest, why = smallest_class(y, sorted(index), text_groups(ds.train.texts))
+        if not len(ds.validation) and smallest < 2:
+            raise DataError(f"sweep: with seed {s}, {why} and there is no validation split, so no "
                             f"point could be scored (nothing to hold out); give a validation file, or data with 2 or "
                             f"more distinct texts in every class")
     backbones: dict[str, object] = {}
