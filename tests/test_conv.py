@@ -11,7 +11,7 @@ from frozentune.cli import main
 from frozentune.conv.encoder import (ARCHS, ConvError, Encoder, EncoderConfig, EncoderShape, load_tokenizer,
                                      parameter_counts, receptive_radius)
 from frozentune.conv.layers import DilatedConv, DynamicConv, LightConv
-from frozentune.conv.pretrain import IGNORE, find_checkpoint, mask_tokens, pretrain, read_checkpoint
+from frozentune.conv.pretrain import IGNORE, build_corpus, find_checkpoint, mask_tokens, pretrain, read_checkpoint
 from frozentune.data import DataError
 from frozentune.registry import MethodError, get_method, make_config
 from frozentune.train import predict_logits
@@ -385,3 +385,18 @@ def test_unknown_arch_is_refused_by_the_parser(capsys, command):
 def test_tokenizer_is_minilm():
     tok = load_tokenizer()
     assert tok.is_fast and len(tok) == 30522 and tok.mask_token == "[MASK]"
+
+
+def test_typed_special_tokens_are_read_as_text(tmp_path):
+    """A corpus line or a text holding "[MASK]" / "[SEP]" / "[CLS]" gives those characters' pieces, never
+    the special ids: inside a chunk only the [CLS] first and the [SEP] last are special."""
+    tok = load_tokenizer()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the [MASK] sat on the [SEP] mat [CLS] [PAD] [unk]\nplain words here\n")
+    chunks = build_corpus(str(corpus), 32, tok).chunks
+    special = set(tok.all_special_ids)
+    assert len(chunks) == 2
+    for c in chunks:
+        assert c[0] == tok.cls_token_id and c[-1] == tok.sep_token_id
+        assert not special & set(c[1:-1].tolist())
+    assert tok.convert_ids_to_tokens(chunks[0][1:4].tolist()) == ["the", "[", "mask"]

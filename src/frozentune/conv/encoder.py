@@ -178,9 +178,14 @@ def parameter_counts(shape: EncoderShape | None = None, vocab_size: int = 30522,
 
 @lru_cache(maxsize=None)
 def load_tokenizer():
-    """The MiniLM WordPiece tokenizer (fast), from the folder the `minilm` alias resolves to."""
+    """The MiniLM WordPiece tokenizer (fast), from the folder the `minilm` alias resolves to, reading a
+    typed "[MASK]" or "[SEP]" as its characters (backbone.text_as_text), as the frozen backbones do: a
+    corpus line holding "[MASK]" would otherwise give the mask token as an input no target asks for,
+    and a "[SEP]" in a text would split it."""
     from transformers import AutoTokenizer
 
-    from ..backbone import resolve_name
+    from ..backbone import resolve_name, text_as_text
 
-    return AutoTokenizer.from_pretrained(resolve_name(TOKENIZER))
+    tok = AutoTokenizer.from_pretrained(resolve_name(TOKENIZER))
+    text_as_text(tok)
+    return tok
