@@ -1,4 +1,5 @@
 """Convolutional encoders, MLM pre-training and the `conv` method (tiny sizes: width 16–32, 1–3 layers)."""
+import gzip
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ from frozentune.cli import main
 from frozentune.conv.encoder import (ARCHS, ConvError, Encoder, EncoderConfig, EncoderShape, load_tokenizer,
                                      parameter_counts, receptive_radius)
 from frozentune.conv.layers import DilatedConv, DynamicConv, LightConv
-from frozentune.conv.pretrain import IGNORE, build_corpus, find_checkpoint, mask_tokens, pretrain, read_checkpoint
+from frozentune.conv.pretrain import IGNORE, build_corpus, corpus_texts, find_checkpoint, mask_tokens, pretrain, read_checkpoint
 from frozentune.data import DataError
 from frozentune.registry import MethodError, get_method, make_config
 from frozentune.train import predict_logits
@@ -363,15 +364,48 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-grad-norm", "-1"], "--max-grad-norm -1.0"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-length", "2"], "give at least 3"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--device", "foo"], "--device 'foo': give auto"),
+    # read as --data reads files (each was a traceback, or a text made of a null / a number)
+    (["pretrain", "--corpus", "{tmp}/latin1.txt", "--output", "{tmp}/o", "--steps", "1"],
+     "latin1.txt:2: not UTF-8 text (byte 0xe9 at byte offset 10)"),
+    (["pretrain", "--corpus", "{tmp}/corpus.txt.gz", "--output", "{tmp}/o", "--steps", "1"],
+     "a compressed file is not read: decompress it first, e.g. gunzip -k corpus.txt.gz"),
+    (["pretrain", "--corpus", "{tmp}/numbers.jsonl", "--output", "{tmp}/o", "--steps", "1"],
+     "numbers.jsonl:3: field 'text' holds a number, not text (42)"),
+    (["pretrain", "--corpus", "{tmp}/strings.json", "--output", "{tmp}/o", "--steps", "1"],
+     'expected an object in the array, got str (a string). Write each record as an object'),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--text-field", "body"],
+     "--text-field body: "),
     (["train", "--method", "conv", "--init", "{tmp}", "--data", "{trec}"], "is not a pre-training checkpoint"),
     (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone and --layer do not apply"),
 ])
 def test_bad_input_messages(capsys, tmp_path, trec_slice, corpus_file, argv, needle):
     unk = tmp_path / "unknown.txt"  # text, but only characters MiniLM's tokenizer reads as [UNK]
     unk.write_text("\u2603\u2603\n\u2603\n")
+    (tmp_path / "latin1.txt").write_bytes(b"a line\ncaf\xe9\n")
+    (tmp_path / "corpus.txt.gz").write_bytes(gzip.compress(b"a line\n"))
+    (tmp_path / "numbers.jsonl").write_text('{"text": "a line"}\n{"text": ""}\n{"text": 42}\n')
+    (tmp_path / "strings.json").write_text('["a line", "another"]')
     code, _, err = run(capsys, *[a.format(tmp=tmp_path, trec=trec_slice, unk=unk, corpus=corpus_file) for a in argv])
     assert code == 2 and needle in err and "Traceback" not in err, err
-    assert not (tmp_path / "o" / "loss.jsonl").exists()  # refused before any work
+    assert not (tmp_path / "o").exists()  # refused before any work, and before the output folder is made
+
+
+def test_a_corpus_is_read_as_data_is(tmp_path):
+    """A folder of split files is its train file, as --data reads it; blank rows, empty texts and a
+    byte-order mark are not texts; every format gives the same texts."""
+    texts = ["first text", "second, with a comma", "third"]
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:2]) + '{"text": " "}\n'
+                                        + json.dumps({"text": texts[2]}) + "\n")
+    (folder / "test.jsonl").write_text('{"text": "not read"}\n')
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(b"\xef\xbb\xbf" + "\n\n".join(texts).encode() + b"\n")
+    csv = tmp_path / "c.csv"
+    csv.write_text('text\n' + "\n".join(f'"{t}"' for t in texts) + "\n\n")
+    for corpus in (folder, plain, csv):
+        assert corpus_texts(str(corpus))[2] == texts, corpus
+    assert corpus_texts(str(folder))[:2] == ("set", folder / "train.jsonl")
 
 
 @pytest.mark.parametrize("command", [["pretrain", "--corpus", "imdb", "--output", "o", "--steps", "1"],

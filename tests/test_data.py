@@ -459,7 +459,7 @@ def test_json_files_are_read_alike_everywhere(tmp_path):
     assert [r for _, r in read_records(lines)] == rows
     assert read_texts(array) == read_texts(lines) == [r["text"] for r in rows]
     write(tmp_path / "bad.json", '[\n {"text": "a", "label": "x"},\n ["not", "an", "object"]\n]')
-    with pytest.raises(DataError, match=r"bad.json:3: expected an object in the array, got list"):
+    with pytest.raises(DataError, match=r"bad.json:3: expected an object in the array, got list \(a list\)"):
         read_records(tmp_path / "bad.json")
     write(tmp_path / "open.json", '[{"text": "a", "label": "x"}')
     with pytest.raises(DataError, match=r"open.json:1: not a valid JSON array of objects"):

@@ -289,11 +289,12 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
 
     pt = sub.add_parser("pretrain", help="pre-train a conv or Transformer encoder by masked language modelling "
                                          "(fine-tune it with `train --method conv --init DIR`)")
-    pt.add_argument("--corpus", help="imdb (the IMDB train reviews), another dataset name (its train texts), or a file: "
-                                     "one text per line, or .jsonl/.csv/.tsv with --text-field")
+    pt.add_argument("--corpus", help="imdb (the IMDB train reviews), another dataset name or a folder of split files "
+                                     "(its train texts), or a file: one text per line, or .jsonl/.json/.csv/.tsv/"
+                                     ".parquet/.arrow with --text-field")
     pt.add_argument("--output", type=Path, required=True, help="checkpoint folder")
     pt.add_argument("--resume", action="store_true", help="continue the run saved in --output (a larger --steps or --minutes extends it)")
-    pt.add_argument("--text-field", default="text", help="the text field of a .jsonl/.csv/.tsv corpus")
+    pt.add_argument("--text-field", default="text", help="the text field of a corpus of records (.jsonl, .csv, ...)")
     from .conv.encoder import EncoderConfig
     from .conv.pretrain import PretrainConfig
     _add_dataclass_options(pt, EncoderConfig, "encoder")

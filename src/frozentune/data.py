@@ -199,7 +199,7 @@ def _read_json_array(path: Path) -> list[tuple[int, dict]]:
         except ValueError as e:  # e.g. an integer of more than 4,300 digits
             raise DataError(f"{path}:{line_at(pos)}: not readable as JSON ({e}).") from None
         if not isinstance(rec, dict):
-            raise DataError(f"{path}:{line_at(pos)}: expected an object in the array, got {type(rec).__name__}.")
+            raise DataError(f"{path}:{line_at(pos)}: expected an object in the array, got {_kind(rec)}. {_OBJECTS}")
         out.append((line_at(pos), rec))
         pos = skip(end)
         if pos < len(text) and text[pos] == ",":
@@ -314,7 +314,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
             except ValueError as e:  # e.g. an integer of more than 4,300 digits
                 raise DataError(f"{path}:{n}: not readable as JSON ({e}).") from None
             if not isinstance(rec, dict):
-                raise DataError(f"{path}:{n}: expected a JSON object per line, got {type(rec).__name__}.")
+                raise DataError(f"{path}:{n}: expected a JSON object per line, got {_kind(rec)}. {_OBJECTS}")
             out.append((n, rec))
     if not out:
         raise DataError(f"{path}: the file has no records.")
@@ -460,6 +460,15 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 _JSON_KIND = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object",
               bytes: "bytes"}
+_OBJECTS = ('Write each record as an object of named fields, e.g. {"text": "...", "label": "..."}; texts alone '
+            'go one per line in a .txt file.')
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, for a message: "list (a list)", "str (a string)", "null"."""
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} ({_JSON_KIND.get(type(value), 'a string' if isinstance(value, str) else 'a value')})"
 
 
 def _describe(value: object, escape: bool = False) -> str:
@@ -577,13 +586,17 @@ def _require_fields(path: Path, n: int, rec: dict, fields: Sequence[str], pair_f
                             f"Choose the field{'s' if '/' in flag else ''} with {flag}.")
 
 
-def read_texts(path: Path, text_field: str = "text", pair_field: str | None = None) -> list[Text]:
+def read_texts(path: Path, text_field: str = "text", pair_field: str | None = None,
+               skip_blank: bool = False) -> list[Text]:
     """The texts (pairs with `pair_field`) of a .jsonl/.csv/.tsv file, no labels needed: what
-    predict reads. A missing field or an empty / non-string text is an error naming the line."""
+    predict reads. A missing field or an empty / non-string text is an error naming the line;
+    with `skip_blank` (a pre-training corpus, a bag of texts) an empty text or blank row is skipped."""
     out: list[Text] = []
     fields = (text_field, pair_field) if pair_field else (text_field,)
-    for n, rec in read_records(Path(path)):
+    for n, rec in read_records(Path(path), skip_blank):
         _require_fields(path, n, rec, fields, pair_field, "--text-field")
+        if skip_blank and any(isinstance(rec[fld], str) and blank(rec[fld]) for fld in fields):
+            continue
         for fld in fields:
             if (problem := _text_problem(rec[fld], fld)) is not None:
                 raise DataError(f"{path}:{n}: {''.join(problem)}. Fix or remove the row.")

@@ -157,33 +157,34 @@ class Corpus:
 
 
 def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list[str]]:
-    """(name, file, texts): a dataset name (its train split; `imdb` = the IMDB train reviews) or a
-    file: .jsonl/.csv/.tsv (the `text_field` of each record), anything else one text per line."""
-    from ..data import SUFFIXES, read_records, resolve
+    """(name, file, texts): a dataset name or a folder of split files (its train file; `imdb` = the
+    IMDB train reviews), or a file: .jsonl/.json/.csv/.tsv/.parquet/.arrow (the `text_field` of each
+    record; data.read_texts), anything else one text per line (data.read_lines). Files are read as
+    --data reads them (UTF-8 errors named, compressed files refused, a text that is not a string is
+    an error naming its line); a corpus is a bag of texts, so blank lines and empty texts are skipped."""
+    from ..data import SUFFIXES, is_hf_split_folder, read_lines, read_texts, resolve
 
     path = Path(corpus).expanduser()
     looks_like_path = path.suffix != "" or os.sep in corpus or path.exists()
-    if looks_like_path and not path.is_file():
-        raise DataError(f"corpus {corpus}: no such file. Give a text file (one text per line), a "
-                        f".jsonl/.csv/.tsv file with a text field, or a dataset name such as imdb.")
-    if not looks_like_path:
-        _, files = resolve(corpus)  # a dataset name: its train file (errors name the data folder)
+    if looks_like_path and not path.exists():
+        raise DataError(f"corpus {corpus}: no such file or folder. Give a text file (one text per line), a "
+                        f".jsonl/.json/.csv/.tsv/.parquet/.arrow file with a text field, a folder of train / "
+                        f"validation / test files, or a dataset name such as imdb.")
+    name = path.name if looks_like_path else corpus
+    if not path.is_file() and not is_hf_split_folder(path):  # a dataset name or a folder: its train split
+        _, files = resolve(corpus)
         if "train" not in files:
-            raise DataError(f"corpus {corpus}: this dataset has no train file to pre-train on")
+            raise DataError(f"corpus {corpus}: no train file to pre-train on (found: {', '.join(sorted(files))})")
         path = files["train"]
-    if path.suffix.lower() in SUFFIXES:
-        texts = []
-        for n, rec in read_records(path, skip_blank=True):  # a corpus is a bag of texts: a blank row shifts nothing
-            if text_field not in rec:
-                raise DataError(f"{path}:{n}: no field {text_field!r} (fields: {', '.join(map(str, rec))}); "
-                                f"choose it with --text-field")
-            texts.append(str(rec[text_field]))
+    if path.suffix.lower() in SUFFIXES or is_hf_split_folder(path):
+        texts = [str(t) for t in read_texts(path, text_field, skip_blank=True)]
+    elif text_field != "text":
+        raise DataError(f"--text-field {text_field}: {path} is read as plain text, one text per line, which has "
+                        f"no fields; leave --text-field out, or give a .jsonl / .csv / .tsv file")
     else:
-        texts = path.read_text(encoding="utf-8").splitlines()
-    texts = [t for t in texts if t.strip()]
+        texts = read_lines(path, "corpus texts", skip_blank=True)
     if not texts:
         raise DataError(f"{path}: no text in the corpus")
-    name = corpus if not looks_like_path else path.name
     return name, path, texts
 
 
@@ -415,16 +416,16 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
                         f"word piece; give at least 3 (the default is 128)")
     device = _device(run_cfg.device)  # an unknown or absent device: said before any work
+    tok = load_tokenizer()
+    t0 = time.perf_counter()
+    data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)  # a corpus it cannot read: before any folder is made
+    prepare_seconds = time.perf_counter() - t0
     distributed.barrier()  # every rank has read the output folder as it was before rank 0 writes to it
     if main:
         output.mkdir(parents=True, exist_ok=True)
         for stale in output.glob(".tmp-*"):  # left by an interrupted checkpoint write
             shutil.rmtree(stale, ignore_errors=True)
 
-    tok = load_tokenizer()
-    t0 = time.perf_counter()
-    data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)
-    prepare_seconds = time.perf_counter() - t0
     log(f"corpus {data.name}: {data.texts:,} texts → {len(data.chunks):,} chunks of ≤ {enc_cfg.max_length} tokens, "
         f"{data.tokens:,} tokens ({prepare_seconds:.1f}s)")
     if saved is not None and saved["corpus"]["chunks"] != len(data.chunks):
