@@ -119,6 +119,9 @@ def test_launch_is_read_from_torchrun_and_mpi_variables():
     # what `accelerate launch --cpu --num_processes 2` (accelerate 1.15, no mpirun) gives its ONE process
     assert accelerate_cpu_single({"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
     assert not accelerate_cpu_single({"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "x", "RANK": "0", "WORLD_SIZE": "2"})
+    # --num_processes 2 without --multi_gpu on a machine with no GPU: one process too (accelerate 1.x's variables)
+    assert accelerate_cpu_single({"ACCELERATE_USE_CPU": "False", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    assert not accelerate_cpu_single({"ACCELERATE_USE_CPU": "False"})  # `accelerate launch` of one process
 
 
 def test_shards_are_contiguous_cover_everything_and_may_be_empty():
@@ -293,3 +296,43 @@ def test_pretrain_two_processes_equal_one(runs, scenario):
     _losses_close(two_losses, one_losses, PRE_OPS, f"{scenario} loss")
     _weights_close(two_w, one_w, PRE_OPS, STEPS, RUN["lr"], f"{scenario} weights")
     assert json.loads((Path(runs["2p-rank0"][scenario]["folder"]) / "result.json").read_text())["step"] == STEPS
+
+
+LOST_PEER = """
+import os, sys, torch
+from frozentune import distributed
+distributed.launch()
+if distributed.rank() == 1:
+    os._exit(3)  # as a killed process: no goodbye to the group
+p = torch.nn.Parameter(torch.zeros(2))
+p.grad = torch.ones(2)
+try:
+    distributed.reduce_gradients([p])
+except distributed.PeerLost as e:
+    print("PeerLost:", e)
+    sys.exit(0)
+print("no error")
+"""
+
+
+def test_a_lost_peer_is_one_line_naming_the_exchange():
+    """When another rank is gone, the next collective raises PeerLost (one line: what was being exchanged,
+    the backend's first line) instead of gloo's C++ trace; the CLI prints it with what the command keeps."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", LOST_PEER], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 0, err[-2000:]
+    assert out.startswith("PeerLost: summing the gradients across the 2 processes failed (rank 0: ") and \
+        "another process of the run stopped" in out and "\n" == out[-1] and out.count("\n") == 1, out

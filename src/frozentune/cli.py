@@ -886,7 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cache import CacheError
     from .conv.encoder import ConvError
     from .data import DataError
-    from .distributed import DistributedError
+    from .distributed import DistributedError, PeerLost
     from .export import ExportError
     from .extract import ExtractError
     from .model import ModelLoadError
@@ -921,7 +921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "serve": cmd_serve, "export": cmd_export, "import": cmd_import}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
             OutputError, ExtractError, DistributedError, ServeError, PairError, ExportError) as e:
-        print(f"frozentune: error: {_one_line(e)}", file=sys.stderr)
+        kept = f"; {_on_interrupt['note']}" if isinstance(e, PeerLost) else ""  # stopped part-way, as an interrupt does
+        print(f"frozentune: error: {_one_line(e)}{kept}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly, as Unix tools do
         _stdout_to_devnull()

@@ -20,10 +20,11 @@ no communication, no thread setting.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +33,27 @@ from torch import nn
 
 class DistributedError(RuntimeError):
     """The ranks of a data-parallel run disagree (different data, models or options); the message says how."""
+
+
+class PeerLost(DistributedError):
+    """A collective call failed: another process of the run stopped (an error, a signal, a killed
+    machine) or cannot be reached. The command stops too, with what it keeps."""
+
+
+@contextlib.contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Turn the backend's error when a peer process is gone (gloo's "Connection closed by peer", NCCL's
+    DistBackendError: RuntimeErrors with a C++ trace) into PeerLost, one line naming `what` was being
+    exchanged; the other process prints why it stopped."""
+    try:
+        yield
+    except DistributedError:
+        raise
+    except RuntimeError as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise PeerLost(f"{what} across the {world_size()} processes failed (rank {rank()}: {first[:200]}): another "
+                       f"process of the run stopped or cannot be reached, so this one stops too; its own message says "
+                       f"why") from None
 
 
 @dataclass(frozen=True)
@@ -70,10 +92,10 @@ def read_launch(env: Mapping[str, str]) -> Launch:
 
 
 def accelerate_cpu_single(env: Mapping[str, str]) -> bool:
-    """Whether this looks like `accelerate launch --cpu --num_processes N` (N > 1) without mpirun: accelerate
-    then starts ONE process (it sets MASTER_ADDR for N > 1, but no rank variables)."""
-    return (env.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in env
-            and read_launch(env).world_size == 1)
+    """Whether this looks like `accelerate launch --num_processes N` (N > 1) that started ONE process: with
+    --cpu (and no mpirun), or without --multi_gpu on a machine with no GPU. accelerate then sets its own
+    variables and MASTER_ADDR (it does for N > 1 only), but no rank variables."""
+    return "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env and read_launch(env).world_size == 1
 
 
 _state: dict[str, Any] = {"launch": None}
@@ -90,9 +112,10 @@ def launch() -> Launch:
             torch.set_num_threads(1)
         _init_group(info)
     elif accelerate_cpu_single(os.environ):
-        print("frozentune: note: `accelerate launch --cpu` starts a single process unless given --mpirun_hostfile; "
-              "for several CPU processes use `accelerate launch --multi_gpu --num_processes N` (it works without "
-              "a GPU) or `torchrun --nproc-per-node N`", file=sys.stderr, flush=True)
+        print("frozentune: note: accelerate started a single process: `accelerate launch --num_processes N` does so "
+              "with --cpu (unless given --mpirun_hostfile) or without --multi_gpu where there is no GPU; for several "
+              "CPU processes use `accelerate launch --multi_gpu --num_processes N` (it works without a GPU) or "
+              "`torchrun --nproc-per-node N`", file=sys.stderr, flush=True)
     _state["launch"] = info
     return info
 
@@ -167,7 +190,8 @@ def barrier() -> None:
     if world_size() > 1:
         import torch.distributed as dist
 
-        dist.barrier()
+        with collective("waiting for the other processes"):
+            dist.barrier()
 
 
 def _bucket(params: Sequence[nn.Parameter], limit: int = 1 << 24) -> list[list[nn.Parameter]]:
@@ -198,11 +222,13 @@ def reduce_gradients(params: Sequence[nn.Parameter], extras: Sequence[float] = (
     # presence flags and extras in float64 (the loss parts are summed to full precision)
     # (a CPU tensor: gloo carries it, also beside NCCL)
     small = torch.tensor([0.0 if p.grad is None else 1.0 for p in params] + extras, dtype=torch.float64)
-    dist.all_reduce(small)
+    with collective("summing the gradients"):
+        dist.all_reduce(small)
     present = small[:len(params)].cpu().tolist()
     for bucket in _bucket([p for p, k in zip(params, present) if k > 0]):
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
-        dist.all_reduce(flat)
+        with collective("summing the gradients"):
+            dist.all_reduce(flat)
         offset = 0
         for p in bucket:
             g = flat[offset:offset + p.numel()].view_as(p)
@@ -225,7 +251,8 @@ def broadcast_module(module: nn.Module) -> None:
 
     with torch.no_grad():
         for t in [p for p in module.parameters() if p.requires_grad] + list(module.buffers()):
-            dist.broadcast(t.data, src=0)
+            with collective("copying rank 0's weights"):
+                dist.broadcast(t.data, src=0)
 
 
 def broadcast_object(obj: Any) -> Any:
@@ -235,7 +262,8 @@ def broadcast_object(obj: Any) -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    with collective("copying rank 0's settings"):
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -246,7 +274,8 @@ def gather_objects(obj: Any) -> list[Any]:
     import torch.distributed as dist
 
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    with collective("gathering every rank's values"):
+        dist.all_gather_object(out, obj)
     return out
 
 
