@@ -328,9 +328,11 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     assert result["config"]["method_options"]["init"] == str(ckpt) and result["config"]["backbone"]["max_length"] == 32
     assert result["trainable_params"] == sum(p.numel() for p in M.load(out).parameters())
 
-    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice)
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", tmp_path / "unused")
     assert code == 0, err
     assert json.loads(stdout)["metrics"] == result["metrics"]  # exact: the same model, kernels and test batches
+    assert "cache: --cache-dir not used: method 'conv' runs its backbone on every batch" in err  # was silent
+    assert not (tmp_path / "unused").exists()
     # conv's encoder runs in fp32: --precision was said to be used ("precision: bf16 (as asked)") and ignored
     code, _, err = run(capsys, "train", "--method", "conv", *sizes, "--data", trec_slice, "--max-length", 32,
                        "--precision", "bf16", "--output", tmp_path / "m2", "--quiet")

@@ -250,6 +250,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if model.runs_live and asked not in (None, "fp32"):  # (conv's own encoder is fp32 whatever was asked: it was ignored)
         raise MethodError(f"--precision {asked}: method {method!r} trains or steers the backbone, which "
                           f"it does in fp32; leave --precision out (or give fp32)")
+    _unused_cache_options(model, method, cache_root, rebuild_cache, log)
     _live_backbone_on(model, rt.device)
     if model.runs_live:  # its own encoder (conv) or the backbone it trains runs in fp32, whatever the default said
         lines = [f"precision: fp32 (method {method!r} trains or steers the backbone)" if line.startswith("precision:")
@@ -410,6 +411,17 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
         raise MethodError(f"training options {given}: {e}") from None
 
 
+def _unused_cache_options(model: M.Classifier, method: str, cache_root: Path | None, rebuild_cache: bool,
+                          log: Callable[[str], None]) -> None:
+    """Say so where cache options are given for a model that runs its backbone live: it reads and writes
+    no feature cache, so they change nothing (a note, not an error: a script may pass one cache folder
+    to every method it runs)."""
+    given = [f for f, v in (("--cache-dir", cache_root is not None), ("--rebuild-cache", rebuild_cache)) if v]
+    if model.runs_live and given:
+        log(f"cache: {', '.join(given)} not used: method {method!r} runs its backbone on every batch and reads no "
+            f"feature cache")
+
+
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
                    label_field: str | None = None, cache_root: Path | None = None,
                    progress: bool = True, device: str | None = None, precision: str | None = None,
@@ -424,6 +436,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
         log(f"data: {note}")
     log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
     _read_as_trained(model, part)
+    _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress)
     positive = positive_label(ds.name, model.labels)
     m, _ = evaluate(model, sources(part), y, positive=positive)
