@@ -109,6 +109,7 @@ def test_launch_is_read_from_torchrun_and_mpi_variables():
     assert read_launch({}) == Launch(0, 1, 0, 1, "one process")
     assert read_launch({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == \
         Launch(1, 2, 1, 2, "torchrun")
+    assert read_launch({"RANK": "1", "WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "False"}).how == "accelerate launch"
     assert read_launch({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                         "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}).rank == 3
     assert read_launch({"PMI_RANK": "1", "PMI_SIZE": "2"}).world_size == 2

@@ -87,6 +87,8 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         if size < 1 or not 0 <= rank < size or not 0 <= local < max(local_size, 1):
             raise DistributedError(f"{how} launch: {rank_v}={rank}, {size_v}={size}, {local_v}={local}: the rank "
                                    f"must be in [0, world size)")
+        if how == "torchrun" and "ACCELERATE_USE_CPU" in env:  # accelerate starts its processes through torchrun
+            how = "accelerate launch"
         return Launch(rank, size, local, local_size, how)
     return Launch()
 
