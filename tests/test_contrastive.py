@@ -160,6 +160,14 @@ def test_data_parallel_refuses_the_pair_loss(tiny_bert, monkeypatch):
         model.head.loss(out, torch.from_numpy(LABELS[:4]))
 
 
+def test_train_under_a_launcher_refuses_before_loading_anything(tiny_bert, monkeypatch):
+    """Refused before the data and the backbone load (it used to load both and print its data-parallel line)."""
+    monkeypatch.setattr(distributed, "launch", lambda: distributed.Launch(0, 2, 0, 2, "torchrun"))
+    monkeypatch.setattr(api, "load_classification", lambda *a, **k: pytest.fail("the data was loaded"))
+    with pytest.raises(MethodError, match="contrastive: its pair loss spans the whole batch, so it cannot be split"):
+        api.train("contrastive", "no-such-data", tiny_bert, progress=False, log=lambda s: None)
+
+
 def test_top_layers_train_only_those_blocks(tiny_bert):
     model, _ = _model(tiny_bert, options={"top_layers": 1})
     names = [n for n, p in model.backbone.named_parameters() if p.requires_grad]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from . import distributed
 from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, get_or_build
@@ -220,6 +221,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     cfg = train_config(defaults, train_cfg)
     if output is not None:
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
+    if (why := getattr(spec.head_cls, "one_process_only", None)) and distributed.launch().world_size > 1:
+        raise MethodError(f"{method}: {why}, so it cannot be split across data-parallel processes; run it in one "
+                          f"process (without torchrun / accelerate launch)")  # before the data and backbone load
     may_cv = cfg.cv_folds >= 2 and not runs_live(method, options)
     # a live method that trains a fixed schedule on few labels (contrastive, as SetFit does): no carved split either
     fixed_few = bool(getattr(spec.head_cls, "fixed_schedule_few_labels", False))
@@ -350,7 +354,6 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         + (f"F1[{positive[1]}] {test_m['positive_f1']:.2f}  " if positive else "")
         + f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
         f"peak RSS {result['peak_rss_mb']:.0f} MB")
-    from . import distributed
     from .export.card import write_card_from_files
 
     if output is not None and distributed.is_main():  # data-parallel ranks hold the same weights: rank 0 saves

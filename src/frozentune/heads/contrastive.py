@@ -88,6 +88,7 @@ class ContrastiveHead(LinearHead):
 
     solves_output = True  # train.fit solves `out` on the tuned embeddings after training (SetFit's head)
     fixed_schedule_few_labels = True  # api.train: below --cv-below, the fixed schedule without validation
+    one_process_only = "its pair loss spans the whole batch"  # api.train refuses a launcher's ranks, saying why
     # not convex: LinearHead sets convex only where the backbone is frozen, and this config always trains it
 
     def convex_inputs(self, f: Features) -> Tensor:
@@ -99,9 +100,9 @@ class ContrastiveHead(LinearHead):
         return Output(self.out(self.drop(e)), {"embedding": e})  # (B, C)
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:
-        if distributed.world_size() > 1:
-            raise MethodError("contrastive: its pair loss spans the whole batch, so it cannot be split across "
-                             "data-parallel processes; run it in one process (without torchrun / accelerate launch)")
+        if distributed.world_size() > 1:  # api.train refuses before any work; this guards a direct fit
+            raise MethodError(f"contrastive: {self.one_process_only}, so it cannot be split across data-parallel "
+                              f"processes; run it in one process (without torchrun / accelerate launch)")
         e = out.extras["embedding"]
         # the linear layer learns from the embeddings with their gradient cut: the pair loss alone shapes them
         return pair_loss(e, labels, self.cfg.balance_pairs) + F.cross_entropy(self.out(self.drop(e.detach())), labels)
