@@ -350,3 +350,9 @@ def test_inputs_of_a_pair_model_never_read_one_field_as_both_texts(tmp_path):
     with pytest.raises(DataError, match=r"--text-pair-field 'premise'.*as both texts"):
         read_inputs_with(fields, f, pair_field="premise")
     assert read_inputs_with(fields, f, text_field="hypothesis", pair_field="premise") == [("nobody plays", "a man plays")]
+    # a single-text model given --text-pair-field: said so (it was read as the model's own pair field)
+    for path in (f, tmp_path / "lines.txt"):
+        path.touch()
+        with pytest.raises(DataError, match=r"--text-pair-field hypothesis: the model takes single texts \(trained on "
+                                            r"field 'premise'\), not pairs"):
+            read_inputs_with(("premise", None), path, pair_field="hypothesis")

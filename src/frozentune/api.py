@@ -717,6 +717,9 @@ def read_inputs_with(fields: tuple[str | None, str | None], path: Path, text_fie
     """read_inputs for a model whose (text field, pair field or None) are `fields`."""
     from .data import SUFFIXES, is_hf_split_folder, read_lines, read_texts
 
+    if pair_field and fields[0] is not None and fields[1] is None:  # a model known to take single texts
+        raise DataError(f"--text-pair-field {pair_field}: the model takes single texts (trained on field "
+                        f"{fields[0]!r}), not pairs; leave --text-pair-field out")
     pair = pair_field or fields[1]
     if Path(path).suffix.lower() in SUFFIXES or is_hf_split_folder(Path(path)):
         text = text_field or fields[0] or "text"
