@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +22,7 @@ from numerics import assert_close, exact, tol
 pytest.importorskip("onnxruntime", reason="the onnx extra: pip install 'frozentune[onnx]'")
 pytest.importorskip("onnxscript", reason="the onnx extra: pip install 'frozentune[onnx]'")
 
+from frozentune.data import DataError  # noqa: E402
 from frozentune.export.onnx import OnnxClassifier, build_graph, example_inputs, load_heads, session  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,7 +70,14 @@ def test_one_graph_matches_pytorch_for_every_head(heads, graph_dir):
 def test_the_export_folder_carries_a_card_of_its_heads(heads, graph_dir):
     """Every saved or exported folder carries a README.md card (README); the ONNX folder had none."""
     card = (graph_dir / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name: onnx\n") and "frozentune predict --onnx THIS_FOLDER" in card
+    assert card.startswith("---\nlibrary_name: onnx\n") and 'frozentune predict --onnx THIS_FOLDER "a text' in card
+    # what it says is so: loading checks the graph's files (not the backbone hash, which a graph cannot be
+    # checked against), and the saved tokenizer truncates at the graph's length
+    meta = json.loads((graph_dir / "onnx.json").read_text())
+    assert "(loading checks it)" not in card and "Loading checks the graph's files against the checksums" in card
+    assert set(meta["checksums"]) >= {"model.onnx"} and all(Path(h["from"]).is_absolute() for h in meta["heads"])
+    tok = json.loads((graph_dir / "tokenizer_config.json").read_text())
+    assert tok["model_max_length"] == meta["max_length"] and f"`model_max_length` is the graph's {meta['max_length']}" in card
     for name in HEADS:
         result = json.loads((heads / name / "result.json").read_text())
         assert f"## Head `{name}`" in card and f"{result['metrics']['accuracy']:.2f}" in card
@@ -117,6 +126,12 @@ def test_pair_model_graph(tiny_bert, mrpc_slice, tmp_path, monkeypatch):
     want = json.loads(cli("predict", "--model", tmp_path / "m", "--precision", "fp32", "--pair", *pair, code=0).out)
     assert got["label"] == want["label"]
     cli("predict", "--onnx", tmp_path / "g", "a single text", contains="takes sentence pairs")
+    for empty in [("", "x"), ("a", " \t")]:  # refused as predict --model refuses them; the graph answered before
+        with pytest.raises(DataError, match=r"texts\[0\]\[[01]\]: empty"):
+            graph.predict([empty])
+    card = (tmp_path / "g" / "README.md").read_text()  # its usage line gave one text, which the graph refuses
+    assert 'predict --onnx THIS_FOLDER --pair "the first text" "the second text"' in card
+    assert "the longer text of a pair is cut first" in card
     # the separator is found in the graph: spans never cross it (a span weight on the separator is 0)
     out = graph.run([pair])
     sep = graph.tok(*pair)["input_ids"].index(graph.tok.sep_token_id)
@@ -241,9 +256,19 @@ def test_a_damaged_export_folder_is_named_not_a_traceback(graph_dir, tmp_path):
          "ONNX Runtime cannot load model.onnx"),
         ("tokenizer", lambda f: [p.unlink() for p in f.glob("tokenizer*")] + [p.unlink() for p in f.glob("vocab*")],
          "its tokenizer files cannot be read"),
+        # weights scaled in place: ONNX Runtime loads them, and the scores moved silently (the card said it checked)
+        ("weights", lambda f: _scale_weights(f), "model.onnx.data differs from what the export wrote (checksums in "
+                                                 "onnx.json)"),
     ]
     for name, damage, says in cases:
         cli("predict", "--onnx", broken(name, damage), "a question ?", contains=says)
+
+
+def _scale_weights(folder: Path) -> None:
+    """Every float32 of the graph's weights file times 5, the file's length and layout unchanged."""
+    data = folder / "model.onnx.data"
+    w = np.frombuffer(data.read_bytes(), dtype=np.float32).copy()
+    data.write_bytes((w * 5).tobytes())
 
 
 def test_a_head_trained_on_other_states_is_said_to_be(heads, tmp_path):

@@ -110,8 +110,10 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
     (`results`: head name → that folder's result.json, {} when it has none)."""
     name = str(meta.get("backbone", {}).get("name") or "not recorded")
     base = hub_id(name) if name != "not recorded" else None
+    hub_data = sorted({HUB_DATASETS[d] for r in results.values() if (d := r.get("data")) in HUB_DATASETS})
     header = ["---", "library_name: onnx"] + ([f"base_model: {base}"] if base else []) + [
-        "pipeline_tag: text-classification", "tags:", "- frozentune", "- onnx", "---"]
+        "pipeline_tag: text-classification", "tags:", "- frozentune", "- onnx"] + (
+        ["datasets:"] + [f"- {d}" for d in hub_data] if hub_data else []) + ["---"]
     heads = meta.get("heads", [])
     body = [f"# {len(heads)} classification head(s) on one {name} pass, as one ONNX graph",
             f"**Graph.** `{meta.get('graph')}` (opset {meta.get('opset')}): the frozen backbone runs once and every "
@@ -119,7 +121,8 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
             f"{meta.get('max_length')} tokens{' as sentence pairs' if meta.get('pairs') else ''}. Checked against "
             f"PyTorch with ONNX Runtime before it was written (largest relative difference "
             f"{max((meta.get('check') or {}).get('relative', {0: 0}).values()):.1e}).",
-            _backbone_line(name, base, meta.get("backbone", {}))]
+            _backbone_line(name, base, meta.get("backbone", {}), checked=False)
+            + (" Loading checks the graph's files against the checksums in onnx.json." if meta.get("checksums") else "")]
     for h in heads:
         r = results.get(h.get("name"), {})
         body += [f"## Head `{h.get('name')}`",
@@ -130,10 +133,14 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
                     f"{h['trained_precision']})." if h.get("trained_precision", "fp32") != "fp32" else ""),
                  "**Labels.** " + ", ".join(f"`{x}`" for x in h.get("labels", [])) + ".",
                  _metrics_table(r.get("metrics"), False)]
+    given = '--pair "the first text" "the second text"' if meta.get("pairs") else '"a text to label"'
     body += ["## How to use",
-             "```bash\nfrozentune predict --onnx THIS_FOLDER \"a text to label\"   # every head answers\n```\n\n"
-             "With ONNX Runtime alone: tokenise with the tokenizer saved here (the inputs above), run "
-             f"`{meta.get('graph')}`, and read each head's outputs as named in onnx.json."]
+             f"```bash\nfrozentune predict --onnx THIS_FOLDER {given}   # every head answers\n```\n\n"
+             "With ONNX Runtime alone: tokenise with the tokenizer saved here"
+             + (" (each pair as its two texts)" if meta.get("pairs") else "")
+             + f", with `truncation=True` (its `model_max_length` is the graph's {meta.get('max_length')} tokens"
+             + (", and the longer text of a pair is cut first" if meta.get("pairs") else "")
+             + f"), run `{meta.get('graph')}` on the inputs above, and read each head's outputs as named in onnx.json."]
     return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
 
 
@@ -175,14 +182,16 @@ def _sizes_line(config: dict, result: dict) -> str:
     return ("**Size.** " + "; ".join(parts) + ".") if parts else "**Size.** not recorded."
 
 
-def _backbone_line(name: str, base: str | None, backbone: dict) -> str:
+def _backbone_line(name: str, base: str | None, backbone: dict, checked: bool = True) -> str:
+    """checked: whether loading compares the backbone's weights with the hash (a saved head does; an ONNX
+    graph holds the backbone, so the hash only says which weights it was exported from)."""
     line = f"**Backbone.** `{name}`"
     if base and base != name:
         line += f" (Hub: [{base}](https://huggingface.co/{base}))"
     if backbone.get("layers") is not None:
         line += f", layer(s) {backbone['layers']}"
     if backbone.get("weights_hash"):
-        line += f"; weights hash `{backbone['weights_hash']}` (loading checks it)"
+        line += f"; weights hash `{backbone['weights_hash']}`" + (" (loading checks it)" if checked else "")
     line += "."
     return line + (" " + ALIAS_NOTES[name] if name in ALIAS_NOTES else "")
 

@@ -26,6 +26,7 @@ max_length, the backbone and its weights hash, the parity check).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import warnings
@@ -208,11 +209,12 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
             name = max(check["relative"], key=check["relative"].get)
             raise ExportError(f"ONNX Runtime differs from PyTorch on {name} by {worst:.2e} (relative; limit "
                               f"{PARITY:g}); the graph was not written. Please report it with the models' methods")
-        bb.tok.save_pretrained(str(folder))
-        meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET,
+        save_tokenizer(bb.tok, folder, bb.max_length)
+        meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET, "checksums": graph_checksums(folder),
                 "inputs": graph.input_names, "outputs": graph.output_names, "precision": "fp32",
                 "heads": [{"name": n, "method": m.method, "labels": m.labels, "layers": list(m.backbone_ref.layers.layers),
-                           "outputs": graph.outputs_of(n), "from": str(d), "trained_precision": trained_precision(m)}
+                           "outputs": graph.outputs_of(n), "from": str(Path(d).resolve()),
+                           "trained_precision": trained_precision(m)}
                           for (n, m), d in zip(heads, model_dirs)],
                 "pairs": bool(heads[0][1].takes_pairs), "fields": list(heads[0][1].pair_fields),
                 "max_length": bb.max_length, "backbone": {"name": bb.name, "weights_hash": bb.weights_hash},
@@ -233,6 +235,28 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
         f"one {bb.name} pass; inputs {', '.join(graph.input_names)}; ONNX Runtime vs PyTorch on batches "
         f"{', '.join(f'{b}×{t}' for b, t in meta['check']['shapes'])}: max relative difference {worst:.1e}")
     return meta
+
+
+def save_tokenizer(tok, folder: Path, max_length: int) -> None:
+    """The backbone's tokenizer, saved with model_max_length = the graph's max_length: a user who
+    tokenises with it and truncation=True (as the card says) gives the graph the tokens predict gives
+    it. The loaded tokenizer is left as it was."""
+    kept = tok.model_max_length
+    tok.model_max_length = max_length
+    try:
+        tok.save_pretrained(str(folder))
+    finally:
+        tok.model_max_length = kept
+
+
+def graph_checksums(folder: Path) -> dict[str, str]:
+    """{file name: blake2b digest} of the graph and its weights file(s), which loading checks: a
+    weights file edited or swapped apart from onnx.json would otherwise give other scores silently."""
+    out = {}
+    for p in sorted(Path(folder).glob(GRAPH + "*")):
+        with open(p, "rb") as f:
+            out[p.name] = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    return out
 
 
 def graph_bytes(folder: Path) -> int:
@@ -390,6 +414,10 @@ class OnnxClassifier:
         except Exception as e:  # onnxruntime's own errors: e.g. model.onnx.data (its weights) left behind
             raise ExportError(f"--onnx {folder}: ONNX Runtime cannot load {GRAPH} ({' '.join(str(e).split())[:200]}); "
                               f"the graph's weights are in a file beside it (model.onnx.data): {again}") from None
+        if isinstance(sums := self.meta.get("checksums"), dict) and sums != (now := graph_checksums(folder)):
+            changed = sorted(n for n in set(sums) | set(now) if sums.get(n) != now.get(n))
+            raise ExportError(f"--onnx {folder}: {', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} "
+                              f"from what the export wrote (checksums in {META}); {again}")
         widths = {o.name: o.shape[-1] for o in self.sess.get_outputs()}
         for h in self.meta["heads"]:  # a label list edited apart from the graph would label the wrong scores
             if (n := widths.get(f"{h['name']}.logits")) != len(h["labels"]):
@@ -407,10 +435,13 @@ class OnnxClassifier:
         return self._run(texts, batch_size)[0]
 
     def _run(self, texts: Sequence, batch_size: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(run's outputs, (N,) the inputs' token counts, specials included)."""
+        """(run's outputs, (N,) the inputs' token counts, specials included). `texts` are held to the
+        rules of api.given_texts (a list, nothing empty), as `predict --model` holds them."""
+        from ..api import given_texts
         from ..backbone import tokenize
         from ..pairs import pair_kind
 
+        texts = given_texts(texts)
         if pair_kind(list(texts)) != self.pairs:
             raise ExportError(f"--onnx {self.folder}: the graph takes {'sentence pairs' if self.pairs else 'single texts'}; "
                               f"give {'--pair FIRST SECOND' if self.pairs else 'texts'}")
@@ -431,9 +462,10 @@ class OnnxClassifier:
     def predict(self, texts: Sequence, log: Callable[[str], None] | None = None) -> list[dict]:
         """Per text: the text, and per head its label and per-label probabilities; "truncated": true
         where the text reached max_length tokens (as `frozentune predict --model` says), counted in `log`."""
-        from ..api import labelled, text_row
+        from ..api import given_texts, labelled, text_row
         from ..backbone import cut_rows
 
+        texts = given_texts(texts)
         out, lengths = self._run(texts)
         cut = cut_rows(lengths, int(self.meta["max_length"]), self.pairs, log)
         rows = []
