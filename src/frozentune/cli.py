@@ -485,6 +485,9 @@ def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | No
     model's fields, or `fields`)."""
     from . import api
 
+    if a.texts and a.pair:  # the mix was named by its Python position ("item 0 is str")
+        raise CLIError(f"text argument {' '.join(a.texts[0].split())[:40]!r} beside --pair: a model takes single "
+                       f"texts or sentence pairs, not both; give each pair as --pair FIRST SECOND, or only texts")
     texts = _arguments(a.texts, "text") + [tuple(_arguments(p, "--pair text")) for p in a.pair]
     if a.input:
         texts += (api.read_inputs_with(fields, a.input, a.text_field, a.text_pair_field) if fields is not None
