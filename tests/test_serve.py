@@ -529,6 +529,48 @@ class SlowGroup:
         return [j.payload for j in jobs]
 
 
+def test_a_classify_batch_does_not_wait_behind_a_decode():
+    """Generation groups have a lane (worker) of their own: a classify row sent while a decode runs is
+    answered before the decode ends (it waited for the whole decode before: 19 s behind a long one)."""
+    from frozentune.serve.batcher import Batcher, Job
+
+    decode, quick = SlowGroup(3.0, refill=False), SlowGroup(0.0, refill=False)
+    decode.lane = "generate"
+    b = Batcher(max_wait_s=0.0)
+    try:
+        long = b.submit([Job(decode, "k", 1, "decoded")])[0]
+        assert decode.started.wait(30)
+        t = time.perf_counter()
+        assert b.submit([Job(quick, "k", 1, "classified")])[0].result(30) == "classified"
+        assert time.perf_counter() - t < 2.0 and not long.done()  # answered while the decode still runs
+        assert long.result(30) == "decoded"
+        assert b.depth == 0 and b._lanes["generate"].thread.name == "frozentune-batcher-generate"
+    finally:
+        b.close(30)
+    assert not any(lane.thread.is_alive() for lane in b._lanes.values()) and not b._finisher.is_alive()
+
+
+def test_a_cancelled_row_is_dropped_and_a_running_one_answered():
+    """A future cancelled while its row waits (a client gone, the grace period at shutdown over) is not
+    run; one whose batch has started cannot be cancelled and gets its answer. Before, set_result on a
+    cancelled future raised InvalidStateError in the worker, which died and left the batch's later rows
+    unanswered."""
+    from frozentune.serve.batcher import Batcher, Job
+
+    group = SlowGroup(0.5, refill=False)
+    b = Batcher(max_wait_s=0.0)
+    try:
+        running = b.submit([Job(group, "k", 1, "first")])[0]
+        assert group.started.wait(30)
+        waiting = b.submit([Job(group, "k", 1, "gone")])[0]
+        assert waiting.cancel() and not running.cancel()  # the second waits; the first is under way
+        assert running.result(30) == "first"
+        assert b.submit([Job(group, "k", 1, "next")])[0].result(30) == "next"  # the worker lives on
+        assert group.rows == [1, 1]  # "gone" never ran
+    finally:
+        b.close(30)
+
+
 def test_refill_merges_clients_that_came_back_late():
     """Two cohorts of 2 (the second arrives while the first batch runs) become one batch of 4: the
     batch after the first waits for the clients just answered instead of starting with 2 rows."""

@@ -314,6 +314,7 @@ class LMGroup:
     one decode."""
 
     refill = True  # a decode's batch waits briefly for the clients just answered (batcher.py, Refill)
+    lane = "generate"  # its own worker: a classify batch does not wait behind a decode (batcher.py, Lanes)
 
     def __init__(self, lm: torch.nn.Module, tok, lm_name: str, device: torch.device):
         self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
