@@ -770,6 +770,26 @@ def test_shutdown_answers_requests_in_flight(engine):
         httpx.get(running.url + "/health", timeout=5)
 
 
+def test_a_request_past_the_grace_period_gets_a_json_503_and_is_counted(engine):
+    """A request still running when the shutdown's grace period ends is cut off with a JSON 503 (it was
+    uvicorn's plain-text 500) and counted for the interrupt's line (which said every request was
+    answered); the batch it waited on is still answered inside, and the worker lives through it."""
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=0.0))
+    cut: list[int] = []
+    running = Running(e, graceful_s=0.5, on_cut=cut.append)
+    with Gate(engine.tasks["probe"].group) as gate, httpx.Client(base_url=running.url, timeout=60) as c, \
+            ThreadPoolExecutor(2) as pool:
+        flight = pool.submit(c.post, "/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]})
+        assert gate.entered.wait(30)
+        stopping = pool.submit(running.stop)
+        r = flight.result()
+        assert r.status_code == 503 and "its grace period ended (serve --shutdown-grace)" in r.json()["error"]
+        assert cut == [1]
+        gate.open.set()  # the batch finishes after its client was answered: nothing is left to crash on
+        stopping.result()
+    assert not running.thread.is_alive() and not e.batcher._thread.is_alive()
+
+
 def test_engine_checks_requests_before_queueing(engine):
     depth = engine.batcher.depth
     for bad in ("one string", [], [""], [None]):
@@ -907,6 +927,8 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
         row="serve: a file given as a model folder")
     cli("serve", models / "probe", "--port", "70000", contains="--port 70000", row="serve: a port out of range")
     cli("serve", models / "probe", "--max-texts", "0", contains="--max-texts 0", row="serve: a limit below 1")
+    cli("serve", models / "probe", "--shutdown-grace", "nan", contains="--shutdown-grace nan: give a number of seconds",
+        row="serve: a --shutdown-grace that is not a number of seconds")
     cli("serve", models / "probe", "--pipeline", "sometimes", contains="invalid choice: 'sometimes'",
         row="serve: an unknown --pipeline")
     cli("serve", models / "probe", "--cuda-graphs", "on", contains="CUDA graphs need a CUDA device",

@@ -321,6 +321,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
+    sv.add_argument("--shutdown-grace", type=float, default=60.0, metavar="SECONDS",
+                    help="on SIGINT / SIGTERM, how long the requests in flight may take to finish before they are cut "
+                         "off (their clients get a 503); a long decode needs more (default 60)")
     from .serve.allocator import CHOICES as ALLOCATORS
     sv.add_argument("--allocator", choices=ALLOCATORS, default="auto",
                     help="memory allocator: tcmalloc or jemalloc start the server again with the library preloaded "
@@ -703,6 +706,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     if not 0 < a.port < 65536:
         raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
+    if not a.shutdown_grace >= 0 or a.shutdown_grace == float("inf"):  # nan fails the first test
+        raise CLIError(f"--shutdown-grace {a.shutdown_grace}: give a number of seconds, 0 or more")
     from .api import _stderr
     from .serve import allocator
     from .serve.app import listen_socket
@@ -721,7 +726,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
         sock.close()
         raise
     on_interrupt("the server stopped accepting and answered the requests in flight")
-    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock)
+
+    def cut(n: int) -> None:  # said in the interrupt's one line, in place of "answered the requests in flight"
+        on_interrupt(f"the server stopped accepting, and {n} request{'s' if n > 1 else ''} still running after "
+                     f"--shutdown-grace {a.shutdown_grace:g} s {'were' if n > 1 else 'was'} cut off (answered 503); "
+                     f"give more seconds to let them finish")
+
+    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut)
     return 0
 
 

@@ -19,16 +19,19 @@ failed (its message).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import email.message
 import errno
 import importlib.util
+import json
 import socket
 import sys
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -204,30 +207,47 @@ class Counting:
     request through a task group and a response stream: the most time under the GIL of the server's
     event loop in a profile of 32 clients (py-spy), on the thread the batcher shares the GIL with."""
 
-    def __init__(self, app, requests, latency):
-        self.app, self.requests, self.latency = app, requests, latency
+    def __init__(self, app, requests, latency, on_cut: Callable[[int], None] | None = None):
+        self.app, self.requests, self.latency, self.on_cut = app, requests, latency, on_cut
+        self.cut = 0  # requests cancelled before they were answered (the grace period at shutdown ran out)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start, status = time.perf_counter(), [500]  # 500 unless a response starts (an unhandled error)
+        started = [False]
 
         async def sending(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], started[0] = message["status"], True
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
+        except asyncio.CancelledError:  # uvicorn cancels what runs past its graceful-shutdown timeout
+            self.cut += 1
+            if self.on_cut is not None:
+                self.on_cut(self.cut)
+            if not started[0]:  # a JSON 503 in place of the server's plain-text 500, where the client still listens
+                status[0] = 503
+                body = json.dumps({"error": "the server is shutting down and this request was still running when "
+                                            "its grace period ended (serve --shutdown-grace); send it again to a "
+                                            "running server"}).encode()
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.start", "status": 503, "headers": [
+                        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    await send({"type": "http.response.body", "body": body})
+            raise
         finally:
             endpoint = getattr(scope.get("route"), "path", "other")
             self.requests.labels(endpoint, str(status[0])).inc()
             self.latency.labels(endpoint).observe(time.perf_counter() - start)
 
 
-def create_app(engine: Engine):
+def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     """The FastAPI app serving `engine`; closing the app (lifespan end) closes the engine after
-    the requests in flight are answered."""
+    the requests in flight are answered. on_cut(n): called as requests are cut off at shutdown
+    (n so far)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -258,12 +278,14 @@ def create_app(engine: Engine):
     @asynccontextmanager
     async def lifespan(app):
         yield
-        engine.close()  # uvicorn runs this after the requests in flight were answered
+        # uvicorn runs this after the requests in flight were answered, or cut off past the grace period; in a
+        # thread, so that the event loop still sends the cut-off requests' 503s while a batch under way finishes
+        await asyncio.to_thread(engine.close)
 
     app = FastAPI(title="frozentune serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Many tasks on one frozen backbone pass: classify, explain, generate.")
 
-    app.add_middleware(Counting, requests=requests, latency=latency)
+    app.add_middleware(Counting, requests=requests, latency=latency, on_cut=on_cut)
 
     def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status, headers=headers)
@@ -377,11 +399,12 @@ def http_stack(find=importlib.util.find_spec) -> tuple[str, str, str]:
 class Running:
     """A uvicorn server in a thread of this process (tests, benchmarks, notebooks): `url`, `stop()`."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 30.0):
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 30.0,
+                 on_cut: Callable[[int], None] | None = None):
         import uvicorn
 
         http, loop, _ = http_stack()
-        config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="warning", http=http, loop=loop,
+        config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="warning", http=http, loop=loop,
                                 timeout_graceful_shutdown=graceful_s, lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="frozentune-serve", daemon=True)
@@ -434,8 +457,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print,
-          sock: socket.socket | None = None) -> None:
-    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight, and return.
+          sock: socket.socket | None = None, grace_s: float = 60.0,
+          on_cut: Callable[[int], None] | None = None) -> None:
+    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight (for at most
+    grace_s seconds: then each one still running is cut off with a 503 and counted in on_cut), and return.
     access_log: one line per request on stderr (off by default: under load it costs server CPU).
     sock: a socket already bound to host:port (listen_socket), else one is bound here."""
     import uvicorn
@@ -443,6 +468,6 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     sock = sock or listen_socket(host, port)
     http, loop, note = http_stack()
     log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
-    config = uvicorn.Config(create_app(engine), host=host, port=port, log_level="info", access_log=access_log,
-                            http=http, loop=loop, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="info", access_log=access_log,
+                            http=http, loop=loop, timeout_graceful_shutdown=grace_s)
     uvicorn.Server(config).run(sockets=[sock])
