@@ -790,6 +790,20 @@ def test_a_request_past_the_grace_period_gets_a_json_503_and_is_counted(engine):
     assert not running.thread.is_alive() and not e.batcher._thread.is_alive()
 
 
+def test_a_source_too_long_is_refused_before_the_next_is_tokenised(engine, monkeypatch):
+    """Each source is measured as it is tokenised, and the first too long ends the request: 64 sources of
+    500,000 characters were all tokenised first, on the event loop (19 s, /health waiting too)."""
+    from frozentune.generation import prefix as prefix_module
+
+    calls = []
+    real = prefix_module.encode_sources
+    monkeypatch.setattr(prefix_module, "encode_sources", lambda tok, sources: calls.append(len(sources)) or real(tok, sources))
+    long = "name " * 2000  # past the tiny LM's context in tokens, within the characters' first check
+    with pytest.raises(RequestError, match=r"sources\[1\]: \d+ tokens") as err:
+        engine.plan_generate("prefix-a", ["name", long, long, long])
+    assert err.value.status == 413 and calls == [1, 1]  # the first source, then the first long one: no more
+
+
 def test_engine_checks_requests_before_queueing(engine):
     depth = engine.batcher.depth
     for bad in ("one string", [], [""], [None]):

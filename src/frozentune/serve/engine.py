@@ -368,10 +368,12 @@ class Engine:
             if len(s) > 64 * max(room, 1):
                 raise RequestError(f"sources[{i}]: {len(s):,} characters, far more than this LM's room of "
                                    f"{max(room, 0)} tokens for a source; shorten it", 413)
-        with group.tokenizer_lock:
-            ids = (task.tuner.encode_sources(sources, cut=False) if seq2seq  # uncut: checked below
-                   else encode_sources(group.tok, sources))
-        for i, x in enumerate(ids):
+        ids = []
+        for i, s in enumerate(sources):  # one at a time: a source too long is refused before the next is read
+            with group.tokenizer_lock:
+                x = (task.tuner.encode_sources([s], cut=False) if seq2seq  # uncut: checked below
+                     else encode_sources(group.tok, [s]))[0]
+            ids.append(x)
             if len(x) > room:
                 raise RequestError(f"sources[{i}]: {len(x)} tokens; " + (
                     f"this model's encoder takes {room}: shorten it" if seq2seq else
@@ -393,7 +395,10 @@ class Engine:
 
     async def agenerate(self, prefix: str, sources: Sequence[str], num_beams: int | None = None,
                         max_new_tokens: int | None = None, min_new_tokens: int = 0) -> dict:
-        return await self._await(*self.plan_generate(prefix, sources, num_beams, max_new_tokens, min_new_tokens))
+        # planned off the event loop: a source is tokenised whole to be measured (64 sources of 500,000
+        # characters held every other request, /health included, for 19 s), and a decode's seconds dwarf the hop
+        plan = await asyncio.to_thread(self.plan_generate, prefix, sources, num_beams, max_new_tokens, min_new_tokens)
+        return await self._await(*plan)
 
     # ------------------------------------------------------------------ waiting
     def _fits(self, jobs: list[Job]) -> list[Job]:
