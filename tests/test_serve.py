@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1095,6 +1096,29 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
     assert "predicts <b>" in dom and "generation prefixes" in dom
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
+
+
+def test_the_page_of_a_generation_only_server(engine, tmp_path):
+    """With prefixes alone the page showed "0 classification tasks on 0 backbone pass(es)" and an empty
+    classify box with its button; it shows the generation box alone now, its beams and new tokens set
+    to the chosen prefix's trained decoding (beams 0 was sent as 1; the screenshot was looked at)."""
+    gens = [t for t in engine.tasks.values() if t.kind == "generate"]
+    e = Engine(gens, ServeOptions())
+    running = Running(e)
+    try:
+        dom = render_page(running.url, tmp_path, "serve-page-generation.png", "1100,700",
+                          path=f"/?prefix={gens[1].name}&source=name")
+        refused = render_page(running.url, tmp_path, "serve-page-generation-beams0.png", "1100,700",
+                              path=f"/?prefix={gens[1].name}&source=name&beams=0")
+    finally:
+        running.stop()
+    assert re.search(r'<section id="cls" hidden', dom) and re.search(r'<section id="gen">', dom)
+    assert f"{len(gens)} generation prefixes</span>" in dom and "classification" not in dom.split("</header>")[0]
+    want = engine.generate(gens[1].name, ["name"])["outputs"][0]  # the page's answer is the API's
+    import html as H
+    assert f'<pre class="out" id="output">{H.escape(want["output"], quote=False)}</pre>' in dom
+    assert f'{want["tokens"]} token{"" if want["tokens"] == 1 else "s"}, {gens[1].decoding["num_beams"]} beam' in dom
+    assert "num_beams 0: give a whole number from 1 to 8" in refused  # sent as typed, refused in the server's words
 
 
 def test_page_draws_marks_where_the_server_says_after_an_emoji(server, tmp_path):

@@ -81,6 +81,7 @@ class Task:
     tuner: Any = None                  # generators
     prefix: Tensor | dict | None = None  # prefix generators: the materialised (N, 2, H, P, E); encoder-decoder: per kind
     decoding: dict = field(default_factory=dict)  # generators: num_beams, max_new_tokens as trained
+    data: str | None = None  # generators: the data it was trained on (config.json), for the page's example source
 
     @property
     def explains(self) -> bool:
@@ -109,7 +110,7 @@ class Task:
                   "pass": self.group.backbone.pass_layout if isinstance(self.group, FrozenPass)
                   else "padded: its own pass (the method trains or steers the backbone)"}
         else:
-            d |= {"backbone": self.group.lm_name, "decoding": self.decoding, "device": str(self.group.device),
+            d |= {"backbone": self.group.lm_name, "decoding": self.decoding, "data": self.data, "device": str(self.group.device),
                   "precision": self.group.precision, "shares_batches": self.prefix is not None}
         return d
 
@@ -449,4 +450,5 @@ def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Tas
     tuner.to(dev)
     prefix = None if not shares else tuner.prefixes() if seq2seq else tuner.encoder.materialize().detach()
     return Task(folder.name, folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
-                decoding={"num_beams": decoding.num_beams, "max_new_tokens": decoding.max_new_tokens})
+                decoding={"num_beams": decoding.num_beams, "max_new_tokens": decoding.max_new_tokens},
+                data=config.get("data") if isinstance(config.get("data"), str) else None)
