@@ -649,6 +649,10 @@ BAD = [
     ("unknown field", "/v1/classify", {"text": "a", "colour": 1}, 422, "colour"),
     ("too many texts", "/v1/classify", {"texts": ["a"] * 65}, 413, "limit is 64"),
     ("unknown prefix", "/v1/generate", {"prefix": "nope", "source": "a"}, 404, "prefix-a"),
+    ("no source", "/v1/generate", {"prefix": "prefix-a"}, 422,
+     "the body has no 'source' (one string) or 'sources' (a list); give one of them"),  # said "not neither"
+    ("source and sources", "/v1/generate", {"prefix": "prefix-a", "source": "a", "sources": ["b"]}, 422,
+     "the body has both 'sources' and 'source'"),
     ("beam out of range", "/v1/generate", {"prefix": "prefix-a", "source": "a", "num_beams": 99}, 422, "num_beams"),
     ("min_new_tokens above max_new_tokens", "/v1/generate", {"prefix": "prefix-a", "source": "a", "max_new_tokens": 4,
                                                               "min_new_tokens": 5}, 422, "min_new_tokens"),

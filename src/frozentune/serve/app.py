@@ -142,7 +142,8 @@ def _one(body: Any, many: str, one: str) -> tuple[list, str]:
     """(the request's list, the field it came in): exactly one of `many` (a list) and `one`."""
     given = [k for k in (many, one) if getattr(body, k) is not None]
     if len(given) != 1:
-        raise RequestError(f"give either {many!r} (a list) or {one!r} (one string), not {'both' if given else 'neither'}")
+        raise RequestError(f"the body has both {many!r} and {one!r}; give one of them" if given else
+                           f"the body has no {one!r} (one string) or {many!r} (a list); give one of them")
     return (getattr(body, many), many) if given[0] == many else ([getattr(body, one)], one)
 
 
