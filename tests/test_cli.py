@@ -543,3 +543,17 @@ def test_options_of_the_other_task_are_refused(trained, trec_slice, tiny_bert, c
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--num-beams", 3,
                             "--source-field", "text", "--cache-dir", cache)
     assert code == 2 and stdout == "" and "--source-field, --num-beams: options for generation models" in err
+
+
+def test_device_and_precision_with_a_loaded_model_are_refused(trained):
+    """api.predict / explain / evaluate_model given a loaded model ran it as loaded and dropped device= and
+    precision= (evaluate_model even reported bf16 after int8 was asked for); they are refused now."""
+    from frozentune import api
+    from frozentune import model as M
+    from frozentune.registry import MethodError
+
+    model = M.load(trained[0])
+    assert api.predict(model, ["Who ?"])[0]["label"]  # without them, as before
+    for kw in ({"device": "cpu"}, {"precision": "int8"}):
+        with pytest.raises(MethodError, match=f"{next(iter(kw))}=.*a loaded model runs where and as it was loaded"):
+            api.predict(model, ["Who ?"], **kw)

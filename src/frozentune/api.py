@@ -469,6 +469,11 @@ def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | N
     """A saved model with its frozen pass on `device` in `precision` (see saved_runtime); its head
     (and a trained backbone) on that device too."""
     if isinstance(model_dir, M.Classifier):
+        if given := [f"{k}={v!r}" for k, v in (("device", device), ("precision", precision)) if v is not None]:
+            bb = model_dir.backbone_ref  # they were accepted and ignored: the model ran as it was loaded
+            raise MethodError(f"{', '.join(given)}: a loaded model runs where and as it was loaded (its pass: "
+                              f"{bb.device}, {bb.precision}); pass the model's folder to load it that way, or "
+                              f"leave {'it' if len(given) == 1 else 'them'} out")
         return model_dir
     if not isinstance(model_dir, (str, os.PathLike)):
         raise DataError(f"model: {type(model_dir).__name__} ({str(model_dir)[:40]}); give the folder of a saved model "
