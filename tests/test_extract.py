@@ -355,6 +355,9 @@ def test_cli_device_and_shard_errors(tiny_bert, trec_slice, tmp_path):
     cli(*base, "--shard", "2/2", code=2, contains=("--shard", "0 <= i < N"))
     cli(*base, "--shard", "0/2", "--rebuild-cache", code=2, contains=("--rebuild-cache",))
     cli("cache", "--list", str(trec_slice), code=2, contains=("--list",))
+    # options that only building an entry reads were accepted by --list / --prune and ignored
+    cli("cache", "--list", "--backbone", str(tiny_bert), "--layer", "-2", "--no-token-types", "--cache-dir",
+        str(tmp_path / "c"), code=2, contains=("--backbone, --layer, --no-token-types: options for building an entry",))
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 

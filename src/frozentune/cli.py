@@ -596,6 +596,9 @@ def cmd_cache(a: argparse.Namespace) -> int:
             raise CLIError("give either --list or --prune, without a dataset (e.g. frozentune cache --list)")
         if a.include_resumable and not a.prune:
             raise CLIError("--include-resumable goes with --prune")
+        if building := _building_options(a):  # accepted and ignored before
+            raise CLIError(f"{', '.join(building)}: options for building an entry; --list / --prune read the cache "
+                           f"folder as it is (their options: --cache-dir, --json, --verify, --include-resumable)")
         return _cache_folder(a)
     if a.verify:
         raise CLIError("--verify goes with --list or --prune")
@@ -613,6 +616,15 @@ def cmd_cache(a: argparse.Namespace) -> int:
                     a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), shard=a.shard,
                     pair_field=a.text_pair_field)
     return 0
+
+
+def _building_options(a: argparse.Namespace) -> list[str]:
+    """The options of `cache` given with values other than their defaults that only building an entry reads."""
+    defaults = vars(_parser().parse_args(["cache", "--list"]))
+    folder = {"command", "data", "list", "prune", "json", "verify", "include_resumable", "cache_dir"}
+    flag = {"token_types": "--no-token-types"}
+    return [flag.get(k, "--" + k.replace("_", "-")) for k, v in vars(a).items()
+            if k not in folder and k in defaults and v != defaults[k]]
 
 
 def _cache_folder(a: argparse.Namespace) -> int:
