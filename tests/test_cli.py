@@ -225,6 +225,8 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     (["eval", "--model", __file__, "--data", "trec"], "a file, not a model folder"),
     (["cache", "trec", "--max-train", "10"], "frozentune cache: error: unrecognized arguments: --max-train 10 "
                                              "(see frozentune cache --help)"),
+    (["generate", "--model", "m", "--source-field", "mr", "name[Aromi]"],  # was ignored
+     "--source-field picks the field of an --input file of records"),
 ])
 def test_bad_input_messages(capsys, argv, needle):
     code, _, err = run(capsys, *argv)

@@ -356,3 +356,5 @@ def test_inputs_of_a_pair_model_never_read_one_field_as_both_texts(tmp_path):
         with pytest.raises(DataError, match=r"--text-pair-field hypothesis: the model takes single texts \(trained on "
                                             r"field 'premise'\), not pairs"):
             read_inputs_with(("premise", None), path, pair_field="hypothesis")
+    with pytest.raises(DataError, match=r"--text-field premise: .*lines.txt is read as plain text, one text per line"):
+        read_inputs_with(("premise", None), tmp_path / "lines.txt", text_field="premise")  # it was ignored

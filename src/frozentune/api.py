@@ -737,6 +737,9 @@ def read_inputs_with(fields: tuple[str | None, str | None], path: Path, text_fie
     if pair:
         raise DataError(f"{path}: the model takes sentence pairs ({fields[0]}, {pair}); give them in a "
                         f".jsonl / .csv / .tsv file with both fields, or as --pair FIRST SECOND")
+    if text_field:  # it was ignored, where generate and pretrain refuse it
+        raise DataError(f"--text-field {text_field}: {path} is read as plain text, one text per line, which has no "
+                        f"fields; leave --text-field out, or give a .jsonl / .csv / .tsv file")
     return read_lines(path, "texts")
 
 
