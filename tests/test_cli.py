@@ -225,6 +225,8 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     (["eval", "--model", __file__, "--data", "trec"], "a file, not a model folder"),
     (["cache", "trec", "--max-train", "10"], "frozentune cache: error: unrecognized arguments: --max-train 10 "
                                              "(see frozentune cache --help)"),
+    (["train", "--method", "probe", "--data", "trec", "--layer-combine", "concat"],  # one layer: it was ignored
+     "--layer-combine concat: it combines several layers, and the layer read is one (-1)"),
     (["generate", "--model", "m", "--source-field", "mr", "name[Aromi]"],  # was ignored
      "--source-field picks the field of an --input file of records"),
 ])

@@ -378,7 +378,9 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--text-field", "body"],
      "--text-field body: "),
     (["train", "--method", "conv", "--init", "{tmp}", "--data", "{trec}"], "is not a pre-training checkpoint"),
-    (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone and --layer do not apply"),
+    (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone does not apply"),
+    (["train", "--method", "conv", "--layer-combine", "concat", "--trust-remote-code", "--data", "{trec}"],
+     "--layer-combine, --trust-remote-code do not apply (they choose a frozen backbone)"),  # were ignored
 ])
 def test_bad_input_messages(capsys, tmp_path, trec_slice, corpus_file, argv, needle):
     unk = tmp_path / "unknown.txt"  # text, but only characters MiniLM's tokenizer reads as [UNK]

@@ -638,3 +638,28 @@ def test_options_a_run_does_not_use_are_said(trec_slice, tiny_bert, tmp_path):
     api.train("probe", str(trec_slice), bb, max_train=60, train_cfg={"cv_below": 50, "cv_folds": 3, "epochs": 1},
               cache_root=tmp_path / "c", progress=False, log=said.append)
     assert any("--cv-folds not used: 60 training examples are not under --cv-below 50" in s for s in said), said
+    # and, said nowhere before: the exact solve's steps, clipping and fallback; --min-steps beside --steps;
+    # the folds' options of a head that trains the backbone, or with the folds turned off
+    said.clear()
+    api.train("probe", str(trec_slice), bb, shots=2, train_cfg={"steps": 5, "min_steps": 9, "max_grad_norm": 0.5,
+                                                                  "fallback": "off"},
+              cache_root=tmp_path / "c", progress=False, log=said.append)
+    assert "schedule: --steps, --min-steps, --max-grad-norm not used: the exact solve has no learning rate, steps or " \
+           "batches (its only setting is C, chosen by the folds)" in said, said
+    assert "schedule: --fallback not used: this head is the logistic regression the fallback would keep" in said
+    said.clear()
+    api.train("finetune", str(trec_slice), bb, max_train=40, train_cfg={"steps": 2, "min_steps": 9, "cv_folds": 3,
+                                                                         "fallback": "off"},
+              cache_root=None, progress=False, log=said.append)
+    assert "schedule: --min-steps not used: --steps 2 sets the number of steps" in said, said
+    assert "schedule: --cv-folds, --fallback not used: method 'finetune' trains or steers the backbone, which is not " \
+           "cross-validated: validation chooses" in said, said
+    said.clear()
+    api.train("space", str(trec_slice), bb, max_train=40, train_cfg={"cv_folds": 0, "cv_repeats": 3, "epochs": 1},
+              cache_root=tmp_path / "c", progress=False, log=said.append)
+    assert "schedule: --cv-repeats not used: --cv-folds 0 turns cross-validation off" in said, said
+    said.clear()
+    api.train("contrastive", str(trec_slice), bb, shots=2, train_cfg={"steps": 2, "patience": 3, "cv_folds": 3},
+              progress=False, log=said.append)
+    assert "schedule: --patience, --cv-folds not used: method 'contrastive' trains its fixed schedule whole on few " \
+           "labels (no early stopping, no folds)" in said, said

@@ -70,7 +70,11 @@ class BackboneOptions:
 
     def load(self, runtime: Runtime | None = None) -> Backbone:
         rt = runtime or self.runtime()
-        return Backbone.load(self.name, LayerSpec.parse("-1" if self.layers is None else self.layers, self.combine),
+        spec = LayerSpec.parse("-1" if self.layers is None else self.layers, self.combine)
+        if self.combine != "mean" and len(spec.layers) == 1:  # was dropped: one layer has nothing to combine
+            raise MethodError(f"--layer-combine {self.combine}: it combines several layers, and the layer read is one "
+                              f"({spec}); give --layer as a comma list (e.g. -1,-2), or leave --layer-combine out")
+        return Backbone.load(self.name, spec,
                              self.max_length,
                              trust_remote_code=self.trust_remote_code, device=rt.device, precision=rt.precision,
                              token_types=self.token_types)
@@ -98,10 +102,14 @@ def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | N
     spec = get_method(method)
     if spec.encoder is None:
         return dataclasses.replace(opts, layers=spec.layer if opts.layers is None else opts.layers).load(runtime)
-    if (opts.name, opts.layers) != (BackboneOptions.name, BackboneOptions.layers):
-        raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so --backbone "
-                          f"and --layer do not apply; to start from pre-trained weights, give --init DIR "
-                          f"(a `frozentune pretrain` output)")
+    frozen = ("name", "layers", "combine", "trust_remote_code")  # a frozen backbone's options
+    if given := [f for f in frozen if getattr(opts, f) != getattr(BackboneOptions, f)]:
+        flags = {"name": "--backbone", "layers": "--layer", "combine": "--layer-combine",
+                 "trust_remote_code": "--trust-remote-code"}
+        raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so "
+                          f"{', '.join(flags[f] for f in given)} {'does' if len(given) == 1 else 'do'} not apply "
+                          f"(they choose a frozen backbone); to start from pre-trained weights, give --init DIR (a "
+                          f"`frozentune pretrain` output)")
     if not opts.token_types:
         raise MethodError(f"method {method!r} trains an encoder of its own, whose segment embedding learns the "
                           f"pair's two texts with the task; --no-token-types is for a frozen backbone's pairs")
@@ -277,8 +285,10 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
     val_src, y_val = src.get("validation"), y.get("validation")
     given = set(train_cfg or {})
+    convex = getattr(model.head, "convex", False)
+    if cfg.steps and "min_steps" in given and not (may_cv and len(ds.train) < cfg.cv_below and convex):
+        log(f"schedule: --min-steps not used: --steps {cfg.steps} sets the number of steps")  # the floor is for --epochs
     if may_cv and len(ds.train) < cfg.cv_below:
-        convex = getattr(model.head, "convex", False)
         groups = text_groups(ds.train.texts)
         k = choose_folds(y["train"], cfg.cv_folds, ds.labels, groups)[0]
         log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: "
@@ -287,12 +297,14 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                "no cross-validation is possible (a class has a single distinct example): "
                + ("the exact solve with scikit-learn's C=1" if convex else "the planned steps, without selection"))
             + (f" ({len(ds.validation)} validation examples are scored, not used)" if val_src is not None else ""))
-        unused = [o for o in (("lr", "weight_decay", "epochs", "min_steps", "warmup", "batch_size", "patience")
-                              if convex else ("patience",)) if o in given]
+        unused = [o for o in (("lr", "weight_decay", "epochs", "steps", "min_steps", "warmup", "batch_size",
+                               "max_grad_norm", "patience") if convex else ("patience",)) if o in given]
         if unused:
-            log(f"schedule: {', '.join('--' + o.replace('_', '-') for o in unused)} not used: "
+            log(f"schedule: {_flags(unused)} not used: "
                 + ("the exact solve has no learning rate, steps or batches (its only setting is C, chosen by the folds)"
                    if convex else "cross-validation chooses the steps, so nothing is early-stopped"))
+        if convex and "fallback" in given:
+            log("schedule: --fallback not used: this head is the logistic regression the fallback would keep")
         fallback = None
         if cfg.fallback == "auto" and not convex and get_method(method).encoder is None:
             fallback = lambda: M.build_classifier("probe", bb, ds.labels, seed=cfg.seed)  # noqa: E731
@@ -306,6 +318,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         log(f"schedule: {plan.why}; {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: no early "
             f"stopping, the whole schedule is trained" + (f" ({len(ds.validation)} validation examples are scored, "
                                                           f"not used)" if val_src is not None else ""))
+        if unused := [o for o in ("patience", "cv_folds", "cv_repeats", "fallback") if o in given]:
+            log(f"schedule: {_flags(unused)} not used: method {method!r} trains its fixed schedule whole on few labels "
+                f"(no early stopping, no folds)")
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan, select=False)
         selection = {"how": "fixed schedule", "schedule": plan.why}
     else:
@@ -313,11 +328,16 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             raise DataError(f"{ds.name}: the validation split is empty; give a validation file, or train a frozen "
                             f"head with --cv-folds 2 or more")
         plan = plan_steps(len(ds.train), cfg)
-        unused = [o for o in ("cv_folds", "cv_repeats", "fallback") if o in given and may_cv]
-        if unused:
-            log(f"schedule: {', '.join('--' + o.replace('_', '-') for o in unused)} not used: {len(ds.train):,} training "
-                f"examples are not under --cv-below {cfg.cv_below}, so validation chooses (raise --cv-below to "
-                f"cross-validate)")
+        if may_cv:
+            if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") if o in given]:
+                log(f"schedule: {_flags(unused)} not used: {len(ds.train):,} training examples are not under --cv-below "
+                    f"{cfg.cv_below}, so validation chooses (raise --cv-below to cross-validate)")
+        elif model.runs_live:
+            if unused := [o for o in ("cv_folds", "cv_repeats", "cv_below", "fallback") if o in given]:
+                log(f"schedule: {_flags(unused)} not used: method {method!r} trains or steers the backbone, which is "
+                    f"not cross-validated: validation chooses")
+        elif unused := [o for o in ("cv_repeats", "cv_below", "fallback") if o in given]:
+            log(f"schedule: {_flags(unused)} not used: --cv-folds {cfg.cv_folds} turns cross-validation off")
         log(f"schedule: {plan.why}; early stopping on {len(ds.validation)} validation examples "
             f"(--patience {cfg.patience})" + ("; methods that train or steer the backbone do not cross-validate"
                                                if model.runs_live and len(ds.train) < cfg.cv_below else ""))
@@ -412,6 +432,11 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
         raise MethodError(str(e)) from None
     except TypeError as e:  # e.g. lr="abc" from the API: a comparison of str with a number
         raise MethodError(f"training options {given}: {e}") from None
+
+
+def _flags(options: Sequence[str]) -> str:
+    """TrainConfig field names as the command line spells them: "--cv-folds, --fallback"."""
+    return ", ".join("--" + o.replace("_", "-") for o in options)
 
 
 def _unused_cache_options(model: M.Classifier, method: str, cache_root: Path | None, rebuild_cache: bool,
