@@ -282,15 +282,21 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
 
 def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, capsys):
     from frozentune import api
+    from frozentune.extract import ExtractError
     from frozentune.registry import MethodError
 
     # api.train on generation data: classification arguments and an encoder's options were dropped without a word
     # (and a BackboneOptions(max_length=32) sent the encoder's name, minilm, to be loaded as the LM)
     for kwargs, says in (({"shots": 3}, "shots=3: for classification data"),
                          ({"text_field": "mr"}, "text_field='mr': for classification data"),
-                         ({"backbone": api.BackboneOptions(max_length=32)}, "BackboneOptions(max_length=32): options of a frozen encoder")):
-        with pytest.raises(MethodError, match=re.escape(says)):
+                         ({"backbone": api.BackboneOptions(max_length=32)}, "BackboneOptions(max_length=32): options of a frozen encoder"),
+                         ({"cache_root": tmp_path / "c"}, "cache_root / rebuild_cache: "),  # these two were dropped too
+                         ({"backbone": api.BackboneOptions(str(tiny_lm), device="cuda:7")}, "--device cuda:7")):
+        with pytest.raises((MethodError, ExtractError), match=re.escape(says)):
             api.train("prefix", str(e2e_slice), **kwargs)
+    assert main(["train", "--method", "prefix", "--data", str(e2e_slice), "--backbone", str(tiny_lm), "--cache-dir",
+                 str(tmp_path / "c")]) == 2
+    assert "--cache-dir: options of a frozen encoder's classification run" in capsys.readouterr().err
     # a classifier cannot generate, a generator is not a classifier
     assert main(["train", "--method", "probe", "--data", str(e2e_slice), "--backbone", str(tiny_lm)]) == 2
     assert "does not generate text" in capsys.readouterr().err

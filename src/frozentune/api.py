@@ -211,8 +211,20 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             raise MethodError(f"{', '.join(f'{k}={given[k]!r}' for k in unused)}: for classification data; {data} is "
                               f"source → target generation data (use generation.run.train_generation for its fields "
                               f"and decoding options)")
+        if cache_root is not None or rebuild_cache:  # they were dropped: a generation run keeps no feature cache
+            raise MethodError(f"cache_root / rebuild_cache: {data} is source → target generation data, whose runs "
+                              f"read the whole LM and keep no feature cache; leave them out")
+        if isinstance(backbone, BackboneOptions) and backbone.device is not None:  # it was dropped: the run used the CPU
+            if (train_cfg or {}).get("device") not in (None, backbone.device):
+                raise MethodError(f"BackboneOptions(device={backbone.device!r}) and train_cfg device="
+                                  f"{train_cfg['device']!r}: give the device once")
+            from .extract import resolve_device
+
+            device, said = resolve_device(backbone.device)  # "auto" and an absent GPU, as the command line has them
+            log(said)
+            train_cfg = {**(train_cfg or {}), "device": str(device)}
         return train_generation(method, data, _lm_name(backbone), options, train_cfg, output, max_train, log=log,
-                                overwrite=overwrite)
+                                overwrite=overwrite, trust_remote_code=getattr(backbone, "trust_remote_code", False))
     spec = get_method(method)
     trains_backbone = spec.encoder is None and make_config(method, options).train_backbone
     if isinstance(backbone, Backbone) and trains_backbone:

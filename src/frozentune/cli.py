@@ -401,11 +401,13 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         encoder = [f"--{k.replace('_', '-')} {v}" for k, v, default in
                    (("max_length", a.max_length, 128), ("layer", a.layer, None), ("layer_combine", a.layer_combine, "mean"))
                    if v != default] + [f"--{k.replace('_', '-')}" for k in ("cv_folds", "cv_below", "cv_repeats", "fallback")
-                                       if k in train_cfg]
+                                       if k in train_cfg] + \
+                  [flag for flag, v in (("--cache-dir", a.cache_dir), ("--rebuild-cache", a.rebuild_cache)) if v]
         if encoder:  # accepted and ignored before: the generation run never read them
             raise CLIError(f"{', '.join(encoder)}: options of a frozen encoder's classification run; a generation run "
                            f"reads the whole LM (its sources are cut to an encoder-decoder's positions, or refused where "
-                           f"a causal LM cannot hold them) and early-stops on validation loss: leave them out")
+                           f"a causal LM cannot hold them), keeps no feature cache, and early-stops on validation loss: "
+                           f"leave them out")
         if not a.token_types:
             raise CLIError("--no-token-types is for sentence-pair classification; generation data has sources, "
                            "not pairs: leave it out")
