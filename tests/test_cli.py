@@ -227,6 +227,17 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
                                              "(see frozentune cache --help)"),
     (["train", "--method", "probe", "--data", "trec", "--layer-combine", "concat"],  # one layer: it was ignored
      "--layer-combine concat: it combines several layers, and the layer read is one (-1)"),
+    # a method's options that its other settings leave unused were saved and ignored
+    (["train", "--method", "ytuning", "--data", "trec", "--alpha", "5"], "ytuning: --alpha is the margin loss's α: "
+                                                                         "with --loss ce it is not used"),
+    (["train", "--method", "finetune", "--data", "trec", "--no-train-backbone", "--top-layers", "1"],
+     "finetune: --top-layers chooses which of the backbone's layers train: with --no-train-backbone none does"),
+    (["train", "--method", "conv", "--data", "trec", "--arch", "transformer", "--kernel-size", "3", "--weight-dropout",
+      "0.5"], "conv: --kernel-size, --weight-dropout do not apply to --arch transformer"),
+    (["train", "--method", "conv", "--data", "trec", "--arch", "light", "--dilation-cycle", "2"],
+     "conv: --dilation-cycle does not apply to --arch light"),
+    (["pretrain", "--arch", "dilated", "--weight-dropout", "0.2", "--corpus", "imdb", "--output", "/nonexistent/o",
+      "--steps", "1"], "pretrain: --weight-dropout does not apply to --arch dilated"),
     (["generate", "--model", "m", "--source-field", "mr", "name[Aromi]"],  # was ignored
      "--source-field picks the field of an --input file of records"),
 ])

@@ -297,6 +297,12 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     assert main(["train", "--method", "prefix", "--data", str(e2e_slice), "--backbone", str(tiny_lm), "--cache-dir",
                  str(tmp_path / "c")]) == 2
     assert "--cache-dir: options of a frozen encoder's classification run" in capsys.readouterr().err
+    for extra, says in ((["--init-text", "hello"], "prefix: --init-text is the phrase --init words starts from"),
+                        (["--no-reparam", "--reparam-hidden", "7"], "prefix: --reparam-hidden is the width of the "
+                                                                    "reparameterising MLP: with --no-reparam there is none")):
+        assert main(["train", "--method", "prefix", "--data", str(e2e_slice), "--backbone", str(tiny_lm), "--output",
+                     str(tmp_path / "unused"), *extra]) == 2  # saved and ignored before
+        assert says in capsys.readouterr().err and not (tmp_path / "unused").exists()
     # a classifier cannot generate, a generator is not a classifier
     assert main(["train", "--method", "probe", "--data", str(e2e_slice), "--backbone", str(tiny_lm)]) == 2
     assert "does not generate text" in capsys.readouterr().err

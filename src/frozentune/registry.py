@@ -14,6 +14,26 @@ class MethodConfig:
     train_backbone: bool = field(default=False, metadata={
         "help": "unfreeze the backbone and train it with the head (run live, no cache)"})
 
+    def unused(self) -> list[tuple[list[str], str]]:
+        """(options set apart from their defaults, why the other settings leave them unused): saved and
+        ignored before. A config lists its own; refuse_unused says them where a user's options come in."""
+        return []
+
+
+def changed(cfg: Any, *names: str) -> list[str]:
+    """Of `names`, the fields of dataclass `cfg` whose value is not the field's default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return [n for n in names if getattr(cfg, n) != defaults[n]]
+
+
+def refuse_unused(cfg: Any, who: str) -> None:
+    """A MethodError naming the options `cfg.unused()` finds (set, and left unused by the other settings).
+    Called where a user's options come in (train, pretrain), not where a saved config is read back, so
+    that a folder saved before the check still loads."""
+    for names, why in getattr(cfg, "unused", lambda: [])():
+        if names:
+            raise MethodError(f"{who}: {', '.join('--' + n.replace('_', '-') for n in names)} {why}")
+
 
 @dataclass
 class MethodSpec:

@@ -21,6 +21,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
+from ..registry import changed
 from .layers import ConvBlock, DilatedConv, DynamicConv, EncoderLayer, LightConv, SelfAttention
 
 ARCHS = ("light", "dynamic", "dilated", "transformer")
@@ -65,6 +66,16 @@ class EncoderShape:
         for name in ("dropout", "weight_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConvError(f"{name} {getattr(self, name)}: give a value in [0, 1)")
+
+    def unused(self) -> list[tuple[list[str], str]]:
+        """Options of other mixers than --arch's (kernel width, dilation, kernel dropout)."""
+        used = {"kernel_size"} if self.arch in CONVS else set()
+        used |= {"dilation_growth", "dilation_cycle"} if self.arch == "dilated" else {"weight_dropout"} if \
+            self.arch in ("light", "dynamic") else set()
+        extra = changed(self, *(n for n in ("kernel_size", "dilation_growth", "dilation_cycle", "weight_dropout")
+                                if n not in used))
+        one = len(extra) == 1
+        return [(extra, f"{'does' if one else 'do'} not apply to --arch {self.arch}; leave {'it' if one else 'them'} out")]
 
     def shape(self) -> "EncoderShape":
         """Just these fields (of a subclass such as EncoderConfig or the conv method's config)."""

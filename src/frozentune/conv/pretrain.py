@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from .. import distributed
 from ..data import DataError
+from ..registry import refuse_unused
 from ..train import adamw, shared_step, silent
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
 
@@ -412,6 +413,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
     enc_cfg.validate()
     run_cfg.validate()
+    if saved is None:  # a new run's options (a resumed run's are the checkpoint's)
+        refuse_unused(enc_cfg, "pretrain")
     if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
         raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
                         f"word piece; give at least 3 (the default is 128)")

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ..backbone import cache_kwargs, freeze, pad, returned_cache, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
-from ..registry import MethodConfig
+from ..registry import MethodConfig, changed
 
 PREFIX_KEY = "prefix"           # the one tensor in WEIGHTS: (N, 2, H, P, E)
 IGNORE = -100                   # label of tokens that carry no loss (Hugging Face's ignore_index)
@@ -65,6 +65,13 @@ class PrefixConfig(MethodConfig):
         "choices": ("random", "words")})
     init_text: str = field(default="table-to-text:", metadata={
         "help": "phrase for init=words; its tokens are repeated / cut to exactly prefix_length"})
+
+    def unused(self) -> list[tuple[list[str], str]]:
+        return [(changed(self, "init_text") if self.init != "words" else [],
+                 "is the phrase --init words starts from: with --init random it is not used; add --init words, or "
+                 "leave it out"),
+                (changed(self, "reparam_hidden") if not self.reparam else [],
+                 "is the width of the reparameterising MLP: with --no-reparam there is none; leave it out")]
 
     def validate(self) -> None:
         if self.train_backbone:

@@ -412,7 +412,7 @@ def grouped_scores(hypotheses: Sequence[str], examples: Sequence[GenExample]) ->
 # ----------------------------------------------------------------------------- building and loading
 def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok, lm_name: str) -> tuple[nn.Module, Any]:
     """(tuner, config) for a registered generation method (MethodSpec.generator)."""
-    from ..registry import MethodError, get_method, list_methods, make_config
+    from ..registry import MethodError, get_method, list_methods, make_config, refuse_unused
 
     spec = get_method(method)
     if not spec.generates:
@@ -420,6 +420,7 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
                           f"use one of: "
                           f"{', '.join(list_methods('generation'))}")
     cfg = make_config(method, options)
+    refuse_unused(cfg, method)
     return spec.generator(cfg, lm, tok, lm_name), cfg
 
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..generation.run import ByArchitecture, LMFinetuner
 from ..generation.seq2seq import Seq2SeqFinetuner
 from ..head import Features, Head, Output, masked_mean
-from ..registry import MethodConfig, register_method
+from ..registry import MethodConfig, changed, register_method
 
 
 @dataclass
@@ -31,6 +31,10 @@ class FinetuneConfig(ProbeConfig):
         "help": "train the backbone with the head (the point of this baseline)"})
     top_layers: int = field(default=0, metadata={
         "help": "train only the top k layers of the backbone (0: all of it); also for generation (E2E, WebNLG)"})
+
+    def unused(self) -> list[tuple[list[str], str]]:
+        return [(changed(self, "top_layers") if not self.train_backbone else [],
+                 "chooses which of the backbone's layers train: with --no-train-backbone none does; leave it out")]
 
     def validate(self) -> None:
         if self.top_layers < 0:

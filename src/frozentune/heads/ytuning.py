@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
-from ..registry import MethodConfig, register_method
+from ..registry import MethodConfig, changed, register_method
 
 
 @dataclass
@@ -42,6 +42,10 @@ class YTuningConfig(MethodConfig):
                 "of random vocabulary tokens, or uniform random", "choices": ("label_names", "random_vocab", "uniform")})
     ffn_mult: int = field(default=2, metadata={"help": "feed-forward width as a multiple of D"})
     dropout: float = field(default=0.1, metadata={"help": "dropout inside the label encoder"})
+
+    def unused(self) -> list[tuple[list[str], str]]:
+        return [(changed(self, "alpha") if self.loss == "ce" else [],
+                 "is the margin loss's α: with --loss ce it is not used; add --loss margin, or leave it out")]
 
     def validate(self) -> None:
         if self.layers < 1 or self.k < 1 or self.heads < 1:
