@@ -1222,3 +1222,15 @@ def test_scores_of_several_heads_read_in_one_copy_are_each_heads_own():
     for a, b in zip(got, logits):
         assert a.dtype == torch.float32 and torch.equal(a, b.float())
 
+
+
+def test_options_for_a_kind_of_task_not_served_are_said():
+    """serve --max-beams with classifiers only (or --pad-multiple with prefixes only) was accepted in silence."""
+    from frozentune.cli import _serve_unused
+
+    given = {"max_beams": 3, "refill_wait_ms": 10.0, "max_top": 4, "pad_multiple": 1, "max_texts": 8}
+    assert _serve_unused(given, {"classify"}) == ["serve: --refill-wait-ms, --max-beams not used: no generation task "
+                                                  "is served"]
+    assert _serve_unused(given, {"generate"}) == ["serve: --pad-multiple, --max-top not used: no classification task "
+                                                  "is served"]
+    assert _serve_unused(given, {"classify", "generate"}) == []

@@ -712,6 +712,21 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_unused(given: dict, kinds: set[str]) -> list[str]:
+    """Lines naming the serve options given (ServeOptions fields) for a kind of task the server does not
+    serve: its help says which kind an option is for ("generate: ...", "classify: ...", "explain: ...")."""
+    from .serve import ServeOptions
+
+    lines = []
+    for kind, words, marks in (("generate", "generation", ("generate:",)),
+                               ("classify", "classification", ("classify:", "explain:"))):
+        unused = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(ServeOptions)
+                  if f.name in given and f.metadata["help"].startswith(marks)]
+        if kind not in kinds and unused:
+            lines.append(f"serve: {', '.join(unused)} not used: no {words} task is served")
+    return lines
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from .serve import Engine, ServeOptions
     from .serve.app import serve
@@ -742,6 +757,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    for line in _serve_unused(given, {t.kind for t in engine.tasks.values()}):
+        _stderr(line)  # accepted and silent before
     on_interrupt("the server stopped accepting and answered the requests in flight")
 
     def cut(n: int) -> None:  # said in the interrupt's one line, in place of "answered the requests in flight"
