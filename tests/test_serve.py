@@ -809,6 +809,42 @@ def test_a_source_too_long_is_refused_before_the_next_is_tokenised(engine, monke
     assert err.value.status == 413 and calls == [1, 1]  # the first source, then the first long one: no more
 
 
+def test_a_generate_request_whose_client_left_is_not_decoded(engine):
+    """uvicorn does not cancel a handler whose client disconnects: a generate request of many sources was
+    decoded whole for nobody, holding up the generation lane. Its rows still queued are now dropped, and
+    /metrics counts it as 499 (not as 200)."""
+    import socket
+
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=0.0, refill_wait_ms=0.0))
+    running = Running(e)
+    group = engine.tasks["prefix-a"].group
+    try:
+        with Gate(group, part="run") as gate, httpx.Client(base_url=running.url, timeout=60) as c, \
+                ThreadPoolExecutor(1) as pool:
+            first = pool.submit(c.post, "/v1/generate", json={"prefix": "prefix-a", "source": SOURCES[0]})
+            assert gate.entered.wait(30)  # the generation lane holds the first decode
+            body = json.dumps({"prefix": "prefix-a", "sources": SOURCES[:3], "num_beams": 2}).encode()
+            host, port = running.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port))) as sock:  # sent whole, then the client leaves
+                sock.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                deadline = time.monotonic() + 30
+                while e.batcher.depth < 3 and time.monotonic() < deadline:  # its rows are queued
+                    time.sleep(0.01)
+            deadline = time.monotonic() + 30
+            while "499" not in c.get("/metrics").text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            gate.open.set()
+            assert first.result().status_code == 200
+            assert c.post("/v1/generate", json={"prefix": "prefix-a", "source": SOURCES[1]}).status_code == 200
+        metrics = c_metrics = httpx.get(running.url + "/metrics", timeout=30).text
+    finally:
+        running.stop()
+    decoded = [b.rows for b in e.batches if b.group == group.label]
+    assert decoded == [1, 1], decoded  # the first and the last request: the 3 rows of the one that left never ran
+    assert 'frozentune_requests_total{endpoint="/v1/generate",status="499"} 1.0' in metrics, c_metrics
+
+
 def test_engine_checks_requests_before_queueing(engine):
     depth = engine.batcher.depth
     for bad in ("one string", [], [""], [None]):
@@ -1114,6 +1150,8 @@ def test_the_page_of_a_generation_only_server(engine, tmp_path):
                           path=f"/?prefix={gens[1].name}&source=name")
         refused = render_page(running.url, tmp_path, "serve-page-generation-beams0.png", "1100,700",
                               path=f"/?prefix={gens[1].name}&source=name&beams=0")
+        unknown = render_page(running.url, tmp_path, "serve-page-generation-unknown.png", "1100,700",
+                              path="/?prefix=nope&source=name&new_tokens=3")
     finally:
         running.stop()
     assert re.search(r'<section id="cls" hidden', dom) and re.search(r'<section id="gen">', dom)
@@ -1123,6 +1161,8 @@ def test_the_page_of_a_generation_only_server(engine, tmp_path):
     assert f'<pre class="out" id="output">{H.escape(want["output"], quote=False)}</pre>' in dom
     assert f'{want["tokens"]} token{"" if want["tokens"] == 1 else "s"}, {gens[1].decoding["num_beams"]} beam' in dom
     assert "num_beams 0: give a whole number from 1 to 8" in refused  # sent as typed, refused in the server's words
+    # a link naming no prefix of the server: said, not sent as task '' with the boxes blank
+    assert f'no prefix named "nope" on this server (its prefixes: {", ".join(g.name for g in gens)})' in unknown
 
 
 def test_page_draws_marks_where_the_server_says_after_an_emoji(server, tmp_path):
