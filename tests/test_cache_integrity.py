@@ -282,3 +282,18 @@ def test_disk_full_while_extracting(tiny_bert, trec_slice, tmp_path, monkeypatch
     cli(*cache_args(trec_slice, tiny_bert, root), code=2, contains=(str(root), "No space left on device", "--cache-dir"))
     (folder,) = root.iterdir()
     assert sorted(p.name for p in folder.iterdir()) == [".active", "ids.bin", "plan.json", "states.bin"]
+
+
+def test_file_digests_need_no_python_3_11():
+    """hashlib.file_digest exists from Python 3.11; the package says 3.10. blake2b_of reads in blocks and gives
+    the digest of the whole, across block edges and through a limited view."""
+    import hashlib
+    import io
+
+    from frozentune.cache import _Limited, blake2b_of
+
+    data = bytes(range(256)) * 4099  # not a multiple of the block
+    want = hashlib.blake2b(data, digest_size=16).hexdigest()
+    assert blake2b_of(io.BytesIO(data), block=1000) == want == blake2b_of(io.BytesIO(data))
+    assert blake2b_of(_Limited(io.BytesIO(data), 5000), block=777) == hashlib.blake2b(data[:5000], digest_size=16).hexdigest()
+    assert blake2b_of(io.BytesIO(b"")) == hashlib.blake2b(b"", digest_size=16).hexdigest()

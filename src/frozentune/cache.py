@@ -139,12 +139,23 @@ def _file_sums(path: Path) -> dict[int, str]:
     with open(path, "rb") as f:
         for c in range((size + CHUNK - 1) // CHUNK):
             f.seek(c * CHUNK)
-            out[c] = hashlib.file_digest(_Limited(f, CHUNK), lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+            out[c] = blake2b_of(_Limited(f, CHUNK))
     return out
 
 
+def blake2b_of(f, block: int = 1 << 20) -> str:
+    """The 16-byte blake2b digest (hex) of what a binary file object holds from where it stands, read in
+    blocks (hashlib.file_digest does this from Python 3.11 only; the package supports 3.10)."""
+    h = hashlib.blake2b(digest_size=16)
+    buf = bytearray(block)
+    view = memoryview(buf)
+    while n := f.readinto(buf):
+        h.update(view[:n])
+    return h.hexdigest()
+
+
 class _Limited:
-    """A read-only file view that stops after n bytes (for hashlib.file_digest)."""
+    """A read-only file view that stops after n bytes (for blake2b_of)."""
 
     def __init__(self, f, n: int):
         self.f, self.left = f, n

@@ -212,10 +212,10 @@ def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
 
 def file_checksum(path: Path) -> dict:
     """{"bytes", "blake2b"} of a file, read in 1 MiB blocks."""
-    import hashlib
+    from .cache import blake2b_of
 
     with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+        digest = blake2b_of(f)
     return {"bytes": Path(path).stat().st_size, "blake2b": digest}
 
 

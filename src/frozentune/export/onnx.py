@@ -26,7 +26,6 @@ max_length, the backbone and its weights hash, the parity check).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import warnings
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..cache import blake2b_of
 from ..head import Head
 from . import ExportError
 
@@ -255,7 +255,7 @@ def graph_checksums(folder: Path) -> dict[str, str]:
     out = {}
     for p in sorted(Path(folder).glob(GRAPH + "*")):
         with open(p, "rb") as f:
-            out[p.name] = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+            out[p.name] = blake2b_of(f)
     return out
 
 
