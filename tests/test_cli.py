@@ -238,6 +238,12 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
      "conv: --dilation-cycle does not apply to --arch light"),
     (["pretrain", "--arch", "dilated", "--weight-dropout", "0.2", "--corpus", "imdb", "--output", "/nonexistent/o",
       "--steps", "1"], "pretrain: --weight-dropout does not apply to --arch dilated"),
+    (["train", "--method", "probe", "--data", "trec", "--overwrite"], "--overwrite replaces what --output holds"),
+    (["sweep", "--data", "trec", "--overwrite"], "--overwrite replaces what --output holds"),
+    (["train", "--method", "ytuning", "--data", "trec", "--pool", "max"], "ytuning: --pool pools a label's k vectors: "
+                                                                          "with --k 1 there is one to pool"),
+    (["train", "--method", "conv", "--data", "trec", "--arch", "dilated", "--heads", "3"],
+     "conv: --heads does not apply to --arch dilated"),  # it was refused as "heads 3 must divide dim 256"
     (["generate", "--model", "m", "--source-field", "mr", "name[Aromi]"],  # was ignored
      "--source-field picks the field of an --input file of records"),
 ])
@@ -569,6 +575,9 @@ def test_device_and_precision_with_a_loaded_model_are_refused(trained):
 
     model = M.load(trained[0])
     assert api.predict(model, ["Who ?"])[0]["label"]  # without them, as before
-    for kw in ({"device": "cpu"}, {"precision": "int8"}):
+    same = {"device": str(model.backbone_ref.device), "precision": model.backbone_ref.precision}
+    assert api.predict(model, ["Who ?"], **same)[0]["label"]  # what it already has is no change
+    other = "int8" if same["precision"] != "int8" else "fp32"
+    for kw in ({"device": "meta"}, {"precision": other}):
         with pytest.raises(MethodError, match=f"{next(iter(kw))}=.*a loaded model runs where and as it was loaded"):
             api.predict(model, ["Who ?"], **kw)

@@ -234,6 +234,16 @@ def test_pretrain_checkpoints_and_resume_equals_one_run(corpus_file, tmp_path):
     assert [r["loss"] for r in again] == [r["loss"] for r in curve]  # exact, as above
 
 
+def test_a_corpus_given_by_a_relative_path_resumes_from_anywhere(corpus_file, tmp_path, monkeypatch):
+    """The corpus path was saved as given: resuming from another folder could not find it, and naming the
+    same file by another path was refused as another corpus."""
+    monkeypatch.chdir(corpus_file.parent)
+    pretrain(tmp_path / "rel", corpus_file.name, ENC, {**RUN, "steps": 2}, log=quiet)
+    monkeypatch.chdir(tmp_path)
+    assert pretrain(tmp_path / "rel", None, {}, {"steps": 3}, resume=True, log=quiet)["step"] == 3
+    assert pretrain(tmp_path / "rel", str(corpus_file), {}, {"steps": 4}, resume=True, log=quiet)["step"] == 4
+
+
 def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     out = tmp_path / "p"
     r = pretrain(out, str(corpus_file), ENC, {**RUN, "minutes": 1e-4}, log=quiet)

@@ -262,6 +262,9 @@ def test_a_damaged_export_folder_is_named_not_a_traceback(graph_dir, tmp_path):
     ]
     for name, damage, says in cases:
         cli("predict", "--onnx", broken(name, damage), "a question ?", contains=says)
+    # a file beside the graph that the export did not write (a backup copy) is not checked, nor refused
+    spare = broken("spare", lambda f: (f / "model.onnx.bak").write_bytes((f / "model.onnx").read_bytes()))
+    cli("predict", "--onnx", spare, "a question ?", code=0)
 
 
 def _scale_weights(folder: Path) -> None:

@@ -663,3 +663,7 @@ def test_options_a_run_does_not_use_are_said(trec_slice, tiny_bert, tmp_path):
               progress=False, log=said.append)
     assert "schedule: --patience, --cv-folds not used: method 'contrastive' trains its fixed schedule whole on few " \
            "labels (no early stopping, no folds)" in said, said
+    said.clear()  # --cv-below is used by contrastive: it decides whether the fixed schedule runs
+    api.train("contrastive", str(trec_slice), bb, shots=2, train_cfg={"steps": 2, "cv_below": 4}, progress=False,
+              log=said.append)
+    assert not any("not used" in s for s in said), said

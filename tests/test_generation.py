@@ -299,7 +299,9 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     assert "--cache-dir: options of a frozen encoder's classification run" in capsys.readouterr().err
     for extra, says in ((["--init-text", "hello"], "prefix: --init-text is the phrase --init words starts from"),
                         (["--no-reparam", "--reparam-hidden", "7"], "prefix: --reparam-hidden is the width of the "
-                                                                    "reparameterising MLP: with --no-reparam there is none")):
+                                                                    "reparameterising MLP: with --no-reparam there is none"),
+                        (["--method", "finetune", "--no-train-backbone", "--pooling", "cls"],  # it trained the whole LM
+                         "finetune: --no-train-backbone, --pooling are a classification head's options")):
         assert main(["train", "--method", "prefix", "--data", str(e2e_slice), "--backbone", str(tiny_lm), "--output",
                      str(tmp_path / "unused"), *extra]) == 2  # saved and ignored before
         assert says in capsys.readouterr().err and not (tmp_path / "unused").exists()

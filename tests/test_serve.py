@@ -1269,8 +1269,9 @@ def test_options_for_a_kind_of_task_not_served_are_said():
     from frozentune.cli import _serve_unused
 
     given = {"max_beams": 3, "refill_wait_ms": 10.0, "max_top": 4, "pad_multiple": 1, "max_texts": 8}
-    assert _serve_unused(given, {"classify"}) == ["serve: --refill-wait-ms, --max-beams not used: no generation task "
-                                                  "is served"]
-    assert _serve_unused(given, {"generate"}) == ["serve: --pad-multiple, --max-top not used: no classification task "
-                                                  "is served"]
-    assert _serve_unused(given, {"classify", "generate"}) == []
+    assert _serve_unused(given, {"classify", "explain"}) == ["serve: --refill-wait-ms, --max-beams not used: no "
+                                                             "generation task is served"]
+    assert _serve_unused(given, {"generate"}) == ["serve: --pad-multiple not used: no classification task is served",
+                                                  "serve: --max-top not used: no explaining task is served"]
+    assert _serve_unused(given, {"classify", "generate"}) == ["serve: --max-top not used: no explaining task is served"]
+    assert _serve_unused(given, {"classify", "explain", "generate"}) == []

@@ -129,7 +129,8 @@ def _lm_name(backbone: BackboneOptions | Backbone) -> str | None:
     if isinstance(backbone, Backbone):
         raise MethodError("generation runs load their causal LM by name; give BackboneOptions(name=...)")
     rest = {f.name: getattr(backbone, f.name) for f in dataclasses.fields(backbone)
-            if f.name not in ("name", "device", "trust_remote_code") and getattr(backbone, f.name) != f.default}
+            if f.name not in ("name", "device", "trust_remote_code") and getattr(backbone, f.name) != f.default
+            and not (f.name == "precision" and backbone.precision == "fp32")}  # fp32: what it runs, as the CLI takes it
     if rest:
         raise MethodError(f"BackboneOptions({', '.join(f'{k}={v!r}' for k, v in rest.items())}): options of a frozen "
                           f"encoder; a generation run loads a causal LM by name only (BackboneOptions(name=...))")
@@ -211,6 +212,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             raise MethodError(f"{', '.join(f'{k}={given[k]!r}' for k in unused)}: for classification data; {data} is "
                               f"source → target generation data (use generation.run.train_generation for its fields "
                               f"and decoding options)")
+        if folds := [k for k in ("cv_folds", "cv_below", "cv_repeats", "fallback") if k in (train_cfg or {})]:
+            raise MethodError(f"train_cfg {', '.join(folds)}: options of a frozen head's cross-validation; a generation "
+                              f"run early-stops on validation loss: leave them out")  # as the command line refuses them
         if cache_root is not None or rebuild_cache:  # they were dropped: a generation run keeps no feature cache
             raise MethodError(f"cache_root / rebuild_cache: {data} is source → target generation data, whose runs "
                               f"read the whole LM and keep no feature cache; leave them out")
@@ -345,8 +349,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") if o in given]:
                 log(f"schedule: {_flags(unused)} not used: {len(ds.train):,} training examples are not under --cv-below "
                     f"{cfg.cv_below}, so validation chooses (raise --cv-below to cross-validate)")
-        elif model.runs_live:
-            if unused := [o for o in ("cv_folds", "cv_repeats", "cv_below", "fallback") if o in given]:
+        elif model.runs_live:  # (--cv-below is used by a head with a fixed schedule on few labels: it says where)
+            if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") + (() if fixed_few else ("cv_below",))
+                          if o in given]:
                 log(f"schedule: {_flags(unused)} not used: method {method!r} trains or steers the backbone, which is "
                     f"not cross-validated: validation chooses")
         elif unused := [o for o in ("cv_repeats", "cv_below", "fallback") if o in given]:
@@ -482,7 +487,8 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     positive = positive_label(ds.name, model.labels)
     m, _ = evaluate(model, sources(part), y, positive=positive)
     bb = model.backbone_ref
-    return {"model": str(model_dir), "data": ds.name, "split": split, "n": len(part), "metrics": m,
+    return {"model": str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model",
+            "data": ds.name, "split": split, "n": len(part), "metrics": m,
             "positive_label": positive[1] if positive else None,
             "device": str(bb.device), "precision": bb.precision}
 
@@ -507,8 +513,12 @@ def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | N
     """A saved model with its frozen pass on `device` in `precision` (see saved_runtime); its head
     (and a trained backbone) on that device too."""
     if isinstance(model_dir, M.Classifier):
-        if given := [f"{k}={v!r}" for k, v in (("device", device), ("precision", precision)) if v is not None]:
-            bb = model_dir.backbone_ref  # they were accepted and ignored: the model ran as it was loaded
+        bb = model_dir.backbone_ref
+        now = {"device": str(bb.device), "precision": bb.precision}
+        asked = {"device": None if device is None else _as_device(device), "precision": precision}
+        if given := [f"{k}={v!r}" for k, v in (("device", device), ("precision", precision))
+                     if v is not None and asked[k] != now[k]]:
+            # they were accepted and ignored: the model ran as it was loaded
             raise MethodError(f"{', '.join(given)}: a loaded model runs where and as it was loaded (its pass: "
                               f"{bb.device}, {bb.precision}); pass the model's folder to load it that way, or "
                               f"leave {'it' if len(given) == 1 else 'them'} out")
@@ -524,6 +534,18 @@ def _load(model_dir: Path | M.Classifier, device: str | None, precision: str | N
     _live_backbone_on(model, model.backbone_ref.device)
     model.to(model.backbone_ref.device)
     return model
+
+
+def _as_device(spec: str) -> str:
+    """A --device value as torch writes the device ("cpu", "cuda:0"), for comparing it with a loaded one's;
+    the value itself where it is not one ("auto": never the same as a loaded model's)."""
+    import torch
+
+    try:
+        d = torch.device(spec)
+    except (RuntimeError, TypeError):
+        return spec
+    return f"{d.type}:0" if d.type == "cuda" and d.index is None else str(d)
 
 
 def _live_backbone_on(model: M.Classifier, device) -> bool:

@@ -369,12 +369,19 @@ def _method_options(method: str, rest: Sequence[str]) -> dict[str, Any]:
     return {k: v for k, v in vars(ns).items() if v is not None}
 
 
+def _overwrite_needs_output(a: argparse.Namespace) -> None:
+    """--overwrite without --output was accepted and did nothing (nothing is saved without --output)."""
+    if a.overwrite and a.output is None:
+        raise CLIError("--overwrite replaces what --output holds; give --output DIR (without it nothing is saved)")
+
+
 def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
     from . import api
     from .train import TrainConfig
 
     from .generation.run import MAX_VALIDATION, DecodeOptions, is_generation_data, train_generation
 
+    _overwrite_needs_output(a)
     on_interrupt("the output folder is as it was; cache entries already complete are kept, and the finished "
                  "shards of one being built (a rerun resumes from them)")
     options = _method_options(a.method, rest)
@@ -690,6 +697,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     from . import api
     from .sweep import Grid, run_sweep
 
+    _overwrite_needs_output(a)
     if a.layer is not None:
         raise CLIError("sweep: give the layers to try with --layers (a comma list), not --layer")
     if a.rebuild_cache:
@@ -718,8 +726,8 @@ def _serve_unused(given: dict, kinds: set[str]) -> list[str]:
     from .serve import ServeOptions
 
     lines = []
-    for kind, words, marks in (("generate", "generation", ("generate:",)),
-                               ("classify", "classification", ("classify:", "explain:"))):
+    for kind, words, marks in (("generate", "generation", ("generate:",)), ("classify", "classification", ("classify:",)),
+                               ("explain", "explaining", ("explain:",))):
         unused = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(ServeOptions)
                   if f.name in given and f.metadata["help"].startswith(marks)]
         if kind not in kinds and unused:
@@ -757,7 +765,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    for line in _serve_unused(given, {t.kind for t in engine.tasks.values()}):
+    kinds = {t.kind for t in engine.tasks.values()} | ({"explain"} if any(t.explains for t in engine.tasks.values()) else set())
+    for line in _serve_unused(given, kinds):
         _stderr(line)  # accepted and silent before
     on_interrupt("the server stopped accepting and answered the requests in flight")
 

@@ -26,13 +26,16 @@ def changed(cfg: Any, *names: str) -> list[str]:
     return [n for n in names if getattr(cfg, n) != defaults[n]]
 
 
-def refuse_unused(cfg: Any, who: str) -> None:
-    """A MethodError naming the options `cfg.unused()` finds (set, and left unused by the other settings).
+def refuse_unused(cfg: Any, who: str, generating: bool = False) -> None:
+    """A MethodError naming the options `cfg.unused()` finds (set, and left unused by the other settings),
+    and with `generating` those `cfg.unused_generating()` finds (a classifier's options in a generation run).
     Called where a user's options come in (train, pretrain), not where a saved config is read back, so
     that a folder saved before the check still loads."""
-    for names, why in getattr(cfg, "unused", lambda: [])():
-        if names:
-            raise MethodError(f"{who}: {', '.join('--' + n.replace('_', '-') for n in names)} {why}")
+    found = getattr(cfg, "unused", lambda: [])() + (getattr(cfg, "unused_generating", lambda: [])() if generating else [])
+    for names, why in found:
+        if names:  # a flag switched off is written as it was typed: --no-train-backbone
+            flags = [("--no-" if getattr(cfg, n) is False else "--") + n.replace("_", "-") for n in names]
+            raise MethodError(f"{who}: {', '.join(flags)} {why}")
 
 
 @dataclass

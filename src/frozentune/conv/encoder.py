@@ -41,7 +41,7 @@ class EncoderShape:
                 "convolution) or transformer (multi-head self-attention)", "choices": ARCHS})
     layers: int = field(default=4, metadata={"help": "encoder layers"})
     dim: int = field(default=256, metadata={"help": "model width d"})
-    heads: int = field(default=4, metadata={"help": "heads H (kernel sharing groups for light/dynamic, attention heads); must divide dim"})
+    heads: int = field(default=4, metadata={"help": "heads H (kernel sharing groups for light/dynamic, attention heads; dilated has none); must divide dim"})
     kernel_size: int = field(default=7, metadata={"help": "convolution width k (odd)"})
     ffn_dim: int = field(default=1024, metadata={
         "help": "feed-forward width (the Transformer's is ffn_dim − dim/2, which pays for attention's fourth d×d projection)"})
@@ -55,7 +55,7 @@ class EncoderShape:
             raise ConvError(f"arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
         if min(self.layers, self.dim, self.heads, self.ffn_dim) < 1:
             raise ConvError("layers, dim, heads and ffn_dim must be at least 1")
-        if self.dim % self.heads:
+        if self.dim % self.heads and self.arch != "dilated":  # the dilated mixer has no heads (unused() says so)
             raise ConvError(f"heads {self.heads} must divide dim {self.dim}")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ConvError(f"kernel_size {self.kernel_size}: give an odd width (the kernel is centred)")
@@ -69,10 +69,10 @@ class EncoderShape:
 
     def unused(self) -> list[tuple[list[str], str]]:
         """Options of other mixers than --arch's (kernel width, dilation, kernel dropout)."""
-        used = {"kernel_size"} if self.arch in CONVS else set()
+        used = ({"kernel_size"} if self.arch in CONVS else set()) | ({"heads"} if self.arch != "dilated" else set())
         used |= {"dilation_growth", "dilation_cycle"} if self.arch == "dilated" else {"weight_dropout"} if \
             self.arch in ("light", "dynamic") else set()
-        extra = changed(self, *(n for n in ("kernel_size", "dilation_growth", "dilation_cycle", "weight_dropout")
+        extra = changed(self, *(n for n in ("heads", "kernel_size", "dilation_growth", "dilation_cycle", "weight_dropout")
                                 if n not in used))
         one = len(extra) == 1
         return [(extra, f"{'does' if one else 'do'} not apply to --arch {self.arch}; leave {'it' if one else 'them'} out")]

@@ -313,13 +313,22 @@ def as_flags(d: dict) -> str:
     return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in d.items())
 
 
+def same_corpus(given: str, saved: str) -> bool:
+    """Whether --corpus names the saved run's corpus: the same words, or paths of the same file (a run
+    saved the path as given, relative to where it started, before it saved it resolved)."""
+    if given == saved:
+        return True
+    a, b = Path(given).expanduser(), Path(saved).expanduser()
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
+
+
 def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, text_field: str) -> tuple[EncoderConfig, PretrainConfig, str]:
     """The saved run's settings with the budget options given now; any other option given must
     equal the saved one."""
     enc, old_run = saved["encoder"], saved["run"]
     differ = {k: (v, enc.get(k)) for k, v in encoder.items() if enc.get(k) != v}
     differ |= {k: (v, old_run.get(k)) for k, v in run.items() if k not in RESUMABLE_CHANGES and old_run.get(k) != v}
-    if corpus is not None and corpus != saved["corpus"]["spec"]:
+    if corpus is not None and not same_corpus(corpus, saved["corpus"]["spec"]):
         differ["corpus"] = (corpus, saved["corpus"]["spec"])
     if text_field != saved["corpus"]["text_field"]:
         differ["text_field"] = (text_field, saved["corpus"]["text_field"])
@@ -415,6 +424,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     run_cfg.validate()
     if saved is None:  # a new run's options (a resumed run's are the checkpoint's)
         refuse_unused(enc_cfg, "pretrain")
+        if os.sep in corpus or Path(corpus).suffix or Path(corpus).exists():  # a path: saved resolved, so that
+            corpus = str(Path(corpus).expanduser().resolve())  # --resume from another folder finds it
     if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
         raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
                         f"word piece; give at least 3 (the default is 128)")

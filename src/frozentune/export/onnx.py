@@ -249,13 +249,16 @@ def save_tokenizer(tok, folder: Path, max_length: int) -> None:
         tok.model_max_length = kept
 
 
-def graph_checksums(folder: Path) -> dict[str, str]:
-    """{file name: blake2b digest} of the graph and its weights file(s), which loading checks: a
-    weights file edited or swapped apart from onnx.json would otherwise give other scores silently."""
+def graph_checksums(folder: Path, names: Sequence[str] | None = None) -> dict[str, str]:
+    """{file name: blake2b digest} of the graph and its weights file(s) (the files named, where they exist;
+    by default every model.onnx* the export wrote), which loading checks: a weights file edited or swapped
+    apart from onnx.json would otherwise give other scores silently."""
     out = {}
-    for p in sorted(Path(folder).glob(GRAPH + "*")):
-        with open(p, "rb") as f:
-            out[p.name] = blake2b_of(f)
+    paths = sorted(Path(folder).glob(GRAPH + "*")) if names is None else [Path(folder) / n for n in names]
+    for p in paths:
+        if p.is_file():
+            with open(p, "rb") as f:
+                out[p.name] = blake2b_of(f)
     return out
 
 
@@ -414,8 +417,8 @@ class OnnxClassifier:
         except Exception as e:  # onnxruntime's own errors: e.g. model.onnx.data (its weights) left behind
             raise ExportError(f"--onnx {folder}: ONNX Runtime cannot load {GRAPH} ({' '.join(str(e).split())[:200]}); "
                               f"the graph's weights are in a file beside it (model.onnx.data): {again}") from None
-        if isinstance(sums := self.meta.get("checksums"), dict) and sums != (now := graph_checksums(folder)):
-            changed = sorted(n for n in set(sums) | set(now) if sums.get(n) != now.get(n))
+        if isinstance(sums := self.meta.get("checksums"), dict) and sums != (now := graph_checksums(folder, list(sums))):
+            changed = sorted(n for n in sums if sums[n] != now.get(n))  # a file beside them (a .bak copy) is not ours
             raise ExportError(f"--onnx {folder}: {', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} "
                               f"from what the export wrote (checksums in {META}); {again}")
         widths = {o.name: o.shape[-1] for o in self.sess.get_outputs()}

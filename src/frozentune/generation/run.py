@@ -420,7 +420,7 @@ def build_tuner(method: str, options: dict[str, Any] | None, lm: nn.Module, tok,
                           f"use one of: "
                           f"{', '.join(list_methods('generation'))}")
     cfg = make_config(method, options)
-    refuse_unused(cfg, method)
+    refuse_unused(cfg, method, generating=True)
     return spec.generator(cfg, lm, tok, lm_name), cfg
 
 
@@ -523,6 +523,8 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         raise MethodError(f"training on {data} (generation) runs in one process only, but this is one of "
                           f"{launch.world_size} ({launch.how}); run it without torchrun / accelerate launch")
     cfg_train = train_config(get_method(method).generation_defaults, train_cfg)
+    if cfg_train.steps and "min_steps" in (train_cfg or {}):  # the floor is for --epochs; said as classification says it
+        log(f"schedule: --min-steps not used: --steps {cfg_train.steps} sets the number of steps")
     decoding.validate()
     if output is not None:
         check_output(Path(output), overwrite)  # before any work

@@ -36,6 +36,13 @@ class FinetuneConfig(ProbeConfig):
         return [(changed(self, "top_layers") if not self.train_backbone else [],
                  "chooses which of the backbone's layers train: with --no-train-backbone none does; leave it out")]
 
+    def unused_generating(self) -> list[tuple[list[str], str]]:
+        """Generation fine-tunes the LM itself (all of it or --top-layers): the classifier's pooling, dropout
+        and frozen backbone do not exist there (it trained the whole LM under --no-train-backbone)."""
+        return [(changed(self, "train_backbone", "pooling", "dropout"),
+                 "are a classification head's options; a generation run trains the LM itself (all of it, or "
+                 "--top-layers): leave them out")]
+
     def validate(self) -> None:
         if self.top_layers < 0:
             raise ValueError(f"finetune: top_layers={self.top_layers}; give 0 (all layers) or a positive count")

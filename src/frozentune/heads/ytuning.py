@@ -45,7 +45,9 @@ class YTuningConfig(MethodConfig):
 
     def unused(self) -> list[tuple[list[str], str]]:
         return [(changed(self, "alpha") if self.loss == "ce" else [],
-                 "is the margin loss's α: with --loss ce it is not used; add --loss margin, or leave it out")]
+                 "is the margin loss's α: with --loss ce it is not used; add --loss margin, or leave it out"),
+                (changed(self, "pool") if self.k == 1 else [],
+                 "pools a label's k vectors: with --k 1 there is one to pool; add --k 2 or more, or leave it out")]
 
     def validate(self) -> None:
         if self.layers < 1 or self.k < 1 or self.heads < 1:
