@@ -232,8 +232,8 @@ class Counting:
                 self.on_cut(self.cut)
             if started[0]:
                 raise  # part of an answer went out: nothing cleaner can follow it
-            # a JSON 503 in place of the server's plain-text 500, where the client still listens; the request
-            # ends here (re-raised, uvicorn logged ~45 lines of traceback for each one: the exit line counts them)
+            # a JSON 503 in place of the server's plain-text 500, where the client still listens, and the request
+            # ends here: re-raised, uvicorn logged ~45 lines of traceback for each one (the exit line counts them)
             status[0] = 503
             body = json.dumps({"error": "the server is shutting down and this request was still running when "
                                         "its grace period ended (serve --shutdown-grace); send it again to a "

@@ -27,11 +27,13 @@ that long for 0.02 s of work; in its own lane it runs beside the decode, sharing
 
 A job whose future was cancelled before its batch started (its client went away, or the server's
 grace period at shutdown ran out) is dropped when the batch is taken; a future whose batch has
-started cannot be cancelled (set_running_or_notify_cancel), so every answer finds it waiting. For the groups `split` names, a batch's work comes in
-two parts: the worker runs begin(jobs) (a classify batch's backbone pass; FrozenPass.begin) and hands the rest
-(its heads and answers) to a second thread, the finisher, then starts the next batch. At most two
-batches are under way at once (one in the worker, one handed over), so memory stays bounded and a
-slow finisher holds the worker back; meanwhile the next batch keeps filling.
+started cannot be cancelled (set_running_or_notify_cancel), so every answer finds it waiting.
+
+For the groups `split` names, a batch's work comes in two parts: the worker runs begin(jobs) (a
+classify batch's backbone pass; FrozenPass.begin) and hands the rest (its heads and answers) to a
+second thread, the finisher, then starts the next batch. At most two batches of a lane are under way
+at once (one in the worker, one handed over), so memory stays bounded and a slow finisher holds the
+worker back; meanwhile the next batch keeps filling.
 """
 from __future__ import annotations
 
