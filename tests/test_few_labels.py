@@ -548,6 +548,12 @@ def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     text = markdown(SweepResult(rows, table, table[0], best_saved_as="probe"), "trec")
     assert "The best setting's saved model (best/), as a probe: on these few labels its folds found the space head" in text
     assert "| probe |" in text
+    # the note on the probe's solved points comes where the grid varied --lr / --weight-decay (it came always)
+    solved = [{**r, "selection": {"how": "cross-validation", "C": 1.0}} for r in rows if r["method"] == "probe"]
+    assert "do not change them" not in markdown(SweepResult(solved, tabulate(solved), tabulate(solved)[0]), "trec")
+    varied = solved + [{**solved[0], "lr": 0.1}]
+    assert "--lr and --weight-decay do not change them" in markdown(SweepResult(varied, tabulate(varied),
+                                                                              tabulate(varied)[0]), "trec")
 
 
 def dataclasses_replace(bb, layer):

@@ -181,7 +181,8 @@ def markdown(result: SweepResult, data: str) -> str:
         lines += ["", "\"a probe in k of n\": in k of the setting's n seeds, cross-validation found the head no better "
                       "than a logistic regression on the same states and kept that regression (saved as a probe), so "
                       "those scores are the probe's; `--fallback off` (train) keeps the head whatever the folds say."]
-    if any("C" in r["selection"] for r in result.rows):
+    solved = [r for r in result.rows if "C" in r["selection"]]
+    if len({(r["lr"], r["weight_decay"]) for r in solved}) > 1:  # said where the grid varied them (it was said always)
         lines += ["", "The probe's points on fewer than --cv-below examples are solved by L-BFGS with their C chosen "
                       "by cross-validation: --lr and --weight-decay do not change them."]
     if kept_note(result):
