@@ -278,6 +278,11 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", "--model", str(out), "--input", str(lines), "--source-field", "mr"]) == 2
     assert "is read as one source per line, which has no fields" in capsys.readouterr().err
+    datasets = pytest.importorskip("datasets")  # a save_to_disk folder, as predict --input reads one (it was "a folder")
+    folder = tmp_path / "saved-sources"
+    datasets.Dataset.from_dict({"mr": ["name[Aromi]"]}).save_to_disk(str(folder))
+    assert main(["generate", "--model", str(out), "--input", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["source"] == "name[Aromi]"
 
 
 def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, capsys):

@@ -678,12 +678,13 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
 
 
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
-    """Sources from a file: a .jsonl / .json / .csv / .tsv / .parquet / .arrow of E2E (`mr`), WebNLG
-    (`triples`) or pairs records (`source`, or `source_field`), else one per line."""
-    from ..data import SUFFIXES, read_lines, read_records, table_source, unencodable
+    """Sources from a file: a .jsonl / .json / .csv / .tsv / .parquet / .arrow (or a `save_to_disk` folder) of
+    E2E (`mr`), WebNLG (`triples`) or pairs records (`source`, or `source_field`), else one per line."""
+    from ..data import SUFFIXES, is_hf_split_folder, read_lines, read_records, table_source, unencodable
 
     path = Path(path)
-    if path.suffix.lower() not in SUFFIXES or not path.is_file():
+    records = (path.suffix.lower() in SUFFIXES and path.is_file()) or is_hf_split_folder(path)  # as predict --input
+    if not records:
         if source_field is not None:
             raise DataError(f"--source-field {source_field}: {path} is read as one source per line, which has no fields; "
                             f"give a .jsonl / .csv / .tsv file, or leave --source-field out")
