@@ -10,6 +10,7 @@ decisive next-token distributions, so greedy ids are not decided by near-ties.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -208,10 +209,14 @@ def test_round_trip_through_the_cli_generate(lms, tmp_path, capsys):
     decoding = {"num_beams": 1, "max_new_tokens": NEW_TOKENS, "batch_size": 32}
     folder = saved_prefix(lms["llama"], tmp_path / "m", decoding=decoding)
     cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
+    assert "(loading checks it)" not in (tmp_path / "p" / "README.md").read_text()  # PEFT's loading checks no hash
+    relative = Path(os.path.relpath(lms["llama"]))  # a local base given relative to here: saved absolute
     cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "back",
-        "--backbone", lms["llama"], code=0)
+        "--backbone", relative, code=0)
     # the decoding options travel beside the adapter (they were dropped: the import decoded with the defaults)
-    assert json.loads((tmp_path / "back" / "config.json").read_text())["decoding"] == decoding
+    saved = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert saved["decoding"] == decoding
+    assert saved["backbone"]["name"] == str(Path(lms["llama"]).resolve()) and Path(saved["imported"]["from"]).is_absolute()
     outs = []
     for m in (folder, tmp_path / "back"):
         capsys.readouterr()
@@ -256,6 +261,22 @@ def test_adapters_frozentune_cannot_read_are_clear_errors(lms, tmp_path):
     save_file(state, str(nan / "adapter_model.safetensors"))
     cli("import", "--format", "peft", "--adapter", nan, "--output", out, "--backbone", lms["llama"],
         contains=("NaN or infinite", "export or train it again"))
+    # a damaged or missing adapter file said "train it again", or nothing; a base model that is not here did not
+    # say it came from the adapter's config
+    cut = tmp_path / "cut_prefix"
+    shutil.copytree(tmp_path / "llama_prefix", cut)
+    (cut / "adapter_model.safetensors").write_bytes((cut / "adapter_model.safetensors").read_bytes()[:200])
+    cli("import", "--format", "peft", "--adapter", cut, "--output", out, "--backbone", lms["llama"],
+        contains="the adapter file is damaged: save it again from PEFT with save_pretrained(FOLDER)")
+    (cut / "adapter_model.safetensors").unlink()
+    cli("import", "--format", "peft", "--adapter", cut, "--output", out, "--backbone", lms["llama"],
+        contains="no adapter_model.safetensors; save it again from PEFT")
+    gone = tmp_path / "gone_base"
+    shutil.copytree(tmp_path / "llama_prefix", gone)
+    config = json.loads((gone / "adapter_config.json").read_text())
+    (gone / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(tmp_path / "nope")}))
+    cli("import", "--format", "peft", "--adapter", gone, "--output", out,
+        contains="(the base model that " + str(gone / "adapter_config.json") + " names; give the LM with --backbone)")
     assert not out.exists()  # nothing was written by any refusal
 
 

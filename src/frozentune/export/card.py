@@ -65,7 +65,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     title = f"# {method} on {data}" if data else f"# {method}"
     body = [title, f"**Method.** {METHOD_LINES.get(method, method)}.{_fallback_words(method, result)}"]
     body.append(_sizes_line(config, result))
-    body.append(_backbone_line(name, base, backbone))
+    body.append(_backbone_line(name, base, backbone, checked=not exported))  # PEFT's loading checks no hash
     if data:
         sizes = result.get("sizes") or {}
         fields = result.get("fields") or {}

@@ -222,8 +222,8 @@ def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
     if not weights.is_file():
         other = " (it has adapter_model.bin, a pickle, which frozentune does not unpickle: re-save the adapter " \
                 "with save_pretrained(..., safe_serialization=True))" if (adapter_dir / "adapter_model.bin").exists() else ""
-        raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_WEIGHTS}{other}")
-    state = read_safetensors(weights, ExportError)
+        raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_WEIGHTS}{other or '; save it again from PEFT with save_pretrained(FOLDER) (safetensors, its default)'}")
+    state = read_safetensors(weights, ExportError, then="the adapter file is damaged: save it again from PEFT with save_pretrained(FOLDER) (safetensors, its default)")
     if PEFT_KEY not in state:
         raise ExportError(f"{weights}: no {PEFT_KEY!r} tensor (found {sorted(state)[:5]}); not a prefix-tuning "
                           f"adapter as PEFT saves one")
@@ -248,7 +248,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     prefix."""
     import dataclasses
 
-    from ..backbone import load_causal_lm, weights_hash
+    from ..backbone import BackboneError, load_causal_lm, weights_hash
     from ..data import DataError
     from ..generation.run import DecodeOptions
     from ..output import check_output, staged_output
@@ -266,7 +266,15 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
         log(f"note: the adapter names {name}, which is not here; it is the folder of frozentune's {alias}, used instead "
             f"(its key/value shape is checked below)")
         name = alias
-    lm, _ = load_causal_lm(name)
+    if Path(name).expanduser().exists():  # a local folder, saved absolute: the folder works from anywhere
+        name = str(Path(name).expanduser().resolve())
+    try:
+        lm, _ = load_causal_lm(name)
+    except BackboneError as e:
+        if backbone is not None:
+            raise
+        raise ExportError(f"{e} (the base model that {adapter_dir / ADAPTER_CONFIG} names; give the LM with "
+                          f"--backbone)") from None
     n, h, k = cfg["num_layers"], cfg["num_attention_heads"], cfg["token_dim"]
     shape = KVShape.from_config(lm.config)
     if (n, h, k // h) != (shape.layers, shape.heads, shape.head_dim):
@@ -279,7 +287,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
             f"{backbone}, which has the same key/value shape")
     prefix = from_peft(flat, n, h, k // h)
     options = PrefixConfig(prefix_length=prefix.shape[3], reparam=bool(cfg.get("prefix_projection")))
-    imported = {"format": "peft", "from": str(adapter_dir), "peft_version": cfg.get("peft_version"),
+    imported = {"format": "peft", "from": str(adapter_dir.resolve()), "peft_version": cfg.get("peft_version"),
                 "base_model_name_or_path": cfg.get("base_model_name_or_path")}
     decoding = dataclasses.asdict(DecodeOptions())
     saved = _read_decoding(adapter_dir / DECODING)
