@@ -541,13 +541,10 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     device = torch.device(cfg_train.device)
     lm.to(device)
     tuner.to(device)
-    if hasattr(tuner, "sources_cut"):  # an encoder takes at most its position table: say how many sources are cut
-        for part, texts in (("training", [src for src, _ in splits.train]), ("test", [ex.source for ex in splits.test])):
-            cut, limit = tuner.sources_cut(texts)
-            if cut:
-                splits.notes.append(f"{cut} of {len(texts)} {part} sources are longer than the {limit} tokens "
-                                    f"{lm_name} takes; their ends are cut off")
-                log(f"data: {splits.notes[-1]}")
+    for part, texts in (("training", [src for src, _ in splits.train]), ("test", [ex.source for ex in splits.test])):
+        if (note := cut_note(tuner, texts, f"{part} ", lm_name)) is not None:  # an encoder takes its position table
+            splits.notes.append(note)
+            log(f"data: {note}")
     if hasattr(tuner, "targets_too_long"):  # an encoder-decoder's decoder holds a target whole: refused now, not mid-epoch
         targets = [t for _, t in splits.train + splits.validation]
         long, limit = tuner.targets_too_long(targets)
@@ -616,12 +613,18 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
 def say_cut(tuner: nn.Module, sources: Sequence[str], log: Callable[[str], None] | None) -> None:
     """An encoder-decoder reads at most its encoder's positions of a source: say how many sources
     lose their ends (train says it of its own splits; generate and eval did not)."""
-    if log is None or not hasattr(tuner, "sources_cut"):
-        return
+    if log is not None and (note := cut_note(tuner, sources)) is not None:
+        log(f"data: {note}")
+
+
+def cut_note(tuner: nn.Module, sources: Sequence[str], part: str = "", taker: str = "the encoder") -> str | None:
+    """"N of M {part}sources are longer than the L tokens {taker} takes; ...", where a tuner with an encoder
+    (sources_cut) cuts some of `sources`; None where it cuts none, or has no encoder."""
+    if not hasattr(tuner, "sources_cut"):
+        return None
     cut, limit = tuner.sources_cut(sources)
-    if cut:
-        log(f"data: {cut} of {len(sources)} sources are longer than the {limit} tokens the encoder takes; their ends "
-            f"are cut off")
+    return (f"{cut} of {len(sources)} {part}sources are longer than the {limit} tokens {taker} takes; their ends are "
+            f"cut off") if cut else None
 
 
 def decoding(config: dict, num_beams: int | None = None, max_new_tokens: int | None = None) -> DecodeOptions:
