@@ -404,6 +404,11 @@ def test_generate_reads_the_source_field_the_model_was_trained_with(tiny_lm, tmp
     assert main(["generate", "--model", str(tmp_path / "m"), "--input", str(pairs), "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["source"] for r in rows] == [f"name[A{i}]" for i in range(20)]
+    # a records file that is not there is said to be missing (with the model's field passed, read_sources took
+    # it for one source per line and blamed a --source-field the user never gave)
+    assert main(["generate", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.jsonl: no such file" in err and "--source-field" not in err, err
     # eval --split: validation is the held-out sources (it was refused for a single file, and on E2E scored the
     # pool the model trained on), train the rest, all every row of the file (refused before)
     n = {}
