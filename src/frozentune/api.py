@@ -26,6 +26,7 @@ from .data import (DataError, Dataset, TextSplit, encode_labels, load_classifica
                    read_texts, resolve, rows_like_it, text_groups)
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
+from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
 from .crossval import choose_folds, fit_cv
 from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits
@@ -230,8 +231,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         return train_generation(method, data, _lm_name(backbone), options, train_cfg, output, max_train, log=log,
                                 overwrite=overwrite, trust_remote_code=getattr(backbone, "trust_remote_code", False))
     spec = get_method(method)
-    refuse_unused(make_config(method, options), method)  # options set that the others leave unused: said before any work
-    trains_backbone = spec.encoder is None and make_config(method, options).train_backbone
+    method_cfg = make_config(method, options)
+    refuse_unused(method_cfg, method)  # options set that the others leave unused: said before any work
+    trains_backbone = spec.encoder is None and method_cfg.train_backbone
     if isinstance(backbone, Backbone) and trains_backbone:
         raise MethodError(f"method {method!r} trains the backbone, so it would change the loaded Backbone passed to "
                           f"train in place (a later run reusing it would start from this one's training); pass "
@@ -454,7 +456,7 @@ def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> Trai
 
 def _flags(options: Sequence[str]) -> str:
     """TrainConfig field names as the command line spells them: "--cv-folds, --fallback"."""
-    return ", ".join("--" + o.replace("_", "-") for o in options)
+    return ", ".join(map(as_flag, options))
 
 
 def _unused_cache_options(model: M.Classifier, method: str, cache_root: Path | None, rebuild_cache: bool,

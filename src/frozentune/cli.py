@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import interrupts
+from .fields import as_flag
 from .export import FORMATS as EXPORT_FORMATS
 from .interrupts import Interrupted
 from .interrupts import raise_interrupted as _raise_interrupted
@@ -75,8 +76,7 @@ def _whole(least: int) -> Callable[[str], int]:
     return parse
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+_flag = as_flag  # fields.as_flag: cv_folds → --cv-folds
 
 
 def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, defaults: dict | None = None,
@@ -633,7 +633,7 @@ def _building_options(a: argparse.Namespace) -> list[str]:
     defaults = vars(_parser().parse_args(["cache", "--list"]))
     folder = {"command", "data", "list", "prune", "json", "verify", "include_resumable", "cache_dir"}
     flag = {"token_types": "--no-token-types"}
-    return [flag.get(k, "--" + k.replace("_", "-")) for k, v in vars(a).items()
+    return [flag.get(k, _flag(k)) for k, v in vars(a).items()
             if k not in folder and k in defaults and v != defaults[k]]
 
 
@@ -726,7 +726,7 @@ def _serve_unused(given: dict, kinds: set[str]) -> list[str]:
     lines = []
     for kind, words, marks in (("generate", "generation", ("generate:",)), ("classify", "classification", ("classify:",)),
                                ("explain", "explaining", ("explain:",))):
-        unused = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(ServeOptions)
+        unused = [_flag(f.name) for f in dataclasses.fields(ServeOptions)
                   if f.name in given and f.metadata["help"].startswith(marks)]
         if kind not in kinds and unused:
             lines.append(f"serve: {', '.join(unused)} not used: no {words} task is served")

@@ -11,6 +11,11 @@ from typing import Any
 KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
 
 
+def as_flag(name: str) -> str:
+    """An options field's name as the command line spells it: cv_folds → --cv-folds."""
+    return "--" + name.replace("_", "-")
+
+
 def wrong_value(obj: Any, flag: bool = False) -> str | None:
     """The first field of dataclass instance `obj` whose value is not of its default's kind (bool,
     int, float, str; an int where a float is expected is fine, a bool is not a number), or not among
@@ -28,7 +33,7 @@ def wrong_value(obj: Any, flag: bool = False) -> str | None:
               number and isinstance(value, numbers.Integral) if kind is int else
               number if kind is float else  # NaN is a number here: the options' own rules refuse it, saying why
               isinstance(value, str))
-        shown = f"--{f.name.replace('_', '-')} {value!r}" if flag else f"{f.name}={value!r}"
+        shown = f"{as_flag(f.name)} {value!r}" if flag else f"{f.name}={value!r}"
         if not ok:
             return f"{shown}: {KINDS[kind]} is expected"
         choices = f.metadata.get("choices")

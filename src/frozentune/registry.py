@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .fields import as_flag
+
 
 @dataclass
 class MethodConfig:
@@ -34,7 +36,7 @@ def refuse_unused(cfg: Any, who: str, generating: bool = False) -> None:
     found = getattr(cfg, "unused", lambda: [])() + (getattr(cfg, "unused_generating", lambda: [])() if generating else [])
     for names, why in found:
         if names:  # a flag switched off is written as it was typed: --no-train-backbone
-            flags = [("--no-" if getattr(cfg, n) is False else "--") + n.replace("_", "-") for n in names]
+            flags = [as_flag("no_" + n if getattr(cfg, n) is False else n) for n in names]
             raise MethodError(f"{who}: {', '.join(flags)} {why}")
 
 
