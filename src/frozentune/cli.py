@@ -538,12 +538,13 @@ def _escape_line_breaks(text: str) -> str:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from .api import _stderr
-    from .generation.run import generate_sources, read_sources, reads_records
+    from .data import holds_records
+    from .generation.run import generate_sources, read_sources
 
     if a.source_field and not a.input:  # it was ignored: arguments have no fields
         raise CLIError("--source-field picks the field of an --input file of records; give --input FILE, or leave it "
                        "out for sources given as arguments")
-    records = a.input is not None and reads_records(a.input)  # records: the model's field by default
+    records = a.input is not None and holds_records(a.input)  # records (as read_sources reads them): the model's field
     field = a.source_field or (_saved_source_field(a.model) if records else None)
     sources = _arguments(a.sources, "source") + (read_sources(a.input, field) if a.input else [])
     if not sources:

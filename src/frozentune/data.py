@@ -157,6 +157,13 @@ def read_records(path: Path, skip_blank: bool = False) -> list[tuple[int, dict]]
                     + (f" ({compressed_note(path)})." if suffix in COMPRESSED else "."))
 
 
+def holds_records(path: Path) -> bool:
+    """Whether `path` is read as records rather than as lines of text: a data file (.jsonl, .json, .csv,
+    .tsv, .parquet, .arrow) that is there, or a `save_to_disk` folder of one split."""
+    path = Path(path)
+    return (path.suffix.lower() in SUFFIXES and path.is_file()) or is_hf_split_folder(path)
+
+
 def compressed_note(path: Path) -> str:
     """What to do with a compressed file, which is not read (its bytes are not text)."""
     how = _DECOMPRESS.get(path.suffix.lower(), "unzip")

@@ -163,7 +163,7 @@ def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list
     record; data.read_texts), anything else one text per line (data.read_lines). Files are read as
     --data reads them (UTF-8 errors named, compressed files refused, a text that is not a string is
     an error naming its line); a corpus is a bag of texts, so blank lines and empty texts are skipped."""
-    from ..data import SUFFIXES, is_hf_split_folder, read_lines, read_texts, resolve
+    from ..data import holds_records, is_hf_split_folder, read_lines, read_texts, resolve
 
     path = Path(corpus).expanduser()
     looks_like_path = path.suffix != "" or os.sep in corpus or path.exists()
@@ -177,8 +177,8 @@ def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list
         if "train" not in files:
             raise DataError(f"corpus {corpus}: no train file to pre-train on (found: {', '.join(sorted(files))})")
         path = files["train"]
-    if path.suffix.lower() in SUFFIXES or is_hf_split_folder(path):
-        texts = [str(t) for t in read_texts(path, text_field, skip_blank=True)]
+    if holds_records(path):
+        texts = read_texts(path, text_field, skip_blank=True)
     elif text_field != "text":
         raise DataError(f"--text-field {text_field}: {path} is read as plain text, one text per line, which has "
                         f"no fields; leave --text-field out, or give a .jsonl / .csv / .tsv file")

@@ -435,16 +435,16 @@ class OnnxClassifier:
     def run(self, texts: Sequence, batch_size: int = 32) -> dict[str, np.ndarray]:
         """Every output for `texts` (single texts, or (first, second) pairs for a pair model), in
         input order; per-token outputs padded to the longest text."""
-        return self._run(texts, batch_size)[0]
+        from ..api import given_texts
+
+        return self._run(given_texts(texts), batch_size)[0]
 
     def _run(self, texts: Sequence, batch_size: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(run's outputs, (N,) the inputs' token counts, specials included). `texts` are held to the
-        rules of api.given_texts (a list, nothing empty), as `predict --model` holds them."""
-        from ..api import given_texts
+        """(run's outputs, (N,) the inputs' token counts, specials included), for texts already checked
+        by api.given_texts (run and predict check them: a list, nothing empty, as `predict --model` holds them)."""
         from ..backbone import tokenize
         from ..pairs import pair_kind
 
-        texts = given_texts(texts)
         if pair_kind(list(texts)) != self.pairs:
             raise ExportError(f"--onnx {self.folder}: the graph takes {'sentence pairs' if self.pairs else 'single texts'}; "
                               f"give {'--pair FIRST SECOND' if self.pairs else 'texts'}")

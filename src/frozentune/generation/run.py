@@ -680,22 +680,13 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
             "metrics_by_group": metrics, "precision": precision_of(tuner.lm)}
 
 
-def reads_records(path: Path) -> bool:
-    """Whether read_sources reads `path` as records (a data file that is there, or a `save_to_disk` folder, as
-    predict --input reads them) rather than one source per line: generate passes the model's source field then."""
-    from ..data import SUFFIXES, is_hf_split_folder
-
-    path = Path(path)
-    return (path.suffix.lower() in SUFFIXES and path.is_file()) or is_hf_split_folder(path)
-
-
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     """Sources from a file: a .jsonl / .json / .csv / .tsv / .parquet / .arrow (or a `save_to_disk` folder) of
     E2E (`mr`), WebNLG (`triples`) or pairs records (`source`, or `source_field`), else one per line."""
-    from ..data import read_lines, read_records, table_source, unencodable
+    from ..data import holds_records, read_lines, read_records, table_source, unencodable
 
     path = Path(path)
-    if not reads_records(path):
+    if not holds_records(path):  # (generate passes the model's source field where this holds)
         if source_field is not None:
             raise DataError(f"--source-field {source_field}: {path} is read as one source per line, which has no fields; "
                             f"give a .jsonl / .csv / .tsv file, or leave --source-field out")
