@@ -184,7 +184,8 @@ def _sizes_line(config: dict, result: dict) -> str:
 
 def _backbone_line(name: str, base: str | None, backbone: dict, checked: bool = True) -> str:
     """checked: whether loading compares the backbone's weights with the hash (a saved head does; an ONNX
-    graph holds the backbone, so the hash only says which weights it was exported from)."""
+    graph holds the backbone, and PEFT's loading checks none, so there the hash only says which weights
+    it was made from)."""
     line = f"**Backbone.** `{name}`"
     if base and base != name:
         line += f" (Hub: [{base}](https://huggingface.co/{base}))"

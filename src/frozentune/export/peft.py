@@ -179,6 +179,9 @@ def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
 
 
 # ----------------------------------------------------------------------------- import
+SAVE_AGAIN = "save it again from PEFT with save_pretrained(FOLDER) (safetensors, its default)"  # a missing / damaged file
+
+
 def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
     """(adapter_config.json, prompt_embeddings (P, N·2·K)) of a PEFT prefix-tuning adapter for a
     causal LM, checked: anything else is an ExportError that says what it is and what to do."""
@@ -222,8 +225,8 @@ def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
     if not weights.is_file():
         other = " (it has adapter_model.bin, a pickle, which frozentune does not unpickle: re-save the adapter " \
                 "with save_pretrained(..., safe_serialization=True))" if (adapter_dir / "adapter_model.bin").exists() else ""
-        raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_WEIGHTS}{other or '; save it again from PEFT with save_pretrained(FOLDER) (safetensors, its default)'}")
-    state = read_safetensors(weights, ExportError, then="the adapter file is damaged: save it again from PEFT with save_pretrained(FOLDER) (safetensors, its default)")
+        raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_WEIGHTS}{other or '; ' + SAVE_AGAIN}")
+    state = read_safetensors(weights, ExportError, then=f"the adapter file is damaged: {SAVE_AGAIN}")
     if PEFT_KEY not in state:
         raise ExportError(f"{weights}: no {PEFT_KEY!r} tensor (found {sorted(state)[:5]}); not a prefix-tuning "
                           f"adapter as PEFT saves one")
