@@ -33,6 +33,11 @@ class ConvError(ValueError):
     """Bad encoder options, corpus or checkpoint; the message says what to do."""
 
 
+MIXER_OPTIONS = ("heads", "kernel_size", "dilation_growth", "dilation_cycle", "weight_dropout")
+MIXER_READS = {"light": {"heads", "kernel_size", "weight_dropout"}, "dynamic": {"heads", "kernel_size", "weight_dropout"},
+               "dilated": {"kernel_size", "dilation_growth", "dilation_cycle"}, "transformer": {"heads"}}  # (make_mixer)
+
+
 @dataclass
 class EncoderShape:
     """What defines an encoder apart from its position table (shared by `pretrain` and the `conv` method)."""
@@ -55,7 +60,7 @@ class EncoderShape:
             raise ConvError(f"arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
         if min(self.layers, self.dim, self.heads, self.ffn_dim) < 1:
             raise ConvError("layers, dim, heads and ffn_dim must be at least 1")
-        if self.dim % self.heads and self.arch != "dilated":  # the dilated mixer has no heads (unused() says so)
+        if self.dim % self.heads and "heads" in MIXER_READS[self.arch]:  # the dilated mixer has none (unused() says so)
             raise ConvError(f"heads {self.heads} must divide dim {self.dim}")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ConvError(f"kernel_size {self.kernel_size}: give an odd width (the kernel is centred)")
@@ -68,12 +73,8 @@ class EncoderShape:
                 raise ConvError(f"{name} {getattr(self, name)}: give a value in [0, 1)")
 
     def unused(self) -> list[tuple[list[str], str]]:
-        """Options of other mixers than --arch's (kernel width, dilation, kernel dropout)."""
-        used = ({"kernel_size"} if self.arch in CONVS else set()) | ({"heads"} if self.arch != "dilated" else set())
-        used |= {"dilation_growth", "dilation_cycle"} if self.arch == "dilated" else {"weight_dropout"} if \
-            self.arch in ("light", "dynamic") else set()
-        extra = changed(self, *(n for n in ("heads", "kernel_size", "dilation_growth", "dilation_cycle", "weight_dropout")
-                                if n not in used))
+        """Options of other mixers than --arch's (heads, kernel width, dilation, kernel dropout)."""
+        extra = changed(self, *(n for n in MIXER_OPTIONS if n not in MIXER_READS[self.arch]))
         one = len(extra) == 1
         return [(extra, f"{'does' if one else 'do'} not apply to --arch {self.arch}; leave {'it' if one else 'them'} out")]
 
