@@ -837,12 +837,12 @@ def test_a_generate_request_whose_client_left_is_not_decoded(engine):
             gate.open.set()
             assert first.result().status_code == 200
             assert c.post("/v1/generate", json={"prefix": "prefix-a", "source": SOURCES[1]}).status_code == 200
-        metrics = c_metrics = httpx.get(running.url + "/metrics", timeout=30).text
+        metrics = httpx.get(running.url + "/metrics", timeout=30).text
     finally:
         running.stop()
     decoded = [b.rows for b in e.batches if b.group == group.label]
     assert decoded == [1, 1], decoded  # the first and the last request: the 3 rows of the one that left never ran
-    assert 'frozentune_requests_total{endpoint="/v1/generate",status="499"} 1.0' in metrics, c_metrics
+    assert 'frozentune_requests_total{endpoint="/v1/generate",status="499"} 1.0' in metrics, metrics
 
 
 def test_engine_checks_requests_before_queueing(engine):
