@@ -24,7 +24,6 @@ HERE = Path(__file__).resolve().parent
 
 def child(texts: int) -> dict:
     import shutil
-    import time
 
     import torch
 
@@ -42,7 +41,6 @@ def child(texts: int) -> dict:
         tokens = bb.tokenize(data)
         g.bare(bb, tokens)
         bare = g.bare(bb, tokens)
-        t0 = time.perf_counter()
         total, extract = g.cached(bb, data)
         n = int(tokens.lengths.sum())
         return {"bare": bare, "cache": total, "cache_extract": extract, "tokens": n, "state_MB": n * bb.dim * 2 / 1e6}

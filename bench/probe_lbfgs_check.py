@@ -5,7 +5,7 @@
 It reproduces logistic regression's test accuracy, and shows its validation accuracy on SST-5 is
 below the AdamW probe's, which is why the probe keeps AdamW with early stopping.
 """
-import numpy as np, torch, time
+import torch, time
 from frozentune import api, model as M
 from frozentune.data import load_classification
 from frozentune.train import eval_batches, evaluate

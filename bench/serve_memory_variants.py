@@ -41,7 +41,6 @@ async def main():
     folders = [heads / n for n, _, _ in sl.HEADS]
     logdir = Path(tempfile.mkdtemp(prefix="memenv_"))
     servers = {}
-    names = [n for n, _, _ in sl.HEADS]
     for v, spec in VARIANTS.items():
         idx = spec.get("heads"); env = spec.get("env", {}); extra = spec.get("extra", [])
         for n in ((1, 8) if idx is None else (len(idx),)):

@@ -3,7 +3,6 @@ each choice means here, and (where tcmalloc is installed) a server started again
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 

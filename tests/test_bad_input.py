@@ -68,7 +68,7 @@ def train_args(data: Path, tiny_bert: Path, tmp_path: Path, *extra) -> list:
 def model_dir(tmp_path_factory, tiny_bert) -> Path:
     """A small trained probe (labels neg / pos) to load, damage and question."""
     root = tmp_path_factory.mktemp("saved")
-    data = write_jsonl(root / "d" / "train.jsonl", labelled(40))
+    write_jsonl(root / "d" / "train.jsonl", labelled(40))
     write_jsonl(root / "d" / "test.jsonl", labelled(10))
     cli(*train_args(root / "d", tiny_bert, root, "--output", root / "model"), code=0)
     return root / "model"

@@ -2,7 +2,6 @@
 (real MiniLM tokenizer) and a slice of the real MRPC files."""
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -21,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pytest
 import torch
@@ -31,6 +31,9 @@ from conftest import head_of_files, make_tiny_llama
 from frozentune import api
 from frozentune.cli import main
 from frozentune.generation.run import generate_sources
+
+if TYPE_CHECKING:
+    from frozentune.serve.graphs import HeadGraphs
 from numerics import assert_close, tol
 
 httpx = pytest.importorskip("httpx")

@@ -13,7 +13,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from torch import Tensor, nn
 
 from . import interrupts
 from .pairs import Text, is_pair, pair_kind, unzip
+
+if TYPE_CHECKING:
+    from .head import TokenView
 
 
 def _minilm_path() -> str:

@@ -30,7 +30,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import threading
 import time
 import uuid
