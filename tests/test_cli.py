@@ -232,6 +232,8 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
                                                                          "with --loss ce it is not used"),
     (["train", "--method", "finetune", "--data", "trec", "--no-train-backbone", "--top-layers", "1"],
      "finetune: --top-layers chooses which of the backbone's layers train: with --no-train-backbone none does"),
+    (["train", "--method", "contrastive", "--data", "trec", "--dropout", "0.2"],  # reached only the stand-in layer
+     "contrastive: --dropout does not reach the saved model: its linear layer is a logistic regression"),
     (["train", "--method", "conv", "--data", "trec", "--arch", "transformer", "--kernel-size", "3", "--weight-dropout",
       "0.5"], "conv: --kernel-size, --weight-dropout do not apply to --arch transformer"),
     (["train", "--method", "conv", "--data", "trec", "--arch", "light", "--dilation-cycle", "2"],

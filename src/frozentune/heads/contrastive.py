@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .. import distributed
 from ..head import Features, Output
-from ..registry import MethodError, register_method
+from ..registry import MethodError, changed, register_method
 from .probe import FinetuneConfig, LinearHead
 
 
@@ -53,6 +53,13 @@ class ContrastiveConfig(FinetuneConfig):
         "help": "weight same-class and different-class pairs equally in the loss (SetFit samples as many of each); "
                 "off: every pair of the batch counts the same, so with C balanced classes about 1/C of them are "
                 "same-class"})
+
+    def unused(self) -> list[tuple[list[str], str]]:
+        """The saved linear layer is a logistic regression solved on the tuned embeddings after training,
+        with no dropout in it: --dropout would reach only the stand-in layer that scores validation."""
+        return super().unused() + [
+            (changed(self, "dropout"), "does not reach the saved model: its linear layer is a logistic regression "
+                                      "solved on the embeddings after training; regularise it with --logreg-c")]
 
     def validate(self) -> None:
         super().validate()
