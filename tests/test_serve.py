@@ -848,6 +848,71 @@ def test_a_generate_request_whose_client_left_is_not_decoded(engine):
     assert 'frozentune_requests_total{endpoint="/v1/generate",status="499"} 1.0' in metrics, metrics
 
 
+def test_a_decode_stops_once_every_request_in_its_batch_is_gone(engine):
+    """A decode under way ran to its last token after its requests were cancelled (the client left, or
+    the grace period at shutdown ran out), holding the generation lane. It now stops at its next token
+    once every request with a row in the batch is gone; a batch shared with a request still waiting
+    decodes to the end for it."""
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=0.0, refill_wait_ms=0.0))
+    group = e.tasks["prefix-a"].group
+    n = 40  # new tokens asked for, all of them decoded (min_new_tokens keeps the end-of-text token away)
+    held = {"rows": 1, "steps": 0}  # the decode of this many rows is held at its third step until `go`
+    decoding, go = threading.Event(), threading.Event()
+
+    def step(module, args, output) -> None:  # a forward hook's return value would replace the output
+        if output.logits.shape[0] == held["rows"]:
+            held["steps"] += 1
+            if held["steps"] == 3:
+                decoding.set()
+                assert go.wait(30)
+
+    def ask(source: str):
+        return e.agenerate("prefix-a", [source], max_new_tokens=n, min_new_tokens=n)
+
+    async def alone() -> None:  # one request, cancelled three steps into its decode
+        task = asyncio.ensure_future(ask(SOURCES[0]))
+        assert await asyncio.to_thread(decoding.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        go.set()
+
+    async def shared() -> dict:  # two requests in one batch (queued behind a third), one of them cancelled
+        with Gate(group, part="run") as gate:
+            first = asyncio.ensure_future(ask(SOURCES[0]))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            leaving, staying = asyncio.ensure_future(ask(SOURCES[1])), asyncio.ensure_future(ask(SOURCES[2]))
+            deadline = time.monotonic() + 30
+            while e.batcher.depth < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            gate.open.set()
+            assert await asyncio.to_thread(decoding.wait, 30)  # the batch of two is three steps in
+            leaving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await leaving
+            go.set()
+            await first
+            return await staying
+
+    hook = group.lm.register_forward_hook(step)
+    try:
+        asyncio.run(alone())
+        deadline = time.monotonic() + 60
+        while not e.batches and time.monotonic() < deadline:  # the cancelled decode ends
+            time.sleep(0.01)
+        assert len(e.batches) == 1
+        assert held["steps"] < n // 2, f"{held['steps']} forward calls for {n} tokens: the decode ran on for nobody"
+        held.update(rows=2, steps=0)
+        decoding.clear(); go.clear()
+        out = asyncio.run(shared())
+        assert out["outputs"][0]["tokens"] == n  # the request still waiting got its whole decode
+        assert held["steps"] >= n and [b.rows for b in e.batches] == [1, 1, 2]
+    finally:
+        hook.remove()
+        go.set()
+        e.close()
+
+
 def test_engine_checks_requests_before_queueing(engine):
     depth = engine.batcher.depth
     for bad in ("one string", [], [""], [None]):

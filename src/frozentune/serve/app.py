@@ -254,7 +254,8 @@ class ClientGone(Exception):
 
 async def unless_gone(request, work: Awaitable):
     """`work`'s result, or ClientGone once the request's client disconnects: the work is then cancelled, so
-    its rows still queued are dropped (a row under way cannot be stopped; its answer is discarded).
+    its rows still queued are dropped, and a decode under way stops at its next token once every request
+    with a row in it is gone (Engine._await, LMGroup.run).
     uvicorn does not cancel a handler whose client went away: a generate request of 64 sources × 8 beams
     was decoded whole for nobody, holding up the generation lane. For generate only: a classify request
     is over in milliseconds."""

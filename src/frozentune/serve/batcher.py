@@ -73,6 +73,9 @@ class Job:
     payload: Any
     future: Future = field(default_factory=Future)
     t0: float = field(default_factory=time.perf_counter)
+    # set when nobody waits for the answer any more (its request cancelled: the client left, or cut off at
+    # shutdown); a group whose batch runs long (a decode) reads it to stop once every row of it is gone
+    gone: threading.Event | None = None
 
 
 @dataclass

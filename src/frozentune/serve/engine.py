@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -379,7 +380,8 @@ class Engine:
                     f"this model's encoder takes {room}: shorten it" if seq2seq else
                     f"with max_new_tokens {new} and the prefix this LM's context of {context} leaves {max(room, 0)}: "
                     f"shorten it or ask for fewer new tokens"), 413)
-        jobs = [Job(group, (beams, new, min_new_tokens), (len(x) + new) * beams, {"ids": x, "task": task}) for x in ids]
+        jobs = [Job(group, (beams, new, min_new_tokens), (len(x) + new) * beams, {"ids": x, "task": task},
+                    gone=threading.Event()) for x in ids]
 
         def assemble(results: list) -> dict:
             return {"prefix": task.name, "num_beams": beams, "max_new_tokens": new,
@@ -415,4 +417,10 @@ class Engine:
 
     async def _await(self, jobs: list[Job], assemble: Assemble):
         futures = self.batcher.submit(self._fits(jobs))
-        return assemble(list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))))
+        try:
+            return assemble(list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))))
+        except asyncio.CancelledError:  # rows still queued are dropped (their futures cancelled); a decode under
+            for j in jobs:              # way stops at its next token once all of its rows are gone (LMGroup.run)
+                if j.gone is not None:
+                    j.gone.set()
+            raise
