@@ -1078,6 +1078,30 @@ def test_serve_cli_refuses_an_allocator_it_cannot_have(models, monkeypatch):
         row="serve: an allocator that is not installed")
 
 
+def test_the_port_is_held_while_the_models_load():
+    """serve takes its socket before loading the models. It was bound and not listening, and two
+    SO_REUSEADDR sockets may both bind a port until one listens: another process took the port while
+    the models loaded, and serve still said it listened there. Now no other socket can bind it."""
+    import socket
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as held:
+        port = held.getsockname()[1]
+        other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            with pytest.raises(OSError):
+                other.bind(("127.0.0.1", port))
+                other.listen()
+        finally:
+            other.close()
+        with pytest.raises(ValueError, match=f"--port {port}: 127.0.0.1:{port} is already in use"):
+            listen_socket("127.0.0.1", port)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # queued until the server accepts
+            pass
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preloading an allocator is done on Linux only")
 def test_serve_starts_again_on_tcmalloc(models, tmp_path):
     """`frozentune serve --allocator tcmalloc` from a command line: the same process (exec) runs on

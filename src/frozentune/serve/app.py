@@ -462,7 +462,7 @@ class Running:
 
 def listen_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port) the way asyncio binds one for uvicorn (SO_REUSEADDR, proto
-    TCP; IPv6 where the host has a ':'), for `serve` to take before loading any model: a port in use
+    TCP; IPv6 where the host has a ':'), listening, for `serve` to take before loading any model: a port in use
     or an address this machine lacks is then said at once, not after minutes of loading. ValueError
     says what to do. A host name binds the first address it resolves to (uvicorn's own bind listened
     on every address of "localhost", IPv4 and IPv6)."""
@@ -474,6 +474,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # listening at once: two SO_REUSEADDR sockets may both bind a port until one listens, so a bound-only
+        # socket let another process take the port while the models loaded, and serve said it listened there.
+        # Connections made while the models load wait in the backlog and are answered once they are up.
+        sock.listen(2048)  # uvicorn's default backlog
     except OSError as e:
         sock.close()
         if isinstance(e, socket.gaierror):
