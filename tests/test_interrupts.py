@@ -301,3 +301,64 @@ def test_an_interrupt_lost_in_a_callback_is_not_printed(capsys, monkeypatch):
     Dies(ValueError("a real error in a destructor"))
     gc.collect()
     assert "a real error in a destructor" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the output folder's last renames
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_an_interrupt_between_the_output_renames_waits_for_both(tmp_path, monkeypatch):
+    """--overwrite moves the old folder aside, then the new one in. A Ctrl-C between the two renames left
+    neither in place (the old model hidden in .NAME.replaced-…) and said the folder was as it was. Both
+    renames now happen; the interrupt is recorded for the next check, not raised over a finished save."""
+    from frozentune import interrupts
+    from frozentune.output import staged_output
+
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "config.json").write_text('{"format": "frozentune/1"}')
+    (out / ".frozentune-files").write_text('["config.json"]')
+    real = Path.rename
+
+    def rename(self, target):
+        moved = real(self, target)
+        if self == out:  # the old folder is aside: Ctrl-C now
+            signal.raise_signal(signal.SIGINT)
+        return moved
+
+    monkeypatch.setattr(Path, "rename", rename)
+    try:
+        with staged_output(out, overwrite=True) as folder:
+            (folder / "config.json").write_text('{"format": "frozentune/1", "new": true}')
+        assert json.loads((out / "config.json").read_text())["new"] is True
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+    finally:
+        interrupts.clear()
+
+
+def test_what_a_killed_save_left_is_cleaned_or_put_back(tmp_path):
+    """SIGKILL during a save left hidden .NAME.partial-PID-… folders (a model, an ONNX graph: tens of MB)
+    for ever, and one killed between its renames left the old model hidden in .NAME.replaced-PID-…. The
+    next command on that --output removes a dead process's staging folders and puts the old one back;
+    a live process's are left alone."""
+    from frozentune.output import OutputError, check_output
+
+    dead, alive = _dead_pid(), __import__("os").getpid()
+    out = tmp_path / "m"
+    for name in (f".m.partial-{dead}-ab12cd34", f".m.partial-{alive}-ab12cd34", f".m.replaced-{dead}-ef56ab78"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"format": "frozentune/1"}')
+    (tmp_path / f".m.replaced-{dead}-ef56ab78" / ".frozentune-files").write_text('["config.json"]')
+    with pytest.raises(OutputError, match="already holds a saved model"):  # the old model, put back
+        check_output(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".m.partial-{alive}-ab12cd34", "m"]
+    (out / f".partial-{dead}-0a0b0c0d").mkdir()  # staged inside a folder written in place
+    check_output(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == [".frozentune-files", "config.json"]

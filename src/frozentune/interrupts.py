@@ -13,9 +13,11 @@ printed (tests/test_interrupts.py, test_train_interrupted_during_extraction: exi
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 _pending: list[int] = []  # signals whose exception has been raised, until the command ends (`clear`)
 
@@ -55,6 +57,29 @@ def check() -> None:
         if _pending[-1] == signal.SIGINT:
             raise KeyboardInterrupt
         raise Interrupted(_pending[-1])
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """SIGINT and SIGTERM recorded, not raised, while the block runs (a few renames that must happen
+    together: an interrupt between two of them hid a saved model). The block's work is then done, so the
+    signal is not raised after it either (the message would say nothing was saved); it is recorded for
+    `check`, which a long loop after it calls."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, handler in before.items():
+        if callable(handler):  # an ignored signal stays ignored
+            signal.signal(s, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if callable(handler):
+                signal.signal(s, handler)
+    _pending.extend(got)
 
 
 def clear() -> None:

@@ -1,10 +1,13 @@
 """Output folders of training runs: checked before any work starts, written whole or not at all.
 
 `check_output` refuses, up front, an --output that is a file, that cannot be written, that holds
-another saved model (unless overwrite) or other files. `staged_output` gives a temporary sibling
-folder to write into; only when everything is written is it renamed into place (an existing
-model it replaces is moved aside first and removed last), so an interrupted or failed run leaves
-the user's folder exactly as it was.
+another saved model (unless overwrite) or other files, that is a link to nothing. `staged_output`
+gives a temporary sibling folder to write into; only when everything is written is it renamed into
+place (an existing model it replaces is moved aside first and removed last), so an interrupted or
+failed run leaves the user's folder exactly as it was. A link to a folder is written through (its
+target receives the files). An existing folder that cannot be renamed (a mount point, or one whose
+parent is not writable) is written in place instead: the files are staged inside it and moved in
+when all are written.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import tempfile
 import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from . import interrupts
 
 MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
                "onnx.json", "model.onnx", "sweep.json")  # sweep.json: a `frozentune sweep` folder (its model in best/)
@@ -44,14 +49,67 @@ def _writable(folder: Path) -> bool:
     return True
 
 
-def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = (), kind: str = "model") -> None:
+def _followed(output: Path) -> Path:
+    """`output`, or the folder it links to: a link is written through, not replaced by a folder. A link
+    to nothing is refused (renaming a folder onto it failed after all the work was done)."""
+    if not output.is_symlink():
+        return output
+    target = Path(os.path.realpath(output))
+    if not target.exists():
+        raise OutputError(f"--output {output}: a link to {os.readlink(output)}, which does not exist; create that "
+                          f"folder, or give another --output")
+    return target
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _clean_stale(output: Path) -> None:
+    """What staged_output left of a run killed outright (SIGKILL, a power cut): its staging folders beside
+    or inside `output` (a model or an ONNX graph, tens of MB each, hidden and kept for ever) removed, and
+    an old folder it had moved aside and not yet replaced put back. Only a dead process's: each name
+    carries its process id."""
+    places = [(output.parent, f".{output.name}.")] + ([(output, ".")] if output.is_dir() else [])
+    for folder, start in places:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            kind, _, tag = p.name.removeprefix(start).partition("-")
+            if not p.name.startswith(start) or kind not in ("partial", "replaced") or not p.is_dir() \
+                    or not tag.partition("-")[0].isdigit() or _alive(int(tag.partition("-")[0])):
+                continue
+            if kind == "replaced" and folder == output.parent and not output.exists():
+                p.rename(output)  # killed between its two renames: the old folder is the user's
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _in_place(output: Path) -> bool:
+    """Whether an existing output folder must be written in place: it cannot be renamed aside, being a
+    mount point (a container's volume) or in a folder this process cannot write."""
+    return output.is_dir() and (os.path.ismount(output) or not _writable(output.parent))
+
+
+def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = (), kind: str = "model",
+                 staging: str | None = None) -> None:
     """Raise OutputError unless `output` can receive what a command writes (`kind`, one of KINDS: a
     saved model, a sweep's folder, an ONNX export, a PEFT adapter): a new path in a writable folder,
     an empty folder, or (with overwrite) a folder holding one of the same kind written earlier
     (--overwrite of an export does not replace a model, nor a sweep's a model, nor the reverse).
     `reads`: the folders the command reads (an export's --model): the output may be none of them,
-    nor hold or lie inside one, since it is replaced whole."""
-    output = Path(output)
+    nor hold or lie inside one, since it is replaced whole. `staging`: the name of staged_output's own
+    folder inside `output` (written in place), not counted as an entry of it."""
+    output = _followed(Path(output))
+    _clean_stale(output)
     for source in map(Path, reads):
         a, b = output.resolve(), source.resolve()
         if a == b or a in b.parents or b in a.parents:
@@ -64,13 +122,13 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
         parent = parent.parent
     if not parent.is_dir():
         raise OutputError(f"--output {output}: {parent} is a file, so the folder cannot be created there")
-    # an existing output is renamed away and replaced (its parent is written), and must itself be writable
-    for folder in (output, output.parent) if output.exists() else (parent,):
-        if not _writable(folder):
-            raise OutputError(f"--output {output}: {folder} is not writable; choose a folder you can write to")
+    # an existing output is renamed away and replaced where its parent is writable, else written in place
+    if not _writable(output if output.exists() else parent):
+        raise OutputError(f"--output {output}: {output if output.exists() else parent} is not writable; choose a "
+                          f"folder you can write to")
     if not output.is_dir():
         return
-    present = sorted(p.name for p in output.iterdir())
+    present = sorted(p.name for p in output.iterdir() if p.name != staging)
     if not present:
         return
     if any(name in present for name in MODEL_FILES):
@@ -143,20 +201,41 @@ def record_written(folder: Path, name: str) -> None:
 @contextlib.contextmanager
 def staged_output(output: Path, overwrite: bool = False, kind: str = "model") -> Iterator[Path]:
     """Yield a temporary folder beside `output`; on success it replaces `output` (checked again
-    first); on any exception, interrupts included, it is removed and `output` is untouched."""
-    output = Path(output)
+    first); on any exception, interrupts included, it is removed and `output` is untouched. A link to
+    a folder is written through; a folder that cannot be renamed (_in_place) gets the temporary
+    folder inside it, whose entries replace its own once all are written."""
+    output = _followed(Path(output))
     output.parent.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp = output.parent / f".{output.name}.partial-{tag}"
+    inside = _in_place(output)
+    tmp = output / f".partial-{tag}" if inside else output.parent / f".{output.name}.partial-{tag}"
     tmp.mkdir()
     try:
         yield tmp
         (tmp / MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
-        check_output(output, overwrite, kind=kind)
+        check_output(output, overwrite, kind=kind, staging=tmp.name if inside else None)
+        if inside:
+            _replace_entries(output, tmp, tag)
+            return
         old = output.parent / f".{output.name}.replaced-{tag}"
-        if output.is_dir():
-            output.rename(old)
-        tmp.rename(output)
+        with interrupts.held():  # an interrupt between the two renames left neither folder in place
+            if output.is_dir():
+                output.rename(old)
+            tmp.rename(output)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_entries(output: Path, tmp: Path, tag: str) -> None:
+    """`output`'s entries (checked: frozentune's own, or none) moved aside into a folder inside it, `tmp`'s
+    moved in, the old ones removed: renames within one folder, for a folder that cannot itself be renamed."""
+    old = output / f".replaced-{tag}"
+    old.mkdir()
+    with interrupts.held():
+        for p in list(output.iterdir()):
+            if p.name not in (tmp.name, old.name):
+                p.rename(old / p.name)
+        for p in list(tmp.iterdir()):
+            p.rename(output / p.name)
+    shutil.rmtree(old, ignore_errors=True)
