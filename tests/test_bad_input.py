@@ -325,6 +325,87 @@ def test_overwrite_replaces_only_what_frozentune_wrote(tmp_path, tiny_bert, mode
     assert tree(hf) == before
 
 
+def test_output_through_links_and_into_folders_that_cannot_be_renamed(tmp_path, tiny_bert, model_dir):
+    """A link to nothing crashed after training (a folder renamed onto it); a link to a folder was replaced
+    by a folder, its target left empty and a link to it left behind; an existing folder that cannot be
+    renamed (a mount point, or inside a read-only folder) crashed after training or was refused though
+    writable. Now: refused before any work, written through, written in place."""
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30, ("a", "b")))
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere" / "x")
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", dangling), contains=("a link to", "which does not exist"))
+    assert not (tmp_path / "cache").exists()  # before any extraction
+    target = tmp_path / "target"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", link), code=0)
+    assert link.is_symlink() and (target / "config.json").is_file()
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", link, "--overwrite"), code=0)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # nothing left beside it
+    if os.geteuid() == 0:  # a mount point inside a read-only mount: only root can make one
+        holder = tmp_path / "holder"
+        holder.mkdir()
+        mounted = []
+        try:
+            for where, opts in ((holder, "size=1m"), (holder / "volume", "size=4m")):
+                if where == holder / "volume":
+                    where.mkdir()
+                got = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True)
+                if got.returncode != 0:
+                    pytest.skip(f"mounting a tmpfs failed: {got.stderr.decode().strip()}")
+                mounted.append(where)
+            subprocess.run(["mount", "-o", "remount,ro", str(holder)], check=True)
+            volume = holder / "volume"
+            cli(*train_args(data, tiny_bert, tmp_path, "--output", volume), code=0)
+            cli(*train_args(data, tiny_bert, tmp_path, "--output", volume, "--overwrite"), code=0)
+            assert (volume / "config.json").is_file() and not [p for p in volume.iterdir() if p.name.startswith(".p")]
+            assert json.loads((volume / ".frozentune-files").read_text()) == sorted(
+                p.name for p in volume.iterdir() if p.name != ".frozentune-files")
+        finally:
+            for where in reversed(mounted):
+                subprocess.run(["umount", str(where)], check=True)
+    else:  # a writable folder in a read-only one
+        holder = tmp_path / "holder"
+        (holder / "mine").mkdir(parents=True)
+        holder.chmod(0o555)
+        try:
+            cli(*train_args(data, tiny_bert, tmp_path, "--output", holder / "mine"), code=0)
+            assert (holder / "mine" / "config.json").is_file()
+        finally:
+            holder.chmod(0o755)
+
+
+def test_files_it_may_not_read_and_a_full_disk_are_one_line(tmp_path, tiny_bert, monkeypatch):
+    """An unreadable data file (and folder, model, cache) and a disk that filled while the model was saved
+    gave tracebacks, the latter after all the training. Each is one line naming the file and what to do,
+    exit 2; a failed save leaves no output folder."""
+    import builtins
+
+    from safetensors import SafetensorError
+
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    real_open = builtins.open
+
+    def locked(file, *a, **k):  # root reads any file whatever its mode, so the refusal is made here
+        if Path(str(file)) == data:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", locked)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "m"), contains=(str(data), "permission denied",
+                                                                                       "ls -ld"))
+    monkeypatch.setattr(builtins, "open", real_open)
+
+    def full(*a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "m"),
+        contains=("model.safetensors: no space left on its device", "the output folder is as it was"))
+    assert not (tmp_path / "m").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 # ----------------------------------------------------------------------------- saved models
 def test_damaged_saved_models_refuse_to_load(model_copy):
     weights = model_copy / "model.safetensors"

@@ -188,7 +188,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                    "cache still holds the whole split's states, extracted once and shared by every sample)")
     t.add_argument("--shots", type=_whole(1), metavar="K", help="use K training examples of each class (seeded by --seed; "
                    "whole sentences of a phrase treebank) for few-shot runs")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--quiet", action="store_true", help="no progress bar (a build of over 50 MB of states still says a "
+                   "line a minute, as where no terminal shows the bar)")
     t.add_argument("--overwrite", action="store_true", help="replace a model already saved in --output (otherwise refused)")
     _backbone_args(t)
     g = t.add_argument_group("generation (e2e, webnlg)")
@@ -284,7 +285,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--text-field", default="text")
     c.add_argument("--text-pair-field", help=PAIR_HELP)
     c.add_argument("--label-field", default="label")
-    c.add_argument("--quiet", action="store_true")
+    c.add_argument("--quiet", action="store_true", help="no progress bar (a build of over 50 MB of states still says a "
+                   "line a minute, as where no terminal shows the bar)")
     _backbone_args(c)
 
     pt = sub.add_parser("pretrain", help="pre-train a conv or Transformer encoder by masked language modelling "
@@ -466,6 +468,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
                        "options: --source-field, --target-field, --num-beams, --max-test)" if generation else
                        "generation models; this is a classification model (its options: --text-field, "
                        "--text-pair-field, --label-field, --cache-dir, --rebuild-cache)"))
+    on_interrupt(CACHE_KEPT)
     if generation:
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
                                              source_field=a.source_field, target_field=a.target_field,
@@ -589,6 +592,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 def cmd_plot_concepts(a: argparse.Namespace) -> int:
     from . import api
+    on_interrupt(CACHE_KEPT)
     try:
         r = api.plot_concepts(a.model, a.data, a.output, a.split, a.max_points, a.text_field, a.label_field,
                               a.cache_dir, progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
@@ -835,6 +839,9 @@ def cmd_list() -> int:
 
 # what an interrupt of the running command leaves behind; commands that keep something set it
 _on_interrupt = {"note": "nothing was saved"}
+# what an interrupted eval / plot-concepts keeps: a cached model's states are extracted into the cache
+CACHE_KEPT = ("nothing was saved but the cache: a cached model's finished cache shards are kept (a rerun resumes "
+              "from them)")
 
 
 def on_interrupt(note: str) -> None:
@@ -860,6 +867,23 @@ def _report_interrupt(e: BaseException) -> int:
     print(f"frozentune: interrupted by {signal.Signals(signum).name}; {_on_interrupt['note']}",
           file=sys.stderr, flush=True)
     return 128 + int(signum)
+
+
+def _environment_line(e: OSError) -> str | None:
+    """One line for an OSError that the machine's state caused, not the program (a file it may not read,
+    a full disk, a read-only file system), saying what to do; None for any other (left as a traceback)."""
+    import errno
+
+    path = e.filename if e.filename is not None else "a file"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (f"{path}: permission denied; give this user access to it (ls -ld {path} shows who may read and "
+                f"write it), or choose another path")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"{path}: no space left on its device ({e.strerror}); free some there (frozentune cache --prune "
+                f"removes unfinished cache builds) or choose another place")
+    if e.errno == errno.EROFS:
+        return f"{path}: on a read-only file system; choose a place that can be written"
+    return None
 
 
 def _one_line(e: BaseException) -> str:
@@ -985,6 +1009,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except (KeyboardInterrupt, Interrupted) as e:
         return _report_interrupt(e)
+    except OSError as e:
+        if (line := _environment_line(e)) is None:
+            raise
+        print(f"frozentune: error: {line}; {_on_interrupt['note']}", file=sys.stderr)
+        return 2
     except Exception as e:
         if (cause := _interrupt_in_chain(e)) is None:
             raise

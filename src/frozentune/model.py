@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -196,18 +197,33 @@ def build_classifier(method: str, backbone: Backbone, labels: list[str],
     return Classifier(method, cfg, head, backbone, labels, cache_dtype)
 
 
+def save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, with its I/O errors raised as the OSError they are, naming the file (it
+    raised SafetensorError("... No space left on device (os error 28)"), printed as a traceback), and
+    the file's mode set by the umask as any other file's (safetensors writes 0600)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        if (code := re.search(r"os error (\d+)", str(e))) is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
     """A saved model folder: folder/model.safetensors (the tensors, contiguous on the CPU) and
     folder/config.json (`config` after the format tag; config["method"] also tags the weights)."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(folder / WEIGHTS),
-              metadata={"method": config["method"]})
+    save_tensors({k: v.detach().cpu().contiguous() for k, v in state.items()}, folder / WEIGHTS,
+                 metadata={"method": config["method"]})
     config = {"format": "frozentune/1", **config, "weights_file": file_checksum(folder / WEIGHTS)}
     (folder / CONFIG).write_text(json.dumps(config, indent=2, allow_nan=False))
-    shutil.copymode(folder / CONFIG, folder / WEIGHTS)  # safetensors writes 0600; the folder's other files follow the umask
 
 
 def file_checksum(path: Path) -> dict:

@@ -276,7 +276,7 @@ def load_optimizer(path: Path, device: torch.device) -> dict:
 
 def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, config: dict,
                      curve: list[dict], rank_rngs: list[Tensor] | None = None) -> Path:
-    from safetensors.torch import save_file
+    from ..model import save_tensors
 
     name = f"step-{config['step']:07d}"
     tmp = output / f".tmp-{name}-{os.getpid()}"
@@ -284,11 +284,12 @@ def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, 
         shutil.rmtree(tmp)
     tmp.mkdir()
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+    save_tensors(state, tmp / WEIGHTS, metadata={"format": FORMAT})
     extra = {"optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()}
     if rank_rngs is not None:  # data-parallel: every rank's state (rank 0's is torch_rng)
         extra["rank_rngs"] = rank_rngs
-    torch.save(extra, tmp / OPTIMIZER)
+    with open(tmp / OPTIMIZER, "wb") as f:  # a full disk is then an OSError, not torch's RuntimeError
+        torch.save(extra, f)
     (tmp / CURVE).write_text("".join(json.dumps(r) + "\n" for r in curve))
     (tmp / CONFIG).write_text(json.dumps(config, indent=2))
     final = output / name

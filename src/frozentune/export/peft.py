@@ -123,8 +123,7 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     """Write the prefix saved in `model_dir` (a `frozentune train --method prefix` output) as a
     PEFT adapter folder `output` that `PeftModel.from_pretrained(lm, output)` loads. Returns a
     summary. The folder is written whole or not at all."""
-    from safetensors.torch import save_file
-
+    from ..model import save_tensors
     from ..output import check_output, staged_output
     from .card import read_result, write_card
 
@@ -140,7 +139,7 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     flat = to_peft(prefix.float())
     with staged_output(output, overwrite, kind="peft") as folder:
         cfg.save_pretrained(str(folder))
-        save_file({PEFT_KEY: flat}, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_tensors({PEFT_KEY: flat}, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})
         write_card(folder, config, read_result(model_dir), exported={"format": "peft", "from": str(model_dir),
                                                                    "base_model_name_or_path": base})
         if config.get("decoding"):  # PEFT's config has no place for them; import reads them back
