@@ -284,6 +284,36 @@ def test_disk_full_while_extracting(tiny_bert, trec_slice, tmp_path, monkeypatch
     assert sorted(p.name for p in folder.iterdir()) == [".active", "ids.bin", "plan.json", "states.bin"]
 
 
+def test_a_build_larger_than_the_free_space_is_refused_before_it_starts(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """A build whose states could not fit failed with a full disk after minutes of extraction, holding the
+    space it had taken. It is now refused before any extraction, with its size and the free space."""
+    import collections
+
+    import frozentune.cache as C
+
+    real = C.shutil.disk_usage
+    monkeypatch.setattr(C.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(1, 1, 1000))
+    root = tmp_path / "cache"
+    cli(*cache_args(trec_slice, tiny_bert, root), code=2, contains=(str(root), "GB are free there", "--cache-dir", "--prune"))
+    assert list(root.iterdir()) == []  # no build folder: nothing was extracted
+    monkeypatch.setattr(C.shutil, "disk_usage", real)
+    cli(*cache_args(trec_slice, tiny_bert, root), code=0)
+
+
+def test_a_large_build_is_said_before_it_starts_and_as_it_runs_without_a_terminal(tiny_bert, trec_slice, tmp_path,
+                                                                                  monkeypatch):
+    """Where no terminal shows a bar (a log file, CI), a 25,000-text build extracted for 50 minutes with no
+    word. A large one is now said before it starts (texts, tokens, bytes, free space, why the whole file)
+    and then every EVERY_S seconds (texts done, rate, time left)."""
+    import frozentune.cache as C
+
+    monkeypatch.setattr(C, "SIZE_SAID", 0)  # every build counts as large; the tiny ones here take milliseconds
+    monkeypatch.setattr(C, "EVERY_S", 0.0)
+    answer = cli(*cache_args(trec_slice, tiny_bert, tmp_path / "cache"), code=0)
+    assert re.search(r"cache: extracting [\d,]+ texts \([\d,]+ tokens\) for entry \S+: [\d.]+ GB of states", answer.err)
+    assert re.search(r"extracting: [\d,]+ of [\d,]+ texts, [\d,]+ texts/s, about \d+ min left", answer.err)
+
+
 def test_file_digests_need_no_python_3_11():
     """hashlib.file_digest exists from Python 3.11; the package says 3.10. blake2b_of reads in blocks and gives
     the digest of the whole, across block edges and through a limited view."""
