@@ -336,6 +336,39 @@ def test_device_messages_say_what_to_do():
         resolve_device("mps" if not torch.backends.mps.is_available() else "cuda:99")
 
 
+def test_predict_gives_its_rows_a_chunk_at_a_time(trained, monkeypatch, capsys):
+    """25,000 texts were all tokenised and scored before the first row came out (2.6 GB, minutes with no
+    word, nothing kept on Ctrl-C). Rows now come a chunk at a time, the same rows as in one chunk (within
+    float32 rounding of a 2-layer pass: batches are padded to other lengths), with a progress line, the
+    note of cut texts once at the end, and an error naming the text by its place among all of them."""
+    from numerics import assert_close, dot, linear, softmax, transformer
+
+    from frozentune import api
+    from frozentune import train as T
+    from frozentune.data import DataError
+
+    out = trained[0]
+    texts = [f"question number {i} about {'a very long winding subject ' * (i % 4)}?" for i in range(8)]
+    whole = api.predict(out, texts, precision="fp32")
+    lines: list[str] = []
+    monkeypatch.setattr(T, "PROGRESS_EVERY_S", 0.0)
+    chunked = list(api.predict_stream(out, texts, precision="fp32", log=lines.append, chunk=3))
+    assert [r["text"] for r in chunked] == texts and [r["label"] for r in chunked] == [r["label"] for r in whole]
+    assert [r.get("truncated") for r in chunked] == [r.get("truncated") for r in whole]
+    labels = list(whole[0]["scores"])
+    assert_close(torch.tensor([[r["scores"][k] for k in labels] for r in chunked]),
+                 torch.tensor([[r["scores"][k] for k in labels] for r in whole]),
+                 ops=transformer(2, 32, 64, 32, 8) + dot(32) + linear(32) + softmax(len(labels)), dtype=torch.float32)
+    assert [line.split(",")[0] for line in lines if line.startswith("predict:")] == ["predict: 3 of 8 texts",
+                                                                                     "predict: 6 of 8 texts"]
+    with pytest.raises(DataError, match=re.escape("texts[4]: the tokenizer keeps none of its characters")):
+        list(api.predict_stream(out, texts[:4] + ["\u0301\u0301"], chunk=3))
+    # the CLI prints each chunk's rows when they are done
+    monkeypatch.setattr(api, "PREDICT_CHUNK", 3)
+    code, stdout, err = run(capsys, "predict", "--model", out, *texts)
+    assert code == 0 and [json.loads(line)["label"] for line in stdout.splitlines()] == [r["label"] for r in whole]
+
+
 def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp_path):
     """The API took a bare string as one text per character, and met an empty list, None, top=-1 and
     an unknown training option with errors from deep inside torch / transformers / dataclasses."""

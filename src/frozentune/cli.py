@@ -528,8 +528,10 @@ def cmd_predict(a: argparse.Namespace) -> int:
             print(json.dumps(row, ensure_ascii=False, allow_nan=False))
         return 0
     texts = _inputs(a, "predict")
-    for row in api.predict(a.model, texts, a.device, a.precision):
-        print(json.dumps(row, ensure_ascii=False, allow_nan=False))
+    for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
+        print(json.dumps(row, ensure_ascii=False, allow_nan=False), flush=n % api.PREDICT_CHUNK == 0)
+        if n % api.PREDICT_CHUNK == 0:
+            on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest were not)")
     return 0
 
 
