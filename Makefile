@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: install
-	$(BIN)/frozentune train --method probe --data sst2 --backbone minilm --output runs/demo
+	$(BIN)/frozentune train --method probe --data sst2 --backbone minilm --output runs/demo --overwrite
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
