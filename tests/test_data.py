@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -149,6 +150,14 @@ def test_numeric_labels_are_names_sorted_numerically(tmp_path):
 def test_bad_jsonl_messages(tmp_path, content, needle):
     with pytest.raises(DataError, match=needle.replace("(", r"\(")):
         read_split(write(tmp_path / "d.jsonl", content))
+
+
+def test_rows_missing_a_field_are_counted_like_other_bad_rows(tmp_path):
+    """An empty text was named with how many rows share it; a missing label stopped at the first row."""
+    rows = '{"text": "a", "label": "x"}\n{"text": "b"}\n{"text": "c", "label": "y"}\n{"text": "d"}\n'
+    with pytest.raises(DataError, match=re.escape("d.jsonl:2: missing field 'label'; the fields here are: 'text' "
+                                                  "(2 rows like it: lines 2, 4). Choose the fields with --text-field")):
+        read_split(write(tmp_path / "d.jsonl", rows))
 
 
 def test_bad_csv_messages(tmp_path):

@@ -626,11 +626,19 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     texts, labels, lines = [], [], []
     problems: dict[str, list[int]] = {}  # kind of problem → its lines
     details: dict[str, str] = {}         # kind of problem → the first row's detail
+    advice: dict[str, str] = {}          # kind of problem → what to do, where not the usual
     spellings: dict[str, set[str]] = {}
     fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
+    flags = "--text-field / --text-pair-field / --label-field" if pair_field else "--text-field / --label-field"
     for n, rec in read_records(path):
-        _require_fields(path, n, rec, fields, pair_field,
-                        "--text-field / --text-pair-field / --label-field" if pair_field else "--text-field / --label-field")
+        if missing := [fld for fld in fields if fld not in rec]:  # counted like the problems below (it stopped at the first)
+            kind = f"missing field {missing[0]!r}"
+            problems.setdefault(kind, []).append(n)
+            flag = "--text-pair-field" if missing[0] == pair_field else flags
+            details.setdefault(kind, f"; the fields here are: {', '.join(map(repr, rec))}")
+            advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}, or fix or remove those "
+                                    f"rows.")
+            continue
         label = label_name(rec[label_field])
         found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
         if label is None:  # the value is the detail: rows of other missing values are counted alike
@@ -650,8 +658,9 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     if problems:
         what, at = min(problems.items(), key=lambda kv: kv[1][0])
         more = rows_like_it(at)
-        raise DataError(f"{path}:{at[0]}: {what}{details[what]}{more}. Fix or remove those rows, or pick the columns "
-                        f"with --text-field / --label-field" + (" / --text-pair-field." if pair_field else "."))
+        raise DataError(f"{path}:{at[0]}: {what}{details[what]}{more}. " + advice.get(what, (
+            "Fix or remove those rows, or pick the columns with --text-field / --label-field"
+            + (" / --text-pair-field." if pair_field else "."))))
     return TextSplit(texts, labels, str(path), lines,
                      label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1})
 
