@@ -376,6 +376,21 @@ def test_output_through_links_and_into_folders_that_cannot_be_renamed(tmp_path, 
             holder.chmod(0o755)
 
 
+def test_pretrain_output_checked_before_any_work(tmp_path):
+    """pretrain writes into its --output as it runs and checked only that it was not a file: a read-only
+    folder, or a link to nothing, failed with a traceback once the corpus and the model were built."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i} of a small corpus\n" for i in range(50)))
+    args = ("pretrain", "--arch", "light", "--corpus", corpus, "--steps", 1, "--layers", 1, "--dim", 32, "--heads", 2,
+            "--ffn-dim", 64, "--max-length", 16, "--output")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    cli(*args, dangling, contains=("a link to", "which does not exist"))
+    with read_only_folder(tmp_path / "ro") as ro:
+        cli(*args, ro, contains=("not writable",))
+        cli(*args, ro / "new", contains=("not writable",))
+
+
 def test_files_it_may_not_read_and_a_full_disk_are_one_line(tmp_path, tiny_bert, monkeypatch):
     """An unreadable data file (and folder, model, cache) and a disk that filled while the model was saved
     gave tracebacks, the latter after all the training. Each is one line naming the file and what to do,

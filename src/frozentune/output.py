@@ -61,6 +61,23 @@ def _followed(output: Path) -> Path:
     return target
 
 
+def check_writable_folder(output: Path) -> Path:
+    """`output` (a link followed) where it is, or can be made, a folder this process writes into; else an
+    OutputError saying why. For a command that writes into its --output as it runs (pretrain's
+    checkpoints), and the first of check_output's checks."""
+    output = _followed(Path(output))
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
+    parent = output if output.exists() else output.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"--output {output}: {parent} is a file, so the folder cannot be created there")
+    if not _writable(parent):
+        raise OutputError(f"--output {output}: {parent} is not writable; choose a folder you can write to")
+    return output
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -115,17 +132,8 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
         if a == b or a in b.parents or b in a.parents:
             raise OutputError(f"--output {output}: the command reads {source} and writing {output} would replace "
                               f"{'it' if a == b else 'it or a folder around it'}; choose another folder")
-    if output.exists() and not output.is_dir():
-        raise OutputError(f"--output {output}: is a file, not a folder; give a folder path (it is created)")
-    parent = output if output.exists() else output.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"--output {output}: {parent} is a file, so the folder cannot be created there")
     # an existing output is renamed away and replaced where its parent is writable, else written in place
-    if not _writable(output if output.exists() else parent):
-        raise OutputError(f"--output {output}: {output if output.exists() else parent} is not writable; choose a "
-                          f"folder you can write to")
+    check_writable_folder(output)
     if not output.is_dir():
         return
     present = sorted(p.name for p in output.iterdir() if p.name != staging)

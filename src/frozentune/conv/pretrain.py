@@ -345,6 +345,9 @@ def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, 
 def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume: bool,
               text_field: str) -> tuple[EncoderConfig, PretrainConfig, str, dict | None]:
     """(encoder config, run config, corpus, saved checkpoint config or None) for a new or resumed run."""
+    from ..output import check_writable_folder
+
+    check_writable_folder(output)  # before any work: a read-only folder failed at the first checkpoint
     if resume:
         if not (output / LATEST).is_file():
             raise ConvError(f"nothing to resume: {output} holds no checkpoint; run without --resume to start")
