@@ -376,6 +376,21 @@ def test_output_through_links_and_into_folders_that_cannot_be_renamed(tmp_path, 
             holder.chmod(0o755)
 
 
+def test_a_backbone_folder_given_relative_is_saved_absolute(tmp_path, tiny_bert, monkeypatch):
+    """--backbone "my bb" (a folder relative to where train ran) was saved as typed, so the model loaded
+    only from that folder: predict elsewhere said the backbone folder does not exist."""
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    (tmp_path / "a").mkdir()
+    shutil.copytree(tiny_bert, tmp_path / "a" / "my bb")
+    monkeypatch.chdir(tmp_path / "a")
+    cli("train", "--method", "probe", "--data", data, "--backbone", "my bb", "--max-length", 16, "--epochs", 1,
+        "--cache-dir", tmp_path / "cache", "--quiet", "--output", tmp_path / "m", code=0)
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())["backbone"]["name"]
+    assert saved == str(tmp_path / "a" / "my bb")
+    monkeypatch.chdir(tmp_path)
+    cli("predict", "--model", tmp_path / "m", "a fine film", code=0)
+
+
 def test_pretrain_output_checked_before_any_work(tmp_path):
     """pretrain writes into its --output as it runs and checked only that it was not a file: a read-only
     folder, or a link to nothing, failed with a traceback once the corpus and the model were built."""

@@ -128,6 +128,16 @@ class LayerSpec:
         return s if len(self.layers) == 1 else f"{s}:{self.combine}"
 
 
+def as_saved(name: str, aliases: dict | None = None) -> str:
+    """The backbone name a saved model records: a local folder given by a relative path, made absolute (a
+    model trained with --backbone "my bb" loaded only from the folder it was trained in); an alias or a
+    hub id as given."""
+    if name in (ALIASES if aliases is None else aliases) or Path(name).is_absolute():
+        return name
+    local = Path(name).expanduser()
+    return str(local.resolve()) if local.is_dir() else name
+
+
 def resolve_name(name: str) -> str:
     """Alias → folder; anything else is passed to Hugging Face as an id or folder."""
     return ALIASES[name]() if name in ALIASES else name
@@ -809,7 +819,7 @@ class Backbone:
              precision: str = "fp32", token_types: bool = True) -> "Backbone":
         model, tok = load_encoder(name, trust_remote_code=trust_remote_code)
         spec = layers if isinstance(layers, LayerSpec) else LayerSpec.parse(layers)
-        return cls(name, model, tok, spec, max_length, device, precision, token_types)
+        return cls(as_saved(name), model, tok, spec, max_length, device, precision, token_types)
 
     def with_layers(self, layers: LayerSpec) -> "Backbone":
         """This backbone reading other layers: the same model, tokenizer, prepared runner and weights

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..backbone import freeze, trainable_names, weights_hash
+from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
@@ -531,8 +531,8 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     splits = load_generation_splits(data, cfg_train.seed, max_train, max_validation, max_test, fields=fields)
     for note in splits.notes:
         log(f"data: {note}")
-    lm_name = lm_name or GEN_LM
-    lm, tok = load_generation_lm(lm_name, trust_remote_code=trust_remote_code)
+    lm, tok = load_generation_lm(lm_name or GEN_LM, trust_remote_code=trust_remote_code)
+    lm_name = as_saved(lm_name or GEN_LM, {**LM_ALIASES, **ALIASES})
     torch.manual_seed(cfg_train.seed)
     tuner, cfg = build_tuner(method, options, lm, tok, lm_name)
     if getattr(cfg, "prefix_length", None) == 0:  # trained and saved, it changed nothing: the LM as it is
