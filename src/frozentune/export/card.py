@@ -90,7 +90,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
 def write_card(folder: Path, config: dict, result: dict, exported: dict | None = None) -> Path:
     """Write folder/README.md (see card_text)."""
     path = Path(folder) / CARD
-    path.write_text(card_text(config, result, exported), encoding="utf-8")
+    # backslashreplace: a path of bytes that are not UTF-8 (a lone surrogate in Python) failed the save after training
+    path.write_text(card_text(config, result, exported), encoding="utf-8", errors="backslashreplace")
     return path
 
 
