@@ -616,3 +616,27 @@ def test_device_and_precision_with_a_loaded_model_are_refused(trained):
     for kw in ({"device": "meta"}, {"precision": other}):
         with pytest.raises(MethodError, match=f"{next(iter(kw))}=.*a loaded model runs where and as it was loaded"):
             api.predict(model, ["Who ?"], **kw)
+
+
+def test_the_truncation_note_says_how_far_the_backbone_reads():
+    """Every IMDB review was cut at the default 128 tokens, and the note said only that they were cut:
+    where a quarter or more are, it says the backbone reads further and how to ask for it."""
+    import numpy as np
+
+    from frozentune.api import truncation_note
+
+    class Source:
+        def __init__(self, lengths):
+            self.lengths = np.asarray(lengths)
+
+        def __len__(self):
+            return len(self.lengths)
+
+    many, few = [Source([128, 128, 40]), Source([128])], [Source([128, 30, 30, 30, 30])]
+    assert truncation_note(many, 128, 512) == ("3 of 4 texts reached --max-length 128 tokens (the default); longer "
+                                              "ones were truncated to it; this backbone reads up to 512 tokens: "
+                                              "--max-length 512 reads more of each (extraction takes longer)")
+    assert truncation_note(few, 128, 512).endswith("longer ones were truncated to it")  # one in five: no advice
+    at_most = truncation_note([Source([512, 512])], 512, 512)  # read as far as it goes: nothing more to ask
+    assert at_most.endswith("to it") and "(the default)" not in at_most
+    assert truncation_note([Source([30])], 128, 512) is None

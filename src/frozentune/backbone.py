@@ -795,6 +795,14 @@ class Backbone:
         self.pack = True
         self.set_runtime(device, precision)
 
+    @property
+    def longest_input(self) -> int | None:
+        """The most tokens this model reads in one input (its position table; the tokenizer's own limit where
+        smaller, e.g. RoBERTa's 514 positions hold 512 tokens), or None where neither says."""
+        known = [n for n in (getattr(self.model.config, "max_position_embeddings", None),
+                             getattr(self.tok, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000]
+        return min(known) if known else None
+
     def set_runtime(self, device: str | torch.device, precision: str) -> None:
         """Where and in what precision the frozen pass runs (`runner`, `states`, cache building).
         The fp32 `model` stays on the CPU for hashing and for methods that train it."""

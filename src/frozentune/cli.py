@@ -104,7 +104,8 @@ def _backbone_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layer", help="hidden-state index, or a comma list (0 = embeddings, -1 = last); "
                                   "default: the method's own (see `frozentune list`), else -1")
     g.add_argument("--layer-combine", default="mean", choices=("mean", "concat"), help="how several layers combine")
-    g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation")
+    g.add_argument("--max-length", type=int, default=128, help="tokens per text after truncation (default 128; the "
+                   "run says how many texts were cut, and how far the backbone reads)")
     g.add_argument("--no-token-types", dest="token_types", action="store_false", help="sentence pairs: keep "
                    "the separator but feed every token as type 0, for a backbone trained on single texts only "
                    "(sentence-transformers models such as the default MiniLM, whose second-segment embedding is "
