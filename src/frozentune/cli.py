@@ -154,7 +154,7 @@ def _pair_field_args(p: argparse.ArgumentParser) -> None:
 
 def _data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--data", required=required, help="dataset name (sst2, sst5, trec, imdb; pairs: snli, rte, mrpc), "
-                   "a .jsonl/.csv/.tsv/.parquet/.arrow file, a folder of train/validation/test files, or a folder "
+                   "a .jsonl/.json/.csv/.tsv/.parquet/.arrow file, a folder of train/validation/test files, or a folder "
                    "written by datasets' save_to_disk")
     p.add_argument("--text-field", default="text")
     p.add_argument("--text-pair-field", help=PAIR_HELP)
@@ -168,10 +168,10 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     """Inputs of predict / explain besides the positional texts: pairs and files."""
     p.add_argument("--pair", nargs=2, action="append", metavar=("FIRST", "SECOND"), default=[],
                    help="a sentence pair (e.g. premise and hypothesis), for a model trained on pairs; repeatable")
-    p.add_argument("--input", type=Path, help="a file with one text per line (- reads them from standard input), or a .jsonl/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
+    p.add_argument("--input", type=Path, help="a file with one text per line (- reads them from standard input), or a .jsonl/.json/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
                    "text (and, for a pair model, second text) fields are the model's or --text-field / --text-pair-field")
-    p.add_argument("--text-field", help="with a .jsonl/.csv/.tsv --input: the text field (default: the model's)")
-    p.add_argument("--text-pair-field", help="with a .jsonl/.csv/.tsv --input: the second text's field (default: the model's)")
+    p.add_argument("--text-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the text field (default: the model's)")
+    p.add_argument("--text-pair-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the second text's field (default: the model's)")
 
 
 def _parser(method: str | None = None) -> argparse.ArgumentParser:
@@ -230,9 +230,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                          "a line break inside an output is written as \\n, --json keeps outputs as they are)")
     gen.add_argument("--model", type=Path, required=True)
     gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation, linearised triples, or any source text")
-    gen.add_argument("--input", type=Path, help="a file with one source per line (- reads them from standard input), or a .jsonl/.csv/.tsv dataset file "
+    gen.add_argument("--input", type=Path, help="a file with one source per line (- reads them from standard input), or a .jsonl/.json/.csv/.tsv/.parquet/.arrow dataset file "
                      "(source / mr / triples)")
-    gen.add_argument("--source-field", help="with a .jsonl/.csv/.tsv --input: the source field (default: source)")
+    gen.add_argument("--source-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the source field (default: source)")
     gen.add_argument("--num-beams", type=_whole(1), help="beam width (default: the one the model was trained with)")
     gen.add_argument("--max-new-tokens", type=_whole(1), help="longest output in tokens (default: as trained)")
     gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")

@@ -689,7 +689,7 @@ def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     if not holds_records(path):  # (generate passes the model's source field where this holds)
         if source_field is not None:
             raise DataError(f"--source-field {source_field}: {path} is read as one source per line, which has no fields; "
-                            f"give a .jsonl / .csv / .tsv file, or leave --source-field out")
+                            f"give a .jsonl / .json / .csv / .tsv / .parquet / .arrow file, or leave --source-field out")
         return read_lines(path, "sources")
     field = source_field or "source"
     out = []
