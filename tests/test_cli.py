@@ -512,6 +512,8 @@ def test_explain_ytuning_and_refuse_probe(tiny_bert, trec_slice, tmp_path, capsy
     assert code == 0, err
     rows = __import__("json").loads(stdout)
     assert set(rows[0]["explanation"]["attention"]) == set(config["labels"])
+    code, stdout, err = run(capsys, "explain", "--model", out, "Who invented ?", "--top", 5, "--json")
+    assert "(3 of the 5 asked for: the text has no more words)" in __import__("json").loads(stdout)[0]["lines"]
     code, _, err = run(capsys, "explain", "--model", trained[0], "Who ?")
     assert code == 2 and "returns no explanation" in err and "ytuning" in err
 

@@ -580,8 +580,9 @@ def cmd_explain(a: argparse.Namespace) -> int:
         rows = api.explain(a.model, texts, a.top, a.device, a.precision)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise
-        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "truncated", "explanation") if k in r}
+    if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise;
+        # "lines": the text form, as the server's JSON has it (with the note of a list shorter than --top)
+        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "truncated", "explanation", "lines") if k in r}
                           for r in rows], indent=2, allow_nan=False))
         return 0
     for row in rows:
