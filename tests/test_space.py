@@ -2,6 +2,7 @@
 explanation and the concept-space picture."""
 import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -163,6 +164,18 @@ def test_space_explain_and_plot_concepts(tiny_bert, trec_slice, tmp_path, capsys
     assert "no silhouette (nan): it needs 2 to 2 distinct labels among the 3 points" in err  # nan was unexplained
     code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--output", tmp_path / "c.jpg")
     assert code == 2 and "writes a PNG; give a .png name" in err  # was written as c.jpg.png
+    # the model's own folder, where the picture goes by default, is checked before any work too, and the message
+    # names what to pass (it named an --output the user had not given, after the whole pass)
+    import frozentune.api as A
+
+    real_access = A.os.access
+    A.os.access = lambda p, mode: Path(p) != out and real_access(p, mode)
+    try:
+        code, _, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--cache-dir", tmp_path / "c2")
+    finally:
+        A.os.access = real_access
+    assert code == 2 and "goes into the model's folder unless --output says where; pass --output FILE.png" in err, err
+    assert not (tmp_path / "c2").exists()  # refused before any extraction
     # its picture in the model's own folder (the default) is frozentune's: train --overwrite may replace it
     code, stdout, err = run(capsys, "plot-concepts", "--model", out, "--data", trec_slice, "--cache-dir", tmp_path / "cache",
                             "--max-points", 10)

@@ -715,6 +715,12 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
         raise ValueError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
     output = _png_path(Path(output)) if output else None  # checked before the states are extracted
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
+    if output is None:  # the model's folder, checked now too (a read-only one failed after the states were read)
+        try:
+            output = _png_path(Path(model_dir) / f"concepts-{ds.name}-{split}.png")
+        except DataError as e:
+            raise DataError(f"{str(e).removeprefix('--output ').split(';')[0]}: the picture goes into the model's "
+                            f"folder unless --output says where; pass --output FILE.png") from None
     _read_as_trained(model, part)  # a pair model was drawn from single texts, silently
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
     src = sources(part)
@@ -728,7 +734,6 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     if math.isnan(silhouette):
         log(f"plot-concepts: no silhouette (nan): it needs 2 to {len(y) - 1} distinct labels among the {len(y)} points "
             f"drawn, and they hold {labels_drawn}; draw more points (--max-points)")
-    output = output or Path(model_dir) / f"concepts-{ds.name}-{split}.png"
     title = (f"space model on {ds.name} {split}: {len(k):,} of {len(part):,} examples, m = {k.shape[2]}\n"
              f"accuracy on these {accuracy:.1f}%, silhouette of the true labels {silhouette:.2f}")
     try:
