@@ -630,14 +630,15 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     spellings: dict[str, set[str]] = {}
     fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
     flags = "--text-field / --text-pair-field / --label-field" if pair_field else "--text-field / --label-field"
+    rows = 0
     for n, rec in read_records(path):
+        rows += 1
         if missing := [fld for fld in fields if fld not in rec]:  # counted like the problems below (it stopped at the first)
             kind = f"missing field {missing[0]!r}"
             problems.setdefault(kind, []).append(n)
             flag = "--text-pair-field" if missing[0] == pair_field else flags
             details.setdefault(kind, f"; the fields here are: {', '.join(map(repr, rec))}")
-            advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}, or fix or remove those "
-                                    f"rows.")
+            advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}")
             continue
         label = label_name(rec[label_field])
         found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
@@ -657,8 +658,11 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
         lines.append(n)
     if problems:
         what, at = min(problems.items(), key=lambda kv: kv[1][0])
-        more = rows_like_it(at)
-        raise DataError(f"{path}:{at[0]}: {what}{details[what]}{more}. " + advice.get(what, (
+        if what in advice:  # a missing field: in every row, the field is named wrongly; in some, those rows lack it
+            every = len(at) == rows > 1
+            raise DataError(f"{path}:{at[0]}: {what}" + (f" in all {rows:,} rows{details[what]}. {advice[what]}." if every
+                            else f"{details[what]}{rows_like_it(at)}. {advice[what]}, or fix or remove those rows."))
+        raise DataError(f"{path}:{at[0]}: {what}{details[what]}{rows_like_it(at)}. " + advice.get(what, (
             "Fix or remove those rows, or pick the columns with --text-field / --label-field"
             + (" / --text-pair-field." if pair_field else "."))))
     return TextSplit(texts, labels, str(path), lines,
