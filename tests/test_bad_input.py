@@ -400,8 +400,75 @@ def test_a_data_file_named_in_bytes_that_are_not_utf8_trains_and_saves(tmp_path,
     data = write_jsonl(tmp_path / os.fsdecode(b"bad\xff.jsonl"), labelled(30))
     cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "m"), code=0)
     assert "# probe on bad\\udcff" in (tmp_path / "m" / "README.md").read_text(encoding="utf-8")
+    # a model saved under such a name loads (safetensors takes no such path: it was called damaged)
+    named = tmp_path / os.fsdecode(b"m\xe9")
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", named), code=0)
+    cli("predict", "--model", named, "a fine film", code=0)
     monkeypatch.setenv("FROZENTUNE_CACHE", "")
     assert default_root() == Path.home() / ".cache" / "frozentune" / "features"
+
+
+def test_output_dot_and_folders_written_in_place_beside_another_run(tmp_path, tiny_bert, monkeypatch):
+    """`--output .` trained, then refused its own staging folder (a path with no name stages inside itself).
+    A folder written in place (a mount point) refused a fresh volume's lost+found, and a second run writing
+    there failed on the first's staging folder after all its work, or would have moved it away."""
+    import errno
+
+    import frozentune.output as O
+
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", "."), code=0)
+    assert (here / "config.json").is_file() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    volume = tmp_path / "volume"
+    (volume / "lost+found").mkdir(parents=True)
+    other = volume / f".partial-{os.getpid()}-0123abcd"  # a run under way (this process: alive)
+    other.mkdir()
+    monkeypatch.setattr(O, "_in_place", lambda output: output.is_dir())
+    monkeypatch.setattr(O.os.path, "ismount", lambda p: Path(p) == volume)
+    for _ in range(2):  # the second time, over the model the first wrote
+        with O.staged_output(volume, overwrite=True) as folder:
+            (folder / "config.json").write_text('{"format": "frozentune/1"}')
+    assert sorted(p.name for p in volume.iterdir()) == [".frozentune-files", other.name, "config.json", "lost+found"]
+    with pytest.raises(OSError) as err:  # a write's error names no file: the --output is named
+        with O.staged_output(tmp_path / "full") as folder:
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert err.value.filename == str(tmp_path / "full")
+
+
+def test_a_pretrain_checkpoint_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """torch's writer hid the full disk's OSError under a RuntimeError (a traceback), and the half-written
+    step folder kept its space until the next run."""
+    import errno
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i} of a small corpus\n" for i in range(50)))
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name == "optimizer.pt":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    out = tmp_path / "pt"
+    cli("pretrain", "--arch", "light", "--corpus", corpus, "--steps", 1, "--layers", 1, "--dim", 32, "--heads", 2,
+        "--ffn-dim", 64, "--max-length", 16, "--output", out, contains=("optimizer.pt: no space left on its device",))
+    assert not list(out.glob(".tmp-*"))
+
+
+def test_permission_denied_names_the_folder_that_shuts_the_way(tmp_path, monkeypatch):
+    """Refused a file inside a folder it may not enter, the message named the file (one that may not exist,
+    e.g. sweep.json looked for in a model folder) and an `ls -ld` of it that cannot answer either."""
+    import frozentune.cli as C
+
+    shut = tmp_path / "secret"
+    (shut / "model").mkdir(parents=True)
+    monkeypatch.setattr(C.os, "access", lambda p, mode: Path(p) != shut)
+    line = C._environment_line(PermissionError(13, "Permission denied", str(shut / "model" / "sweep.json")))
+    assert line.startswith(f"{shut}: permission denied; give this user access to it (ls -ld {shut} ")
 
 
 def test_pretrain_output_checked_before_any_work(tmp_path):
@@ -445,7 +512,7 @@ def test_files_it_may_not_read_and_a_full_disk_are_one_line(tmp_path, tiny_bert,
 
     monkeypatch.setattr("safetensors.torch.save_file", full)
     cli(*train_args(data, tiny_bert, tmp_path, "--output", tmp_path / "m"),
-        contains=("model.safetensors: no space left on its device", "the output folder is as it was"))
+        contains=(f"{tmp_path / 'm'}: no space left on its device", "the output folder is as it was"))
     assert not (tmp_path / "m").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 

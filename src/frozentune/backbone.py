@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -62,6 +63,8 @@ def _smollm2_path() -> str:
     out = cache_home() / "models" / "smollm2-135m"
     if not (out / "model.safetensors").is_file():
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)  # said now, not after 20 s of converting
+            tempfile.TemporaryFile(dir=out.parent).close()
             convert_gguf(gguf_dir, SMOLLM2_GGUF, out)
         except OSError as e:  # a shared read-only cache, a full disk: said after 20 s of converting, as a traceback
             raise BackboneError(f"smollm2-135m is converted once into {out.parent}, which failed ({e.strerror or e}); "

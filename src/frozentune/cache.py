@@ -626,8 +626,9 @@ def _say_size(root: Path, key: str, plan, tokens: Tokenized, dim: int, dtype: st
     free = shutil.disk_usage(root).free
     if size > free:
         raise CacheError(f"{root}: the states of these {examples:,} texts take {size / 1e9:,.2f} GB and {free / 1e9:,.2f} "
-                         f"GB are free there; free some space (frozentune cache --prune removes unfinished builds), "
-                         f"give --cache-dir a folder with room, or cut the data (--max-train, a smaller --max-length)")
+                         f"GB are free there (the whole file is extracted, whatever --max-train or --shots takes from it); free "
+                         f"some space (frozentune cache --prune removes unfinished builds), give --cache-dir a folder "
+                         f"with room, or read fewer tokens of each text (a smaller --max-length)")
     if size >= SIZE_SAID:
         log(f"cache: {'resuming' if resuming else 'extracting'} {examples:,} texts ({n:,} tokens) for entry {key}: "
             f"{size / 1e9:,.2f} GB of states ({free / 1e9:,.1f} GB free there); the whole file is extracted once, so "

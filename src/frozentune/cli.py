@@ -879,7 +879,11 @@ def _environment_line(e: OSError) -> str | None:
     import errno
 
     path = e.filename if e.filename is not None else "a file"
-    if e.errno in (errno.EACCES, errno.EPERM):
+    if e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None:
+        # the folder that shuts the way, not a file inside it (which may not even exist: sweep.json looked for)
+        whole = Path(os.path.abspath(e.filename))
+        path = next((str(a) for a in reversed(whole.parents) if a.exists() and not os.access(a, os.R_OK | os.X_OK)),
+                    e.filename)
         return (f"{path}: permission denied; give this user access to it (ls -ld {path} shows who may read and "
                 f"write it), or choose another path")
     if e.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -280,9 +280,13 @@ def read_safetensors(path: Path, error: type[Exception] | None = None,
     """The tensors of a safetensors file (no code can run), or `error` (default ModelLoadError) in
     one line naming the file and saying `then` what to do; the one reader of every saved folder."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load, load_file
 
     try:
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:  # a folder named in bytes that are not UTF-8: safetensors takes no such path
+            return {k: v.to(device) for k, v in load(Path(path).read_bytes()).items()}
         return load_file(str(path), device=device)
     except (SafetensorError, OSError, ValueError) as e:  # e.g. a pickle in its place: refused, never run
         raise (error or ModelLoadError)(f"{path}: not a readable safetensors file ({' '.join(str(e).split())}); "

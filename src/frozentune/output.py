@@ -12,8 +12,10 @@ when all are written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -49,9 +51,14 @@ def _writable(folder: Path) -> bool:
     return True
 
 
+STAGING = re.compile(r"\.(partial|replaced)-(\d+)-[0-9a-f]{8}")  # staged_output's folders inside an output
+
+
 def _followed(output: Path) -> Path:
-    """`output`, or the folder it links to: a link is written through, not replaced by a folder. A link
-    to nothing is refused (renaming a folder onto it failed after all the work was done)."""
+    """`output` made absolute (`--output .` has no name to stage beside), or the folder it links to: a link
+    is written through, not replaced by a folder. A link to nothing is refused (renaming a folder onto it
+    failed after all the work was done)."""
+    output = Path(os.path.abspath(output))
     if not output.is_symlink():
         return output
     target = Path(os.path.realpath(output))
@@ -106,8 +113,12 @@ def _clean_stale(output: Path) -> None:
                 continue
             if kind == "replaced" and folder == output.parent and not output.exists():
                 p.rename(output)  # killed between its two renames: the old folder is the user's
-            else:
-                shutil.rmtree(p, ignore_errors=True)
+                continue
+            if kind == "replaced" and folder == output:  # killed while swapping in place: what was not yet replaced
+                for q in list(p.iterdir()):               # goes back
+                    if not (output / q.name).exists():
+                        q.rename(output / q.name)
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _in_place(output: Path) -> bool:
@@ -116,15 +127,14 @@ def _in_place(output: Path) -> bool:
     return output.is_dir() and (os.path.ismount(output) or not _writable(output.parent))
 
 
-def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = (), kind: str = "model",
-                 staging: str | None = None) -> None:
+def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = (), kind: str = "model") -> None:
     """Raise OutputError unless `output` can receive what a command writes (`kind`, one of KINDS: a
     saved model, a sweep's folder, an ONNX export, a PEFT adapter): a new path in a writable folder,
     an empty folder, or (with overwrite) a folder holding one of the same kind written earlier
     (--overwrite of an export does not replace a model, nor a sweep's a model, nor the reverse).
     `reads`: the folders the command reads (an export's --model): the output may be none of them,
-    nor hold or lie inside one, since it is replaced whole. `staging`: the name of staged_output's own
-    folder inside `output` (written in place), not counted as an entry of it."""
+    nor hold or lie inside one, since it is replaced whole. Staging folders of runs writing in place
+    (STAGING) are not counted as its entries."""
     output = _followed(Path(output))
     _clean_stale(output)
     for source in map(Path, reads):
@@ -136,7 +146,10 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
     check_writable_folder(output)
     if not output.is_dir():
         return
-    present = sorted(p.name for p in output.iterdir() if p.name != staging)
+    # not the folders of a run staging in place (this one's, another's under way: the last to finish wins), nor a
+    # file system's own lost+found at a mount point
+    skip = {"lost+found"} if os.path.ismount(output) else set()
+    present = sorted(p.name for p in output.iterdir() if not STAGING.fullmatch(p.name) and p.name not in skip)
     if not present:
         return
     if any(name in present for name in MODEL_FILES):
@@ -219,9 +232,14 @@ def staged_output(output: Path, overwrite: bool = False, kind: str = "model") ->
     tmp = output / f".partial-{tag}" if inside else output.parent / f".{output.name}.partial-{tag}"
     tmp.mkdir()
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as e:  # a full disk: the --output said, not a staging file (or no file: a write's error names none)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise OSError(e.errno, e.strerror, str(output)) from e
+            raise
         (tmp / MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
-        check_output(output, overwrite, kind=kind, staging=tmp.name if inside else None)
+        check_output(output, overwrite, kind=kind)
         if inside:
             _replace_entries(output, tmp, tag)
             return
@@ -240,9 +258,10 @@ def _replace_entries(output: Path, tmp: Path, tag: str) -> None:
     moved in, the old ones removed: renames within one folder, for a folder that cannot itself be renamed."""
     old = output / f".replaced-{tag}"
     old.mkdir()
+    skip = {"lost+found"} if os.path.ismount(output) else set()
     with interrupts.held():
         for p in list(output.iterdir()):
-            if p.name not in (tmp.name, old.name):
+            if not STAGING.fullmatch(p.name) and p.name not in skip:  # another run's staging is its own
                 p.rename(old / p.name)
         for p in list(tmp.iterdir()):
             p.rename(output / p.name)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -274,6 +275,14 @@ def load_optimizer(path: Path, device: torch.device) -> dict:
     return extra
 
 
+def _write_bytes(path: Path, data: bytes) -> None:
+    """path.write_bytes, its errors naming the file (a write or close error of a full disk names none)."""
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+
+
 def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, config: dict,
                      curve: list[dict], rank_rngs: list[Tensor] | None = None) -> Path:
     from ..model import save_tensors
@@ -283,15 +292,20 @@ def _save_checkpoint(output: Path, model: MaskedLM, opt: torch.optim.Optimizer, 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_tensors(state, tmp / WEIGHTS, metadata={"format": FORMAT})
-    extra = {"optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()}
-    if rank_rngs is not None:  # data-parallel: every rank's state (rank 0's is torch_rng)
-        extra["rank_rngs"] = rank_rngs
-    with open(tmp / OPTIMIZER, "wb") as f:  # a full disk is then an OSError, not torch's RuntimeError
-        torch.save(extra, f)
-    (tmp / CURVE).write_text("".join(json.dumps(r) + "\n" for r in curve))
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2))
+    try:
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_tensors(state, tmp / WEIGHTS, metadata={"format": FORMAT})
+        extra = {"optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()}
+        if rank_rngs is not None:  # data-parallel: every rank's state (rank 0's is torch_rng)
+            extra["rank_rngs"] = rank_rngs
+        buffer = io.BytesIO()  # torch's zip writer hid a full disk's OSError under a RuntimeError of its own
+        torch.save(extra, buffer)
+        _write_bytes(tmp / OPTIMIZER, buffer.getvalue())
+        _write_bytes(tmp / CURVE, "".join(json.dumps(r) + "\n" for r in curve).encode())
+        _write_bytes(tmp / CONFIG, json.dumps(config, indent=2).encode())
+    except BaseException:  # a full disk, an interrupt: the half-written step does not hold the space
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     final = output / name
     if final.exists():  # the same step written before (a run resumed at its last checkpoint)
         shutil.rmtree(final)

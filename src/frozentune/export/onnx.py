@@ -322,6 +322,8 @@ def _export(graph: Graph, bb, path: Path) -> None:
                               input_names=graph.input_names, output_names=graph.output_names,
                               dynamic_shapes=tuple({0: batch, 1: tokens} for _ in args), report=False)
         except Exception as e:  # the exporter's own errors are many types; say which and stop
+            if isinstance(e, OSError) or isinstance(e.__context__, OSError):  # a full disk: the CLI names the folder
+                raise e if isinstance(e, OSError) else e.__context__ from None  # type: ignore[misc]
             raise ExportError(f"torch.onnx could not export the graph ({type(e).__name__}: "
                               f"{' '.join(str(e).split())[:400]})") from None
 
