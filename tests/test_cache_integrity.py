@@ -300,6 +300,36 @@ def test_a_build_larger_than_the_free_space_is_refused_before_it_starts(tiny_ber
     cli(*cache_args(trec_slice, tiny_bert, root), code=0)
 
 
+def test_a_run_whose_files_do_not_fit_together_is_refused_before_the_first(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """Each entry's room was checked as it started, so a train file that fitted was extracted and then the
+    test file was refused, its space taken. All the files a run builds are now checked together first."""
+    import collections
+
+    import frozentune.cache as C
+
+    root = tmp_path / "cache"
+    real = C.shutil.disk_usage
+    sizes = {}
+
+    def spy(backbone, texts, *a, **k):  # the bytes each file's entry takes, from the tokens it is built from
+        sizes[len(texts)] = C.state_bytes(int(k["tokens"].lengths.sum()), backbone.dim, "float16")
+        raise SystemExit  # measured: stop before building
+
+    monkeypatch.setattr("frozentune.api.get_or_build", spy)
+    with pytest.raises(SystemExit):
+        from frozentune import api
+        api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=32), cache_root=root,
+                  progress=False, log=lambda s: None)
+    monkeypatch.undo()
+    assert sorted(sizes) == [120]  # the first file's build got the tokens made for the check
+    free = max(sizes.values()) + 1  # room for either file alone, not for both
+    monkeypatch.setattr(C.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(1, 1, free))
+    cli(*train_args(trec_slice, tiny_bert, root, tmp_path / "m"), code=2,
+        contains=("these 2 files (160 texts)", "GB together", "--cache-dir"))
+    assert [p for p in root.iterdir()] == []  # nothing extracted
+    monkeypatch.setattr(C.shutil, "disk_usage", real)
+
+
 def test_a_large_build_is_said_before_it_starts_and_as_it_runs_without_a_terminal(tiny_bert, trec_slice, tmp_path,
                                                                                   monkeypatch):
     """Where no terminal shows a bar (a log file, CI), a 25,000-text build extracted for 50 minutes with no

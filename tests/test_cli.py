@@ -367,6 +367,10 @@ def test_predict_gives_its_rows_a_chunk_at_a_time(trained, monkeypatch, capsys):
     monkeypatch.setattr(api, "PREDICT_CHUNK", 3)
     code, stdout, err = run(capsys, "predict", "--model", out, *texts)
     assert code == 0 and [json.loads(line)["label"] for line in stdout.splitlines()] == [r["label"] for r in whole]
+    assert "predict: 6 of 8 texts" in err  # in chunks of 3 (a progress line between them)
+    code, stdout, err = run(capsys, "predict", "--model", out, *texts[:4], "\u0301\u0301")  # a bad input in chunk 2
+    assert code == 2 and "texts[4]" in err and "the rows of the first 3 inputs were printed before it" in err
+    assert len(stdout.splitlines()) == 3
 
 
 def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp_path):

@@ -160,6 +160,21 @@ def test_rows_missing_a_field_are_counted_like_other_bad_rows(tmp_path):
         read_split(write(tmp_path / "d.jsonl", rows))
 
 
+def test_an_input_file_of_texts_counts_its_bad_rows_too(tmp_path):
+    """predict's --input (read_texts) stopped at the first row missing a field or holding an empty text,
+    and told a pair model's user to choose another --text-pair-field where rows, not the name, were at fault."""
+    from frozentune.data import read_texts
+
+    rows = '{"a": "x", "b": "y"}\n{"a": "x"}\n{"a": "x", "b": "y"}\n{"a": "x"}\n'
+    with pytest.raises(DataError, match=re.escape("d.jsonl:2: missing field 'b'; the fields here are: 'a' (2 rows like "
+                                                  "it: lines 2, 4). Choose the field with --text-pair-field, or fix")):
+        read_texts(write(tmp_path / "d.jsonl", rows), "a", "b")
+    with pytest.raises(DataError, match=re.escape("d.jsonl:1: missing field 'text' in all 4 rows")):
+        read_texts(write(tmp_path / "d.jsonl", rows))
+    with pytest.raises(DataError, match=re.escape("d.jsonl:2: empty text in field 'a' (2 rows like it: lines 2, 3)")):
+        read_texts(write(tmp_path / "d.jsonl", '{"a": "x"}\n{"a": " "}\n{"a": ""}\n'), "a")
+
+
 def test_bad_csv_messages(tmp_path):
     with pytest.raises(DataError, match=r"d.csv:3: not valid CSV: 3 fields where the header has 2"):
         read_split(write(tmp_path / "d.csv", "text,label\na,x\nb,y,z\n"))

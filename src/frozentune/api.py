@@ -21,7 +21,7 @@ import numpy as np
 from . import distributed
 from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
-from .cache import CachedStates, build_part, get_or_build
+from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
                    read_texts, resolve, rows_like_it, text_groups)
@@ -149,6 +149,14 @@ class SourceFactory:
         self.cache_root, self.rebuild, self.progress = cache_root, rebuild, progress
         self.extract_seconds = 0.0  # spent extracting in this run
         self._caches: dict[int, CachedStates] = {}
+        self._tokens: dict[int, Any] = {}  # made by check_room, used by the builds
+
+    def check_room(self, splits: Sequence[TextSplit]) -> None:
+        """For frozen heads: the entries of these splits' files not yet cached fit in the free space together
+        (cache.check_room), checked before the first is extracted."""
+        if not self.live:
+            files = list({id(s.file_texts): s.file_texts for s in splits}.values())
+            self._tokens = check_room(self.backbone, files, self.cache_root)
 
     @property
     def cache_build_seconds(self) -> float:
@@ -164,7 +172,7 @@ class SourceFactory:
         key = id(split.file_texts)
         if key not in self._caches:
             cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root,
-                                       rebuild=self.rebuild, progress=self.progress)
+                                       rebuild=self.rebuild, progress=self.progress, tokens=self._tokens.pop(key, None))
             self._caches[key] = cache
             self.extract_seconds += secs
         self._check_text(split, self._caches[key].lengths[split.rows])
@@ -292,6 +300,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     cfg = dataclasses.replace(cfg, device=str(rt.device))
     sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress)
     parts = [name for name in ("train", "validation", "test") if len(getattr(ds, name))]  # validation may be empty
+    sources.check_room([getattr(ds, name) for name in parts])
     y = {name: ds.label_ids(getattr(ds, name)) for name in parts}
     src = {name: sources(getattr(ds, name)) for name in parts}
     if sources.extract_seconds:
@@ -877,7 +886,7 @@ PREDICT_CHUNK = 2048  # texts tokenised and scored together: memory is bounded b
 
 def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
                    precision: str | None = None, log: Callable[[str], None] = _stderr,
-                   chunk: int = PREDICT_CHUNK) -> Iterator[dict]:
+                   chunk: int | None = None) -> Iterator[dict]:
     """predict's rows, in order, `chunk` texts at a time: 25,000 IMDB reviews were all tokenised and
     scored before the first row came out (2.6 GB, nothing printed for minutes, nothing kept on Ctrl-C).
     Where there are several chunks, `log` says how far it is every train.PROGRESS_EVERY_S seconds; the
@@ -887,6 +896,7 @@ def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device
     from . import train as T
 
     texts = given_texts(texts)
+    chunk = chunk or PREDICT_CHUNK
     model = _load(model_dir, device, precision, log)
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref

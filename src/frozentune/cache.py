@@ -616,19 +616,50 @@ SIZE_SAID = 50e6  # a build whose states are larger is said before it starts (by
 EVERY_S = 60.0    # without a terminal: a line this often while a build that large runs
 
 
+def state_bytes(tokens: int, dim: int, dtype: str) -> int:
+    """Bytes an entry of `tokens` tokens takes: each token's state (dim values of dtype) and its int32 id."""
+    return tokens * (dim * torch.empty(0, dtype=getattr(torch, dtype)).element_size() + 4)
+
+
+def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path | None = None,
+               dtype: str = "float16") -> dict[int, Tokenized]:
+    """Before a run builds several entries (a dataset's train and test files): a CacheError unless all of
+    those not yet cached fit in the free space together (each entry alone was checked as it started, so
+    the second was refused after the first had been extracted). Returns the tokens made for the check, by
+    id of the texts, for get_or_build to use (no second tokenisation). A build already under way (resumed
+    from its finished shards) is left to its own check."""
+    root = Path(root) if root is not None else default_root()
+    todo = {id(t): t for t in files if not (root / cache_key(backbone, t, dtype)[0]).exists()
+            and not building_dir(root, cache_key(backbone, t, dtype)[0]).exists()}
+    if len(todo) < 2:
+        return {}
+    tokens = {k: backbone.tokenize(t) for k, t in todo.items()}
+    size = sum(state_bytes(int(tk.lengths.sum()), backbone.dim, dtype) for tk in tokens.values())
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if size > free:
+        n = sum(len(t) for t in todo.values())
+        raise CacheError(f"{root}: the states of these {len(todo)} files ({n:,} texts) take {size / 1e9:,.2f} GB together "
+                         f"and {free / 1e9:,.2f} GB are free there; {ROOM_ADVICE}")
+    return tokens
+
+
+ROOM_ADVICE = ("free some space (frozentune cache --prune removes unfinished builds), give --cache-dir a folder "
+               "with room, or read fewer tokens of each text (a smaller --max-length); the whole file is extracted, "
+               "whatever --max-train or --shots takes from it")
+
+
 def _say_size(root: Path, key: str, plan, tokens: Tokenized, dim: int, dtype: str, left: list[int],
               log: Callable[[str], None], resuming: bool) -> int:
     """Refuse a build whose states will not fit in the free space of `root` (it failed with a full disk
     after extracting for minutes); say one that is large, before it starts (a 25,000-text file extracted
     for 50 minutes in silence where no terminal showed a bar). Returns the bytes still to write."""
     examples, n = work_of(plan, tokens.lengths, left)
-    size = n * (dim * torch.empty(0, dtype=getattr(torch, dtype)).element_size() + 4)  # states + int32 ids
+    size = state_bytes(n, dim, dtype)
     free = shutil.disk_usage(root).free
     if size > free:
         raise CacheError(f"{root}: the states of these {examples:,} texts take {size / 1e9:,.2f} GB and {free / 1e9:,.2f} "
-                         f"GB are free there (the whole file is extracted, whatever --max-train or --shots takes from it); free "
-                         f"some space (frozentune cache --prune removes unfinished builds), give --cache-dir a folder "
-                         f"with room, or read fewer tokens of each text (a smaller --max-length)")
+                         f"GB are free there; {ROOM_ADVICE}")
     if size >= SIZE_SAID:
         log(f"cache: {'resuming' if resuming else 'extracting'} {examples:,} texts ({n:,} tokens) for entry {key}: "
             f"{size / 1e9:,.2f} GB of states ({free / 1e9:,.1f} GB free there); the whole file is extracted once, so "
@@ -688,7 +719,8 @@ class _Progress:
 def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = None,
                  dtype: str = "float16", rebuild: bool = False, progress: bool = True,
                  verify: str = "full", log: Callable[[str], None] = _stderr,
-                 shard_tokens: int | None = None, max_tokens: int | None = None) -> tuple[CachedStates, float]:
+                 shard_tokens: int | None = None, max_tokens: int | None = None,
+                 tokens: Tokenized | None = None) -> tuple[CachedStates, float]:
     """The cache entry for these texts, built if absent (resuming an interrupted build from its
     finished shards). Returns (reader, extraction seconds spent now — 0.0 on a hit). A broken
     entry raises CacheError unless rebuild=True. Another process building the same entry is
@@ -714,8 +746,8 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
                     raise
         if rebuild:
             shutil.rmtree(building_dir(root, key), ignore_errors=True)
-        stats = build(root, key, fields, backbone, backbone.tokenize(texts), dtype, progress, log=log,
-                      shard_tokens=shard_tokens, max_tokens=max_tokens)
+        stats = build(root, key, fields, backbone, tokens if tokens is not None else backbone.tokenize(texts), dtype,
+                      progress, log=log, shard_tokens=shard_tokens, max_tokens=max_tokens)
         return CachedStates(path, verify="none", **expect), stats.seconds
 
 

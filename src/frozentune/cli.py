@@ -518,6 +518,7 @@ def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | No
 
 def cmd_predict(a: argparse.Namespace) -> int:
     from . import api
+    from .data import DataError
 
     if a.onnx:
         from .export.onnx import OnnxClassifier
@@ -529,10 +530,17 @@ def cmd_predict(a: argparse.Namespace) -> int:
             print(json.dumps(row, ensure_ascii=False, allow_nan=False))
         return 0
     texts = _inputs(a, "predict")
-    for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
-        print(json.dumps(row, ensure_ascii=False, allow_nan=False), flush=n % api.PREDICT_CHUNK == 0)
-        if n % api.PREDICT_CHUNK == 0:
-            on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest were not)")
+    n = 0
+    try:
+        for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
+            print(json.dumps(row, ensure_ascii=False, allow_nan=False), flush=n % api.PREDICT_CHUNK == 0)
+            if n % api.PREDICT_CHUNK == 0:
+                on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest "
+                             f"were not)")
+    except DataError as e:  # an input of a later chunk: the rows of the earlier ones are out already
+        if n == 0:
+            raise
+        raise CLIError(f"{e}; the rows of the first {n:,} inputs were printed before it, the rest were not") from None
     return 0
 
 

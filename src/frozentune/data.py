@@ -583,31 +583,64 @@ def _text_problem(value: object, fld: str) -> tuple[str, str] | None:
     return None
 
 
-def _require_fields(path: Path, n: int, rec: dict, fields: Sequence[str], pair_field: str | None, flags: str) -> None:
-    """A DataError naming line n when the record lacks one of `fields`, and the option that picks it
-    (--text-pair-field for the pair's second field, `flags` for the others)."""
-    for fld in fields:
-        if fld not in rec:
-            flag = "--text-pair-field" if fld == pair_field else flags
-            raise DataError(f"{path}:{n}: missing field {fld!r}; the fields here are: {', '.join(map(repr, rec))}. "
-                            f"Choose the field{'s' if '/' in flag else ''} with {flag}.")
+class _Problems:
+    """The rows of a file with something wrong, by kind, so that the error names the first and how many
+    share it (a missing field too: in every row, the field is named wrongly; in some, those rows lack it)."""
+
+    def __init__(self, path: Path, flags: str, pair_field: str | None):
+        self.path, self.flags, self.pair_field = path, flags, pair_field
+        self.lines: dict[str, list[int]] = {}  # kind of problem → its lines
+        self.details: dict[str, str] = {}      # kind of problem → the first row's detail
+        self.advice: dict[str, str] = {}       # kind of problem → what to do, where not the usual
+        self.rows = 0
+
+    def add(self, n: int, kind: str, detail: str) -> None:
+        self.lines.setdefault(kind, []).append(n)
+        self.details.setdefault(kind, detail)
+
+    def missing(self, n: int, rec: dict, fields: Sequence[str]) -> bool:
+        """Whether the record lacks one of `fields` (counted as a problem)."""
+        if not (gone := [fld for fld in fields if fld not in rec]):
+            return False
+        kind = f"missing field {gone[0]!r}"
+        flag = "--text-pair-field" if gone[0] == self.pair_field else self.flags
+        self.add(n, kind, f"; the fields here are: {', '.join(map(repr, rec))}")
+        self.advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}")
+        return True
+
+    def check(self) -> None:
+        if not self.lines:
+            return
+        what, at = min(self.lines.items(), key=lambda kv: kv[1][0])
+        head = f"{self.path}:{at[0]}: {what}"
+        if what in self.advice:
+            if len(at) == self.rows > 1:
+                raise DataError(f"{head} in all {self.rows:,} rows{self.details[what]}. {self.advice[what]}.")
+            raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. {self.advice[what]}, or fix or remove "
+                            f"those rows.")
+        raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. Fix or remove those rows, or pick the columns "
+                        f"with {self.flags}.")
 
 
 def read_texts(path: Path, text_field: str = "text", pair_field: str | None = None,
                skip_blank: bool = False) -> list[Text]:
     """The texts (pairs with `pair_field`) of a .jsonl/.csv/.tsv file, no labels needed: what
-    predict reads. A missing field or an empty / non-string text is an error naming the line;
-    with `skip_blank` (a pre-training corpus, a bag of texts) an empty text or blank row is skipped."""
+    predict reads. A missing field or an empty / non-string text is an error naming the line and how
+    many rows share it; with `skip_blank` (a pre-training corpus, a bag of texts) an empty text or
+    blank row is skipped."""
     out: list[Text] = []
     fields = (text_field, pair_field) if pair_field else (text_field,)
+    problems = _Problems(Path(path), "--text-field / --text-pair-field" if pair_field else "--text-field", pair_field)
     for n, rec in read_records(Path(path), skip_blank):
-        _require_fields(path, n, rec, fields, pair_field, "--text-field")
+        problems.rows += 1
+        if problems.missing(n, rec, fields):
+            continue
         if skip_blank and any(isinstance(rec[fld], str) and blank(rec[fld]) for fld in fields):
             continue
-        for fld in fields:
-            if (problem := _text_problem(rec[fld], fld)) is not None:
-                raise DataError(f"{path}:{n}: {''.join(problem)}. Fix or remove the row.")
+        for kind, detail in filter(None, (_text_problem(rec[fld], fld) for fld in fields)):
+            problems.add(n, kind, detail)
         out.append((rec[text_field], rec[pair_field]) if pair_field else rec[text_field])
+    problems.check()
     return out
 
 
@@ -624,21 +657,13 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
     pair_field). Missing fields, empty / non-string texts and missing labels are errors that name
     the line and how many rows have the same problem."""
     texts, labels, lines = [], [], []
-    problems: dict[str, list[int]] = {}  # kind of problem → its lines
-    details: dict[str, str] = {}         # kind of problem → the first row's detail
-    advice: dict[str, str] = {}          # kind of problem → what to do, where not the usual
     spellings: dict[str, set[str]] = {}
     fields = (text_field, pair_field, label_field) if pair_field else (text_field, label_field)
-    flags = "--text-field / --text-pair-field / --label-field" if pair_field else "--text-field / --label-field"
-    rows = 0
+    problems = _Problems(path, "--text-field / --text-pair-field / --label-field" if pair_field
+                         else "--text-field / --label-field", pair_field)
     for n, rec in read_records(path):
-        rows += 1
-        if missing := [fld for fld in fields if fld not in rec]:  # counted like the problems below (it stopped at the first)
-            kind = f"missing field {missing[0]!r}"
-            problems.setdefault(kind, []).append(n)
-            flag = "--text-pair-field" if missing[0] == pair_field else flags
-            details.setdefault(kind, f"; the fields here are: {', '.join(map(repr, rec))}")
-            advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}")
+        problems.rows += 1
+        if problems.missing(n, rec, fields):  # counted like the problems below (it stopped at the first)
             continue
         label = label_name(rec[label_field])
         found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
@@ -651,20 +676,11 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
             spellings.setdefault(label, set()).add(_describe(raw, escape=isinstance(raw, str)
                                                               and not unicodedata.is_normalized("NFC", raw)))
         for kind, detail in filter(None, found):
-            problems.setdefault(kind, []).append(n)
-            details.setdefault(kind, detail)
+            problems.add(n, kind, detail)
         texts.append((rec[text_field], rec[pair_field]) if pair_field else rec[text_field])
         labels.append(label)
         lines.append(n)
-    if problems:
-        what, at = min(problems.items(), key=lambda kv: kv[1][0])
-        if what in advice:  # a missing field: in every row, the field is named wrongly; in some, those rows lack it
-            every = len(at) == rows > 1
-            raise DataError(f"{path}:{at[0]}: {what}" + (f" in all {rows:,} rows{details[what]}. {advice[what]}." if every
-                            else f"{details[what]}{rows_like_it(at)}. {advice[what]}, or fix or remove those rows."))
-        raise DataError(f"{path}:{at[0]}: {what}{details[what]}{rows_like_it(at)}. " + advice.get(what, (
-            "Fix or remove those rows, or pick the columns with --text-field / --label-field"
-            + (" / --text-pair-field." if pair_field else "."))))
+    problems.check()
     return TextSplit(texts, labels, str(path), lines,
                      label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1})
 
