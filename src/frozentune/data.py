@@ -612,13 +612,13 @@ class _Problems:
         if not self.lines:
             return
         what, at = min(self.lines.items(), key=lambda kv: kv[1][0])
-        head = f"{self.path}:{at[0]}: {what}"
+        head, rows = f"{self.path}:{at[0]}: {what}", "those rows" if len(at) > 1 else "that row"
         if what in self.advice:
             if len(at) == self.rows > 1:
                 raise DataError(f"{head} in all {self.rows:,} rows{self.details[what]}. {self.advice[what]}.")
             raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. {self.advice[what]}, or fix or remove "
-                            f"those rows.")
-        raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. Fix or remove those rows, or pick the columns "
+                            f"{rows}.")
+        raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. Fix or remove {rows}, or pick the columns "
                         f"with {self.flags}.")
 
 
