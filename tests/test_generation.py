@@ -16,6 +16,7 @@ from frozentune.generation import run as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
 from frozentune.data import DataError, load_generation
+from frozentune.generation.prefix import PrefixError
 from numerics import ACTIVATION, approx, dot, exact
 
 METRIC_OPS = 4 * (2 + ACTIVATION) + dot(6) + 2 + ACTIVATION
@@ -221,6 +222,28 @@ def test_train_generate_roundtrip(method, extra, tiny_lm, e2e_slice, tmp_path, c
     assert ev["n"] == 6 and ev["metrics"] == r["metrics"]  # exact: the same model decodes the same batches
 
 
+def test_generate_gives_its_outputs_a_chunk_at_a_time(tiny_lm, e2e_slice, tmp_path, monkeypatch, capsys):
+    """Every source was decoded before the first output was printed, and Ctrl-C kept none. Outputs now come
+    GENERATE_CHUNK sources at a time, in input order, the same as in one decode (as the serve tests hold a
+    row batched with others to a row alone); a source too long for the LM is refused before any output."""
+    out = tmp_path / "p"
+    _train(tiny_lm, e2e_slice, out, "--method", "prefix", "--prefix-length", "3")
+    sources = G.read_sources(e2e_slice / "test.jsonl")  # 6
+    whole = G.generate_sources(out, sources)
+    chunks = []
+    real = G.decode
+    monkeypatch.setattr(G, "decode", lambda tuner, tok, part, *a, **k: chunks.append(len(part)) or real(tuner, tok, part, *a, **k))
+    assert list(G.generate_stream(out, sources, chunk=4)) == whole and chunks == [4, 2]
+    monkeypatch.setattr(G, "GENERATE_CHUNK", 4)
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--input", str(e2e_slice / "test.jsonl")]) == 0
+    assert capsys.readouterr().out.splitlines() == whole and chunks[2:] == [4, 2]
+    chunks.clear()
+    with pytest.raises(PrefixError, match="source 5 is .* tokens"):
+        list(G.generate_stream(out, sources[:4] + ["name " * 400], chunk=4))
+    assert chunks == []  # refused before the first chunk was decoded
+
+
 def test_a_long_decode_says_how_far_it_is(tiny_lm, e2e_slice, tmp_path, monkeypatch):
     from frozentune import train as T
 
@@ -386,7 +409,7 @@ def test_generate_writes_one_line_per_source(tiny_lm, e2e_slice, tmp_path, capsy
     N answers source N; --json keeps the output as generated."""
     gen = tmp_path / "gen"
     _train(tiny_lm, e2e_slice, gen, "--method", "prefix", "--prefix-length", "2")
-    monkeypatch.setattr(G, "generate_sources", lambda model, sources, *a: ["two\nlines", "a\r\nb"][:len(sources)])
+    monkeypatch.setattr(G, "generate_stream", lambda model, sources, *a: iter(["two\nlines", "a\r\nb"][:len(sources)]))
     capsys.readouterr()
     assert main(["generate", "--model", str(gen), "first", "second"]) == 0
     assert capsys.readouterr().out.splitlines() == ["two\\nlines", "a\\r\\nb"]

@@ -553,7 +553,8 @@ def _escape_line_breaks(text: str) -> str:
 def cmd_generate(a: argparse.Namespace) -> int:
     from .api import _stderr
     from .data import holds_records
-    from .generation.run import generate_sources, read_sources
+    from .generation import run as G
+    from .generation.run import read_sources
 
     if a.source_field and not a.input:  # it was ignored: arguments have no fields
         raise CLIError("--source-field picks the field of an --input file of records; give --input FILE, or leave it "
@@ -564,10 +565,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not sources:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE (--input - reads one "
                        "source per line from standard input)")
-    outputs = generate_sources(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
-    for src, out in zip(sources, outputs):
+    outputs = G.generate_stream(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
+    for n, (src, out) in enumerate(zip(sources, outputs), 1):
         print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else _escape_line_breaks(out),
               flush=True)
+        if n % G.GENERATE_CHUNK == 0:
+            on_interrupt(f"the outputs of the first {n:,} sources were printed, one line each in order (the rest were not)")
     return 0
 
 

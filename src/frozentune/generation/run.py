@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -604,10 +604,25 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
                      log: Callable[[str], None] | None = None) -> list[str]:
     """A saved generation model's outputs for sources (linearised tables), decoded with the options
     its training run used unless given, on `device` in `precision` (load_tuner)."""
+    return list(generate_stream(model_dir, sources, num_beams, max_new_tokens, device, precision, log))
+
+
+GENERATE_CHUNK = 256  # sources decoded together (longest last within it), their outputs given in input order
+
+
+def generate_stream(model_dir: Path, sources: Sequence[str], num_beams: int | None = None,
+                    max_new_tokens: int | None = None, device: str | None = None, precision: str | None = None,
+                    log: Callable[[str], None] | None = None, chunk: int | None = None) -> Iterator[str]:
+    """generate_sources' outputs, in input order, GENERATE_CHUNK sources at a time: every source was decoded
+    before the first output came out, and Ctrl-C kept none. Every source is measured against the LM's room
+    first, so a source too long is refused before any output; `log` also gets the decode's progress."""
     tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     say_cut(tuner, sources, log)
-    return decode(tuner, tok, sources, d.num_beams, d.max_new_tokens, d.batch_size)
+    check_room(tuner, tuner.encode_sources(sources), d.max_new_tokens)
+    step = chunk or GENERATE_CHUNK
+    for first in range(0, len(sources), step):
+        yield from decode(tuner, tok, sources[first:first + step], d.num_beams, d.max_new_tokens, d.batch_size, log)
 
 
 def say_cut(tuner: nn.Module, sources: Sequence[str], log: Callable[[str], None] | None) -> None:
