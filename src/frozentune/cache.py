@@ -383,7 +383,7 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         owned = [k for k in range(len(plan.shards)) if part.owns(k)]
         done_before = finished(folder, plan) if folder.exists() else set()
         size = _say_size(root, key, plan, tokens, backbone.dim, dtype, [k for k in owned if k not in done_before], log,
-                         resuming=bool(done_before))
+                         resuming=bool(done_before), what="pairs" if fields.get("pairs") else "texts")
         with _Progress(*work_of(plan, tokens.lengths, owned), "extracting", enabled=progress,
                        log=log if size >= SIZE_SAID else None) as bar:
             if folder.exists():
@@ -650,7 +650,7 @@ ROOM_ADVICE = ("free some space (frozentune cache --prune removes unfinished bui
 
 
 def _say_size(root: Path, key: str, plan, tokens: Tokenized, dim: int, dtype: str, left: list[int],
-              log: Callable[[str], None], resuming: bool) -> int:
+              log: Callable[[str], None], resuming: bool, what: str = "texts") -> int:
     """Refuse a build whose states will not fit in the free space of `root` (it failed with a full disk
     after extracting for minutes); say one that is large, before it starts (a 25,000-text file extracted
     for 50 minutes in silence where no terminal showed a bar). Returns the bytes still to write."""
@@ -658,10 +658,10 @@ def _say_size(root: Path, key: str, plan, tokens: Tokenized, dim: int, dtype: st
     size = state_bytes(n, dim, dtype)
     free = shutil.disk_usage(root).free
     if size > free:
-        raise CacheError(f"{root}: the states of these {examples:,} texts take {size / 1e9:,.2f} GB and {free / 1e9:,.2f} "
+        raise CacheError(f"{root}: the states of these {examples:,} {what} take {size / 1e9:,.2f} GB and {free / 1e9:,.2f} "
                          f"GB are free there; {ROOM_ADVICE}")
     if size >= SIZE_SAID:
-        log(f"cache: {'resuming' if resuming else 'extracting'} {examples:,} texts ({n:,} tokens) for entry {key}: "
+        log(f"cache: {'resuming' if resuming else 'extracting'} {examples:,} {what} ({n:,} tokens) for entry {key}: "
             f"{size / 1e9:,.2f} GB of states ({free / 1e9:,.1f} GB free there); the whole file is extracted once, so "
             f"that any later run on it (another --max-train, --shots, seed or method) reads the cache")
     return size
