@@ -911,7 +911,7 @@ def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device
             bad = int((~np.isfinite(probs).all(1)).sum())
             raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
                                    f"{len(part)} texts; its weights are damaged: train it again")
-        cut = np.asarray(src.lengths) >= bb.max_length  # the text went on past what was read
+        cut = cut_rows(src.lengths, bb.max_length, pairs)  # the text went on past what was read (said at the end)
         lengths.append(np.asarray(src.lengths))
         yield from ({**text_row(t), **labelled(model.labels, p), **({"truncated": True} if c else {})}
                     for t, p, c in zip(part, probs, cut))

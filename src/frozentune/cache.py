@@ -381,21 +381,22 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         root.mkdir(parents=True, exist_ok=True)
         _clean_partials(root)
         owned = [k for k in range(len(plan.shards)) if part.owns(k)]
-        done_before = finished(folder, plan) if folder.exists() else set()
-        size = _say_size(root, key, plan, tokens, backbone.dim, dtype, [k for k in owned if k not in done_before], log,
-                         resuming=bool(done_before), what="pairs" if fields.get("pairs") else "texts")
+        done: set[int] = set()
+        if folder.exists():
+            check_plan(folder, key, plan, part)  # first: shards of another plan are not finished ones of this
+            done = finished(folder, plan)
+        left = [k for k in owned if k not in done]
+        size = _say_size(root, key, plan, tokens, backbone.dim, dtype, left, log, resuming=bool(done),
+                         what="pairs" if fields.get("pairs") else "texts")
         with _Progress(*work_of(plan, tokens.lengths, owned), "extracting", enabled=progress,
                        log=log if size >= SIZE_SAID else None) as bar:
-            if folder.exists():
-                check_plan(folder, key, plan, part)  # first: shards of another plan are not finished ones of this
-                done = finished(folder, plan)
+            if done:
                 bar.skip(work_of(plan, tokens.lengths, [k for k in owned if k in done])[0])
-                left = [k for k in owned if k not in done]
-                if done and left and part.count > 1:  # said now, not when the build ends
+                if left and part.count > 1:  # said now, not when the build ends
                     log(f"cache: part {part.index}/{part.count} of {key}: {len(done)} of {len(plan.shards)} shards "
                         f"finished already ({len(owned) - len(left)} of them this part's, by an earlier run; the "
                         f"others by other parts); extracting this part's other {len(left)}")
-                elif done and left:
+                elif left:
                     log(f"cache: resuming {key}: {len(done)} of {len(plan.shards)} shards were finished before; "
                         f"extracting the other {len(left)}")
             report = extract_part(folder, key, fields, plan, backbone, tokens, dtype, part, bar.advance)
@@ -629,8 +630,8 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     id of the texts, for get_or_build to use (no second tokenisation). A build already under way (resumed
     from its finished shards) is left to its own check."""
     root = Path(root) if root is not None else default_root()
-    todo = {id(t): t for t in files if not (root / cache_key(backbone, t, dtype)[0]).exists()
-            and not building_dir(root, cache_key(backbone, t, dtype)[0]).exists()}
+    keys = {id(t): (t, cache_key(backbone, t, dtype)[0]) for t in files}
+    todo = {k: t for k, (t, key) in keys.items() if not (root / key).exists() and not building_dir(root, key).exists()}
     if len(todo) < 2:
         return {}
     tokens = {k: backbone.tokenize(t) for k, t in todo.items()}
