@@ -401,16 +401,16 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         if a.shots is not None:
             raise CLIError(f"--shots {a.shots}: few-shot sampling is for classification data (K examples per class); "
                            f"for generation data give --max-train")
-        given = [f"--{k.replace('_', '-')} {v}" for k, v, default in
+        given = [f"{_flag(k)} {v}" for k, v, default in
                  (("text_field", a.text_field, "text"), ("text_pair_field", a.text_pair_field, None),
                   ("label_field", a.label_field, "label")) if v != default]
         if given:
             raise CLIError(f"{', '.join(given)}: fields of classification data; {a.data} is read as source → target "
                            f"generation data, whose fields are --source-field and --target-field (default: source "
                            f"and target; E2E and WebNLG pick theirs)")
-        encoder = [f"--{k.replace('_', '-')} {v}" for k, v, default in
+        encoder = [f"{_flag(k)} {v}" for k, v, default in
                    (("max_length", a.max_length, 128), ("layer", a.layer, None), ("layer_combine", a.layer_combine, "mean"))
-                   if v != default] + [f"--{k.replace('_', '-')}" for k in ("cv_folds", "cv_below", "cv_repeats", "fallback")
+                   if v != default] + [_flag(k) for k in ("cv_folds", "cv_below", "cv_repeats", "fallback")
                                        if k in train_cfg] + \
                   [flag for flag, v in (("--cache-dir", a.cache_dir), ("--rebuild-cache", a.rebuild_cache)) if v]
         if encoder:  # accepted and ignored before: the generation run never read them
@@ -845,10 +845,10 @@ def cmd_list() -> int:
         if spec.layer is not None:
             con.print(f"  reads backbone layer {spec.layer} unless --layer says otherwise")
         if spec.classifies and spec.train_defaults:
-            con.print("  training defaults: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.train_defaults.items()))
+            con.print("  training defaults: " + ", ".join(f"{_flag(k)} {v}" for k, v in spec.train_defaults.items()))
         if spec.generates and spec.generation_defaults:
             con.print("  training defaults for generation: "
-                      + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.generation_defaults.items()))
+                      + ", ".join(f"{_flag(k)} {v}" for k, v in spec.generation_defaults.items()))
     return 0
 
 

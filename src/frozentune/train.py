@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from . import distributed, interrupts
+from .fields import as_flag
 from .model import Classifier, Source
 
 
@@ -89,7 +90,7 @@ class TrainConfig:
                  ("seed", 0 <= self.seed < 2 ** 32, "a whole number from 0 to 4294967295 (what numpy and scikit-learn seed)")]
         for name, ok, want in rules:
             if not ok:
-                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be {want}")
+                raise ValueError(f"{as_flag(name)} {getattr(self, name)}: must be {want}")
         return self
 
 

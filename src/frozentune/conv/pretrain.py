@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from .. import distributed
 from ..data import DataError
+from ..fields import as_flag
 from ..registry import refuse_unused
 from ..train import adamw, shared_step, silent
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
@@ -82,7 +83,7 @@ class PretrainConfig:
             raise ConvError(why)
         for name in ("minutes", "lr", "weight_decay", "max_grad_norm", "mask_prob"):
             if not math.isfinite(value := getattr(self, name)):  # NaN passed every comparison: --minutes nan never ended
-                raise ConvError(f"--{name.replace('_', '-')} {value}: give a finite number")
+                raise ConvError(f"{as_flag(name)} {value}: give a finite number")
         if self.lr <= 0:
             raise ConvError(f"--lr {self.lr}: give a learning rate above 0 (the default is 5e-4)")
         if self.weight_decay < 0 or self.max_grad_norm < 0:
@@ -325,7 +326,7 @@ def lr_at(step: int, run: PretrainConfig) -> float:
 
 
 def as_flags(d: dict) -> str:
-    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in d.items())
+    return " ".join(f"{as_flag(k)} {v}" for k, v in d.items())
 
 
 def same_corpus(given: str, saved: str) -> bool:

@@ -289,14 +289,17 @@ def fit_generation(tuner: nn.Module, tok, splits: GenSplits, cfg, log: Callable[
 
 
 def decode(tuner: LMTuner, tok, sources: Sequence[str], num_beams: int = 1, max_new_tokens: int = 64,
-           batch_size: int = 32, log: Callable[[str], None] | None = None) -> list[str]:
+           batch_size: int = 32, log: Callable[[str], None] | None = None,
+           ids: Sequence[Sequence[int]] | None = None) -> list[str]:
     """Generated text for each source, batched by source length (outputs in input order). `log`:
-    where a decode longer than train.PROGRESS_EVERY_S says how far it is, that often."""
+    where a decode longer than train.PROGRESS_EVERY_S says how far it is, that often. `ids`: the
+    sources already encoded (tuner.encode_sources) and checked against the LM's room."""
     from .. import train
 
     tuner.eval()
-    ids = tuner.encode_sources(sources)
-    check_room(tuner, ids, max_new_tokens)
+    if ids is None:
+        ids = tuner.encode_sources(sources)
+        check_room(tuner, ids, max_new_tokens)
     order = np.argsort([len(x) for x in ids], kind="stable")
     out: list[str] = [""] * len(ids)
     step = max(1, batch_size // max(num_beams, 1))
@@ -619,10 +622,12 @@ def generate_stream(model_dir: Path, sources: Sequence[str], num_beams: int | No
     tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     say_cut(tuner, sources, log)
-    check_room(tuner, tuner.encode_sources(sources), d.max_new_tokens)
+    ids = tuner.encode_sources(sources)
+    check_room(tuner, ids, d.max_new_tokens)
     step = chunk or GENERATE_CHUNK
     for first in range(0, len(sources), step):
-        yield from decode(tuner, tok, sources[first:first + step], d.num_beams, d.max_new_tokens, d.batch_size, log)
+        yield from decode(tuner, tok, sources[first:first + step], d.num_beams, d.max_new_tokens, d.batch_size, log,
+                          ids=ids[first:first + step])
 
 
 def say_cut(tuner: nn.Module, sources: Sequence[str], log: Callable[[str], None] | None) -> None:
