@@ -51,7 +51,8 @@ def _writable(folder: Path) -> bool:
     return True
 
 
-STAGING = re.compile(r"\.(partial|replaced)-(\d+)-[0-9a-f]{8}")  # staged_output's folders inside an output
+_STAGED = r"(partial|replaced)-(\d+)-[0-9a-f]{8}"  # what staged_output's folders are called after their prefix
+STAGING = re.compile(r"\." + _STAGED)  # its folders inside an output written in place
 
 
 def _followed(output: Path) -> Path:
@@ -107,10 +108,9 @@ def _clean_stale(output: Path) -> None:
         except OSError:
             continue
         for p in entries:
-            kind, _, tag = p.name.removeprefix(start).partition("-")
-            if not p.name.startswith(start) or kind not in ("partial", "replaced") or not p.is_dir() \
-                    or not tag.partition("-")[0].isdigit() or _alive(int(tag.partition("-")[0])):
+            if not (m := re.fullmatch(re.escape(start) + _STAGED, p.name)) or not p.is_dir() or _alive(int(m[2])):
                 continue
+            kind = m[1]
             if kind == "replaced" and folder == output.parent and not output.exists():
                 p.rename(output)  # killed between its two renames: the old folder is the user's
                 continue
