@@ -673,3 +673,78 @@ def test_options_a_run_does_not_use_are_said(trec_slice, tiny_bert, tmp_path):
     api.train("contrastive", str(trec_slice), bb, shots=2, train_cfg={"steps": 2, "cv_below": 4}, progress=False,
               log=said.append)
     assert not any("not used" in s for s in said), said
+
+
+class _StopAfter:
+    """A sweep log that raises KeyboardInterrupt (Ctrl-C) at the `n`-th point's line, keeping the lines."""
+
+    def __init__(self, n: int | None = None):
+        self.n, self.lines = n, []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if self.n is not None and line.startswith(f"[{self.n}/"):
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_bert, tmp_path):
+    """Ctrl-C at point 3 of 8 kept nothing: the same sweep run again trained all 8. Now each finished
+    point is kept in a journal in the cache folder; the rerun reuses 3, trains 5, gives the table an
+    uninterrupted sweep gives, and removes the journal. A line cut short by a kill is skipped and said;
+    --restart (resume=False) trains every point again; a point whose data changed is trained again."""
+    from frozentune.sweep import run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    cfg = {"min_steps": 12}
+    keep = ("method", "layer", "lr", "weight_decay", "seed", "score", "test_accuracy", "model_method")
+
+    def sweep(data=trec_slice, log=None, resume=True, output=None):
+        return run_sweep(_grid(), str(data), bb, output, shots=2, cache_root=tmp_path / "c", train_cfg=cfg,
+                         log=log or _StopAfter(), resume=resume)
+
+    whole = sweep()
+    journals = lambda: sorted((tmp_path / "c").glob("sweep-*.points.jsonl"))  # noqa: E731
+    assert journals() == []  # a finished sweep removes its journal
+    with pytest.raises(KeyboardInterrupt):
+        sweep(log=_StopAfter(3), output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    [journal] = journals()
+    assert len(journal.read_text().splitlines()) == 3
+    log = _StopAfter()
+    again = sweep(log=log, output=tmp_path / "out")
+    assert [{k: r[k] for k in keep} for r in again.rows] == [{k: r[k] for k in keep} for r in whole.rows]
+    assert [bool(r.get("reused")) for r in again.rows] == [True] * 3 + [False] * 5
+    assert again.seconds["reused_points"] == 3
+    assert any("holds 3 finished point(s) of an interrupted run" in line for line in log.lines)
+    assert sum("reused" in line for line in log.lines if line.startswith("[")) == 3
+    assert "3 of the 8 points were finished by an interrupted run" in (tmp_path / "out" / "sweep.md").read_text()
+    assert journals() == []
+    # killed while writing: a cut last line is skipped and counted; the whole lines are reused
+    with pytest.raises(KeyboardInterrupt):
+        sweep(log=_StopAfter(2))
+    [journal] = journals()
+    journal.write_bytes(journal.read_bytes() + b'{"key": "ab')
+    log = _StopAfter(4)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(log=log)
+    assert any("holds 2 finished point(s)" in line and "1 unreadable line(s) skipped" in line for line in log.lines)
+    assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2
+    # --restart: the 3 kept points (2 + the one finished after them) are trained again
+    log = _StopAfter()
+    restarted = sweep(log=log, resume=False)
+    assert not any("reused" in line for line in log.lines) and journals() == []
+    assert [{k: r[k] for k in keep} for r in restarted.rows] == [{k: r[k] for k in keep} for r in whole.rows]
+    # data changed under the journal (the same command, the file edited): no point reused
+    data = tmp_path / "data" / trec_slice.name
+    data.mkdir(parents=True)
+    for f in trec_slice.iterdir():
+        (data / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(KeyboardInterrupt):
+        sweep(data, log=_StopAfter(2))
+    lines = (data / "train.jsonl").read_text().splitlines()
+    (data / "train.jsonl").write_text("\n".join(lines[1:] + lines[:1]) + "\n")  # another order: other shots drawn
+    log = _StopAfter(3)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(data, log=log)
+    assert any("holds 2 finished point(s)" in line for line in log.lines)
+    assert not any("reused" in line for line in log.lines if line.startswith("["))

@@ -362,3 +362,36 @@ def test_what_a_killed_save_left_is_cleaned_or_put_back(tmp_path):
     (out / f".partial-{dead}-0a0b0c0d").mkdir()  # staged inside a folder written in place
     check_output(out, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == [".frozentune-files", "config.json"]
+
+
+def test_an_interrupted_sweep_keeps_its_finished_points(tiny_bert, trec_slice, tmp_path):
+    """SIGTERM between a sweep's points: the command says its finished points are kept and how to go on
+    (it said the output folder was as it was, and every point was lost); `cache --list` shows the journal,
+    `--prune` keeps it, `--prune --include-resumable` removes it. (Reusing the points is tested in
+    test_few_labels.py, from Python.)"""
+    root, output = tmp_path / "cache", tmp_path / "sweep"
+    argv = ["sweep", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--methods", "probe",
+            "--shots", 2, "--seeds", ",".join(map(str, range(60))), "--cache-dir", root, "--output", output]
+    proc = launch(argv)
+
+    def points() -> int:
+        return sum(len(p.read_bytes().splitlines()) for p in root.glob("sweep-*.points.jsonl")) if root.exists() else 0
+
+    wait_for(proc, lambda: points() >= 2, "two points finished", timeout=120)
+    proc.send_signal(signal.SIGTERM)
+    finish(proc, [str(a) for a in argv], code=143, contains=("interrupted by SIGTERM", "the points finished so far",
+                                                             "run the same command again to go on"), timeout=60)
+    assert not output.exists()
+    [journal] = root.glob("sweep-*.points.jsonl")
+    kept = points()
+    assert 2 <= kept < 60
+    listed = {Path(r["path"]).name: r for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root, code=0).out)}
+    assert listed[journal.name]["kind"] == "sweep"
+    assert listed[journal.name]["status"] == "interrupted sweep, resumable"
+    assert listed[journal.name]["shards"] == f"{kept} finished points"
+    out = cli("cache", "--prune", "--cache-dir", root, code=0).out
+    assert f"kept {journal.name} (an interrupted sweep's {kept} finished points: run the same sweep again" in out
+    assert journal.exists()
+    out = cli("cache", "--prune", "--include-resumable", "--cache-dir", root, code=0).out
+    assert f"removed {journal.name} (sweep, interrupted sweep, resumable" in out
+    assert not journal.exists()

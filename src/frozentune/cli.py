@@ -317,6 +317,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--max-train", type=_whole(1), help="a stratified sample of this many training examples")
     sw.add_argument("--output", type=Path, help="folder for sweep.md, sweep.json, sweep.png and best/ (the best point's model)")
     sw.add_argument("--overwrite", action="store_true", help="replace a sweep already saved in --output")
+    sw.add_argument("--restart", action="store_true", help="train every point again: without it, the points an "
+                    "interrupted run of the same sweep finished (kept in the cache folder) are reused")
     _backbone_args(sw)
     sv = sub.add_parser("serve", help="serve saved models over HTTP: every task from one backbone pass, "
                         "batched across requests; a page at /, the API at /docs")
@@ -687,14 +689,15 @@ def _cache_folder(a: argparse.Namespace) -> int:
                 "created"):
         t.add_column(col)
     for e in rows:
-        status = e.status + (f" ({e.shards} shards)" if e.shards else "")
+        status = e.status + (f" ({e.shards})" if e.kind == "sweep" else f" ({e.shards} shards)" if e.shards else "")
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
                   str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" if e.examples is not None else "",
                   f"{e.tokens:,}" if e.tokens is not None else "", mb(e.bytes), e.created)
     Console(width=200).print(t)
     print(f"{len(rows)} item(s), {mb(sum(e.bytes for e in rows))}; --prune removes "
           f"{sum(e.removable for e in rows)} of them (interrupted builds with no finished shard, leftovers, unreadable "
-          f"entries); --include-resumable also the {sum(e.resumable for e in rows)} holding finished shards")
+          f"entries); --include-resumable also the {sum(e.resumable for e in rows)} holding finished shards or "
+          f"an interrupted sweep's finished points")
     return 0
 
 
@@ -724,14 +727,16 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     grid = Grid.parse(a.methods, a.layers, a.lr, a.weight_decay, a.seeds)
     bb = api.BackboneOptions(a.backbone or "minilm", None, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision, a.token_types)
-    on_interrupt("the output folder is as it was; cache entries already complete are kept")
+    on_interrupt("the output folder is as it was; the points finished so far and cache entries already complete are "
+                 "kept: run the same command again to go on from the next point")
     points = grid.points()
     print(f"sweep: {len(points)} points ({len(grid.methods)} method(s) × {len(grid.layers)} layer setting(s) × "
           f"{len(grid.lrs)} lr × {len(grid.weight_decays)} weight decay × {len(grid.seeds)} seed(s)) on {a.data}",
           flush=True)
     result = run_sweep(grid, a.data, bb, a.output, a.shots, a.max_train, a.text_field, a.label_field, a.cache_dir,
                        train_cfg={"fallback": a.fallback} if a.fallback else None,
-                       overwrite=a.overwrite, log=lambda s: print(s, flush=True), pair_field=a.text_pair_field)
+                       overwrite=a.overwrite, log=lambda s: print(s, flush=True), pair_field=a.text_pair_field,
+                       resume=not a.restart)
     from .sweep.run import markdown
 
     print(markdown(result, a.data))

@@ -19,6 +19,8 @@ INTERRUPTED = "interrupted"               # nothing to resume from (no finished 
 DONE_LEFTOVER = "left over beside its complete entry"  # a build whose entry was published (a run reads the entry)
 UNREADABLE = "unreadable"                 # an entry's status starts with it, then says why in parentheses
 NOT_OURS = "not a cache entry (left alone)"  # a folder whose name frozentune never writes
+SWEEP_RESUMABLE = "interrupted sweep, resumable"  # a sweep journal (sweep/journal.py): its finished points
+SWEEP_EMPTY = "interrupted sweep, nothing to reuse"  # a journal with no whole line
 # The names frozentune writes in a cache folder: <key>, <key>.building, <key>.partial-<pid>-<tag>[-replaced],
 # a key being 32 hex digits (cache._key_of). Anything else is someone's own folder: listed, never removed.
 KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
@@ -28,7 +30,7 @@ KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
 class Entry:
     """One thing in the cache folder: a complete entry, an interrupted or running build, or debris."""
     path: Path
-    kind: str            # entry | building | merging | partial | other (not frozentune's: never removed)
+    kind: str            # entry | building | merging | partial | sweep (a journal) | other (not frozentune's: never removed)
     status: str          # ok | old format (re-keyed on next use) | unreadable (why) | running | waiting for other
                          # parts | interrupted, resumable | interrupted | leftover of a merge
     bytes: int
@@ -51,13 +53,13 @@ class Entry:
         re-keyed on use) are kept. A build folder left beside its complete entry (publishing
         interrupted while removing it) is removed too: no run reads it."""
         return (self.kind == "building" and self.status in (INTERRUPTED, DONE_LEFTOVER)) or self.kind == "partial" \
-            or self.status.startswith(UNREADABLE)
+            or self.status.startswith(UNREADABLE) or self.status == SWEEP_EMPTY
 
     @property
     def resumable(self) -> bool:
         """A build holding finished shards that nobody is extracting into now: a later run (or the
         other parts) resumes from them. --prune removes it only when asked (include_resumable)."""
-        return self.kind == "building" and self.status in (WAITING, RESUMABLE)
+        return (self.kind == "building" and self.status in (WAITING, RESUMABLE)) or self.status == SWEEP_RESUMABLE
 
     def row(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "path"}
@@ -171,13 +173,26 @@ def _building(p: Path) -> Entry:
                  **_describe(plan.get("fields", {})))
 
 
+def _journal(p: Path) -> Entry:
+    """A sweep's journal: how many finished points a rerun of that sweep would reuse."""
+    from ..sweep.journal import points_in
+
+    n = points_in(p)
+    return Entry(p, "sweep", SWEEP_RESUMABLE if n else SWEEP_EMPTY, _size(p), shards=f"{n} finished points")
+
+
 def scan(root: Path, verify: bool = False) -> list[Entry]:
     """Every entry, build and leftover under root (sorted by path); verify: read every checksum of
     the complete entries (see `_entry`)."""
     out: list[Entry] = []
     if not root.is_dir():
         return out
+    from ..sweep.journal import PATTERN as JOURNALS
+
     for p in sorted(root.iterdir()):
+        if p.is_file() and p.match(JOURNALS):
+            out.append(_journal(p))
+            continue
         if p.suffix == ".lock" or not p.is_dir():
             continue
         if not KEY_NAME.fullmatch(p.name):  # e.g. --cache-dir pointed at a folder that holds other things
@@ -200,7 +215,10 @@ def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> 
     gone = []
     for e in scan(root, verify):
         if e.removable or (include_resumable and e.resumable):
-            shutil.rmtree(e.path, ignore_errors=True)
+            if e.kind == "sweep":  # a journal is a file
+                e.path.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(e.path, ignore_errors=True)
             gone.append(e)
     return gone
 
@@ -216,6 +234,10 @@ def kept_lines(root: Path) -> list[str]:
             lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {mb(e.bytes)})")
             continue
         if not e.resumable:
+            continue
+        if e.kind == "sweep":
+            lines.append(f"kept {e.path.name} (an interrupted sweep's {e.shards}: run the same sweep again to go on "
+                         f"from them; --prune --include-resumable deletes it, {mb(e.bytes)})")
             continue
         if e.status == WAITING:
             why = (f"waiting for other parts: {e.shards} shards finished, part {e.parts} done; run the other "

@@ -13,6 +13,7 @@ import numpy as np
 from ..registry import get_method
 from ..train import silent
 from .grid import Grid, Point
+from .journal import NAME, Journal, dataset_hash, point_key, sweep_key
 
 
 @dataclass
@@ -49,9 +50,12 @@ def effective_layer(p: Point) -> str:
 def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots: int | None = None,
               max_train: int | None = None, text_field: str = "text", label_field: str = "label",
               cache_root: Path | None = None, train_cfg: dict | None = None, overwrite: bool = False,
-              log: Callable[[str], None] = print, pair_field: str | None = None) -> SweepResult:
+              log: Callable[[str], None] = print, pair_field: str | None = None, resume: bool = True) -> SweepResult:
     """Train every point of `grid` on `data` (`backbone`: api.BackboneOptions; its layers are the
-    grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares."""
+    grid's), tabulate, and save the best point to output/best. train_cfg: options every point shares.
+    Each finished point is kept in a journal in the cache folder (`journal`); the same sweep run
+    again after an interrupt reuses them (resume False: trains every point again). The journal is
+    removed when the sweep finishes."""
     from .. import api
     from ..crossval import smallest_class
     from ..data import DataError, load_classification, text_groups
@@ -83,6 +87,9 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             raise DataError(f"sweep: with seed {s}, {why} and there is no validation split, so no "
                             f"point could be scored (nothing to hold out); give a validation file, or data with 2 or "
                             f"more distinct texts in every class")
+    journal = open_journal(data, backbone, base, shots, max_train, text_field, label_field, pair_field, cache_root,
+                           log, resume)
+    hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
     backbones: dict[str, object] = {}
     rows, extract_s, load_s = [], 0.0, 0.0
     for i, p in enumerate(points, 1):
@@ -95,6 +102,14 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             if same:  # `6` and `-1` of a 6-layer model: one hidden state, two rows of the table
                 raise MethodError(f"sweep: layers {same[0]} and {layer} are the same hidden state of "
                                   f"{backbone.name} ({backbones[layer].layer_key}); give each layer once")
+        key = point_key(dataclasses.asdict(p) | {"layer": None}, hashes[p.seed], backbones[layer])
+        if (row := journal.found(key)) is not None:
+            row["layer"] = layer  # as this run names it (`6` and `-1` of a 6-layer model are one point)
+            rows.append(row)
+            log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed "
+                f"{p.seed}: {row['score_is']} {row['score']:.2f}, test {row['test_accuracy']:.2f} (finished by the "
+                f"interrupted run; reused)")
+            continue
         t0 = time.perf_counter()
         r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
                       progress=False, log=silent)
@@ -107,6 +122,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                "model_method": r.get("model_method", p.method),  # probe where cross-validation kept the regression
                "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C", "fallback")}}
         rows.append(row)
+        journal.add(key, row)
         kept = " (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
         log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
             f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
@@ -126,12 +142,29 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
             result.best_saved_as = saved.get("model_method", best["method"])
             write(result, folder, data)
+        journal.remove()
         log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
             f"{best['score_is']} {best['score_mean']:.2f} ± {best['score_std']:.2f}; saved to {Path(output) / 'best'} "
             f"(seed {first}){kept_note(result)}; table in {Path(output) / 'sweep.md'}")
     else:
         result.seconds = _seconds(t_start, extract_s, load_s, rows, 0.0)
+        journal.remove()
     return result
+
+
+def open_journal(data: str, backbone, base: dict, shots: int | None, max_train: int | None, text_field: str,
+                 label_field: str, pair_field: str | None, cache_root: Path | None, log: Callable[[str], None],
+                 resume: bool) -> Journal:
+    """The journal of this sweep (its key: everything it was given but its grid), said when it holds points."""
+    from ..cache import default_root
+
+    context = {"data": str(data), "fields": [text_field, label_field, pair_field], "shots": shots,
+               "max_train": max_train, "train": base, "backbone": dataclasses.asdict(backbone)}
+    root = Path(cache_root) if cache_root is not None else default_root()
+    journal = Journal(root / NAME.format(key=sweep_key(context)), log, resume)
+    if (line := journal.opening_line()) is not None:
+        log(line)
+    return journal
 
 
 def kept_note(result: SweepResult) -> str:
@@ -145,9 +178,9 @@ def kept_note(result: SweepResult) -> str:
 
 
 def _seconds(t_start: float, extract_s: float, load_s: float, rows: list[dict], save_s: float) -> dict:
-    fits = sum(r["seconds"] - r["extract_seconds"] for r in rows)
+    fits = sum(r["seconds"] - r["extract_seconds"] for r in rows if not r.get("reused"))
     return {"wall": time.perf_counter() - t_start, "extraction": extract_s, "backbone_loading": load_s,
-            "fits": fits, "saving_best": save_s, "points": len(rows)}
+            "fits": fits, "saving_best": save_s, "points": len(rows), "reused_points": sum(bool(r.get("reused")) for r in rows)}
 
 
 def tabulate(rows: list[dict]) -> list[dict]:
@@ -190,8 +223,12 @@ def markdown(result: SweepResult, data: str) -> str:
     s = result.seconds
     if s:
         lines += ["", f"score: {result.best['score_is']}. Wall {s['wall']:.1f}s: extraction {s['extraction']:.1f}s, "
-                      f"backbone loading {s['backbone_loading']:.1f}s, {s['points']} fits {s['fits']:.1f}s, "
+                      f"backbone loading {s['backbone_loading']:.1f}s, {s['points'] - s.get('reused_points', 0)} fits {s['fits']:.1f}s, "
                       f"saving the best {s['saving_best']:.1f}s."]
+        if s.get("reused_points"):
+            lines += ["", f"{s['reused_points']} of the {s['points']} points were finished by an interrupted run of this "
+                          f"sweep and reused from its journal: the fits counted above are this run's; the fit seconds in "
+                          f"the table are each point's own."]
     return "\n".join(lines) + "\n"
 
 
