@@ -748,3 +748,20 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
         sweep(data, log=log)
     assert any("holds 2 finished point(s)" in line for line in log.lines)
     assert not any("reused" in line for line in log.lines if line.startswith("["))
+
+
+def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
+    """A journal line that is JSON but not a row (hand-edited, another version) is skipped and counted,
+    like a line cut short: reusing it raised KeyError mid-sweep."""
+    from frozentune.sweep.journal import Journal, points_in
+
+    path = tmp_path / "sweep-x.points.jsonl"
+    row = {"method": "probe", "layer": "-1", "lr": 0.01, "weight_decay": 0.01, "seed": 0, "score": 50.0,
+           "score_is": "validation accuracy", "test_accuracy": 40.0, "train_seconds": 1.0, "extract_seconds": 0.0,
+           "seconds": 1.0, "model_method": "probe", "selection": {}}
+    lines = [{"key": "a", "row": row}, {"key": "b", "row": {}}, {"key": "c", "row": row | {"score": "high"}},
+             {"key": 1, "row": row}, ["a"], {"key": "d", "row": row | {"seed": True}}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"key\": \"e\"\n")
+    j = Journal(path, log=lambda s: None)
+    assert list(j.rows) == ["a"] and j.skipped == 6 and points_in(path) == 1
+    assert j.found("a")["reused"] is True and j.found("b") is None

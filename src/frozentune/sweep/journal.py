@@ -66,12 +66,23 @@ def points_in(path: Path) -> int:
     return len({k for k in map(_key_of_line, lines) if k is not None})
 
 
+NUMBERS = ("lr", "weight_decay", "seed", "score", "test_accuracy", "train_seconds", "extract_seconds", "seconds")
+TEXTS = ("method", "layer", "score_is", "model_method")
+
+
 def _key_of_line(line: bytes) -> str | None:
+    """The key of a whole line holding a row as `run_sweep` writes it; None for anything else (a line
+    cut short, another shape)."""
     try:
         entry = json.loads(line)
-        return entry["key"] if isinstance(entry["key"], str) and isinstance(entry["row"], dict) else None
+        key, row = entry["key"], entry["row"]
     except (ValueError, KeyError, TypeError):
         return None
+    if not isinstance(key, str) or not isinstance(row, dict) or not isinstance(row.get("selection"), dict):
+        return None
+    if not all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) for k in NUMBERS):
+        return None
+    return key if all(isinstance(row.get(k), str) for k in TEXTS) else None
 
 
 class Journal:
