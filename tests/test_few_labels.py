@@ -765,3 +765,27 @@ def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
     j = Journal(path, log=lambda s: None)
     assert list(j.rows) == ["a"] and j.skipped == 6 and points_in(path) == 1
     assert j.found("a")["reused"] is True and j.found("b") is None
+
+
+def test_a_signal_while_a_point_is_written_still_stops_the_sweep(trec_slice, tiny_bert, tmp_path, monkeypatch):
+    """Ctrl-C while a finished point's line is written is held until the line is whole, then raised: the
+    sweep ran on to its end (exit 0 after SIGTERM, seen in CI's interrupt test)."""
+    import os
+    import signal
+
+    from frozentune.sweep import Grid, journal, run_sweep
+
+    real = os.fsync
+
+    def fsync_then_signal(fd):
+        os.kill(os.getpid(), signal.SIGINT)  # lands inside the held block
+        real(fd)
+
+    import types
+
+    monkeypatch.setattr(journal, "os", types.SimpleNamespace(fsync=fsync_then_signal))  # the journal's fsync only
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(Grid.parse("probe", seeds="0,1,2"), str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16),
+                  shots=2, cache_root=tmp_path / "c", log=lambda s: None)
+    [kept] = (tmp_path / "c").glob("sweep-*.points.jsonl")
+    assert len(kept.read_text().splitlines()) == 1  # the whole line, and no point after it

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import interrupts
 from ..registry import get_method
 from ..train import silent
 from .grid import Grid, Point
@@ -64,8 +65,11 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     from ..train import CV_BELOW
 
     t_start = time.perf_counter()
-    if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as api.train takes it
-        backbone = api.BackboneOptions(str(backbone))
+    if not isinstance(grid, Grid):
+        raise MethodError(f"grid: a {type(grid).__name__} ({repr(grid)[:40]}); give a Grid, e.g. "
+                          f"Grid.parse('probe,space', seeds='0,1,2')")
+    backbone, log = api.as_backbone(backbone, loaded=False), api.as_log(log)
+    output, cache_root = api.as_path(output, "output"), api.as_path(cache_root, "cache_root")
     if backbone.layers is not None or backbone.combine != "mean":
         raise MethodError("sweep: each point reads one layer, the grid's (--layers); leave the backbone's layers and "
                           "--layer-combine out")
@@ -112,7 +116,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             continue
         t0 = time.perf_counter()
         r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
-                      progress=False, log=silent)
+                      progress=False, log=silent, cache_log=log)  # a point's log is its row; the cache's lines are said
         score, what = point_score(r)
         extract_s += r["extract_seconds"]
         row = {"method": p.method, "layer": layer, "lr": r["config"]["train"]["lr"],
@@ -122,7 +126,8 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                "model_method": r.get("model_method", p.method),  # probe where cross-validation kept the regression
                "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C", "fallback")}}
         rows.append(row)
-        journal.add(key, row)
+        journal.add(key, row)  # signals are held while the line is written, then raised here
+        interrupts.check()
         kept = " (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
         log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
             f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
@@ -138,7 +143,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
         with staged_output(Path(output), overwrite, kind="sweep") as folder:
             saved = api.train(best["method"], datasets[first], backbones[best["layer"]], shots=shots, max_train=max_train,
                       train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
-                      output=folder / "best", cache_root=cache_root, progress=False, log=silent)
+                      output=folder / "best", cache_root=cache_root, progress=False, log=silent, cache_log=log)
             result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
             result.best_saved_as = saved.get("model_method", best["method"])
             write(result, folder, data)
