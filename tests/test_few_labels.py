@@ -709,17 +709,18 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
         sweep(log=_StopAfter(3), output=tmp_path / "out")
     assert not (tmp_path / "out").exists()
     [journal] = journals()
-    assert len(journal.read_text().splitlines()) == 3
+    assert len(journal.read_text().splitlines()) == 1 + 3  # its header, then a line per finished point
     log = _StopAfter()
     again = sweep(log=log, output=tmp_path / "out")
     assert [{k: r[k] for k in keep} for r in again.rows] == [{k: r[k] for k in keep} for r in whole.rows]
     assert [bool(r.get("reused")) for r in again.rows] == [True] * 3 + [False] * 5
     assert again.seconds["reused_points"] == 3
-    assert any("holds 3 finished point(s) of an interrupted run" in line for line in log.lines)
+    assert any("holds 3 finished points of an interrupted run" in line for line in log.lines)
     assert sum("reused" in line for line in log.lines if line.startswith("[")) == 3
     assert "3 of the 8 points were finished by an interrupted run" in (tmp_path / "out" / "sweep.md").read_text()
     assert journals() == []
-    # killed while writing: a cut last line is skipped and counted; the whole lines are reused
+    # killed while writing: a cut last line is skipped and counted; the whole lines are reused, and the next
+    # point goes on a line of its own (it was glued onto the cut one, and lost)
     with pytest.raises(KeyboardInterrupt):
         sweep(log=_StopAfter(2))
     [journal] = journals()
@@ -727,9 +728,13 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     log = _StopAfter(4)
     with pytest.raises(KeyboardInterrupt):
         sweep(log=log)
-    assert any("holds 2 finished point(s)" in line and "1 unreadable line(s) skipped" in line for line in log.lines)
+    assert any("holds 2 finished points" in line and "1 unreadable line skipped" in line for line in log.lines)
     assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2
-    # --restart: the 3 kept points (2 + the one finished after them) are trained again
+    log = _StopAfter(5)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(log=log)
+    assert any("holds 4 finished points" in line and "1 unreadable line skipped" in line for line in log.lines)
+    # --restart: the 5 kept points are trained again
     log = _StopAfter()
     restarted = sweep(log=log, resume=False)
     assert not any("reused" in line for line in log.lines) and journals() == []
@@ -746,7 +751,7 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     log = _StopAfter(3)
     with pytest.raises(KeyboardInterrupt):
         sweep(data, log=log)
-    assert any("holds 2 finished point(s)" in line for line in log.lines)
+    assert any("holds 2 finished points" in line for line in log.lines)
     assert not any("reused" in line for line in log.lines if line.startswith("["))
 
 
@@ -762,7 +767,7 @@ def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
     lines = [{"key": "a", "row": row}, {"key": "b", "row": {}}, {"key": "c", "row": row | {"score": "high"}},
              {"key": 1, "row": row}, ["a"], {"key": "d", "row": row | {"seed": True}}]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"key\": \"e\"\n")
-    j = Journal(path, log=lambda s: None)
+    j = Journal(path, {}, log=lambda s: None)
     assert list(j.rows) == ["a"] and j.skipped == 6 and points_in(path) == 1
     assert j.found("a")["reused"] is True and j.found("b") is None
 
@@ -783,9 +788,68 @@ def test_a_signal_while_a_point_is_written_still_stops_the_sweep(trec_slice, tin
 
     import types
 
-    monkeypatch.setattr(journal, "os", types.SimpleNamespace(fsync=fsync_then_signal))  # the journal's fsync only
-    with pytest.raises(KeyboardInterrupt):
-        run_sweep(Grid.parse("probe", seeds="0,1,2"), str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16),
-                  shots=2, cache_root=tmp_path / "c", log=lambda s: None)
+    class OsButFsync(types.SimpleNamespace):  # the journal's fsync only: the cache's own fsyncs are not signalled
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+    monkeypatch.setattr(journal, "os", OsButFsync(fsync=fsync_then_signal))
+    from frozentune import interrupts
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(Grid.parse("probe", seeds="0,1,2"), str(trec_slice),
+                      api.BackboneOptions(str(tiny_bert), max_length=16), shots=2, cache_root=tmp_path / "c",
+                      log=lambda s: None)
+    finally:
+        interrupts.clear()  # the recorded signal, as the command line clears it when a command ends
     [kept] = (tmp_path / "c").glob("sweep-*.points.jsonl")
-    assert len(kept.read_text().splitlines()) == 1  # the whole line, and no point after it
+    assert len(kept.read_text().splitlines()) == 1 + 1  # the header and the whole line, and no point after it
+
+
+def test_sweep_journals_belong_to_their_sweep(trec_slice, tiny_bert, tmp_path, capsys):
+    """Another grid on the same data and backbone finished and removed the first sweep's journal (its key
+    left the grid out); two runs of one sweep at once both trained every point (now the second is refused
+    while the first holds the journal); `cache --list` shows a running sweep's journal as running and
+    --prune never removes it; a journal that cannot be written or removed is said, and the sweep ends well."""
+    from frozentune.cli import main
+    from frozentune.sweep import Grid, journal, run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    root = tmp_path / "c"
+
+    def sweep(grid, log=None, cache_root=root):
+        return run_sweep(grid, str(trec_slice), bb, None, shots=2, cache_root=cache_root, log=log or _StopAfter())
+
+    first = Grid.parse("probe", seeds="0,1,2,3")
+    with pytest.raises(KeyboardInterrupt):
+        sweep(first, _StopAfter(3))
+    [kept] = root.glob("sweep-*.points.jsonl")
+    sweep(Grid.parse("probe", seeds="5"))  # another sweep, to its end
+    assert kept.exists() and journal.points_in(kept) == 3
+    # the first sweep is running (holds its journal): a second run of it is refused, cache --list says running
+    header, _, _ = journal.read(kept)
+    held = journal.Journal(kept, header, log=lambda s: None)
+    with pytest.raises(journal.SweepBusy, match="another process is running this same sweep now"):
+        sweep(first)
+    capsys.readouterr()
+    assert main(["cache", "--list", "--json", "--cache-dir", str(root)]) == 0
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["kind"] == "sweep"]
+    assert row["status"] == "running" and row["shards"] == "3 finished points" and row["bytes"] > 0
+    assert row["sweep"] == f"sweep on {trec_slice} with {tiny_bert}: probe, 4 points"
+    assert main(["cache", "--prune", "--include-resumable", "--cache-dir", str(root)]) == 0
+    assert "a sweep is running and writing into it now" in capsys.readouterr().out and kept.exists()
+    held.close()
+    log = _StopAfter()
+    sweep(first, log)
+    assert sum("reused" in line for line in log.lines if line.startswith("[")) == 3 and not kept.exists()
+    # a journal that cannot be opened (here a folder in its place): said once; the sweep ends with its table
+    with pytest.raises(KeyboardInterrupt):
+        sweep(first, _StopAfter(2))
+    [kept] = root.glob("sweep-*.points.jsonl")
+    kept.unlink()
+    kept.mkdir()
+    log = _StopAfter()
+    result = sweep(first, log)
+    assert len(result.rows) == 4
+    assert any(line.startswith(f"sweep: cannot keep finished points in {kept}") for line in log.lines)
+    assert any(line.startswith(f"sweep: cannot remove {kept}") for line in log.lines)

@@ -270,6 +270,10 @@ def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys)
     assert main(["eval", "--model", str(out), "--data", "webnlg", "--max-test", "10"]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert ev["metrics_by_group"] == r["metrics_by_group"]  # exact: the same model decodes the same batches
+    # from Python with Paths: the result is JSON as the command's (its "data" was the Path given: not serialisable)
+    from frozentune.generation.run import evaluate_generation
+    py = evaluate_generation(out, shared_data / "webnlg", max_test=10, log=lambda s: None)
+    assert json.loads(json.dumps(py))["metrics_by_group"] == r["metrics_by_group"]
 
 
 def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):

@@ -377,20 +377,21 @@ def test_an_interrupted_sweep_keeps_its_finished_points(tiny_bert, trec_slice, t
     def points() -> int:
         return sum(len(p.read_bytes().splitlines()) for p in root.glob("sweep-*.points.jsonl")) if root.exists() else 0
 
-    wait_for(proc, lambda: points() >= 2, "two points finished", timeout=120)
+    wait_for(proc, lambda: points() >= 1 + 2, "two points finished", timeout=120)  # the header, 2 points
     proc.send_signal(signal.SIGTERM)
-    finish(proc, [str(a) for a in argv], code=143, contains=("interrupted by SIGTERM", "the points finished so far",
-                                                             "run the same command again to go on"), timeout=60)
+    answer = finish(proc, [str(a) for a in argv], code=143, contains=("interrupted by SIGTERM", "finished points",
+                                                                      "run the same command again to go on"), timeout=60)
     assert not output.exists()
     [journal] = root.glob("sweep-*.points.jsonl")
-    kept = points()
-    assert 2 <= kept < 60
+    kept = points() - 1  # its header line
+    assert 2 <= kept < 60 and f"the {kept} finished points and cache entries already complete are kept" in answer.message
     listed = {Path(r["path"]).name: r for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root, code=0).out)}
     assert listed[journal.name]["kind"] == "sweep"
     assert listed[journal.name]["status"] == "interrupted sweep, resumable"
-    assert listed[journal.name]["shards"] == f"{kept} finished points"
+    assert listed[journal.name]["shards"] == f"{kept} finished points" and listed[journal.name]["bytes"] > 0
     out = cli("cache", "--prune", "--cache-dir", root, code=0).out
-    assert f"kept {journal.name} (an interrupted sweep's {kept} finished points: run the same sweep again" in out
+    assert (f"kept {journal.name} (an interrupted sweep on {trec_slice} with {tiny_bert}: probe, 60 points, its "
+            f"{kept} finished points: run the same sweep again") in out
     assert journal.exists()
     out = cli("cache", "--prune", "--include-resumable", "--cache-dir", root, code=0).out
     assert f"removed {journal.name} (sweep, interrupted sweep, resumable" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 import resource
 import sys
@@ -30,7 +31,7 @@ from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
 from .crossval import choose_folds, fit_cv
-from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits
+from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits, silent
 
 
 def peak_rss_mb() -> float:
@@ -144,8 +145,8 @@ class SourceFactory:
     entry for the split's whole file on first use), token ids for live methods."""
 
     def __init__(self, backbone: Backbone, live: bool, cache_root: Path | None, rebuild: bool,
-                 progress: bool):
-        self.backbone, self.live = backbone, live
+                 progress: bool, log: Callable[[str], None] | None = None):
+        self.backbone, self.live, self.log = backbone, live, log or _stderr  # log: the cache's messages
         self.cache_root, self.rebuild, self.progress = cache_root, rebuild, progress
         self.extract_seconds = 0.0  # spent extracting in this run
         self._caches: dict[int, CachedStates] = {}
@@ -171,8 +172,8 @@ class SourceFactory:
             return M.LiveSource(tokens, self.backbone.pad_id(), sep)
         key = id(split.file_texts)
         if key not in self._caches:
-            cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root,
-                                       rebuild=self.rebuild, progress=self.progress, tokens=self._tokens.pop(key, None))
+            cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root, rebuild=self.rebuild,
+                                       progress=self.progress, tokens=self._tokens.pop(key, None), log=self.log)
             self._caches[key] = cache
             self.extract_seconds += secs
         self._check_text(split, self._caches[key].lengths[split.rows])
@@ -189,15 +190,49 @@ class SourceFactory:
                                              f"fix or remove those rows{rows_like_it(at)}"))
 
 
+def as_backbone(backbone: object, loaded: bool = True) -> BackboneOptions | Backbone:
+    """A backbone argument as the API takes it: a model name or folder (str or Path), BackboneOptions,
+    or (where `loaded`) a loaded Backbone; anything else is a MethodError saying what to give."""
+    if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as --backbone takes it
+        return BackboneOptions(str(backbone))
+    if isinstance(backbone, BackboneOptions) or (loaded and isinstance(backbone, Backbone)):
+        return backbone
+    raise MethodError(f"backbone: {type(backbone).__name__} ({str(backbone)[:40]}); give a model name or folder, "
+                      f"BackboneOptions(...)" + (f", e.g. BackboneOptions(**{backbone!r})" if isinstance(backbone, dict)
+                                                 else "") + (", or a loaded Backbone" if loaded else ""))
+
+
+def as_path(value: object, what: str) -> Path | None:
+    """A folder or file argument (str or os.PathLike) as a Path; None stays None; anything else is a
+    MethodError naming the argument (pathlib's TypeError named none)."""
+    if value is None or isinstance(value, Path):
+        return value
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        return Path(value)
+    raise MethodError(f"{what}={value!r}: give a folder or file path (a str or pathlib.Path)")
+
+
+def as_log(log: Callable[[str], None] | None) -> Callable[[str], None]:
+    """A `log` argument: a function taking each message line; None is silence (no messages)."""
+    if log is None:
+        return silent
+    if not callable(log):
+        raise MethodError(f"log={log!r}: give a function that takes each message line (e.g. print, or list.append), "
+                          f"or None for no messages")
+    return log
+
+
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
           options: dict[str, Any] | None = None, train_cfg: dict[str, Any] | None = None,
           output: Path | None = None, text_field: str = "text", label_field: str = "label",
           max_train: int | None = None, cache_root: Path | None = None,
           rebuild_cache: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print, overwrite: bool = False, shots: int | None = None,
-          pair_field: str | None = None) -> dict:
+          log: Callable[[str], None] | None = print, overwrite: bool = False, shots: int | None = None,
+          pair_field: str | None = None, cache_log: Callable[[str], None] | None = None) -> dict:
     """Train `method` on `data`, evaluate on its test split, save to `output`; returns the
-    result dict (also written to output/result.json). A data-to-text dataset (E2E, WebNLG) goes to
+    result dict (also written to output/result.json). `log` takes every message line (None: none);
+    `cache_log`, where given, takes the feature cache's instead (a large build's size and progress,
+    waits for another process, resumes), which otherwise go to `log` too. A data-to-text dataset (E2E, WebNLG) goes to
     generation.train_generation; use that directly for its decoding options.
 
     A frozen head on fewer than --cv-below training examples is not early-stopped on a carved
@@ -207,12 +242,10 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
     from .generation.run import is_generation_data, train_generation
 
-    if isinstance(backbone, (str, Path)):  # a model id, folder or alias, as --backbone takes it
-        backbone = BackboneOptions(str(backbone))
-    if not isinstance(backbone, (BackboneOptions, Backbone)):
-        raise MethodError(f"backbone: {type(backbone).__name__} ({str(backbone)[:40]}); give a model name or folder, "
-                          f"BackboneOptions(...)" + (f", e.g. BackboneOptions(**{backbone!r})" if isinstance(backbone, dict)
-                                                     else "") + ", or a loaded Backbone")
+    backbone = as_backbone(backbone)
+    output, cache_root = as_path(output, "output"), as_path(cache_root, "cache_root")
+    log = as_log(log)
+    cache_log = log if cache_log is None else as_log(cache_log)
     if isinstance(data, Path):
         data = str(data)
     if isinstance(data, str) and is_generation_data(data):
@@ -298,7 +331,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     for line in lines:
         log(line)
     cfg = dataclasses.replace(cfg, device=str(rt.device))
-    sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress)
+    sources = SourceFactory(bb, model.runs_live, cache_root, rebuild_cache, progress, cache_log)
     parts = [name for name in ("train", "validation", "test") if len(getattr(ds, name))]  # validation may be empty
     sources.check_room([getattr(ds, name) for name in parts])
     y = {name: ds.label_ids(getattr(ds, name)) for name in parts}
@@ -459,6 +492,9 @@ def truncation_note(sources, max_length: int, longest: int | None = None) -> str
 def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> TrainConfig:
     """The method's training defaults with what the user gave; a value that cannot work is a MethodError."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
+    if given is not None and not isinstance(given, Mapping):
+        raise MethodError(f"train_cfg: a {type(given).__name__}; give a dict of training options, e.g. "
+                          f"{{'lr': 0.01, 'epochs': 5}}")
     if unknown := sorted(set(given or {}) - known):
         raise MethodError(f"training option(s) {', '.join(unknown)} unknown; the options are: {', '.join(sorted(known))}")
     try:
@@ -493,6 +529,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     """Metrics of a saved model on a split of a dataset (the same numbers its training run
     reported, when given the same data and precision). precision: of the frozen pass (default:
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
+    log, cache_root = as_log(log), as_path(cache_root, "cache_root")
     model = _load(model_dir, device, precision, log)
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
@@ -500,7 +537,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
     _read_as_trained(model, part)
     _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
-    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress)
+    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress, log)
     positive = positive_label(ds.name, model.labels)
     m, _ = evaluate(model, sources(part), y, positive=positive)
     bb = model.backbone_ref
@@ -714,6 +751,7 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     from .plot import plot_concepts as draw
     from .train import predict_outputs
 
+    log, cache_root, output = as_log(log), as_path(cache_root, "cache_root"), as_path(output, "output")
     model = _load(model_dir, device, precision, log)
     if model.method != "space":
         raise ValueError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
@@ -731,7 +769,7 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
             raise DataError(f"{str(e).removeprefix('--output ').split(';')[0]}: the picture goes into the model's "
                             f"folder unless --output says where; pass --output FILE.png") from None
     _read_as_trained(model, part)  # a pair model was drawn from single texts, silently
-    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress)
+    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, False, progress, log)
     src = sources(part)
     keep = np.sort(np.random.default_rng(0).permutation(len(part))[:max_points])
     outs = predict_outputs(model, _Subset(src, keep), ("centroids",))
@@ -844,27 +882,31 @@ def positive_label(name: str, labels: Sequence[str]) -> tuple[int, str] | None:
     return (list(labels).index(lab), lab) if lab in labels else None
 
 
-def given_texts(texts: object) -> list[Text]:
+def given_texts(texts: object, what: str = "texts") -> list[Text]:
     """The texts of a predict / explain call, as a list, held to the rules of texts in files: a list
     (or any iterable) of strings or (first, second) pairs, at least one, none empty or not valid
     Unicode. A bare string is refused, not read one character at a time."""
     from .data import blank, invisible, unencodable
 
     if isinstance(texts, (str, bytes)):
-        raise DataError(f"texts: a single {type(texts).__name__} ({texts[:40]!r}); give a list of texts, e.g. [text]")
+        raise DataError(f"{what}: a single {type(texts).__name__} ({texts[:40]!r}); give a list of texts, e.g. [text]")
+    if hasattr(texts, "columns") and hasattr(texts, "iloc"):  # a pandas DataFrame iterates over its column names
+        cols = ", ".join(map(repr, list(texts.columns)[:5]))
+        raise DataError(f"{what}: a DataFrame (columns {cols}); give a list of texts, e.g. df[{list(texts.columns)[0]!r}]"
+                        f".tolist()" if len(texts.columns) else f"{what}: an empty DataFrame; give a list of texts")
     if isinstance(texts, (Mapping, set, frozenset)):  # a dict's keys would be labelled, a set's rows come back in any order
-        raise DataError(f"texts: a {type(texts).__name__}, not a list; give a list of texts or (first, second) pairs"
+        raise DataError(f"{what}: a {type(texts).__name__}, not a list; give a list of texts or (first, second) pairs"
                         + (" (e.g. [record['text'] for record in records])" if isinstance(texts, Mapping) else ""))
     try:
         out = list(texts)  # type: ignore[arg-type]  # a generator is read once, here
     except TypeError:
-        raise DataError(f"texts: {type(texts).__name__}, not a list; give a list of texts or (first, second) "
+        raise DataError(f"{what}: {type(texts).__name__}, not a list; give a list of texts or (first, second) "
                         f"pairs") from None
     if not out:
-        raise DataError("texts: the list is empty; give at least one text")
+        raise DataError(f"{what}: the list is empty; give at least one text")
     for i, t in enumerate(out):
         for k, part in enumerate(t if isinstance(t, tuple) else (t,)):
-            where = f"texts[{i}]" + (f"[{k}]" if isinstance(t, tuple) else "")
+            where = f"{what}[{i}]" + (f"[{k}]" if isinstance(t, tuple) else "")
             if isinstance(part, str) and blank(part):
                 raise DataError(f"{where}: empty{invisible(part)}; give some text")
             if isinstance(part, str) and (why := unencodable(part)) is not None:
@@ -895,8 +937,8 @@ def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device
 
     from . import train as T
 
-    texts = given_texts(texts)
-    chunk = chunk or PREDICT_CHUNK
+    texts, log = given_texts(texts), as_log(log)
+    chunk = PREDICT_CHUNK if chunk is None else whole_chunk(chunk)
     model = _load(model_dir, device, precision, log)
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
@@ -923,6 +965,14 @@ def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device
     cut_rows(np.concatenate(lengths), bb.max_length, pair_kind(texts), log)  # said once, for all of them
 
 
+def whole_chunk(chunk: object) -> int:
+    """A `chunk` argument (inputs handled together): a whole number of at least 1."""
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
+        raise MethodError(f"chunk={chunk!r}: give a whole number of inputs handled together, at least 1 (None: the "
+                          f"default)")
+    return int(chunk)
+
+
 def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
     """{"label", "scores"} of one text from its per-label probabilities (the first of tied maxima)."""
     best = max(range(len(probs)), key=probs.__getitem__)  # the first of tied maxima, as np.argmax; no array per row
@@ -932,14 +982,21 @@ def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),
                 text_field: str = "text", label_field: str = "label", cache_root: Path | None = None,
                 rebuild: bool = False, progress: bool = True,
-                log: Callable[[str], None] = print, shard: str | None = None,
-                pair_field: str | None = None) -> list[dict]:
+                log: Callable[[str], None] | None = print, shard: str | None = None,
+                pair_field: str | None = None, cache_log: Callable[[str], None] | None = None) -> list[dict]:
     """Build the cache entries for a dataset's split files; existing entries are verified in
     full (sizes and checksums) and reported. An interrupted build resumes from its finished
     shards. shard 'i/N' (or RANK / WORLD_SIZE from torchrun or accelerate launch) extracts only
-    this process's part; the entry is published when every part is done."""
+    this process's part; the entry is published when every part is done. `log` takes every message
+    line (None: none); `cache_log`, where given, the cache's own (sizes, progress, waits, resumes).
+    `splits`: a list, or one name or a comma list as text."""
     from .data import SPLIT_NAMES, text_fields
     from .extract.shards import part_of
+
+    backbone, cache_root, log = as_backbone(backbone, loaded=False), as_path(cache_root, "cache_root"), as_log(log)
+    cache_log = log if cache_log is None else as_log(cache_log)
+    if isinstance(splits, str):  # "test" was read as the splits t, e, s, t
+        splits = [x.strip() for x in splits.split(",")]
 
     part = part_of(shard)
     if part.count > 1 and rebuild:
@@ -971,10 +1028,10 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
         # labels gives the same texts in the same order as training reads them
         texts = read_texts(files[split], text_field, pair_field)
         if part.count == 1:
-            cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress)
+            cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress, log=cache_log)
             stats = None
         else:
-            cache, stats = build_part(bb, texts, part, cache_root, progress=progress)
+            cache, stats = build_part(bb, texts, part, cache_root, progress=progress, log=cache_log)
             secs = stats.seconds if stats is not None else 0.0
         row = {"split": split, "file": str(files[split]), "device": str(bb.device), "precision": bb.precision,
                "extract_seconds": secs}
@@ -1011,9 +1068,10 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     from .head import explains
     from .registry import get_method, list_methods
 
-    texts = given_texts(texts)
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+    texts, log = given_texts(texts), as_log(log)
+    if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 1:
         raise DataError(f"top={top!r}: give a whole number of at least 1 (how many tokens or spans to show)")
+    top = int(top)  # numpy's ints too
     model = _load(model_dir, device, precision, log)
     if not explains(model.head):
         from .generation.run import model_commands

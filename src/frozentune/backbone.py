@@ -4,6 +4,7 @@ Legend: B batch, T tokens (after dynamic padding), D hidden size of the chosen l
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -85,7 +86,8 @@ def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
     except ImportError:
         raise BackboneError("reading a .gguf file needs the package gguf: pip install --no-deps gguf") from None
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    with no_loading_bar():
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
     config = copy.deepcopy(loaded.config)  # the GGUF's config, without the quantisation it was read with
     for attr in ("quantization_config", "gguf_file"):
         if hasattr(config, attr):
@@ -295,11 +297,28 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
         if _decoder_only(config):
             raise causal(config.model_type)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
-        model = AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **extra)
+        with no_loading_bar():
+            model = AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
     freeze(model)
     return model, tok
+
+
+@contextlib.contextmanager
+def no_loading_bar() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while a model loads, and back as it was: a library call
+    given log=None and progress=False still drew it on stderr (local weights load in a moment; what runs
+    long, the cache's extraction, has its own progress)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool) -> tuple[nn.Module, "object"]:
@@ -310,8 +329,9 @@ def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool)
     path, extra = locate(name, "language model", LM_ALIASES)
     try:
         tok = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
-        model = getattr(transformers, auto_class).from_pretrained(path, dtype=torch.float32,
-                                                                  trust_remote_code=trust_remote_code, **extra)
+        with no_loading_bar():
+            model = getattr(transformers, auto_class).from_pretrained(path, dtype=torch.float32,
+                                                                      trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("language model", name, e, expected) from None
     freeze(model)

@@ -576,12 +576,11 @@ def _acquire(root: Path, key: str, log: Callable[[str], None]) -> tuple[int, boo
     lock = root / f"{key}.lock"
     waited = False
     while True:
+        make_root(root)
         try:
-            root.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as e:
-            raise CacheError(f"{root}: cannot write the feature cache there ({e.strerror or e}); "
-                             f"give --cache-dir a writable folder") from None
+            raise unwritable(root, e) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -607,6 +606,20 @@ def _acquire(root: Path, key: str, log: Callable[[str], None]) -> tuple[int, boo
         if current:
             return fd, waited
         os.close(fd)
+
+
+def unwritable(root: Path, e: OSError) -> CacheError:
+    return CacheError(f"{root}: cannot write the feature cache there ({e.strerror or e}); give --cache-dir (cache_root "
+                      f"from Python) a writable folder")
+
+
+def make_root(root: Path) -> None:
+    """The cache folder, made where absent; a CacheError where it cannot be (a file of that name, no
+    permission), as for its lock file (pathlib's FileExistsError reached Python callers raw)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise unwritable(root, e) from None
 
 
 def _stderr(line: str) -> None:
@@ -636,7 +649,7 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
         return {}
     tokens = {k: backbone.tokenize(t) for k, t in todo.items()}
     size = sum(state_bytes(int(tk.lengths.sum()), backbone.dim, dtype) for tk in tokens.values())
-    root.mkdir(parents=True, exist_ok=True)
+    make_root(root)
     free = shutil.disk_usage(root).free
     if size > free:
         n = sum(len(t) for t in todo.values())

@@ -445,7 +445,8 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                              a.device, a.precision, a.token_types)
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
-              overwrite=a.overwrite, shots=a.shots, pair_field=a.text_pair_field)
+              overwrite=a.overwrite, shots=a.shots, pair_field=a.text_pair_field,
+              cache_log=api._stderr)  # the cache's size and progress lines on stderr, as the bar
     _unsaved(a.output, log)
     return 0
 
@@ -646,7 +647,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
                              a.device, a.precision, a.token_types)
     api.build_cache(a.data, bb, [s.strip() for s in a.splits.split(",")], a.text_field, a.label_field,
                     a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), shard=a.shard,
-                    pair_field=a.text_pair_field)
+                    pair_field=a.text_pair_field, cache_log=api._stderr)
     return 0
 
 
@@ -689,7 +690,8 @@ def _cache_folder(a: argparse.Namespace) -> int:
                 "created"):
         t.add_column(col)
     for e in rows:
-        status = e.status + (f" ({e.shards})" if e.kind == "sweep" else f" ({e.shards} shards)" if e.shards else "")
+        status = e.status + (f" ({e.shards}; {e.sweep})" if e.kind == "sweep" else f" ({e.shards} shards)" if e.shards
+                             else "")
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
                   str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" if e.examples is not None else "",
                   f"{e.tokens:,}" if e.tokens is not None else "", mb(e.bytes), e.created)
@@ -727,8 +729,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     grid = Grid.parse(a.methods, a.layers, a.lr, a.weight_decay, a.seeds)
     bb = api.BackboneOptions(a.backbone or "minilm", None, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision, a.token_types)
-    on_interrupt("the output folder is as it was; the points finished so far and cache entries already complete are "
-                 "kept: run the same command again to go on from the next point")
+    from .sweep import journal
+
+    journal.current = None  # another command's in this process (tests, a notebook)
+    on_interrupt(lambda: journal.interrupt_note(a.restart))
     points = grid.points()
     print(f"sweep: {len(points)} points ({len(grid.methods)} method(s) × {len(grid.layers)} layer setting(s) × "
           f"{len(grid.lrs)} lr × {len(grid.weight_decays)} weight decay × {len(grid.seeds)} seed(s)) on {a.data}",
@@ -864,9 +868,15 @@ CACHE_KEPT = ("nothing was saved but the cache: a cached model's finished cache 
               "from them)")
 
 
-def on_interrupt(note: str) -> None:
-    """Say what an interrupt of the running command keeps (printed in its one-line message)."""
+def on_interrupt(note: str | Callable[[], str]) -> None:
+    """Say what an interrupt of the running command keeps (printed in its one-line message); a function
+    is asked when the interrupt comes (what a sweep keeps grows as its points finish)."""
     _on_interrupt["note"] = note
+
+
+def _kept() -> str:
+    note = _on_interrupt["note"]
+    return note() if callable(note) else note
 
 
 def _interrupt_in_chain(e: BaseException) -> BaseException | None:
@@ -884,7 +894,7 @@ def _interrupt_in_chain(e: BaseException) -> BaseException | None:
 def _report_interrupt(e: BaseException) -> int:
     """The one line an interrupted command prints; its exit status 128 + the signal."""
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-    print(f"frozentune: interrupted by {signal.Signals(signum).name}; {_on_interrupt['note']}",
+    print(f"frozentune: interrupted by {signal.Signals(signum).name}; {_kept()}",
           file=sys.stderr, flush=True)
     return 128 + int(signum)
 
@@ -1025,7 +1035,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "serve": cmd_serve, "export": cmd_export, "import": cmd_import}[a.command](a)
     except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
             OutputError, ExtractError, DistributedError, ServeError, PairError, ExportError) as e:
-        kept = f"; {_on_interrupt['note']}" if isinstance(e, PeerLost) else ""  # stopped part-way, as an interrupt does
+        kept = f"; {_kept()}" if isinstance(e, PeerLost) else ""  # stopped part-way, as an interrupt does
         print(f"frozentune: error: {_one_line(e)}{kept}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly, as Unix tools do
@@ -1036,7 +1046,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         if (line := _environment_line(e)) is None:
             raise
-        print(f"frozentune: error: {line}; {_on_interrupt['note']}", file=sys.stderr)
+        print(f"frozentune: error: {line}; {_kept()}", file=sys.stderr)
         return 2
     except Exception as e:
         if (cause := _interrupt_in_chain(e)) is None:

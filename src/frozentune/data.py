@@ -603,7 +603,7 @@ class _Problems:
         if not (gone := [fld for fld in fields if fld not in rec]):
             return False
         kind = f"missing field {gone[0]!r}"
-        flag = "--text-pair-field" if gone[0] == self.pair_field else self.flags
+        flag = "--text-pair-field" if self.pair_field is not None and gone[0] == self.pair_field else self.flags
         self.add(n, kind, f"; the fields here are: {', '.join(map(repr, rec))}")
         self.advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}")
         return True
@@ -628,6 +628,7 @@ def read_texts(path: Path, text_field: str = "text", pair_field: str | None = No
     predict reads. A missing field or an empty / non-string text is an error naming the line and how
     many rows share it; with `skip_blank` (a pre-training corpus, a bag of texts) an empty text or
     blank row is skipped."""
+    check_field_names(text_field, "label", pair_field)
     out: list[Text] = []
     fields = (text_field, pair_field) if pair_field else (text_field,)
     problems = _Problems(Path(path), "--text-field / --text-pair-field" if pair_field else "--text-field", pair_field)
@@ -928,6 +929,18 @@ def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.r
     return np.array(out, dtype=np.int64)
 
 
+def check_field_names(text_field: object, label_field: object = "label", pair_field: object = None) -> None:
+    """Field names as a call gave them: text (text and pair fields may be None: the default); any other
+    type was looked up as a field and said to be missing ("missing field None")."""
+    for flag, value, may_be_none in (("--text-field", text_field, True), ("--label-field", label_field, False),
+                                     ("--text-pair-field", pair_field, True)):
+        if value is None and may_be_none:
+            continue
+        if not isinstance(value, str) or not value:
+            raise DataError(f"{flag} {value!r}: give the name of a field of the records, as text (e.g. "
+                            f"{'label' if flag == '--label-field' else 'text'})")
+
+
 def text_fields(name: str, text_field: str | None, pair_field: str | None,
                 files: dict[str, Path] | None = None) -> tuple[str, str | None]:
     """(text field, pair field or None) to read: as given; a named pair dataset (snli, rte, mrpc)
@@ -976,6 +989,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     each class (seeded; whole sentences of a phrase treebank), before any validation carve.
     `max_train` keeps a stratified sample of train after it (for quick runs).
     """
+    check_field_names(text_field, label_field, pair_field)
     for name_, value in (("--shots", shots), ("--max-train", max_train)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
             raise DataError(f"{name_} {value!r}: give a whole number")

@@ -36,6 +36,9 @@ def resolve_device(spec: str | torch.device | None = "auto") -> tuple[torch.devi
     unknown device is an ExtractError that lists what this machine has."""
     if isinstance(spec, torch.device):
         spec = str(spec)
+    if spec is not None and not isinstance(spec, str):  # device=0, torch's index idiom, met .strip() below
+        raise ExtractError(f"--device {spec!r}: give the device as text, {DEVICE_HELP}"
+                           + (f" (cuda:{spec} for GPU {spec})" if isinstance(spec, int) and not isinstance(spec, bool) else ""))
     if spec is not None and not spec.strip():
         raise ExtractError(f"--device {spec!r}: empty; give {DEVICE_HELP}, or leave --device out for auto")
     spec = (spec or "auto").strip().lower()

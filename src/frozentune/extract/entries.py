@@ -44,6 +44,7 @@ class Entry:
     created: str = ""
     shards: str = ""     # building: "finished/total"
     parts: str = ""      # building: the parts of several that finished their shards ("0/2, 2/4")
+    sweep: str = ""      # sweep: which sweep the journal is for ("sweep on trec with minilm: probe,space, 12 points")
 
     @property
     def removable(self) -> bool:
@@ -67,6 +68,8 @@ class Entry:
 
 
 def _size(path: Path) -> int:
+    if path.is_file():  # a sweep's journal
+        return path.stat().st_size
     total = 0
     for dirpath, _, names in os.walk(path):
         for n in names:
@@ -174,11 +177,18 @@ def _building(p: Path) -> Entry:
 
 
 def _journal(p: Path) -> Entry:
-    """A sweep's journal: how many finished points a rerun of that sweep would reuse."""
-    from ..sweep.journal import points_in
+    """A sweep's journal: which sweep, and how many finished points a rerun of it would reuse; running
+    while a sweep holds its lock (never removed then)."""
+    from ..sweep import journal
 
-    n = points_in(p)
-    return Entry(p, "sweep", SWEEP_RESUMABLE if n else SWEEP_EMPTY, _size(p), shards=f"{n} finished points")
+    try:
+        header, rows, _ = journal.read(p)
+    except OSError:
+        header, rows = None, {}
+    n = len(rows)
+    status = RUNNING if journal.is_running(p) else SWEEP_RESUMABLE if n else SWEEP_EMPTY
+    return Entry(p, "sweep", status, _size(p), model=(header or {}).get("backbone", ""),
+                 shards=journal.plural(n, "finished point"), sweep=journal.describe(header))
 
 
 def scan(root: Path, verify: bool = False) -> list[Entry]:
@@ -187,10 +197,10 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
     out: list[Entry] = []
     if not root.is_dir():
         return out
-    from ..sweep.journal import PATTERN as JOURNALS
+    from ..sweep.journal import FULL_NAME
 
     for p in sorted(root.iterdir()):
-        if p.is_file() and p.match(JOURNALS):
+        if FULL_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink():
             out.append(_journal(p))
             continue
         if p.suffix == ".lock" or not p.is_dir():
@@ -230,14 +240,15 @@ def kept_lines(root: Path) -> list[str]:
     lines = []
     for e in scan(root):
         if e.status == RUNNING:
-            what = "a process is extracting into it now" if e.kind == "building" else "a process is merging into it now"
+            what = {"building": "a process is extracting into it now", "sweep": "a sweep is running and writing into "
+                    "it now"}.get(e.kind, "a process is merging into it now")
             lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {mb(e.bytes)})")
             continue
         if not e.resumable:
             continue
         if e.kind == "sweep":
-            lines.append(f"kept {e.path.name} (an interrupted sweep's {e.shards}: run the same sweep again to go on "
-                         f"from them; --prune --include-resumable deletes it, {mb(e.bytes)})")
+            lines.append(f"kept {e.path.name} (an interrupted {e.sweep}, its {e.shards}: run the same sweep again to "
+                         f"go on from them; --prune --include-resumable deletes it, {mb(e.bytes)})")
             continue
         if e.status == WAITING:
             why = (f"waiting for other parts: {e.shards} shards finished, part {e.parts} done; run the other "

@@ -619,15 +619,32 @@ def generate_stream(model_dir: Path, sources: Sequence[str], num_beams: int | No
     """generate_sources' outputs, in input order, GENERATE_CHUNK sources at a time: every source was decoded
     before the first output came out, and Ctrl-C kept none. Every source is measured against the LM's room
     first, so a source too long is refused before any output; `log` also gets the decode's progress."""
+    from ..api import whole_chunk
+
+    sources = given_sources(sources)
+    step = GENERATE_CHUNK if chunk is None else whole_chunk(chunk)
     tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     say_cut(tuner, sources, log)
     ids = tuner.encode_sources(sources)
     check_room(tuner, ids, d.max_new_tokens)
-    step = chunk or GENERATE_CHUNK
     for first in range(0, len(sources), step):
         yield from decode(tuner, tok, sources[first:first + step], d.num_beams, d.max_new_tokens, d.batch_size, log,
                           ids=ids[first:first + step])
+
+
+def given_sources(sources: object) -> list[str]:
+    """The sources of a generate call as a list of strings, held to predict's rules (api.given_texts: a
+    list or any iterable, none empty; a bare string is refused, not decoded one character at a time)."""
+    from ..api import given_texts
+    from ..data import DataError, _describe
+
+    out = given_texts(sources, "sources")
+    for i, src in enumerate(out):
+        if not isinstance(src, str):
+            raise DataError(f"sources[{i}]: {_describe(src)}; give each source as a string (a linearised table or "
+                            f"any text)")
+    return out
 
 
 def say_cut(tuner: nn.Module, sources: Sequence[str], log: Callable[[str], None] | None) -> None:
@@ -696,7 +713,7 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     say_cut(tuner, [ex.source for ex in examples], log)
     hyps = decode(tuner, tok, [ex.source for ex in examples], d.num_beams, d.max_new_tokens, d.batch_size, log)
     metrics = grouped_scores(hyps, examples)
-    return {"model": str(model_dir), "data": data, "split": split, "n": len(examples), "metrics": metrics["all"],
+    return {"model": str(model_dir), "data": str(data), "split": split, "n": len(examples), "metrics": metrics["all"],
             "metrics_by_group": metrics, "precision": precision_of(tuner.lm)}
 
 

@@ -8,23 +8,38 @@ the journal and trains only the points it does not hold; a sweep that finishes r
 (a complete sweep run again trains every point again, so its seconds are its own).
 
 Where: `sweep-<key>.points.jsonl` in the feature cache's folder (the sweep's states live there; one
-folder to list and prune; `frozentune cache --list` shows journals). The key is made from what the
-command was given besides its grid (data, fields, shots, train size, backbone options, shared train
-options, frozentune's version), so the same sweep finds its journal and another sweep has its own;
-a point is reused only where everything that made its row is unchanged: its setting (method, absolute
-layer, lr, weight decay, seed), the texts and labels of its seed's splits, the backbone's weights,
-tokenizer, max length, precision and device.
+folder to list and prune; `frozentune cache --list` shows journals). The key is made from the whole
+command: its grid, data files (as absolute paths), fields, shots, train size, backbone options, shared
+train options and frozentune's version; so the same sweep finds its journal and another sweep (another
+grid too) has its own, never removing the first's points. Within it, a point is reused only where
+everything that made its row is unchanged: its setting (method, absolute layer, lr, weight decay,
+seed), the texts and labels of its seed's splits, the backbone's weights, tokenizer, max length,
+precision and device.
+
+The first line says what sweep the journal is for (`frozentune cache --list` shows it). A running
+sweep holds an exclusive lock on its journal: a second run of the same sweep is refused while it runs,
+and `cache --list` / `--prune` see it as running (never removed then).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
+from ..registry import MethodError
+
 NAME = "sweep-{key}.points.jsonl"
-PATTERN = "sweep-*.points.jsonl"
+PATTERN = "sweep-*.points.jsonl"  # a glob for the folder; FULL_NAME says which files are journals
+FULL_NAME = re.compile(r"sweep-[0-9a-f]{32}\.points\.jsonl")  # what frozentune writes (a 16-byte key in hex)
+
+
+class SweepBusy(MethodError):
+    """Another process is running the same sweep now (it holds the journal's lock)."""
 
 
 def _digest(obj: object, size: int = 16) -> str:
@@ -57,22 +72,13 @@ def point_key(point: dict, dataset: str, backbone) -> str:
                     "token_types": backbone.token_types, "device": str(backbone.device)})
 
 
-def points_in(path: Path) -> int:
-    """How many whole lines (finished points) a journal holds; 0 when it cannot be read."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError:
-        return 0
-    return len({k for k in map(_key_of_line, lines) if k is not None})
-
-
 NUMBERS = ("lr", "weight_decay", "seed", "score", "test_accuracy", "train_seconds", "extract_seconds", "seconds")
 TEXTS = ("method", "layer", "score_is", "model_method")
 
 
 def _key_of_line(line: bytes) -> str | None:
     """The key of a whole line holding a row as `run_sweep` writes it; None for anything else (a line
-    cut short, another shape)."""
+    cut short, another shape, the header)."""
     try:
         entry = json.loads(line)
         key, row = entry["key"], entry["row"]
@@ -85,33 +91,130 @@ def _key_of_line(line: bytes) -> str | None:
     return key if all(isinstance(row.get(k), str) for k in TEXTS) else None
 
 
-class Journal:
-    """Rows of finished points, read from and appended to one file. A file that cannot be written is
-    said once (the sweep goes on; an interrupt then loses its points); a line cut short by a killed
-    process, or one written by another version, is skipped and counted."""
+def _header_of(line: bytes) -> dict | None:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry["sweep"] if isinstance(entry, dict) and isinstance(entry.get("sweep"), dict) else None
 
-    def __init__(self, path: Path, log: Callable[[str], None], resume: bool = True):
-        self.path, self.log = path, log
+
+def read(path: Path) -> tuple[dict | None, dict[str, dict], int]:
+    """(the header, rows by point key, lines neither whole rows nor the header) of a journal."""
+    header, rows, skipped = None, {}, 0
+    for i, line in enumerate(path.read_bytes().splitlines()):
+        if (key := _key_of_line(line)) is not None:
+            rows.setdefault(key, json.loads(line)["row"])
+        elif i == 0 and (h := _header_of(line)) is not None:
+            header = h
+        elif line.strip():
+            skipped += 1
+    return header, rows, skipped
+
+
+def describe(header: dict | None) -> str:
+    """One line saying which sweep a journal is for, from its header."""
+    if not header:
+        return "a sweep"
+    return (f"sweep on {header.get('data', '?')} with {header.get('backbone', '?')}: {header.get('methods', '?')}, "
+            f"{header.get('points', '?')} points")
+
+
+def is_running(path: Path) -> bool:
+    """Whether a process holds the journal's lock (a sweep writing into it now)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # a file system without flock: not known to be running
+        return False
+    finally:
+        os.close(fd)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+current: "Journal | None" = None  # the journal of the sweep running in this process (for the interrupt's message)
+
+
+def interrupt_note(restart: bool) -> str:
+    """What an interrupt of the sweep running now keeps, for the command's one-line message."""
+    j = current
+    if j is None:  # before the journal was opened: data, backbone loading
+        return "the output folder is as it was; cache entries already complete are kept"
+    if j.finished:
+        return "the sweep was finished and saved"
+    again = "run the same command again" + (" without --restart" if restart else "")
+    if not j.writable:
+        return (f"the output folder is as it was; the finished points could not be kept ({j.path} cannot be "
+                f"written): a rerun trains them again")
+    if j.total and j.kept() >= j.total:
+        return (f"the output folder is as it was; all {j.total} points are finished and kept: {again} to write the "
+                f"table and the best model (no point is trained again)")
+    if not j.kept():
+        return "the output folder is as it was; no point had finished; cache entries already complete are kept"
+    return (f"the output folder is as it was; the {plural(j.kept(), 'finished point')} and cache entries already "
+            f"complete are kept: {again} to go on from the next point")
+
+
+class Journal:
+    """Rows of finished points, read from and appended to one file, locked while this sweep runs. A
+    file that cannot be written is said once (the sweep goes on; an interrupt then loses its points);
+    a line cut short by a killed process, or one of another shape, is skipped and counted."""
+
+    def __init__(self, path: Path, header: dict, log: Callable[[str], None], resume: bool = True):
+        self.path, self.header, self.log, self.resume = path, header, log, resume
         self.rows: dict[str, dict] = {}
-        self.skipped = 0
+        self.skipped = self.reused = self.added = 0
+        self.fd: int | None = None
         self.writable = True
-        self.reused = 0
+        self.total = 0  # the grid's points (run_sweep sets it), for interrupt_note
+        self.finished = False
+        self._open()
         if not resume:
-            self.remove()
-        elif path.is_file():
+            self._truncate()
+        else:
             self._read()
+
+    def _open(self) -> None:
+        """Open (creating) and lock the journal; a read-only place is said once, and the sweep goes on."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            self.writable = False
+            self.log(f"sweep: cannot keep finished points in {self.path} ({e.strerror}); the sweep goes on, but an "
+                     f"interrupt will lose its points")
+            if self.path.is_file() and self.resume:
+                self._read()
+            return
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise SweepBusy(f"sweep: another process is running this same sweep now (it holds {self.path}); wait for "
+                            f"it to finish, or run this one with another --cache-dir") from None
+        except OSError:  # no flock on this file system: run unlocked
+            pass
 
     def _read(self) -> None:
         try:
-            lines = self.path.read_bytes().splitlines()
+            _, self.rows, self.skipped = read(self.path)
         except OSError as e:
             self.log(f"sweep: cannot read the finished points kept in {self.path} ({e.strerror}); training every point")
-            return
-        for line in lines:
-            if (key := _key_of_line(line)) is None:
-                self.skipped += 1
-            else:
-                self.rows.setdefault(key, json.loads(line)["row"])
+
+    def _truncate(self) -> None:
+        """--restart: the kept points are dropped now (not reused, not left to be reused later)."""
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
 
     def found(self, key: str) -> dict | None:
         row = self.rows.get(key)
@@ -121,34 +224,71 @@ class Journal:
         return None
 
     def add(self, key: str, row: dict) -> None:
-        """Append one finished point (flushed to disk before the sweep logs it)."""
-        if not self.writable:
+        """Append one finished point (flushed to disk before the sweep logs it); the header goes first into
+        an empty journal, and a newline first after a line cut short (the row was glued onto it)."""
+        if self.fd is None:
             return
         from ..interrupts import held
 
         line = json.dumps({"key": key, "row": row}, allow_nan=False).encode() + b"\n"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with held(), open(self.path, "ab") as f:  # a whole line or none, whatever the signal
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            with held():  # a whole line or none, whatever the signal
+                size = os.fstat(self.fd).st_size
+                if size == 0:
+                    line = json.dumps({"sweep": self.header}).encode() + b"\n" + line
+                elif os.pread(self.fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                os.write(self.fd, line)
+                os.fsync(self.fd)
+            self.added += 1
         except OSError as e:
+            self._close()
             self.writable = False
             self.log(f"sweep: cannot keep finished points in {self.path} ({e.strerror}); the sweep goes on, but an "
                      f"interrupt will lose its points")
 
-    def remove(self) -> None:
+    def _close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)  # the lock goes with it
+            self.fd = None
+
+    def finish(self) -> None:
+        """The sweep is done (table and best model written): remove the journal."""
+        self.finished = True
         try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+            self.path.unlink(missing_ok=True)
+        except OSError as e:
+            self.log(f"sweep: cannot remove {self.path} ({e.strerror}); remove it by hand (a rerun of this sweep "
+                     f"would reuse its points)")
+        self._close()
+
+    def close(self) -> None:
+        """The sweep stopped (an interrupt, an error) or finished: release the lock; a journal holding no
+        point (stopped before the first one finished) is removed."""
+        if self.fd is not None and not self.added and not self.rows:
+            with contextlib.suppress(OSError):
+                if os.fstat(self.fd).st_size == 0:
+                    self.path.unlink(missing_ok=True)
+        self._close()
+
+    def kept(self) -> int:
+        """Points an interrupt now keeps for the next run."""
+        return (len(self.rows) + self.added) if self.writable else 0
 
     def opening_line(self) -> str | None:
         """What the journal holds, said before the first point; None when it holds nothing."""
         if not self.rows and not self.skipped:
             return None
-        skipped = f" ({self.skipped} unreadable line(s) skipped)" if self.skipped else ""
-        return (f"sweep: {self.path} holds {len(self.rows)} finished point(s) of an interrupted run of this sweep"
-                f"{skipped}; each is reused where its setting, data and backbone are unchanged (--restart trains "
+        skipped = f" ({plural(self.skipped, 'unreadable line')} skipped)" if self.skipped else ""
+        return (f"sweep: {self.path} holds {plural(len(self.rows), 'finished point')} of an interrupted run of this "
+                f"sweep{skipped}; each is reused where its setting, data and backbone are unchanged (--restart trains "
                 f"every point again)")
+
+
+def points_in(path: Path) -> int:
+    """How many whole rows (finished points) a journal holds; 0 when it cannot be read."""
+    try:
+        return len(read(path)[1])
+    except OSError:
+        return 0

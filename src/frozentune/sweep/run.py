@@ -91,82 +91,95 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             raise DataError(f"sweep: with seed {s}, {why} and there is no validation split, so no "
                             f"point could be scored (nothing to hold out); give a validation file, or data with 2 or "
                             f"more distinct texts in every class")
-    journal = open_journal(data, backbone, base, shots, max_train, text_field, label_field, pair_field, cache_root,
-                           log, resume)
-    hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
-    backbones: dict[str, object] = {}
-    rows, extract_s, load_s = [], 0.0, 0.0
-    for i, p in enumerate(points, 1):
-        layer = effective_layer(p)
-        if layer not in backbones:
+    journal = open_journal(grid, data, backbone, base, shots, max_train, text_field, label_field, pair_field,
+                           cache_root, log, resume)
+    journal.total = len(points)
+    try:
+        hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
+        backbones: dict[str, object] = {}
+        rows, extract_s, load_s = [], 0.0, 0.0
+        for i, p in enumerate(points, 1):
+            layer = effective_layer(p)
+            if layer not in backbones:
+                t0 = time.perf_counter()
+                backbones[layer] = dataclasses.replace(backbone, layers=layer).load()
+                load_s += time.perf_counter() - t0
+                same = [k for k, b in backbones.items() if k != layer and b.layer_key == backbones[layer].layer_key]
+                if same:  # `6` and `-1` of a 6-layer model: one hidden state, two rows of the table
+                    raise MethodError(f"sweep: layers {same[0]} and {layer} are the same hidden state of "
+                                      f"{backbone.name} ({backbones[layer].layer_key}); give each layer once")
+            key = point_key(dataclasses.asdict(p) | {"layer": None}, hashes[p.seed], backbones[layer])
+            if (row := journal.found(key)) is not None:
+                row["layer"] = layer  # as this run names it (`6` and `-1` of a 6-layer model are one point)
+                rows.append(row)
+                log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed "
+                    f"{p.seed}: {row['score_is']} {row['score']:.2f}, test {row['test_accuracy']:.2f} (finished by the "
+                    f"interrupted run; reused)")
+                continue
             t0 = time.perf_counter()
-            backbones[layer] = dataclasses.replace(backbone, layers=layer).load()
-            load_s += time.perf_counter() - t0
-            same = [k for k, b in backbones.items() if k != layer and b.layer_key == backbones[layer].layer_key]
-            if same:  # `6` and `-1` of a 6-layer model: one hidden state, two rows of the table
-                raise MethodError(f"sweep: layers {same[0]} and {layer} are the same hidden state of "
-                                  f"{backbone.name} ({backbones[layer].layer_key}); give each layer once")
-        key = point_key(dataclasses.asdict(p) | {"layer": None}, hashes[p.seed], backbones[layer])
-        if (row := journal.found(key)) is not None:
-            row["layer"] = layer  # as this run names it (`6` and `-1` of a 6-layer model are one point)
+            r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
+                          progress=False, log=silent, cache_log=log)  # a point's log is its row; the cache's lines are said
+            score, what = point_score(r)
+            extract_s += r["extract_seconds"]
+            row = {"method": p.method, "layer": layer, "lr": r["config"]["train"]["lr"],
+                   "weight_decay": r["config"]["train"]["weight_decay"], "seed": p.seed, "score": score, "score_is": what,
+                   "test_accuracy": r["metrics"]["accuracy"], "train_seconds": r["train_seconds"],
+                   "extract_seconds": r["extract_seconds"], "seconds": time.perf_counter() - t0,
+                   "model_method": r.get("model_method", p.method),  # probe where cross-validation kept the regression
+                   "reused": False,
+                   "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C", "fallback")}}
             rows.append(row)
-            log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed "
-                f"{p.seed}: {row['score_is']} {row['score']:.2f}, test {row['test_accuracy']:.2f} (finished by the "
-                f"interrupted run; reused)")
-            continue
-        t0 = time.perf_counter()
-        r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
-                      progress=False, log=silent, cache_log=log)  # a point's log is its row; the cache's lines are said
-        score, what = point_score(r)
-        extract_s += r["extract_seconds"]
-        row = {"method": p.method, "layer": layer, "lr": r["config"]["train"]["lr"],
-               "weight_decay": r["config"]["train"]["weight_decay"], "seed": p.seed, "score": score, "score_is": what,
-               "test_accuracy": r["metrics"]["accuracy"], "train_seconds": r["train_seconds"],
-               "extract_seconds": r["extract_seconds"], "seconds": time.perf_counter() - t0,
-               "model_method": r.get("model_method", p.method),  # probe where cross-validation kept the regression
-               "selection": {k: v for k, v in r["selection"].items() if k in ("how", "chosen_steps", "C", "fallback")}}
-        rows.append(row)
-        journal.add(key, row)  # signals are held while the line is written, then raised here
-        interrupts.check()
-        kept = " (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
-        log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
-            f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
-            + (f", of which extraction {row['extract_seconds']:.1f}s" if row["extract_seconds"] else "") + ")")
-    table = tabulate(rows)
-    best = max(table, key=lambda t: (t["score_mean"], -t["score_std"]))
-    result = SweepResult(rows, table, best)
-    if output is not None:
-        from ..output import staged_output
+            journal.add(key, row)  # signals are held while the line is written, then raised here
+            interrupts.check()
+            kept = " (the folds kept the regression: a probe)" if row["model_method"] != p.method else ""
+            log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed {p.seed}: "
+                f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
+                + (f", of which extraction {row['extract_seconds']:.1f}s" if row["extract_seconds"] else "") + ")")
+        table = tabulate(rows)
+        best = max(table, key=lambda t: (t["score_mean"], -t["score_std"]))
+        result = SweepResult(rows, table, best)
+        if output is not None:
+            from ..output import staged_output
 
-        t0 = time.perf_counter()
-        first = min(best["seeds"])
-        with staged_output(Path(output), overwrite, kind="sweep") as folder:
-            saved = api.train(best["method"], datasets[first], backbones[best["layer"]], shots=shots, max_train=max_train,
-                      train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
-                      output=folder / "best", cache_root=cache_root, progress=False, log=silent, cache_log=log)
-            result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
-            result.best_saved_as = saved.get("model_method", best["method"])
-            write(result, folder, data)
-        journal.remove()
-        log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
-            f"{best['score_is']} {best['score_mean']:.2f} ± {best['score_std']:.2f}; saved to {Path(output) / 'best'} "
-            f"(seed {first}){kept_note(result)}; table in {Path(output) / 'sweep.md'}")
-    else:
-        result.seconds = _seconds(t_start, extract_s, load_s, rows, 0.0)
-        journal.remove()
-    return result
+            t0 = time.perf_counter()
+            first = min(best["seeds"])
+            with staged_output(Path(output), overwrite, kind="sweep") as folder:
+                saved = api.train(best["method"], datasets[first], backbones[best["layer"]], shots=shots, max_train=max_train,
+                          train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
+                          output=folder / "best", cache_root=cache_root, progress=False, log=silent, cache_log=log)
+                result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
+                result.best_saved_as = saved.get("model_method", best["method"])
+                write(result, folder, data)
+            journal.finish()
+            log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
+                f"{best['score_is']} {best['score_mean']:.2f} ± {best['score_std']:.2f}; saved to {Path(output) / 'best'} "
+                f"(seed {first}){kept_note(result)}; table in {Path(output) / 'sweep.md'}")
+        else:
+            result.seconds = _seconds(t_start, extract_s, load_s, rows, 0.0)
+            journal.finish()
+        return result
+    finally:
+        journal.close()  # its lock released; removed where it holds no point
 
 
-def open_journal(data: str, backbone, base: dict, shots: int | None, max_train: int | None, text_field: str,
-                 label_field: str, pair_field: str | None, cache_root: Path | None, log: Callable[[str], None],
-                 resume: bool) -> Journal:
-    """The journal of this sweep (its key: everything it was given but its grid), said when it holds points."""
+def open_journal(grid: Grid, data: str, backbone, base: dict, shots: int | None, max_train: int | None,
+                 text_field: str, label_field: str, pair_field: str | None, cache_root: Path | None,
+                 log: Callable[[str], None], resume: bool) -> Journal:
+    """The journal of this sweep (its key: the whole command, with its data files as absolute paths), said
+    when it holds points; SweepBusy where another process runs the same sweep now."""
     from ..cache import default_root
+    from ..data import resolve, resolved_files
+    from . import journal as J
 
-    context = {"data": str(data), "fields": [text_field, label_field, pair_field], "shots": shots,
-               "max_train": max_train, "train": base, "backbone": dataclasses.asdict(backbone)}
+    _, files = resolve(data)
+    context = {"grid": dataclasses.asdict(grid), "data": resolved_files(files),
+               "fields": [text_field, label_field, pair_field], "shots": shots, "max_train": max_train, "train": base,
+               "backbone": dataclasses.asdict(backbone)}
+    header = {"data": str(data), "backbone": backbone.name, "methods": ",".join(grid.methods),
+              "points": len(grid.points())}
     root = Path(cache_root) if cache_root is not None else default_root()
-    journal = Journal(root / NAME.format(key=sweep_key(context)), log, resume)
+    journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume)
+    J.current = journal
     if (line := journal.opening_line()) is not None:
         log(line)
     return journal
@@ -183,7 +196,7 @@ def kept_note(result: SweepResult) -> str:
 
 
 def _seconds(t_start: float, extract_s: float, load_s: float, rows: list[dict], save_s: float) -> dict:
-    fits = sum(r["seconds"] - r["extract_seconds"] for r in rows if not r.get("reused"))
+    fits = float(sum(r["seconds"] - r["extract_seconds"] for r in rows if not r.get("reused")))
     return {"wall": time.perf_counter() - t_start, "extraction": extract_s, "backbone_loading": load_s,
             "fits": fits, "saving_best": save_s, "points": len(rows), "reused_points": sum(bool(r.get("reused")) for r in rows)}
 

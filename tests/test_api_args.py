@@ -1,0 +1,124 @@
+"""The Python API's arguments as a user embedding frozentune passes them: a wrong type or shape is
+answered with what to give (not a TypeError or AttributeError from deep inside, nor a silent wrong
+result), the forms a user would expect are accepted, and `log` takes every message."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from frozentune import api
+from frozentune.data import DataError
+from frozentune.registry import MethodError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def probe(tiny_bert, trec_slice, tmp_path_factory):
+    out = tmp_path_factory.mktemp("probe") / "m"
+    api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), train_cfg={"epochs": 1},
+              output=out, cache_root=out.parent / "c", progress=False, log=None)
+    return out
+
+
+def test_a_dataframe_is_refused_not_scored_as_its_column_names(probe):
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(DataError, match=r"a DataFrame \(columns 'text'\); give a list of texts, e\.g\. df\['text'\]"):
+        api.predict(probe, pd.DataFrame({"text": ["Who wrote Hamlet ?"]}))
+    assert len(api.predict(probe, pd.DataFrame({"text": ["Who wrote Hamlet ?"]})["text"])) == 1  # a column is a list
+
+
+@pytest.mark.parametrize("sources, says", [
+    ("name[Aromi], area[city centre]", "sources: a single str"),  # was decoded one character at a time
+    ([], "sources: the list is empty"),
+    (["name[Aromi]", ""], r"sources\[1\]: empty"),
+    (["name[Aromi]", None], r"sources\[1\]: null; give each source as a string"),
+    ([5], r"sources\[0\]: 5; give each source as a string"),
+    (None, "sources: NoneType, not a list"),
+])
+def test_generate_checks_its_sources_first(sources, says, tmp_path):
+    from frozentune.generation.run import generate_sources
+
+    with pytest.raises(DataError, match=says):  # before any model is read: the folder need not exist
+        generate_sources(tmp_path / "no-model", sources)
+
+
+@pytest.mark.parametrize("chunk", [0, -1, "2", 1.5, True])
+def test_a_chunk_is_a_whole_number_of_at_least_one(probe, chunk, tmp_path):
+    from frozentune.generation.run import generate_stream
+
+    with pytest.raises(MethodError, match=rf"chunk={chunk!r}: give a whole number"):
+        list(api.predict_stream(probe, ["a question ?"], chunk=chunk))
+    with pytest.raises(MethodError, match=rf"chunk={chunk!r}: give a whole number"):
+        list(generate_stream(tmp_path / "no-model", ["a source"], chunk=chunk))
+    assert len(list(api.predict_stream(probe, ["a ?", "b ?", "c ?"], chunk=np.int64(2)))) == 3
+
+
+def test_build_cache_takes_a_model_name_and_one_split_as_text(tiny_bert, trec_slice, tmp_path):
+    rows = api.build_cache(str(trec_slice), str(tiny_bert), splits="test", cache_root=tmp_path / "c", progress=False,
+                           log=None)  # "test" was read as the splits t, e, s, t; the name as BackboneOptions
+    assert [r["split"] for r in rows] == ["test"] and rows[0]["examples"] == 40
+
+
+def test_the_cache_messages_go_to_log(tiny_bert, trec_slice, tmp_path, monkeypatch, capsys):
+    """api.train(log=lines.append) missed the cache's lines (printed to stderr whatever log was given);
+    cache_log takes them apart, as the command line does (stderr, beside the bar)."""
+    from frozentune import cache
+
+    monkeypatch.setattr(cache, "SIZE_SAID", 0)  # every build is "large": its size line is said
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    lines: list[str] = []
+    api.train("probe", str(trec_slice), bb, train_cfg={"epochs": 1}, cache_root=tmp_path / "c", progress=False,
+              log=lines.append)
+    assert any(line.startswith("cache: extracting") for line in lines)
+    assert "cache:" not in capsys.readouterr().err
+    lines, apart = [], []
+    api.build_cache(str(trec_slice), bb, cache_root=tmp_path / "c2", progress=False, log=lines.append,
+                    cache_log=apart.append)
+    assert any(x.startswith("cache: extracting") for x in apart) and not any(x.startswith("cache:") for x in lines)
+    assert lines  # the build's own lines ("train: 120 examples ...")
+
+
+def test_log_none_is_silence(tiny_bert, trec_slice, tmp_path, capsys):
+    api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), train_cfg={"epochs": 1},
+              cache_root=tmp_path / "c", progress=False, log=None)  # TypeError: 'NoneType' object is not callable
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+    with pytest.raises(MethodError, match="log='quiet': give a function that takes each message line"):
+        api.train("probe", str(trec_slice), str(tiny_bert), log="quiet")
+
+
+def test_wrong_types_are_answered(tiny_bert, trec_slice, probe, tmp_path):
+    from frozentune.cache import CacheError
+    from frozentune.extract.errors import ExtractError
+    from frozentune.sweep import Grid, run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    with pytest.raises(MethodError, match=r"train_cfg: a list; give a dict of training options"):
+        api.train("probe", str(trec_slice), bb, train_cfg=[("lr", 0.1)], log=None)
+    with pytest.raises(MethodError, match=r"output=5: give a folder or file path"):
+        api.train("probe", str(trec_slice), bb, output=5, log=None)
+    with pytest.raises(MethodError, match=r"cache_root=5: give a folder or file path"):
+        api.evaluate_model(probe, str(trec_slice), cache_root=5, log=None)
+    with pytest.raises(DataError, match=r"--label-field None: give the name of a field"):  # was "missing field None
+        api.train("probe", str(trec_slice), bb, label_field=None, log=None)              # ... --text-pair-field"
+    with pytest.raises(ExtractError, match=r"--device 0: give the device as text, .* \(cuda:0 for GPU 0\)"):
+        api.predict(probe, ["a question ?"], device=0)
+    with pytest.raises(MethodError, match=r"grid: a str \('probe'\); give a Grid"):
+        run_sweep("probe", str(trec_slice), bb, log=None)
+    with pytest.raises(MethodError, match=r"backbone: dict .* BackboneOptions\(\*\*\{'name'"):
+        run_sweep(Grid.parse("probe"), str(trec_slice), {"name": str(tiny_bert)}, log=None)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CacheError, match=r"cannot write the feature cache there \(File exists\)"):
+        api.train("probe", str(trec_slice), bb, cache_root=tmp_path / "file", log=None)  # FileExistsError, raw
+
+
+def test_explain_takes_numpy_integers(tiny_bert, trec_slice, tmp_path):
+    out = tmp_path / "space"
+    api.train("space", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), train_cfg={"epochs": 1},
+              output=out, cache_root=tmp_path / "c", progress=False, log=None)
+    a = api.explain(out, ["Who wrote Hamlet ?"], top=np.int64(3))  # refused: "give a whole number of at least 1"
+    b = api.explain(out, ["Who wrote Hamlet ?"], top=3)
+    assert json.dumps(a) == json.dumps(b)
