@@ -1344,6 +1344,65 @@ def test_scores_that_are_not_numbers_are_refused_not_answered():
             classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
 
 
+def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
+    """One task's head that raised (or gave scores that are not numbers) failed its whole batch: every
+    request in it got a 500, those that never asked for that task too. Now the failure stays with the
+    task: requests for other tasks are answered; one asking for the failed task alone gets a 500 naming
+    it; one asking for it among others gets the others answered, and the failed one's error in its place."""
+    from frozentune.head import Output
+
+    space, ytuning = engine.tasks["space"].model.head, engine.tasks["ytuning"].model.head
+    ytuning_forward = ytuning.forward
+
+    def raises(*args, **kwargs):
+        raise ValueError("a broken head")
+
+    def not_numbers(*args, **kwargs):
+        out = ytuning_forward(*args, **kwargs)
+        return Output(torch.full_like(out.logits, float("nan")), out.extras)
+
+    monkeypatch.setattr(space, "forward", raises)
+    monkeypatch.setattr(ytuning, "forward", not_numbers)
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=0.0, pipeline="on"))
+    running = Running(e)
+    group = engine.tasks["probe"].group
+    healthy = [{"text": TEXTS[i % len(TEXTS)], "tasks": ["probe"]} for i in range(8)]
+    asks = {"space": ["space"], "ytuning": ["ytuning"], "both": ["space", "ytuning"], "mixed": ["probe", "space"]}
+    try:
+        with Gate(group) as gate, httpx.Client(base_url=running.url, timeout=60) as c, ThreadPoolExecutor(16) as pool:
+            first = pool.submit(c.post, "/v1/classify", json=healthy[0])
+            assert gate.entered.wait(30)  # the rest queue behind it, and share the next batch
+            rest = [pool.submit(c.post, "/v1/classify", json=b) for b in healthy[1:]]
+            failing = {k: pool.submit(c.post, "/v1/classify", json={"text": TEXTS[0], "tasks": v}) for k, v in asks.items()}
+            every = pool.submit(c.post, "/v1/classify", json={"text": TEXTS[1]})
+            assert until(lambda: e.batcher.depth >= len(healthy) - 1 + len(asks) + 1)
+            gate.open.set()
+            for r in [first.result(), *(f.result() for f in rest)]:
+                assert r.status_code == 200 and "failed" not in r.json(), r.text
+            assert any(b.rows > len(healthy) for b in e.batches if b.group == group.label)  # they shared a batch
+            got = {k: f.result() for k, f in failing.items()}
+            assert got["space"].status_code == 500
+            assert got["space"].json()["error"] == "task 'space' failed on its batch: ValueError: a broken head"
+            assert got["ytuning"].status_code == 500 and got["ytuning"].json()["error"].startswith(
+                "task 'ytuning': the model's scores are not numbers")
+            assert got["both"].status_code == 500 and "'space'" in got["both"].json()["error"] \
+                and "'ytuning'" in got["both"].json()["error"]
+            mixed = got["mixed"].json()
+            assert got["mixed"].status_code == 200 and set(mixed["failed"]) == {"space"}
+            assert "label" in mixed["results"][0]["tasks"]["probe"]
+            assert mixed["results"][0]["tasks"]["space"] == {"error": mixed["failed"]["space"]}
+            answered = every.result().json()  # every task, the default: the healthy ones answered
+            assert every.result().status_code == 200 and set(answered["failed"]) == {"space", "ytuning"}
+            assert all("label" in row for name, row in answered["results"][0]["tasks"].items()
+                       if name not in answered["failed"])
+        # a group whose whole batch fails (here a live pass) fails its tasks alone too, from Python as well
+        monkeypatch.setattr(engine.tasks["finetuned"].group, "run", raises)
+        out = e.classify(TEXTS[:2], tasks=["probe", "finetuned"])
+        assert set(out["failed"]) == {"finetuned"} and all("label" in r["tasks"]["probe"] for r in out["results"])
+    finally:
+        running.stop()
+
+
 def test_scores_of_several_heads_read_in_one_copy_are_each_heads_own():
     """gathered (the one device→host copy of a GPU batch's scores) gives each head's logits in float32 and in
     its own shape, whatever the heads' dtypes and label counts: the same values as reading them one by one."""

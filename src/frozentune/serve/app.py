@@ -15,7 +15,10 @@ message while the server goes on serving.
 Every error is {"error": message} with its status: 400 malformed JSON, 404 unknown task, 413 too
 many texts or too long a source, 415 a body not sent as JSON (Content-Type), 422 a field of the wrong
 type or value, 503 + Retry-After when the queue is full or the server is stopping, 500 when a batch
-failed (its message).
+failed (its message). A classify task that fails on a batch (its head raised, its scores were not
+numbers) fails alone: a request that asked for other tasks too gets 200 with those answered, the
+failed task's entry {"error": message} in each text's place and "failed": {task: message}; a request
+with no task answered gets the 500.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from .batcher import BatchStats, Overloaded
 from .engine import Engine, RequestError
+from .models import TaskFailed
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
@@ -102,7 +106,7 @@ ERRORS = {
     413: "too many texts in one request, or a source too long for the language model",
     415: "a body not sent as JSON (Content-Type)",
     422: "a field of the wrong type or value (an empty text, top out of range, ...)",
-    500: "a batch failed (its message)",
+    500: "a batch failed, or every task the request asked for did (its message, naming each task)",
     503: "the queue is full, or the server is stopping; try again after Retry-After seconds",
 }
 
@@ -347,6 +351,10 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     async def overloaded(request: Request, exc: Overloaded):
         return error(503, str(exc), {"Retry-After": str(exc.retry_after)})
 
+    @app.exception_handler(TaskFailed)
+    async def task_failed(request: Request, exc: TaskFailed):  # its message names each task and says why
+        return error(500, str(exc))
+
     @app.exception_handler(Exception)
     async def failed(request: Request, exc: Exception):
         return error(500, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
@@ -384,7 +392,9 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     # jsonable_encoder, 70 µs of the event loop per 8-task answer on this CPU against 14 µs for the rendering.
     @app.post("/v1/classify", response_class=JSONResponse, responses=_responses(
         "per text (or pair), in order: each task's label and probabilities (and, with explain, its explanation); "
-        "`truncated` and a `note` where the input reached max_length", _CLASSIFIED))
+        "`truncated` and a `note` where the input reached max_length. A task that failed on its batch has "
+        "{\"error\": message} in its place, and `failed` names it with its message (the others are answered)",
+        _CLASSIFIED))
     async def classify(body: Classify):
         texts, pairs, field = _inputs(body)
         if "top" in body.model_fields_set and not body.explain:  # it was ignored: the answer had no explanations

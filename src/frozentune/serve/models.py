@@ -40,6 +40,23 @@ class ServeError(ValueError):
     """The models given to serve cannot be served as asked."""
 
 
+class TaskFailed(RuntimeError):
+    """One task failed on a batch (its head raised, or its scores were not numbers). It stays with that
+    task: the other tasks of the batch are answered, and a request's answer carries it in that task's
+    place (Engine.plan_classify)."""
+
+
+def task_failed(name: str, e: BaseException) -> TaskFailed:
+    """`e` as task `name`'s failure, in one line that names the task."""
+    said = " ".join(str(e).split())
+    if isinstance(e, TaskFailed) or said.startswith(f"task {name!r}"):
+        failed = TaskFailed(said)
+    else:
+        failed = TaskFailed(f"task {name!r} failed on its batch: {type(e).__name__}: {said}")
+    failed.__cause__ = e
+    return failed
+
+
 def find_models(paths: Sequence[Path | str]) -> list[Path]:
     """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do)."""
     found: list[Path] = []
@@ -209,15 +226,26 @@ class ClassifierGroup:
             return self.backbone.tokenize(texts), [None] * len(texts)
 
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
-        """{task name: row} per job, for the tasks each job asked for of this group."""
+        """{task name: row} per job, for the tasks each job asked for of this group. A task whose head
+        raises, or whose scores are not numbers, gets a TaskFailed in place of its rows: the batch holds
+        requests that never asked for it, and they are answered."""
         results: list[dict] = [{} for _ in jobs]
         made = []  # every head run (on a GPU: its kernels queued) before the first answer waits for its scores
         for task in self.tasks:
             rows = [i for i, j in enumerate(jobs) if task.name in j.payload["tasks"]]
-            if rows:
+            if not rows:
+                continue
+            try:
                 made.append((task, rows, outputs(task, rows)))
+            except Exception as e:
+                for i in rows:
+                    results[i][task.name] = task_failed(task.name, e)
         for (task, rows, out), logits in zip(made, host_logits([out for _, _, out in made])):
-            for i, row in zip(rows, classify_rows(task, out, jobs, rows, logits)):
+            try:
+                answers: list = classify_rows(task, out, jobs, rows, logits)
+            except Exception as e:
+                answers = [task_failed(task.name, e)] * len(rows)
+            for i, row in zip(rows, answers):
                 results[i][task.name] = row
         return results
 
