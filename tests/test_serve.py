@@ -130,6 +130,67 @@ def test_models_are_grouped_by_the_pass_they_share(engine):
     assert engine.tasks["probe"].group.backbone.model is engine.tasks["space"].model.backbone_ref.model  # loaded once
 
 
+def test_groups_of_different_backbones_have_different_labels(tmp_path, models, tiny_bert):
+    """Two backbone folders both named bert were two groups labelled alike ("bert max_length 128 fp32 on
+    cpu"): /v1/models listed the label twice and /metrics summed both passes' series into one. The
+    labels now tell them apart, by as much of the path as differs."""
+    served = tmp_path / "served"
+    for side in ("a", "b"):
+        shutil.copytree(tiny_bert, tmp_path / side / "bert")
+        shutil.copytree(models / "probe", served / f"probe-{side}")
+        config = json.loads((served / f"probe-{side}" / "config.json").read_text())
+        config["backbone"]["name"] = str(tmp_path / side / "bert")
+        (served / f"probe-{side}" / "config.json").write_text(json.dumps(config))
+    said: list[str] = []
+    e = Engine.load([served], log=said.append)
+    running = Running(e)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c:
+            labels = c.get("/v1/models").json()["groups"]
+            assert sorted(labels) == ["a/bert max_length 128 fp32 on cpu", "b/bert max_length 128 fp32 on cpu"]
+            for name in ("probe-a", "probe-b"):
+                assert c.post("/v1/classify", json={"text": TEXTS[0], "tasks": [name]}).status_code == 200
+            metrics = c.get("/metrics").text
+        for label in labels:
+            assert f'frozentune_batches_total{{group="{label}"}} 1.0' in metrics
+    finally:
+        running.stop()
+
+
+def test_labels_add_only_what_tells_groups_apart():
+    """Where only the weights, the token types or the tasks differ, the label says that (and nothing is
+    added where labels differ already)."""
+    from types import SimpleNamespace
+
+    from frozentune.serve.models import FrozenPass, LivePass, tell_apart
+
+    def frozen(name: str, weights: str = "0" * 64, types: bool = True, task: str = "t") -> FrozenPass:
+        g = FrozenPass(SimpleNamespace(name=name, max_length=128, precision="fp32", device="cpu",
+                                       weights_hash=weights, token_types=types), weights)
+        g.tasks = [SimpleNamespace(name=task)]
+        return g
+
+    def live(task: str) -> LivePass:
+        model = SimpleNamespace(method="finetune", backbone_ref=SimpleNamespace(name="/m/minilm"))
+        g = LivePass(model)
+        g.tasks = [SimpleNamespace(name=task)]
+        return g
+
+    groups = [frozen("org-a/model"), frozen("org-b/model"), frozen("/x/y/bert"), frozen("/z/y/bert"),
+              frozen("minilm", "ab12cd34" + "0" * 56), frozen("minilm", "ef56ab78" + "0" * 56),
+              frozen("tiny", types=True), frozen("tiny", types=False), frozen("alone"), live("ft1"), live("ft2")]
+    tell_apart(groups)
+    assert [g.label for g in groups] == [
+        "org-a/model max_length 128 fp32 on cpu", "org-b/model max_length 128 fp32 on cpu",
+        "x/y/bert max_length 128 fp32 on cpu", "z/y/bert max_length 128 fp32 on cpu",
+        "minilm max_length 128 fp32 on cpu [weights ab12cd34]", "minilm max_length 128 fp32 on cpu [weights ef56ab78]",
+        "tiny max_length 128 fp32 on cpu [token types]", "tiny max_length 128 fp32 on cpu [no token types]",
+        "alone max_length 128 fp32 on cpu",
+        "minilm (finetune, its own pass) [for ft1]", "minilm (finetune, its own pass) [for ft2]"]
+    tell_apart(groups)  # again (an engine made again of the same groups): the same labels
+    assert len({g.label for g in groups}) == len(groups)
+
+
 def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
     group = engine.tasks["probe"].group
     calls = []

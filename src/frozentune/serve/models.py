@@ -202,11 +202,73 @@ def _batch(jobs: Sequence, pad_id: int, device: torch.device, multiple: int, max
     return out
 
 
-class ClassifierGroup:
+class Labelled:
+    """A group's label: what it runs, in words, for the log, /v1/models and the metrics' series. It starts
+    from the backbone's folder (or hub) name; tell_apart lengthens that name and adds `marks` where two
+    groups' labels would otherwise be the same."""
+    source: str  # the backbone or LM as the models name it (a folder or a hub id)
+    shown: str = ""
+    marks: tuple[str, ...] = ()
+
+    def what(self, name: str) -> str:
+        raise NotImplementedError
+
+    @property
+    def label(self) -> str:
+        return self.what(self.shown or Path(self.source).name) + (f" [{', '.join(self.marks)}]" if self.marks else "")
+
+    def differences(self) -> dict[str, str]:
+        """Parts that may tell this group from another of the same label, in the order they are tried."""
+        return {"tasks": "for " + ", ".join(t.name for t in self.tasks)}
+
+
+def tell_apart(groups: Sequence[Labelled]) -> None:
+    """Labels that differ wherever the groups do. Two folders both named bert, or hub ids a/model and
+    b/model, were both "bert ..." or "model ...": /v1/models listed two groups alike and /metrics summed
+    their series into one. Where labels would be the same (only there), the name gets as many parent
+    folders as tell the sources apart, then a mark for what still differs: the weights' hash, the token
+    types, and last the tasks (two live passes or fine-tuned LMs of one backbone)."""
+    for g in groups:
+        g.shown, g.marks = "", ()
+    for same in _colliding(groups):
+        _longer_names(same)
+    for part in ("weights", "token types", "tasks"):
+        for same in _colliding(groups):
+            values = [g.differences().get(part) for g in same]
+            if len(set(values)) > 1:
+                for g, v in zip(same, values):
+                    g.marks += (v,) if v is not None else ()
+
+
+def _colliding(groups: Sequence[Labelled]) -> list[list[Labelled]]:
+    """The groups, by label, where more than one has it."""
+    by: dict[str, list[Labelled]] = {}
+    for g in groups:
+        by.setdefault(g.label, []).append(g)
+    return [same for same in by.values() if len(same) > 1]
+
+
+def _longer_names(same: Sequence[Labelled]) -> None:
+    """Each group shown by the last k parts of its source's path, for the least k that shows different
+    sources differently (absolute folders without their root)."""
+    parts = [[p for p in Path(g.source).parts if p != Path(g.source).anchor] for g in same]
+    sources = len({g.source for g in same})
+    if sources < 2:
+        return
+    for k in range(2, max(map(len, parts)) + 1):
+        shown = ["/".join(p[-k:]) for p in parts]
+        if len(set(shown)) == sources:
+            for g, name in zip(same, shown):
+                g.shown = name
+            return
+    for g in same:  # sources that differ only in how they are written (./bert, bert/): shown whole
+        g.shown = g.source
+
+
+class ClassifierGroup(Labelled):
     """What FrozenPass and LivePass share: tokenising for their backbone and answering rows."""
     backbone: Backbone
     tasks: list[Task]
-    label: str
 
     def __init__(self) -> None:
         self.tasks = []
@@ -255,11 +317,19 @@ class FrozenPass(ClassifierGroup):
     whole work; begin() its pass, returning the heads and answers as a Deferred, which a pipelining
     batcher's finisher thread runs while the next batch's pass runs (see pipeline_choice)."""
 
-    def __init__(self, backbone: Backbone):
+    def __init__(self, backbone: Backbone, weights: str | None = None):
         super().__init__()
-        self.backbone = backbone
+        self.backbone, self.source = backbone, backbone.name
+        self.weights = weights  # the hash the models were saved with (config.json), else the loaded weights'
         self.graphs: HeadGraphs | None = None  # set by the Engine (--cuda-graphs)
-        self.label = f"{Path(backbone.name).name} max_length {backbone.max_length} {backbone.precision} on {backbone.device}"
+
+    def what(self, name: str) -> str:
+        bb = self.backbone
+        return f"{name} max_length {bb.max_length} {bb.precision} on {bb.device}"
+
+    def differences(self) -> dict[str, str]:
+        return {"weights": f"weights {(self.weights or self.backbone.weights_hash)[:8]}",
+                "token types": "token types" if self.backbone.token_types else "no token types"} | super().differences()
 
     def run(self, jobs: Sequence) -> list[dict]:
         """The batch's pass, then every task's head: one answer per job."""
@@ -326,8 +396,10 @@ class LivePass(ClassifierGroup):
 
     def __init__(self, model: M.Classifier):
         super().__init__()
-        self.backbone, self.model = model.backbone_ref, model
-        self.label = f"{Path(self.backbone.name).name} ({model.method}, its own pass)"
+        self.backbone, self.model, self.source = model.backbone_ref, model, model.backbone_ref.name
+
+    def what(self, name: str) -> str:
+        return f"{name} ({self.model.method}, its own pass)"
 
     def run(self, jobs: Sequence) -> list[dict]:
         device = next(self.model.parameters()).device
@@ -338,7 +410,7 @@ class LivePass(ClassifierGroup):
         return self.answer(jobs, lambda task, rows: Output(out.logits[rows], {k: v[rows] for k, v in out.extras.items()}))
 
 
-class LMGroup:
+class LMGroup(Labelled):
     """Generators on one LM (causal or encoder-decoder): each row after its own prefix, all rows of a batch in
     one decode."""
 
@@ -346,7 +418,7 @@ class LMGroup:
     lane = "generate"  # its own worker: a classify batch does not wait behind a decode (batcher.py, Lanes)
 
     def __init__(self, lm: torch.nn.Module, tok, lm_name: str, device: torch.device):
-        self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
+        self.lm, self.tok, self.lm_name, self.device, self.source = lm, tok, lm_name, device, lm_name
         self.tasks: list[Task] = []
         self.tokenizer_lock = threading.Lock()
 
@@ -357,9 +429,8 @@ class LMGroup:
 
         return precision_of(self.lm)
 
-    @property
-    def label(self) -> str:
-        return f"{Path(self.lm_name).name} (generation) {self.precision} on {self.device}"
+    def what(self, name: str) -> str:
+        return f"{name} (generation) {self.precision} on {self.device}"
 
     def decode_in(self, precision: str) -> None:
         """The LM made to decode in `precision` (generation/precision.py), once every task on it is loaded."""
@@ -428,6 +499,7 @@ def load_tasks(folders: Sequence[Path], device: str | None, precision: str | Non
     if decode is not None:  # after every generator's load, which checks the LM's fp32 weights against its hash
         for group in {id(t.group): t.group for t in tasks if t.kind == "generate"}.values():
             group.decode_in(decode[1])
+    tell_apart(list({id(t.group): t.group for t in tasks}.values()))
     for task in tasks:
         log(f"serve: {task.name}: {task.method} → {task.group.label}")
     return tasks
@@ -458,7 +530,7 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
         bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1], token_types=types)
-        frozen[key] = FrozenPass(bb)
+        frozen[key] = FrozenPass(bb, b.get("weights_hash"))
     group = frozen[key]
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
     model = M.load(folder, backbone=view)
