@@ -143,6 +143,9 @@ def test_groups_of_different_backbones_have_different_labels(tmp_path, models, t
         (served / f"probe-{side}" / "config.json").write_text(json.dumps(config))
     said: list[str] = []
     e = Engine.load([served], log=said.append)
+    for name in ("probe-a", "probe-b"):  # "device: ..." and "precision: ..." said per model, and whose
+        assert any(line.startswith(f"serve: {name}: device: ") for line in said), said
+        assert any(line.startswith(f"serve: {name}: precision: ") for line in said), said
     running = Running(e)
     try:
         with httpx.Client(base_url=running.url, timeout=60) as c:

@@ -505,6 +505,11 @@ def load_tasks(folders: Sequence[Path], device: str | None, precision: str | Non
     return tasks
 
 
+def per_task(name: str, log: Log) -> Log:
+    """`log` with each line said of task `name` (serve: NAME: line)."""
+    return lambda line: log(f"serve: {name}: {line}")
+
+
 def _decode_runtime(device: str | None, precision: str | None, log: Log) -> tuple[torch.device, str]:
     from ..generation.precision import decode_runtime
 
@@ -521,11 +526,12 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     config = M.read_saved(folder)
     known_method(config, folder)
     b = config["backbone"]
+    said = per_task(folder.name, log)  # "device: ..." and "precision: ..." for each model: say whose
     if runs_live(config["method"], config["options"]):  # trains or steers the backbone, or has its own encoder
-        model = _load(folder, device, precision, log)
+        model = _load(folder, device, precision, said)
         group: ClassifierGroup = LivePass(model)
         return Task(folder.name, folder, "classify", config["method"], group, model=model)
-    rt = saved_runtime(device, precision, log)(b)
+    rt = saved_runtime(device, precision, said)(b)
     types = b.get("token_types", True)
     key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
