@@ -1145,6 +1145,40 @@ def test_serve_cli_refuses_an_allocator_it_cannot_have(models, monkeypatch):
         row="serve: an allocator that is not installed")
 
 
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
+def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
+    """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight
+    dropped. Now it stops as on SIGTERM: it answers what is in flight, says so, and exits 128 + the signal."""
+    import signal
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    argv = ["serve", models / "probe", "--port", str(port), "--allocator", "system"]
+    proc = start(*argv, env={"OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not answer in 120 s"
+                time.sleep(0.25)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert "Application shutdown complete" in err  # the graceful stop: the engine closed after what was in flight
+    assert err.strip().splitlines()[-1] == (f"frozentune: interrupted by {sig}; the server stopped accepting and "
+                                            f"answered the requests in flight")
+
+
 def test_the_port_is_held_while_the_models_load():
     """serve takes its socket before loading the models. It was bound and not listening, and two
     SO_REUSEADDR sockets may both bind a port until one listens: another process took the port while

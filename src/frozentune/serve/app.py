@@ -28,6 +28,7 @@ import email.message
 import errno
 import importlib.util
 import json
+import signal
 import socket
 import sys
 import threading
@@ -507,10 +508,52 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def stop_signals() -> tuple[int, ...]:
+    """The signals on which `serve` stops gracefully: SIGINT and SIGTERM, as uvicorn's own, and SIGHUP (the
+    terminal closed: it killed the server at once, dropping the requests in flight, with no exit line)
+    unless it is ignored (nohup), which stays so."""
+    out = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        out.append(signal.SIGHUP)
+    if hasattr(signal, "SIGBREAK"):  # Windows' Ctrl+Break, as uvicorn's
+        out.append(signal.SIGBREAK)
+    return tuple(out)
+
+
+def _graceful_server(config):
+    """A uvicorn Server that captures stop_signals() the way uvicorn captures SIGINT and SIGTERM: the
+    first starts the graceful stop, and once the server is down each signal caught is raised again for
+    the handlers before it (frozentune's: the exit line and status)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+                yield
+                return
+            caught: list[int] = []
+
+            def stop(sig: int, frame) -> None:
+                caught.append(sig)
+                self.handle_exit(sig, frame)
+
+            before = {sig: signal.signal(sig, stop) for sig in stop_signals()}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+            for sig in reversed(caught):  # the last first, as uvicorn does
+                signal.raise_signal(sig)
+
+    return Server(config)
+
+
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print,
           sock: socket.socket | None = None, grace_s: float = 60.0,
           on_cut: Callable[[int], None] | None = None) -> None:
-    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight (for at most
+    """Run until SIGINT / SIGTERM / SIGHUP; then stop accepting, answer the requests in flight (for at most
     grace_s seconds: then each one still running is cut off with a 503 and counted in on_cut), and return.
     access_log: one line per request on stderr (off by default: under load it costs server CPU).
     sock: a socket already bound to host:port (listen_socket), else one is bound here."""
@@ -521,4 +564,4 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="info", access_log=access_log,
                             http=http, loop=loop, timeout_graceful_shutdown=grace_s)
-    uvicorn.Server(config).run(sockets=[sock])
+    _graceful_server(config).run(sockets=[sock])
