@@ -1145,6 +1145,34 @@ def test_serve_cli_refuses_an_allocator_it_cannot_have(models, monkeypatch):
         row="serve: an allocator that is not installed")
 
 
+def test_entries_of_a_folder_of_models_that_are_not_models_are_said(tmp_path, models):
+    """Junk in a folder of models was skipped without a word; now one line each, and a sweep's output
+    points at its best/."""
+    from frozentune.serve.models import find_models
+
+    root = tmp_path / "served"
+    shutil.copytree(models / "probe", root / "probe")
+    (root / "empty").mkdir()
+    (root / "notes.txt").write_text("x")
+    (root / "gone").symlink_to(tmp_path / "nowhere")
+    shutil.copytree(models / "space", root / "sweep" / "best")
+    (root / "sweep" / "sweep.json").write_text("{}")
+    (root / "other").mkdir()
+    (root / "other" / "README").write_text("x")
+    (root / ".git").mkdir()  # hidden: nobody meant it as a model
+    said: list[str] = []
+    assert find_models([root], said.append) == [root / "probe"]
+    assert said == [f"serve: {root / 'empty'}: skipped, an empty folder",
+                    f"serve: {root / 'gone'}: skipped, a broken link (to {tmp_path / 'nowhere'})",
+                    f"serve: {root / 'notes.txt'}: skipped, a file, not a model folder",
+                    f"serve: {root / 'other'}: skipped, no config.json in it: not a folder written by `frozentune "
+                    f"train --output`",
+                    f"serve: {root / 'sweep'}: skipped, a sweep's output folder: to serve its best model, give "
+                    f"{root / 'sweep' / 'best'} (or link it here)"]
+    said.clear()  # the sweep's folder itself: its best model, and its report is not said as junk
+    assert find_models([root / "sweep"], said.append) == [root / "sweep" / "best"] and said == []
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight

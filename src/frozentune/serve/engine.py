@@ -136,7 +136,7 @@ class Engine:
                             f"ServeOptions(**{options!r})" if isinstance(options, dict) else
                             f"options: a {type(options).__name__}; give ServeOptions(...)")
         options = (options or ServeOptions()).validate()
-        engine = cls(load_tasks(find_models(paths), device, precision, log), options, log)
+        engine = cls(load_tasks(find_models(paths, log), device, precision, log), options, log)
         for g in engine.groups:
             if isinstance(g, FrozenPass):
                 log(f"serve: {g.label}: {g.backbone.pass_layout} pass; {engine.heads_run(g)}")

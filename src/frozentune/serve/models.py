@@ -57,8 +57,9 @@ def task_failed(name: str, e: BaseException) -> TaskFailed:
     return failed
 
 
-def find_models(paths: Sequence[Path | str]) -> list[Path]:
-    """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do)."""
+def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print) -> list[Path]:
+    """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do;
+    every other entry is said in one line, and skipped)."""
     found: list[Path] = []
     for p in map(Path, paths):
         if (p / M.CONFIG).is_file():
@@ -68,6 +69,10 @@ def find_models(paths: Sequence[Path | str]) -> list[Path]:
             if not subs:
                 raise ServeError(f"{p}: neither a saved model (no {M.CONFIG}) nor a folder of saved models; give "
                                  f"folders written by `frozentune train --output`")
+            sweep = (p / "sweep.json").is_file()  # a sweep's own folder: its best/ is served, its report is no junk
+            for q in [] if sweep else sorted(set(p.iterdir()) - set(subs)):
+                if (why := not_a_model(q)) is not None:
+                    log(f"serve: {q}: skipped, {why}")
             found += subs
         elif p.exists():
             raise ServeError(f"{p}: a file, not a model folder; give folders written by `frozentune train --output` "
@@ -83,6 +88,25 @@ def find_models(paths: Sequence[Path | str]) -> list[Path]:
                              f"after its folder: rename one")
         names[f.name] = f
     return list(dict.fromkeys(names.values()))
+
+
+def not_a_model(entry: Path) -> str | None:
+    """Why an entry of a folder of models is not one, in words that say what to do; None for a hidden
+    entry (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
+    if entry.name.startswith("."):
+        return None
+    if entry.is_symlink() and not entry.exists():
+        return f"a broken link (to {os.readlink(entry)})"
+    if not entry.is_dir():
+        return "a file, not a model folder"
+    if (entry / "best" / M.CONFIG).is_file():
+        return f"a sweep's output folder: to serve its best model, give {entry / 'best'} (or link it here)"
+    try:
+        if not any(entry.iterdir()):
+            return "an empty folder"
+    except OSError as e:
+        return f"a folder that cannot be read ({e.strerror})"
+    return f"no {M.CONFIG} in it: not a folder written by `frozentune train --output`"
 
 
 # ----------------------------------------------------------------------------- tasks
