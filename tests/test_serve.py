@@ -856,6 +856,7 @@ def test_a_request_past_the_grace_period_gets_a_json_503_and_is_counted(engine):
         stopping = pool.submit(running.stop)
         r = flight.result()
         assert r.status_code == 503 and "its grace period ended (serve --shutdown-grace)" in r.json()["error"]
+        assert r.headers["Retry-After"] == "1"  # as every 503 (README, /openapi.json); it had none
         assert cut == [1]
         gate.open.set()  # the batch finishes after its client was answered: nothing is left to crash on
         stopping.result()

@@ -208,6 +208,11 @@ def _unreadable_message(cause: BaseException | None) -> str:
     return "the body could not be read (not UTF-8 JSON?); send a JSON object"
 
 
+# Retry-After of a request cut off at shutdown: the server is going away, so no queue rate says when it is
+# back; a client that retries at once reaches its replacement, or is told the port is closed
+RETRY_AFTER_SHUTDOWN = "1"
+
+
 class Counting:
     """ASGI middleware: each HTTP request's endpoint, status and time into the Prometheus metrics.
     Plain ASGI, not Starlette's BaseHTTPMiddleware (`@app.middleware("http")`), which ran every
@@ -243,9 +248,10 @@ class Counting:
             body = json.dumps({"error": "the server is shutting down and this request was still running when "
                                         "its grace period ended (serve --shutdown-grace); send it again to a "
                                         "running server"}).encode()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # Retry-After, as every 503 of this API has (a restarted server)
                 await send({"type": "http.response.start", "status": 503, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", RETRY_AFTER_SHUTDOWN.encode())]})
                 await send({"type": "http.response.body", "body": body})
         finally:
             endpoint = getattr(scope.get("route"), "path", "other")
