@@ -815,7 +815,8 @@ def test_full_queue_is_answered_503_with_retry_after(engine):
             while e.batcher.depth < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             r = c.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]})
-            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1 and "bound is 2" in r.json()["error"]
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+            assert "2 rows are waiting and this request needs 1 more (the bound is 2)" in r.json()["error"]
             gate.open.set()
             assert first.result().status_code == 200 and second.result().status_code == 200
             assert c.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
