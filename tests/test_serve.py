@@ -130,6 +130,70 @@ def test_models_are_grouped_by_the_pass_they_share(engine):
     assert engine.tasks["probe"].group.backbone.model is engine.tasks["space"].model.backbone_ref.model  # loaded once
 
 
+def test_groups_of_different_backbones_have_different_labels(tmp_path, models, tiny_bert):
+    """Two backbone folders both named bert were two groups labelled alike ("bert max_length 128 fp32 on
+    cpu"): /v1/models listed the label twice and /metrics summed both passes' series into one. The
+    labels now tell them apart, by as much of the path as differs."""
+    served = tmp_path / "served"
+    for side in ("a", "b"):
+        shutil.copytree(tiny_bert, tmp_path / side / "bert")
+        shutil.copytree(models / "probe", served / f"probe-{side}")
+        config = json.loads((served / f"probe-{side}" / "config.json").read_text())
+        config["backbone"]["name"] = str(tmp_path / side / "bert")
+        (served / f"probe-{side}" / "config.json").write_text(json.dumps(config))
+    said: list[str] = []
+    e = Engine.load([served], log=said.append)
+    for name in ("probe-a", "probe-b"):  # "device: ..." and "precision: ..." said per model, and whose
+        assert any(line.startswith(f"serve: {name}: device: ") for line in said), said
+        assert any(line.startswith(f"serve: {name}: precision: ") for line in said), said
+    running = Running(e)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c:
+            labels = c.get("/v1/models").json()["groups"]
+            assert sorted(labels) == ["a/bert max_length 128 fp32 on cpu", "b/bert max_length 128 fp32 on cpu"]
+            for name in ("probe-a", "probe-b"):
+                assert c.post("/v1/classify", json={"text": TEXTS[0], "tasks": [name]}).status_code == 200
+            metrics = c.get("/metrics").text
+        for label in labels:
+            assert f'frozentune_batches_total{{group="{label}"}} 1.0' in metrics
+    finally:
+        running.stop()
+
+
+def test_labels_add_only_what_tells_groups_apart():
+    """Where only the weights, the token types or the tasks differ, the label says that (and nothing is
+    added where labels differ already)."""
+    from types import SimpleNamespace
+
+    from frozentune.serve.models import FrozenPass, LivePass, tell_apart
+
+    def frozen(name: str, weights: str = "0" * 64, types: bool = True, task: str = "t") -> FrozenPass:
+        g = FrozenPass(SimpleNamespace(name=name, max_length=128, precision="fp32", device="cpu",
+                                       weights_hash=weights, token_types=types), weights)
+        g.tasks = [SimpleNamespace(name=task)]
+        return g
+
+    def live(task: str) -> LivePass:
+        model = SimpleNamespace(method="finetune", backbone_ref=SimpleNamespace(name="/m/minilm"))
+        g = LivePass(model)
+        g.tasks = [SimpleNamespace(name=task)]
+        return g
+
+    groups = [frozen("org-a/model"), frozen("org-b/model"), frozen("/x/y/bert"), frozen("/z/y/bert"),
+              frozen("minilm", "ab12cd34" + "0" * 56), frozen("minilm", "ef56ab78" + "0" * 56),
+              frozen("tiny", types=True), frozen("tiny", types=False), frozen("alone"), live("ft1"), live("ft2")]
+    tell_apart(groups)
+    assert [g.label for g in groups] == [
+        "org-a/model max_length 128 fp32 on cpu", "org-b/model max_length 128 fp32 on cpu",
+        "x/y/bert max_length 128 fp32 on cpu", "z/y/bert max_length 128 fp32 on cpu",
+        "minilm max_length 128 fp32 on cpu [weights ab12cd34]", "minilm max_length 128 fp32 on cpu [weights ef56ab78]",
+        "tiny max_length 128 fp32 on cpu [token types]", "tiny max_length 128 fp32 on cpu [no token types]",
+        "alone max_length 128 fp32 on cpu",
+        "minilm (finetune, its own pass) [for ft1]", "minilm (finetune, its own pass) [for ft2]"]
+    tell_apart(groups)  # again (an engine made again of the same groups): the same labels
+    assert len({g.label for g in groups}) == len(groups)
+
+
 def test_backbone_runs_once_per_batch_whatever_the_heads(engine):
     group = engine.tasks["probe"].group
     calls = []
@@ -751,7 +815,8 @@ def test_full_queue_is_answered_503_with_retry_after(engine):
             while e.batcher.depth < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             r = c.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]})
-            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1 and "bound is 2" in r.json()["error"]
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+            assert "2 rows are waiting and this request needs 1 more (the bound is 2)" in r.json()["error"]
             gate.open.set()
             assert first.result().status_code == 200 and second.result().status_code == 200
             assert c.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
@@ -792,6 +857,7 @@ def test_a_request_past_the_grace_period_gets_a_json_503_and_is_counted(engine):
         stopping = pool.submit(running.stop)
         r = flight.result()
         assert r.status_code == 503 and "its grace period ended (serve --shutdown-grace)" in r.json()["error"]
+        assert r.headers["Retry-After"] == "1"  # as every 503 (README, /openapi.json); it had none
         assert cut == [1]
         gate.open.set()  # the batch finishes after its client was answered: nothing is left to crash on
         stopping.result()
@@ -1081,6 +1147,68 @@ def test_serve_cli_refuses_an_allocator_it_cannot_have(models, monkeypatch):
         row="serve: an allocator that is not installed")
 
 
+def test_entries_of_a_folder_of_models_that_are_not_models_are_said(tmp_path, models):
+    """Junk in a folder of models was skipped without a word; now one line each, and a sweep's output
+    points at its best/."""
+    from frozentune.serve.models import find_models
+
+    root = tmp_path / "served"
+    shutil.copytree(models / "probe", root / "probe")
+    (root / "empty").mkdir()
+    (root / "notes.txt").write_text("x")
+    (root / "gone").symlink_to(tmp_path / "nowhere")
+    shutil.copytree(models / "space", root / "sweep" / "best")
+    (root / "sweep" / "sweep.json").write_text("{}")
+    (root / "other").mkdir()
+    (root / "other" / "README").write_text("x")
+    (root / ".git").mkdir()  # hidden: nobody meant it as a model
+    said: list[str] = []
+    assert find_models([root], said.append) == [root / "probe"]
+    assert said == [f"serve: {root / 'empty'}: skipped, an empty folder",
+                    f"serve: {root / 'gone'}: skipped, a broken link (to {tmp_path / 'nowhere'})",
+                    f"serve: {root / 'notes.txt'}: skipped, a file, not a model folder",
+                    f"serve: {root / 'other'}: skipped, no config.json in it: not a folder written by `frozentune "
+                    f"train --output`",
+                    f"serve: {root / 'sweep'}: skipped, a sweep's output folder: to serve its best model, give "
+                    f"{root / 'sweep' / 'best'} (or link it here)"]
+    said.clear()  # the sweep's folder itself: its best model, and its report is not said as junk
+    assert find_models([root / "sweep"], said.append) == [root / "sweep" / "best"] and said == []
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
+def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
+    """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight
+    dropped. Now it stops as on SIGTERM: it answers what is in flight, says so, and exits 128 + the signal."""
+    import signal
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    argv = ["serve", models / "probe", "--port", str(port), "--allocator", "system"]
+    proc = start(*argv, env={"OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not answer in 120 s"
+                time.sleep(0.25)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert "Application shutdown complete" in err  # the graceful stop: the engine closed after what was in flight
+    assert err.strip().splitlines()[-1] == (f"frozentune: interrupted by {sig}; the server stopped accepting and "
+                                            f"answered the requests in flight")
+
+
 def test_the_port_is_held_while_the_models_load():
     """serve takes its socket before loading the models. It was bound and not listening, and two
     SO_REUSEADDR sockets may both bind a port until one listens: another process took the port while
@@ -1342,6 +1470,65 @@ def test_scores_that_are_not_numbers_are_refused_not_answered():
         bad[k, 1] = float("nan")
         with pytest.raises(RuntimeError, match="not numbers.*train it again"):
             classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
+
+
+def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
+    """One task's head that raised (or gave scores that are not numbers) failed its whole batch: every
+    request in it got a 500, those that never asked for that task too. Now the failure stays with the
+    task: requests for other tasks are answered; one asking for the failed task alone gets a 500 naming
+    it; one asking for it among others gets the others answered, and the failed one's error in its place."""
+    from frozentune.head import Output
+
+    space, ytuning = engine.tasks["space"].model.head, engine.tasks["ytuning"].model.head
+    ytuning_forward = ytuning.forward
+
+    def raises(*args, **kwargs):
+        raise ValueError("a broken head")
+
+    def not_numbers(*args, **kwargs):
+        out = ytuning_forward(*args, **kwargs)
+        return Output(torch.full_like(out.logits, float("nan")), out.extras)
+
+    monkeypatch.setattr(space, "forward", raises)
+    monkeypatch.setattr(ytuning, "forward", not_numbers)
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=0.0, pipeline="on"))
+    running = Running(e)
+    group = engine.tasks["probe"].group
+    healthy = [{"text": TEXTS[i % len(TEXTS)], "tasks": ["probe"]} for i in range(8)]
+    asks = {"space": ["space"], "ytuning": ["ytuning"], "both": ["space", "ytuning"], "mixed": ["probe", "space"]}
+    try:
+        with Gate(group) as gate, httpx.Client(base_url=running.url, timeout=60) as c, ThreadPoolExecutor(16) as pool:
+            first = pool.submit(c.post, "/v1/classify", json=healthy[0])
+            assert gate.entered.wait(30)  # the rest queue behind it, and share the next batch
+            rest = [pool.submit(c.post, "/v1/classify", json=b) for b in healthy[1:]]
+            failing = {k: pool.submit(c.post, "/v1/classify", json={"text": TEXTS[0], "tasks": v}) for k, v in asks.items()}
+            every = pool.submit(c.post, "/v1/classify", json={"text": TEXTS[1]})
+            assert until(lambda: e.batcher.depth >= len(healthy) - 1 + len(asks) + 1)
+            gate.open.set()
+            for r in [first.result(), *(f.result() for f in rest)]:
+                assert r.status_code == 200 and "failed" not in r.json(), r.text
+            assert any(b.rows > len(healthy) for b in e.batches if b.group == group.label)  # they shared a batch
+            got = {k: f.result() for k, f in failing.items()}
+            assert got["space"].status_code == 500
+            assert got["space"].json()["error"] == "task 'space' failed on its batch: ValueError: a broken head"
+            assert got["ytuning"].status_code == 500 and got["ytuning"].json()["error"].startswith(
+                "task 'ytuning': the model's scores are not numbers")
+            assert got["both"].status_code == 500 and "'space'" in got["both"].json()["error"] \
+                and "'ytuning'" in got["both"].json()["error"]
+            mixed = got["mixed"].json()
+            assert got["mixed"].status_code == 200 and set(mixed["failed"]) == {"space"}
+            assert "label" in mixed["results"][0]["tasks"]["probe"]
+            assert mixed["results"][0]["tasks"]["space"] == {"error": mixed["failed"]["space"]}
+            answered = every.result().json()  # every task, the default: the healthy ones answered
+            assert every.result().status_code == 200 and set(answered["failed"]) == {"space", "ytuning"}
+            assert all("label" in row for name, row in answered["results"][0]["tasks"].items()
+                       if name not in answered["failed"])
+        # a group whose whole batch fails (here a live pass) fails its tasks alone too, from Python as well
+        monkeypatch.setattr(engine.tasks["finetuned"].group, "run", raises)
+        out = e.classify(TEXTS[:2], tasks=["probe", "finetuned"])
+        assert set(out["failed"]) == {"finetuned"} and all("label" in r["tasks"]["probe"] for r in out["results"])
+    finally:
+        running.stop()
 
 
 def test_scores_of_several_heads_read_in_one_copy_are_each_heads_own():

@@ -18,12 +18,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -802,8 +804,25 @@ def cmd_serve(a: argparse.Namespace) -> int:
                      f"--shutdown-grace {a.shutdown_grace:g} s {'were' if n > 1 else 'was'} cut off (answered 503); "
                      f"give more seconds to let them finish")
 
-    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut)
+    with _hangup_as_interrupt():
+        serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut)
     return 0
+
+
+@contextlib.contextmanager
+def _hangup_as_interrupt():
+    """SIGHUP (the terminal closed) handled as SIGTERM is: the server stops gracefully (serve captures it),
+    then the command ends with the interrupt's line and status 129. Left alone, it killed the server at
+    once. Not where SIGHUP is ignored (nohup), nor off the main thread (tests' in-process runs)."""
+    if (not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGHUP) is signal.SIG_IGN):
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def cmd_export(a: argparse.Namespace) -> int:

@@ -15,7 +15,10 @@ message while the server goes on serving.
 Every error is {"error": message} with its status: 400 malformed JSON, 404 unknown task, 413 too
 many texts or too long a source, 415 a body not sent as JSON (Content-Type), 422 a field of the wrong
 type or value, 503 + Retry-After when the queue is full or the server is stopping, 500 when a batch
-failed (its message).
+failed (its message). A classify task that fails on a batch (its head raised, its scores were not
+numbers) fails alone: a request that asked for other tasks too gets 200 with those answered, the
+failed task's entry {"error": message} in each text's place and "failed": {task: message}; a request
+with no task answered gets the 500.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import email.message
 import errno
 import importlib.util
 import json
+import signal
 import socket
 import sys
 import threading
@@ -38,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from .batcher import BatchStats, Overloaded
 from .engine import Engine, RequestError
+from .models import TaskFailed
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
@@ -102,7 +107,7 @@ ERRORS = {
     413: "too many texts in one request, or a source too long for the language model",
     415: "a body not sent as JSON (Content-Type)",
     422: "a field of the wrong type or value (an empty text, top out of range, ...)",
-    500: "a batch failed (its message)",
+    500: "a batch failed, or every task the request asked for did (its message, naming each task)",
     503: "the queue is full, or the server is stopping; try again after Retry-After seconds",
 }
 
@@ -203,6 +208,11 @@ def _unreadable_message(cause: BaseException | None) -> str:
     return "the body could not be read (not UTF-8 JSON?); send a JSON object"
 
 
+# Retry-After of a request cut off at shutdown: the server is going away, so no queue rate says when it is
+# back; a client that retries at once reaches its replacement, or is told the port is closed
+RETRY_AFTER_SHUTDOWN = "1"
+
+
 class Counting:
     """ASGI middleware: each HTTP request's endpoint, status and time into the Prometheus metrics.
     Plain ASGI, not Starlette's BaseHTTPMiddleware (`@app.middleware("http")`), which ran every
@@ -238,9 +248,10 @@ class Counting:
             body = json.dumps({"error": "the server is shutting down and this request was still running when "
                                         "its grace period ended (serve --shutdown-grace); send it again to a "
                                         "running server"}).encode()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # Retry-After, as every 503 of this API has (a restarted server)
                 await send({"type": "http.response.start", "status": 503, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", RETRY_AFTER_SHUTDOWN.encode())]})
                 await send({"type": "http.response.body", "body": body})
         finally:
             endpoint = getattr(scope.get("route"), "path", "other")
@@ -347,6 +358,10 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     async def overloaded(request: Request, exc: Overloaded):
         return error(503, str(exc), {"Retry-After": str(exc.retry_after)})
 
+    @app.exception_handler(TaskFailed)
+    async def task_failed(request: Request, exc: TaskFailed):  # its message names each task and says why
+        return error(500, str(exc))
+
     @app.exception_handler(Exception)
     async def failed(request: Request, exc: Exception):
         return error(500, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
@@ -384,7 +399,9 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     # jsonable_encoder, 70 µs of the event loop per 8-task answer on this CPU against 14 µs for the rendering.
     @app.post("/v1/classify", response_class=JSONResponse, responses=_responses(
         "per text (or pair), in order: each task's label and probabilities (and, with explain, its explanation); "
-        "`truncated` and a `note` where the input reached max_length", _CLASSIFIED))
+        "`truncated` and a `note` where the input reached max_length. A task that failed on its batch has "
+        "{\"error\": message} in its place, and `failed` names it with its message (the others are answered)",
+        _CLASSIFIED))
     async def classify(body: Classify):
         texts, pairs, field = _inputs(body)
         if "top" in body.model_fields_set and not body.explain:  # it was ignored: the answer had no explanations
@@ -497,10 +514,52 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def stop_signals() -> tuple[int, ...]:
+    """The signals on which `serve` stops gracefully: SIGINT and SIGTERM, as uvicorn's own, and SIGHUP (the
+    terminal closed: it killed the server at once, dropping the requests in flight, with no exit line)
+    unless it is ignored (nohup), which stays so."""
+    out = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        out.append(signal.SIGHUP)
+    if hasattr(signal, "SIGBREAK"):  # Windows' Ctrl+Break, as uvicorn's
+        out.append(signal.SIGBREAK)
+    return tuple(out)
+
+
+def _graceful_server(config):
+    """A uvicorn Server that captures stop_signals() the way uvicorn captures SIGINT and SIGTERM: the
+    first starts the graceful stop, and once the server is down each signal caught is raised again for
+    the handlers before it (frozentune's: the exit line and status)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+                yield
+                return
+            caught: list[int] = []
+
+            def stop(sig: int, frame) -> None:
+                caught.append(sig)
+                self.handle_exit(sig, frame)
+
+            before = {sig: signal.signal(sig, stop) for sig in stop_signals()}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+            for sig in reversed(caught):  # the last first, as uvicorn does
+                signal.raise_signal(sig)
+
+    return Server(config)
+
+
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print,
           sock: socket.socket | None = None, grace_s: float = 60.0,
           on_cut: Callable[[int], None] | None = None) -> None:
-    """Run until SIGINT / SIGTERM; then stop accepting, answer the requests in flight (for at most
+    """Run until SIGINT / SIGTERM / SIGHUP; then stop accepting, answer the requests in flight (for at most
     grace_s seconds: then each one still running is cut off with a 503 and counted in on_cut), and return.
     access_log: one line per request on stderr (off by default: under load it costs server CPU).
     sock: a socket already bound to host:port (listen_socket), else one is bound here."""
@@ -511,4 +570,4 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="info", access_log=access_log,
                             http=http, loop=loop, timeout_graceful_shutdown=grace_s)
-    uvicorn.Server(config).run(sockets=[sock])
+    _graceful_server(config).run(sockets=[sock])

@@ -148,8 +148,8 @@ class Batcher:
             if self._closing:
                 raise Closed()
             if self.depth + len(jobs) > self.max_queue:
-                raise Overloaded(f"{self.depth} rows are waiting (the bound is {self.max_queue}); "
-                                 f"retry shortly", self.retry_after())
+                raise Overloaded(f"{self.depth} rows are waiting and this request needs {len(jobs)} more (the bound "
+                                 f"is {self.max_queue}); retry shortly", self.retry_after())
             for j in jobs:
                 self._lane(lane_of(j.group)).pending.append(j)
             self._cv.notify_all()  # one condition for every lane's worker: each looks at its own queue

@@ -27,7 +27,7 @@ from ..backbone import cut_words, textless_message
 from ..data import blank, invisible, unencodable
 from .batcher import BatchStats, Batcher, Job
 from .graphs import HeadGraphs, graphs_choice
-from .models import FrozenPass, Task, find_models, load_tasks, pipeline_choice
+from .models import FrozenPass, Task, TaskFailed, find_models, load_tasks, pipeline_choice, task_failed
 
 
 class RequestError(ValueError):
@@ -136,7 +136,7 @@ class Engine:
                             f"ServeOptions(**{options!r})" if isinstance(options, dict) else
                             f"options: a {type(options).__name__}; give ServeOptions(...)")
         options = (options or ServeOptions()).validate()
-        engine = cls(load_tasks(find_models(paths), device, precision, log), options, log)
+        engine = cls(load_tasks(find_models(paths, log), device, precision, log), options, log)
         for g in engine.groups:
             if isinstance(g, FrozenPass):
                 log(f"serve: {g.label}: {g.backbone.pass_layout} pass; {engine.heads_run(g)}")
@@ -305,11 +305,18 @@ class Engine:
                     "types": None if tokens.types is None else tokens.types[i]}))
 
         def assemble(results: list) -> dict:
-            rows = []
+            rows, failed = [], {}
             for i, text in enumerate(texts):
                 merged: dict[str, Any] = {}
                 for k in per_text[i]:
-                    merged |= results[k]
+                    if isinstance(results[k], Exception):  # the whole batch failed (its pass): each task it ran
+                        merged |= {name: task_failed(name, results[k]) for name in jobs[k].payload["tasks"]}
+                    else:
+                        merged |= results[k]
+                for name, got in merged.items():
+                    if isinstance(got, TaskFailed):
+                        failed.setdefault(name, str(got))
+                        merged[name] = {"error": str(got)}
                 cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].cost >= jobs[k].group.max_length]
                 chars = sum(map(len, text)) if pairs else len(text)
                 row: dict[str, Any] = {"chars": chars, "tasks": {t.name: merged[t.name] for t in chosen},
@@ -318,7 +325,13 @@ class Engine:
                     row["note"] = (f"the {'pair' if pairs else 'text'} reached max_length ({min(cut)} tokens, special "
                                    f"tokens included): {cut_words(pairs)}")
                 rows.append(row)
-            return {"tasks": [t.name for t in chosen], "results": rows}
+            if not any("error" not in x for row in rows for x in row["tasks"].values()):
+                # nothing to answer with: the request fails (a 500 over HTTP), naming each task and why
+                raise TaskFailed("; ".join(failed.values()))
+            answer: dict[str, Any] = {"tasks": [t.name for t in chosen], "results": rows}
+            if failed:  # the healthy tasks are answered; these are said once, and in their place per text
+                answer["failed"] = failed
+            return answer
 
         return jobs, assemble
 
@@ -384,6 +397,8 @@ class Engine:
                     gone=threading.Event()) for x in ids]
 
         def assemble(results: list) -> dict:
+            if (failed := next((r for r in results if isinstance(r, Exception)), None)) is not None:
+                raise failed  # one decode for the whole batch: nothing of it to answer with
             return {"prefix": task.name, "num_beams": beams, "max_new_tokens": new,
                     "outputs": [{"source": s, **r} for s, r in zip(sources, results)]}
 
@@ -411,14 +426,24 @@ class Engine:
                                f"the server ever queues (--max-queue {self.options.max_queue}); send fewer texts", 413)
         return jobs
 
+    # A job's result, or the Exception its batch failed with: `assemble` decides what fails with it (a
+    # classify request: only the tasks that job ran; a generate request: the whole request). A cancelled
+    # job (CancelledError, a BaseException) still ends the wait.
     def _wait(self, jobs: list[Job], assemble: Assemble):
         futures: list[Future] = self.batcher.submit(self._fits(jobs))
-        return assemble([f.result() for f in futures])
+        return assemble([f.exception() or f.result() for f in futures])
 
     async def _await(self, jobs: list[Job], assemble: Assemble):
         futures = self.batcher.submit(self._fits(jobs))
+
+        async def settled(f: Future):
+            try:
+                return await asyncio.wrap_future(f)
+            except Exception as e:
+                return e
+
         try:
-            return assemble(list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))))
+            return assemble(list(await asyncio.gather(*(settled(f) for f in futures))))
         except asyncio.CancelledError:  # rows still queued are dropped (their futures cancelled); a decode under
             for j in jobs:              # way stops at its next token once all of its rows are gone (LMGroup.run)
                 if j.gone is not None:

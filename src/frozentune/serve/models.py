@@ -40,8 +40,26 @@ class ServeError(ValueError):
     """The models given to serve cannot be served as asked."""
 
 
-def find_models(paths: Sequence[Path | str]) -> list[Path]:
-    """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do)."""
+class TaskFailed(RuntimeError):
+    """One task failed on a batch (its head raised, or its scores were not numbers). It stays with that
+    task: the other tasks of the batch are answered, and a request's answer carries it in that task's
+    place (Engine.plan_classify)."""
+
+
+def task_failed(name: str, e: BaseException) -> TaskFailed:
+    """`e` as task `name`'s failure, in one line that names the task."""
+    said = " ".join(str(e).split())
+    if isinstance(e, TaskFailed) or said.startswith(f"task {name!r}"):
+        failed = TaskFailed(said)
+    else:
+        failed = TaskFailed(f"task {name!r} failed on its batch: {type(e).__name__}: {said}")
+    failed.__cause__ = e
+    return failed
+
+
+def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print) -> list[Path]:
+    """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do;
+    every other entry is said in one line, and skipped)."""
     found: list[Path] = []
     for p in map(Path, paths):
         if (p / M.CONFIG).is_file():
@@ -51,6 +69,10 @@ def find_models(paths: Sequence[Path | str]) -> list[Path]:
             if not subs:
                 raise ServeError(f"{p}: neither a saved model (no {M.CONFIG}) nor a folder of saved models; give "
                                  f"folders written by `frozentune train --output`")
+            sweep = (p / "sweep.json").is_file()  # a sweep's own folder: its best/ is served, its report is no junk
+            for q in [] if sweep else sorted(set(p.iterdir()) - set(subs)):
+                if (why := not_a_model(q)) is not None:
+                    log(f"serve: {q}: skipped, {why}")
             found += subs
         elif p.exists():
             raise ServeError(f"{p}: a file, not a model folder; give folders written by `frozentune train --output` "
@@ -66,6 +88,25 @@ def find_models(paths: Sequence[Path | str]) -> list[Path]:
                              f"after its folder: rename one")
         names[f.name] = f
     return list(dict.fromkeys(names.values()))
+
+
+def not_a_model(entry: Path) -> str | None:
+    """Why an entry of a folder of models is not one, in words that say what to do; None for a hidden
+    entry (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
+    if entry.name.startswith("."):
+        return None
+    if entry.is_symlink() and not entry.exists():
+        return f"a broken link (to {os.readlink(entry)})"
+    if not entry.is_dir():
+        return "a file, not a model folder"
+    if (entry / "best" / M.CONFIG).is_file():
+        return f"a sweep's output folder: to serve its best model, give {entry / 'best'} (or link it here)"
+    try:
+        if not any(entry.iterdir()):
+            return "an empty folder"
+    except OSError as e:
+        return f"a folder that cannot be read ({e.strerror})"
+    return f"no {M.CONFIG} in it: not a folder written by `frozentune train --output`"
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -185,11 +226,73 @@ def _batch(jobs: Sequence, pad_id: int, device: torch.device, multiple: int, max
     return out
 
 
-class ClassifierGroup:
+class Labelled:
+    """A group's label: what it runs, in words, for the log, /v1/models and the metrics' series. It starts
+    from the backbone's folder (or hub) name; tell_apart lengthens that name and adds `marks` where two
+    groups' labels would otherwise be the same."""
+    source: str  # the backbone or LM as the models name it (a folder or a hub id)
+    shown: str = ""
+    marks: tuple[str, ...] = ()
+
+    def what(self, name: str) -> str:
+        raise NotImplementedError
+
+    @property
+    def label(self) -> str:
+        return self.what(self.shown or Path(self.source).name) + (f" [{', '.join(self.marks)}]" if self.marks else "")
+
+    def differences(self) -> dict[str, str]:
+        """Parts that may tell this group from another of the same label, in the order they are tried."""
+        return {"tasks": "for " + ", ".join(t.name for t in self.tasks)}
+
+
+def tell_apart(groups: Sequence[Labelled]) -> None:
+    """Labels that differ wherever the groups do. Two folders both named bert, or hub ids a/model and
+    b/model, were both "bert ..." or "model ...": /v1/models listed two groups alike and /metrics summed
+    their series into one. Where labels would be the same (only there), the name gets as many parent
+    folders as tell the sources apart, then a mark for what still differs: the weights' hash, the token
+    types, and last the tasks (two live passes or fine-tuned LMs of one backbone)."""
+    for g in groups:
+        g.shown, g.marks = "", ()
+    for same in _colliding(groups):
+        _longer_names(same)
+    for part in ("weights", "token types", "tasks"):
+        for same in _colliding(groups):
+            values = [g.differences().get(part) for g in same]
+            if len(set(values)) > 1:
+                for g, v in zip(same, values):
+                    g.marks += (v,) if v is not None else ()
+
+
+def _colliding(groups: Sequence[Labelled]) -> list[list[Labelled]]:
+    """The groups, by label, where more than one has it."""
+    by: dict[str, list[Labelled]] = {}
+    for g in groups:
+        by.setdefault(g.label, []).append(g)
+    return [same for same in by.values() if len(same) > 1]
+
+
+def _longer_names(same: Sequence[Labelled]) -> None:
+    """Each group shown by the last k parts of its source's path, for the least k that shows different
+    sources differently (absolute folders without their root)."""
+    parts = [[p for p in Path(g.source).parts if p != Path(g.source).anchor] for g in same]
+    sources = len({g.source for g in same})
+    if sources < 2:
+        return
+    for k in range(2, max(map(len, parts)) + 1):
+        shown = ["/".join(p[-k:]) for p in parts]
+        if len(set(shown)) == sources:
+            for g, name in zip(same, shown):
+                g.shown = name
+            return
+    for g in same:  # sources that differ only in how they are written (./bert, bert/): shown whole
+        g.shown = g.source
+
+
+class ClassifierGroup(Labelled):
     """What FrozenPass and LivePass share: tokenising for their backbone and answering rows."""
     backbone: Backbone
     tasks: list[Task]
-    label: str
 
     def __init__(self) -> None:
         self.tasks = []
@@ -209,15 +312,26 @@ class ClassifierGroup:
             return self.backbone.tokenize(texts), [None] * len(texts)
 
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
-        """{task name: row} per job, for the tasks each job asked for of this group."""
+        """{task name: row} per job, for the tasks each job asked for of this group. A task whose head
+        raises, or whose scores are not numbers, gets a TaskFailed in place of its rows: the batch holds
+        requests that never asked for it, and they are answered."""
         results: list[dict] = [{} for _ in jobs]
         made = []  # every head run (on a GPU: its kernels queued) before the first answer waits for its scores
         for task in self.tasks:
             rows = [i for i, j in enumerate(jobs) if task.name in j.payload["tasks"]]
-            if rows:
+            if not rows:
+                continue
+            try:
                 made.append((task, rows, outputs(task, rows)))
+            except Exception as e:
+                for i in rows:
+                    results[i][task.name] = task_failed(task.name, e)
         for (task, rows, out), logits in zip(made, host_logits([out for _, _, out in made])):
-            for i, row in zip(rows, classify_rows(task, out, jobs, rows, logits)):
+            try:
+                answers: list = classify_rows(task, out, jobs, rows, logits)
+            except Exception as e:
+                answers = [task_failed(task.name, e)] * len(rows)
+            for i, row in zip(rows, answers):
                 results[i][task.name] = row
         return results
 
@@ -227,11 +341,19 @@ class FrozenPass(ClassifierGroup):
     whole work; begin() its pass, returning the heads and answers as a Deferred, which a pipelining
     batcher's finisher thread runs while the next batch's pass runs (see pipeline_choice)."""
 
-    def __init__(self, backbone: Backbone):
+    def __init__(self, backbone: Backbone, weights: str | None = None):
         super().__init__()
-        self.backbone = backbone
+        self.backbone, self.source = backbone, backbone.name
+        self.weights = weights  # the hash the models were saved with (config.json), else the loaded weights'
         self.graphs: HeadGraphs | None = None  # set by the Engine (--cuda-graphs)
-        self.label = f"{Path(backbone.name).name} max_length {backbone.max_length} {backbone.precision} on {backbone.device}"
+
+    def what(self, name: str) -> str:
+        bb = self.backbone
+        return f"{name} max_length {bb.max_length} {bb.precision} on {bb.device}"
+
+    def differences(self) -> dict[str, str]:
+        return {"weights": f"weights {(self.weights or self.backbone.weights_hash)[:8]}",
+                "token types": "token types" if self.backbone.token_types else "no token types"} | super().differences()
 
     def run(self, jobs: Sequence) -> list[dict]:
         """The batch's pass, then every task's head: one answer per job."""
@@ -298,8 +420,10 @@ class LivePass(ClassifierGroup):
 
     def __init__(self, model: M.Classifier):
         super().__init__()
-        self.backbone, self.model = model.backbone_ref, model
-        self.label = f"{Path(self.backbone.name).name} ({model.method}, its own pass)"
+        self.backbone, self.model, self.source = model.backbone_ref, model, model.backbone_ref.name
+
+    def what(self, name: str) -> str:
+        return f"{name} ({self.model.method}, its own pass)"
 
     def run(self, jobs: Sequence) -> list[dict]:
         device = next(self.model.parameters()).device
@@ -310,7 +434,7 @@ class LivePass(ClassifierGroup):
         return self.answer(jobs, lambda task, rows: Output(out.logits[rows], {k: v[rows] for k, v in out.extras.items()}))
 
 
-class LMGroup:
+class LMGroup(Labelled):
     """Generators on one LM (causal or encoder-decoder): each row after its own prefix, all rows of a batch in
     one decode."""
 
@@ -318,7 +442,7 @@ class LMGroup:
     lane = "generate"  # its own worker: a classify batch does not wait behind a decode (batcher.py, Lanes)
 
     def __init__(self, lm: torch.nn.Module, tok, lm_name: str, device: torch.device):
-        self.lm, self.tok, self.lm_name, self.device = lm, tok, lm_name, device
+        self.lm, self.tok, self.lm_name, self.device, self.source = lm, tok, lm_name, device, lm_name
         self.tasks: list[Task] = []
         self.tokenizer_lock = threading.Lock()
 
@@ -329,9 +453,8 @@ class LMGroup:
 
         return precision_of(self.lm)
 
-    @property
-    def label(self) -> str:
-        return f"{Path(self.lm_name).name} (generation) {self.precision} on {self.device}"
+    def what(self, name: str) -> str:
+        return f"{name} (generation) {self.precision} on {self.device}"
 
     def decode_in(self, precision: str) -> None:
         """The LM made to decode in `precision` (generation/precision.py), once every task on it is loaded."""
@@ -400,9 +523,15 @@ def load_tasks(folders: Sequence[Path], device: str | None, precision: str | Non
     if decode is not None:  # after every generator's load, which checks the LM's fp32 weights against its hash
         for group in {id(t.group): t.group for t in tasks if t.kind == "generate"}.values():
             group.decode_in(decode[1])
+    tell_apart(list({id(t.group): t.group for t in tasks}.values()))
     for task in tasks:
         log(f"serve: {task.name}: {task.method} → {task.group.label}")
     return tasks
+
+
+def per_task(name: str, log: Log) -> Log:
+    """`log` with each line said of task `name` (serve: NAME: line)."""
+    return lambda line: log(f"serve: {name}: {line}")
 
 
 def _decode_runtime(device: str | None, precision: str | None, log: Log) -> tuple[torch.device, str]:
@@ -421,16 +550,17 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     config = M.read_saved(folder)
     known_method(config, folder)
     b = config["backbone"]
+    said = per_task(folder.name, log)  # "device: ..." and "precision: ..." for each model: say whose
     if runs_live(config["method"], config["options"]):  # trains or steers the backbone, or has its own encoder
-        model = _load(folder, device, precision, log)
+        model = _load(folder, device, precision, said)
         group: ClassifierGroup = LivePass(model)
         return Task(folder.name, folder, "classify", config["method"], group, model=model)
-    rt = saved_runtime(device, precision, log)(b)
+    rt = saved_runtime(device, precision, said)(b)
     types = b.get("token_types", True)
     key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
         bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1], token_types=types)
-        frozen[key] = FrozenPass(bb)
+        frozen[key] = FrozenPass(bb, b.get("weights_hash"))
     group = frozen[key]
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
     model = M.load(folder, backbone=view)
