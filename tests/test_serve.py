@@ -291,11 +291,11 @@ def test_generators_decode_in_the_precision_given(models):
                 assert got == generate_sources(models / name, [src], precision="bf16")[0], (name, src)
     finally:
         e.close()
-    e = Engine.load([models / "prefix-a"], log=lambda line: None)
-    try:
+    with Engine.load([models / "prefix-a"], log=lambda line: None) as e:  # closed at the end of the block
         assert [d["precision"] for d in e.describe()] == ["fp32"]  # the default: exact decoding
-    finally:
-        e.close()
+    from frozentune.serve.batcher import Closed
+    with pytest.raises(Closed):
+        e.generate("prefix-a", ["name[Aromi]"])
     with pytest.raises(ValueError, match="int8 is for the frozen pass of classifiers"):
         Engine.load([models / "prefix-a"], precision="int8", log=lambda line: None)
 

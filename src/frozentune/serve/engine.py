@@ -207,6 +207,12 @@ class Engine:
     def close(self, timeout: float | None = None) -> None:
         self.batcher.close(timeout)
 
+    def __enter__(self) -> "Engine":  # with Engine.load(...) as engine: closed at the end of the block
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ classify
     def _texts(self, texts: Any, what: str = "texts", pairs: bool = False) -> list:
         """The request's texts (or, with pairs, its (first, second) pairs), checked."""
