@@ -25,8 +25,11 @@ def probe(tiny_bert, trec_slice, tmp_path_factory):
 
 def test_a_dataframe_is_refused_not_scored_as_its_column_names(probe):
     pd = pytest.importorskip("pandas")
-    with pytest.raises(DataError, match=r"a DataFrame \(columns 'text'\); give a list of texts, e\.g\. df\['text'\]"):
+    with pytest.raises(DataError, match=r"a DataFrame \(columns 'text'\); give a list of texts or \(first, second\) "
+                                        r"pairs, e\.g\. df\['text'\]\.tolist\(\)$"):
         api.predict(probe, pd.DataFrame({"text": ["Who wrote Hamlet ?"]}))
+    with pytest.raises(DataError, match=r"or for pairs list\(zip\(df\['premise'\], df\['hypothesis'\]\)\)"):
+        api.predict(probe, pd.DataFrame({"premise": ["a"], "hypothesis": ["b"]}))
     assert len(api.predict(probe, pd.DataFrame({"text": ["Who wrote Hamlet ?"]})["text"])) == 1  # a column is a list
 
 
@@ -47,12 +50,13 @@ def test_generate_checks_its_sources_first(sources, says, tmp_path):
 
 @pytest.mark.parametrize("chunk", [0, -1, "2", 1.5, True])
 def test_a_chunk_is_a_whole_number_of_at_least_one(probe, chunk, tmp_path):
+    """Checked when the stream is made, not when it is first read (a server making it lazily found out late)."""
     from frozentune.generation.run import generate_stream
 
     with pytest.raises(MethodError, match=rf"chunk={chunk!r}: give a whole number"):
-        list(api.predict_stream(probe, ["a question ?"], chunk=chunk))
+        api.predict_stream(probe, ["a question ?"], chunk=chunk)
     with pytest.raises(MethodError, match=rf"chunk={chunk!r}: give a whole number"):
-        list(generate_stream(tmp_path / "no-model", ["a source"], chunk=chunk))
+        generate_stream(tmp_path / "no-model", ["a source"], chunk=chunk)
     assert len(list(api.predict_stream(probe, ["a ?", "b ?", "c ?"], chunk=np.int64(2)))) == 3
 
 
@@ -96,7 +100,7 @@ def test_wrong_types_are_answered(tiny_bert, trec_slice, probe, tmp_path):
     from frozentune.sweep import Grid, run_sweep
 
     bb = api.BackboneOptions(str(tiny_bert), max_length=16)
-    with pytest.raises(MethodError, match=r"train_cfg: a list; give a dict of training options"):
+    with pytest.raises(MethodError, match=r"train_cfg: a list; give a dict of options"):
         api.train("probe", str(trec_slice), bb, train_cfg=[("lr", 0.1)], log=None)
     with pytest.raises(MethodError, match=r"output=5: give a folder or file path"):
         api.train("probe", str(trec_slice), bb, output=5, log=None)
@@ -122,3 +126,48 @@ def test_explain_takes_numpy_integers(tiny_bert, trec_slice, tmp_path):
     a = api.explain(out, ["Who wrote Hamlet ?"], top=np.int64(3))  # refused: "give a whole number of at least 1"
     b = api.explain(out, ["Who wrote Hamlet ?"], top=3)
     assert json.dumps(a) == json.dumps(b)
+
+
+def test_more_wrong_types_are_answered(tiny_bert, trec_slice, probe, tmp_path):
+    """The second walk-through: options, a sweep's train_cfg, yes/no arguments given as text."""
+    from frozentune.sweep import Grid, run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    for options in (5, ["x"]):  # TypeError: 'int' object is not iterable; ValueError: dictionary update sequence
+        with pytest.raises(MethodError, match=rf"options: a {type(options).__name__}; give a dict of method 'probe'"):
+            api.train("probe", str(trec_slice), bb, options=options, log=None)
+    for cfg in ([("lr", 0.1)], ["seed"], "epochs=1", 5):  # the first ran, as if a dict
+        with pytest.raises(MethodError, match=rf"train_cfg: a {type(cfg).__name__}; give a dict of options"):
+            run_sweep(Grid.parse("probe"), str(trec_slice), bb, train_cfg=cfg, log=None)
+    with pytest.raises(MethodError, match=r"overwrite='no': give True or False"):  # replaced the saved model
+        api.train("probe", str(trec_slice), bb, output=probe, overwrite="no", log=None)
+    with pytest.raises(MethodError, match=r"rebuild_cache='no': give True or False"):
+        api.evaluate_model(probe, str(trec_slice), rebuild_cache="no", log=None)
+    with pytest.raises(MethodError, match=r"cache_log=5: give a function"):  # named log=5
+        api.train("probe", str(trec_slice), bb, cache_log=5, log=None)
+
+
+def test_a_stream_without_a_terminal_says_its_progress_in_lines(tiny_bert, trec_slice, tmp_path, monkeypatch, capsys):
+    """progress=True (the API's default) where stderr is no terminal (a log file, nohup, CI): rich drew nothing
+    until the end, on stdout, and no minute lines were sent; now the lines go to the cache's log."""
+    from frozentune import cache
+
+    monkeypatch.setattr(cache, "SIZE_SAID", 0)
+    monkeypatch.setattr(cache, "EVERY_S", 0.0)
+    lines: list[str] = []
+    api.build_cache(str(trec_slice), str(tiny_bert), splits="train", cache_root=tmp_path / "c", log=lines.append,
+                    progress=True)
+    assert any(line.startswith("extracting: ") and "texts/s" in line for line in lines)
+    out, err = capsys.readouterr()
+    assert "━" not in out + err
+
+
+def test_engine_load_is_silent_with_log_none(probe, capsys):
+    from frozentune.serve import Engine
+
+    with Engine.load(probe, log=None) as e:  # TypeError: 'NoneType' object is not callable
+        assert e.classify(["Who wrote Hamlet ?"])
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+    with pytest.raises(TypeError, match="paths: 5; give a model folder"):
+        Engine.load(5, log=None)

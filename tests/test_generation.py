@@ -274,6 +274,22 @@ def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys)
     from frozentune.generation.run import evaluate_generation
     py = evaluate_generation(out, shared_data / "webnlg", max_test=10, log=lambda s: None)
     assert json.loads(json.dumps(py))["metrics_by_group"] == r["metrics_by_group"]
+    from frozentune.extract.errors import ExtractError
+    from frozentune.generation.run import generate_sources
+    with pytest.raises(ExtractError, match=r"--device 0: give the device as text"):  # decoded on auto
+        generate_sources(out, ["a source"], device=0)
+
+
+def test_train_generation_from_python_takes_a_path_and_log_none(tiny_lm, e2e_slice, tmp_path, capsys):
+    """A Path as data failed at the save, after training (not JSON); log=None raised TypeError."""
+    from frozentune.generation.run import train_generation
+
+    capsys.readouterr()
+    r = train_generation("prefix", e2e_slice, lm_name=str(tiny_lm), options={"prefix_length": 2},
+                         train_cfg={"epochs": 1}, output=tmp_path / "g", max_train=8, max_validation=4, max_test=4,
+                         log=None)
+    assert json.loads(json.dumps(r)) and (tmp_path / "g" / "result.json").is_file()
+    assert capsys.readouterr().out == ""
 
 
 def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):

@@ -212,14 +212,29 @@ def as_path(value: object, what: str) -> Path | None:
     raise MethodError(f"{what}={value!r}: give a folder or file path (a str or pathlib.Path)")
 
 
-def as_log(log: Callable[[str], None] | None) -> Callable[[str], None]:
+def as_log(log: Callable[[str], None] | None, what: str = "log") -> Callable[[str], None]:
     """A `log` argument: a function taking each message line; None is silence (no messages)."""
     if log is None:
         return silent
     if not callable(log):
-        raise MethodError(f"log={log!r}: give a function that takes each message line (e.g. print, or list.append), "
-                          f"or None for no messages")
+        raise MethodError(f"{what}={log!r}: give a function that takes each message line (e.g. print, or "
+                          f"list.append), or None for no messages")
     return log
+
+
+def as_options(given: object, what: str, example: str) -> dict | None:
+    """A dict of options (train_cfg, options) as given, or None; anything else is a MethodError naming it."""
+    if given is not None and not isinstance(given, Mapping):
+        raise MethodError(f"{what}: a {type(given).__name__}; give a dict of options, e.g. {example}")
+    return None if given is None else dict(given)
+
+
+def as_switch(value: object, what: str) -> bool:
+    """A yes/no argument (overwrite, rebuild_cache, progress): True or False only; overwrite="no" replaced a
+    saved model, being true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise MethodError(f"{what}={value!r}: give True or False")
+    return bool(value)
 
 
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
@@ -245,7 +260,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     backbone = as_backbone(backbone)
     output, cache_root = as_path(output, "output"), as_path(cache_root, "cache_root")
     log = as_log(log)
-    cache_log = log if cache_log is None else as_log(cache_log)
+    cache_log = log if cache_log is None else as_log(cache_log, "cache_log")
+    for flag, value in (("overwrite", overwrite), ("rebuild_cache", rebuild_cache), ("progress", progress)):
+        as_switch(value, flag)
     if isinstance(data, Path):
         data = str(data)
     if isinstance(data, str) and is_generation_data(data):
@@ -492,9 +509,7 @@ def truncation_note(sources, max_length: int, longest: int | None = None) -> str
 def train_config(defaults: dict[str, Any], given: dict[str, Any] | None) -> TrainConfig:
     """The method's training defaults with what the user gave; a value that cannot work is a MethodError."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    if given is not None and not isinstance(given, Mapping):
-        raise MethodError(f"train_cfg: a {type(given).__name__}; give a dict of training options, e.g. "
-                          f"{{'lr': 0.01, 'epochs': 5}}")
+    given = as_options(given, "train_cfg", "{'lr': 0.01, 'epochs': 5}")
     if unknown := sorted(set(given or {}) - known):
         raise MethodError(f"training option(s) {', '.join(unknown)} unknown; the options are: {', '.join(sorted(known))}")
     try:
@@ -530,6 +545,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     reported, when given the same data and precision). precision: of the frozen pass (default:
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
     log, cache_root = as_log(log), as_path(cache_root, "cache_root")
+    as_switch(rebuild_cache, "rebuild_cache")
     model = _load(model_dir, device, precision, log)
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
@@ -882,7 +898,7 @@ def positive_label(name: str, labels: Sequence[str]) -> tuple[int, str] | None:
     return (list(labels).index(lab), lab) if lab in labels else None
 
 
-def given_texts(texts: object, what: str = "texts") -> list[Text]:
+def given_texts(texts: object, what: str = "texts", pairs: bool = True) -> list[Text]:
     """The texts of a predict / explain call, as a list, held to the rules of texts in files: a list
     (or any iterable) of strings or (first, second) pairs, at least one, none empty or not valid
     Unicode. A bare string is refused, not read one character at a time."""
@@ -890,18 +906,22 @@ def given_texts(texts: object, what: str = "texts") -> list[Text]:
 
     if isinstance(texts, (str, bytes)):
         raise DataError(f"{what}: a single {type(texts).__name__} ({texts[:40]!r}); give a list of texts, e.g. [text]")
+    kinds = "texts or (first, second) pairs" if pairs else "texts"
     if hasattr(texts, "columns") and hasattr(texts, "iloc"):  # a pandas DataFrame iterates over its column names
-        cols = ", ".join(map(repr, list(texts.columns)[:5]))
-        raise DataError(f"{what}: a DataFrame (columns {cols}); give a list of texts, e.g. df[{list(texts.columns)[0]!r}]"
-                        f".tolist()" if len(texts.columns) else f"{what}: an empty DataFrame; give a list of texts")
+        names = list(texts.columns)
+        if not names:
+            raise DataError(f"{what}: an empty DataFrame; give a list of {kinds}")
+        example = f"df[{names[0]!r}].tolist()" + (f", or for pairs list(zip(df[{names[0]!r}], df[{names[1]!r}]))"
+                                                   if pairs and len(names) > 1 else "")
+        raise DataError(f"{what}: a DataFrame (columns {', '.join(map(repr, names[:5]))}); give a list of {kinds}, "
+                        f"e.g. {example}")
     if isinstance(texts, (Mapping, set, frozenset)):  # a dict's keys would be labelled, a set's rows come back in any order
-        raise DataError(f"{what}: a {type(texts).__name__}, not a list; give a list of texts or (first, second) pairs"
+        raise DataError(f"{what}: a {type(texts).__name__}, not a list; give a list of {kinds}"
                         + (" (e.g. [record['text'] for record in records])" if isinstance(texts, Mapping) else ""))
     try:
         out = list(texts)  # type: ignore[arg-type]  # a generator is read once, here
     except TypeError:
-        raise DataError(f"{what}: {type(texts).__name__}, not a list; give a list of texts or (first, second) "
-                        f"pairs") from None
+        raise DataError(f"{what}: {type(texts).__name__}, not a list; give a list of {kinds}") from None
     if not out:
         raise DataError(f"{what}: the list is empty; give at least one text")
     for i, t in enumerate(out):
@@ -933,14 +953,19 @@ def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device
     scored before the first row came out (2.6 GB, nothing printed for minutes, nothing kept on Ctrl-C).
     Where there are several chunks, `log` says how far it is every train.PROGRESS_EVERY_S seconds; the
     note of texts cut at max_length comes at the end, for all of them."""
+    texts, log = given_texts(texts), as_log(log)  # checked now, not when the stream is first read
+    chunk = PREDICT_CHUNK if chunk is None else whole_chunk(chunk)
+    model = _load(model_dir, device, precision, log)
+    pairs = check_inputs(model, texts)
+    return _predict_rows(model, model_dir, texts, pairs, chunk, log)
+
+
+def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool, chunk: int,
+                  log: Callable[[str], None]) -> Iterator[dict]:
     import torch
 
     from . import train as T
 
-    texts, log = given_texts(texts), as_log(log)
-    chunk = PREDICT_CHUNK if chunk is None else whole_chunk(chunk)
-    model = _load(model_dir, device, precision, log)
-    pairs = check_inputs(model, texts)
     bb = model.backbone_ref
     lengths = []
     t0 = said = time.perf_counter()
@@ -994,7 +1019,9 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     from .extract.shards import part_of
 
     backbone, cache_root, log = as_backbone(backbone, loaded=False), as_path(cache_root, "cache_root"), as_log(log)
-    cache_log = log if cache_log is None else as_log(cache_log)
+    cache_log = log if cache_log is None else as_log(cache_log, "cache_log")
+    as_switch(rebuild, "rebuild")
+    as_switch(progress, "progress")
     if isinstance(splits, str):  # "test" was read as the splits t, e, s, t
         splits = [x.strip() for x in splits.split(",")]
 

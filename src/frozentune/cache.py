@@ -687,6 +687,9 @@ class _Progress:
 
     def __init__(self, total: int, total_tokens: int, label: str, enabled: bool,
                  log: Callable[[str], None] | None = None):
+        # a bar only where stderr is a terminal (it drew nothing until the end in a log file, and said no minute
+        # lines there: the API's progress=True is its default whatever the caller's output is)
+        enabled = enabled and sys.stderr.isatty()
         self.enabled, self.total, self.label = enabled, total, label
         self.done = self.tokens = 0
         self.t0 = self.said = time.perf_counter()
@@ -696,10 +699,12 @@ class _Progress:
     def __enter__(self):
         if self.enabled:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.console import Console
+
             self.p = Progress(TextColumn("{task.description}"), BarColumn(),
                               TextColumn("{task.completed}/{task.total}"),
                               TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                              transient=False)
+                              transient=False, console=Console(stderr=True))  # stdout is for results
             self.p.__enter__()
             self.task = self.p.add_task(self.label, total=self.total, rate="")
         return self

@@ -46,7 +46,10 @@ def pair_kind(texts: Sequence[Text]) -> bool:
                         f"{type(texts[first_single]).__name__}); give all pairs or all single texts")
     for i, t in enumerate(texts):
         if not pairs[i] and not isinstance(t, str):
-            raise PairError(f"item {i} is {type(t).__name__}: give a string, or a pair (first, second) of strings")
+            as_pair = (" (a pair is a tuple: tuple(item), or [tuple(p) for p in pairs] for them all)"
+                       if not isinstance(t, (str, bytes)) and hasattr(t, "__len__") and len(t) == 2 else "")
+            raise PairError(f"item {i} is {type(t).__name__}: give a string, or a pair (first, second) of strings"
+                            + as_pair)
     return bool(pairs) and pairs[0]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .fields import as_flag
 
@@ -120,6 +120,9 @@ def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfi
     """The method's config with `options` applied; unknown names or bad values are errors."""
     spec = get_method(name)
     names = {f.name: f for f in dataclasses.fields(spec.config_cls)}
+    if options is not None and not isinstance(options, Mapping):  # options=5 raised "'int' object is not iterable"
+        raise MethodError(f"options: a {type(options).__name__}; give a dict of method {name!r}'s options, e.g. "
+                          f"{{'pooling': 'mean'}} (its options: {', '.join(f.name for f in dataclasses.fields(spec.config_cls))})")
     options = dict(options or {})
     bad = sorted(set(options) - set(names))
     if bad:

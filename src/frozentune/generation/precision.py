@@ -98,7 +98,7 @@ def decode_runtime(device: str | None, precision: str | None) -> tuple[torch.dev
     """(device, precision, the lines saying what was chosen and why) for decoding a saved generator."""
     from ..extract import resolve_device
 
-    dev, said = resolve_device(device or "auto")
+    dev, said = resolve_device("auto" if device is None else device)  # 0 and "" are refused there, not auto
     prec, why = choose_decode_precision(precision, dev)
     return dev, prec, [said, why]
 

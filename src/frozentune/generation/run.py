@@ -515,13 +515,17 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                      fields: tuple[str | None, str | None] = (None, None)) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
-    from ..api import peak_rss_mb, train_config
+    from ..api import as_log, as_path, as_switch, peak_rss_mb, train_config
     from ..backbone import load_generation_lm
     from ..distributed import read_launch
     from ..export.card import write_card_from_files
     from ..output import check_output, staged_output
     from ..registry import MethodError, get_method
 
+    log, output = as_log(log), as_path(output, "output")
+    as_switch(overwrite, "overwrite")
+    if isinstance(data, os.PathLike):  # saved in result.json and the card as text (a Path failed at the save)
+        data = os.fspath(data)
     if (launch := read_launch(os.environ)).world_size > 1:
         raise MethodError(f"training on {data} (generation) runs in one process only, but this is one of "
                           f"{launch.world_size} ({launch.how}); run it without torchrun / accelerate launch")
@@ -621,16 +625,16 @@ def generate_stream(model_dir: Path, sources: Sequence[str], num_beams: int | No
     first, so a source too long is refused before any output; `log` also gets the decode's progress."""
     from ..api import whole_chunk
 
-    sources = given_sources(sources)
+    sources = given_sources(sources)  # checked now, not when the stream is first read
     step = GENERATE_CHUNK if chunk is None else whole_chunk(chunk)
     tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     say_cut(tuner, sources, log)
     ids = tuner.encode_sources(sources)
     check_room(tuner, ids, d.max_new_tokens)
-    for first in range(0, len(sources), step):
-        yield from decode(tuner, tok, sources[first:first + step], d.num_beams, d.max_new_tokens, d.batch_size, log,
-                          ids=ids[first:first + step])
+    return (out for first in range(0, len(sources), step)
+            for out in decode(tuner, tok, sources[first:first + step], d.num_beams, d.max_new_tokens, d.batch_size, log,
+                              ids=ids[first:first + step]))
 
 
 def given_sources(sources: object) -> list[str]:
@@ -639,7 +643,7 @@ def given_sources(sources: object) -> list[str]:
     from ..api import given_texts
     from ..data import DataError, _describe
 
-    out = given_texts(sources, "sources")
+    out = given_texts(sources, "sources", pairs=False)
     for i, src in enumerate(out):
         if not isinstance(src, str):
             raise DataError(f"sources[{i}]: {_describe(src)}; give each source as a string (a linearised table or "

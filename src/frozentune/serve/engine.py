@@ -129,8 +129,13 @@ class Engine:
              options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
         """Every saved model under `paths` (model folders, or folders of them; one path alone is one
         too), loaded once."""
+        from ..api import as_log
+
+        log = as_log(log)  # None: no messages
         if isinstance(paths, (str, Path)):  # not read one character at a time
             paths = [paths]
+        if isinstance(paths, (bytes, int, float)) or not hasattr(paths, "__iter__"):
+            raise TypeError(f"paths: {paths!r}; give a model folder, or a list of model folders or folders of them")
         if options is not None and not isinstance(options, ServeOptions):
             raise TypeError(f"options: a {type(options).__name__}; give ServeOptions(...), e.g. "
                             f"ServeOptions(**{options!r})" if isinstance(options, dict) else

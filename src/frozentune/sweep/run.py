@@ -73,6 +73,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     if backbone.layers is not None or backbone.combine != "mean":
         raise MethodError("sweep: each point reads one layer, the grid's (--layers); leave the backbone's layers and "
                           "--layer-combine out")
+    train_cfg = api.as_options(train_cfg, "train_cfg", "{'epochs': 5}")
     if "seed" in (train_cfg or {}):
         raise MethodError(f"sweep: train_cfg seed={train_cfg['seed']!r}: the seeds are the grid's (--seeds)")
     if output is not None:
