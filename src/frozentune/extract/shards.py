@@ -338,10 +338,16 @@ def active(folder: Path) -> Iterator[None]:
 
 def is_running(folder: Path) -> bool:
     """Some process holds the build's `.active` lock (it is extracting now)."""
-    if fcntl is None or not (folder / ".active").exists():
+    return lock_held(folder / ".active")
+
+
+def lock_held(path: Path) -> bool:
+    """Whether another process holds a flock on `path` (False where it is absent, unreadable, or the file
+    system has no flock: not known to be held). Also a sweep's journal (sweep/journal.py)."""
+    if fcntl is None or not path.exists():
         return False
     try:
-        fd = os.open(folder / ".active", os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)  # flock takes any open mode; a read-only cache is read too
     except OSError:
         return False
     try:

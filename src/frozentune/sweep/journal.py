@@ -122,19 +122,9 @@ def describe(header: dict | None) -> str:
 
 def is_running(path: Path) -> bool:
     """Whether a process holds the journal's lock (a sweep writing into it now)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:  # a file system without flock: not known to be running
-        return False
-    finally:
-        os.close(fd)
+    from ..extract.shards import lock_held
+
+    return lock_held(path)
 
 
 def plural(n: int, word: str) -> str:
