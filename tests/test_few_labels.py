@@ -692,6 +692,7 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     point is kept in a journal in the cache folder; the rerun reuses 3, trains 5, gives the table an
     uninterrupted sweep gives, and removes the journal. A line cut short by a kill is skipped and said;
     --restart (resume=False) trains every point again; a point whose data changed is trained again."""
+    from frozentune.sweep import journal as journal_module
     from frozentune.sweep import run_sweep
 
     bb = api.BackboneOptions(str(tiny_bert), max_length=16)
@@ -751,8 +752,14 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     log = _StopAfter(3)
     with pytest.raises(KeyboardInterrupt):
         sweep(data, log=log)
-    assert any("holds 2 finished points" in line for line in log.lines)
+    # the 2 rows of the old data are dropped, not counted as kept (an interrupt said "all 8 points are finished")
+    assert any("holds 0 finished points" in line and "2 points of another state of its data or backbone dropped"
+               in line for line in log.lines), log.lines
     assert not any("reused" in line for line in log.lines if line.startswith("["))
+    [kept] = journals()
+    assert journal_module.points_in(kept) == 3
+    journal_module.current.total = 8
+    assert "the 3 finished points and cache entries" in journal_module.interrupt_note(False)
 
 
 def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
@@ -853,3 +860,35 @@ def test_sweep_journals_belong_to_their_sweep(trec_slice, tiny_bert, tmp_path, c
     assert len(result.rows) == 4
     assert any(line.startswith(f"sweep: cannot keep finished points in {kept}") for line in log.lines)
     assert any(line.startswith(f"sweep: cannot remove {kept}") for line in log.lines)
+
+
+def test_what_an_interrupt_says_a_sweep_kept(tmp_path):
+    """Points that could not be written are not said to be kept, and points kept before still are (a read-only
+    cache said "could not be kept" of all); a journal without a header (not this version's) is unreadable to
+    `cache --list` and removed by --prune."""
+    from frozentune.extract.entries import prune, scan
+    from frozentune.sweep import journal
+
+    row = {"method": "probe", "layer": "-1", "lr": 0.01, "weight_decay": 0.01, "seed": 0, "score": 50.0,
+           "score_is": "validation accuracy", "test_accuracy": 40.0, "train_seconds": 1.0, "extract_seconds": 0.0,
+           "seconds": 1.0, "model_method": "probe", "selection": {}}
+    blocked = tmp_path / "sweep-x.points.jsonl"
+    blocked.mkdir()  # cannot be opened as a file: nothing is written
+    lines: list[str] = []
+    j = journal.Journal(blocked, {}, lines.append)
+    journal.current, j.total = j, 5
+    j.add("a", row)
+    j.add("b", row)
+    assert any("cannot keep finished points" in line for line in lines)
+    assert "the 2 points finished in this run could not be kept" in journal.interrupt_note(False)
+    j.rows = {"k": row}  # one it had read before (a read-only journal)
+    note = journal.interrupt_note(True)
+    assert "the 1 point it held before are kept: run the same command again without --restart" in note
+    root = tmp_path / "cache"
+    root.mkdir()
+    old = root / ("sweep-" + "0" * 32 + ".points.jsonl")
+    old.write_text(json.dumps({"key": "a", "row": row}) + "\n")  # rows, no header
+    [e] = scan(root)
+    assert e.kind == "sweep" and e.status.startswith("unreadable") and e.removable
+    assert [x.path for x in prune(root)] == [old] and not old.exists()
+    journal.current = None

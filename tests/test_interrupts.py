@@ -396,3 +396,35 @@ def test_an_interrupted_sweep_keeps_its_finished_points(tiny_bert, trec_slice, t
     out = cli("cache", "--prune", "--include-resumable", "--cache-dir", root, code=0).out
     assert f"removed {journal.name} (sweep, interrupted sweep, resumable" in out
     assert not journal.exists()
+
+
+def test_an_interrupt_while_the_old_output_is_removed_waits(tmp_path, monkeypatch):
+    """A signal while --overwrite removed the old folder, after the new one was in place: the run said the
+    output was as it was, and the old folder stayed beside the new (a sweep then also kept its journal)."""
+    import os
+    import shutil
+
+    from frozentune import interrupts, output
+
+    target = tmp_path / "out"
+    with output.staged_output(target) as folder:  # a saved model (frozentune's own: its manifest says so)
+        (folder / "config.json").write_text('{"old": true}')
+        (folder / "model.safetensors").write_bytes(b"")
+    real = shutil.rmtree
+
+    def signalled(path, *a, **k):
+        if ".replaced-" in str(path):
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(output.shutil, "rmtree", signalled)
+    try:
+        with output.staged_output(target, overwrite=True) as folder:
+            (folder / "config.json").write_text('{"new": true}')
+            (folder / "model.safetensors").write_bytes(b"")
+        assert json.loads((target / "config.json").read_text()) == {"new": True}
+        assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no .out.replaced-… left
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()  # recorded, for the command's next check
+    finally:
+        interrupts.clear()

@@ -244,11 +244,11 @@ def staged_output(output: Path, overwrite: bool = False, kind: str = "model") ->
             _replace_entries(output, tmp, tag)
             return
         old = output.parent / f".{output.name}.replaced-{tag}"
-        with interrupts.held():  # an interrupt between the two renames left neither folder in place
-            if output.is_dir():
+        with interrupts.held():  # an interrupt between the two renames left neither folder in place; one in the
+            if output.is_dir():  # removal after them left the old folder beside the new, and said nothing was saved
                 output.rename(old)
             tmp.rename(output)
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -265,4 +265,4 @@ def _replace_entries(output: Path, tmp: Path, tag: str) -> None:
                 p.rename(old / p.name)
         for p in list(tmp.iterdir()):
             p.rename(output / p.name)
-    shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)

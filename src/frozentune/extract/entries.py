@@ -186,7 +186,8 @@ def _journal(p: Path) -> Entry:
     except OSError:
         header, rows = None, {}
     n = len(rows)
-    status = RUNNING if journal.is_running(p) else SWEEP_RESUMABLE if n else SWEEP_EMPTY
+    status = (RUNNING if journal.is_running(p) else f"{UNREADABLE} (no header: not a journal this version writes)"
+              if header is None and n else SWEEP_RESUMABLE if n else SWEEP_EMPTY)
     return Entry(p, "sweep", status, _size(p), model=(header or {}).get("backbone", ""),
                  shards=journal.plural(n, "finished point"), sweep=journal.describe(header))
 
@@ -260,4 +261,4 @@ def kept_lines(root: Path) -> list[str]:
 
 
 def mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"  # a journal of a few rows said 0.0 MB

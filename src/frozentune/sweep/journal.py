@@ -115,7 +115,7 @@ def read(path: Path) -> tuple[dict | None, dict[str, dict], int]:
 def describe(header: dict | None) -> str:
     """One line saying which sweep a journal is for, from its header."""
     if not header:
-        return "a sweep"
+        return "sweep of unknown options (no header: not a journal this version writes)"
     return (f"sweep on {header.get('data', '?')} with {header.get('backbone', '?')}: {header.get('methods', '?')}, "
             f"{header.get('points', '?')} points")
 
@@ -142,9 +142,11 @@ def interrupt_note(restart: bool) -> str:
     if j.finished:
         return "the sweep was finished and saved"
     again = "run the same command again" + (" without --restart" if restart else "")
-    if not j.writable:
-        return (f"the output folder is as it was; the finished points could not be kept ({j.path} cannot be "
-                f"written): a rerun trains them again")
+    if j.unwritten:
+        before = (f"; the {plural(j.kept(), 'point')} it held before are kept: {again} to go on from them"
+                  if j.kept() else "")
+        return (f"the output folder is as it was; the {plural(j.unwritten, 'point')} finished in this run could not "
+                f"be kept ({j.path} cannot be written): a rerun trains them again{before}")
     if j.total and j.kept() >= j.total:
         return (f"the output folder is as it was; all {j.total} points are finished and kept: {again} to write the "
                 f"table and the best model (no point is trained again)")
@@ -159,10 +161,13 @@ class Journal:
     file that cannot be written is said once (the sweep goes on; an interrupt then loses its points);
     a line cut short by a killed process, or one of another shape, is skipped and counted."""
 
-    def __init__(self, path: Path, header: dict, log: Callable[[str], None], resume: bool = True):
-        self.path, self.header, self.log, self.resume = path, header, log, resume
+    def __init__(self, path: Path, header: dict, log: Callable[[str], None], resume: bool = True,
+                 keys: set[str] | None = None):
+        """keys: the point keys of this sweep's grid; rows of others (their data or backbone changed at the same
+        path) are dropped from the journal, not counted as kept (None: every row is this sweep's)."""
+        self.path, self.header, self.log, self.resume, self.keys = path, header, log, resume, keys
         self.rows: dict[str, dict] = {}
-        self.skipped = self.reused = self.added = 0
+        self.skipped = self.reused = self.added = self.unwritten = self.dropped = 0
         self.fd: int | None = None
         self.writable = True
         self.total = 0  # the grid's points (run_sweep sets it), for interrupt_note
@@ -200,6 +205,26 @@ class Journal:
             _, self.rows, self.skipped = read(self.path)
         except OSError as e:
             self.log(f"sweep: cannot read the finished points kept in {self.path} ({e.strerror}); training every point")
+            return
+        if self.keys is not None and (stale := [k for k in self.rows if k not in self.keys]):
+            for k in stale:
+                del self.rows[k]
+            self.dropped = len(stale)
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        """The journal as this sweep can use it: its header and the rows it holds now (in place, under the lock;
+        a read-only one is left as it is)."""
+        if self.fd is None:
+            return
+        body = b"".join(json.dumps(x, allow_nan=False).encode() + b"\n"
+                        for x in [{"sweep": self.header}, *({"key": k, "row": r} for k, r in self.rows.items())])
+        from ..interrupts import held
+
+        with held():
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, body if self.rows else b"")
+            os.fsync(self.fd)
 
     def _truncate(self) -> None:
         """--restart: the kept points are dropped now (not reused, not left to be reused later)."""
@@ -217,6 +242,7 @@ class Journal:
         """Append one finished point (flushed to disk before the sweep logs it); the header goes first into
         an empty journal, and a newline first after a line cut short (the row was glued onto it)."""
         if self.fd is None:
+            self.unwritten += 1
             return
         from ..interrupts import held
 
@@ -234,6 +260,7 @@ class Journal:
         except OSError as e:
             self._close()
             self.writable = False
+            self.unwritten += 1
             self.log(f"sweep: cannot keep finished points in {self.path} ({e.strerror}); the sweep goes on, but an "
                      f"interrupt will lose its points")
 
@@ -263,14 +290,18 @@ class Journal:
         self._close()
 
     def kept(self) -> int:
-        """Points an interrupt now keeps for the next run."""
-        return (len(self.rows) + self.added) if self.writable else 0
+        """Points of this sweep an interrupt now keeps for the next run: those the journal held (this sweep's
+        only) and those written since."""
+        return len(self.rows) + self.added
 
     def opening_line(self) -> str | None:
-        """What the journal holds, said before the first point; None when it holds nothing."""
-        if not self.rows and not self.skipped:
+        """What the journal holds, said before the first point; None when it held nothing."""
+        if not self.rows and not self.skipped and not self.dropped:
             return None
         skipped = f" ({plural(self.skipped, 'unreadable line')} skipped)" if self.skipped else ""
+        if self.dropped:
+            skipped += (f" ({plural(self.dropped, 'point')} of another state of its data or backbone dropped: the files "
+                        f"at those paths changed)")
         return (f"sweep: {self.path} holds {plural(len(self.rows), 'finished point')} of an interrupted run of this "
                 f"sweep{skipped}; each is reused where its setting, data and backbone are unchanged (--restart trains "
                 f"every point again)")

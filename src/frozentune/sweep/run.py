@@ -92,24 +92,19 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             raise DataError(f"sweep: with seed {s}, {why} and there is no validation split, so no "
                             f"point could be scored (nothing to hold out); give a validation file, or data with 2 or "
                             f"more distinct texts in every class")
+    t0 = time.perf_counter()
+    backbones = load_layers(points, backbone)  # every layer's, before any training: a layer given twice is said now
+    load_s = time.perf_counter() - t0
+    hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
+    keys = [point_key(dataclasses.asdict(p) | {"layer": None}, hashes[p.seed], backbones[effective_layer(p)])
+            for p in points]
     journal = open_journal(grid, data, backbone, base, shots, max_train, text_field, label_field, pair_field,
-                           cache_root, log, resume)
+                           cache_root, log, resume, set(keys))
     journal.total = len(points)
     try:
-        hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
-        backbones: dict[str, object] = {}
-        rows, extract_s, load_s = [], 0.0, 0.0
-        for i, p in enumerate(points, 1):
+        rows, extract_s = [], 0.0
+        for i, (p, key) in enumerate(zip(points, keys), 1):
             layer = effective_layer(p)
-            if layer not in backbones:
-                t0 = time.perf_counter()
-                backbones[layer] = dataclasses.replace(backbone, layers=layer).load()
-                load_s += time.perf_counter() - t0
-                same = [k for k, b in backbones.items() if k != layer and b.layer_key == backbones[layer].layer_key]
-                if same:  # `6` and `-1` of a 6-layer model: one hidden state, two rows of the table
-                    raise MethodError(f"sweep: layers {same[0]} and {layer} are the same hidden state of "
-                                      f"{backbone.name} ({backbones[layer].layer_key}); give each layer once")
-            key = point_key(dataclasses.asdict(p) | {"layer": None}, hashes[p.seed], backbones[layer])
             if (row := journal.found(key)) is not None:
                 row["layer"] = layer  # as this run names it (`6` and `-1` of a 6-layer model are one point)
                 rows.append(row)
@@ -152,6 +147,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                 result.best_saved_as = saved.get("model_method", best["method"])
                 write(result, folder, data)
             journal.finish()
+            interrupts.check()  # one held while the old output was replaced: raised now, the sweep saved
             log(f"best: {best['method']} layer {best['layer']} lr {best['lr']:g} wd {best['weight_decay']:g}: "
                 f"{best['score_is']} {best['score_mean']:.2f} ± {best['score_std']:.2f}; saved to {Path(output) / 'best'} "
                 f"(seed {first}){kept_note(result)}; table in {Path(output) / 'sweep.md'}")
@@ -163,9 +159,24 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
         journal.close()  # its lock released; removed where it holds no point
 
 
+def load_layers(points: list[Point], backbone) -> dict:
+    """The backbone loaded for each layer the points read (api.BackboneOptions → Backbone), in grid order; the
+    same hidden state written two ways is a MethodError."""
+    from ..registry import MethodError
+
+    backbones: dict[str, object] = {}
+    for layer in dict.fromkeys(effective_layer(p) for p in points):
+        backbones[layer] = dataclasses.replace(backbone, layers=layer).load()
+        same = [k for k, b in backbones.items() if k != layer and b.layer_key == backbones[layer].layer_key]
+        if same:  # `6` and `-1` of a 6-layer model: one hidden state, two rows of the table
+            raise MethodError(f"sweep: layers {same[0]} and {layer} are the same hidden state of "
+                              f"{backbone.name} ({backbones[layer].layer_key}); give each layer once")
+    return backbones
+
+
 def open_journal(grid: Grid, data: str, backbone, base: dict, shots: int | None, max_train: int | None,
                  text_field: str, label_field: str, pair_field: str | None, cache_root: Path | None,
-                 log: Callable[[str], None], resume: bool) -> Journal:
+                 log: Callable[[str], None], resume: bool, keys: set[str]) -> Journal:
     """The journal of this sweep (its key: the whole command, with its data files as absolute paths), said
     when it holds points; SweepBusy where another process runs the same sweep now."""
     from ..cache import default_root
@@ -179,7 +190,7 @@ def open_journal(grid: Grid, data: str, backbone, base: dict, shots: int | None,
     header = {"data": str(data), "backbone": backbone.name, "methods": ",".join(grid.methods),
               "points": len(grid.points())}
     root = Path(cache_root) if cache_root is not None else default_root()
-    journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume)
+    journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume, keys)
     J.current = journal
     if (line := journal.opening_line()) is not None:
         log(line)
