@@ -892,3 +892,19 @@ def test_what_an_interrupt_says_a_sweep_kept(tmp_path):
     assert e.kind == "sweep" and e.status.startswith("unreadable") and e.removable
     assert [x.path for x in prune(root)] == [old] and not old.exists()
     journal.current = None
+
+
+def test_one_sweep_however_its_backbone_and_device_are_spelled(trec_slice, tiny_bert, tmp_path, monkeypatch):
+    """--backbone ./bert and its absolute path, --device cpu and the default on a CPU: one sweep, one journal
+    (each spelling trained from the first point)."""
+    from frozentune.sweep import Grid, run_sweep
+
+    grid = Grid.parse("probe", seeds="0,1,2")
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(grid, str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=2,
+                  cache_root=tmp_path / "c", log=_StopAfter(2))
+    monkeypatch.chdir(tiny_bert.parent)
+    log = _StopAfter()
+    run_sweep(grid, str(trec_slice), api.BackboneOptions(f"./{tiny_bert.name}", max_length=16, device="cpu"), shots=2,
+              cache_root=tmp_path / "c", log=log)
+    assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2

@@ -183,12 +183,18 @@ def open_journal(grid: Grid, data: str, backbone, base: dict, shots: int | None,
     from ..data import resolve, resolved_files
     from . import journal as J
 
+    from ..backbone import as_saved
+
     _, files = resolve(data)
+    name = as_saved(backbone.name)  # ./bert and its absolute path: one sweep
+    # device and precision are each point's (its key holds the device and precision the pass ran with), so
+    # --device cpu and the default on a CPU are one sweep
+    options = dataclasses.asdict(backbone) | {"name": name, "device": None, "precision": None}
     context = {"grid": dataclasses.asdict(grid), "data": resolved_files(files),
                "fields": [text_field, label_field, pair_field], "shots": shots, "max_train": max_train, "train": base,
-               "backbone": dataclasses.asdict(backbone)}
-    header = {"data": str(data), "backbone": backbone.name, "methods": ",".join(grid.methods),
-              "points": len(grid.points())}
+               "backbone": options}
+    local = Path(str(data)).expanduser()
+    header = {"data": str(local.resolve()) if local.exists() else str(data), "backbone": name, "methods": ",".join(grid.methods), "points": len(grid.points())}
     root = Path(cache_root) if cache_root is not None else default_root()
     journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume, keys)
     J.current = journal
