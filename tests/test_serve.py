@@ -1453,12 +1453,13 @@ def render_page(url: str, tmp_path: Path, shot_name: str, window: str, path: str
 
 
 def test_scores_that_are_not_numbers_are_refused_not_answered():
-    """A head whose weights were damaged gives NaN logits: the batch is refused with what to do,
-    whichever row holds them, rather than answered with NaN probabilities."""
+    """A head whose weights were damaged gives NaN logits: that row is refused, saying so, rather than
+    answered with NaN probabilities; and that row alone (its batch failed whole: one text that overflowed
+    failed every other client's text batched with it)."""
     from types import SimpleNamespace
 
     from frozentune.head import Output
-    from frozentune.serve.models import classify_rows
+    from frozentune.serve.models import TaskFailed, classify_rows
 
     task = SimpleNamespace(name="t", labels=["a", "b"], explains=False)
     jobs = [SimpleNamespace(payload={"explain": None}) for _ in range(3)]
@@ -1467,9 +1468,62 @@ def test_scores_that_are_not_numbers_are_refused_not_answered():
     assert [r["label"] for r in rows] == ["a", "b", "a"]  # a tie goes to the first label
     for k in range(3):
         bad = good.clone()
-        bad[k, 1] = float("nan")
-        with pytest.raises(RuntimeError, match="not numbers.*train it again"):
-            classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
+        bad[k, 1] = float("nan") if k else float("inf")
+        got = classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
+        assert isinstance(got[k], TaskFailed) and "scores for this text are not numbers" in str(got[k])
+        assert [r["label"] for j, r in enumerate(got) if j != k] == [r["label"] for j, r in enumerate(rows) if j != k]
+
+
+def overflowing_on(head, bad: set[int]):
+    """head.forward with +inf logits on the rows of `bad` real tokens (a head that overflows on some texts only)."""
+    from frozentune.head import Output
+
+    forward = head.forward
+
+    def overflows(features, *args, **kwargs):
+        out = forward(features, *args, **kwargs)
+        hit = torch.tensor([int(n) in bad for n in features.mask.sum(-1)])
+        return Output(torch.where(hit[:, None], torch.full_like(out.logits, float("inf")), out.logits), out.extras)
+
+    return overflows
+
+
+def test_a_text_whose_scores_overflow_fails_alone(engine, monkeypatch):
+    """A head that overflowed on one text ("Who is the president?") failed every text of its batch, other
+    clients' too: 12 concurrent requests, good texts answered 500. Now only that text's entry fails; the
+    others are answered as they are alone, and a request of that text alone gets the 500."""
+    group = engine.tasks["probe"].group
+    bad_text = TEXTS[2]
+    tokens, _ = group.tokenize([bad_text, *TEXTS], False)
+    sizes = [len(x) for x in tokens.ids]
+    assert sizes[0] not in sizes[1:3] + sizes[4:]  # only the bad text has its length
+    monkeypatch.setattr(engine.tasks["probe"].model.head, "forward",
+                        overflowing_on(engine.tasks["probe"].model.head, {sizes[0]}))
+    alone = {t: engine.classify([t], tasks=["probe", "space"])["results"][0]["tasks"] for t in TEXTS if t != bad_text}
+    out = engine.classify(TEXTS, tasks=["probe", "space"])
+    for text, row in zip(TEXTS, out["results"]):
+        if text == bad_text:
+            assert row["tasks"]["probe"]["error"].startswith("task 'probe': its scores for this text are not numbers")
+            assert "label" in row["tasks"]["space"]
+        else:
+            assert row["tasks"]["probe"]["label"] == alone[text]["probe"]["label"]
+            close_scores(row["tasks"]["probe"], alone[text]["probe"], text)
+    assert set(out["failed"]) == {"probe"} and out["failed"]["probe"].endswith("(1 of the 4 texts)")
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=50.0, pipeline="on"), log=quiet)
+    running = Running(e)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c, ThreadPoolExecutor(12) as pool:
+            asked = [TEXTS[i % len(TEXTS)] for i in range(12)]
+            got = list(pool.map(lambda t: c.post("/v1/classify", json={"text": t, "tasks": ["probe"]}), asked))
+        assert any(b.rows > 1 for b in e.batches if b.group == group.label)  # the bad text shared a batch
+        for text, r in zip(asked, got):
+            if text == bad_text:  # its one task × text failed: the request fails
+                assert r.status_code == 500 and "its scores for this text are not numbers" in r.json()["error"]
+            else:
+                assert r.status_code == 200, r.text
+                assert r.json()["results"][0]["tasks"]["probe"]["label"] == alone[text]["probe"]["label"]
+    finally:
+        running.stop()
 
 
 def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
@@ -1512,7 +1566,7 @@ def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
             assert got["space"].status_code == 500
             assert got["space"].json()["error"] == "task 'space' failed on its batch: ValueError: a broken head"
             assert got["ytuning"].status_code == 500 and got["ytuning"].json()["error"].startswith(
-                "task 'ytuning': the model's scores are not numbers")
+                "task 'ytuning': its scores for this text are not numbers")
             assert got["both"].status_code == 500 and "'space'" in got["both"].json()["error"] \
                 and "'ytuning'" in got["both"].json()["error"]
             mixed = got["mixed"].json()

@@ -316,7 +316,7 @@ class Engine:
                     "types": None if tokens.types is None else tokens.types[i]}))
 
         def assemble(results: list) -> dict:
-            rows, failed = [], {}
+            rows, failed, times = [], {}, {}  # times: on how many texts each task failed
             for i, text in enumerate(texts):
                 merged: dict[str, Any] = {}
                 for k in per_text[i]:
@@ -327,6 +327,7 @@ class Engine:
                 for name, got in merged.items():
                     if isinstance(got, TaskFailed):
                         failed.setdefault(name, str(got))
+                        times[name] = times.get(name, 0) + 1
                         merged[name] = {"error": str(got)}
                 cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].cost >= jobs[k].group.max_length]
                 chars = sum(map(len, text)) if pairs else len(text)
@@ -336,6 +337,9 @@ class Engine:
                     row["note"] = (f"the {'pair' if pairs else 'text'} reached max_length ({min(cut)} tokens, special "
                                    f"tokens included): {cut_words(pairs)}")
                 rows.append(row)
+            for name, n in times.items():  # a task that failed on some texts only: how many, said at the top
+                if n < len(texts):
+                    failed[name] += f" ({n} of the {len(texts)} {'pairs' if pairs else 'texts'})"
             if not any("error" not in x for row in rows for x in row["tasks"].values()):
                 # nothing to answer with: the request fails (a 500 over HTTP), naming each task and why
                 raise TaskFailed("; ".join(failed.values()))

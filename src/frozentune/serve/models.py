@@ -173,20 +173,31 @@ def gathered(logits: Sequence[Tensor]) -> list[Tensor]:
     return [part.view(x.shape) for part, x in zip(flat.split([x.numel() for x in logits]), logits)]
 
 
+def not_numbers(name: str) -> TaskFailed:
+    """Task `name`'s failure on one text whose scores are not numbers (NaN or infinite: its head overflowed
+    on it, or its weights are damaged)."""
+    return TaskFailed(f"task {name!r}: its scores for this text are not numbers (NaN or infinite), so it has no "
+                      f"answer for it; if it fails so on every text, its weights are damaged: train it again")
+
+
 def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int],
-                  logits: Tensor | None = None) -> list[dict]:
+                  logits: Tensor | None = None) -> list[dict | TaskFailed]:
     """Label and per-label probabilities (softmax of the logits in float32, as `predict`), and the
     head's explanation where the job asks for one. `out` holds the head's output for `rows` of the
     batch only, in that order: its row k is the batch's row rows[k]. `logits`: out.logits already
-    on the host in float32 (host_logits), where the caller read several heads' at once."""
+    on the host in float32 (host_logits), where the caller read several heads' at once. A row whose
+    scores are not numbers gets a TaskFailed in its place, and that row alone: the batch's other rows
+    are other texts, often other clients', and their answers must not depend on what they were
+    batched with."""
     from ..api import labelled
 
     probs = torch.softmax(out.logits.float().cpu() if logits is None else logits, -1)  # (len(rows), C)
-    if not bool(torch.isfinite(probs).all()):
-        raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
-                           f"weights are damaged: train it again")
-    res = []
-    for k, (i, p) in enumerate(zip(rows, probs.tolist())):  # one check and one conversion for all rows
+    finite = torch.isfinite(probs).all(-1).tolist()  # (len(rows),): one check and one conversion for all rows
+    res: list[dict | TaskFailed] = []
+    for k, (i, p, ok) in enumerate(zip(rows, probs.tolist(), finite)):
+        if not ok:
+            res.append(not_numbers(task.name))
+            continue
         row: dict[str, Any] = labelled(task.labels, p)
         job = jobs[i].payload
         if job["explain"] is not None and task.explains:
@@ -313,8 +324,8 @@ class ClassifierGroup(Labelled):
 
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
         """{task name: row} per job, for the tasks each job asked for of this group. A task whose head
-        raises, or whose scores are not numbers, gets a TaskFailed in place of its rows: the batch holds
-        requests that never asked for it, and they are answered."""
+        raises gets a TaskFailed in place of its rows, and a row whose scores are not numbers in place of
+        that row: the batch holds requests that never asked for it, and they are answered."""
         results: list[dict] = [{} for _ in jobs]
         made = []  # every head run (on a GPU: its kernels queued) before the first answer waits for its scores
         for task in self.tasks:
@@ -328,7 +339,7 @@ class ClassifierGroup(Labelled):
                     results[i][task.name] = task_failed(task.name, e)
         for (task, rows, out), logits in zip(made, host_logits([out for _, _, out in made])):
             try:
-                answers: list = classify_rows(task, out, jobs, rows, logits)
+                answers: list = classify_rows(task, out, jobs, rows, logits)  # a row not numbers: its TaskFailed
             except Exception as e:
                 answers = [task_failed(task.name, e)] * len(rows)
             for i, row in zip(rows, answers):
