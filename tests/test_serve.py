@@ -1526,6 +1526,49 @@ def test_a_text_whose_scores_overflow_fails_alone(engine, monkeypatch):
         running.stop()
 
 
+def test_task_failures_are_logged_counted_and_shown(engine, monkeypatch):
+    """A task that failed was silent to the operator: no log line, /metrics counted the request as a plain
+    200, /health said nothing. Now each failing task is logged (one line per task at most every minute,
+    the next saying how many were not said), counted per task in /metrics, and totalled in /health."""
+    from frozentune.serve.engine import FailureLog
+
+    now = [0.0]
+    said: list[str] = []
+    log = FailureLog(said.append, every_s=60.0, clock=lambda: now[0])
+    log.failed("a", 1, "boom")
+    log.failed("a", 2, "boom")  # within the minute: counted, not said
+    log.failed("b", 1, "bang")  # another task: said
+    now[0] = 61.0
+    log.failed("a", 1, "boom")
+    assert said == ["serve: a: failed on 1 text of a request: boom", "serve: b: failed on 1 text of a request: bang",
+                    "serve: a: failed on 1 text of a request: boom (2 more failures of it in the last 61 s not said: "
+                    "a line per task every 60 s at most)"]
+    assert log.totals == {"a": 4, "b": 1}
+
+    group = engine.tasks["probe"].group
+    tokens, _ = group.tokenize([TEXTS[2]], False)
+    monkeypatch.setattr(engine.tasks["probe"].model.head, "forward",
+                        overflowing_on(engine.tasks["probe"].model.head, {len(tokens.ids[0])}))
+    lines: list[str] = []
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="on"), log=lines.append)
+    running = Running(e)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c:
+            for _ in range(3):
+                assert c.post("/v1/classify", json={"texts": TEXTS, "tasks": ["probe", "space"]}).status_code == 200
+            metrics = c.get("/metrics").text
+            health = c.get("/health").json()
+    finally:
+        running.stop()
+    failing = [line for line in lines if "failed on" in line]
+    assert failing == ["serve: probe: failed on 1 text of a request: task 'probe': its scores for this text are not "
+                       "numbers (NaN or infinite), so it has no answer for it; if it fails so on every text, its "
+                       "weights are damaged: train it again"]  # once: the next two within the minute
+    assert 'frozentune_task_failures_total{task="probe"} 3.0' in metrics
+    assert 'frozentune_task_failures_total{task="space"} 0.0' in metrics
+    assert health["status"] == "ok" and health["task_failures"] == {"probe": 3}
+
+
 def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
     """One task's head that raised (or gave scores that are not numbers) failed its whole batch: every
     request in it got a 500, those that never asked for that task too. Now the failure stays with the

@@ -311,6 +311,12 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
                               buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
     passes = Counter("frozentune_batches", "batches run (one backbone pass or decode each)", ["group"], registry=registry)
     Gauge("frozentune_queue_rows", "rows waiting for a batch", registry=registry).set_function(lambda: engine.batcher.depth)
+    # a request answered 200 with a task failed in it was a plain 200 here: nothing showed a failing task
+    failures = Counter("frozentune_task_failures", "texts (or sources) a task could not answer: its head raised, its "
+                       "scores were not numbers, or its batch failed", ["task"], registry=registry)
+    for name in engine.tasks:  # every series at 0 from the start, so that a rate over it has a first value
+        failures.labels(name)
+    engine.on_failure(lambda task, times: failures.labels(task).inc(times))
 
     def on_batch(s: BatchStats) -> None:
         rows.labels(s.group).observe(s.rows)
@@ -385,7 +391,8 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     @app.get("/health")
     async def health():
         return {"status": "ok", "tasks": len(engine.tasks), "queue_rows": engine.batcher.depth,
-                "uptime_s": round(time.time() - engine.started, 1)}
+                "uptime_s": round(time.time() - engine.started, 1),
+                "task_failures": dict(engine.failures.totals)}  # {task: texts it failed on}, the failing ones
 
     @app.get("/v1/models")
     async def models():
