@@ -160,6 +160,32 @@ def test_groups_of_different_backbones_have_different_labels(tmp_path, models, t
         running.stop()
 
 
+def test_one_backbone_however_its_name_is_written_is_one_pass(tmp_path, models, tiny_bert, monkeypatch):
+    """Models naming one backbone folder differently (/x/bert, /x/./bert, ../x/bert, /x/bert/, an alias and
+    its folder) were grouped by the name's spelling: a pass each, for the same states. Now one pass, whose
+    label names it once (the alias, where one stands for the folder); another max_length is another pass."""
+    from frozentune import backbone
+
+    monkeypatch.setitem(backbone.ALIASES, "tiny", lambda: str(tiny_bert))
+    monkeypatch.chdir(tmp_path)
+    spellings = {"abs": str(tiny_bert), "dot": f"{tiny_bert.parent}/./{tiny_bert.name}", "slash": f"{tiny_bert}/",
+                 "rel": os.path.relpath(tiny_bert, tmp_path), "alias": "tiny"}
+    served = tmp_path / "served"
+    for side, name in [*spellings.items(), ("64", str(tiny_bert))]:
+        shutil.copytree(models / "probe", served / f"probe-{side}")
+        config = json.loads((served / f"probe-{side}" / "config.json").read_text())
+        config["backbone"] |= {"name": name} | ({"max_length": 64} if side == "64" else {})
+        (served / f"probe-{side}" / "config.json").write_text(json.dumps(config))
+    e = Engine.load([served], log=quiet)
+    try:
+        assert len({id(e.tasks[f"probe-{side}"].group) for side in spellings}) == 1
+        assert sorted(g.label for g in e.groups) == ["tiny max_length 128 fp32 on cpu", "tiny max_length 64 fp32 on cpu"]
+        out = e.classify(TEXTS[:1])
+        assert len({json.dumps(out["results"][0]["tasks"][f"probe-{side}"]) for side in spellings}) == 1
+    finally:
+        e.close()
+
+
 def test_labels_add_only_what_tells_groups_apart():
     """Where only the weights, the token types or the tasks differ, the label says that (and nothing is
     added where labels differ already)."""

@@ -513,6 +513,47 @@ def until_all_gone(gone: Sequence[threading.Event]):
 Log = Callable[[str], None]
 
 
+def _alias_folder(alias: str, aliases: dict) -> str | None:
+    """The folder an alias stands for, or None where it cannot be had (its package is not installed)."""
+    from ..backbone import BackboneError
+
+    try:
+        return aliases[alias]()
+    except BackboneError:
+        return None
+
+
+def pass_source(name: str, aliases: dict | None = None) -> str:
+    """Where a backbone (or, with the LM aliases, an LM) is read from, spelled one way per place: an alias's
+    folder; a local folder's real path (/x/bert, /x/./bert, ../x/bert from /y, /x/bert/ and a link to it are one
+    folder, whose pass was run once per spelling); a hub id as given. Models whose frozen pass is the same
+    share one group: the key is this, with the weights hash, max_length, device, precision and token types."""
+    from ..backbone import ALIASES
+
+    aliases = ALIASES if aliases is None else aliases
+    path = _alias_folder(name, aliases) if name in aliases else name
+    local = Path(path or name).expanduser()
+    return os.path.realpath(local) if local.is_dir() else name
+
+
+def shown_source(name: str, aliases: dict | None = None, reverse: bool = True) -> str:
+    """A backbone as its group's label names it: the alias whose folder it is (the MiniLM package's folder,
+    .../model, was labelled "model"), else a local folder as written, made absolute and tidy (no ./, .. or
+    trailing /: not the real path, which may be a store's hash), else the hub id. reverse=False: no alias is
+    looked up for a folder (an LM alias's folder may be made on first use: a conversion of seconds)."""
+    from ..backbone import ALIASES
+
+    aliases = ALIASES if aliases is None else aliases
+    if name in aliases:
+        return name
+    where = pass_source(name, aliases)
+    for alias in aliases if reverse else ():
+        if (folder := _alias_folder(alias, aliases)) is not None and os.path.realpath(folder) == where:
+            return alias
+    local = Path(name).expanduser()
+    return os.path.abspath(local) if local.is_dir() else name
+
+
 def load_tasks(folders: Sequence[Path], device: str | None, precision: str | None, log: Log) -> list[Task]:
     """Every folder loaded once; frozen classifiers on the same backbone share one FrozenPass and
     prefix generators on the same LM one LMGroup."""
@@ -565,13 +606,16 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     if runs_live(config["method"], config["options"]):  # trains or steers the backbone, or has its own encoder
         model = _load(folder, device, precision, said)
         group: ClassifierGroup = LivePass(model)
+        group.source = shown_source(group.source)
         return Task(folder.name, folder, "classify", config["method"], group, model=model)
     rt = saved_runtime(device, precision, said)(b)
     types = b.get("token_types", True)
-    key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
+    # what the pass depends on; the backbone by where it is read from, not by how its name is spelled
+    key = (pass_source(b["name"]), b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
         bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1], token_types=types)
         frozen[key] = FrozenPass(bb, b.get("weights_hash"))
+        frozen[key].source = shown_source(b["name"])
     group = frozen[key]
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
     model = M.load(folder, backbone=view)
@@ -580,7 +624,7 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
 
 
 def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Task:
-    from ..backbone import load_generation_lm
+    from ..backbone import LM_ALIASES, load_generation_lm
     from ..generation.run import check_safetensors, DecodeOptions
     from ..model import known_method, read_saved
     from ..generation.prefix import PrefixTuner
@@ -594,13 +638,15 @@ def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Tas
     seq2seq = config.get("architecture") == "encoder-decoder"
     cls = getattr(spec.generator, "seq2seq" if seq2seq else "causal", spec.generator)
     shares = cls in (PrefixTuner, Seq2SeqPrefixTuner)  # prefixes of one LM share batches; a fine-tuned LM is its own
-    if shares and name in lms:
-        group = lms[name]
+    where = pass_source(name, LM_ALIASES)  # one LM however its name is spelled
+    if shares and where in lms:
+        group = lms[where]
     else:
         lm, tok = load_generation_lm(name)
         group = LMGroup(lm, tok, name, dev)
+        group.source = shown_source(name, LM_ALIASES, reverse=False)
         if shares:
-            lms[name] = group
+            lms[where] = group
     tuner = spec.generator.load(folder, group.lm, group.tok, name)
     tuner.eval()
     group.lm.to(dev)
