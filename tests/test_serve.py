@@ -1235,6 +1235,43 @@ def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
                                             f"answered the requests in flight")
 
 
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
+def test_a_signal_while_the_models_load_ends_serve_with_one_line(models, sig):
+    """SIGHUP was handled as SIGTERM around the server alone: while the models loaded it killed the process
+    with no line. And SIGTERM then said "nothing was saved", which says nothing of a server. Now either ends
+    the command there with one line that says the server had not started, and 128 + the signal."""
+    import signal
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"})
+    lines: list[str] = []
+    loading = threading.Event()
+
+    def read() -> None:  # stderr line by line; "allocator: ..." is said before the port is taken and the models load
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("allocator: "):
+                loading.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert loading.wait(120), "".join(lines)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+        reader.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + getattr(signal, sig), "".join(lines)
+    assert not any(line.startswith("serve: 1 task on") for line in lines)  # it did stop while loading
+    assert lines[-1].strip() == f"frozentune: interrupted by {sig}; the server had not started; no request was answered"
+
+
 def test_the_port_is_held_while_the_models_load():
     """serve takes its socket before loading the models. It was bound and not listening, and two
     SO_REUSEADDR sockets may both bind a port until one listens: another process took the port while
