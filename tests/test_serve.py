@@ -1201,6 +1201,42 @@ def test_entries_of_a_folder_of_models_that_are_not_models_are_said(tmp_path, mo
     assert find_models([root / "sweep"], said.append) == [root / "sweep" / "best"] and said == []
 
 
+def test_hidden_nested_and_sweep_entries_are_said_and_sweeps_named_after_their_folder(tmp_path, models):
+    """A hidden model folder (.old-sst2) was served as task ".old-sst2"; a folder of models inside one was said
+    to have "no config.json"; a folder given twice said each skip line twice; a folder holding only a sweep's
+    output got the generic error, without the best/ hint; and a sweep's best/ was served as task "best", so
+    two sweeps clashed. Now: skipped and said, said as a folder of models, said once, the hint in the error,
+    and the task is named after the sweep's folder."""
+    from frozentune.serve.models import ServeError, find_models
+
+    root = tmp_path / "served"
+    shutil.copytree(models / "probe", root / "probe")
+    shutil.copytree(models / "space", root / ".old-space")
+    shutil.copytree(models / "space", root / "nest" / "space")
+    said: list[str] = []
+    assert find_models([root, f"{root}/", tmp_path / "." / "served"], said.append) == [root / "probe"]
+    assert said == [f"serve: {root / '.old-space'}: skipped, a model in a hidden folder (its name starts with '.'): "
+                    f"rename it to serve it",
+                    f"serve: {root / 'nest'}: skipped, a folder of models (folders in a folder of models are not "
+                    f"searched): to serve them, give {root / 'nest'} as a path too"]
+    runs = tmp_path / "runs"
+    for sweep in ("sweep-a", "sweep-b"):
+        shutil.copytree(models / "probe", runs / sweep / "best")
+        (runs / sweep / "sweep.json").write_text("{}")
+    with pytest.raises(ServeError, match=re.escape(f"{runs}: neither a saved model (no config.json) nor a folder of "
+                                                   f"saved models; in it, sweep-a: a sweep's output folder: to serve "
+                                                   f"its best model, give {runs / 'sweep-a' / 'best'} (or link it "
+                                                   f"here); sweep-b: ")):
+        find_models([runs], quiet)
+    assert find_models([runs / "sweep-a", runs / "sweep-b" / "best"], quiet) == [runs / "sweep-a" / "best",
+                                                                                runs / "sweep-b" / "best"]
+    e = Engine.load([runs / "sweep-a", runs / "sweep-b" / "best"], log=quiet)
+    try:
+        assert sorted(e.tasks) == ["sweep-a", "sweep-b"]
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight

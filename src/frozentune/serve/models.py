@@ -59,20 +59,25 @@ def task_failed(name: str, e: BaseException) -> TaskFailed:
 
 def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print) -> list[Path]:
     """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do;
-    every other entry is said in one line, and skipped)."""
+    every other entry is said in one line, and skipped; hidden ones are skipped, said where they hold a
+    model). A path given twice (however it is written) is read once."""
     found: list[Path] = []
+    read: set[str] = set()
     for p in map(Path, paths):
+        if (where := os.path.realpath(p)) in read:  # its skip lines were said twice
+            continue
+        read.add(where)
         if (p / M.CONFIG).is_file():
             found.append(p)
         elif p.is_dir():
-            subs = sorted(q for q in p.iterdir() if (q / M.CONFIG).is_file())
-            if not subs:
-                raise ServeError(f"{p}: neither a saved model (no {M.CONFIG}) nor a folder of saved models; give "
-                                 f"folders written by `frozentune train --output`")
+            entries = sorted(p.iterdir())
+            subs = [q for q in entries if not q.name.startswith(".") and (q / M.CONFIG).is_file()]
             sweep = (p / "sweep.json").is_file()  # a sweep's own folder: its best/ is served, its report is no junk
-            for q in [] if sweep else sorted(set(p.iterdir()) - set(subs)):
-                if (why := not_a_model(q)) is not None:
-                    log(f"serve: {q}: skipped, {why}")
+            skipped = [] if sweep else [(q, why) for q in entries if q not in subs and (why := not_a_model(q))]
+            if not subs:
+                raise ServeError(no_models(p, skipped))
+            for q, why in skipped:
+                log(f"serve: {q}: skipped, {why}")
             found += subs
         elif p.exists():
             raise ServeError(f"{p}: a file, not a model folder; give folders written by `frozentune train --output` "
@@ -83,18 +88,42 @@ def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print)
         raise ServeError("no model folders given; give folders written by `frozentune train --output`")
     names: dict[str, Path] = {}
     for f in found:
-        if f.name in names and names[f.name].resolve() != f.resolve():
-            raise ServeError(f"two models would be served as {f.name!r} ({names[f.name]} and {f}); a task is named "
-                             f"after its folder: rename one")
-        names[f.name] = f
+        name = task_name(f)
+        if name in names and names[name].resolve() != f.resolve():
+            raise ServeError(f"two models would be served as {name!r} ({names[name]} and {f}); a task is named "
+                             f"after its folder (a sweep's best model after the sweep's): rename one")
+        names[name] = f
     return list(dict.fromkeys(names.values()))
+
+
+def no_models(folder: Path, skipped: Sequence[tuple[Path, str]]) -> str:
+    """Why `folder` serves nothing, with what to give instead where an entry of it says (a sweep's output,
+    a folder of models, a hidden model): the generic message alone left the way to them unsaid."""
+    said = f"{folder}: neither a saved model (no {M.CONFIG}) nor a folder of saved models"
+    hints = [f"{q.name}: {why}" for q, why in skipped if why.startswith(HINTED)]
+    if hints:
+        return f"{said}; in it, {'; '.join(hints)}"
+    return f"{said}; give folders written by `frozentune train --output`"
+
+
+def task_name(folder: Path) -> str:
+    """The task a model folder is served as: the folder's name, or for a sweep's best model (best/ beside
+    its sweep.json) the sweep folder's name (two sweeps were both served as "best", and clashed)."""
+    if folder.name == "best" and (folder.parent / "sweep.json").is_file():
+        return Path(os.path.abspath(folder)).parent.name
+    return folder.name
+
+
+# how not_a_model's answers that say where a model is begin (no_models repeats them in its error)
+HINTED = ("a sweep's output folder", "a folder of models", "a model in a hidden folder")
 
 
 def not_a_model(entry: Path) -> str | None:
     """Why an entry of a folder of models is not one, in words that say what to do; None for a hidden
-    entry (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
-    if entry.name.startswith("."):
-        return None
+    entry that holds no model (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
+    if entry.name.startswith("."):  # .old-sst2 was served as task ".old-sst2"
+        return (f"a model in a hidden folder (its name starts with '.'): rename it to serve it"
+                if (entry / M.CONFIG).is_file() else None)
     if entry.is_symlink() and not entry.exists():
         return f"a broken link (to {os.readlink(entry)})"
     if not entry.is_dir():
@@ -102,10 +131,14 @@ def not_a_model(entry: Path) -> str | None:
     if (entry / "best" / M.CONFIG).is_file():
         return f"a sweep's output folder: to serve its best model, give {entry / 'best'} (or link it here)"
     try:
-        if not any(entry.iterdir()):
-            return "an empty folder"
+        inside = list(entry.iterdir())
     except OSError as e:
         return f"a folder that cannot be read ({e.strerror})"
+    if not inside:
+        return "an empty folder"
+    if any(not q.name.startswith(".") and (q / M.CONFIG).is_file() for q in inside):
+        return (f"a folder of models (folders in a folder of models are not searched): to serve them, give {entry} "
+                f"as a path too")
     return f"no {M.CONFIG} in it: not a folder written by `frozentune train --output`"
 
 
@@ -602,12 +635,13 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     config = M.read_saved(folder)
     known_method(config, folder)
     b = config["backbone"]
-    said = per_task(folder.name, log)  # "device: ..." and "precision: ..." for each model: say whose
+    name = task_name(folder)
+    said = per_task(name, log)  # "device: ..." and "precision: ..." for each model: say whose
     if runs_live(config["method"], config["options"]):  # trains or steers the backbone, or has its own encoder
         model = _load(folder, device, precision, said)
         group: ClassifierGroup = LivePass(model)
         group.source = shown_source(group.source)
-        return Task(folder.name, folder, "classify", config["method"], group, model=model)
+        return Task(name, folder, "classify", config["method"], group, model=model)
     rt = saved_runtime(device, precision, said)(b)
     types = b.get("token_types", True)
     # what the pass depends on; the backbone by where it is read from, not by how its name is spelled
@@ -620,7 +654,7 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
     model = M.load(folder, backbone=view)
     model.to(view.device)
-    return Task(folder.name, folder, "classify", config["method"], group, model=model)
+    return Task(name, folder, "classify", config["method"], group, model=model)
 
 
 def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Task:
@@ -652,6 +686,6 @@ def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Tas
     group.lm.to(dev)
     tuner.to(dev)
     prefix = None if not shares else tuner.prefixes() if seq2seq else tuner.encoder.materialize().detach()
-    return Task(folder.name, folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
+    return Task(task_name(folder), folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
                 decoding={"num_beams": decoding.num_beams, "max_new_tokens": decoding.max_new_tokens},
                 data=config.get("data") if isinstance(config.get("data"), str) else None)
