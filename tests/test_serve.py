@@ -1460,6 +1460,24 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
 
 
+def test_the_page_says_which_tasks_failed(engine, monkeypatch, tmp_path):
+    """The page's status line said "8 tasks in 10 ms", in the normal colour, when some of them had failed;
+    now it says how many were answered and which failed, as an error."""
+    def raises(*args, **kwargs):
+        raise ValueError("a broken head")
+
+    monkeypatch.setattr(engine.tasks["space"].model.head, "forward", raises)
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="on"), log=quiet)
+    running = Running(e)
+    try:
+        dom = render_page(running.url, tmp_path, "serve-page-failed.png", "1280,900", "/?text=Who%20is%20it%20%3F")
+    finally:
+        running.stop()
+    n = len(CLASSIFIERS) + len(LIVE)
+    assert re.search(rf'<span id="status" class="status error">{n - 1} of {n} tasks answered in \d+ ms; '
+                     rf'failed: space</span>', dom), dom[:3000]
+
+
 def test_the_page_of_a_generation_only_server(engine, tmp_path):
     """With prefixes alone the page showed "0 classification tasks on 0 backbone pass(es)" and an empty
     classify box with its button; it shows the generation box alone now, its beams and new tokens set
