@@ -160,6 +160,32 @@ def test_groups_of_different_backbones_have_different_labels(tmp_path, models, t
         running.stop()
 
 
+def test_one_backbone_however_its_name_is_written_is_one_pass(tmp_path, models, tiny_bert, monkeypatch):
+    """Models naming one backbone folder differently (/x/bert, /x/./bert, ../x/bert, /x/bert/, an alias and
+    its folder) were grouped by the name's spelling: a pass each, for the same states. Now one pass, whose
+    label names it once (the alias, where one stands for the folder); another max_length is another pass."""
+    from frozentune import backbone
+
+    monkeypatch.setitem(backbone.ALIASES, "tiny", lambda: str(tiny_bert))
+    monkeypatch.chdir(tmp_path)
+    spellings = {"abs": str(tiny_bert), "dot": f"{tiny_bert.parent}/./{tiny_bert.name}", "slash": f"{tiny_bert}/",
+                 "rel": os.path.relpath(tiny_bert, tmp_path), "alias": "tiny"}
+    served = tmp_path / "served"
+    for side, name in [*spellings.items(), ("64", str(tiny_bert))]:
+        shutil.copytree(models / "probe", served / f"probe-{side}")
+        config = json.loads((served / f"probe-{side}" / "config.json").read_text())
+        config["backbone"] |= {"name": name} | ({"max_length": 64} if side == "64" else {})
+        (served / f"probe-{side}" / "config.json").write_text(json.dumps(config))
+    e = Engine.load([served], log=quiet)
+    try:
+        assert len({id(e.tasks[f"probe-{side}"].group) for side in spellings}) == 1
+        assert sorted(g.label for g in e.groups) == ["tiny max_length 128 fp32 on cpu", "tiny max_length 64 fp32 on cpu"]
+        out = e.classify(TEXTS[:1])
+        assert len({json.dumps(out["results"][0]["tasks"][f"probe-{side}"]) for side in spellings}) == 1
+    finally:
+        e.close()
+
+
 def test_labels_add_only_what_tells_groups_apart():
     """Where only the weights, the token types or the tasks differ, the label says that (and nothing is
     added where labels differ already)."""
@@ -1175,6 +1201,42 @@ def test_entries_of_a_folder_of_models_that_are_not_models_are_said(tmp_path, mo
     assert find_models([root / "sweep"], said.append) == [root / "sweep" / "best"] and said == []
 
 
+def test_hidden_nested_and_sweep_entries_are_said_and_sweeps_named_after_their_folder(tmp_path, models):
+    """A hidden model folder (.old-sst2) was served as task ".old-sst2"; a folder of models inside one was said
+    to have "no config.json"; a folder given twice said each skip line twice; a folder holding only a sweep's
+    output got the generic error, without the best/ hint; and a sweep's best/ was served as task "best", so
+    two sweeps clashed. Now: skipped and said, said as a folder of models, said once, the hint in the error,
+    and the task is named after the sweep's folder."""
+    from frozentune.serve.models import ServeError, find_models
+
+    root = tmp_path / "served"
+    shutil.copytree(models / "probe", root / "probe")
+    shutil.copytree(models / "space", root / ".old-space")
+    shutil.copytree(models / "space", root / "nest" / "space")
+    said: list[str] = []
+    assert find_models([root, f"{root}/", tmp_path / "." / "served"], said.append) == [root / "probe"]
+    assert said == [f"serve: {root / '.old-space'}: skipped, a model in a hidden folder (its name starts with '.'): "
+                    f"rename it to serve it",
+                    f"serve: {root / 'nest'}: skipped, a folder of models (folders in a folder of models are not "
+                    f"searched): to serve them, give {root / 'nest'} as a path too"]
+    runs = tmp_path / "runs"
+    for sweep in ("sweep-a", "sweep-b"):
+        shutil.copytree(models / "probe", runs / sweep / "best")
+        (runs / sweep / "sweep.json").write_text("{}")
+    with pytest.raises(ServeError, match=re.escape(f"{runs}: neither a saved model (no config.json) nor a folder of "
+                                                   f"saved models; in it, sweep-a: a sweep's output folder: to serve "
+                                                   f"its best model, give {runs / 'sweep-a' / 'best'} (or link it "
+                                                   f"here); sweep-b: ")):
+        find_models([runs], quiet)
+    assert find_models([runs / "sweep-a", runs / "sweep-b" / "best"], quiet) == [runs / "sweep-a" / "best",
+                                                                                runs / "sweep-b" / "best"]
+    e = Engine.load([runs / "sweep-a", runs / "sweep-b" / "best"], log=quiet)
+    try:
+        assert sorted(e.tasks) == ["sweep-a", "sweep-b"]
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight
@@ -1207,6 +1269,43 @@ def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     assert "Application shutdown complete" in err  # the graceful stop: the engine closed after what was in flight
     assert err.strip().splitlines()[-1] == (f"frozentune: interrupted by {sig}; the server stopped accepting and "
                                             f"answered the requests in flight")
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
+def test_a_signal_while_the_models_load_ends_serve_with_one_line(models, sig):
+    """SIGHUP was handled as SIGTERM around the server alone: while the models loaded it killed the process
+    with no line. And SIGTERM then said "nothing was saved", which says nothing of a server. Now either ends
+    the command there with one line that says the server had not started, and 128 + the signal."""
+    import signal
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"})
+    lines: list[str] = []
+    loading = threading.Event()
+
+    def read() -> None:  # stderr line by line; "allocator: ..." is said before the port is taken and the models load
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("allocator: "):
+                loading.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert loading.wait(120), "".join(lines)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+        reader.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + getattr(signal, sig), "".join(lines)
+    assert not any(line.startswith("serve: 1 task on") for line in lines)  # it did stop while loading
+    assert lines[-1].strip() == f"frozentune: interrupted by {sig}; the server had not started; no request was answered"
 
 
 def test_the_port_is_held_while_the_models_load():
@@ -1361,6 +1460,24 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
 
 
+def test_the_page_says_which_tasks_failed(engine, monkeypatch, tmp_path):
+    """The page's status line said "8 tasks in 10 ms", in the normal colour, when some of them had failed;
+    now it says how many were answered and which failed, as an error."""
+    def raises(*args, **kwargs):
+        raise ValueError("a broken head")
+
+    monkeypatch.setattr(engine.tasks["space"].model.head, "forward", raises)
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="on"), log=quiet)
+    running = Running(e)
+    try:
+        dom = render_page(running.url, tmp_path, "serve-page-failed.png", "1280,900", "/?text=Who%20is%20it%20%3F")
+    finally:
+        running.stop()
+    n = len(CLASSIFIERS) + len(LIVE)
+    assert re.search(rf'<span id="status" class="status error">{n - 1} of {n} tasks answered in \d+ ms; '
+                     rf'failed: space</span>', dom), dom[:3000]
+
+
 def test_the_page_of_a_generation_only_server(engine, tmp_path):
     """With prefixes alone the page showed "0 classification tasks on 0 backbone pass(es)" and an empty
     classify box with its button; it shows the generation box alone now, its beams and new tokens set
@@ -1453,12 +1570,13 @@ def render_page(url: str, tmp_path: Path, shot_name: str, window: str, path: str
 
 
 def test_scores_that_are_not_numbers_are_refused_not_answered():
-    """A head whose weights were damaged gives NaN logits: the batch is refused with what to do,
-    whichever row holds them, rather than answered with NaN probabilities."""
+    """A head whose weights were damaged gives NaN logits: that row is refused, saying so, rather than
+    answered with NaN probabilities; and that row alone (its batch failed whole: one text that overflowed
+    failed every other client's text batched with it)."""
     from types import SimpleNamespace
 
     from frozentune.head import Output
-    from frozentune.serve.models import classify_rows
+    from frozentune.serve.models import TaskFailed, classify_rows
 
     task = SimpleNamespace(name="t", labels=["a", "b"], explains=False)
     jobs = [SimpleNamespace(payload={"explain": None}) for _ in range(3)]
@@ -1467,9 +1585,105 @@ def test_scores_that_are_not_numbers_are_refused_not_answered():
     assert [r["label"] for r in rows] == ["a", "b", "a"]  # a tie goes to the first label
     for k in range(3):
         bad = good.clone()
-        bad[k, 1] = float("nan")
-        with pytest.raises(RuntimeError, match="not numbers.*train it again"):
-            classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
+        bad[k, 1] = float("nan") if k else float("inf")
+        got = classify_rows(task, Output(bad, {}), jobs, [0, 1, 2])
+        assert isinstance(got[k], TaskFailed) and "scores for this text are not numbers" in str(got[k])
+        assert [r["label"] for j, r in enumerate(got) if j != k] == [r["label"] for j, r in enumerate(rows) if j != k]
+
+
+def overflowing_on(head, bad: set[int]):
+    """head.forward with +inf logits on the rows of `bad` real tokens (a head that overflows on some texts only)."""
+    from frozentune.head import Output
+
+    forward = head.forward
+
+    def overflows(features, *args, **kwargs):
+        out = forward(features, *args, **kwargs)
+        hit = torch.tensor([int(n) in bad for n in features.mask.sum(-1)])
+        return Output(torch.where(hit[:, None], torch.full_like(out.logits, float("inf")), out.logits), out.extras)
+
+    return overflows
+
+
+def test_a_text_whose_scores_overflow_fails_alone(engine, monkeypatch):
+    """A head that overflowed on one text ("Who is the president?") failed every text of its batch, other
+    clients' too: 12 concurrent requests, good texts answered 500. Now only that text's entry fails; the
+    others are answered as they are alone, and a request of that text alone gets the 500."""
+    group = engine.tasks["probe"].group
+    bad_text = TEXTS[2]
+    tokens, _ = group.tokenize([bad_text, *TEXTS], False)
+    sizes = [len(x) for x in tokens.ids]
+    assert sizes[0] not in sizes[1:3] + sizes[4:]  # only the bad text has its length
+    monkeypatch.setattr(engine.tasks["probe"].model.head, "forward",
+                        overflowing_on(engine.tasks["probe"].model.head, {sizes[0]}))
+    alone = {t: engine.classify([t], tasks=["probe", "space"])["results"][0]["tasks"] for t in TEXTS if t != bad_text}
+    out = engine.classify(TEXTS, tasks=["probe", "space"])
+    for text, row in zip(TEXTS, out["results"]):
+        if text == bad_text:
+            assert row["tasks"]["probe"]["error"].startswith("task 'probe': its scores for this text are not numbers")
+            assert "label" in row["tasks"]["space"]
+        else:
+            assert row["tasks"]["probe"]["label"] == alone[text]["probe"]["label"]
+            close_scores(row["tasks"]["probe"], alone[text]["probe"], text)
+    assert set(out["failed"]) == {"probe"} and out["failed"]["probe"].endswith("(1 of the 4 texts)")
+    e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=50.0, pipeline="on"), log=quiet)
+    running = Running(e)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c, ThreadPoolExecutor(12) as pool:
+            asked = [TEXTS[i % len(TEXTS)] for i in range(12)]
+            got = list(pool.map(lambda t: c.post("/v1/classify", json={"text": t, "tasks": ["probe"]}), asked))
+        assert any(b.rows > 1 for b in e.batches if b.group == group.label)  # the bad text shared a batch
+        for text, r in zip(asked, got):
+            if text == bad_text:  # its one task × text failed: the request fails
+                assert r.status_code == 500 and "its scores for this text are not numbers" in r.json()["error"]
+            else:
+                assert r.status_code == 200, r.text
+                assert r.json()["results"][0]["tasks"]["probe"]["label"] == alone[text]["probe"]["label"]
+    finally:
+        running.stop()
+
+
+def test_task_failures_are_logged_counted_and_shown(engine, monkeypatch):
+    """A task that failed was silent to the operator: no log line, /metrics counted the request as a plain
+    200, /health said nothing. Now each failing task is logged (one line per task at most every minute,
+    the next saying how many were not said), counted per task in /metrics, and totalled in /health."""
+    from frozentune.serve.engine import FailureLog
+
+    now = [0.0]
+    said: list[str] = []
+    log = FailureLog(said.append, every_s=60.0, clock=lambda: now[0])
+    log.failed("a", 1, "boom")
+    log.failed("a", 2, "boom")  # within the minute: counted, not said
+    log.failed("b", 1, "bang")  # another task: said
+    now[0] = 61.0
+    log.failed("a", 1, "boom")
+    assert said == ["serve: a: failed on 1 text of a request: boom", "serve: b: failed on 1 text of a request: bang",
+                    "serve: a: failed on 1 text of a request: boom (2 more failures of it in the last 61 s not said: "
+                    "a line per task every 60 s at most)"]
+    assert log.totals == {"a": 4, "b": 1}
+
+    group = engine.tasks["probe"].group
+    tokens, _ = group.tokenize([TEXTS[2]], False)
+    monkeypatch.setattr(engine.tasks["probe"].model.head, "forward",
+                        overflowing_on(engine.tasks["probe"].model.head, {len(tokens.ids[0])}))
+    lines: list[str] = []
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="on"), log=lines.append)
+    running = Running(e)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c:
+            for _ in range(3):
+                assert c.post("/v1/classify", json={"texts": TEXTS, "tasks": ["probe", "space"]}).status_code == 200
+            metrics = c.get("/metrics").text
+            health = c.get("/health").json()
+    finally:
+        running.stop()
+    failing = [line for line in lines if "failed on" in line]
+    assert failing == ["serve: probe: failed on 1 text of a request: task 'probe': its scores for this text are not "
+                       "numbers (NaN or infinite), so it has no answer for it; if it fails so on every text, its "
+                       "weights are damaged: train it again"]  # once: the next two within the minute
+    assert 'frozentune_task_failures_total{task="probe"} 3.0' in metrics
+    assert 'frozentune_task_failures_total{task="space"} 0.0' in metrics
+    assert health["status"] == "ok" and health["task_failures"] == {"probe": 3}
 
 
 def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
@@ -1512,7 +1726,7 @@ def test_a_failing_head_fails_its_own_task_only(engine, monkeypatch):
             assert got["space"].status_code == 500
             assert got["space"].json()["error"] == "task 'space' failed on its batch: ValueError: a broken head"
             assert got["ytuning"].status_code == 500 and got["ytuning"].json()["error"].startswith(
-                "task 'ytuning': the model's scores are not numbers")
+                "task 'ytuning': its scores for this text are not numbers")
             assert got["both"].status_code == 500 and "'space'" in got["both"].json()["error"] \
                 and "'ytuning'" in got["both"].json()["error"]
             mixed = got["mixed"].json()

@@ -765,6 +765,15 @@ def _serve_unused(given: dict, kinds: set[str]) -> list[str]:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    # what an interrupt before the server is up leaves ("nothing was saved" was said: serve saves nothing)
+    on_interrupt("the server had not started; no request was answered")
+    # SIGHUP as SIGTERM for the whole command: set around serve() alone, a hangup while the models loaded
+    # killed the process with no line
+    with _hangup_as_interrupt():
+        return _serve_command(a)
+
+
+def _serve_command(a: argparse.Namespace) -> int:
     from .serve import Engine, ServeOptions
     from .serve.app import serve
 
@@ -804,16 +813,16 @@ def cmd_serve(a: argparse.Namespace) -> int:
                      f"--shutdown-grace {a.shutdown_grace:g} s {'were' if n > 1 else 'was'} cut off (answered 503); "
                      f"give more seconds to let them finish")
 
-    with _hangup_as_interrupt():
-        serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut)
+    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut)
     return 0
 
 
 @contextlib.contextmanager
 def _hangup_as_interrupt():
     """SIGHUP (the terminal closed) handled as SIGTERM is: the server stops gracefully (serve captures it),
-    then the command ends with the interrupt's line and status 129. Left alone, it killed the server at
-    once. Not where SIGHUP is ignored (nohup), nor off the main thread (tests' in-process runs)."""
+    then the command ends with the interrupt's line and status 129; before the server is up (the models
+    loading), it ends there with that line. Left alone, it killed the process at once. Not where SIGHUP is
+    ignored (nohup), nor off the main thread (tests' in-process runs)."""
     if (not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGHUP) is signal.SIG_IGN):
         yield

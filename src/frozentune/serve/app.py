@@ -4,7 +4,7 @@ message while the server goes on serving.
 
   GET  /                 the page (page.html)
   GET  /docs             the API: Swagger UI, or offline the same listed from /openapi.json (docs.html)
-  GET  /health           {"status": "ok", ...}
+  GET  /health           {"status": "ok", ..., "task_failures": {task: texts it failed on}}
   GET  /v1/models        the served tasks, the batching options and the memory allocator
   POST /v1/classify      {"texts": [...] | "text": "..." | "pairs": [[a, b], ...] | "pair": [a, b],
                          "tasks": [...]?, "explain": false, "top": 5}   (pairs: for tasks trained on pairs)
@@ -15,10 +15,11 @@ message while the server goes on serving.
 Every error is {"error": message} with its status: 400 malformed JSON, 404 unknown task, 413 too
 many texts or too long a source, 415 a body not sent as JSON (Content-Type), 422 a field of the wrong
 type or value, 503 + Retry-After when the queue is full or the server is stopping, 500 when a batch
-failed (its message). A classify task that fails on a batch (its head raised, its scores were not
-numbers) fails alone: a request that asked for other tasks too gets 200 with those answered, the
-failed task's entry {"error": message} in each text's place and "failed": {task: message}; a request
-with no task answered gets the 500.
+failed (its message). A classify task that fails on a batch (its head raised) fails alone, and one
+whose scores for a text were not numbers fails on that text alone: a request with other tasks or texts
+answered gets 200, the failed entries {"error": message} in their places and "failed": {task: message};
+a request with nothing answered gets the 500. Each failure is logged (a line per task a minute at most)
+and counted: frozentune_task_failures_total{task} in /metrics, task_failures in /health.
 """
 from __future__ import annotations
 
@@ -311,6 +312,12 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
                               buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
     passes = Counter("frozentune_batches", "batches run (one backbone pass or decode each)", ["group"], registry=registry)
     Gauge("frozentune_queue_rows", "rows waiting for a batch", registry=registry).set_function(lambda: engine.batcher.depth)
+    # a request answered 200 with a task failed in it was a plain 200 here: nothing showed a failing task
+    failures = Counter("frozentune_task_failures", "texts (or sources) a task could not answer: its head raised, its "
+                       "scores were not numbers, or its batch failed", ["task"], registry=registry)
+    for name in engine.tasks:  # every series at 0 from the start, so that a rate over it has a first value
+        failures.labels(name)
+    engine.on_failure(lambda task, times: failures.labels(task).inc(times))
 
     def on_batch(s: BatchStats) -> None:
         rows.labels(s.group).observe(s.rows)
@@ -385,7 +392,8 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     @app.get("/health")
     async def health():
         return {"status": "ok", "tasks": len(engine.tasks), "queue_rows": engine.batcher.depth,
-                "uptime_s": round(time.time() - engine.started, 1)}
+                "uptime_s": round(time.time() - engine.started, 1),
+                "task_failures": dict(engine.failures.totals)}  # {task: texts it failed on}, the failing ones
 
     @app.get("/v1/models")
     async def models():

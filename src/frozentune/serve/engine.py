@@ -95,6 +95,34 @@ class ServeOptions:
 Assemble = Callable[[list], Any]
 
 
+class FailureLog:
+    """Task failures told to the operator: the HTTP answer said them to the client only, and the log said
+    nothing. One line per task at most every `every_s` seconds (a head that fails on every text would
+    otherwise write a line per request), the next line saying how many failures went unsaid in between;
+    `totals` counts them all (/health, and /metrics' frozentune_task_failures_total)."""
+
+    def __init__(self, log: Callable[[str], None], every_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.log, self.every_s, self.clock = log, every_s, clock
+        self.totals: dict[str, int] = {}
+        self._said: dict[str, float] = {}  # when each task's last line was said
+        self._unsaid: dict[str, int] = {}  # failures since then
+        self._lock = threading.Lock()  # requests are assembled on the event loop and on callers' threads
+
+    def failed(self, task: str, times: int, message: str) -> None:
+        """Task `task` failed on `times` texts (or sources) of one request, the first with `message`."""
+        with self._lock:
+            self.totals[task] = self.totals.get(task, 0) + times
+            now, last = self.clock(), self._said.get(task)
+            if last is not None and now - last < self.every_s:
+                self._unsaid[task] = self._unsaid.get(task, 0) + times
+                return
+            self._said[task] = now
+            unsaid = self._unsaid.pop(task, 0)
+        more = (f" ({unsaid} more failure{'s' if unsaid > 1 else ''} of it in the last {now - last:.0f} s not said: "
+                f"a line per task every {self.every_s:g} s at most)" if unsaid else "")
+        self.log(f"serve: {task}: failed on {times} {'text' if times == 1 else 'texts'} of a request: {message}{more}")
+
+
 def whole(name: str, value: Any, least: int, most: int, most_text: str | None = None) -> int:
     """value, if it is an int (not a bool) from least to most; else RequestError naming the field."""
     if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
@@ -110,6 +138,8 @@ class Engine:
         self.started = time.time()
         self.batches: list[BatchStats] = []  # the most recent ones (bounded), for tests and /v1/models
         self._observers: list[Callable[[BatchStats], None]] = []
+        self.failures = FailureLog(log)
+        self._failure_observers: list[Callable[[str, int], None]] = []
         o = self.options
         for g in self.groups:
             if isinstance(g, FrozenPass):
@@ -184,6 +214,15 @@ class Engine:
     def observe(self, fn: Callable[[BatchStats], None]) -> None:
         """Call fn(stats) after every batch (from the batcher's thread)."""
         self._observers.append(fn)
+
+    def on_failure(self, fn: Callable[[str, int], None]) -> None:
+        """Call fn(task, times) when a request's answer has task `task` failed on `times` of its texts or sources."""
+        self._failure_observers.append(fn)
+
+    def _task_failed(self, task: str, times: int, message: str) -> None:
+        self.failures.failed(task, times, message)
+        for fn in self._failure_observers:
+            fn(task, times)
 
     def _on_batch(self, stats: BatchStats) -> None:
         self.batches.append(stats)
@@ -316,7 +355,7 @@ class Engine:
                     "types": None if tokens.types is None else tokens.types[i]}))
 
         def assemble(results: list) -> dict:
-            rows, failed = [], {}
+            rows, failed, times = [], {}, {}  # times: on how many texts each task failed
             for i, text in enumerate(texts):
                 merged: dict[str, Any] = {}
                 for k in per_text[i]:
@@ -327,6 +366,7 @@ class Engine:
                 for name, got in merged.items():
                     if isinstance(got, TaskFailed):
                         failed.setdefault(name, str(got))
+                        times[name] = times.get(name, 0) + 1
                         merged[name] = {"error": str(got)}
                 cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].cost >= jobs[k].group.max_length]
                 chars = sum(map(len, text)) if pairs else len(text)
@@ -336,6 +376,10 @@ class Engine:
                     row["note"] = (f"the {'pair' if pairs else 'text'} reached max_length ({min(cut)} tokens, special "
                                    f"tokens included): {cut_words(pairs)}")
                 rows.append(row)
+            for name, n in times.items():  # a task that failed on some texts only: how many, said at the top
+                self._task_failed(name, n, failed[name])
+                if n < len(texts):
+                    failed[name] += f" ({n} of the {len(texts)} {'pairs' if pairs else 'texts'})"
             if not any("error" not in x for row in rows for x in row["tasks"].values()):
                 # nothing to answer with: the request fails (a 500 over HTTP), naming each task and why
                 raise TaskFailed("; ".join(failed.values()))
@@ -409,6 +453,7 @@ class Engine:
 
         def assemble(results: list) -> dict:
             if (failed := next((r for r in results if isinstance(r, Exception)), None)) is not None:
+                self._task_failed(task.name, len(sources), f"{type(failed).__name__}: {' '.join(str(failed).split())}")
                 raise failed  # one decode for the whole batch: nothing of it to answer with
             return {"prefix": task.name, "num_beams": beams, "max_new_tokens": new,
                     "outputs": [{"source": s, **r} for s, r in zip(sources, results)]}

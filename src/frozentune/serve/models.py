@@ -59,20 +59,25 @@ def task_failed(name: str, e: BaseException) -> TaskFailed:
 
 def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print) -> list[Path]:
     """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do;
-    every other entry is said in one line, and skipped)."""
+    every other entry is said in one line, and skipped; hidden ones are skipped, said where they hold a
+    model). A path given twice (however it is written) is read once."""
     found: list[Path] = []
+    read: set[str] = set()
     for p in map(Path, paths):
+        if (where := os.path.realpath(p)) in read:  # its skip lines were said twice
+            continue
+        read.add(where)
         if (p / M.CONFIG).is_file():
             found.append(p)
         elif p.is_dir():
-            subs = sorted(q for q in p.iterdir() if (q / M.CONFIG).is_file())
-            if not subs:
-                raise ServeError(f"{p}: neither a saved model (no {M.CONFIG}) nor a folder of saved models; give "
-                                 f"folders written by `frozentune train --output`")
+            entries = sorted(p.iterdir())
+            subs = [q for q in entries if not q.name.startswith(".") and (q / M.CONFIG).is_file()]
             sweep = (p / "sweep.json").is_file()  # a sweep's own folder: its best/ is served, its report is no junk
-            for q in [] if sweep else sorted(set(p.iterdir()) - set(subs)):
-                if (why := not_a_model(q)) is not None:
-                    log(f"serve: {q}: skipped, {why}")
+            skipped = [] if sweep else [(q, why) for q in entries if q not in subs and (why := not_a_model(q))]
+            if not subs:
+                raise ServeError(no_models(p, skipped))
+            for q, why in skipped:
+                log(f"serve: {q}: skipped, {why}")
             found += subs
         elif p.exists():
             raise ServeError(f"{p}: a file, not a model folder; give folders written by `frozentune train --output` "
@@ -83,18 +88,42 @@ def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print)
         raise ServeError("no model folders given; give folders written by `frozentune train --output`")
     names: dict[str, Path] = {}
     for f in found:
-        if f.name in names and names[f.name].resolve() != f.resolve():
-            raise ServeError(f"two models would be served as {f.name!r} ({names[f.name]} and {f}); a task is named "
-                             f"after its folder: rename one")
-        names[f.name] = f
+        name = task_name(f)
+        if name in names and names[name].resolve() != f.resolve():
+            raise ServeError(f"two models would be served as {name!r} ({names[name]} and {f}); a task is named "
+                             f"after its folder (a sweep's best model after the sweep's): rename one")
+        names[name] = f
     return list(dict.fromkeys(names.values()))
+
+
+def no_models(folder: Path, skipped: Sequence[tuple[Path, str]]) -> str:
+    """Why `folder` serves nothing, with what to give instead where an entry of it says (a sweep's output,
+    a folder of models, a hidden model): the generic message alone left the way to them unsaid."""
+    said = f"{folder}: neither a saved model (no {M.CONFIG}) nor a folder of saved models"
+    hints = [f"{q.name}: {why}" for q, why in skipped if why.startswith(HINTED)]
+    if hints:
+        return f"{said}; in it, {'; '.join(hints)}"
+    return f"{said}; give folders written by `frozentune train --output`"
+
+
+def task_name(folder: Path) -> str:
+    """The task a model folder is served as: the folder's name, or for a sweep's best model (best/ beside
+    its sweep.json) the sweep folder's name (two sweeps were both served as "best", and clashed)."""
+    if folder.name == "best" and (folder.parent / "sweep.json").is_file():
+        return Path(os.path.abspath(folder)).parent.name
+    return folder.name
+
+
+# how not_a_model's answers that say where a model is begin (no_models repeats them in its error)
+HINTED = ("a sweep's output folder", "a folder of models", "a model in a hidden folder")
 
 
 def not_a_model(entry: Path) -> str | None:
     """Why an entry of a folder of models is not one, in words that say what to do; None for a hidden
-    entry (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
-    if entry.name.startswith("."):
-        return None
+    entry that holds no model (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
+    if entry.name.startswith("."):  # .old-sst2 was served as task ".old-sst2"
+        return (f"a model in a hidden folder (its name starts with '.'): rename it to serve it"
+                if (entry / M.CONFIG).is_file() else None)
     if entry.is_symlink() and not entry.exists():
         return f"a broken link (to {os.readlink(entry)})"
     if not entry.is_dir():
@@ -102,10 +131,14 @@ def not_a_model(entry: Path) -> str | None:
     if (entry / "best" / M.CONFIG).is_file():
         return f"a sweep's output folder: to serve its best model, give {entry / 'best'} (or link it here)"
     try:
-        if not any(entry.iterdir()):
-            return "an empty folder"
+        inside = list(entry.iterdir())
     except OSError as e:
         return f"a folder that cannot be read ({e.strerror})"
+    if not inside:
+        return "an empty folder"
+    if any(not q.name.startswith(".") and (q / M.CONFIG).is_file() for q in inside):
+        return (f"a folder of models (folders in a folder of models are not searched): to serve them, give {entry} "
+                f"as a path too")
     return f"no {M.CONFIG} in it: not a folder written by `frozentune train --output`"
 
 
@@ -173,20 +206,31 @@ def gathered(logits: Sequence[Tensor]) -> list[Tensor]:
     return [part.view(x.shape) for part, x in zip(flat.split([x.numel() for x in logits]), logits)]
 
 
+def not_numbers(name: str) -> TaskFailed:
+    """Task `name`'s failure on one text whose scores are not numbers (NaN or infinite: its head overflowed
+    on it, or its weights are damaged)."""
+    return TaskFailed(f"task {name!r}: its scores for this text are not numbers (NaN or infinite), so it has no "
+                      f"answer for it; if it fails so on every text, its weights are damaged: train it again")
+
+
 def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int],
-                  logits: Tensor | None = None) -> list[dict]:
+                  logits: Tensor | None = None) -> list[dict | TaskFailed]:
     """Label and per-label probabilities (softmax of the logits in float32, as `predict`), and the
     head's explanation where the job asks for one. `out` holds the head's output for `rows` of the
     batch only, in that order: its row k is the batch's row rows[k]. `logits`: out.logits already
-    on the host in float32 (host_logits), where the caller read several heads' at once."""
+    on the host in float32 (host_logits), where the caller read several heads' at once. A row whose
+    scores are not numbers gets a TaskFailed in its place, and that row alone: the batch's other rows
+    are other texts, often other clients', and their answers must not depend on what they were
+    batched with."""
     from ..api import labelled
 
     probs = torch.softmax(out.logits.float().cpu() if logits is None else logits, -1)  # (len(rows), C)
-    if not bool(torch.isfinite(probs).all()):
-        raise RuntimeError(f"task {task.name!r}: the model's scores are not numbers (NaN or infinite); its "
-                           f"weights are damaged: train it again")
-    res = []
-    for k, (i, p) in enumerate(zip(rows, probs.tolist())):  # one check and one conversion for all rows
+    finite = torch.isfinite(probs).all(-1).tolist()  # (len(rows),): one check and one conversion for all rows
+    res: list[dict | TaskFailed] = []
+    for k, (i, p, ok) in enumerate(zip(rows, probs.tolist(), finite)):
+        if not ok:
+            res.append(not_numbers(task.name))
+            continue
         row: dict[str, Any] = labelled(task.labels, p)
         job = jobs[i].payload
         if job["explain"] is not None and task.explains:
@@ -313,8 +357,8 @@ class ClassifierGroup(Labelled):
 
     def answer(self, jobs: Sequence, outputs: Callable[[Task, list[int]], Output]) -> list[dict]:
         """{task name: row} per job, for the tasks each job asked for of this group. A task whose head
-        raises, or whose scores are not numbers, gets a TaskFailed in place of its rows: the batch holds
-        requests that never asked for it, and they are answered."""
+        raises gets a TaskFailed in place of its rows, and a row whose scores are not numbers in place of
+        that row: the batch holds requests that never asked for it, and they are answered."""
         results: list[dict] = [{} for _ in jobs]
         made = []  # every head run (on a GPU: its kernels queued) before the first answer waits for its scores
         for task in self.tasks:
@@ -328,7 +372,7 @@ class ClassifierGroup(Labelled):
                     results[i][task.name] = task_failed(task.name, e)
         for (task, rows, out), logits in zip(made, host_logits([out for _, _, out in made])):
             try:
-                answers: list = classify_rows(task, out, jobs, rows, logits)
+                answers: list = classify_rows(task, out, jobs, rows, logits)  # a row not numbers: its TaskFailed
             except Exception as e:
                 answers = [task_failed(task.name, e)] * len(rows)
             for i, row in zip(rows, answers):
@@ -502,6 +546,47 @@ def until_all_gone(gone: Sequence[threading.Event]):
 Log = Callable[[str], None]
 
 
+def _alias_folder(alias: str, aliases: dict) -> str | None:
+    """The folder an alias stands for, or None where it cannot be had (its package is not installed)."""
+    from ..backbone import BackboneError
+
+    try:
+        return aliases[alias]()
+    except BackboneError:
+        return None
+
+
+def pass_source(name: str, aliases: dict | None = None) -> str:
+    """Where a backbone (or, with the LM aliases, an LM) is read from, spelled one way per place: an alias's
+    folder; a local folder's real path (/x/bert, /x/./bert, ../x/bert from /y, /x/bert/ and a link to it are one
+    folder, whose pass was run once per spelling); a hub id as given. Models whose frozen pass is the same
+    share one group: the key is this, with the weights hash, max_length, device, precision and token types."""
+    from ..backbone import ALIASES
+
+    aliases = ALIASES if aliases is None else aliases
+    path = _alias_folder(name, aliases) if name in aliases else name
+    local = Path(path or name).expanduser()
+    return os.path.realpath(local) if local.is_dir() else name
+
+
+def shown_source(name: str, aliases: dict | None = None, reverse: bool = True) -> str:
+    """A backbone as its group's label names it: the alias whose folder it is (the MiniLM package's folder,
+    .../model, was labelled "model"), else a local folder as written, made absolute and tidy (no ./, .. or
+    trailing /: not the real path, which may be a store's hash), else the hub id. reverse=False: no alias is
+    looked up for a folder (an LM alias's folder may be made on first use: a conversion of seconds)."""
+    from ..backbone import ALIASES
+
+    aliases = ALIASES if aliases is None else aliases
+    if name in aliases:
+        return name
+    where = pass_source(name, aliases)
+    for alias in aliases if reverse else ():
+        if (folder := _alias_folder(alias, aliases)) is not None and os.path.realpath(folder) == where:
+            return alias
+    local = Path(name).expanduser()
+    return os.path.abspath(local) if local.is_dir() else name
+
+
 def load_tasks(folders: Sequence[Path], device: str | None, precision: str | None, log: Log) -> list[Task]:
     """Every folder loaded once; frozen classifiers on the same backbone share one FrozenPass and
     prefix generators on the same LM one LMGroup."""
@@ -550,26 +635,30 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     config = M.read_saved(folder)
     known_method(config, folder)
     b = config["backbone"]
-    said = per_task(folder.name, log)  # "device: ..." and "precision: ..." for each model: say whose
+    name = task_name(folder)
+    said = per_task(name, log)  # "device: ..." and "precision: ..." for each model: say whose
     if runs_live(config["method"], config["options"]):  # trains or steers the backbone, or has its own encoder
         model = _load(folder, device, precision, said)
         group: ClassifierGroup = LivePass(model)
-        return Task(folder.name, folder, "classify", config["method"], group, model=model)
+        group.source = shown_source(group.source)
+        return Task(name, folder, "classify", config["method"], group, model=model)
     rt = saved_runtime(device, precision, said)(b)
     types = b.get("token_types", True)
-    key = (b["name"], b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
+    # what the pass depends on; the backbone by where it is read from, not by how its name is spelled
+    key = (pass_source(b["name"]), b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
         bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1], token_types=types)
         frozen[key] = FrozenPass(bb, b.get("weights_hash"))
+        frozen[key].source = shown_source(b["name"])
     group = frozen[key]
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
     model = M.load(folder, backbone=view)
     model.to(view.device)
-    return Task(folder.name, folder, "classify", config["method"], group, model=model)
+    return Task(name, folder, "classify", config["method"], group, model=model)
 
 
 def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Task:
-    from ..backbone import load_generation_lm
+    from ..backbone import LM_ALIASES, load_generation_lm
     from ..generation.run import check_safetensors, DecodeOptions
     from ..model import known_method, read_saved
     from ..generation.prefix import PrefixTuner
@@ -583,18 +672,20 @@ def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Tas
     seq2seq = config.get("architecture") == "encoder-decoder"
     cls = getattr(spec.generator, "seq2seq" if seq2seq else "causal", spec.generator)
     shares = cls in (PrefixTuner, Seq2SeqPrefixTuner)  # prefixes of one LM share batches; a fine-tuned LM is its own
-    if shares and name in lms:
-        group = lms[name]
+    where = pass_source(name, LM_ALIASES)  # one LM however its name is spelled
+    if shares and where in lms:
+        group = lms[where]
     else:
         lm, tok = load_generation_lm(name)
         group = LMGroup(lm, tok, name, dev)
+        group.source = shown_source(name, LM_ALIASES, reverse=False)
         if shares:
-            lms[name] = group
+            lms[where] = group
     tuner = spec.generator.load(folder, group.lm, group.tok, name)
     tuner.eval()
     group.lm.to(dev)
     tuner.to(dev)
     prefix = None if not shares else tuner.prefixes() if seq2seq else tuner.encoder.materialize().detach()
-    return Task(folder.name, folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
+    return Task(task_name(folder), folder, "generate", config["method"], group, tuner=tuner, prefix=prefix,
                 decoding={"num_beams": decoding.num_beams, "max_new_tokens": decoding.max_new_tokens},
                 data=config.get("data") if isinstance(config.get("data"), str) else None)
