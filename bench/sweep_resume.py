@@ -35,7 +35,8 @@ def sweep_cmd(a: argparse.Namespace, root: Path, output: Path) -> list[str]:
 
 
 def journal_lines(root: Path) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in root.glob("sweep-*.points.jsonl"))
+    """Finished points in the journals (their header lines not counted)."""
+    return sum(sum(b'"key"' in line for line in p.read_bytes().splitlines()) for p in root.glob("sweep-*.points.jsonl"))
 
 
 def run_to_end(cmd: list[str], env: dict) -> tuple[float, str]:
@@ -63,7 +64,7 @@ def interrupted(cmd: list[str], env: dict, root: Path, new_points: int) -> dict:
     out, err = p.communicate(timeout=120)
     ended = time.perf_counter()
     reused = sum("reused" in line for line in out.splitlines() if line.startswith("["))
-    return {"exit": p.returncode, "wall_s": ended - t0, "journal_lines": journal_lines(root), "reused_at_start": reused,
+    return {"exit": p.returncode, "wall_s": ended - t0, "journal_points": journal_lines(root), "reused_at_start": reused,
             "lost_s": signalled - last_line_at, "stop_s": ended - signalled, "message": err.strip().splitlines()[-1]}
 
 

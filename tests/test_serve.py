@@ -1626,6 +1626,9 @@ def test_a_text_whose_scores_overflow_fails_alone(engine, monkeypatch):
             assert row["tasks"]["probe"]["label"] == alone[text]["probe"]["label"]
             close_scores(row["tasks"]["probe"], alone[text]["probe"], text)
     assert set(out["failed"]) == {"probe"} and out["failed"]["probe"].endswith("(1 of the 4 texts)")
+    from frozentune.serve.models import TaskFailed
+    with pytest.raises(TaskFailed, match=r"\(2 of the 2 texts\)$"):  # every text failed: the 500 said how many too
+        engine.classify([bad_text, bad_text], tasks=["probe"])
     e = Engine(list(engine.tasks.values()), ServeOptions(max_wait_ms=50.0, pipeline="on"), log=quiet)
     running = Running(e)
     try:

@@ -378,7 +378,7 @@ class Engine:
                 rows.append(row)
             for name, n in times.items():  # a task that failed on some texts only: how many, said at the top
                 self._task_failed(name, n, failed[name])
-                if n < len(texts):
+                if len(texts) > 1:  # how many of them (all: said too, the message is of one text)
                     failed[name] += f" ({n} of the {len(texts)} {'pairs' if pairs else 'texts'})"
             if not any("error" not in x for row in rows for x in row["tasks"].values()):
                 # nothing to answer with: the request fails (a 500 over HTTP), naming each task and why
