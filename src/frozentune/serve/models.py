@@ -122,7 +122,7 @@ def not_a_model(entry: Path) -> str | None:
     """Why an entry of a folder of models is not one, in words that say what to do; None for a hidden
     entry that holds no model (.git, .ipynb_checkpoints, .DS_Store: nobody meant it as a model)."""
     if entry.name.startswith("."):  # .old-sst2 was served as task ".old-sst2"
-        return (f"a model in a hidden folder (its name starts with '.'): rename it to serve it"
+        return ("a model in a hidden folder (its name starts with '.'): rename it to serve it"
                 if (entry / M.CONFIG).is_file() else None)
     if entry.is_symlink() and not entry.exists():
         return f"a broken link (to {os.readlink(entry)})"
