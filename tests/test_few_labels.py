@@ -908,3 +908,20 @@ def test_one_sweep_however_its_backbone_and_device_are_spelled(trec_slice, tiny_
     run_sweep(grid, str(trec_slice), api.BackboneOptions(f"./{tiny_bert.name}", max_length=16, device="cpu"), shots=2,
               cache_root=tmp_path / "c", log=log)
     assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2
+
+
+def test_a_default_given_explicitly_is_the_same_point(trec_slice, tiny_bert, tmp_path):
+    """`--lr 0.01` (the probe's default) and no --lr, `--layers -1` and the method's own layer: one sweep, whose
+    points are reused (the grid as typed was the key)."""
+    from frozentune.registry import get_method
+    from frozentune.sweep import Grid, run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    defaults = get_method("probe").train_defaults
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(Grid.parse("probe", seeds="0,1,2"), str(trec_slice), bb, shots=2, cache_root=tmp_path / "c",
+                  log=_StopAfter(2))
+    log = _StopAfter()
+    run_sweep(Grid.parse("probe", "-1", str(defaults["lr"]), seeds="0,1,2"), str(trec_slice), bb, shots=2,
+              cache_root=tmp_path / "c", log=log)
+    assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2

@@ -96,10 +96,10 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     backbones = load_layers(points, backbone)  # every layer's, before any training: a layer given twice is said now
     load_s = time.perf_counter() - t0
     hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
-    keys = [point_key(dataclasses.asdict(p) | {"layer": None}, hashes[p.seed], backbones[effective_layer(p)])
-            for p in points]
-    journal = open_journal(grid, data, backbone, base, shots, max_train, text_field, label_field, pair_field,
-                           cache_root, log, resume, set(keys))
+    settled = settings(points, base, backbones)
+    keys = [point_key(x, hashes[p.seed], backbones[effective_layer(p)]) for p, x in zip(points, settled)]
+    journal = open_journal(settled, data, backbone, base, shots, max_train, text_field, label_field, pair_field,
+                           cache_root, log, resume, set(keys), grid.methods)
     journal.total = len(points)
     try:
         rows, extract_s = [], 0.0
@@ -174,27 +174,41 @@ def load_layers(points: list[Point], backbone) -> dict:
     return backbones
 
 
-def open_journal(grid: Grid, data: str, backbone, base: dict, shots: int | None, max_train: int | None,
+def settings(points: list[Point], base: dict, backbones: dict) -> list[dict]:
+    """Each point as it trains: its method, layer (the backbone's absolute layer key), lr and weight decay as
+    resolved (where the grid leaves them out: the shared train options', else the method's defaults, as
+    api.train resolves them) and seed; so `--lr 0.01` and the probe's default are one point."""
+    from ..api import train_config
+
+    out = []
+    for p in points:
+        cfg = train_config(get_method(p.method).train_defaults, base | p.train_cfg())
+        out.append({"method": p.method, "layers": backbones[effective_layer(p)].layer_key, "lr": cfg.lr,
+                    "weight_decay": cfg.weight_decay, "seed": p.seed})
+    return out
+
+
+def open_journal(settled: list[dict], data: str, backbone, base: dict, shots: int | None, max_train: int | None,
                  text_field: str, label_field: str, pair_field: str | None, cache_root: Path | None,
-                 log: Callable[[str], None], resume: bool, keys: set[str]) -> Journal:
+                 log: Callable[[str], None], resume: bool, keys: set[str], methods: tuple[str, ...]) -> Journal:
     """The journal of this sweep (its key: the whole command, with its data files as absolute paths), said
     when it holds points; SweepBusy where another process runs the same sweep now."""
+    from ..backbone import as_saved
     from ..cache import default_root
     from ..data import resolve, resolved_files
     from . import journal as J
-
-    from ..backbone import as_saved
 
     _, files = resolve(data)
     name = as_saved(backbone.name)  # ./bert and its absolute path: one sweep
     # device and precision are each point's (its key holds the device and precision the pass ran with), so
     # --device cpu and the default on a CPU are one sweep
     options = dataclasses.asdict(backbone) | {"name": name, "device": None, "precision": None}
-    context = {"grid": dataclasses.asdict(grid), "data": resolved_files(files),
+    context = {"points": settled, "data": resolved_files(files),
                "fields": [text_field, label_field, pair_field], "shots": shots, "max_train": max_train, "train": base,
                "backbone": options}
     local = Path(str(data)).expanduser()
-    header = {"data": str(local.resolve()) if local.exists() else str(data), "backbone": name, "methods": ",".join(grid.methods), "points": len(grid.points())}
+    header = {"data": str(local.resolve()) if local.exists() else str(data), "backbone": name,
+              "methods": ",".join(methods), "points": len(settled)}
     root = Path(cache_root) if cache_root is not None else default_root()
     journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume, keys)
     J.current = journal
