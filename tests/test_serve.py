@@ -182,6 +182,9 @@ def test_one_backbone_however_its_name_is_written_is_one_pass(tmp_path, models, 
         assert sorted(g.label for g in e.groups) == ["tiny max_length 128 fp32 on cpu", "tiny max_length 64 fp32 on cpu"]
         out = e.classify(TEXTS[:1])
         assert len({json.dumps(out["results"][0]["tasks"][f"probe-{side}"]) for side in spellings}) == 1
+        # /v1/models names each task's backbone as its own config does (it showed the first model's spelling)
+        described = {d["name"]: d["backbone"] for d in e.describe()}
+        assert all(described[f"probe-{side}"] == name for side, name in spellings.items())
     finally:
         e.close()
 
@@ -1219,6 +1222,16 @@ def test_hidden_nested_and_sweep_entries_are_said_and_sweeps_named_after_their_f
                     f"rename it to serve it",
                     f"serve: {root / 'nest'}: skipped, a folder of models (folders in a folder of models are not "
                     f"searched): to serve them, give {root / 'nest'} as a path too"]
+    # a link to a model given beside it was dropped without a word, and one inside a folder of models was served
+    # as a second task, loading the same model twice: each is read once now, and said
+    (tmp_path / "plink").symlink_to(root / "probe")
+    said = []
+    assert find_models([root / "probe", tmp_path / "plink"], said.append) == [root / "probe"]
+    assert said == [f"serve: {tmp_path / 'plink'}: the same folder as {root / 'probe'}, read once"]
+    (root / "probe-alias").symlink_to(root / "probe")
+    said = []
+    assert find_models([root], said.append) == [root / "probe"]
+    assert f"serve: {root / 'probe-alias'}: the same model folder as {root / 'probe'}, served once (as 'probe')" in said
     runs = tmp_path / "runs"
     for sweep in ("sweep-a", "sweep-b"):
         shutil.copytree(models / "probe", runs / sweep / "best")

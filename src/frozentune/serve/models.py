@@ -60,13 +60,17 @@ def task_failed(name: str, e: BaseException) -> TaskFailed:
 def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print) -> list[Path]:
     """Model folders: each path is one (it holds config.json) or a folder of them (its subfolders that do;
     every other entry is said in one line, and skipped; hidden ones are skipped, said where they hold a
-    model). A path given twice (however it is written) is read once."""
+    model). A path given twice (however it is written, a link too) is read once, and a model folder reached
+    twice (a link to it in a folder of models) is served once, under the name it was first found by; each
+    is said."""
     found: list[Path] = []
-    read: set[str] = set()
+    read: dict[str, Path] = {}
     for p in map(Path, paths):
         if (where := os.path.realpath(p)) in read:  # its skip lines were said twice
+            if str(read[where]) != str(p):
+                log(f"serve: {p}: the same folder as {read[where]}, read once")
             continue
-        read.add(where)
+        read[where] = p
         if (p / M.CONFIG).is_file():
             found.append(p)
         elif p.is_dir():
@@ -87,7 +91,13 @@ def find_models(paths: Sequence[Path | str], log: Callable[[str], None] = print)
     if not found:
         raise ServeError("no model folders given; give folders written by `frozentune train --output`")
     names: dict[str, Path] = {}
+    first: dict[str, Path] = {}  # real folder → the path it was first found by
     for f in found:
+        if (real := os.path.realpath(f)) in first:  # a link to a model beside it: the same model served twice
+            if first[real] != f:
+                log(f"serve: {f}: the same model folder as {first[real]}, served once (as {task_name(first[real])!r})")
+            continue
+        first[real] = f
         name = task_name(f)
         if name in names and names[name].resolve() != f.resolve():
             raise ServeError(f"two models would be served as {name!r} ({names[name]} and {f}); a task is named "
@@ -175,7 +185,9 @@ class Task:
              "group": self.group.label}
         if self.model is not None:
             bb = self.model.backbone_ref
-            d |= {"labels": self.labels, "explains": self.explains, "backbone": bb.name,
+            saved = getattr(self.model, "saved_config", {}).get("backbone", {})
+            # as this model's config names it (the shared pass's is the first model's spelling of one backbone)
+            d |= {"labels": self.labels, "explains": self.explains, "backbone": saved.get("name", bb.name),
                   "input": "pair" if self.pairs else "text",
                   "fields": [f for f in (self.model.pair_fields or ("text",)) if f],
                   "layers": list(bb.layers.layers), "max_length": bb.max_length, "device": str(bb.device),
