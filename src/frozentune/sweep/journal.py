@@ -34,7 +34,6 @@ from typing import Callable
 from ..registry import MethodError
 
 NAME = "sweep-{key}.points.jsonl"
-PATTERN = "sweep-*.points.jsonl"  # a glob for the folder; FULL_NAME says which files are journals
 FULL_NAME = re.compile(r"sweep-[0-9a-f]{32}\.points\.jsonl")  # what frozentune writes (a 16-byte key in hex)
 
 
@@ -76,37 +75,36 @@ NUMBERS = ("lr", "weight_decay", "seed", "score", "test_accuracy", "train_second
 TEXTS = ("method", "layer", "score_is", "model_method")
 
 
-def _key_of_line(line: bytes) -> str | None:
-    """The key of a whole line holding a row as `run_sweep` writes it; None for anything else (a line
-    cut short, another shape, the header)."""
+def _parse(line: bytes) -> object:
     try:
-        entry = json.loads(line)
-        key, row = entry["key"], entry["row"]
-    except (ValueError, KeyError, TypeError):
+        return json.loads(line)
+    except ValueError:
         return None
+
+
+def _row_of(entry: object) -> tuple[str, dict] | None:
+    """(key, row) of a parsed line holding a row as `run_sweep` writes it; None for anything else (a line
+    cut short, another shape, the header)."""
+    if not isinstance(entry, dict):
+        return None
+    key, row = entry.get("key"), entry.get("row")
     if not isinstance(key, str) or not isinstance(row, dict) or not isinstance(row.get("selection"), dict):
         return None
     if not all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) for k in NUMBERS):
         return None
-    return key if all(isinstance(row.get(k), str) for k in TEXTS) else None
-
-
-def _header_of(line: bytes) -> dict | None:
-    try:
-        entry = json.loads(line)
-    except ValueError:
-        return None
-    return entry["sweep"] if isinstance(entry, dict) and isinstance(entry.get("sweep"), dict) else None
+    return (key, row) if all(isinstance(row.get(k), str) for k in TEXTS) else None
 
 
 def read(path: Path) -> tuple[dict | None, dict[str, dict], int]:
-    """(the header, rows by point key, lines neither whole rows nor the header) of a journal."""
+    """(the header, rows by point key, lines neither whole rows nor the header) of a journal; each line
+    parsed once."""
     header, rows, skipped = None, {}, 0
     for i, line in enumerate(path.read_bytes().splitlines()):
-        if (key := _key_of_line(line)) is not None:
-            rows.setdefault(key, json.loads(line)["row"])
-        elif i == 0 and (h := _header_of(line)) is not None:
-            header = h
+        entry = _parse(line)
+        if (found := _row_of(entry)) is not None:
+            rows.setdefault(*found)
+        elif i == 0 and isinstance(entry, dict) and isinstance(entry.get("sweep"), dict):
+            header = entry["sweep"]
         elif line.strip():
             skipped += 1
     return header, rows, skipped
@@ -165,17 +163,16 @@ class Journal:
                  keys: set[str] | None = None):
         """keys: the point keys of this sweep's grid; rows of others (their data or backbone changed at the same
         path) are dropped from the journal, not counted as kept (None: every row is this sweep's)."""
-        self.path, self.header, self.log, self.resume, self.keys = path, header, log, resume, keys
+        self.path, self.header, self.log, self.keys = path, header, log, keys
         self.rows: dict[str, dict] = {}
         self.skipped = self.reused = self.added = self.unwritten = self.dropped = 0
         self.fd: int | None = None
-        self.writable = True
         self.total = 0  # the grid's points (run_sweep sets it), for interrupt_note
         self.finished = False
         self._open()
-        if not resume:
-            self._truncate()
-        else:
+        if not resume:  # --restart: the kept points are dropped now (not reused, not left to be reused later)
+            self._rewrite()
+        elif self.path.is_file():  # read where it cannot be written too (a read-only cache)
             self._read()
 
     def _open(self) -> None:
@@ -184,11 +181,8 @@ class Journal:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as e:
-            self.writable = False
             self.log(f"sweep: cannot keep finished points in {self.path} ({e.strerror}); the sweep goes on, but an "
                      f"interrupt will lose its points")
-            if self.path.is_file() and self.resume:
-                self._read()
             return
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -226,11 +220,6 @@ class Journal:
             os.write(self.fd, body if self.rows else b"")
             os.fsync(self.fd)
 
-    def _truncate(self) -> None:
-        """--restart: the kept points are dropped now (not reused, not left to be reused later)."""
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-
     def found(self, key: str) -> dict | None:
         row = self.rows.get(key)
         if row is not None:
@@ -259,7 +248,6 @@ class Journal:
             self.added += 1
         except OSError as e:
             self._close()
-            self.writable = False
             self.unwritten += 1
             self.log(f"sweep: cannot keep finished points in {self.path} ({e.strerror}); the sweep goes on, but an "
                      f"interrupt will lose its points")
