@@ -546,6 +546,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
     log, cache_root = as_log(log), as_path(cache_root, "cache_root")
     as_switch(rebuild_cache, "rebuild_cache")
+    check_split(split)  # before the model is read
     model = _load(model_dir, device, precision, log)
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
@@ -631,13 +632,17 @@ def _live_backbone_on(model: M.Classifier, device) -> bool:
     return changed
 
 
+def check_split(split: str) -> None:
+    if split not in ("train", "validation", "test", "all"):
+        raise DataError(f"split {split!r}: choose train, validation, test or all")
+
+
 def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | None,
                  label_field: str | None, pair_field: str | None = None, model_dir: Path | None = None) -> tuple[Dataset, TextSplit, np.ndarray]:
     """A split of `data` read the way the model was trained (fields, seed for carved splits),
     with its labels encoded in the model's label order. Split `all`: every row of one file, nothing
     carved (a file of held-out examples scored whole)."""
-    if split not in ("train", "validation", "test", "all"):
-        raise ValueError(f"split {split!r}: choose train, validation, test or all")
+    check_split(split)
     saved = model.saved_config  # type: ignore[attr-defined]
     seed = saved.get("train", {}).get("seed", 0)
     fields = (text_field or saved.get("text_field", "text"), label_field or saved.get("label_field", "label"),
@@ -770,12 +775,12 @@ def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split:
     log, cache_root, output = as_log(log), as_path(cache_root, "cache_root"), as_path(output, "output")
     model = _load(model_dir, device, precision, log)
     if model.method != "space":
-        raise ValueError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
+        raise MethodError(f"plot-concepts draws the concept spaces of a `space` model; {model_dir} holds "
                          f"a {model.method!r} model" + _fallback_note(model_dir))
     if isinstance(max_points, bool) or not isinstance(max_points, int):
-        raise ValueError(f"max_points={max_points!r}: give a whole number of at least 2 (the examples drawn)")
+        raise MethodError(f"max_points={max_points!r}: give a whole number of at least 2 (the examples drawn)")
     if max_points < 2:
-        raise ValueError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
+        raise MethodError(f"--max-points {max_points}: give at least 2 (the examples drawn)")
     output = _png_path(Path(output)) if output else None  # checked before the states are extracted
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     if output is None:  # the model's folder, checked now too (a read-only one failed after the states were read)
@@ -1105,9 +1110,9 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
 
         saved = getattr(model, "saved_config", {"method": model.method})
         able = [m for m in list_methods("classification") if explains(get_method(m).head_cls)]
-        raise ValueError(f"{model_dir if not isinstance(model_dir, M.Classifier) else 'this model'}: method "
-                         f"{model.method!r} returns no explanation (explain works for: {', '.join(able)}); "
-                         f"this model supports {', '.join(model_commands(saved))}" + _fallback_note(model_dir))
+        raise MethodError(f"{model_dir if not isinstance(model_dir, M.Classifier) else 'this model'}: method "
+                          f"{model.method!r} returns no explanation (explain works for: {', '.join(able)}); "
+                          f"this model supports {', '.join(model_commands(saved))}" + _fallback_note(model_dir))
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
     tokens, views = bb.tokenize_with_views(texts)

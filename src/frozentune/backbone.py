@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .errors import FrozentuneError
 from . import interrupts
 from .pairs import Text, is_pair, pair_kind, unzip
 
@@ -109,7 +110,7 @@ def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
 LM_ALIASES = {"smollm2-135m": _smollm2_path}
 
 
-class BackboneError(RuntimeError):
+class BackboneError(FrozentuneError, RuntimeError):
     """The model could not be loaded or used; the message says what to do."""
 
 

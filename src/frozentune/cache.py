@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import FrozentuneError
 from .backbone import Backbone, Tokenized, cache_home, holds_special_text, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
@@ -57,7 +58,7 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 REBUILD = "Rebuild it: rerun with --rebuild-cache (train, eval and cache take it)."
 
 
-class CacheError(RuntimeError):
+class CacheError(FrozentuneError, RuntimeError):
     """A cache entry is missing, truncated, corrupt or incompatible; the message says what to do."""
 
 

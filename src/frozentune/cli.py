@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .errors import FrozentuneError
 from . import interrupts
 from .fields import as_flag
 from .export import FORMATS as EXPORT_FORMATS
@@ -38,7 +39,7 @@ from .interrupts import raise_keyboard_interrupt as _raise_keyboard_interrupt
 from .registry import describe_options, get_method, list_methods
 
 
-class CLIError(Exception):
+class CLIError(FrozentuneError):
     pass
 
 
@@ -1024,19 +1025,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":  # imported already
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
-    from .backbone import BackboneError
-    from .cache import CacheError
-    from .conv.encoder import ConvError
-    from .data import DataError
-    from .distributed import DistributedError, PeerLost
-    from .export import ExportError
-    from .extract import ExtractError
-    from .model import ModelLoadError
-    from .output import OutputError
-    from .generation.prefix import PrefixError
-    from .pairs import PairError
-    from .registry import MethodError
-    from .serve.models import ServeError
 
     ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
     a, rest = ap.parse_known_args(argv)
@@ -1061,8 +1049,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
                 "serve": cmd_serve, "export": cmd_export, "import": cmd_import}[a.command](a)
-    except (CLIError, DataError, BackboneError, CacheError, ModelLoadError, MethodError, ConvError, PrefixError,
-            OutputError, ExtractError, DistributedError, ServeError, PairError, ExportError) as e:
+    except FrozentuneError as e:  # every error of frozentune's about the input, files or environment
+        from .distributed import PeerLost
         kept = f"; {_kept()}" if isinstance(e, PeerLost) else ""  # stopped part-way, as an interrupt does
         print(f"frozentune: error: {_one_line(e)}{kept}", file=sys.stderr)
         return 2

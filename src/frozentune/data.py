@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .errors import FrozentuneError
 from .pairs import PAIR_FIELDS, Text, is_pair
 
 CLASSIFICATION = {
@@ -47,7 +48,7 @@ FORMATS_HELP = ".jsonl, .json, .csv, .tsv, .parquet or .arrow file, a folder of 
                "written by datasets' save_to_disk"
 
 
-class DataError(ValueError):
+class DataError(FrozentuneError, ValueError):
     """Bad input data: the message names the file (and line) and what to do about it."""
 
 

@@ -30,8 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from .errors import FrozentuneError
 
-class DistributedError(RuntimeError):
+
+class DistributedError(FrozentuneError, RuntimeError):
     """The ranks of a data-parallel run disagree (different data, models or options); the message says how."""
 
 

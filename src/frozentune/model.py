@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .errors import FrozentuneError
 from .backbone import Backbone, LayerSpec, Tokenized, pad, trainable_names
 from .cache import CachedStates
 from .head import Features, Head, Output
@@ -323,7 +324,7 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
     write_saved(folder, model.trainable_state(), config)
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(FrozentuneError, RuntimeError):
     """A saved model folder is missing, incomplete or does not match its backbone."""
 
 

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .errors import FrozentuneError
 from . import interrupts
 
 MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
@@ -36,7 +37,7 @@ EARLIER_FILES = ("README.md", "generations.jsonl", "model.onnx.data", "sweep.md"
                  "added_tokens.json", "chat_template.jinja", "spiece.model", "sentencepiece.bpe.model")
 
 
-class OutputError(ValueError):
+class OutputError(FrozentuneError, ValueError):
     """--output cannot be used; the message says why and what to do."""
 
 

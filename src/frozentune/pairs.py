@@ -20,6 +20,8 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
+from .errors import FrozentuneError
+
 Text = Union[str, tuple[str, str]]
 
 # named datasets that are pairs: (first field, second field)
@@ -29,7 +31,7 @@ PAIR_FIELDS = {"snli": ("premise", "hypothesis"), "rte": ("premise", "hypothesis
 POSITIVE = {"mrpc": "equivalent"}
 
 
-class PairError(ValueError):
+class PairError(FrozentuneError, ValueError):
     """Pairs and single texts mixed, or a pair given where single texts are expected (or the reverse)."""
 
 

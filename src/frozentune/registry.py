@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .errors import FrozentuneError
 from .fields import as_flag
 
 
@@ -71,7 +72,7 @@ class MethodSpec:
 _METHODS: dict[str, MethodSpec] = {}
 
 
-class MethodError(ValueError):
+class MethodError(FrozentuneError, ValueError):
     """Unknown method or bad option; the message lists what is valid."""
 
 

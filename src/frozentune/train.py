@@ -25,6 +25,7 @@ from torch import nn
 
 from . import distributed, interrupts
 from .fields import as_flag
+from .registry import MethodError
 from .model import Classifier, Source
 
 
@@ -72,11 +73,11 @@ class TrainConfig:
                 "off: always the head", "choices": ("auto", "off")})
 
     def validate(self) -> "TrainConfig":
-        """Raise ValueError naming the option (as typed on the command line) whose value cannot work."""
+        """Raise MethodError (a ValueError) naming the option (as typed on the command line) whose value cannot work."""
         from .fields import wrong_value
 
         if (why := wrong_value(self, flag=True)) is not None:  # e.g. epochs=1.5 or fallback="on" from Python
-            raise ValueError(why)
+            raise MethodError(why)
         rules = [("epochs", self.epochs >= 1, "at least 1"), ("batch_size", self.batch_size >= 1, "at least 1"),
                  ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
                  ("lr", math.isfinite(self.lr) and self.lr > 0, "a positive number"),
@@ -90,7 +91,7 @@ class TrainConfig:
                  ("seed", 0 <= self.seed < 2 ** 32, "a whole number from 0 to 4294967295 (what numpy and scikit-learn seed)")]
         for name, ok, want in rules:
             if not ok:
-                raise ValueError(f"{as_flag(name)} {getattr(self, name)}: must be {want}")
+                raise MethodError(f"{as_flag(name)} {getattr(self, name)}: must be {want}")
         return self
 
 

@@ -21,6 +21,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
+from ..errors import FrozentuneError
 from ..registry import changed
 from .layers import ConvBlock, DilatedConv, DynamicConv, EncoderLayer, LightConv, SelfAttention
 
@@ -29,7 +30,7 @@ CONVS = ("light", "dynamic", "dilated")
 TOKENIZER = "minilm"  # the MiniLM WordPiece tokenizer (backbone alias), the only one used here
 
 
-class ConvError(ValueError):
+class ConvError(FrozentuneError, ValueError):
     """Bad encoder options, corpus or checkpoint; the message says what to do."""
 
 

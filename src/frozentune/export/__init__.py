@@ -11,8 +11,10 @@ uploaded to the Hugging Face Hub as it is.
 """
 from __future__ import annotations
 
+from ..errors import FrozentuneError
 
-class ExportError(ValueError):
+
+class ExportError(FrozentuneError, ValueError):
     """A model or adapter that cannot be converted; the message says why and what to do."""
 
 

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..errors import FrozentuneError
 from ..backbone import cache_kwargs, freeze, pad, returned_cache, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..registry import MethodConfig, changed
@@ -46,7 +47,7 @@ PREFIX_KEY = "prefix"           # the one tensor in WEIGHTS: (N, 2, H, P, E)
 IGNORE = -100                   # label of tokens that carry no loss (Hugging Face's ignore_index)
 
 
-class PrefixError(ValueError):
+class PrefixError(FrozentuneError, ValueError):
     """A prefix that does not fit the model, or an option that cannot work; says what to do."""
 
 

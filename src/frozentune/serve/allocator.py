@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import FrozentuneError
+
 CHOICES = ("auto", "system", "tcmalloc", "jemalloc")
 # the shared libraries to preload, in order of preference, and the Debian/Ubuntu package of each
 LIBRARIES = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "jemalloc": ("libjemalloc.so.2",)}
@@ -38,7 +40,7 @@ SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/
 MARK = "FROZENTUNE_ALLOCATOR"
 
 
-class AllocatorError(ValueError):
+class AllocatorError(FrozentuneError, ValueError):
     """An --allocator that cannot be had here; the message says what to do."""
 
 

@@ -46,8 +46,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+from ..errors import FrozentuneError
 
-class Overloaded(RuntimeError):
+
+class Overloaded(FrozentuneError, RuntimeError):
     """The queue is full: try again after `retry_after` seconds."""
 
     def __init__(self, message: str, retry_after: int):

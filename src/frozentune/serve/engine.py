@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..errors import FrozentuneError
 from ..backbone import cut_words, textless_message
 from ..data import blank, invisible, unencodable
 from .batcher import BatchStats, Batcher, Job
 from .graphs import HeadGraphs, graphs_choice
-from .models import FrozenPass, Task, TaskFailed, find_models, load_tasks, pipeline_choice, task_failed
+from .models import FrozenPass, ServeError, Task, TaskFailed, find_models, load_tasks, pipeline_choice, task_failed
 
 
-class RequestError(ValueError):
+class RequestError(FrozentuneError, ValueError):
     """A request that cannot be served as given; `status` is the HTTP status it is answered with."""
 
     def __init__(self, message: str, status: int = 422):
@@ -76,19 +77,19 @@ class ServeOptions:
         from ..fields import wrong_value
 
         if (why := wrong_value(self, flag=True)) is not None:  # e.g. max_texts="3" from Python
-            raise ValueError(why)
+            raise ServeError(why)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if "choices" in f.metadata:
                 if value not in f.metadata["choices"]:
-                    raise ValueError(f"--{f.name.replace('_', '-')} {value!r}: choose one of "
+                    raise ServeError(f"--{f.name.replace('_', '-')} {value!r}: choose one of "
                                      f"{', '.join(f.metadata['choices'])}")
                 continue
             if isinstance(value, bool):
                 continue
             least = 0 if f.name.endswith("_ms") else 1
             if getattr(self, f.name) < least:
-                raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least {least}")
+                raise ServeError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least {least}")
         return self
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import FrozentuneError
 from .. import model as M
 from ..backbone import Backbone, LayerSpec, Tokenized, pad, select_layers
 from ..head import Features, Output, TokenView, explains
@@ -36,7 +37,7 @@ from .batcher import Deferred
 from .graphs import HeadGraphs
 
 
-class ServeError(ValueError):
+class ServeError(FrozentuneError, ValueError):
     """The models given to serve cannot be served as asked."""
 
 

@@ -34,6 +34,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from ...errors import FrozentuneError
+
 ATTN = "frozentune_prefix"   # the name the function is registered under
 KINDS = ("encoder", "decoder", "cross")
 _ATTR = "_frozentune_prefix"  # on an attention module while a prefix is set: (keys, values, keep)
@@ -41,7 +43,7 @@ _RECORD: list | None = None   # while find_sites / record runs: calls are append
 _LOCK = threading.RLock()     # prefixes live on modules: one prefixed call at a time per process
 
 
-class Seq2SeqError(ValueError):
+class Seq2SeqError(FrozentuneError, ValueError):
     """An encoder-decoder model or prefix that cannot work here; says what to do."""
 
 
