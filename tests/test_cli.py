@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from numerics import ROUNDING, softmax, sum_of_abs, tol
+from numerics import ROUNDING, approx, softmax, sum_of_abs, tol
 
 from frozentune.cli import main
 from frozentune.registry import list_methods
@@ -113,6 +113,31 @@ def test_eval_of_one_file_says_it_scores_the_carved_tenth(trained, trec_slice, c
     assert whole["metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-9)
     code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--split", "all")
     assert code == 2 and "--split all scores every row of one file" in err
+
+
+def test_eval_of_a_small_file_scores_its_test_part_without_a_validation_carve(trained, trec_slice, capsys, tmp_path):
+    """Three rows: one is carved as test, and the two left could not also give up a validation split with
+    every class on both sides. That carve is training's business; eval stopped on it with advice about
+    validation and never scored the test row. Now the test row is scored, the lines say nothing of what
+    training draws from train, and a file too small even for the test carve is pointed to --split all."""
+    out, _, cache = trained
+    rows = [json.loads(line) for line in (trec_slice / "test.jsonl").read_text().splitlines()]
+    first = {}
+    for r in rows:
+        first.setdefault(r["label"], r)
+    a, b = list(first.values())[:2]
+    small = tmp_path / "three.jsonl"
+    small.write_text("".join(json.dumps(r) + "\n" for r in (a, b, {**a, "text": a["text"] + " again"})))
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", small, "--cache-dir", cache)
+    assert code == 0, err
+    assert json.loads(stdout)["n"] == 1 and "eval: the test split, 1 example (" in err
+    assert "--split all scores every row of the file" in err and "validation" not in err
+    tiny = tmp_path / "two.jsonl"
+    tiny.write_text("".join(json.dumps(r) + "\n" for r in (a, b)))
+    code, _, err = run(capsys, "eval", "--model", out, "--data", tiny, "--cache-dir", cache)
+    assert code == 2 and err.rstrip().endswith(f"to score every row of {tiny} instead, give --split all")
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", cache)
+    assert code == 0 and "train limited" not in err and "no validation split" not in err
 
 
 def test_predict_agrees_with_eval(trained, trec_slice, capsys, tmp_path):
@@ -518,6 +543,21 @@ def test_explain_ytuning_and_refuse_probe(tiny_bert, trec_slice, tmp_path, capsy
     assert set(rows[0]["explanation"]["attention"]) == set(config["labels"])
     code, stdout, err = run(capsys, "explain", "--model", out, "Who invented ?", "--top", 5, "--json")
     assert "(3 of the 5 asked for: the text has no more words)" in __import__("json").loads(stdout)[0]["lines"]
+    # the prediction explained comes with its probabilities, the ones predict gives (a near-tie shows)
+    text = "Who invented\nthe telephone ?"
+    code, stdout, err = run(capsys, "explain", "--model", out, text, "--json")
+    explained = __import__("json").loads(stdout)[0]
+    code, stdout, err = run(capsys, "predict", "--model", out, text)
+    predicted = __import__("json").loads(stdout)
+    assert explained["label"] == predicted["label"] and explained["scores"].keys() == predicted["scores"].keys()
+    for lab, p in predicted["scores"].items():  # the same logits (one text, the same model call); only the
+        # fp32 softmax after it may run another kernel path (a row of a (1, C) batch against a (C,) vector)
+        assert explained["scores"][lab] == approx(p, ops=softmax(len(predicted["scores"])), scale=1.0)
+    ranked = sorted(predicted["scores"].items(), key=lambda kv: -kv[1])
+    code, stdout, err = run(capsys, "explain", "--model", out, text, "--top", 2)
+    assert stdout.startswith("Who invented\\nthe telephone ?\n")  # one line per text: the break written as \n
+    assert f"predicted: {ranked[0][0]} (probability {ranked[0][1]:.2f}; next {ranked[1][0]} {ranked[1][1]:.2f})" in stdout
+    assert all(line.startswith("  ") for line in stdout.splitlines()[1:])
     code, _, err = run(capsys, "explain", "--model", trained[0], "Who ?")
     assert code == 2 and "returns no explanation" in err and "ytuning" in err
 

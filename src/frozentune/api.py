@@ -551,7 +551,9 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
         log(f"data: {note}")
-    log(f"eval: the {split} split, {len(part):,} examples ({part.source})")
+    one_file = split == "test" and Path(str(data)).expanduser().is_file()
+    log(f"eval: the {split} split, {len(part):,} example{'s' if len(part) != 1 else ''} ({part.source})"
+        + ("; --split all scores every row of the file" if one_file else ""))
     _read_as_trained(model, part)
     _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress, log)
@@ -653,6 +655,14 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     elif split == "test" and set((files := resolve(data))[1]) == {"test"}:  # held-out data alone: read as it is
         part = read_split(files[1]["test"], *fields)
         ds = Dataset(files[0], part.subset([]), part.subset([]), part, sorted(set(part.labels)), [], fields[0], fields[2])
+    elif split == "test":  # carved from a single file as training carved it; what train gave up after does not matter
+        try:
+            ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], test_only=True)
+        except DataError as e:
+            if "cannot carve" not in str(e):
+                raise
+            raise DataError(f"{e}; to score every row of {data} instead, give --split all") from None
+        part = ds.test
     else:
         sample = _training_sample(saved, data, split, model_dir)
         expect = sample.pop("expect_sizes", None)
@@ -1094,7 +1104,8 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
 def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5, device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
     """Per text: the prediction and the head's explanation of it (what it is depends on the method:
-    see each head's `explain`). Each row: text, label, explanation (JSON) and lines (for people)."""
+    see each head's `explain`). Each row: text, label, scores (the per-label probabilities, as predict
+    gives them), explanation (JSON) and lines (for people)."""
     import torch
 
     from .head import explains
@@ -1126,7 +1137,8 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
         with torch.no_grad():
             o = model(src.batch(np.array([i])).to(device))
         ex = model.head.explain(o, views[i], model.labels, top)
-        out.append({**text_row(text), "label": model.labels[int(o.logits[0].argmax())],
+        probs = torch.softmax(o.logits[0].float(), -1).tolist()  # as predict gives them: the prediction explained
+        out.append({**text_row(text), **labelled(model.labels, probs),
                     "explanation": ex.data, "lines": ex.lines, **({"truncated": True} if cut[i] else {})})
     return out
 

@@ -254,7 +254,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("texts", nargs="*", help="texts to explain")
     _input_args(x)
-    x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show")
+    x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show (default: 5)")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
     _runtime_args(x)
 
@@ -599,16 +599,29 @@ def cmd_explain(a: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise;
         # "lines": the text form, as the server's JSON has it (with the note of a list shorter than --top)
-        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "truncated", "explanation", "lines") if k in r}
-                          for r in rows], indent=2, allow_nan=False))
+        print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "scores", "truncated", "explanation", "lines")
+                           if k in r} for r in rows], indent=2, allow_nan=False))
         return 0
-    for row in rows:
-        shown = f"{row['text']}\n  ⟷ {row['text_pair']}" if "text_pair" in row else row["text"]
+    for row in rows:  # one line per text, per span: a line break or tab inside them is shown as \n, \t
+        shown = f"{_one_line_text(row['text'])}\n  ⟷ {_one_line_text(row['text_pair'])}" if "text_pair" in row \
+            else _one_line_text(row["text"])
         cut = "  (truncated: it reached --max-length; the explanation is of the part read)" if row.get("truncated") else ""
-        print(f"{shown}\n  predicted: {row['label']}{cut}")
+        print(f"{shown}\n  predicted: {row['label']} ({_odds(row['scores'])}){cut}")
         for line in row["lines"]:
-            print(f"  {line}")
+            print(f"  {_one_line_text(line)}")
     return 0
+
+
+def _one_line_text(text: str) -> str:
+    """A text on one line: its line breaks and tabs written as \\n, \\r, \\t (JSON keeps them as they are)."""
+    return text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def _odds(scores: dict[str, float]) -> str:
+    """The predicted label's probability and the runner-up's, e.g. "probability 0.23; next DESC 0.18", so
+    a near-tie shows beside its explanation."""
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    return f"probability {ranked[0][1]:.2f}" + (f"; next {ranked[1][0]} {ranked[1][1]:.2f}" if len(ranked) > 1 else "")
 
 
 def cmd_plot_concepts(a: argparse.Namespace) -> int:

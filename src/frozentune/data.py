@@ -978,7 +978,7 @@ def one_side_note(name: str, files: dict[str, Path], text_field: str, pair_field
 def load_classification(data: str, text_field: str | None = "text", label_field: str = "label",
                         val_fraction: float = 0.1, seed: int = 0,
                         max_train: int | None = None, shots: int | None = None,
-                        carve_below: int = 0, pair_field: str | None = None) -> Dataset:
+                        carve_below: int = 0, pair_field: str | None = None, test_only: bool = False) -> Dataset:
     """Load a classification dataset by name, folder or file. With `pair_field` (or a named pair
     dataset: snli, rte, mrpc) every text is a (text_field, pair_field) sentence pair.
 
@@ -989,6 +989,9 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     empty split); a single file also gives up 10% as the test split. `shots` keeps K examples of
     each class (seeded; whole sentences of a phrase treebank), before any validation carve.
     `max_train` keeps a stratified sample of train after it (for quick runs).
+    `test_only`: the test split alone is wanted (scoring a saved model): it does not depend on what is
+    drawn from train afterwards (shots, validation, max_train), so none of that is done or said, and a
+    train too small to give a validation split does not stop the test split being scored.
     """
     check_field_names(text_field, label_field, pair_field)
     for name_, value in (("--shots", shots), ("--max-train", max_train)):
@@ -1051,6 +1054,9 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         more = "" if abs(share - 0.1) < 0.015 else ", more than 10% so that every class has an example on both sides"
         notes.append(f"no test split: carved 10% of {files['train']} (seed {seed}): {len(carve):,} of "
                      f"{len(carve) + len(keep):,} examples{more}{copies_note(copies)}")
+    if test_only:
+        return Dataset(name, train, splits.get("validation", train.subset([])), splits["test"],
+                       label_order(name, train.labels), notes, text_field, pair_field, rule)
     if shots is not None:
         train, note = sample_shots(train, shots, seed)
         notes.append(note)
