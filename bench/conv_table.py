@@ -113,6 +113,22 @@ def suffix(scale: str) -> str:
     return "" if scale == "cpu" else f"-{scale}"
 
 
+def shown_output(folder: str | Path) -> str:
+    """A pre-training's --output as a command run from the repository root gives it: bench/runs/NAME for
+    the folders this script uses (RUNS / NAME), else the path as recorded."""
+    folder = Path(folder)
+    return f"bench/runs/{folder.name}" if folder.parent.name == "runs" and folder.parent.parent.name == "bench" else str(folder)
+
+
+def shown_command(r: dict) -> str:
+    """A result's command; a pre-training recorded before its command named --output gets the folder its
+    result records (conv_table.py always passed one)."""
+    cmd = r["command"]
+    if cmd.startswith("frozentune pretrain ") and "--output" not in cmd.split() and r.get("output"):
+        cmd += " --output " + shlex.quote(shown_output(r["output"]))
+    return cmd
+
+
 def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fresh: bool, note: str = "",
                  steps: int = 0) -> Path:
     """`frozentune pretrain` for one arch (resumed when its folder holds a run) with a budget of
@@ -127,7 +143,7 @@ def pretrain_one(arch: str, scale: str, minutes: float, threads: int | None, fre
             *(["--steps", str(steps)] if steps else ["--minutes", str(minutes)])]
     resume = (out / "latest").is_file()
     before = json.loads((out / "result.json").read_text())["step"] if (out / "result.json").is_file() else None
-    shown = "frozentune pretrain " + " ".join(shlex.quote(x) for x in args)
+    shown = "frozentune pretrain " + " ".join(shlex.quote(x) for x in [*args, "--output", shown_output(out)])
     print(f"== {name}: {shown}" + ("  (resuming)" if resume else ""), flush=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     exe = str(Path(sys.executable).parent / "frozentune")
@@ -212,8 +228,11 @@ def report(scale: str) -> str:
                    "163–172 steps, 2026-11-21), whose checkpoint was replaced by the one in the pre-training column.")
     names = [f"conv-pretrain-{arch}{sfx}" for arch in ARCHS] + [
         f"conv-{arch}-{data}-{kind}{sfx}" for arch in ARCHS for data in TABLE for kind in ("scratch", "pretrained")]
-    cmds = [f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" for r in map(_result, names) if r]
-    return "\n".join(out) + "\n\nCommands (`python bench/conv_table.py" + (f" --scale {scale}" if sfx else "") + "`):\n" + "\n".join(cmds)
+    cmds = [f"- `{r['name']}` ({r['date']}, {r['machine']}): `{shown_command(r)}`" for r in map(_result, names) if r]
+    budgets = sorted({r["run"]["steps"] for r in map(_result, names[:len(ARCHS)]) if r and r.get("run", {}).get("steps")})
+    by_steps = f"; the pre-trainings with `--pretrain-steps {', '.join(map(str, budgets))}`" if budgets else ""
+    return ("\n".join(out) + "\n\nCommands (`python bench/conv_table.py" + (f" --scale {scale}" if sfx else "") + "`"
+            + by_steps + "):\n" + "\n".join(cmds))
 
 
 def pairs_report(scale: str = "cpu") -> str:
@@ -242,7 +261,7 @@ def pairs_report(scale: str = "cpu") -> str:
         pre_cell = f"{pre['step']} steps, MLM loss {pre['final_loss']:.2f}" if pre else "not run"
         out.append(f"| {arch} | {pre_cell} | {' | '.join(cells)} |")
     names = [f"conv-{arch}-{d}-{kind}{sfx}" for arch in ARCHS for d in data for kind in ("pretrained", "scratch")]
-    cmds = [f"- `{r['name']}` ({r['date']}): `{r['command']}`" for r in map(_result, names) if r]
+    cmds = [f"- `{r['name']}` ({r['date']}): `{shown_command(r)}`" for r in map(_result, names) if r]
     return "\n".join(out) + "\n\nCommands:\n" + "\n".join(cmds)
 
 
