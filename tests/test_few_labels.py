@@ -482,7 +482,7 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
         assert (tmp_path / "s1" / name).is_file()
     best = one.best
     api.train(best["method"], str(trec_slice), dataclasses_replace(bb, best["layer"]), shots=2,
-              train_cfg=cfg | {"seed": min(best["seeds"]), "lr": best["lr"], "weight_decay": best["weight_decay"]},
+              train_cfg=cfg | {"seed": one.best_seed, "lr": best["lr"], "weight_decay": best["weight_decay"]},
               output=tmp_path / "t", cache_root=tmp_path / "c", progress=False, log=lambda s: None)
     texts = ["What is the capital of France ?", "Who wrote Hamlet ?"]
     assert one.best_saved_as == json.loads((tmp_path / "s1" / "best" / "config.json").read_text())["method"]
@@ -543,7 +543,15 @@ def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     assert [t["fell_back"] for t in table] == [1, 0]
     text = markdown(SweepResult(rows, table, table[0]), "trec")
     assert "| space (a probe in 1 of 2) **best** |" in text and "kept that regression" in text
-    assert "best/" not in text  # where best/ holds the head, nothing more is said
+    assert "best/" not in text  # where nothing was saved, nothing is said of best/
+    # best/ is a seed that kept the head: seed 0 kept the regression, which is the probe setting's point
+    # (the space setting ranks first because of seed 1's head); it was min(seeds) = 0
+    from frozentune.sweep.run import saved_seed
+    assert saved_seed(rows, table[0]) == 1 and saved_seed(rows, table[1]) == 0
+    assert saved_seed([rows[0], {**rows[1], "model_method": "probe"}], table[0]) == 0  # all fell back: the first
+    text = markdown(SweepResult(rows, table, table[0], best_saved_as="space", best_seed=1), "trec")
+    assert ("best/ is the best setting's seed 1 (of its seeds, the first whose folds kept the head): cv accuracy "
+            "51.00, test 60.00.") in text
     # where best/ is the regression its folds kept, the table (and the log line) say what was saved
     text = markdown(SweepResult(rows, table, table[0], best_saved_as="probe"), "trec")
     assert "The best setting's saved model (best/), as a probe: on these few labels its folds found the space head" in text
@@ -551,6 +559,9 @@ def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     # the note on the probe's solved points comes where the grid varied --lr / --weight-decay (it came always)
     solved = [{**r, "selection": {"how": "cross-validation", "C": 1.0}} for r in rows if r["method"] == "probe"]
     assert "do not change them" not in markdown(SweepResult(solved, tabulate(solved), tabulate(solved)[0]), "trec")
+    # probes that fell back from heads with their own default lr (space 0.01, ytuning 0.001): not a varied grid
+    mixed = solved + [{**rows[0], "method": "ytuning", "lr": 0.001, "selection": {"how": "cross-validation", "C": 1.0}}]
+    assert "do not change them" not in markdown(SweepResult(mixed, tabulate(mixed), tabulate(mixed)[0]), "trec")
     varied = solved + [{**solved[0], "lr": 0.1}]
     assert "--lr and --weight-decay do not change them" in markdown(SweepResult(varied, tabulate(varied),
                                                                               tabulate(varied)[0]), "trec")

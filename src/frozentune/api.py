@@ -445,7 +445,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "cache_build_seconds": None if model.runs_live else sources.cache_build_seconds,
         "train_seconds": fitted.train_seconds,
         "peak_rss_mb": peak_rss_mb(),
-        "best_epoch": fitted.best_epoch,
+        "best_epoch": fitted.best_epoch if selection["how"] == "validation" else None,  # chosen by validation only
         "selection": selection,
         "history": fitted.history,
         "sizes": {"train": len(ds.train), "validation": len(ds.validation), "test": len(ds.test)},

@@ -24,6 +24,7 @@ class SweepResult:
     best: dict                # the table row with the highest mean score
     seconds: dict = field(default_factory=dict)  # wall, extraction, fits, loading
     best_saved_as: str | None = None  # the method of best/: the best's, or probe where its folds kept the regression
+    best_seed: int | None = None      # the seed of best/ (saved_seed): its row is best/'s scores
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -138,13 +139,13 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
             from ..output import staged_output
 
             t0 = time.perf_counter()
-            first = min(best["seeds"])
+            first = saved_seed(rows, best)
             with staged_output(Path(output), overwrite, kind="sweep") as folder:
                 saved = api.train(best["method"], datasets[first], backbones[best["layer"]], shots=shots, max_train=max_train,
                           train_cfg=base | {"seed": first, "lr": best["lr"], "weight_decay": best["weight_decay"]},
                           output=folder / "best", cache_root=cache_root, progress=False, log=silent, cache_log=log)
                 result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
-                result.best_saved_as = saved.get("model_method", best["method"])
+                result.best_saved_as, result.best_seed = saved.get("model_method", best["method"]), first
                 write(result, folder, data)
             journal.finish()
             interrupts.check()  # one held while the old output was replaced: raised now, the sweep saved
@@ -157,6 +158,15 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
         return result
     finally:
         journal.close()  # its lock released; removed where it holds no point
+
+
+def saved_seed(rows: list[dict], best: dict) -> int:
+    """The seed whose model is saved as best/: the first seed where the best setting kept its head, so
+    best/ is the setting the table ranks first (a seed whose folds kept the logistic regression is the
+    probe's point, not this setting's); the first seed where every seed kept the regression."""
+    own = [r["seed"] for r in rows if (r["method"], r["layer"], r["lr"], r["weight_decay"])
+           == (best["method"], best["layer"], best["lr"], best["weight_decay"]) and r["model_method"] == r["method"]]
+    return min(own) if own else min(best["seeds"])
 
 
 def load_layers(points: list[Point], backbone) -> dict:
@@ -265,10 +275,18 @@ def markdown(result: SweepResult, data: str) -> str:
                       "than a logistic regression on the same states and kept that regression (saved as a probe), so "
                       "those scores are the probe's; `--fallback off` (train) keeps the head whatever the folds say."]
     solved = [r for r in result.rows if "C" in r["selection"]]
-    if len({(r["lr"], r["weight_decay"]) for r in solved}) > 1:  # said where the grid varied them (it was said always)
+    if any(len({(r["lr"], r["weight_decay"]) for r in solved if r["method"] == m}) > 1  # said where the grid varied
+           for m in {r["method"] for r in solved}):  # them for one method (methods' own default lr differ)
         lines += ["", "The probe's points on fewer than --cv-below examples are solved by L-BFGS with their C chosen "
                       "by cross-validation: --lr and --weight-decay do not change them."]
-    if kept_note(result):
+    if result.best_seed is not None:  # which row best/ is: the setting's score is the mean over its seeds
+        row = next(r for r in result.rows if r["seed"] == result.best_seed and all(
+            r[k] == result.best[k] for k in ("method", "layer", "lr", "weight_decay")))
+        chosen = " (of its seeds, the first whose folds kept the head)" \
+            if result.best["fell_back"] and not kept_note(result) else ""
+        lines += ["", f"best/ is the best setting's seed {result.best_seed}{chosen}: {row['score_is']} "
+                      f"{row['score']:.2f}, test {row['test_accuracy']:.2f}{kept_note(result)}."]
+    elif kept_note(result):
         lines += ["", f"The best setting's saved model (best/){kept_note(result)}."]
     s = result.seconds
     if s:
@@ -290,7 +308,9 @@ def plot(result: SweepResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     table = sorted(result.table, key=lambda t: -t["score_mean"])
-    names = [f"{t['method']} L{t['layer']} lr{t['lr']:g} wd{t['weight_decay']:g}" for t in table]
+    names = [f"{t['method']} L{t['layer']} lr{t['lr']:g} wd{t['weight_decay']:g}"  # marks as the table has them
+             + (f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t["fell_back"] else "")
+             + (" ★ best" if t is result.best else "") for t in table]
     y = np.arange(len(table))
     fig, ax = plt.subplots(figsize=(8, 1.5 + 0.28 * len(table)))
     ax.errorbar([t["score_mean"] for t in table], y - 0.15, xerr=[t["score_std"] for t in table], fmt="o",
@@ -300,7 +320,7 @@ def plot(result: SweepResult, path: Path) -> None:
     ax.set_yticks(y, names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("accuracy (%), mean ± std over seeds")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)  # above, off the data
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
