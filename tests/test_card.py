@@ -30,6 +30,21 @@ def test_card_from_config_and_result():
     assert "`premise` and `hypothesis`" in card and "--pair" in card  # a pair model is used with pairs
 
 
+def test_card_says_how_a_few_label_model_was_trained():
+    """"train 48" alone read as the dataset's train split: the card says the run drew 8 per class, and what
+    the folds chose (or that they kept the logistic regression)."""
+    result = RESULT | {"config": {"shots": 8, "train": {"seed": 1}},
+                       "selection": {"how": "cross-validation", "folds": 5, "score": 66.666, "chosen_steps": 53,
+                                     "fallback": None}}
+    card = card_text(CONFIG, result)
+    assert ("**Training.** `--shots 8`: 8 examples per class drawn with seed 1 from the data's train split; 5-fold "
+            "cross-validation on train chose 53 optimiser steps (held-out accuracy 66.67), then it was fitted on all "
+            "of train.") in card
+    kept = result | {"selection": {**result["selection"], "fallback": "probe", "chosen_steps": 0}}
+    assert "kept a logistic regression on the same states (held-out accuracy 66.67)" in card_text(CONFIG, kept)
+    assert "**Training.**" not in card_text(CONFIG, RESULT)  # a full train split, nothing recorded to say
+
+
 def test_card_says_what_was_not_recorded():
     card = card_text({"method": "probe", "backbone": {"name": "/models/my-encoder"}}, {})
     assert "base_model" not in card  # a local folder is not a Hub id

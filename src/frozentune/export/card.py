@@ -75,6 +75,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                     + (f"; input field(s) {text}" if text else "")
                     + ("; pairs fed without token type ids (`--no-token-types`: every token type 0)"
                        if backbone.get("token_types") is False else "") + ".")
+    if (line := _training_line(result)) is not None:
+        body.append(line)
     if (imported := config.get("imported")) and not exported:
         body.append(f"**Origin.** Imported from a {imported.get('format', '?').upper()} adapter "
                     f"(`{imported.get('from', '?')}`, PEFT {imported.get('peft_version') or 'version not recorded'}); "
@@ -93,6 +95,31 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     # backslashreplace: a path of bytes that are not UTF-8 (a lone surrogate in Python) failed the save after training
     path.write_text(card_text(config, result, exported), encoding="utf-8", errors="backslashreplace")
     return path
+
+
+def _training_line(result: dict) -> str | None:
+    """How train was drawn (--shots, --max-train) and what chose the model (folds, validation), from
+    result.json; None where the run recorded neither (a full train split on a fixed schedule). A card of
+    "train 48" alone reads as if 48 were the dataset's train split."""
+    run = result.get("config") or {}
+    seed = (run.get("train") or {}).get("seed")
+    seeded = f" with seed {seed}" if isinstance(seed, int) else ""
+    parts = []
+    if isinstance(run.get("shots"), int):
+        parts.append(f"`--shots {run['shots']}`: {run['shots']} examples per class drawn{seeded} from the "
+                     f"data's train split")
+    elif isinstance(run.get("max_train"), int):
+        parts.append(f"`--max-train {run['max_train']}`: a stratified sample{seeded} of the data's train split")
+    sel = result.get("selection") or {}
+    if sel.get("how") == "cross-validation" and isinstance(sel.get("score"), (int, float)):
+        chose = ("kept a logistic regression on the same states" if sel.get("fallback") else
+                 f"chose {sel['chosen_steps']:,} optimiser steps" if isinstance(sel.get("chosen_steps"), int) else
+                 "chose the model")
+        parts.append(f"{sel.get('folds', '?')}-fold cross-validation on train {chose} (held-out accuracy "
+                     f"{sel['score']:.2f}), then it was fitted on all of train")
+    elif sel.get("how") == "validation":
+        parts.append("early stopping on the validation split chose the epoch")
+    return ("**Training.** " + "; ".join(parts) + ".") if parts else None
 
 
 def _fallback_words(method: str, result: dict) -> str:
