@@ -685,7 +685,7 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
                         f"({', '.join(map(repr, model.labels))})"
                         + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
                         + rows_like_it(at, "hold them")
-                        + ". Evaluate on data with the model's labels (or check --label-field).")
+                        + ". Give data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
 
