@@ -1044,7 +1044,10 @@ def test_engine_checks_requests_before_queueing(engine):
     try:
         with pytest.raises(RequestError, match="no classify task of this server gives an explanation"):
             only_probe.explain(["a fine film"])
-        assert only_probe.classify(["a fine film"], explain=True)["results"][0]["tasks"]["probe"]["label"]
+        row = only_probe.classify(["a fine film"], explain=True)["results"][0]["tasks"]["probe"]
+        assert row["label"] and row["explanation"] is None  # asked for: said to be absent, not silently left out
+        assert row["lines"] == ["probe gives no explanation (ytuning, space and selfexplain models do)"]
+        assert "explanation" not in only_probe.classify(["a fine film"])["results"][0]["tasks"]["probe"]
     finally:
         only_probe.close()
 

@@ -71,7 +71,8 @@ class Classify(BaseModel):
                                           "pairs (or `pair` for one)")
     pair: list[str] | None = None
     tasks: list[str] | None = Field(None, description="task names (default: every classification task)")
-    explain: StrictBool = Field(False, description="add each task's explanation where its method gives one")
+    explain: StrictBool = Field(False, description="add each task's explanation where its method gives one (where it gives none: "
+                                                  "explanation null and a line saying so)")
     top: StrictInt = Field(5, description="explanations: how many tokens or spans")
 
 

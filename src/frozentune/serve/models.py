@@ -250,6 +250,9 @@ def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int],
             one = Output(out.logits[k:k + 1], {name: v[k:k + 1] for name, v in out.extras.items()})
             ex = task.model.head.explain(one, job["view"], task.labels, job["explain"])
             row |= {"explanation": ex.data, "lines": ex.lines}
+        elif job["explain"] is not None:  # asked, and this method has none: said, not left out unseen
+            row |= {"explanation": None, "lines": [f"{task.method} gives no explanation (ytuning, space and "
+                                                   f"selfexplain models do)"]}
         res.append(row)
     return res
 
