@@ -273,6 +273,10 @@ def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     before = (out / "result.json").read_text()
     with pytest.raises(ConvError, match=f"is at step {r['step']} .* already past --minutes 1e-05; give a larger budget"):
         pretrain(out, None, {}, {"minutes": 1e-5}, resume=True, log=quiet)
+    # only the budget spent is named (it said "already past --steps 1000000000 --minutes 1e-05")
+    with pytest.raises(ConvError, match=f"is at step {r['step']} .* already past --minutes 1e-05; give") as e:
+        pretrain(out, None, {}, {"steps": 10 ** 9, "minutes": 1e-5}, resume=True, log=quiet)
+    assert "--steps" not in str(e.value)
     assert (out / "result.json").read_text() == before
 
 

@@ -325,6 +325,17 @@ def lr_at(step: int, run: PretrainConfig) -> float:
     return run.lr * math.sqrt(max(run.warmup_steps, 1) / step)
 
 
+def budgets_reached(run: PretrainConfig, step: int, seconds: float) -> dict[str, float]:
+    """The budgets (steps, minutes) that a run at `step` after `seconds` of training has spent; a
+    budget of 0 (no limit) is never spent."""
+    reached: dict[str, float] = {}
+    if run.steps and step >= run.steps:
+        reached["steps"] = run.steps
+    if run.minutes and seconds >= 60 * run.minutes:
+        reached["minutes"] = run.minutes
+    return reached
+
+
 def as_flags(d: dict) -> str:
     return " ".join(f"{as_flag(k)} {v}" for k, v in d.items())
 
@@ -488,10 +499,9 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             raise ConvError(f"{folder}: the checkpoint does not fit the run it describes "
                             f"({' '.join(str(e).split())[:200]}); restore it or start a new run") from None
         step, elapsed, tokens_seen = saved["step"], saved["seconds"], saved["tokens_seen"]
-        if run_cfg.steps and step >= run_cfg.steps or run_cfg.minutes and elapsed >= 60 * run_cfg.minutes:
+        if reached := budgets_reached(run_cfg, step, elapsed):
             raise ConvError(f"{output} is at step {step} ({elapsed / 60:.1f} minutes trained), already past "
-                            f"{as_flags({k: v for k, v in (('steps', run_cfg.steps), ('minutes', run_cfg.minutes)) if v})}; "
-                            f"give a larger budget to continue it (nothing was changed)")
+                            f"{as_flags(reached)}; give a larger budget to continue it (nothing was changed)")
         curve = [json.loads(line) for line in (folder / CURVE).read_text().splitlines() if line.strip()]
         log(f"resuming {output} at step {step} ({elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in model.encoder.parameters())
@@ -517,11 +527,7 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             _save_checkpoint(output, model, opt, config, curve, rngs)
 
     def spent() -> str | None:
-        if run_cfg.steps and step >= run_cfg.steps:
-            return "steps"
-        if run_cfg.minutes and elapsed >= 60 * run_cfg.minutes:
-            return "minutes"
-        return None
+        return next(iter(budgets_reached(run_cfg, step, elapsed)), None)
 
     live = output / CURVE
     if main:  # a resumed run drops what came after its checkpoint
