@@ -244,6 +244,26 @@ def test_a_corpus_given_by_a_relative_path_resumes_from_anywhere(corpus_file, tm
     assert pretrain(tmp_path / "rel", str(corpus_file), {}, {"steps": 4}, resume=True, log=quiet)["step"] == 4
 
 
+def test_resume_refuses_an_edited_corpus_of_as_many_chunks(tmp_path):
+    """Only the number of chunks was compared: a corpus edited in place resumed silently on other texts. A
+    checkpoint written before the digest was recorded is still checked by the count alone, and resumes."""
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("just one line of text here\n")
+    out = tmp_path / "p"
+    pretrain(out, str(corpus), ENC, {**RUN, "steps": 2}, log=quiet)
+    config_file = find_checkpoint(out) / "config.json"
+    assert len(json.loads(config_file.read_text())["corpus"]["sha256"]) == 64
+    corpus.write_text("just one lone of text here\n")
+    with pytest.raises(ConvError, match="the corpus .*one.txt changed since the checkpoint: as many chunks as then "
+                                        "\\(1\\), but other tokens .*; resume with the same corpus"):
+        pretrain(out, None, {}, {"steps": 4}, resume=True, log=quiet)
+    assert find_checkpoint(out).name == "step-0000002"
+    config = json.loads(config_file.read_text())
+    del config["corpus"]["sha256"]  # as written before the digest was recorded
+    config_file.write_text(json.dumps(config))
+    assert pretrain(out, None, {}, {"steps": 4}, resume=True, log=quiet)["step"] == 4
+
+
 def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     out = tmp_path / "p"
     r = pretrain(out, str(corpus_file), ENC, {**RUN, "minutes": 1e-4}, log=quiet)

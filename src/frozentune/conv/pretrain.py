@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import io
 import json
 import math
@@ -155,8 +157,19 @@ class Corpus:
     def tokens(self) -> int:
         return int(sum(len(c) for c in self.chunks))
 
+    @functools.cached_property
+    def sha256(self) -> str:
+        """A digest of the tokenised corpus: every chunk's length and token ids, in order (a corpus edited
+        without changing its number of chunks gives another)."""
+        h = hashlib.sha256()
+        for c in self.chunks:
+            h.update(len(c).to_bytes(8, "little"))
+            h.update(np.ascontiguousarray(c, dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def describe(self) -> dict:
-        return {"name": self.name, "path": self.path, "texts": self.texts, "chunks": len(self.chunks), "tokens": self.tokens}
+        return {"name": self.name, "path": self.path, "texts": self.texts, "chunks": len(self.chunks),
+                "tokens": self.tokens, "sha256": self.sha256}
 
 
 def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list[str]]:
@@ -349,6 +362,20 @@ def same_corpus(given: str, saved: str) -> bool:
     return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
+def check_same_corpus(saved: dict, data: Corpus, corpus: str) -> None:
+    """Refuse to resume on a corpus other than the checkpoint's: another number of chunks, or (where the
+    checkpoint recorded it; those written before it did are checked by the count alone) another digest
+    of the tokenised chunks."""
+    redo = "resume with the same corpus, or start a new run in another --output folder"
+    if saved["chunks"] != len(data.chunks):
+        raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['chunks']:,} chunks then, "
+                        f"{len(data.chunks):,} now); {redo}")
+    if "sha256" in saved and saved["sha256"] != data.sha256:
+        raise ConvError(f"the corpus {corpus} changed since the checkpoint: as many chunks as then "
+                        f"({len(data.chunks):,}), but other tokens (sha256 {saved['sha256'][:12]}… then, "
+                        f"{data.sha256[:12]}… now); {redo}")
+
+
 def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, text_field: str) -> tuple[EncoderConfig, PretrainConfig, str]:
     """The saved run's settings with the budget options given now; any other option given must
     equal the saved one."""
@@ -472,9 +499,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
 
     log(f"corpus {data.name}: {data.texts:,} texts → {len(data.chunks):,} chunks of ≤ {enc_cfg.max_length} tokens, "
         f"{data.tokens:,} tokens ({prepare_seconds:.1f}s)")
-    if saved is not None and saved["corpus"]["chunks"] != len(data.chunks):
-        raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['corpus']['chunks']:,} chunks "
-                        f"then, {len(data.chunks):,} now); resume with the same corpus or start a new run")
+    if saved is not None:
+        check_same_corpus(saved["corpus"], data, corpus)
 
     torch.manual_seed(run_cfg.seed)
     model = MaskedLM(Encoder(enc_cfg, len(tok))).to(device)
