@@ -151,10 +151,20 @@ def test_parameter_counts_within_five_percent():
 def test_bad_encoder_options():
     with pytest.raises(ConvError, match="arch 'nope': choose one of light, dynamic, dilated, transformer"):
         EncoderConfig(arch="nope").validate()
-    with pytest.raises(ConvError, match="odd width"):
+    # each names the one option wrong as the command line spells it (they said "kernel_size 4", or one lumped
+    # "layers, dim, heads and ffn_dim must be at least 1")
+    with pytest.raises(ConvError, match="^--kernel-size 4: give an odd width"):
         EncoderConfig(kernel_size=4).validate()
-    with pytest.raises(ConvError, match="heads 3 must divide dim 16"):
+    with pytest.raises(ConvError, match="^--heads 3: must divide --dim 16"):
         EncoderConfig(dim=16, heads=3).validate()
+    with pytest.raises(ConvError, match="^--ffn-dim 0: must be at least 1$"):
+        EncoderConfig(ffn_dim=0).validate()
+    with pytest.raises(ConvError, match="^--dilation-cycle 0: must be at least 1$"):
+        EncoderConfig(dilation_cycle=0).validate()
+    with pytest.raises(ConvError, match="^--ffn-dim 100: .* give --ffn-dim 129 or more"):
+        EncoderConfig(arch="transformer", ffn_dim=100).validate()
+    with pytest.raises(ConvError, match="^--weight-dropout 1.0: give a value in"):
+        EncoderConfig(weight_dropout=1.0).validate()
     enc = tiny_encoder("light")
     with pytest.raises(ConvError, match="position table has 64 rows"):
         enc(torch.ones(1, 65, dtype=torch.long), torch.ones(1, 65, dtype=torch.bool))
@@ -399,6 +409,20 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--weight-decay", "-1"], "--weight-decay -1.0"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-grad-norm", "-1"], "--max-grad-norm -1.0"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-length", "2"], "give at least 3"),
+    # pre-training's minimum, where the encoder's (2) was said first; then one option named, as typed
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-length", "0"],
+     "--max-length 0: a pre-training chunk holds [CLS], [SEP] and at least one word piece; give at least 3"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--batch-size", "0"],
+     "--batch-size 0: must be at least 1"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--checkpoint-every", "0"],
+     "--checkpoint-every 0: must be at least 1"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--warmup-steps", "-1"],
+     "--warmup-steps -1: must be at least 0"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--mask-prob", "1"],
+     "--mask-prob 1.0: give a fraction in (0, 1)"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--kernel-size", "4"],
+     "--kernel-size 4: give an odd width"),
+    (["train", "--method", "conv", "--kernel-size", "4", "--data", "{trec}"], "--kernel-size 4: give an odd width"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--device", "foo"], "--device 'foo': give auto"),
     # read as --data reads files (each was a traceback, or a text made of a null / a number)
     (["pretrain", "--corpus", "{tmp}/latin1.txt", "--output", "{tmp}/o", "--steps", "1"],

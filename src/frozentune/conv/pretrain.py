@@ -54,7 +54,7 @@ from ..data import DataError
 from ..fields import as_flag
 from ..registry import refuse_unused
 from ..train import adamw, shared_step, silent
-from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
+from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer, require_at_least
 
 FORMAT = "frozentune-mlm/1"
 IGNORE = -100  # label of positions that are not predicted
@@ -98,10 +98,10 @@ class PretrainConfig:
                             f"--steps N and/or --minutes M, at least one of them above 0 (0 means no limit of that kind)")
         if self.steps == 0 and self.minutes == 0:
             raise ConvError("give a budget: --steps N and/or --minutes M (at least one above 0)")
-        if min(self.batch_size, self.checkpoint_every, self.log_every) < 1 or self.warmup_steps < 0:
-            raise ConvError("batch_size, checkpoint_every and log_every must be at least 1, warmup_steps at least 0")
+        require_at_least(self, ("batch_size", "checkpoint_every", "log_every"), 1)
+        require_at_least(self, ("warmup_steps",), 0, " (0: no warm-up)")
         if not 0.0 < self.mask_prob < 1.0:
-            raise ConvError(f"mask_prob {self.mask_prob}: give a fraction in (0, 1)")
+            raise ConvError(f"--mask-prob {self.mask_prob}: give a fraction in (0, 1)")
 
 
 # ----------------------------------------------------------------------------- masking
@@ -477,15 +477,16 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     if not main:
         log = silent
     enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
+    if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
+        # before the encoder's own check, whose minimum (2) is not pre-training's
+        raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
+                        f"word piece; give at least 3 (the default is 128)")
     enc_cfg.validate()
     run_cfg.validate()
     if saved is None:  # a new run's options (a resumed run's are the checkpoint's)
         refuse_unused(enc_cfg, "pretrain")
         if os.sep in corpus or Path(corpus).suffix or Path(corpus).exists():  # a path: saved resolved, so that
             corpus = str(Path(corpus).expanduser().resolve())  # --resume from another folder finds it
-    if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
-        raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
-                        f"word piece; give at least 3 (the default is 128)")
     device = _device(run_cfg.device)  # an unknown or absent device: said before any work
     tok = load_tokenizer()
     t0 = time.perf_counter()
