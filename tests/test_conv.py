@@ -12,7 +12,8 @@ from frozentune.cli import main
 from frozentune.conv.encoder import (ARCHS, ConvError, Encoder, EncoderConfig, EncoderShape, load_tokenizer,
                                      parameter_counts, receptive_radius)
 from frozentune.conv.layers import DilatedConv, DynamicConv, LightConv
-from frozentune.conv.pretrain import IGNORE, build_corpus, corpus_texts, find_checkpoint, mask_tokens, pretrain, read_checkpoint
+from frozentune.conv.pretrain import (IGNORE, PretrainConfig, build_corpus, corpus_texts, find_checkpoint, mask_tokens,
+                                      pretrain, read_checkpoint)
 from frozentune.data import DataError
 from frozentune.registry import MethodError, get_method, make_config
 from frozentune.train import predict_logits
@@ -215,7 +216,7 @@ def corpus_file(tmp_path_factory, shared_data):
 
 
 ENC = {"arch": "dynamic", "layers": 1, "dim": 16, "heads": 2, "kernel_size": 3, "ffn_dim": 32, "max_length": 32}
-RUN = {"batch_size": 4, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1, "lr": 1e-3}
+RUN = {"batch_size": 4, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1, "lr": 1e-3, "device": "cpu"}
 
 
 def quiet(_: str) -> None:
@@ -362,9 +363,10 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--kernel-size", 3, "--ffn-dim", 32]
     ckpt, out = tmp_path / "ckpt", tmp_path / "model"
     code, stdout, err = run(capsys, "pretrain", "--corpus", corpus_file, "--output", ckpt, *sizes, "--max-length", 32,
-                            "--steps", 3, "--batch-size", 4, "--log-every", 1)
+                            "--steps", 3, "--batch-size", 4, "--log-every", 1, "--device", "cpu")
     assert code == 0, err
     assert "step      3  loss" in stdout and (ckpt / "latest").is_file()
+    assert stdout.startswith("device: cpu (")  # the device line train prints
     code, stdout, err = run(capsys, "train", "--method", "conv", *sizes, "--init", ckpt, "--data", trec_slice,
                             "--max-length", 32, "--epochs", 2, "--output", out, "--quiet")
     assert code == 0, err
@@ -394,6 +396,20 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     src = M.LiveSource(model.backbone_ref.tokenize(test.texts), model.backbone_ref.pad_id())
     expected = [model.labels[i] for i in predict_logits(model, src).argmax(1)]
     assert [json.loads(line)["label"] for line in stdout.splitlines()] == expected
+
+
+def test_pretrain_device_is_auto_and_said(corpus_file, tmp_path, capsys, monkeypatch):
+    """pretrain defaulted to --device cpu where train, predict and serve take auto, and never said the device."""
+    import frozentune.extract.device as D
+
+    assert PretrainConfig().device == "auto"
+    monkeypatch.setattr(D, "_cuda_count", lambda: 0)  # auto finds no GPU here, whatever the machine has
+    monkeypatch.setattr(D, "_mps", lambda: False)
+    code, stdout, err = run(capsys, "pretrain", "--corpus", corpus_file, "--output", tmp_path / "p", "--arch", "light",
+                            "--layers", 1, "--dim", 16, "--heads", 2, "--ffn-dim", 32, "--max-length", 16, "--steps", 1)
+    assert code == 0, err
+    assert stdout.splitlines()[0].startswith("device: auto → cpu (no GPU found; "), stdout
+    assert json.loads((tmp_path / "p" / "result.json").read_text())["run"]["device"] == "auto"
 
 
 @pytest.mark.parametrize("argv,needle", [

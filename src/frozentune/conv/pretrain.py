@@ -76,7 +76,8 @@ class PretrainConfig:
     checkpoint_every: int = field(default=200, metadata={"help": "steps between checkpoints (one is also written at the end)"})
     log_every: int = field(default=20, metadata={"help": "steps between printed losses (every step goes to loss.jsonl)"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, batches and masking"})
-    device: str = field(default="cpu", metadata={"help": "torch device (cpu, cuda, cuda:1 …)"})
+    device: str = field(default="auto", metadata={
+        "help": "where to train: auto (default: a GPU when there is one, else the CPU), cpu, cuda, cuda:N or mps"})
 
     def validate(self) -> None:
         from ..fields import wrong_value
@@ -427,13 +428,14 @@ def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume
         raise ConvError(f"bad option: {e}") from None
 
 
-def _device(spec: str) -> torch.device:
-    """The device to train on: an absent or unknown one is an error listing what this machine has
-    (extract.resolve_device); under a launcher, a bare "cuda" is this rank's GPU."""
+def _device(spec: str) -> tuple[torch.device, str]:
+    """(the device to train on, the `device:` line train prints for it): an absent or unknown one is an
+    error listing what this machine has (extract.resolve_device); under a launcher, a bare "cuda" is
+    this rank's GPU."""
     from ..extract.device import resolve_device
 
-    chosen, _ = resolve_device(spec)
-    return chosen if spec.strip().lower() == "auto" else distributed.device(spec.strip().lower())
+    chosen, said = resolve_device(spec)
+    return (chosen if spec.strip().lower() == "auto" else distributed.device(spec.strip().lower())), said
 
 
 class Batches:
@@ -487,7 +489,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         refuse_unused(enc_cfg, "pretrain")
         if os.sep in corpus or Path(corpus).suffix or Path(corpus).exists():  # a path: saved resolved, so that
             corpus = str(Path(corpus).expanduser().resolve())  # --resume from another folder finds it
-    device = _device(run_cfg.device)  # an unknown or absent device: said before any work
+    device, said = _device(run_cfg.device)  # an unknown or absent device: said before any work
+    log(said)
     tok = load_tokenizer()
     t0 = time.perf_counter()
     data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)  # a corpus it cannot read: before any folder is made
