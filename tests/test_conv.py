@@ -412,6 +412,47 @@ def test_pretrain_device_is_auto_and_said(corpus_file, tmp_path, capsys, monkeyp
     assert json.loads((tmp_path / "p" / "result.json").read_text())["run"]["device"] == "auto"
 
 
+def interrupted_at(step: int, module, monkeypatch) -> None:
+    """`module.shared_step` raises KeyboardInterrupt (Ctrl-C) at its `step`-th call."""
+    real, calls = module.shared_step, []
+
+    def step_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "shared_step", step_then_interrupt)
+
+
+def test_an_interrupt_says_what_was_kept(corpus_file, trec_slice, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in pretrain said "keeps its last complete checkpoint, if one was written" where it knew whether one
+    was; in train --method conv it spoke of cache entries kept for a rerun, where conv builds no cache."""
+    import importlib
+
+    P, T = (importlib.import_module(f"frozentune.{m}") for m in ("conv.pretrain", "train"))  # (names of functions too)
+
+    sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--ffn-dim", 32, "--max-length", 16]
+    args = ["pretrain", "--corpus", corpus_file, "--output", tmp_path / "p", *sizes, "--steps", 4,
+            "--checkpoint-every", 2, "--device", "cpu"]
+    interrupted_at(2, P, monkeypatch)
+    code, _, err = run(capsys, *args)
+    assert code == 130 and err.strip().endswith("interrupted by SIGINT; no checkpoint was written yet; the same "
+                                                "command starts again"), err
+    interrupted_at(4, P, monkeypatch)  # the same command: it starts again, and stops after its step-2 checkpoint
+    code, _, err = run(capsys, *args)
+    assert code == 130 and err.strip().endswith(f"interrupted by SIGINT; {tmp_path / 'p'} keeps its last complete "
+                                                f"checkpoint (step-0000002): --resume continues from it"), err
+    out = tmp_path / "m"
+    interrupted_at(1, T, monkeypatch)
+    code, _, err = run(capsys, "train", "--method", "conv", *sizes, "--data", trec_slice, "--output", out, "--quiet",
+                       "--device", "cpu")
+    assert code == 130 and err.strip().endswith("interrupted by SIGINT; the output folder is as it was and nothing "
+                                                "trained is kept (method 'conv' runs its backbone on every batch, so "
+                                                "no feature cache is built)"), err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["pretrain", "--corpus", "/no/such/corpus.txt", "--output", "{tmp}/o", "--steps", "1"], "no such file"),
     (["pretrain", "--output", "{tmp}/o", "--steps", "1"], "give --corpus"),
