@@ -340,6 +340,27 @@ def test_init_loads_the_pretrained_encoder(corpus_file, tmp_path):
         build(make_config("conv", {**shape, "init": str(tmp_path)}), 16)
 
 
+def test_the_truncation_note_gives_the_init_checkpoints_length(corpus_file, trec_slice, tmp_path, capsys):
+    """The note told conv users "this backbone reads up to 512 tokens" (the MiniLM tokenizer's limit): with --init a
+    --max-length past the checkpoint's positions is refused, and from scratch nothing limits it."""
+    sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--kernel-size", 3, "--ffn-dim", 32]
+    pretrain(tmp_path / "p", str(corpus_file), ENC | {"arch": "light"}, {**RUN, "steps": 1}, log=quiet)
+    shape = {k: v for k, v in ENC.items() if k != "max_length"} | {"arch": "light"}
+    build = get_method("conv").encoder
+    assert build(make_config("conv", {**shape, "init": str(tmp_path / "p")}), 8).longest_input == 32
+    assert build(make_config("conv", shape), 8).longest_input is None
+    train = ["train", "--method", "conv", *sizes, "--data", trec_slice, "--max-length", 8, "--steps", 1, "--device", "cpu"]
+    code, stdout, err = run(capsys, *train, "--init", tmp_path / "p")
+    assert code == 0, err
+    note = next(line for line in stdout.splitlines() if line.startswith("data: ") and "reached --max-length" in line)
+    assert note.endswith("; this backbone reads up to 32 tokens: --max-length 32 reads more of each (each training "
+                         "step takes longer)"), note
+    code, stdout, err = run(capsys, *train)  # from scratch: how many were cut, and no limit made up
+    assert code == 0, err
+    note = next(line for line in stdout.splitlines() if line.startswith("data: ") and "reached --max-length" in line)
+    assert note.endswith("longer ones were truncated to it"), note
+
+
 def test_conv_and_other_backbones_do_not_mix(tiny_bert):
     bert = Backbone.load(str(tiny_bert), max_length=16)
     with pytest.raises(MethodError, match="trains an encoder of its own"):
