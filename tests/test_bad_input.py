@@ -455,7 +455,8 @@ def test_a_pretrain_checkpoint_on_a_full_disk_is_one_line_and_leaves_nothing(tmp
     monkeypatch.setattr(Path, "write_bytes", full)
     out = tmp_path / "pt"
     cli("pretrain", "--arch", "light", "--corpus", corpus, "--steps", 1, "--layers", 1, "--dim", 32, "--heads", 2,
-        "--ffn-dim", 64, "--max-length", 16, "--output", out, contains=("optimizer.pt: no space left on its device",))
+        "--ffn-dim", 64, "--max-length", 16, "--device", "cpu", "--output", out,
+        contains=("optimizer.pt: no space left on its device",))
     assert not list(out.glob(".tmp-*"))
 
 

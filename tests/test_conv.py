@@ -12,7 +12,8 @@ from frozentune.cli import main
 from frozentune.conv.encoder import (ARCHS, ConvError, Encoder, EncoderConfig, EncoderShape, load_tokenizer,
                                      parameter_counts, receptive_radius)
 from frozentune.conv.layers import DilatedConv, DynamicConv, LightConv
-from frozentune.conv.pretrain import IGNORE, build_corpus, corpus_texts, find_checkpoint, mask_tokens, pretrain, read_checkpoint
+from frozentune.conv.pretrain import (IGNORE, PretrainConfig, build_corpus, corpus_texts, find_checkpoint, mask_tokens,
+                                      pretrain, read_checkpoint)
 from frozentune.data import DataError
 from frozentune.registry import MethodError, get_method, make_config
 from frozentune.train import predict_logits
@@ -151,10 +152,20 @@ def test_parameter_counts_within_five_percent():
 def test_bad_encoder_options():
     with pytest.raises(ConvError, match="arch 'nope': choose one of light, dynamic, dilated, transformer"):
         EncoderConfig(arch="nope").validate()
-    with pytest.raises(ConvError, match="odd width"):
+    # each names the one option wrong as the command line spells it (they said "kernel_size 4", or one lumped
+    # "layers, dim, heads and ffn_dim must be at least 1")
+    with pytest.raises(ConvError, match="^--kernel-size 4: give an odd width"):
         EncoderConfig(kernel_size=4).validate()
-    with pytest.raises(ConvError, match="heads 3 must divide dim 16"):
+    with pytest.raises(ConvError, match="^--heads 3: must divide --dim 16"):
         EncoderConfig(dim=16, heads=3).validate()
+    with pytest.raises(ConvError, match="^--ffn-dim 0: must be at least 1$"):
+        EncoderConfig(ffn_dim=0).validate()
+    with pytest.raises(ConvError, match="^--dilation-cycle 0: must be at least 1$"):
+        EncoderConfig(dilation_cycle=0).validate()
+    with pytest.raises(ConvError, match="^--ffn-dim 100: .* give --ffn-dim 129 or more"):
+        EncoderConfig(arch="transformer", ffn_dim=100).validate()
+    with pytest.raises(ConvError, match="^--weight-dropout 1.0: give a value in"):
+        EncoderConfig(weight_dropout=1.0).validate()
     enc = tiny_encoder("light")
     with pytest.raises(ConvError, match="position table has 64 rows"):
         enc(torch.ones(1, 65, dtype=torch.long), torch.ones(1, 65, dtype=torch.bool))
@@ -205,7 +216,7 @@ def corpus_file(tmp_path_factory, shared_data):
 
 
 ENC = {"arch": "dynamic", "layers": 1, "dim": 16, "heads": 2, "kernel_size": 3, "ffn_dim": 32, "max_length": 32}
-RUN = {"batch_size": 4, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1, "lr": 1e-3}
+RUN = {"batch_size": 4, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1, "lr": 1e-3, "device": "cpu"}
 
 
 def quiet(_: str) -> None:
@@ -244,6 +255,26 @@ def test_a_corpus_given_by_a_relative_path_resumes_from_anywhere(corpus_file, tm
     assert pretrain(tmp_path / "rel", str(corpus_file), {}, {"steps": 4}, resume=True, log=quiet)["step"] == 4
 
 
+def test_resume_refuses_an_edited_corpus_of_as_many_chunks(tmp_path):
+    """Only the number of chunks was compared: a corpus edited in place resumed silently on other texts. A
+    checkpoint written before the digest was recorded is still checked by the count alone, and resumes."""
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("just one line of text here\n")
+    out = tmp_path / "p"
+    pretrain(out, str(corpus), ENC, {**RUN, "steps": 2}, log=quiet)
+    config_file = find_checkpoint(out) / "config.json"
+    assert len(json.loads(config_file.read_text())["corpus"]["sha256"]) == 64
+    corpus.write_text("just one lone of text here\n")
+    with pytest.raises(ConvError, match="the corpus .*one.txt changed since the checkpoint: as many chunks as then "
+                                        "\\(1\\), but other tokens .*; resume with the same corpus"):
+        pretrain(out, None, {}, {"steps": 4}, resume=True, log=quiet)
+    assert find_checkpoint(out).name == "step-0000002"
+    config = json.loads(config_file.read_text())
+    del config["corpus"]["sha256"]  # as written before the digest was recorded
+    config_file.write_text(json.dumps(config))
+    assert pretrain(out, None, {}, {"steps": 4}, resume=True, log=quiet)["step"] == 4
+
+
 def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     out = tmp_path / "p"
     r = pretrain(out, str(corpus_file), ENC, {**RUN, "minutes": 1e-4}, log=quiet)
@@ -273,6 +304,10 @@ def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     before = (out / "result.json").read_text()
     with pytest.raises(ConvError, match=f"is at step {r['step']} .* already past --minutes 1e-05; give a larger budget"):
         pretrain(out, None, {}, {"minutes": 1e-5}, resume=True, log=quiet)
+    # only the budget spent is named (it said "already past --steps 1000000000 --minutes 1e-05")
+    with pytest.raises(ConvError, match=f"is at step {r['step']} .* already past --minutes 1e-05; give") as e:
+        pretrain(out, None, {}, {"steps": 10 ** 9, "minutes": 1e-5}, resume=True, log=quiet)
+    assert "--steps" not in str(e.value)
     assert (out / "result.json").read_text() == before
 
 
@@ -305,6 +340,27 @@ def test_init_loads_the_pretrained_encoder(corpus_file, tmp_path):
         build(make_config("conv", {**shape, "init": str(tmp_path)}), 16)
 
 
+def test_the_truncation_note_gives_the_init_checkpoints_length(corpus_file, trec_slice, tmp_path, capsys):
+    """The note told conv users "this backbone reads up to 512 tokens" (the MiniLM tokenizer's limit): with --init a
+    --max-length past the checkpoint's positions is refused, and from scratch nothing limits it."""
+    sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--kernel-size", 3, "--ffn-dim", 32]
+    pretrain(tmp_path / "p", str(corpus_file), ENC | {"arch": "light"}, {**RUN, "steps": 1}, log=quiet)
+    shape = {k: v for k, v in ENC.items() if k != "max_length"} | {"arch": "light"}
+    build = get_method("conv").encoder
+    assert build(make_config("conv", {**shape, "init": str(tmp_path / "p")}), 8).longest_input == 32
+    assert build(make_config("conv", shape), 8).longest_input is None
+    train = ["train", "--method", "conv", *sizes, "--data", trec_slice, "--max-length", 8, "--steps", 1, "--device", "cpu"]
+    code, stdout, err = run(capsys, *train, "--init", tmp_path / "p")
+    assert code == 0, err
+    note = next(line for line in stdout.splitlines() if line.startswith("data: ") and "reached --max-length" in line)
+    assert note.endswith("; this backbone reads up to 32 tokens: --max-length 32 reads more of each (each training "
+                         "step takes longer)"), note
+    code, stdout, err = run(capsys, *train)  # from scratch: how many were cut, and no limit made up
+    assert code == 0, err
+    note = next(line for line in stdout.splitlines() if line.startswith("data: ") and "reached --max-length" in line)
+    assert note.endswith("longer ones were truncated to it"), note
+
+
 def test_conv_and_other_backbones_do_not_mix(tiny_bert):
     bert = Backbone.load(str(tiny_bert), max_length=16)
     with pytest.raises(MethodError, match="trains an encoder of its own"):
@@ -328,9 +384,10 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--kernel-size", 3, "--ffn-dim", 32]
     ckpt, out = tmp_path / "ckpt", tmp_path / "model"
     code, stdout, err = run(capsys, "pretrain", "--corpus", corpus_file, "--output", ckpt, *sizes, "--max-length", 32,
-                            "--steps", 3, "--batch-size", 4, "--log-every", 1)
+                            "--steps", 3, "--batch-size", 4, "--log-every", 1, "--device", "cpu")
     assert code == 0, err
     assert "step      3  loss" in stdout and (ckpt / "latest").is_file()
+    assert stdout.startswith("device: cpu (")  # the device line train prints
     code, stdout, err = run(capsys, "train", "--method", "conv", *sizes, "--init", ckpt, "--data", trec_slice,
                             "--max-length", 32, "--epochs", 2, "--output", out, "--quiet")
     assert code == 0, err
@@ -362,6 +419,61 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     assert [json.loads(line)["label"] for line in stdout.splitlines()] == expected
 
 
+def test_pretrain_device_is_auto_and_said(corpus_file, tmp_path, capsys, monkeypatch):
+    """pretrain defaulted to --device cpu where train, predict and serve take auto, and never said the device."""
+    import frozentune.extract.device as D
+
+    assert PretrainConfig().device == "auto"
+    monkeypatch.setattr(D, "_cuda_count", lambda: 0)  # auto finds no GPU here, whatever the machine has
+    monkeypatch.setattr(D, "_mps", lambda: False)
+    code, stdout, err = run(capsys, "pretrain", "--corpus", corpus_file, "--output", tmp_path / "p", "--arch", "light",
+                            "--layers", 1, "--dim", 16, "--heads", 2, "--ffn-dim", 32, "--max-length", 16, "--steps", 1)
+    assert code == 0, err
+    assert stdout.splitlines()[0].startswith("device: auto → cpu (no GPU found; "), stdout
+    assert json.loads((tmp_path / "p" / "result.json").read_text())["run"]["device"] == "auto"
+
+
+def interrupted_at(step: int, module, monkeypatch) -> None:
+    """`module.shared_step` raises KeyboardInterrupt (Ctrl-C) at its `step`-th call."""
+    real, calls = module.shared_step, []
+
+    def step_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "shared_step", step_then_interrupt)
+
+
+def test_an_interrupt_says_what_was_kept(corpus_file, trec_slice, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in pretrain said "keeps its last complete checkpoint, if one was written" where it knew whether one
+    was; in train --method conv it spoke of cache entries kept for a rerun, where conv builds no cache."""
+    import importlib
+
+    P, T = (importlib.import_module(f"frozentune.{m}") for m in ("conv.pretrain", "train"))  # (names of functions too)
+
+    sizes = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--ffn-dim", 32, "--max-length", 16]
+    args = ["pretrain", "--corpus", corpus_file, "--output", tmp_path / "p", *sizes, "--steps", 4,
+            "--checkpoint-every", 2, "--device", "cpu"]
+    interrupted_at(2, P, monkeypatch)
+    code, _, err = run(capsys, *args)
+    assert code == 130 and err.strip().endswith("interrupted by SIGINT; no checkpoint was written yet; the same "
+                                                "command starts again"), err
+    interrupted_at(4, P, monkeypatch)  # the same command: it starts again, and stops after its step-2 checkpoint
+    code, _, err = run(capsys, *args)
+    assert code == 130 and err.strip().endswith(f"interrupted by SIGINT; {tmp_path / 'p'} keeps its last complete "
+                                                f"checkpoint (step-0000002): --resume continues from it"), err
+    out = tmp_path / "m"
+    interrupted_at(1, T, monkeypatch)
+    code, _, err = run(capsys, "train", "--method", "conv", *sizes, "--data", trec_slice, "--output", out, "--quiet",
+                       "--device", "cpu")
+    assert code == 130 and err.strip().endswith("interrupted by SIGINT; the output folder is as it was and nothing "
+                                                "trained is kept (method 'conv' runs its backbone on every batch, so "
+                                                "no feature cache is built)"), err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["pretrain", "--corpus", "/no/such/corpus.txt", "--output", "{tmp}/o", "--steps", "1"], "no such file"),
     (["pretrain", "--output", "{tmp}/o", "--steps", "1"], "give --corpus"),
@@ -375,6 +487,20 @@ def test_cli_pretrain_finetune_predict_round_trip(corpus_file, trec_slice, tmp_p
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--weight-decay", "-1"], "--weight-decay -1.0"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-grad-norm", "-1"], "--max-grad-norm -1.0"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-length", "2"], "give at least 3"),
+    # pre-training's minimum, where the encoder's (2) was said first; then one option named, as typed
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--max-length", "0"],
+     "--max-length 0: a pre-training chunk holds [CLS], [SEP] and at least one word piece; give at least 3"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--batch-size", "0"],
+     "--batch-size 0: must be at least 1"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--checkpoint-every", "0"],
+     "--checkpoint-every 0: must be at least 1"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--warmup-steps", "-1"],
+     "--warmup-steps -1: must be at least 0"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--mask-prob", "1"],
+     "--mask-prob 1.0: give a fraction in (0, 1)"),
+    (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--kernel-size", "4"],
+     "--kernel-size 4: give an odd width"),
+    (["train", "--method", "conv", "--kernel-size", "4", "--data", "{trec}"], "--kernel-size 4: give an odd width"),
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--device", "foo"], "--device 'foo': give auto"),
     # read as --data reads files (each was a traceback, or a text made of a null / a number)
     (["pretrain", "--corpus", "{tmp}/latin1.txt", "--output", "{tmp}/o", "--steps", "1"],

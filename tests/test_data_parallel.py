@@ -30,7 +30,8 @@ LABELS = np.array([1, 0] * 8)
 FIT = {"epochs": 2, "batch_size": 5, "lr": 1e-3, "patience": 0, "warmup": 0.0, "seed": 0, "min_steps": 0}  # the 2 epochs as they are (no step floor)
 ENC = {"arch": "light", "layers": 2, "dim": 32, "heads": 4, "kernel_size": 3, "ffn_dim": 64, "max_length": 32,
        "dropout": 0.0}
-RUN = {"batch_size": 5, "lr": 1e-3, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 100, "seed": 0}
+RUN = {"batch_size": 5, "lr": 1e-3, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 100, "seed": 0,
+       "device": "cpu"}  # (pretrain's default is auto)
 STEPS = 4
 
 

@@ -295,7 +295,7 @@ def test_a_custom_tokenizer_class_is_not_imported(tiny_bert, trec_slice, tmp_pat
 
 # ----------------------------------------------------------------------------- pretrain checkpoints
 PRETRAIN = ["--arch", "light", "--layers", 1, "--dim", 16, "--heads", 2, "--kernel-size", 3, "--ffn-dim", 32,
-            "--max-length", 32, "--batch-size", 4]
+            "--max-length", 32, "--batch-size", 4, "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")

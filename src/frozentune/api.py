@@ -356,7 +356,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     if sources.extract_seconds:
         log(f"extracted features in {sources.extract_seconds:.1f}s")
     notes = list(ds.notes)
-    if (note := truncation_note(src.values(), bb.max_length, bb.longest_input)) is not None:
+    if (note := truncation_note(src.values(), bb.max_length, bb.longest_input, model.runs_live)) is not None:
         log(f"data: {note}")
         notes.append(note)
     n_params = model.num_trainable()
@@ -490,17 +490,19 @@ def runs_live(method: str, options: dict[str, Any] | None = None) -> bool:
             or bool(getattr(spec.head_cls, "steers_backbone", False)))
 
 
-def truncation_note(sources, max_length: int, longest: int | None = None) -> str | None:
+def truncation_note(sources, max_length: int, longest: int | None = None, live: bool = False) -> str | None:
     """How many of the texts behind `sources` (live or cached) reached max_length tokens, or None; where
     a quarter or more did and the backbone reads up to `longest` tokens, that --max-length reads more
-    (every IMDB review was cut at the default 128, and nothing said MiniLM reads 512)."""
+    (every IMDB review was cut at the default 128, and nothing said MiniLM reads 512), at the cost of a
+    longer extraction, or (`live`: a method that runs its backbone on every batch) of longer steps."""
     reached = sum(int((s.lengths >= max_length).sum()) for s in sources)
     if not reached:
         return None
     total = sum(len(s) for s in sources)
     pairs = any(getattr(s, "sep", None) is not None for s in sources)
-    more = (f"; this backbone reads up to {longest} tokens: --max-length {longest} reads more of each (extraction takes "
-            f"longer)" if longest is not None and longest > max_length and reached * 4 >= total else "")
+    cost = "each training step takes longer" if live else "extraction takes longer"
+    more = (f"; this backbone reads up to {longest} tokens: --max-length {longest} reads more of each ({cost})"
+            if longest is not None and longest > max_length and reached * 4 >= total else "")
     return (f"{reached:,} of {total:,} {'pairs' if pairs else 'texts'} reached --max-length {max_length} tokens"
             f"{' (the default)' if max_length == BackboneOptions.max_length else ''}; "
             + ("the longer text of a pair was cut first" if pairs else "longer ones were truncated to it") + more)

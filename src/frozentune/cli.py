@@ -446,6 +446,9 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                        f"as classification data: leave them out (--max-train samples its train split)")
     bb = api.BackboneOptions(a.backbone or "minilm", a.layer, a.layer_combine, a.max_length, a.trust_remote_code,
                              a.device, a.precision, a.token_types)
+    if api.runs_live(a.method, options):  # (its options' errors are api.train's first ones too)
+        on_interrupt(f"the output folder is as it was and nothing trained is kept (method {a.method!r} runs its "
+                     f"backbone on every batch, so no feature cache is built)")
     api.train(a.method, a.data, bb, options, train_cfg, a.output, a.text_field, a.label_field,
               a.max_train, a.cache_dir, a.rebuild_cache, progress=not a.quiet and sys.stderr.isatty(), log=log,
               overwrite=a.overwrite, shots=a.shots, pair_field=a.text_pair_field,
@@ -725,11 +728,20 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
     if a.output.exists() and not a.output.is_dir():
         raise CLIError(f"--output {a.output}: is a file; give a folder for the checkpoint (it is created)")
-    on_interrupt(f"{a.output} keeps its last complete checkpoint, if one was written: --resume continues from it "
-                 f"(with none yet, run the same command again to start over)")
+    on_interrupt(lambda: _pretrain_kept(a.output))
     pretrain(a.output, a.corpus, _given(a, EncoderConfig), _given(a, PretrainConfig), a.resume, a.text_field,
              log=lambda s: print(s, flush=True))
     return 0
+
+
+def _pretrain_kept(output: Path) -> str:
+    """What an interrupted pretrain leaves in `output`: its last complete checkpoint, or none yet."""
+    from .conv.pretrain import LATEST
+
+    if (output / LATEST).is_file():
+        return (f"{output} keeps its last complete checkpoint ({(output / LATEST).read_text().strip()}): --resume "
+                f"continues from it")
+    return "no checkpoint was written yet; the same command starts again"
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import FrozentuneError
+from ..fields import as_flag
 from ..registry import changed
 from .layers import ConvBlock, DilatedConv, DynamicConv, EncoderLayer, LightConv, SelfAttention
 
@@ -58,20 +59,19 @@ class EncoderShape:
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
-            raise ConvError(f"arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
-        if min(self.layers, self.dim, self.heads, self.ffn_dim) < 1:
-            raise ConvError("layers, dim, heads and ffn_dim must be at least 1")
+            raise ConvError(f"--arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
+        require_at_least(self, ("layers", "dim", "heads", "ffn_dim"), 1)
         if self.dim % self.heads and "heads" in MIXER_READS[self.arch]:  # the dilated mixer has none (unused() says so)
-            raise ConvError(f"heads {self.heads} must divide dim {self.dim}")
+            raise ConvError(f"--heads {self.heads}: must divide --dim {self.dim}")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
-            raise ConvError(f"kernel_size {self.kernel_size}: give an odd width (the kernel is centred)")
-        if self.dilation_growth < 1 or self.dilation_cycle < 1:
-            raise ConvError("dilation_growth and dilation_cycle must be at least 1")
+            raise ConvError(f"--kernel-size {self.kernel_size}: give an odd width (the kernel is centred)")
+        require_at_least(self, ("dilation_growth", "dilation_cycle"), 1)
         if self.arch == "transformer" and ffn_width(self) < 1:
-            raise ConvError(f"ffn_dim {self.ffn_dim}: the Transformer's FFN is ffn_dim − dim/2 wide; give ffn_dim > {self.dim // 2}")
+            raise ConvError(f"--ffn-dim {self.ffn_dim}: the Transformer's FFN is ffn_dim − dim/2 wide; give "
+                            f"--ffn-dim {self.dim // 2 + 1} or more")
         for name in ("dropout", "weight_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConvError(f"{name} {getattr(self, name)}: give a value in [0, 1)")
+                raise ConvError(f"{as_flag(name)} {getattr(self, name)}: give a value in [0, 1)")
 
     def unused(self) -> list[tuple[list[str], str]]:
         """Options of other mixers than --arch's (heads, kernel width, dilation, kernel dropout)."""
@@ -99,8 +99,15 @@ class EncoderConfig(EncoderShape):
 
     def validate(self) -> None:
         super().validate()
-        if self.max_length < 2:
-            raise ConvError(f"max_length {self.max_length}: must be at least 2 ([CLS] and [SEP])")
+        require_at_least(self, ("max_length",), 2, " ([CLS] and [SEP])")
+
+
+def require_at_least(cfg: object, names: tuple[str, ...], least: int, why: str = "") -> None:
+    """A ConvError naming the first of `cfg`'s fields `names` below `least`, as the command line spells it
+    ("--batch-size 0: must be at least 1")."""
+    for name in names:
+        if (value := getattr(cfg, name)) < least:
+            raise ConvError(f"{as_flag(name)} {value}: must be at least {least}{why}")
 
 
 def ffn_width(s: EncoderShape) -> int:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import io
 import json
 import math
@@ -52,7 +54,7 @@ from ..data import DataError
 from ..fields import as_flag
 from ..registry import refuse_unused
 from ..train import adamw, shared_step, silent
-from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer
+from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer, require_at_least
 
 FORMAT = "frozentune-mlm/1"
 IGNORE = -100  # label of positions that are not predicted
@@ -74,7 +76,8 @@ class PretrainConfig:
     checkpoint_every: int = field(default=200, metadata={"help": "steps between checkpoints (one is also written at the end)"})
     log_every: int = field(default=20, metadata={"help": "steps between printed losses (every step goes to loss.jsonl)"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, batches and masking"})
-    device: str = field(default="cpu", metadata={"help": "torch device (cpu, cuda, cuda:1 …)"})
+    device: str = field(default="auto", metadata={
+        "help": "where to train: auto (default: a GPU when there is one, else the CPU), cpu, cuda, cuda:N or mps"})
 
     def validate(self) -> None:
         from ..fields import wrong_value
@@ -96,10 +99,10 @@ class PretrainConfig:
                             f"--steps N and/or --minutes M, at least one of them above 0 (0 means no limit of that kind)")
         if self.steps == 0 and self.minutes == 0:
             raise ConvError("give a budget: --steps N and/or --minutes M (at least one above 0)")
-        if min(self.batch_size, self.checkpoint_every, self.log_every) < 1 or self.warmup_steps < 0:
-            raise ConvError("batch_size, checkpoint_every and log_every must be at least 1, warmup_steps at least 0")
+        require_at_least(self, ("batch_size", "checkpoint_every", "log_every"), 1)
+        require_at_least(self, ("warmup_steps",), 0, " (0: no warm-up)")
         if not 0.0 < self.mask_prob < 1.0:
-            raise ConvError(f"mask_prob {self.mask_prob}: give a fraction in (0, 1)")
+            raise ConvError(f"--mask-prob {self.mask_prob}: give a fraction in (0, 1)")
 
 
 # ----------------------------------------------------------------------------- masking
@@ -155,8 +158,19 @@ class Corpus:
     def tokens(self) -> int:
         return int(sum(len(c) for c in self.chunks))
 
+    @functools.cached_property
+    def sha256(self) -> str:
+        """A digest of the tokenised corpus: every chunk's length and token ids, in order (a corpus edited
+        without changing its number of chunks gives another)."""
+        h = hashlib.sha256()
+        for c in self.chunks:
+            h.update(len(c).to_bytes(8, "little"))
+            h.update(np.ascontiguousarray(c, dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def describe(self) -> dict:
-        return {"name": self.name, "path": self.path, "texts": self.texts, "chunks": len(self.chunks), "tokens": self.tokens}
+        return {"name": self.name, "path": self.path, "texts": self.texts, "chunks": len(self.chunks),
+                "tokens": self.tokens, "sha256": self.sha256}
 
 
 def corpus_texts(corpus: str, text_field: str = "text") -> tuple[str, Path, list[str]]:
@@ -325,6 +339,17 @@ def lr_at(step: int, run: PretrainConfig) -> float:
     return run.lr * math.sqrt(max(run.warmup_steps, 1) / step)
 
 
+def budgets_reached(run: PretrainConfig, step: int, seconds: float) -> dict[str, float]:
+    """The budgets (steps, minutes) that a run at `step` after `seconds` of training has spent; a
+    budget of 0 (no limit) is never spent."""
+    reached: dict[str, float] = {}
+    if run.steps and step >= run.steps:
+        reached["steps"] = run.steps
+    if run.minutes and seconds >= 60 * run.minutes:
+        reached["minutes"] = run.minutes
+    return reached
+
+
 def as_flags(d: dict) -> str:
     return " ".join(f"{as_flag(k)} {v}" for k, v in d.items())
 
@@ -336,6 +361,20 @@ def same_corpus(given: str, saved: str) -> bool:
         return True
     a, b = Path(given).expanduser(), Path(saved).expanduser()
     return a.exists() and b.exists() and a.resolve() == b.resolve()
+
+
+def check_same_corpus(saved: dict, data: Corpus, corpus: str) -> None:
+    """Refuse to resume on a corpus other than the checkpoint's: another number of chunks, or (where the
+    checkpoint recorded it; those written before it did are checked by the count alone) another digest
+    of the tokenised chunks."""
+    redo = "resume with the same corpus, or start a new run in another --output folder"
+    if saved["chunks"] != len(data.chunks):
+        raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['chunks']:,} chunks then, "
+                        f"{len(data.chunks):,} now); {redo}")
+    if "sha256" in saved and saved["sha256"] != data.sha256:
+        raise ConvError(f"the corpus {corpus} changed since the checkpoint: as many chunks as then "
+                        f"({len(data.chunks):,}), but other tokens (sha256 {saved['sha256'][:12]}… then, "
+                        f"{data.sha256[:12]}… now); {redo}")
 
 
 def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, text_field: str) -> tuple[EncoderConfig, PretrainConfig, str]:
@@ -389,13 +428,14 @@ def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume
         raise ConvError(f"bad option: {e}") from None
 
 
-def _device(spec: str) -> torch.device:
-    """The device to train on: an absent or unknown one is an error listing what this machine has
-    (extract.resolve_device); under a launcher, a bare "cuda" is this rank's GPU."""
+def _device(spec: str) -> tuple[torch.device, str]:
+    """(the device to train on, the `device:` line train prints for it): an absent or unknown one is an
+    error listing what this machine has (extract.resolve_device); under a launcher, a bare "cuda" is
+    this rank's GPU."""
     from ..extract.device import resolve_device
 
-    chosen, _ = resolve_device(spec)
-    return chosen if spec.strip().lower() == "auto" else distributed.device(spec.strip().lower())
+    chosen, said = resolve_device(spec)
+    return (chosen if spec.strip().lower() == "auto" else distributed.device(spec.strip().lower())), said
 
 
 class Batches:
@@ -439,16 +479,18 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     if not main:
         log = silent
     enc_cfg, run_cfg, corpus, saved = _settings(output, corpus, dict(encoder or {}), dict(run or {}), resume, text_field)
+    if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
+        # before the encoder's own check, whose minimum (2) is not pre-training's
+        raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
+                        f"word piece; give at least 3 (the default is 128)")
     enc_cfg.validate()
     run_cfg.validate()
     if saved is None:  # a new run's options (a resumed run's are the checkpoint's)
         refuse_unused(enc_cfg, "pretrain")
         if os.sep in corpus or Path(corpus).suffix or Path(corpus).exists():  # a path: saved resolved, so that
             corpus = str(Path(corpus).expanduser().resolve())  # --resume from another folder finds it
-    if enc_cfg.max_length < 3:  # a chunk is [CLS] + word pieces + [SEP]
-        raise ConvError(f"--max-length {enc_cfg.max_length}: a pre-training chunk holds [CLS], [SEP] and at least one "
-                        f"word piece; give at least 3 (the default is 128)")
-    device = _device(run_cfg.device)  # an unknown or absent device: said before any work
+    device, said = _device(run_cfg.device)  # an unknown or absent device: said before any work
+    log(said)
     tok = load_tokenizer()
     t0 = time.perf_counter()
     data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)  # a corpus it cannot read: before any folder is made
@@ -461,9 +503,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
 
     log(f"corpus {data.name}: {data.texts:,} texts → {len(data.chunks):,} chunks of ≤ {enc_cfg.max_length} tokens, "
         f"{data.tokens:,} tokens ({prepare_seconds:.1f}s)")
-    if saved is not None and saved["corpus"]["chunks"] != len(data.chunks):
-        raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['corpus']['chunks']:,} chunks "
-                        f"then, {len(data.chunks):,} now); resume with the same corpus or start a new run")
+    if saved is not None:
+        check_same_corpus(saved["corpus"], data, corpus)
 
     torch.manual_seed(run_cfg.seed)
     model = MaskedLM(Encoder(enc_cfg, len(tok))).to(device)
@@ -488,10 +529,9 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             raise ConvError(f"{folder}: the checkpoint does not fit the run it describes "
                             f"({' '.join(str(e).split())[:200]}); restore it or start a new run") from None
         step, elapsed, tokens_seen = saved["step"], saved["seconds"], saved["tokens_seen"]
-        if run_cfg.steps and step >= run_cfg.steps or run_cfg.minutes and elapsed >= 60 * run_cfg.minutes:
+        if reached := budgets_reached(run_cfg, step, elapsed):
             raise ConvError(f"{output} is at step {step} ({elapsed / 60:.1f} minutes trained), already past "
-                            f"{as_flags({k: v for k, v in (('steps', run_cfg.steps), ('minutes', run_cfg.minutes)) if v})}; "
-                            f"give a larger budget to continue it (nothing was changed)")
+                            f"{as_flags(reached)}; give a larger budget to continue it (nothing was changed)")
         curve = [json.loads(line) for line in (folder / CURVE).read_text().splitlines() if line.strip()]
         log(f"resuming {output} at step {step} ({elapsed:.0f}s trained)")
     n_params = sum(p.numel() for p in model.encoder.parameters())
@@ -517,11 +557,7 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
             _save_checkpoint(output, model, opt, config, curve, rngs)
 
     def spent() -> str | None:
-        if run_cfg.steps and step >= run_cfg.steps:
-            return "steps"
-        if run_cfg.minutes and elapsed >= 60 * run_cfg.minutes:
-            return "minutes"
-        return None
+        return next(iter(budgets_reached(run_cfg, step, elapsed)), None)
 
     live = output / CURVE
     if main:  # a resumed run drops what came after its checkpoint

@@ -46,15 +46,23 @@ class ConvBackbone(Backbone):
     treat it like an unfrozen one: tokenize (MiniLM WordPiece, truncated to max_length), pad_id,
     encode(ids, mask) → (B, T, D), dim, weights_hash."""
 
-    def __init__(self, encoder: Encoder, tok, max_length: int, method: str = "conv"):
+    def __init__(self, encoder: Encoder, tok, max_length: int, method: str = "conv", init_length: int | None = None):
         if max_length > encoder.config.max_length:
             raise ConvError(f"max_length {max_length} exceeds the encoder's position table ({encoder.config.max_length})")
         super().__init__(f"conv-{encoder.config.arch}", encoder, tok, LayerSpec(), max_length)
         self.encoder_of = method
+        self.init_length = init_length
 
     @property
     def dim(self) -> int:
         return self.model.config.dim
+
+    @property
+    def longest_input(self) -> int | None:
+        """The positions of the --init checkpoint (a longer --max-length is refused); None from scratch, where
+        --max-length sets the position table and nothing else limits it. (The Backbone's answer was the
+        MiniLM tokenizer's 512, which this encoder has nothing to do with.)"""
+        return self.init_length
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """token_type_ids: the MiniLM tokenizer's for a pair (0 first text, 1 second): the segments."""
@@ -69,14 +77,14 @@ def build_encoder(cfg: ConvConfig, max_length: int, seed: int = 0, load_init: bo
     enc_cfg = EncoderConfig(**dataclasses.asdict(cfg.shape()), max_length=max_length)
     torch.manual_seed(seed)
     encoder = Encoder(enc_cfg, len(tok))
-    if cfg.init and load_init:
-        load_pretrained(encoder, Path(cfg.init), tok)
-    return ConvBackbone(encoder, tok, max_length)
+    init_length = load_pretrained(encoder, Path(cfg.init), tok) if cfg.init and load_init else None
+    return ConvBackbone(encoder, tok, max_length, init_length=init_length)
 
 
-def load_pretrained(encoder: Encoder, path: Path, tok) -> None:
+def load_pretrained(encoder: Encoder, path: Path, tok) -> int:
     """Copy the encoder weights of a pre-training checkpoint into `encoder`; the architecture,
-    tokenizer and (at least) the length must match, and an error says which option to change."""
+    tokenizer and (at least) the length must match, and an error says which option to change.
+    Returns the checkpoint's length (its positions)."""
     config, state = read_checkpoint(path)
     saved, mine = EncoderConfig(**config["encoder"]), encoder.config
     differ = [f for f in saved.shape_fields() if getattr(saved, f) != getattr(mine, f)]
@@ -93,6 +101,7 @@ def load_pretrained(encoder: Encoder, path: Path, tok) -> None:
     weights = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
     weights["pos.weight"] = weights["pos.weight"][:mine.max_length]
     encoder.load_state_dict(weights)
+    return saved.max_length
 
 
 @register_method("conv", ConvConfig,
