@@ -138,6 +138,18 @@ def test_eval_of_a_small_file_scores_its_test_part_without_a_validation_carve(tr
     assert code == 2 and err.rstrip().endswith(f"to score every row of {tiny} instead, give --split all")
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", cache)
     assert code == 0 and "train limited" not in err and "no validation split" not in err
+    # a file of one class (all the positive reviews) is scored: "a classifier needs at least two classes" is
+    # training's rule; and a folder's test file is scored whatever its train file holds (one class, a bad line)
+    one_class = tmp_path / "one_class.jsonl"
+    one_class.write_text("".join(json.dumps({**a, "text": f"{a['text']} {i}"}) + "\n" for i in range(4)))
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", one_class, "--cache-dir", cache)
+    assert code == 0 and json.loads(stdout)["n"] == 1, err
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(one_class.read_text() + "{not json\n")
+    (folder / "test.jsonl").write_text(small.read_text())
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", folder, "--cache-dir", cache)
+    assert code == 0 and json.loads(stdout)["n"] == 3, err
 
 
 def test_predict_agrees_with_eval(trained, trec_slice, capsys, tmp_path):

@@ -73,3 +73,31 @@ def test_python_api_input_errors_are_frozentune_errors(tmp_path):
         ServeOptions(max_texts=0).validate()
     with pytest.raises(FrozentuneError, match="split 'dev': choose train, validation, test or all"):
         api.evaluate_model(tmp_path / "no-model", "trec", split="dev")
+
+
+@pytest.mark.parametrize("method, options, says", [
+    ("space", {"concept_dim": 0}, "space: --concept-dim 0: must be at least 1"),
+    ("space", {"inter_weight": -1.0}, r"space: --inter-weight -1.0: must be 0 \(off\) or more"),
+    ("ytuning", {"k": 0}, "ytuning: --k 0: must be at least 1"),
+    ("selfexplain", {"dropout": 1.0}, r"selfexplain: --dropout 1.0: use a value in \[0, 1\)"),
+])
+def test_a_heads_option_error_names_the_flag_as_typed(method, options, says):
+    """They said `concept_dim`, `max_span_width=-1`, or lumped 'layers, k and heads' together."""
+    from frozentune.registry import MethodError, create_method
+
+    with pytest.raises(MethodError, match=says):
+        create_method(method, 32, 2, options)
+
+
+def test_serve_argument_errors_are_frozentune_errors(tmp_path):
+    from frozentune.serve import Engine
+    from frozentune.serve.app import listen_socket
+
+    with pytest.raises(FrozentuneError, match="paths: 123; give a model folder"):
+        Engine.load(123)
+    with pytest.raises(FrozentuneError, match=r"options: a dict; give ServeOptions\(\.\.\.\)"):
+        Engine.load([tmp_path], options={"max_texts": 3})
+    with pytest.raises(TypeError):  # the older base still catches it
+        Engine.load(123)
+    with pytest.raises(FrozentuneError, match="--host no.such.host.invalid: not an address"):
+        listen_socket("no.such.host.invalid", 0)

@@ -285,9 +285,9 @@ def test_explanation_offsets_slice_the_original_text(tiny_bert):
 
 
 @pytest.mark.parametrize("options, needle", [
-    ({"max_span_width": -1}, "max_span_width=-1; use a width"),
+    ({"max_span_width": -1}, "--max-span-width -1: use a width"),
     ({"reg_lambda": -0.1}, "use λ ≥ 0"),
-    ({"dim": -4}, "dim=-4"),
+    ({"dim": -4}, "--dim -4: use a width"),
     ({"special_tokens": "keep"}, "choose one of exclude, include"),
 ])
 def test_bad_options(options, needle):

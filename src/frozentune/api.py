@@ -654,7 +654,8 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     if split == "all":
         ds = _whole_file(data, *fields)
         part = ds.test
-    elif split == "test" and set((files := resolve(data))[1]) == {"test"}:  # held-out data alone: read as it is
+    elif split == "test" and "test" in (files := resolve(data))[1]:  # a test file: read alone, as it is (train's
+        # content, one class or a bad line, does not stop it being scored)
         part = read_split(files[1]["test"], *fields)
         ds = Dataset(files[0], part.subset([]), part.subset([]), part, sorted(set(part.labels)), [], fields[0], fields[2])
     elif split == "test":  # carved from a single file as training carved it; what train gave up after does not matter

@@ -1036,12 +1036,12 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
             notes.append(f"{split.source}: {split.labels.count('-1'):,} rows have the label -1, read as a class; in "
                          f"Hugging Face datasets -1 marks a row without a label (GLUE's test files): if so, remove them")
     classes = sorted(set(train.labels))
-    if len(classes) < 2:
+    if len(classes) < 2 and not test_only:  # scoring a saved model: a file of one class is scored as it is
         raise DataError(f"{train.source}: every training example has the label {classes[0]!r}; a classifier "
                         f"needs at least two classes (check --label-field).")
     for name_, split in splits.items():
         unseen = sorted(set(split.labels) - set(classes))
-        if name_ != "train" and unseen:
+        if name_ != "train" and unseen and not test_only:
             first = split.lines[next(i for i, lab in enumerate(split.labels) if lab in unseen)]
             raise DataError(f"{split.source}:{first}: label(s) {', '.join(map(repr, unseen))} of the {name_} split "
                             f"never occur in train (train has {', '.join(map(repr, classes))}). Fix the labels "

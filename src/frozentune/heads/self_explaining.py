@@ -86,14 +86,14 @@ class SelfExplainConfig(MethodConfig):
 
     def validate(self) -> None:
         if self.max_span_width < 0:
-            raise ValueError(f"selfexplain: max_span_width={self.max_span_width}; use a width ≥ 1, or 0 for all spans")
+            raise ValueError(f"selfexplain: --max-span-width {self.max_span_width}: use a width ≥ 1, or 0 for all spans")
         if self.dim < 0:
-            raise ValueError(f"selfexplain: dim={self.dim}; use a width ≥ 1, or 0 for the backbone's width")
+            raise ValueError(f"selfexplain: --dim {self.dim}: use a width ≥ 1, or 0 for the backbone's width")
         if self.reg_lambda < 0:
-            raise ValueError(f"selfexplain: reg_lambda={self.reg_lambda}; use λ ≥ 0 (the loss already subtracts "
+            raise ValueError(f"selfexplain: --reg-lambda {self.reg_lambda}: use λ ≥ 0 (the loss already subtracts "
                              f"λ·Σα², which rewards concentrated weights)")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"selfexplain: dropout={self.dropout}; use a value in [0, 1)")
+            raise ValueError(f"selfexplain: --dropout {self.dropout}: use a value in [0, 1)")
 
 
 def span_tokens(mask: Tensor, exclude_edges: bool) -> Tensor:

@@ -40,9 +40,10 @@ class SpaceConfig(MethodConfig):
 
     def validate(self) -> None:
         if self.concept_dim < 1:
-            raise ValueError("space: concept_dim must be at least 1")
-        if self.intra_weight < 0 or self.inter_weight < 0:
-            raise ValueError("space: loss weights must be non-negative")
+            raise ValueError(f"space: --concept-dim {self.concept_dim}: must be at least 1")
+        for name in ("intra_weight", "inter_weight"):
+            if not getattr(self, name) >= 0:  # nan too
+                raise ValueError(f"space: --{name.replace('_', '-')} {getattr(self, name)}: must be 0 (off) or more")
 
 
 def attributions(hidden: Tensor, operators: Tensor) -> Tensor:

@@ -50,8 +50,9 @@ class YTuningConfig(MethodConfig):
                  "pools a label's k vectors: with --k 1 there is one to pool; add --k 2 or more, or leave it out")]
 
     def validate(self) -> None:
-        if self.layers < 1 or self.k < 1 or self.heads < 1:
-            raise ValueError("ytuning: layers, k and heads must be at least 1")
+        for name in ("layers", "k", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ytuning: --{name} {getattr(self, name)}: must be at least 1")
 
 
 def fold_keys_values(attn: nn.MultiheadAttention, proj: Tensor | None) -> tuple[Tensor, Tensor]:

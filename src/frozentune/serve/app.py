@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from .batcher import BatchStats, Overloaded
 from .engine import Engine, RequestError
-from .models import TaskFailed
+from .models import ServeError, TaskFailed
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
@@ -507,19 +507,19 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if isinstance(e, socket.gaierror):
-            raise ValueError(f"--host {host}: not an address or a host name this machine can resolve "
+            raise ServeError(f"--host {host}: not an address or a host name this machine can resolve "
                              f"({e.strerror}); give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 "
                              f"(every interface)") from None
         if e.errno == errno.EADDRINUSE:
-            raise ValueError(f"--port {port}: {host}:{port} is already in use (another server?); stop it or choose "
+            raise ServeError(f"--port {port}: {host}:{port} is already in use (another server?); stop it or choose "
                              f"another --port") from None
         if e.errno == errno.EADDRNOTAVAIL:
-            raise ValueError(f"--host {host}: no network interface of this machine has that address; give 127.0.0.1 "
+            raise ServeError(f"--host {host}: no network interface of this machine has that address; give 127.0.0.1 "
                              f"(this machine only), 0.0.0.0 (every interface) or one of its own addresses") from None
         if e.errno == errno.EACCES:
-            raise ValueError(f"--port {port}: not allowed to listen on it (ports below 1024 need privileges); choose "
+            raise ServeError(f"--port {port}: not allowed to listen on it (ports below 1024 need privileges); choose "
                              f"a port from 1024 up") from None
-        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --host / --port") from None
+        raise ServeError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --host / --port") from None
     return sock
 
 

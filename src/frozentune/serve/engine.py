@@ -31,6 +31,10 @@ from .graphs import HeadGraphs, graphs_choice
 from .models import FrozenPass, ServeError, Task, TaskFailed, find_models, load_tasks, pipeline_choice, task_failed
 
 
+class ServeTypeError(FrozentuneError, TypeError):
+    """An argument of the wrong type given to the serving API from Python; the message says what to give."""
+
+
 class RequestError(FrozentuneError, ValueError):
     """A request that cannot be served as given; `status` is the HTTP status it is answered with."""
 
@@ -166,9 +170,9 @@ class Engine:
         if isinstance(paths, (str, Path)):  # not read one character at a time
             paths = [paths]
         if isinstance(paths, (bytes, int, float)) or not hasattr(paths, "__iter__"):
-            raise TypeError(f"paths: {paths!r}; give a model folder, or a list of model folders or folders of them")
+            raise ServeTypeError(f"paths: {paths!r}; give a model folder, or a list of model folders or folders of them")
         if options is not None and not isinstance(options, ServeOptions):
-            raise TypeError(f"options: a {type(options).__name__}; give ServeOptions(...), e.g. "
+            raise ServeTypeError(f"options: a {type(options).__name__}; give ServeOptions(...), e.g. "
                             f"ServeOptions(**{options!r})" if isinstance(options, dict) else
                             f"options: a {type(options).__name__}; give ServeOptions(...)")
         options = (options or ServeOptions()).validate()
