@@ -275,6 +275,34 @@ def test_resume_refuses_an_edited_corpus_of_as_many_chunks(tmp_path):
     assert pretrain(out, None, {}, {"steps": 4}, resume=True, log=quiet)["step"] == 4
 
 
+def test_resume_from_a_corpus_that_moved(tmp_path):
+    """The corpus file moved: --resume read the saved path (no such file) and refused another --corpus as a
+    changed setting, a dead end. Now another path resumes where its tokens are the checkpoint's (the digest),
+    the missing file's error says so, and a checkpoint without the digest cannot be moved."""
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("one line of text here\nand a second line\n")
+    out = tmp_path / "p"
+    pretrain(out, str(corpus), ENC, {**RUN, "steps": 2}, log=quiet)
+    moved = tmp_path / "elsewhere" / "b.txt"
+    moved.parent.mkdir()
+    corpus.rename(moved)
+    with pytest.raises(DataError, match=r"a\.txt: no such file or folder.*\. If the corpus moved, resume with "
+                                        r"--corpus NEW_PATH: its tokens are checked against the checkpoint's$"):
+        pretrain(out, None, {}, {"steps": 3}, resume=True, log=quiet)
+    assert pretrain(out, str(moved), {}, {"steps": 3}, resume=True, log=quiet)["step"] == 3
+    assert json.loads((find_checkpoint(out) / "config.json").read_text())["corpus"]["spec"] == str(moved.resolve())
+    edited = tmp_path / "c.txt"
+    edited.write_text("one line of text there\nand a second line\n")
+    with pytest.raises(ConvError, match="c.txt changed since the checkpoint: as many chunks as then"):
+        pretrain(out, str(edited), {}, {"steps": 4}, resume=True, log=quiet)
+    config_file = find_checkpoint(out) / "config.json"
+    config = json.loads(config_file.read_text())
+    del config["corpus"]["sha256"]  # as written before the digest was recorded
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ConvError, match=r"written before frozentune recorded a digest .* resume with --corpus .*b\.txt"):
+        pretrain(out, str(tmp_path / "c.txt"), {}, {"steps": 4}, resume=True, log=quiet)
+
+
 def test_pretrain_time_budget_and_refusals(corpus_file, tmp_path):
     out = tmp_path / "p"
     r = pretrain(out, str(corpus_file), ENC, {**RUN, "minutes": 1e-4}, log=quiet)

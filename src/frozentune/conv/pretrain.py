@@ -366,8 +366,14 @@ def same_corpus(given: str, saved: str) -> bool:
 def check_same_corpus(saved: dict, data: Corpus, corpus: str) -> None:
     """Refuse to resume on a corpus other than the checkpoint's: another number of chunks, or (where the
     checkpoint recorded it; those written before it did are checked by the count alone) another digest
-    of the tokenised chunks."""
+    of the tokenised chunks. A corpus read from another path than the saved one (the file moved) is
+    the same corpus where its digest is the checkpoint's; a checkpoint without a digest cannot tell."""
     redo = "resume with the same corpus, or start a new run in another --output folder"
+    if corpus != saved["spec"] and "sha256" not in saved:
+        raise ConvError(f"--corpus {corpus}: the checkpoint's corpus is {saved['spec']}, and the checkpoint was "
+                        f"written before frozentune recorded a digest of the corpus, so another path cannot be "
+                        f"checked to hold the same text; resume with --corpus {saved['spec']} (put the file back "
+                        f"there), or start a new run in another --output folder")
     if saved["chunks"] != len(data.chunks):
         raise ConvError(f"the corpus {corpus} changed since the checkpoint ({saved['chunks']:,} chunks then, "
                         f"{len(data.chunks):,} now); {redo}")
@@ -383,8 +389,7 @@ def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, 
     enc, old_run = saved["encoder"], saved["run"]
     differ = {k: (v, enc.get(k)) for k, v in encoder.items() if enc.get(k) != v}
     differ |= {k: (v, old_run.get(k)) for k, v in run.items() if k not in RESUMABLE_CHANGES and old_run.get(k) != v}
-    if corpus is not None and not same_corpus(corpus, saved["corpus"]["spec"]):
-        differ["corpus"] = (corpus, saved["corpus"]["spec"])
+    moved = corpus is not None and not same_corpus(corpus, saved["corpus"]["spec"])  # checked by its digest
     if text_field != saved["corpus"]["text_field"]:
         differ["text_field"] = (text_field, saved["corpus"]["text_field"])
     if differ:
@@ -393,7 +398,7 @@ def _resume_settings(saved: dict, encoder: dict, run: dict, corpus: str | None, 
                         f"Leave those options out (only {', '.join(RESUMABLE_CHANGES)} may change), or start a "
                         f"new run in another --output folder")
     new_run = {**old_run, **{k: v for k, v in run.items() if k in RESUMABLE_CHANGES}}
-    return EncoderConfig(**enc), PretrainConfig(**new_run), saved["corpus"]["spec"]
+    return EncoderConfig(**enc), PretrainConfig(**new_run), corpus if moved else saved["corpus"]["spec"]
 
 
 def _settings(output: Path, corpus: str | None, encoder: dict, run: dict, resume: bool,
@@ -487,13 +492,20 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
     run_cfg.validate()
     if saved is None:  # a new run's options (a resumed run's are the checkpoint's)
         refuse_unused(enc_cfg, "pretrain")
+    if saved is None or corpus != saved["corpus"]["spec"]:  # new, or resumed from where the corpus moved to
         if os.sep in corpus or Path(corpus).suffix or Path(corpus).exists():  # a path: saved resolved, so that
             corpus = str(Path(corpus).expanduser().resolve())  # --resume from another folder finds it
     device, said = _device(run_cfg.device)  # an unknown or absent device: said before any work
     log(said)
     tok = load_tokenizer()
     t0 = time.perf_counter()
-    data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)  # a corpus it cannot read: before any folder is made
+    try:
+        data = build_corpus(corpus, enc_cfg.max_length, tok, text_field)  # a corpus it cannot read: before any folder is made
+    except DataError as e:
+        if saved is None or corpus != saved["corpus"]["spec"] or Path(corpus).expanduser().exists():
+            raise
+        raise DataError(f"{str(e).rstrip('.')}. If the corpus moved, resume with --corpus NEW_PATH: its tokens are checked "
+                        f"against the checkpoint's") from None
     prepare_seconds = time.perf_counter() - t0
     distributed.barrier()  # every rank has read the output folder as it was before rank 0 writes to it
     if main:
