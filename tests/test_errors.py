@@ -101,3 +101,13 @@ def test_serve_argument_errors_are_frozentune_errors(tmp_path):
         Engine.load(123)
     with pytest.raises(FrozentuneError, match="--host no.such.host.invalid: not an address"):
         listen_socket("no.such.host.invalid", 0)
+
+
+def test_ctrl_c_while_the_command_line_starts_is_one_line(monkeypatch, capsys):
+    """Building the parser imports every method (torch): a Ctrl-C in those seconds printed a traceback."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_parser", interrupted)
+    assert cli.main(["list"]) == 130
+    assert capsys.readouterr().err == "frozentune: interrupted by SIGINT while starting; nothing was done\n"

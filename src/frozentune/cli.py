@@ -1051,8 +1051,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
 
-    ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
-    a, rest = ap.parse_known_args(argv)
+    try:  # building the parser imports the methods (torch): seconds in which Ctrl-C gave a traceback
+        ap = _parser(_method_asking_for_help(sys.argv[1:] if argv is None else list(argv)))
+        a, rest = ap.parse_known_args(argv)
+    except KeyboardInterrupt:
+        print("frozentune: interrupted by SIGINT while starting; nothing was done", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     _on_interrupt["note"] = "nothing was saved"
     previous = previous_int = None
     previous_hook = sys.unraisablehook
