@@ -279,7 +279,8 @@ def _decoder_only(config) -> bool:
 
 
 def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
-    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen and in eval mode.
+    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen, in eval mode, fp32 (a model
+    saved in fp16 or bf16 too: --precision decides what the pass runs in, not the saved dtype).
     A model that ships its own code runs it only with trust_remote_code=True."""
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -299,7 +300,8 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
             raise causal(config.model_type)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
         with no_loading_bar():
-            model = AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **extra)
+            model = AutoModel.from_pretrained(path, config=config, dtype=torch.float32,
+                                              trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
     freeze(model)
