@@ -52,3 +52,29 @@ def test_a_model_saved_in_half_precision_is_loaded_in_fp32(dtype, tmp_path, trec
     cli(*probe(tmp_path, trec_slice, folder), code=0)
     cli("train", "--method", "finetune", "--data", trec_slice, "--backbone", folder, "--max-length", 16,
         "--epochs", 1, "--output", tmp_path / "ft", "--quiet", code=0)
+
+
+# ----------------------------------------------------------------------------- tokenizer files
+def test_a_folder_without_tokenizer_files_is_refused(tmp_path, trec_slice):
+    """AutoTokenizer built an empty BertTokenizer (its 5 special tokens) and the model trained on [UNK]s."""
+    folder = bert_variant(tmp_path / "notok", tokenizer=False)
+    cli(*probe(tmp_path, trec_slice, folder), contains=("no tokenizer files", "save the tokenizer the model was "
+                                                        "trained with into it"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_larger_than_the_embedding_table_is_refused(tmp_path, trec_slice):
+    """vocab_size 2,000 with the 30,522-token MiniLM tokenizer: an IndexError traceback at the first text."""
+    folder = bert_variant(tmp_path / "small", vocab_size=2000)
+    cli(*probe(tmp_path, trec_slice, folder), contains=("tokenizer has 30,522 tokens", "table has 2,000 rows",
+                                                        "tokenizer the model was trained with"))
+
+
+def test_a_tokenizer_smaller_than_the_embedding_table_is_fine(tmp_path):
+    """A padded vocabulary (more rows than tokens) is normal."""
+    from frozentune.backbone import Backbone
+
+    folder = bert_variant(tmp_path / "padded", vocab_size=30528)
+    bb = Backbone.load(str(folder), max_length=16)
+    ids, mask, _ = bb.tokenize(["a fine film"]).padded([0], bb.pad_id())
+    assert bb.states(ids, mask).shape[0] == 1

@@ -161,6 +161,9 @@ def resolve_name(name: str) -> str:
 
 # ----------------------------------------------------------------------------- where a model comes from
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+# files that hold a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece, tiktoken); without one,
+# AutoTokenizer builds the config's tokenizer class empty (a BertTokenizer of its 5 special tokens) and every word is [UNK]
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "*.model", "*.tiktoken")
 HUB_TIMEOUT_S = 5.0  # one connectivity check of the hub, no retries (huggingface_hub retries ~50 s itself)
 
 
@@ -197,6 +200,27 @@ def _check_folder(what: str, name: str, folder: Path) -> None:
     if not any(next(folder.glob(pattern), None) is not None for pattern in WEIGHT_FILES):
         raise BackboneError(f"{what} {name!r}: folder {folder} has config.json but no weights (model.safetensors "
                             f"or pytorch_model.bin); give {expect}")
+    if not any(next(folder.glob(pattern), None) is not None for pattern in TOKENIZER_FILES):
+        raise BackboneError(f"{what} {name!r}: folder {folder} has config.json and weights but no tokenizer files "
+                            f"(tokenizer.json, vocab.txt, vocab.json, or a SentencePiece .model), so every word "
+                            f"would be read as unknown; save the tokenizer the model was trained with into it "
+                            f"(AutoTokenizer.from_pretrained(ORIGINAL).save_pretrained(FOLDER))")
+
+
+def check_vocabulary(what: str, name: str, model: nn.Module, tok) -> None:
+    """The tokenizer's ids all have a row in the model's input embedding table (a tokenizer with fewer
+    tokens than rows is normal: tables are often padded, e.g. to a multiple of 64). A larger tokenizer is
+    not the model's own: its ids past the table failed at the first text with an IndexError."""
+    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(table, "num_embeddings", None)
+    if not isinstance(rows, int):
+        return
+    tokens = len(tok)
+    if tokens > rows:
+        raise BackboneError(f"{what} {name!r}: its tokenizer has {tokens:,} tokens but the model's input embedding "
+                            f"table has {rows:,} rows (vocab_size in config.json), so ids {rows:,} and up have no "
+                            f"embedding: the tokenizer is not the model's own; put the tokenizer the model was "
+                            f"trained with in its folder")
 
 
 def locate(name: str, what: str = "backbone", aliases: dict | None = None) -> tuple[str, dict]:
@@ -304,6 +328,7 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
                                               trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
+    check_vocabulary("backbone", name, model, tok)
     freeze(model)
     return model, tok
 
