@@ -329,8 +329,25 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
     check_vocabulary("backbone", name, model, tok)
+    model = encoder_part(model)
     freeze(model)
     return model, tok
+
+
+def encoder_part(model: nn.Module) -> nn.Module:
+    """The module that reads a text: the model itself, or for an encoder-decoder (BART, T5: config
+    is_encoder_decoder) its encoder (`get_encoder()`). AutoModel's BartModel / T5Model run the decoder
+    too and return its states: BART was classified from decoder states (and had no hidden_states for
+    --layer), T5 failed for want of decoder inputs. The encoder alone is the frozen backbone: its
+    hidden_states (embeddings, then one per encoder layer), its weights (what weights_hash covers), no
+    token type ids (it takes none; their tokenizers give none)."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return model
+    get = getattr(model, "get_encoder", None)
+    if get is None:
+        raise BackboneError(f"{type(model).__name__} is an encoder-decoder model without get_encoder(); the "
+                            f"classification methods need an encoder: give a BERT-like folder (e.g. --backbone minilm)")
+    return get()
 
 
 @contextlib.contextmanager
