@@ -162,3 +162,14 @@ def test_ytuning_label_init_with_concatenated_layers(tiny_bert, tmp_path, trec_s
     """--layer -1,-2 --layer-combine concat: the states are 2 × 32 wide, the embeddings 32."""
     cli(*probe(tmp_path, trec_slice, tiny_bert)[:2], "ytuning", *probe(tmp_path, trec_slice, tiny_bert)[3:],
         "--layer", "-1,-2", "--layer-combine", "concat", code=0)
+
+
+# ----------------------------------------------------------------------------- one token type
+def test_pairs_on_a_model_with_one_token_type(tmp_path, mrpc_slice):
+    """type_vocab_size 1 and a BERT tokenizer that marks the second text type 1: an IndexError traceback.
+    Refused with --no-token-types named; with it, the pairs are read as type 0."""
+    folder = bert_variant(tmp_path / "type1", type_vocab_size=1)
+    data = mrpc_slice / "mrpc"
+    cli(*probe(tmp_path, data, folder), contains=("has 1 token type", "type_vocab_size", "add --no-token-types"))
+    assert not (tmp_path / "out").exists()
+    cli(*probe(tmp_path, data, folder, "--no-token-types"), code=0)

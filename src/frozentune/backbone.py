@@ -964,7 +964,22 @@ class Backbone:
         return self._weights_hash
 
     def tokenize(self, texts: Sequence[Text]) -> Tokenized:
-        return tokenize(self.tok, texts, self.max_length, self.token_types)
+        return self._types_fit(tokenize(self.tok, texts, self.max_length, self.token_types))
+
+    def _types_fit(self, tokens: Tokenized) -> Tokenized:
+        """`tokens`, refused where their token type ids have no row in the model's type table: a BERT with
+        type_vocab_size 1 given sentence pairs, whose tokenizer marks the second text type 1 (it failed with an
+        IndexError traceback). Refused rather than read as type 0 unasked: --no-token-types says that choice."""
+        rows = getattr(self.model.config, "type_vocab_size", None)
+        if tokens.types is None or not isinstance(rows, int):
+            return tokens
+        top = max((int(t.max()) for t in tokens.types if len(t)), default=0)
+        if top >= rows:
+            raise BackboneError(f"{self.name!r} has {rows} token type{'s' if rows > 1 else ''} (type_vocab_size in "
+                                f"config.json), but its tokenizer marks a pair's second text as type {top}, which has "
+                                f"no embedding; add --no-token-types to read pairs with their separator and every "
+                                f"token as type 0")
+        return tokens
 
     def tokenize_with_views(self, texts: Sequence[Text]) -> tuple[Tokenized, list["TokenView"]]:
         """`tokenize`, plus each text's word pieces with their character spans and word indices,
@@ -979,7 +994,7 @@ class Backbone:
         views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k),
                            enc.sequence_ids(k) if is_pair(t) else [])
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
-        return _ids(enc, self.max_length, cut, self.token_types), views
+        return self._types_fit(_ids(enc, self.max_length, cut, self.token_types)), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """(B, T) ids and mask (and token types, for pairs) → (B, T, D) states; differentiable when
