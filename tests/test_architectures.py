@@ -173,3 +173,32 @@ def test_pairs_on_a_model_with_one_token_type(tmp_path, mrpc_slice):
     cli(*probe(tmp_path, data, folder), contains=("has 1 token type", "type_vocab_size", "add --no-token-types"))
     assert not (tmp_path / "out").exists()
     cli(*probe(tmp_path, data, folder, "--no-token-types"), code=0)
+
+
+# ----------------------------------------------------------------------------- positions
+def test_max_length_past_a_roberta_position_offset_is_refused(tmp_path, trec_slice):
+    """RoBERTa counts positions from padding_idx + 1: 34 rows with pad id 1 hold 32 tokens; --max-length 34
+    passed the check against max_position_embeddings and failed in the model with a traceback."""
+    from transformers import RobertaConfig, RobertaModel
+
+    from conftest import word_tokenizer
+    from frozentune.backbone import Backbone
+
+    folder = tmp_path / "roberta"
+    tok = word_tokenizer(WORDS)
+    torch.manual_seed(0)
+    RobertaModel(RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=34, pad_token_id=1,
+                               type_vocab_size=1)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    cli(*probe(tmp_path, trec_slice, folder, "--max-length", "34"),  # the last --max-length counts
+        contains=("--max-length 34", "supports 32 positions", "padding offset 2", "give --max-length 32 or less"))
+    assert Backbone.load(str(folder), max_length=32).longest_input == 32
+
+
+def test_max_length_past_the_position_table_names_the_flag(tmp_path):
+    from frozentune.backbone import Backbone, BackboneError
+
+    folder = bert_variant(tmp_path / "pos32", max_position_embeddings=32)
+    with pytest.raises(BackboneError, match=r"--max-length 128: .* supports 32 positions; give --max-length 32 or less"):
+        Backbone.load(str(folder), max_length=128)

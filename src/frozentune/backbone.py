@@ -831,6 +831,21 @@ def _special_count(tok, pair: bool = False) -> int | None:
         return None
 
 
+def usable_positions(model: nn.Module) -> int | None:
+    """How many tokens the model's position table holds (config.max_position_embeddings), less the offset of
+    a RoBERTa-style table (RoBERTa, XLM-R, MPNet: positions counted from padding_idx + 1, the rows up to it
+    never read: 514 rows hold 512 tokens); None where the config has no such table (T5's relative positions)."""
+    table = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(table, int):
+        return None
+    positions = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
+    pad = getattr(positions, "padding_idx", None)
+    rows = getattr(positions, "num_embeddings", None)
+    if isinstance(pad, int) and rows == table and 0 <= pad < table:
+        return table - pad - 1
+    return table
+
+
 class Backbone:
     """A frozen encoder with its tokenizer, layer choice and max_length: everything that
     decides what the token states of a text are (and so what the feature cache is keyed on)."""
@@ -846,9 +861,12 @@ class Backbone:
             raise BackboneError(f"--max-length {max_length}: {name!r}'s tokenizer adds {specials} special tokens to "
                                 f"every text, so no room is left for the text itself; give at least {specials + 1} "
                                 f"(128 is the default)")
-        limit = getattr(model.config, "max_position_embeddings", None)
+        limit = usable_positions(model)
         if limit is not None and max_length > limit:
-            raise BackboneError(f"max_length {max_length} exceeds what {name!r} supports ({limit})")
+            table = getattr(model.config, "max_position_embeddings", limit)
+            why = "" if table == limit else f" (max_position_embeddings {table} less its padding offset {table - limit})"
+            raise BackboneError(f"--max-length {max_length}: {name!r} supports {limit} positions{why}; give "
+                                f"--max-length {limit} or less")
         check_layers(name, model, layers)
         text_as_text(tok)
         self.name, self.model, self.tok = name, model, tok
@@ -867,7 +885,7 @@ class Backbone:
     def longest_input(self) -> int | None:
         """The most tokens this model reads in one input (its position table; the tokenizer's own limit where
         smaller, e.g. RoBERTa's 514 positions hold 512 tokens), or None where neither says."""
-        known = [n for n in (getattr(self.model.config, "max_position_embeddings", None),
+        known = [n for n in (usable_positions(self.model),
                              getattr(self.tok, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000]
         return min(known) if known else None
 
