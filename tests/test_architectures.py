@@ -202,3 +202,20 @@ def test_max_length_past_the_position_table_names_the_flag(tmp_path):
     folder = bert_variant(tmp_path / "pos32", max_position_embeddings=32)
     with pytest.raises(BackboneError, match=r"--max-length 128: .* supports 32 positions; give --max-length 32 or less"):
         Backbone.load(str(folder), max_length=128)
+
+
+# ----------------------------------------------------------------------------- messages
+def test_prefix_on_a_non_bert_encoder_gives_the_cli_way(tmp_path, trec_slice):
+    """It said "For a causal LM use frozentune.generation.prefix": a module, not a command."""
+    folder = factorised(tmp_path / "electra", "electra")
+    cli(*probe(tmp_path, trec_slice, folder)[:2], "prefix", *probe(tmp_path, trec_slice, folder)[3:],
+        contains=("got ElectraModel", "frozentune train --method prefix --backbone LM --data e2e, webnlg",
+                  "source → target pairs"))
+
+
+def test_a_causal_lm_for_classification_is_told_any_pairs_file_works(tmp_path, trec_slice):
+    from conftest import make_tiny_llama
+
+    folder = make_tiny_llama(tmp_path / "llama", WORDS)
+    cli(*probe(tmp_path, trec_slice, folder), contains=("--method prefix or finetune with --data e2e, webnlg, or a "
+                                                        "file of source → target pairs"))

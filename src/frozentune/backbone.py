@@ -313,7 +313,8 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
         return BackboneError(
             f"backbone {name!r} is a causal (decoder-only) language model ({kind}); the classification methods "
             f"need an encoder (BERT-like, e.g. --backbone minilm). A causal LM is for the generation methods: "
-            f"--method prefix or finetune with --data e2e or webnlg")
+            f"--method prefix or finetune with --data e2e, webnlg, or a file of source → target pairs "
+            f"(--source-field, --target-field)")
 
     if name in LM_ALIASES:
         raise causal("the alias of one")
