@@ -161,6 +161,9 @@ def resolve_name(name: str) -> str:
 
 # ----------------------------------------------------------------------------- where a model comes from
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+# files that hold a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece, tiktoken); without one,
+# AutoTokenizer builds the config's tokenizer class empty (a BertTokenizer of its 5 special tokens) and every word is [UNK]
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "*.model", "*.tiktoken")
 HUB_TIMEOUT_S = 5.0  # one connectivity check of the hub, no retries (huggingface_hub retries ~50 s itself)
 
 
@@ -197,6 +200,27 @@ def _check_folder(what: str, name: str, folder: Path) -> None:
     if not any(next(folder.glob(pattern), None) is not None for pattern in WEIGHT_FILES):
         raise BackboneError(f"{what} {name!r}: folder {folder} has config.json but no weights (model.safetensors "
                             f"or pytorch_model.bin); give {expect}")
+    if not any(next(folder.glob(pattern), None) is not None for pattern in TOKENIZER_FILES):
+        raise BackboneError(f"{what} {name!r}: folder {folder} has config.json and weights but no tokenizer files "
+                            f"(tokenizer.json, vocab.txt, vocab.json, or a SentencePiece .model), so every word "
+                            f"would be read as unknown; save the tokenizer the model was trained with into it "
+                            f"(AutoTokenizer.from_pretrained(ORIGINAL).save_pretrained(FOLDER))")
+
+
+def check_vocabulary(what: str, name: str, model: nn.Module, tok) -> None:
+    """The tokenizer's ids all have a row in the model's input embedding table (a tokenizer with fewer
+    tokens than rows is normal: tables are often padded, e.g. to a multiple of 64). A larger tokenizer is
+    not the model's own: its ids past the table failed at the first text with an IndexError."""
+    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(table, "num_embeddings", None)
+    if not isinstance(rows, int):
+        return
+    tokens = len(tok)
+    if tokens > rows:
+        raise BackboneError(f"{what} {name!r}: its tokenizer has {tokens:,} tokens but the model's input embedding "
+                            f"table has {rows:,} rows (vocab_size in config.json), so ids {rows:,} and up have no "
+                            f"embedding: the tokenizer is not the model's own; put the tokenizer the model was "
+                            f"trained with in its folder")
 
 
 def locate(name: str, what: str = "backbone", aliases: dict | None = None) -> tuple[str, dict]:
@@ -279,7 +303,8 @@ def _decoder_only(config) -> bool:
 
 
 def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
-    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen and in eval mode.
+    """(model, tokenizer) for any Hugging Face encoder id or folder, frozen, in eval mode, fp32 (a model
+    saved in fp16 or bf16 too: --precision decides what the pass runs in, not the saved dtype).
     A model that ships its own code runs it only with trust_remote_code=True."""
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -288,7 +313,8 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
         return BackboneError(
             f"backbone {name!r} is a causal (decoder-only) language model ({kind}); the classification methods "
             f"need an encoder (BERT-like, e.g. --backbone minilm). A causal LM is for the generation methods: "
-            f"--method prefix or finetune with --data e2e or webnlg")
+            f"--method prefix or finetune with --data e2e, webnlg, or a file of source → target pairs "
+            f"(--source-field, --target-field)")
 
     if name in LM_ALIASES:
         raise causal("the alias of one")
@@ -299,11 +325,30 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
             raise causal(config.model_type)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
         with no_loading_bar():
-            model = AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **extra)
+            model = AutoModel.from_pretrained(path, config=config, dtype=torch.float32,
+                                              trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
+    check_vocabulary("backbone", name, model, tok)
+    model = encoder_part(model)
     freeze(model)
     return model, tok
+
+
+def encoder_part(model: nn.Module) -> nn.Module:
+    """The module that reads a text: the model itself, or for an encoder-decoder (BART, T5: config
+    is_encoder_decoder) its encoder (`get_encoder()`). AutoModel's BartModel / T5Model run the decoder
+    too and return its states: BART was classified from decoder states (and had no hidden_states for
+    --layer), T5 failed for want of decoder inputs. The encoder alone is the frozen backbone: its
+    hidden_states (embeddings, then one per encoder layer), its weights (what weights_hash covers), no
+    token type ids (it takes none; their tokenizers give none)."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return model
+    get = getattr(model, "get_encoder", None)
+    if get is None:
+        raise BackboneError(f"{type(model).__name__} is an encoder-decoder model without get_encoder(); the "
+                            f"classification methods need an encoder: give a BERT-like folder (e.g. --backbone minilm)")
+    return get()
 
 
 @contextlib.contextmanager
@@ -787,6 +832,21 @@ def _special_count(tok, pair: bool = False) -> int | None:
         return None
 
 
+def usable_positions(model: nn.Module) -> int | None:
+    """How many tokens the model's position table holds (config.max_position_embeddings), less the offset of
+    a RoBERTa-style table (RoBERTa, XLM-R, MPNet: positions counted from padding_idx + 1, the rows up to it
+    never read: 514 rows hold 512 tokens); None where the config has no such table (T5's relative positions)."""
+    table = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(table, int):
+        return None
+    positions = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
+    pad = getattr(positions, "padding_idx", None)
+    rows = getattr(positions, "num_embeddings", None)
+    if isinstance(pad, int) and rows == table and 0 <= pad < table:
+        return table - pad - 1
+    return table
+
+
 class Backbone:
     """A frozen encoder with its tokenizer, layer choice and max_length: everything that
     decides what the token states of a text are (and so what the feature cache is keyed on)."""
@@ -802,9 +862,12 @@ class Backbone:
             raise BackboneError(f"--max-length {max_length}: {name!r}'s tokenizer adds {specials} special tokens to "
                                 f"every text, so no room is left for the text itself; give at least {specials + 1} "
                                 f"(128 is the default)")
-        limit = getattr(model.config, "max_position_embeddings", None)
+        limit = usable_positions(model)
         if limit is not None and max_length > limit:
-            raise BackboneError(f"max_length {max_length} exceeds what {name!r} supports ({limit})")
+            table = getattr(model.config, "max_position_embeddings", limit)
+            why = "" if table == limit else f" (max_position_embeddings {table} less its padding offset {table - limit})"
+            raise BackboneError(f"--max-length {max_length}: {name!r} supports {limit} positions{why}; give "
+                                f"--max-length {limit} or less")
         check_layers(name, model, layers)
         text_as_text(tok)
         self.name, self.model, self.tok = name, model, tok
@@ -823,7 +886,7 @@ class Backbone:
     def longest_input(self) -> int | None:
         """The most tokens this model reads in one input (its position table; the tokenizer's own limit where
         smaller, e.g. RoBERTa's 514 positions hold 512 tokens), or None where neither says."""
-        known = [n for n in (getattr(self.model.config, "max_position_embeddings", None),
+        known = [n for n in (usable_positions(self.model),
                              getattr(self.tok, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000]
         return min(known) if known else None
 
@@ -920,7 +983,22 @@ class Backbone:
         return self._weights_hash
 
     def tokenize(self, texts: Sequence[Text]) -> Tokenized:
-        return tokenize(self.tok, texts, self.max_length, self.token_types)
+        return self._types_fit(tokenize(self.tok, texts, self.max_length, self.token_types))
+
+    def _types_fit(self, tokens: Tokenized) -> Tokenized:
+        """`tokens`, refused where their token type ids have no row in the model's type table: a BERT with
+        type_vocab_size 1 given sentence pairs, whose tokenizer marks the second text type 1 (it failed with an
+        IndexError traceback). Refused rather than read as type 0 unasked: --no-token-types says that choice."""
+        rows = getattr(self.model.config, "type_vocab_size", None)
+        if tokens.types is None or not isinstance(rows, int):
+            return tokens
+        top = max((int(t.max()) for t in tokens.types if len(t)), default=0)
+        if top >= rows:
+            raise BackboneError(f"{self.name!r} has {rows} token type{'s' if rows > 1 else ''} (type_vocab_size in "
+                                f"config.json), but its tokenizer marks a pair's second text as type {top}, which has "
+                                f"no embedding; add --no-token-types to read pairs with their separator and every "
+                                f"token as type 0")
+        return tokens
 
     def tokenize_with_views(self, texts: Sequence[Text]) -> tuple[Tokenized, list["TokenView"]]:
         """`tokenize`, plus each text's word pieces with their character spans and word indices,
@@ -935,7 +1013,7 @@ class Backbone:
         views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k),
                            enc.sequence_ids(k) if is_pair(t) else [])
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
-        return _ids(enc, self.max_length, cut, self.token_types), views
+        return self._types_fit(_ids(enc, self.max_length, cut, self.token_types)), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """(B, T) ids and mask (and token types, for pairs) → (B, T, D) states; differentiable when

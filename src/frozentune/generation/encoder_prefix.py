@@ -64,8 +64,11 @@ def _bert(model: nn.Module) -> nn.Module:
             break
     else:
         raise PrefixError(f"encoder prefix-tuning supports BERT encoders (transformers BertModel, e.g. "
-                          f"all-MiniLM-L6-v2 loaded with AutoModel); got {type(model).__name__}. For a causal LM "
-                          f"use frozentune.generation.prefix; other encoders (RoBERTa, DistilBERT, …) are not supported")
+                          f"all-MiniLM-L6-v2 loaded with AutoModel); got {type(model).__name__}, and other encoders "
+                          f"(RoBERTa, DistilBERT, …) are not supported. A causal or encoder-decoder LM takes a prefix "
+                          f"on generation data: frozentune train --method prefix --backbone LM --data e2e, webnlg, or "
+                          f"a file of source → target pairs (--source-field, --target-field); in Python, "
+                          f"frozentune.generation.prefix")
     if bert.config.is_decoder:
         raise PrefixError(f"{type(model).__name__} is configured as a decoder (is_decoder=True, causal mask); "
                           f"encoder prefix-tuning needs a bidirectional encoder: load it with is_decoder=False")

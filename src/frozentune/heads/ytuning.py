@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
-from ..registry import MethodConfig, changed, register_method
+from ..registry import MethodConfig, MethodError, changed, register_method
 
 
 @dataclass
@@ -137,6 +137,42 @@ class Folded(NamedTuple):
     wv: list[Tensor]  # per block, (H, e, Dx) W_v,h P
 
 
+# where a factorised embedding's vectors (embedding_size wide) are mapped to the hidden width
+EMBEDDING_PROJECTIONS = ("embeddings_project",  # ELECTRA (model.embeddings_project)
+                         "encoder.embedding_hidden_mapping_in")  # ALBERT
+
+
+def embedding_rows(backbone, width: int) -> Tensor:
+    """(V, width) input embedding vectors of the backbone's vocabulary at the width of the states a
+    head reads: the embedding table as is where it is that wide; else through the model's embedding →
+    hidden projection (EMBEDDING_PROJECTIONS; applied to the word vectors alone, without the position
+    and type embeddings and LayerNorm that precede it in the model's own pass); then repeated where
+    `width` is several layers concatenated. A MethodError, saying to use --init uniform, otherwise."""
+    model = backbone.model
+    emb = model.get_input_embeddings().weight.detach()  # (V, E)
+    hidden = getattr(model.config, "hidden_size", emb.shape[1])
+    if emb.shape[1] != hidden:
+        found = (_submodule(model, p) for p in EMBEDDING_PROJECTIONS)
+        proj = next((m for m in found if isinstance(m, nn.Linear) and m.in_features == emb.shape[1]
+                     and m.out_features == hidden), None)
+        if proj is None:
+            raise MethodError(f"ytuning: {backbone.name!r} has {emb.shape[1]}-wide input embeddings but {hidden}-wide "
+                              f"states, and no embedding projection this knows; give --init uniform")
+        with torch.no_grad():
+            emb = proj(emb)  # (V, hidden)
+    if width % emb.shape[1]:
+        raise MethodError(f"ytuning: the states read are {width} wide, not a multiple of the {emb.shape[1]}-wide "
+                          f"embeddings; give --init uniform")
+    return emb.repeat(1, width // emb.shape[1])  # (V, width)
+
+
+def _submodule(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
 class YTuningHead(Head):
     """Y-Tuning label encoder + label pointer over frozen token states."""
 
@@ -153,10 +189,15 @@ class YTuningHead(Head):
 
     def init_from_backbone(self, backbone, label_names: list[str]) -> None:
         """Label vectors from the backbone's input embeddings (mean over a name's word pieces),
-        projected to D; the task token from the [CLS]/first special token. Called at creation."""
+        projected to D; the task token from the [CLS]/first special token. Called at creation.
+        The vectors are taken at the width of the states the head reads (`embedding_rows`): a
+        factorised embedding (ELECTRA, ALBERT: embedding_size < hidden_size) is passed through the
+        model's own embedding → hidden projection, and layers read concatenated get the vector once
+        per layer."""
         if self.cfg.init == "uniform":
             return
-        emb = backbone.model.get_input_embeddings().weight.detach()  # (V, Dx)
+        emb = embedding_rows(backbone, self.proj.in_features if isinstance(self.proj, nn.Linear)
+                             else self.labels.shape[1])  # (V, Dx)
         g = torch.Generator().manual_seed(0)
         if self.cfg.init == "label_names":
             ids = [backbone.tok(name, add_special_tokens=False)["input_ids"] for name in label_names]
