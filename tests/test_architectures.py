@@ -58,9 +58,24 @@ def test_a_model_saved_in_half_precision_is_loaded_in_fp32(dtype, tmp_path, trec
 def test_a_folder_without_tokenizer_files_is_refused(tmp_path, trec_slice):
     """AutoTokenizer built an empty BertTokenizer (its 5 special tokens) and the model trained on [UNK]s."""
     folder = bert_variant(tmp_path / "notok", tokenizer=False)
-    cli(*probe(tmp_path, trec_slice, folder), contains=("no tokenizer files", "save the tokenizer the model was "
-                                                        "trained with into it"))
+    cli(*probe(tmp_path, trec_slice, folder), contains=("its tokenizer holds only its 5 special tokens",
+                                                        "save the tokenizer the model was trained with into its folder"))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_character_tokenizer_needs_no_vocabulary_file(tmp_path):
+    """CANINE reads characters: save_pretrained writes no vocabulary file, and a check of file names refused it."""
+    import transformers
+    from frozentune.backbone import Backbone
+
+    folder = tmp_path / "canine"
+    torch.manual_seed(0)
+    transformers.CanineModel(transformers.CanineConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                       intermediate_size=32)).save_pretrained(folder)
+    transformers.CanineTokenizer().save_pretrained(folder)
+    bb = Backbone.load(str(folder), max_length=16)
+    ids, mask, _ = bb.tokenize(["a fine film"]).padded([0], bb.pad_id())
+    assert torch.isfinite(bb.states(ids, mask)).all()
 
 
 def test_a_tokenizer_larger_than_the_embedding_table_is_refused(tmp_path, trec_slice):
@@ -219,3 +234,31 @@ def test_a_causal_lm_for_classification_is_told_any_pairs_file_works(tmp_path, t
     folder = make_tiny_llama(tmp_path / "llama", WORDS)
     cli(*probe(tmp_path, trec_slice, folder), contains=("--method prefix or finetune with --data e2e, webnlg, or a "
                                                         "file of source → target pairs"))
+
+
+def test_a_sentencepiece_only_folder_loads(tmp_path):
+    """An ALBERT folder whose tokenizer is spiece.model alone (no tokenizer.json), as older Hub folders are:
+    without sentencepiece installed, transformers asked for tiktoken."""
+    import json
+
+    import sentencepiece as spm
+    import transformers
+    from frozentune.backbone import Backbone
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"a fine film number {i} about what is the best film" for i in range(200)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=50, pad_id=0,
+                                   unk_id=1, bos_id=2, eos_id=3, user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
+                                   minloglevel=2)
+    folder = tmp_path / "albert"
+    torch.manual_seed(0)
+    transformers.AlbertModel(transformers.AlbertConfig(vocab_size=64, embedding_size=16, hidden_size=32,
+                                                       num_hidden_layers=1, num_attention_heads=2,
+                                                       intermediate_size=32)).save_pretrained(folder)
+    (folder / "spiece.model").write_bytes((tmp_path / "sp.model").read_bytes())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "AlbertTokenizer"}))
+    bb = Backbone.load(str(folder), max_length=16)
+    tokens = bb.tokenize(["a fine film"])
+    assert len(tokens.ids[0]) > 2  # words, not only the special tokens
+    ids, mask, _ = tokens.padded([0], bb.pad_id())
+    assert torch.isfinite(bb.states(ids, mask)).all()

@@ -161,9 +161,6 @@ def resolve_name(name: str) -> str:
 
 # ----------------------------------------------------------------------------- where a model comes from
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
-# files that hold a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece, tiktoken); without one,
-# AutoTokenizer builds the config's tokenizer class empty (a BertTokenizer of its 5 special tokens) and every word is [UNK]
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "*.model", "*.tiktoken")
 HUB_TIMEOUT_S = 5.0  # one connectivity check of the hub, no retries (huggingface_hub retries ~50 s itself)
 
 
@@ -200,18 +197,30 @@ def _check_folder(what: str, name: str, folder: Path) -> None:
     if not any(next(folder.glob(pattern), None) is not None for pattern in WEIGHT_FILES):
         raise BackboneError(f"{what} {name!r}: folder {folder} has config.json but no weights (model.safetensors "
                             f"or pytorch_model.bin); give {expect}")
-    if not any(next(folder.glob(pattern), None) is not None for pattern in TOKENIZER_FILES):
-        raise BackboneError(f"{what} {name!r}: folder {folder} has config.json and weights but no tokenizer files "
-                            f"(tokenizer.json, vocab.txt, vocab.json, or a SentencePiece .model), so every word "
-                            f"would be read as unknown; save the tokenizer the model was trained with into it "
-                            f"(AutoTokenizer.from_pretrained(ORIGINAL).save_pretrained(FOLDER))")
+
+
+def check_words(what: str, name: str, tok) -> None:
+    """The tokenizer knows words, not only its special tokens: a folder without its vocabulary file
+    (tokenizer.json, vocab.txt, vocab.json, a SentencePiece .model) made AutoTokenizer build the config's
+    tokenizer class empty (a BertTokenizer of its 5 special tokens), and every word was read as [UNK],
+    silently. Decided on the loaded tokenizer, not on file names: character and byte tokenizers (CANINE,
+    ByT5) need no vocabulary file."""
+    specials = set(getattr(tok, "all_special_tokens", ()) or ())
+    if len(tok) <= len(specials):
+        raise BackboneError(f"{what} {name!r}: its tokenizer holds only its {len(tok)} special tokens (no vocabulary "
+                            f"file such as tokenizer.json, vocab.txt, vocab.json or a SentencePiece .model came with "
+                            f"it), so every word would be read as unknown; save the tokenizer the model was trained "
+                            f"with into its folder (AutoTokenizer.from_pretrained(ORIGINAL).save_pretrained(FOLDER))")
 
 
 def check_vocabulary(what: str, name: str, model: nn.Module, tok) -> None:
     """The tokenizer's ids all have a row in the model's input embedding table (a tokenizer with fewer
     tokens than rows is normal: tables are often padded, e.g. to a multiple of 64). A larger tokenizer is
     not the model's own: its ids past the table failed at the first text with an IndexError."""
-    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:
+        table = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):  # CANINE hashes characters: no table of token ids to index
+        return
     rows = getattr(table, "num_embeddings", None)
     if not isinstance(rows, int):
         return
@@ -329,6 +338,7 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
                                               trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
+    check_words("backbone", name, tok)
     check_vocabulary("backbone", name, model, tok)
     model = encoder_part(model)
     freeze(model)
@@ -380,6 +390,7 @@ def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool)
                                                                       trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("language model", name, e, expected) from None
+    check_words("language model", name, tok)
     freeze(model)
     return model, tok
 
