@@ -131,6 +131,11 @@ def test_copies_of_a_text_fall_on_one_side_of_every_carve(tmp_path):
     keep, carve = stratified_split([r["label"] for r in rows], 0.1, 0)
     assert plain.test.texts == [rows[i]["text"] for i in carve]
     assert not any("repeat" in n for n in plain.notes)
+    # 40 rows of one text: it said "cannot carve 10% of 1 examples" (the distinct texts counted as examples)
+    same = [{"text": "the same words", "label": "ab"[i % 2]} for i in range(40)]
+    with pytest.raises(DataError, match=r"cannot carve 10% of 40 rows into a separate split: they hold 1 distinct "
+                                        r"text \(spacing and case aside\), and the copies of a text stay on one side"):
+        load_classification(str(write(tmp_path / "s.jsonl", "\n".join(map(json.dumps, same)))))
 
 
 def test_numeric_labels_are_names_sorted_numerically(tmp_path):

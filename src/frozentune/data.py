@@ -803,7 +803,13 @@ def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
     if n_groups == len(texts):
         keep, carve = stratified_split(labels, fraction, seed)
     else:
-        _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed)
+        try:
+            _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed)
+        except DataError:  # it counted the distinct texts as "examples": 40 rows of one text read "of 1 examples"
+            raise DataError(f"cannot carve {fraction:.0%} of {len(texts):,} rows into a separate split: they hold "
+                            f"{n_groups:,} distinct text{'s' if n_groups != 1 else ''} (spacing and case aside), and "
+                            f"the copies of a text stay on one side; give more distinct texts or an explicit "
+                            f"validation/test file") from None
         keep, carve = split_by_groups(group, carve_g)
     if missing := sorted(set(labels) - {labels[i] for i in keep}):  # a class with one (distinct) text
         raise DataError(f"cannot carve {fraction:.0%} of {len(labels):,} examples ({n_groups:,} distinct texts) into a "
