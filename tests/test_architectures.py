@@ -78,6 +78,23 @@ def test_a_character_tokenizer_needs_no_vocabulary_file(tmp_path):
     assert torch.isfinite(bb.states(ids, mask)).all()
 
 
+def test_a_checkpoint_missing_weights_the_pass_uses_is_refused(tmp_path, trec_slice):
+    """transformers initialised them at random behind a warning table; frozen, the layer stayed noise and
+    everything trained on it with it. A missing pooler (not read) is fine."""
+    from safetensors.torch import load_file, save_file
+
+    from frozentune.backbone import Backbone
+
+    folder = bert_variant(tmp_path / "partial")
+    weights = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if "layer.1." not in k}, str(folder / "model.safetensors"))
+    cli(*probe(tmp_path, trec_slice, folder), contains=("16 of the model's weights are not in its checkpoint",
+                                                        "encoder.layer.1.", "would be random and stay frozen"))
+    no_pooler = bert_variant(tmp_path / "no_pooler")
+    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, str(no_pooler / "model.safetensors"))
+    assert Backbone.load(str(no_pooler), max_length=16).dim == 32
+
+
 def test_a_tokenizer_larger_than_the_embedding_table_is_refused(tmp_path, trec_slice):
     """vocab_size 2,000 with the 30,522-token MiniLM tokenizer: an IndexError traceback at the first text."""
     folder = bert_variant(tmp_path / "small", vocab_size=2000)

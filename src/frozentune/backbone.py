@@ -333,11 +333,12 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
         if _decoder_only(config):
             raise causal(config.model_type)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
-        with no_loading_bar():
-            model = AutoModel.from_pretrained(path, config=config, dtype=torch.float32,
-                                              trust_remote_code=trust_remote_code, **extra)
+        with no_loading_bar(), no_load_report():  # what the report says that matters is checked below
+            model, loaded = AutoModel.from_pretrained(path, config=config, dtype=torch.float32, output_loading_info=True,
+                                                      trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
+    check_all_weights("backbone", name, config, loaded)
     check_words("backbone", name, tok)
     check_vocabulary("backbone", name, model, tok)
     model = encoder_part(model)
@@ -375,6 +376,35 @@ def no_loading_bar() -> Iterator[None]:
     finally:
         if was:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def no_load_report() -> Iterator[None]:
+    """transformers' warnings off while an encoder loads: its load report lists the checkpoint's keys the
+    model does not use (a task head, BART's final_logits_bias: harmless) and those it lacks, which
+    check_all_weights refuses instead of leaving them a line in a table."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(was)
+
+
+def check_all_weights(what: str, name: str, config, loaded: dict) -> None:
+    """Every weight the frozen pass uses came from the checkpoint. transformers initialises missing ones at
+    random and says so in a warning table: frozen, they would stay random, and every state, cache entry
+    and head after them would be built on noise. The pooler (not read: methods read hidden states) and,
+    for an encoder-decoder, the decoder (not run: classification reads the encoder) may be missing."""
+    unused = ("pooler.",) + (("decoder.",) if getattr(config, "is_encoder_decoder", False) else ())
+    missing = sorted(k for k in loaded.get("missing_keys", ()) if not k.startswith(unused))
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3:,} more" if len(missing) > 3 else "")
+        raise BackboneError(f"{what} {name!r}: {len(missing):,} of the model's weights are not in its checkpoint "
+                            f"({shown}), so they would be random and stay frozen; give the folder as it was saved "
+                            f"(save_pretrained), or check that its config.json is the checkpoint's own")
 
 
 def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool) -> tuple[nn.Module, "object"]:
