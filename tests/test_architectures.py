@@ -279,3 +279,19 @@ def test_a_sentencepiece_only_folder_loads(tmp_path):
     assert len(tokens.ids[0]) > 2  # words, not only the special tokens
     ids, mask, _ = tokens.padded([0], bb.pad_id())
     assert torch.isfinite(bb.states(ids, mask)).all()
+
+
+def test_a_language_model_missing_weights_is_refused(tmp_path):
+    """The same for generation's frozen LM: a layer filled at random would be steered by a prefix forever."""
+    from safetensors.torch import load_file, save_file
+
+    from frozentune.backbone import BackboneError, load_causal_lm
+    from conftest import make_tiny_llama
+
+    folder = make_tiny_llama(tmp_path / "llama", ["a", "fine", "film"])
+    load_causal_lm(str(folder))  # whole: loads
+    weights = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, str(folder / "model.safetensors"))
+    with pytest.raises(BackboneError, match=r"language model .* of the model's weights are not in its checkpoint "
+                                            r"\(model\.layers\.1\."):
+        load_causal_lm(str(folder))

@@ -338,7 +338,8 @@ def load_encoder(name: str, trust_remote_code: bool = False) -> tuple[nn.Module,
                                                       trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("backbone", name, e, ENCODER_HELP) from None
-    check_all_weights("backbone", name, config, loaded)
+    check_all_weights("backbone", name, loaded, ("pooler.",) + (("decoder.",) if getattr(
+        config, "is_encoder_decoder", False) else ()))  # methods read hidden states; an encoder-decoder's encoder
     check_words("backbone", name, tok)
     check_vocabulary("backbone", name, model, tok)
     model = encoder_part(model)
@@ -393,12 +394,11 @@ def no_load_report() -> Iterator[None]:
         hf_logging.set_verbosity(was)
 
 
-def check_all_weights(what: str, name: str, config, loaded: dict) -> None:
+def check_all_weights(what: str, name: str, loaded: dict, unused: tuple[str, ...] = ()) -> None:
     """Every weight the frozen pass uses came from the checkpoint. transformers initialises missing ones at
-    random and says so in a warning table: frozen, they would stay random, and every state, cache entry
-    and head after them would be built on noise. The pooler (not read: methods read hidden states) and,
-    for an encoder-decoder, the decoder (not run: classification reads the encoder) may be missing."""
-    unused = ("pooler.",) + (("decoder.",) if getattr(config, "is_encoder_decoder", False) else ())
+    random and says so in a warning table: frozen, they would stay random, and every state, cache entry,
+    head or prefix after them would be built on noise. `unused`: key prefixes the pass does not read (an
+    encoder's pooler; an encoder-decoder's decoder where classification reads the encoder)."""
     missing = sorted(k for k in loaded.get("missing_keys", ()) if not k.startswith(unused))
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3:,} more" if len(missing) > 3 else "")
@@ -415,11 +415,12 @@ def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool)
     path, extra = locate(name, "language model", LM_ALIASES)
     try:
         tok = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
-        with no_loading_bar():
-            model = getattr(transformers, auto_class).from_pretrained(path, dtype=torch.float32,
-                                                                      trust_remote_code=trust_remote_code, **extra)
+        with no_loading_bar(), no_load_report():  # what the report says that matters is checked below
+            model, loaded = getattr(transformers, auto_class).from_pretrained(
+                path, dtype=torch.float32, output_loading_info=True, trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("language model", name, e, expected) from None
+    check_all_weights("language model", name, loaded)  # a causal LM or seq2seq LM runs every weight it has
     check_words("language model", name, tok)
     freeze(model)
     return model, tok
