@@ -407,8 +407,9 @@ def check_all_weights(what: str, name: str, loaded: dict, unused: tuple[str, ...
                             f"(save_pretrained), or check that its config.json is the checkpoint's own")
 
 
-def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool) -> tuple[nn.Module, "object"]:
-    """(model, tokenizer) through transformers' `auto_class`, frozen, in eval mode, fp32."""
+def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool) -> tuple[nn.Module, "object", dict]:
+    """(model, tokenizer, loading info) through transformers' `auto_class`, frozen, in eval mode, fp32; the
+    caller checks the info (check_all_weights) once it knows the model is of the kind it asked for."""
     import transformers
     from safetensors import SafetensorError
 
@@ -420,16 +421,15 @@ def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool)
                 path, dtype=torch.float32, output_loading_info=True, trust_remote_code=trust_remote_code, **extra)
     except (*LOAD_ERRORS, SafetensorError) as e:
         raise _load_error("language model", name, e, expected) from None
-    check_all_weights("language model", name, loaded)  # a causal LM or seq2seq LM runs every weight it has
     check_words("language model", name, tok)
     freeze(model)
-    return model, tok
+    return model, tok, loaded
 
 
 def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
     frozen, in eval mode, fp32."""
-    model, tok = _load_lm(name, "AutoModelForCausalLM",
+    model, tok, loaded = _load_lm(name, "AutoModelForCausalLM",
                           f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
                           f"or a hub id reachable from this machine.", trust_remote_code)
     if not _decoder_only(model.config):  # transformers builds e.g. BertLMHeadModel, its LM head newly made, and says little
@@ -437,14 +437,18 @@ def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Modul
                 else "an encoder (a masked LM), not a causal LM")
         raise BackboneError(f"{name}: {kind} ({getattr(model.config, 'model_type', '?')}); this needs a causal "
                             f"(decoder-only) LM such as {', '.join(LM_ALIASES)} or a GPT-2 / Llama folder")
+    check_all_weights("language model", name, loaded)  # after the kind: an encoder's missing LM head is said above
     return model, tok
 
 
 def load_seq2seq_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face encoder-decoder LM id or folder (BART, T5, …),
     frozen, in eval mode, fp32."""
-    return _load_lm(name, "AutoModelForSeq2SeqLM", "Give a local Hugging Face folder of an encoder-decoder LM "
-                    "(BART, T5), or a hub id reachable from this machine.", trust_remote_code)
+    model, tok, loaded = _load_lm(name, "AutoModelForSeq2SeqLM", "Give a local Hugging Face folder of an "
+                                  "encoder-decoder LM (BART, T5), or a hub id reachable from this machine.",
+                                  trust_remote_code)
+    check_all_weights("language model", name, loaded)  # a seq2seq LM runs every weight it has
+    return model, tok
 
 
 def is_seq2seq_name(name: str, trust_remote_code: bool = False) -> bool:
