@@ -24,7 +24,7 @@ from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
-from .data import (DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
+from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
                    read_texts, resolve, rows_like_it, text_groups)
 from .output import check_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
@@ -661,9 +661,7 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
     elif split == "test":  # carved from a single file as training carved it; what train gave up after does not matter
         try:
             ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], test_only=True)
-        except DataError as e:
-            if "cannot carve" not in str(e):
-                raise
+        except CarveError as e:
             raise DataError(f"{e}; to score every row of {data} instead, give --split all") from None
         part = ds.test
     else:

@@ -52,6 +52,11 @@ class DataError(FrozentuneError, ValueError):
     """Bad input data: the message names the file (and line) and what to do about it."""
 
 
+class CarveError(DataError):
+    """A split that cannot be carved from the rows given (too few, or a class too small); eval adds what
+    to do instead."""
+
+
 @dataclass
 class TextSplit:
     """One split of a classification dataset. `lines[i]` is the 1-based line of example i.
@@ -762,7 +767,7 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.
     if strat is not None:  # every class needs a place on both sides
         n_carve = min(max(n_carve, len(counts)), len(labels) - len(counts))
     if not 0 < n_carve < len(labels):
-        raise DataError(f"cannot carve {fraction:.0%} of {len(labels)} examples into a separate split; "
+        raise CarveError(f"cannot carve {fraction:.0%} of {len(labels)} examples into a separate split; "
                         f"give more data or an explicit validation/test file.")
     keep, carve = train_test_split(idx, test_size=n_carve, random_state=seed, stratify=strat)
     return np.sort(keep), np.sort(carve)
@@ -805,14 +810,14 @@ def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
     else:
         try:
             _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed)
-        except DataError:  # it counted the distinct texts as "examples": 40 rows of one text read "of 1 examples"
-            raise DataError(f"cannot carve {fraction:.0%} of {len(texts):,} rows into a separate split: they hold "
+        except CarveError:  # it counted the distinct texts as "examples": 40 rows of one text read "of 1 examples"
+            raise CarveError(f"cannot carve {fraction:.0%} of {len(texts):,} rows into a separate split: they hold "
                             f"{n_groups:,} distinct text{'s' if n_groups != 1 else ''} (spacing and case aside), and "
                             f"the copies of a text stay on one side; give more distinct texts or an explicit "
                             f"validation/test file") from None
         keep, carve = split_by_groups(group, carve_g)
     if missing := sorted(set(labels) - {labels[i] for i in keep}):  # a class with one (distinct) text
-        raise DataError(f"cannot carve {fraction:.0%} of {len(labels):,} examples ({n_groups:,} distinct texts) into a "
+        raise CarveError(f"cannot carve {fraction:.0%} of {len(labels):,} examples ({n_groups:,} distinct texts) into a "
                         f"separate split and keep every class in train: {', '.join(map(repr, missing))} would be only "
                         f"in the carved part; give more examples of it, or an explicit validation/test file")
     return keep, carve, len(texts) - n_groups

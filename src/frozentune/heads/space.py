@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..fields import as_flag
 from ..head import Explanation, Features, Head, Output, TokenView, fewer_note, shown
 from ..registry import MethodConfig, register_method
 
@@ -43,7 +44,7 @@ class SpaceConfig(MethodConfig):
             raise ValueError(f"space: --concept-dim {self.concept_dim}: must be at least 1")
         for name in ("intra_weight", "inter_weight"):
             if not getattr(self, name) >= 0:  # nan too
-                raise ValueError(f"space: --{name.replace('_', '-')} {getattr(self, name)}: must be 0 (off) or more")
+                raise ValueError(f"space: {as_flag(name)} {getattr(self, name)}: must be 0 (off) or more")
 
 
 def attributions(hidden: Tensor, operators: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..fields import as_flag
 from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
 from ..registry import MethodConfig, MethodError, changed, register_method
 
@@ -52,7 +53,7 @@ class YTuningConfig(MethodConfig):
     def validate(self) -> None:
         for name in ("layers", "k", "heads"):
             if getattr(self, name) < 1:
-                raise ValueError(f"ytuning: --{name} {getattr(self, name)}: must be at least 1")
+                raise ValueError(f"ytuning: {as_flag(name)} {getattr(self, name)}: must be at least 1")
 
 
 def fold_keys_values(attn: nn.MultiheadAttention, proj: Tensor | None) -> tuple[Tensor, Tensor]:

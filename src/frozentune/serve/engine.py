@@ -78,7 +78,7 @@ class ServeOptions:
     max_new_tokens: int = field(default=256, metadata={"help": "generate: the most new tokens a request may ask for"})
 
     def validate(self) -> "ServeOptions":
-        from ..fields import wrong_value
+        from ..fields import as_flag, wrong_value
 
         if (why := wrong_value(self, flag=True)) is not None:  # e.g. max_texts="3" from Python
             raise ServeError(why)
@@ -86,14 +86,14 @@ class ServeOptions:
             value = getattr(self, f.name)
             if "choices" in f.metadata:
                 if value not in f.metadata["choices"]:
-                    raise ServeError(f"--{f.name.replace('_', '-')} {value!r}: choose one of "
+                    raise ServeError(f"{as_flag(f.name)} {value!r}: choose one of "
                                      f"{', '.join(f.metadata['choices'])}")
                 continue
             if isinstance(value, bool):
                 continue
             least = 0 if f.name.endswith("_ms") else 1
             if getattr(self, f.name) < least:
-                raise ServeError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}: must be at least {least}")
+                raise ServeError(f"{as_flag(f.name)} {getattr(self, f.name)}: must be at least {least}")
         return self
 
 
