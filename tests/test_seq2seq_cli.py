@@ -119,6 +119,18 @@ def test_pairs_errors_say_what_to_do(bart_dir, scitldr_slice, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+def test_an_encoder_decoder_lm_without_a_decoder_start_token_is_refused(scitldr_slice, tmp_path):
+    """A hand-built config without decoder_start_token_id failed mid-training in transformers'
+    shift_tokens_right with a TypeError; it is now refused when the LM loads, saying what to set."""
+    folder = make_tiny_bart(tmp_path / "bart", WORDS)
+    config = json.loads((folder / "config.json").read_text())
+    for start, said in ((None, "has no decoder_start_token_id"), (10_000, "is not a token id of its vocabulary")):
+        (folder / "config.json").write_text(json.dumps(dict(config, decoder_start_token_id=start)))
+        cli("train", "--method", "prefix", "--data", scitldr_slice, "--backbone", folder, "--epochs", "1",
+            "--output", tmp_path / "m", contains=(said, "set it"), row=ROW)
+        assert not (tmp_path / "m").exists()
+
+
 def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):
     pytest.importorskip("peft")
     from frozentune.generation.prefix import PrefixConfig

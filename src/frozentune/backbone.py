@@ -448,7 +448,22 @@ def load_seq2seq_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Modu
                                   "encoder-decoder LM (BART, T5), or a hub id reachable from this machine.",
                                   trust_remote_code)
     check_all_weights("language model", name, loaded)  # a seq2seq LM runs every weight it has
+    check_decoder_start(name, model.config)
     return model, tok
+
+
+def check_decoder_start(name: str, config) -> None:
+    """An encoder-decoder LM starts every target with config.decoder_start_token_id (training shifts
+    targets right by it, generation begins with it); refuse a config without one, in the vocabulary."""
+    start, vocab = getattr(config, "decoder_start_token_id", None), getattr(config, "vocab_size", None)
+    if start is None:
+        raise BackboneError(f"{name}: its config.json has no decoder_start_token_id, the token an encoder-decoder "
+                            f"LM starts every target with; set it there (BART uses its </s> id, T5 its pad id) "
+                            f"and run again")
+    if not isinstance(start, int) or start < 0 or (isinstance(vocab, int) and start >= vocab):
+        raise BackboneError(f"{name}: its config.json's decoder_start_token_id {start!r} is not a token id of its "
+                            f"vocabulary (0-{vocab - 1 if isinstance(vocab, int) else '?'}); set it to one "
+                            f"(BART uses its </s> id, T5 its pad id) and run again")
 
 
 def is_seq2seq_name(name: str, trust_remote_code: bool = False) -> bool:
