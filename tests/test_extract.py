@@ -310,6 +310,53 @@ def test_precision_is_in_the_key_and_device_is_not(bb):
     assert cache_key(bb, BASE)[0] == key32 and "device" not in cache_key(bb, BASE)[1]
 
 
+def test_the_models_config_is_in_the_key(tiny_bert, tmp_path):
+    """Two folders of the same weights and tokenizer whose config.json differ in a field that changes
+    the states (the head count) shared one entry, so the second read the first's states; a field that
+    cannot change them (a dropout, the transformers version) keeps the key."""
+    other = tmp_path / "heads"
+    shutil.copytree(tiny_bert, other)
+    config = json.loads((other / "config.json").read_text())
+    assert config["num_attention_heads"] != 1
+    a, b = Backbone.load(str(tiny_bert), max_length=16), Backbone.load(str(tiny_bert), max_length=16)
+    b.model.config.num_attention_heads = 1
+    b.model.config.hidden_dropout_prob, b.model.config.transformers_version = 0.5, "0.0.1"
+    assert cache_key(a, BASE)[0] != cache_key(b, BASE)[0] and a.weights_hash == b.weights_hash
+    (other / "config.json").write_text(json.dumps(dict(config, num_attention_heads=1)))
+    c = Backbone.load(str(other), max_length=16)
+    assert cache_key(c, BASE)[0] == cache_key(b, BASE)[0]  # the field as read from a folder
+    root = tmp_path / "cache"
+    states_a = get_or_build(a, BASE, root, progress=False)[0]
+    states_c, secs = get_or_build(c, BASE, root, progress=False)
+    assert secs > 0 and states_c.meta["key"] != states_a.meta["key"]
+    assert not np.array_equal(states_a.example(0), states_c.example(0))  # other states, not a copy
+    b.model.config.num_attention_heads = a.model.config.num_attention_heads
+    assert cache_key(a, BASE)[0] == cache_key(b, BASE)[0]  # dropout and version do not count
+
+
+def test_format3_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
+    """An entry keyed before the key held the model's config (format 3) is re-keyed on first use,
+    said so, states unchanged; in bf16 too (format 3 held the precision)."""
+    for precision in ("fp32", "bf16"):
+        bb = Backbone.load(str(tiny_bert), max_length=16, precision=precision)
+        root = tmp_path / precision
+        cache, _ = get_or_build(bb, BASE, root, progress=False)
+        content, key = sums(cache), cache.meta["key"]
+        old_key = legacy_keys(bb, BASE)[0]
+        meta = {k: v for k, v in cache.meta.items() if k != "config"}
+        meta.update(format=3, key=old_key)
+        meta["meta_sha"] = meta_sha(meta)
+        os.rename(root / key, root / old_key)
+        (root / old_key / "meta.json").write_text(json.dumps(meta))
+        assert [e.status for e in scan(root)] == ["old format (re-keyed on next use)"]
+        said = []
+        again, secs = get_or_build(bb, BASE, root, progress=False, log=said.append)
+        assert secs == 0.0 and again.meta["key"] == key and sums(again) == content
+        assert again.meta["format"] == FORMAT_VERSION and again.meta["config"] == bb.config_hash
+        assert any("re-keyed" in s and "format 3 → 4" in s and "config" in s for s in said)
+        assert not (root / old_key).exists()
+
+
 def test_format2_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
     """An entry written before shards (format 2: layers as typed, no precision) is re-keyed on
     first use — same states, no extraction — and said so."""
@@ -317,8 +364,8 @@ def test_format2_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
     root = tmp_path / "cache"
     cache, _ = get_or_build(bb, BASE, root, progress=False)
     content, key = sums(cache), cache.meta["key"]
-    old_key = legacy_keys(bb, BASE)[0]
-    meta = {k: v for k, v in cache.meta.items() if k not in ("precision", "shards", "shard_tokens", "devices")}
+    old_key = legacy_keys(bb, BASE)[1]
+    meta = {k: v for k, v in cache.meta.items() if k not in ("precision", "shards", "shard_tokens", "devices", "config")}
     meta.update(format=2, layers="-1", key=old_key)
     meta["meta_sha"] = meta_sha(meta)
     os.rename(root / key, root / old_key)

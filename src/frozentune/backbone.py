@@ -526,6 +526,29 @@ def weights_hash(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+# config fields that never change a frozen pass's states (training-time settings, names, versions, labels)
+PASS_IRRELEVANT = {"_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "id2label",
+                   "label2id", "num_labels", "problem_type", "finetuning_task", "use_cache", "output_attentions",
+                   "output_hidden_states", "return_dict", "gradient_checkpointing", "tie_word_embeddings",
+                   "tokenizer_class", "task_specific_params", "_commit_hash", "_attn_implementation",
+                   "_attn_implementation_autoset", "bos_token_id", "eos_token_id", "sep_token_id",
+                   "decoder_start_token_id", "prefix"}
+
+
+def config_hash(model: nn.Module) -> str:
+    """Hash of the model's config where it differs from its class's defaults (to_diff_dict), less
+    the fields that cannot change its states (PASS_IRRELEVANT, dropout and initialisation): the same
+    weights read with another head count, activation or norm epsilon give other states."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_diff_dict"):
+        return "none"
+    fields = {k: v for k, v in config.to_diff_dict().items()
+              if k not in PASS_IRRELEVANT and "dropout" not in k and not k.startswith("initializer")}
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(fields, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
 def tokenizer_hash(tok) -> str:
     """Content hash of a tokenizer's full definition (vocab, normaliser, special tokens)."""
     h = hashlib.blake2b(digest_size=16)
@@ -1035,6 +1058,11 @@ class Backbone:
     @property
     def dim(self) -> int:
         return output_dim(self.model, self.layers)
+
+    @property
+    def config_hash(self) -> str:
+        """config_hash(model): the config fields that shape its states (part of the cache key)."""
+        return config_hash(self.model)
 
     @property
     def weights_hash(self) -> str:

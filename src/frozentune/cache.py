@@ -51,7 +51,8 @@ from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
                               make_plan, merge, read_json, shard_records, work_of)
 
-FORMAT_VERSION = 3  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers
+FORMAT_VERSION = 4  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers;
+#                    4: key has the model's config (config_hash) too
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
@@ -80,13 +81,14 @@ def texts_hash(texts: Sequence[Text]) -> str:
 
 
 def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") -> tuple[str, dict]:
-    """(key, the fields it was made from). Any change in model weights, tokenizer, layers
+    """(key, the fields it was made from). Any change in model weights, config, tokenizer, layers
     (as absolute indices: -3 and 4 of a 6-layer model are one entry), max_length, the precision
     of the pass, the stored dtype or any text changes the key; the device does not."""
     fields = {
         "format": FORMAT_VERSION,
         "model": backbone.name,
         "weights": backbone.weights_hash,
+        "config": backbone.config_hash,
         "tokenizer": tokenizer_hash(backbone.tok),
         "layers": backbone.layer_key,
         "max_length": backbone.max_length,
@@ -509,20 +511,25 @@ def _key_of(fields: dict) -> str:
 
 
 def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") -> list[str]:
-    """Keys a format-2 entry of these states had: fp32 states, the layer indices as typed (so
-    `-3` and `4` were two entries). Only an fp32 pass can reuse them."""
+    """Keys an entry of these states had before this format: format 3 (every field but the model's
+    config), then format 2 (fp32 states, the layer indices as typed, so `-3` and `4` were two
+    entries; only an fp32 pass can reuse them)."""
+    _, fields = cache_key(backbone, texts, dtype)
+    format3 = _key_of(dict({k: v for k, v in fields.items() if k != "config"}, format=3))
     if backbone.precision != "fp32":
-        return []
+        return [format3]
     base = {"format": 2, "weights": backbone.weights_hash, "tokenizer": tokenizer_hash(backbone.tok),
             "max_length": backbone.max_length, "dtype": dtype, "texts": texts_hash(texts), "n": len(texts)}
-    return list(dict.fromkeys(_key_of(dict(base, layers=layers))
-                              for layers in (str(backbone.layers), backbone.layer_key)))
+    return [format3] + list(dict.fromkeys(_key_of(dict(base, layers=layers))
+                                          for layers in (str(backbone.layers), backbone.layer_key)))
 
 
 def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str], None]) -> bool:
-    """Re-key a format-2 entry `<root>/<old_key>/` as `<root>/<key>/` (its states are exactly
-    what this version's fp32 pass stores; only meta.json changes: format 3, absolute layers,
-    precision). Returns whether it did; an entry that is not a sound format-2 one is left alone."""
+    """Re-key an entry of an older format `<root>/<old_key>/` as `<root>/<key>/`: its states are
+    exactly what this version's pass stores, only meta.json changes (format 2: absolute layers and
+    the precision, fp32; format 3: the model's config, which its key did not hold, so the entry is
+    taken to be of the config that asks for it first). Returns whether it did; an entry that is not
+    a sound one of those formats is left alone."""
     src = root / old_key
     try:
         meta = json.loads((src / "meta.json").read_text())
@@ -530,17 +537,20 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
         return False
     if not isinstance(meta, dict) or meta.get("meta_sha") != _safe_sha(meta):
         return False
-    if meta.get("format") == 2 and meta.get("key") == old_key:
+    old = meta.get("format")
+    if old in (2, 3) and meta.get("key") == old_key:
         new = dict(meta, **fields, key=key, migrated_from=old_key)
         new["meta_sha"] = meta_sha(new)
         tmp = src / f".meta.json.{uuid.uuid4().hex[:8]}"
         tmp.write_text(json.dumps(new, indent=1))
         os.replace(tmp, src / "meta.json")
-    elif not (meta.get("format") == FORMAT_VERSION and meta.get("key") == key):  # re-keyed, not yet renamed
+    elif not (old == FORMAT_VERSION and meta.get("key") == key):  # re-keyed, not yet renamed
         return False
     os.rename(src, root / key)
-    log(f"cache: re-keyed entry {old_key} → {key} (cache format 2 → {FORMAT_VERSION}: the key now holds absolute "
-        f"layer indices and the precision, fp32); its states are unchanged")
+    what = {2: "absolute layer indices, the precision (fp32) and the model's config",
+            3: "the model's config; an entry made before is taken to be of the config that reads it first"}.get(old, "what this version keys on")
+    log(f"cache: re-keyed entry {old_key} → {key} (cache format {old} → {FORMAT_VERSION}: the key now holds "
+        f"{what}); its states are unchanged")
     return True
 
 
@@ -645,7 +655,8 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     from its finished shards) is left to its own check."""
     root = Path(root) if root is not None else default_root()
     keys = {id(t): (t, cache_key(backbone, t, dtype)[0]) for t in files}
-    todo = {k: t for k, (t, key) in keys.items() if not (root / key).exists() and not building_dir(root, key).exists()}
+    todo = {k: t for k, (t, key) in keys.items() if not (root / key).exists() and not building_dir(root, key).exists()
+            and not any((root / old).is_dir() for old in legacy_keys(backbone, t, dtype))}  # re-keyed, not built
     if len(todo) < 2:
         return {}
     tokens = {k: backbone.tokenize(t) for k, t in todo.items()}

@@ -130,7 +130,7 @@ def _entry(p: Path, verify: bool = False) -> Entry:
     if meta.get("meta_sha") != _safe_sha(meta):
         return Entry(p, "entry", f"{UNREADABLE} (meta.json edited: its checksum differs)", _size(p))
     fmt = meta.get("format")
-    problem = _files_problem(p, meta) if fmt in (2, FORMAT_VERSION) else f"cache format {fmt}, not {FORMAT_VERSION}"
+    problem = _files_problem(p, meta) if fmt in (2, 3, FORMAT_VERSION) else f"cache format {fmt}, not {FORMAT_VERSION}"
     status = f"{UNREADABLE} ({problem})" if problem else "ok" if fmt == FORMAT_VERSION else \
         "old format (re-keyed on next use)"
     if verify and status == "ok":
