@@ -29,7 +29,7 @@ R_LABELS = 'labels: one class only; a test label unseen in train; ints vs string
 R_OPTIONS = "--epochs 0, --lr -1, --batch-size 0, an option of another method"
 R_OUTPUT = "train --output into a folder that holds another model; into a file; into a read-only folder"
 R_SAVED = ("a saved model whose model.safetensors is corrupt, whose config.json names an unknown method, "
-           "whose weights hash does not match")
+           "whose backbone's weights hash or config does not match")
 R_EVAL = "eval --data a dataset whose labels differ from the model's"
 R_PREDICT = "predict --input an empty file, a missing file, a directory"
 R_COMMAND = "generate on a classification model, explain on a method without explanations"
@@ -389,6 +389,22 @@ def test_a_backbone_folder_given_relative_is_saved_absolute(tmp_path, tiny_bert,
     assert saved == str(tmp_path / "a" / "my bb")
     monkeypatch.chdir(tmp_path)
     cli("predict", "--model", tmp_path / "m", "a fine film", code=0)
+
+
+def test_a_backbone_whose_config_changed_since_training_is_refused(tmp_path, tiny_bert):
+    """The same weights under an edited config.json (another head count) give other states: a model
+    loaded silently and predicted from them. A model saved before config_hash existed still loads."""
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    shutil.copytree(tiny_bert, tmp_path / "bb")
+    cli(*train_args(data, tmp_path / "bb", tmp_path, "--output", tmp_path / "m"), code=0)
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["backbone"]["config_hash"]
+    config = json.loads((tmp_path / "bb" / "config.json").read_text())
+    (tmp_path / "bb" / "config.json").write_text(json.dumps(dict(config, num_attention_heads=1)))
+    cli("predict", "--model", tmp_path / "m", "a fine film", contains=("another config.json", "head count"),
+        row=R_SAVED)
+    (tmp_path / "bb" / "config.json").write_text(json.dumps(dict(config, hidden_dropout_prob=0.3)))
+    cli("predict", "--model", tmp_path / "m", "a fine film", code=0)  # dropout does not change the states
 
 
 def test_a_data_file_named_in_bytes_that_are_not_utf8_trains_and_saves(tmp_path, tiny_bert, monkeypatch):

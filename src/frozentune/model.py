@@ -315,7 +315,7 @@ def save(model: Classifier, folder: Path, extra: dict | None = None) -> None:
         "options": dataclasses.asdict(model.cfg),
         "backbone": {"name": bb.name, "layers": list(bb.layers.layers), "combine": bb.layers.combine,
                      "max_length": bb.max_length, "weights_hash": model.base_weights_hash,
-                     "trained": model.trains_backbone,
+                     "config_hash": bb.config_hash, "trained": model.trains_backbone,
                      "cache_dtype": model.cache_dtype, "precision": bb.precision,
                      "token_types": bb.token_types},
         "labels": model.labels,
@@ -398,6 +398,10 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     if not own and backbone.weights_hash != b["weights_hash"]:
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")
+    if not own and b.get("config_hash") not in (None, backbone.config_hash):  # saved before it was: not checked
+        raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has the same weights but another "
+                             f"config.json (a field that changes its states: head count, activation, norm epsilon, "
+                             f"…) than the one this model was trained on; load the same model files.")
     model = build_classifier(config["method"], backbone, config["labels"], config["options"],
                              cache_dtype=b.get("cache_dtype", "float16"))
     if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it
