@@ -334,6 +334,16 @@ def test_the_models_config_is_in_the_key(tiny_bert, tmp_path):
     assert cache_key(a, BASE)[0] == cache_key(b, BASE)[0]  # dropout and version do not count
 
 
+def as_format3(root: Path, key: str, meta: dict, old: str) -> str:
+    """Turn the entry `key` back into what format 3 wrote under `old` (no config in its key or meta.json)."""
+    meta = {k: v for k, v in meta.items() if k != "config"}
+    meta.update(format=3, key=old)
+    meta["meta_sha"] = meta_sha(meta)
+    os.rename(root / key, root / old)
+    (root / old / "meta.json").write_text(json.dumps(meta))
+    return old
+
+
 def test_format3_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
     """An entry keyed before the key held the model's config (format 3) is re-keyed on first use,
     said so, states unchanged; in bf16 too (format 3 held the precision)."""
@@ -342,12 +352,7 @@ def test_format3_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
         root = tmp_path / precision
         cache, _ = get_or_build(bb, BASE, root, progress=False)
         content, key = sums(cache), cache.meta["key"]
-        old_key = legacy_keys(bb, BASE)[0]
-        meta = {k: v for k, v in cache.meta.items() if k != "config"}
-        meta.update(format=3, key=old_key)
-        meta["meta_sha"] = meta_sha(meta)
-        os.rename(root / key, root / old_key)
-        (root / old_key / "meta.json").write_text(json.dumps(meta))
+        old_key = as_format3(root, key, cache.meta, legacy_keys(bb, BASE)[0])
         assert [e.status for e in scan(root)] == ["old format (re-keyed on next use)"]
         said = []
         again, secs = get_or_build(bb, BASE, root, progress=False, log=said.append)
@@ -355,6 +360,54 @@ def test_format3_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
         assert again.meta["format"] == FORMAT_VERSION and again.meta["config"] == bb.config_hash
         assert any("re-keyed" in s and "format 3 → 4" in s and "config" in s for s in said)
         assert not (root / old_key).exists()
+
+
+def test_a_format3_entry_in_a_cache_that_cannot_be_written_is_read_in_place(bb, reference, tmp_path, monkeypatch):
+    """A shared, read-only cache of format-3 entries: re-keying needs to write, so after the upgrade
+    the run failed ("cannot write the feature cache there"); the entry is now read where it is."""
+    import frozentune.cache as C
+
+    root = tmp_path / "cache"
+    shutil.copytree(reference.path, root / reference.meta["key"])
+    old = as_format3(root, reference.meta["key"], reference.meta, legacy_keys(bb, MANY)[0])
+    real = os.access
+    monkeypatch.setattr(C.os, "access", lambda p, mode: False if Path(p) == root else real(p, mode))
+    said = []
+    found, secs = get_or_build(bb, MANY, root, progress=False, log=said.append, **KW)
+    assert secs == 0.0 and found.path == root / old and sums(found) == sums(reference)
+    assert any("reading entry" in s and "in place" in s and "not writable" in s for s in said)
+    assert not (root / reference.meta["key"]).exists()  # nothing was written
+    monkeypatch.undo()
+    again, secs = get_or_build(bb, MANY, root, progress=False, **KW)  # writable again: re-keyed, not rebuilt
+    assert secs == 0.0 and again.path == root / reference.meta["key"]
+
+
+def test_an_interrupted_format3_build_resumes_under_the_new_key(bb, reference, tmp_path, monkeypatch):
+    """A build killed under format 3 was orphaned by the new key (started over, and --prune still said
+    "rerun the same command to resume it"); it is now carried over and resumed from its shards."""
+    root = tmp_path / "cache"
+    key, fields = cache_key(bb, MANY)
+    old = legacy_keys(bb, MANY)[0]
+    kill_after(monkeypatch, 5)
+    with pytest.raises(Killed):
+        get_or_build(bb, MANY, root, progress=False, **KW)
+    monkeypatch.undo()
+    folder = building_dir(root, key)
+    done = S.finished(folder, plan_of(bb))
+    assert done
+    for record in [folder / "plan.json", *S.shard_records(folder).values()]:  # what format 3 wrote
+        info = json.loads(record.read_text())
+        record.write_text(json.dumps(dict(info, key=old)))
+    os.rename(folder, building_dir(root, old))
+    extracted = []
+    real = S.extract_shards
+    monkeypatch.setattr(S, "extract_shards", lambda writer, todo, *a, **k: (extracted.extend(todo),
+                                                                            real(writer, todo, *a, **k))[1])
+    said = []
+    cache, secs = get_or_build(bb, MANY, root, progress=False, log=said.append, **KW)
+    assert sums(cache) == sums(reference) and not building_dir(root, old).exists()
+    assert set(extracted).isdisjoint(done) and extracted  # only the shards the kill left
+    assert any("interrupted build" in s and old in s and "resumes as" in s for s in said)
 
 
 def test_format2_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):

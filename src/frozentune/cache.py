@@ -49,7 +49,7 @@ from .backbone import Backbone, Tokenized, cache_home, holds_special_text, token
 from .pairs import Text, pair_kind
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
-                              make_plan, merge, read_json, shard_records, work_of)
+                              make_plan, merge, read_json, rekey_build, shard_records, work_of)
 
 FORMAT_VERSION = 4  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers;
 #                    4: key has the model's config (config_hash) too
@@ -193,10 +193,11 @@ class CachedStates:
     resident memory stays bounded however large the cache is."""
 
     def __init__(self, path: Path, verify: str = "full", key: str | None = None, n: int | None = None,
-                 dim: int | None = None, dtype: str | None = None):
+                 dim: int | None = None, dtype: str | None = None, legacy: bool = False):
         """verify: 'full' checks sizes and every checksum (≈0.7 GB/s); 'none' only sizes.
         key, n, dim, dtype: what the caller asked for (get_or_build passes them); an entry that
-        is not that — files moved or copied from another entry — is a CacheError."""
+        is not that — files moved or copied from another entry — is a CacheError. legacy: an entry
+        of format 2 or 3 is read too (the same files; get_or_build re-keys them where it can write)."""
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
@@ -208,7 +209,7 @@ class CachedStates:
             raise CacheError(f"{meta_path}: corrupt metadata. {REBUILD}") from None
         if not isinstance(self.meta, dict):
             raise CacheError(f"{meta_path}: corrupt metadata. {REBUILD}")
-        if self.meta.get("format") != FORMAT_VERSION:
+        if self.meta.get("format") not in ((2, 3, FORMAT_VERSION) if legacy else (FORMAT_VERSION,)):
             raise CacheError(f"{self.path}: cache format {self.meta.get('format')} is not this "
                              f"version's ({FORMAT_VERSION}). {REBUILD}")
         try:
@@ -554,6 +555,21 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
     return True
 
 
+def _legacy_in_place(root: Path, backbone: Backbone, texts: Sequence[str], dtype: str, verify: str, expect: dict,
+                     log: Callable[[str], None]) -> "CachedStates | None":
+    """An entry of an earlier format read where it is, in a cache folder this process cannot write
+    (a shared, read-only cache): it cannot be re-keyed there, and its states are this version's."""
+    if os.access(root, os.W_OK):
+        return None
+    for old in legacy_keys(backbone, texts, dtype):
+        if (root / old / "meta.json").is_file():
+            found = CachedStates(root / old, verify=verify, **dict(expect, key=old), legacy=True)
+            log(f"cache: reading entry {old} in place (cache format {found.meta.get('format')}, keyed before "
+                f"format {FORMAT_VERSION}): {root} is not writable, so it is not re-keyed")
+            return found
+    return None
+
+
 def _safe_sha(meta: dict) -> str | None:
     try:
         return meta_sha(meta)
@@ -763,11 +779,15 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
     expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists() and not rebuild:
         return CachedStates(path, verify=verify, **expect), 0.0
+    if not rebuild and (found := _legacy_in_place(root, backbone, texts, dtype, verify, expect, log)) is not None:
+        return found, 0.0
     with build_lock(root, key, log) as waited:
         if not rebuild and not path.exists():
-            for old in legacy_keys(backbone, texts, dtype):
-                if (root / old).is_dir() and migrate(root, old, key, fields, log):
-                    break
+            olds = legacy_keys(backbone, texts, dtype)
+            if not any((root / old).is_dir() and migrate(root, old, key, fields, log) for old in olds) \
+                    and rekey_build(root, olds[0], key, fields):
+                log(f"cache: the interrupted build of entry {olds[0]} resumes as {key} (cache format 3 → "
+                    f"{FORMAT_VERSION}: the key now holds the model's config)")
         if path.exists() and (not rebuild or waited):
             # built meanwhile by the process this one waited for (or, with rebuild, its rebuild)
             try:

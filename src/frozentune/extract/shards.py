@@ -186,6 +186,25 @@ def shard_records(folder: Path) -> dict[int, Path]:
     return {int(m.group(1)): p for p in folder.glob("shard-*.json") if (m := re.fullmatch(r"shard-(\d+)\.json", p.name))}
 
 
+def rekey_build(root: Path, old: str, key: str, fields: dict) -> bool:
+    """Carry an interrupted build of entry `old` (an earlier cache format's key of the same states) over
+    to `key`: its plan.json and every shard's record are rewritten to name `key` (each atomically, so a
+    kill midway is finished by the next call), then the folder is renamed. Returns whether it did; a
+    build that is running, or that is not one of `old`, or a build of `key` already there, is left alone."""
+    src, dst = building_dir(root, old), building_dir(root, key)
+    plan = read_json(src / "plan.json")
+    if not src.is_dir() or dst.exists() or plan is None or plan.get("key") not in (old, key) or is_running(src):
+        return False
+    for k, record in sorted(shard_records(src).items()):
+        info = read_json(record)
+        if info is not None and info.get("key") == old:
+            _write_json(record, dict(info, key=key))
+    if plan.get("key") == old:
+        _write_json(src / "plan.json", dict(plan, key=key, fields=fields))
+    os.rename(src, dst)
+    return True
+
+
 def row_bytes(dim: int, itemsize: int) -> dict[str, int]:
     """Bytes one token takes in each data file: its state (dim values) and its id (int32)."""
     return {"states.bin": dim * itemsize, "ids.bin": 4}
