@@ -378,6 +378,8 @@ def test_a_format3_entry_in_a_cache_that_cannot_be_written_is_read_in_place(bb, 
     assert any("reading entry" in s and "in place" in s and "not writable" in s for s in said)
     assert not (root / reference.meta["key"]).exists()  # nothing was written
     monkeypatch.undo()
+    part, stats = build_part(bb, MANY, Part(0, 2, "--shard 0/2"), root, progress=False, **KW)
+    assert stats is None and part.path == root / old  # a part reads it in place too (parts would race to rename)
     again, secs = get_or_build(bb, MANY, root, progress=False, **KW)  # writable again: re-keyed, not rebuilt
     assert secs == 0.0 and again.path == root / reference.meta["key"]
 

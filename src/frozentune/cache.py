@@ -556,16 +556,19 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
 
 
 def _legacy_in_place(root: Path, backbone: Backbone, texts: Sequence[str], dtype: str, verify: str, expect: dict,
-                     log: Callable[[str], None]) -> "CachedStates | None":
-    """An entry of an earlier format read where it is, in a cache folder this process cannot write
-    (a shared, read-only cache): it cannot be re-keyed there, and its states are this version's."""
-    if os.access(root, os.W_OK):
+                     log: Callable[[str], None], part: Part | None = None) -> "CachedStates | None":
+    """An entry of an earlier format read where it is (its states are this version's), where it cannot be
+    re-keyed: in a cache folder this process cannot write (a shared, read-only cache), or by one `part` of
+    a build split across processes (they would race to rename it; a one-process run re-keys it)."""
+    writable = os.access(root, os.W_OK)
+    if writable and part is None:
         return None
     for old in legacy_keys(backbone, texts, dtype):
         if (root / old / "meta.json").is_file():
             found = CachedStates(root / old, verify=verify, **dict(expect, key=old), legacy=True)
+            why = f"{root} is not writable" if not writable else "parts of a build do not rename entries"
             log(f"cache: reading entry {old} in place (cache format {found.meta.get('format')}, keyed before "
-                f"format {FORMAT_VERSION}): {root} is not writable, so it is not re-keyed")
+                f"format {FORMAT_VERSION}): {why}, so it is not re-keyed")
             return found
     return None
 
@@ -817,6 +820,8 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
     expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists():
         return CachedStates(path, verify="full", **expect), None
+    if (found := _legacy_in_place(root, backbone, texts, dtype, "full", expect, log, part)) is not None:
+        return found, None
     tokens = backbone.tokenize(texts)
     plan = make_plan(tokens.lengths, shard_tokens, max_tokens)  # made once: the wait below polls with it
     stats = build(root, key, fields, backbone, tokens, dtype, progress, part, log, shard_tokens, max_tokens)
