@@ -140,13 +140,30 @@ def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):
     lm, tok = load_seq2seq_lm(str(bart_dir))
     Seq2SeqPrefixTuner(PrefixConfig(prefix_length=2), lm, tok, str(bart_dir)).save(
         tmp_path / "m", extra={"task": "generation"})
+    # it said PEFT's prefix adapters are for causal LMs only; PEFT has encoder-decoder ones, laid out otherwise
     cli("export", "--model", tmp_path / "m", "--format", "peft", "--output", tmp_path / "p",
-        contains="no PEFT form", row=ROW)
+        contains=("no exact PEFT form", "decoder's self-attention only", "three prefixes",
+                  f"generate --model {tmp_path / 'm'}"), row=ROW)
     assert not (tmp_path / "p").exists()
     pytest.importorskip("onnxruntime", reason="the onnx extra")
     # --format onnx sent it to --format peft, which refuses it
     cli("export", "--model", tmp_path / "m", "--format", "onnx", "--output", tmp_path / "p",
         contains="an encoder-decoder prefix has no PEFT form either")
+
+
+def test_a_peft_encoder_decoder_prefix_adapter_is_refused_with_the_real_reason(bart_dir, tmp_path):
+    """PEFT's SEQ_2_SEQ_LM prefix adapter: refused because the layouts differ (it said frozentune's prefixes were
+    for causal LMs only, which the encoder-decoder prefix trained here contradicts)."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForSeq2SeqLM
+
+    made = peft.get_peft_model(AutoModelForSeq2SeqLM.from_pretrained(str(bart_dir)),
+                               peft.PrefixTuningConfig(task_type="SEQ_2_SEQ_LM", num_virtual_tokens=2))
+    made.save_pretrained(str(tmp_path / "s2s"))
+    cli("import", "--format", "peft", "--adapter", tmp_path / "s2s", "--output", tmp_path / "m",
+        contains=("an encoder-decoder LM", "decoder's self-attention only", "three prefixes",
+                  f"frozentune train --method prefix --backbone {bart_dir}"))
+    assert not (tmp_path / "m").exists()
 
 
 def test_serve_batches_encoder_decoder_prefixes_as_each_alone(bart_dir, tmp_path):

@@ -11,9 +11,17 @@ prefix is (N, 2, H, P, E), so the conversion is a permute and a reshape, nothing
 Both sides place the first real token after the P prefix slots (position P), so the same prompt ids
 give the same logits: the round trip is tested token for token (tests/test_export_peft.py).
 
-Only causal-LM prefixes are converted. The `peft` package is needed to write adapter_config.json
-(`pip install 'frozentune[peft]'`), so the file is the one the installed PEFT reads; reading an
-adapter needs only safetensors and JSON.
+Only causal-LM prefixes are converted. An encoder-decoder prefix is not, either way (SEQ2SEQ_LAYOUTS says
+why): PEFT's SEQ_2_SEQ_LM adapter is one prefix that PEFT applies to the decoder's self-attention alone, as
+cached past tokens, while frozentune's are three (encoder, decoder, cross-attention) without positions.
+Measured on tiny BART and T5 with PEFT 0.21.2 and transformers 5.24: the encoder's output is the bare
+model's, the cross-attention part is replaced by an empty cache, decoder layer i reads the rows PEFT saved
+for its layer 2i mod N (it duplicates the tensor and cuts it in fours), and BART's decoder positions start
+at num_virtual_tokens; a decoder-only frozentune prefix so placed matched PEFT's logits exactly only with
+the positions moved too, which frozentune's encoder-decoder prefixes never do.
+
+The `peft` package is needed to write adapter_config.json (`pip install 'frozentune[peft]'`), so the
+file is the one the installed PEFT reads; reading an adapter needs only safetensors and JSON.
 """
 from __future__ import annotations
 
@@ -29,6 +37,12 @@ from . import ExportError
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_KEY = "prompt_embeddings"  # PEFT's name for the materialised prompt / prefix
+SEQ2SEQ_LAYOUTS = (  # why encoder-decoder prefixes do not convert (PEFT 0.21.2, transformers 5.24)
+    "PEFT's SEQ_2_SEQ_LM adapter holds one prefix (prompt_embeddings of num_virtual_tokens × num_layers·2·token_dim) "
+    "that PEFT puts in the decoder's self-attention only, as past tokens (the encoder gets none, the cross-attention "
+    "none, and BART's learned decoder positions move by num_virtual_tokens); frozentune's encoder-decoder prefix is "
+    "three prefixes, for the encoder's self-attention, the decoder's self-attention and the cross-attention, that "
+    "take no positions, so neither converts to the other exactly")
 
 
 # ----------------------------------------------------------------------------- the tensor
@@ -170,15 +184,27 @@ def _saved_prefix(model_dir: Path) -> tuple[Tensor, dict]:
         raise ExportError(f"{model_dir}: holds a {method!r} {kind}; --format peft writes prefix-tuning adapters "
                           f"of a causal LM, i.e. models trained with --method prefix on a generation dataset")
     if config.get("architecture") == "encoder-decoder":
-        raise ExportError(f"{model_dir}: an encoder-decoder prefix (encoder, decoder and cross-attention); PEFT's "
-                          f"prefix-tuning adapters hold decoder prefixes of a causal LM only, so this one has no "
-                          f"PEFT form. Use it here (generate / eval)")
+        raise ExportError(f"{model_dir}: an encoder-decoder prefix, which has no exact PEFT form: {SEQ2SEQ_LAYOUTS}. "
+                          f"Keep using it with frozentune: generate --model {model_dir}, eval --model {model_dir}, "
+                          f"serve {model_dir}")
     prefix, _, config = load_prefix(model_dir)
     return prefix, config
 
 
 # ----------------------------------------------------------------------------- import
 SAVE_AGAIN = "save it again from PEFT with save_pretrained(FOLDER) (safetensors, its default)"  # a missing / damaged file
+
+
+def _not_causal(path: Path, cfg: dict) -> ExportError:
+    """The refusal of a prefix-tuning adapter whose task_type is not CAUSAL_LM, saying why and what to do."""
+    task, base = cfg.get("task_type"), cfg.get("base_model_name_or_path") or "MODEL"
+    if task == "SEQ_2_SEQ_LM":
+        return ExportError(f"{path}: a prefix-tuning adapter of an encoder-decoder LM. {SEQ2SEQ_LAYOUTS}. Train "
+                           f"frozentune's own on that model: frozentune train --method prefix --backbone {base} "
+                           f"--data YOUR_PAIRS --output DIR")
+    return ExportError(f"{path}: a prefix-tuning adapter for task_type {task}; frozentune imports the prefix adapters "
+                       f"of causal LMs (task_type CAUSAL_LM) only. Train a prefix here instead: "
+                       f"frozentune train --method prefix --backbone {base} --data YOUR_DATA --output DIR")
 
 
 def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
@@ -208,8 +234,7 @@ def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
         raise ExportError(f"{path}: a {kind} adapter; frozentune reads PEFT prefix-tuning adapters only "
                           f"(peft_type PREFIX_TUNING).{hint}")
     if task != "CAUSAL_LM":
-        raise ExportError(f"{path}: a prefix-tuning adapter for task_type {task}; frozentune's prefixes are for "
-                          f"causal language models (task_type CAUSAL_LM)")
+        raise _not_causal(path, cfg)
     if (cfg.get("num_transformer_submodules") or 1) != 1:
         raise ExportError(f"{path}: num_transformer_submodules={cfg['num_transformer_submodules']}; a causal LM's "
                           f"prefix has one (an encoder-decoder adapter has two)")
