@@ -280,6 +280,32 @@ def test_adapters_frozentune_cannot_read_are_clear_errors(lms, tmp_path):
     assert not out.exists()  # nothing was written by any refusal
 
 
+def test_named_adapters_in_subfolders_are_named(lms, tmp_path):
+    """PEFT saves an adapter named other than 'default' in FOLDER/NAME: --adapter FOLDER said "not a PEFT adapter
+    folder", and a default adapter beside named ones was imported without a word about the others."""
+    from transformers import AutoModelForCausalLM
+
+    made = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lms["llama"])),
+                               peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2), adapter_name="e2e")
+    made.save_pretrained(str(tmp_path / "named"))
+    assert (tmp_path / "named" / "e2e" / "adapter_config.json").is_file()
+    cli("import", "--format", "peft", "--adapter", tmp_path / "named", "--output", tmp_path / "m",
+        contains=("holds adapter 'e2e'", f"give --adapter {tmp_path / 'named' / 'e2e'}"))
+    assert not (tmp_path / "m").exists()
+    cli("import", "--format", "peft", "--adapter", tmp_path / "named" / "e2e", "--output", tmp_path / "m", code=0)
+    # the default adapter at the top and two named ones below it: the default is imported, the others named
+    both = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lms["llama"])),
+                               peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    for name in ("webnlg", "dart"):
+        both.add_adapter(name, peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    both.save_pretrained(str(tmp_path / "multi"))
+    ans = cli("import", "--format", "peft", "--adapter", tmp_path / "multi", "--output", tmp_path / "d", code=0,
+              show="also holds")
+    assert "adapters 'dart', 'webnlg' in subfolders" in ans.message and "the one at its top" in ans.message
+    assert f"--adapter {tmp_path / 'multi' / 'dart'}" in ans.message
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["prefix"]["length"] == 2  # the default one
+
+
 def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, trec_slice, tmp_path):
     clf = tmp_path / "clf"
     cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--epochs", "1", "--output", clf,

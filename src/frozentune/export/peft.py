@@ -38,11 +38,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_KEY = "prompt_embeddings"  # PEFT's name for the materialised prompt / prefix
 SEQ2SEQ_LAYOUTS = (  # why encoder-decoder prefixes do not convert (PEFT 0.21.2, transformers 5.24)
-    "PEFT's SEQ_2_SEQ_LM adapter holds one prefix (prompt_embeddings of num_virtual_tokens × num_layers·2·token_dim) "
-    "that PEFT puts in the decoder's self-attention only, as past tokens (the encoder gets none, the cross-attention "
-    "none, and BART's learned decoder positions move by num_virtual_tokens); frozentune's encoder-decoder prefix is "
-    "three prefixes, for the encoder's self-attention, the decoder's self-attention and the cross-attention, that "
-    "take no positions, so neither converts to the other exactly")
+    "PEFT's SEQ_2_SEQ_LM adapter holds one prefix (prompt_embeddings of num_virtual_tokens × "
+    "num_layers·2·token_dim) that PEFT puts in the decoder's self-attention only, as past tokens (the encoder gets "
+    "none, the cross-attention none, and BART's learned decoder positions move by num_virtual_tokens); frozentune's "
+    "encoder-decoder prefix is three prefixes, for the encoder's self-attention, the decoder's self-attention and "
+    "the cross-attention, that take no positions, so neither converts to the other exactly")
 
 
 # ----------------------------------------------------------------------------- the tensor
@@ -207,6 +207,26 @@ def _not_causal(path: Path, cfg: dict) -> ExportError:
                        f"frozentune train --method prefix --backbone {base} --data YOUR_DATA --output DIR")
 
 
+def named_adapters(folder: Path) -> list[str]:
+    """Names of the adapters in subfolders of `folder`: PEFT's save_pretrained writes an adapter named other than
+    "default" (get_peft_model(..., adapter_name=NAME), add_adapter) to FOLDER/NAME."""
+    try:
+        return sorted(p.name for p in Path(folder).iterdir() if (p / ADAPTER_CONFIG).is_file())
+    except OSError:
+        return []
+
+
+def _in_subfolders(names: list[str]) -> str:
+    """"adapter 'e2e' in a subfolder" / "adapters 'a', 'b' in subfolders"."""
+    quoted = ", ".join(repr(n) for n in names)
+    return f"adapter {quoted} in a subfolder" if len(names) == 1 else f"adapters {quoted} in subfolders"
+
+
+def _adapter_flag(folder: Path, names: list[str]) -> str:
+    """The --adapter that picks the first of the named adapters in `folder`."""
+    return f"--adapter {folder / names[0]}" + (f" (or another name in place of {names[0]!r})" if len(names) > 1 else "")
+
+
 def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
     """(adapter_config.json, prompt_embeddings (P, N·2·K)) of a PEFT prefix-tuning adapter for a
     causal LM, checked: anything else is an ExportError that says what it is and what to do."""
@@ -218,6 +238,10 @@ def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
                           f"({ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
     path = adapter_dir / ADAPTER_CONFIG
     if not path.is_file():
+        if named := named_adapters(adapter_dir):  # PEFT saved named adapters, each in its own subfolder
+            raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_CONFIG} at its top, but it holds "
+                              f"{_in_subfolders(named)} (PEFT saves an adapter named other than 'default' in "
+                              f"FOLDER/NAME): give {_adapter_flag(adapter_dir, named)}")
         raise ExportError(f"--adapter {adapter_dir}: no {ADAPTER_CONFIG}, so not a PEFT adapter folder; give the "
                           f"folder PEFT's save_pretrained wrote")
     try:
@@ -328,6 +352,9 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
         save_prefix(folder, prefix, options, name, weights_hash(lm),
                     extra={"task": "generation", "decoding": decoding, "imported": imported})
         write_card_from_files(folder)
+    if others := named_adapters(adapter_dir):  # PEFT's default adapter at the top, named ones below it
+        log(f"note: {adapter_dir} also holds {_in_subfolders(others)}; this imported the one at its top "
+            f"(PEFT's 'default'). Import another with {_adapter_flag(adapter_dir, others)}")
     log(f"imported a PEFT prefix-tuning adapter ({prefix.shape[3]} virtual tokens, {n} layers) for {name} into "
         f"{output}; generate / eval / serve read it. Prompts are encoded as frozentune's prefix runs encode them "
         f"(source, then the tokenizer's bos as separator)")
