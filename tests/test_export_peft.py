@@ -173,7 +173,7 @@ def test_import_generates_what_peft_generates(arch, projection, lms, tmp_path):
     torch.manual_seed(3)
     made = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(lm_dir)),
                                peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=5,
-                                                       prefix_projection=projection))
+                                                       prefix_projection=projection, encoder_hidden_size=24))
     with torch.no_grad():  # PEFT's default init is small; a larger prefix makes the comparison meaningful
         for p in made.prompt_encoder.parameters():
             p.mul_(4.0)
@@ -183,6 +183,13 @@ def test_import_generates_what_peft_generates(arch, projection, lms, tmp_path):
     assert "5 virtual tokens" in ans.message
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["method"] == "prefix" and config["imported"]["format"] == "peft"
+    # what the adapter says, nothing else: it recorded frozentune's defaults (reparam_hidden 512, init random,
+    # init_text), which never made this prefix
+    assert config["options"] == {"train_backbone": False, "prefix_length": 5, "reparam": projection,
+                                 **({"reparam_hidden": 24} if projection else {})}
+    from frozentune.api import runs_live
+
+    runs_live("prefix", config["options"])  # serve's first reading of the options takes them (make_config)
     card = (tmp_path / "m" / "README.md").read_text()
     assert "library_name: frozentune" in card and "Imported from a PEFT adapter" in card
     assert "Not recorded (no result.json in the folder)." in card  # trained elsewhere: no metrics claimed

@@ -291,6 +291,18 @@ def read_peft_adapter(adapter_dir: Path) -> tuple[dict, Tensor]:
     return cfg, flat.float()
 
 
+def imported_options(cfg: dict, length: int) -> dict:
+    """The prefix options an imported adapter's config.json records: only what adapter_config.json says (its
+    length; whether PEFT's projection MLP trained it, and that MLP's width, encoder_hidden_size). frozentune's
+    other training options (init, init_text) did not make this prefix, so they are left out, not defaulted."""
+    projection = bool(cfg.get("prefix_projection"))
+    options: dict = {"train_backbone": False, "prefix_length": length, "reparam": projection}
+    width = cfg.get("encoder_hidden_size")
+    if projection and type(width) is int and width > 0:  # PEFT: Linear(token_dim, width) → tanh → Linear(width, ·)
+        options["reparam_hidden"] = width
+    return options
+
+
 def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, overwrite: bool = False,
                 log: Callable[[str], None] = print) -> dict:
     """A PEFT prefix-tuning adapter → a frozentune prefix model folder (`generate`, `eval` and
@@ -337,7 +349,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
         log(f"note: the adapter names {cfg['base_model_name_or_path']} as its base model; using --backbone "
             f"{backbone}, which has the same key/value shape")
     prefix = from_peft(flat, n, h, k // h)
-    options = PrefixConfig(prefix_length=prefix.shape[3], reparam=bool(cfg.get("prefix_projection")))
+    options = imported_options(cfg, int(prefix.shape[3]))
     imported = {"format": "peft", "from": str(adapter_dir.resolve()), "peft_version": cfg.get("peft_version"),
                 "base_model_name_or_path": cfg.get("base_model_name_or_path")}
     decoding = dataclasses.asdict(DecodeOptions())
@@ -349,8 +361,9 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
             raise ExportError(f"{adapter_dir / DECODING}: {e} (a value in this file, which frozentune's export "
                               f"wrote); restore it, or remove the file to decode with the defaults") from None
     with staged_output(output, overwrite) as folder:
-        save_prefix(folder, prefix, options, name, weights_hash(lm),
-                    extra={"task": "generation", "decoding": decoding, "imported": imported})
+        save_prefix(folder, prefix, PrefixConfig(prefix_length=int(prefix.shape[3]), reparam=False), name,
+                    weights_hash(lm), extra={"task": "generation", "decoding": decoding, "imported": imported},
+                    options=options)
         write_card_from_files(folder)
     if others := named_adapters(adapter_dir):  # PEFT's default adapter at the top, named ones below it
         log(f"note: {adapter_dir} also holds {_in_subfolders(others)}; this imported the one at its top "

@@ -535,11 +535,14 @@ def check_kv_shape(lm: nn.Module, shape: KVShape) -> None:
 
 # ----------------------------------------------------------------------------- save / load
 def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = "", lm_hash: str | None = None,
-                extra: dict | None = None) -> None:
+                extra: dict | None = None, options: dict | None = None) -> None:
     """folder/model.safetensors: only the materialised prefix (N, 2, H, P, E); folder/config.json:
-    method, options, the LM's name and weights hash, the prefix shape."""
+    method, options (all of cfg's, or `options` where only some are known: an imported prefix; loading fills
+    the rest with defaults, which a materialised prefix does not use), the LM's name and weights hash, the
+    prefix shape."""
     n, _, h, p, e = prefix.shape
-    config = {"method": "prefix", "architecture": "causal", "options": dataclasses.asdict(cfg),
+    config = {"method": "prefix", "architecture": "causal",
+              "options": dataclasses.asdict(cfg) if options is None else options,
               "backbone": {"name": lm_name, "weights_hash": lm_hash, "trained": False},
               "prefix": {"layers": n, "kv_heads": h, "head_dim": e, "length": p}, **(extra or {})}
     write_saved(folder, {PREFIX_KEY: prefix.float()}, config)
