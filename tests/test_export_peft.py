@@ -354,6 +354,32 @@ def test_export_refuses_what_is_not_a_prefix_and_keeps_outputs(lms, tiny_bert, t
         contains="'prefix' classifier (a prefix inside a frozen encoder)")
 
 
+def test_a_model_that_is_no_causal_lm_is_named_before_transformers_refuses_it(lms, tmp_path):
+    """AutoModelForCausalLM refuses a T5 or a DistilBERT folder with its own words (the list of every config class
+    it knows, cut mid-word); the kind is read from config.json first, for import and for train alike."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    from conftest import make_t5
+
+    tok = word_tokenizer(WORDS)
+    make_t5(len(tok)).save_pretrained(tmp_path / "t5")
+    tok.save_pretrained(tmp_path / "t5")
+    folder = saved_prefix(lms["llama"], tmp_path / "m")
+    cli("export", "--model", folder, "--format", "peft", "--output", tmp_path / "p", code=0)
+    cli("import", "--format", "peft", "--adapter", tmp_path / "p", "--output", tmp_path / "ont5", "--backbone",
+        tmp_path / "t5", contains=("an encoder-decoder LM (t5)", "needs a causal (decoder-only) LM"))
+    assert not (tmp_path / "ont5").exists()
+    DistilBertModel(DistilBertConfig(vocab_size=len(tok), dim=32, n_layers=1, n_heads=4, hidden_dim=64,
+                                     max_position_embeddings=64)).save_pretrained(tmp_path / "distil")
+    tok.save_pretrained(tmp_path / "distil")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"source": f"name [ Aromi ] {i}", "target": "Aromi is a pub ."}) + "\n"
+                             for i in range(8)))
+    cli("train", "--method", "prefix", "--data", pairs, "--backbone", tmp_path / "distil", "--epochs", "1",
+        "--output", tmp_path / "g", contains=("an encoder (a masked LM), not a causal LM (distilbert)",))
+    assert not (tmp_path / "g").exists()
+
+
 def test_an_adapter_exported_from_a_cache_that_moved_finds_its_alias(tmp_path):
     """export writes the alias's folder (PEFT can load it) as base_model_name_or_path; after the cache moved, or on
     another machine, import failed on that path. A missing <cache>/models/<alias> folder is read as the alias."""

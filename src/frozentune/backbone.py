@@ -407,14 +407,18 @@ def check_all_weights(what: str, name: str, loaded: dict, unused: tuple[str, ...
                             f"(save_pretrained), or check that its config.json is the checkpoint's own")
 
 
-def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool) -> tuple[nn.Module, "object", dict]:
+def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool,
+             check: Callable[[object], None] | None = None) -> tuple[nn.Module, "object", dict]:
     """(model, tokenizer, loading info) through transformers' `auto_class`, frozen, in eval mode, fp32; the
-    caller checks the info (check_all_weights) once it knows the model is of the kind it asked for."""
+    caller checks the info (check_all_weights) once it knows the model is of the kind it asked for. `check`
+    sees the model's config first (it raises a BackboneError for a kind the caller cannot use)."""
     import transformers
     from safetensors import SafetensorError
 
     path, extra = locate(name, "language model", LM_ALIASES)
     try:
+        if check is not None:  # before the auto class, which refuses a config it has no class for in its own words
+            check(transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **extra))
         tok = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
         with no_loading_bar(), no_load_report():  # what the report says that matters is checked below
             model, loaded = getattr(transformers, auto_class).from_pretrained(
@@ -426,17 +430,24 @@ def _load_lm(name: str, auto_class: str, expected: str, trust_remote_code: bool)
     return model, tok, loaded
 
 
+def _check_causal(name: str, config) -> None:
+    """A BackboneError unless `config` is a causal (decoder-only) LM's, read before any weights: transformers'
+    AutoModelForCausalLM builds e.g. BertLMHeadModel (its LM head newly made) and says little, and refuses T5 or
+    DistilBERT with a list of every config class it knows."""
+    if not _decoder_only(config):
+        kind = ("an encoder-decoder LM" if getattr(config, "is_encoder_decoder", False)
+                else "an encoder (a masked LM), not a causal LM")
+        raise BackboneError(f"{name}: {kind} ({getattr(config, 'model_type', '?')}); this needs a causal "
+                            f"(decoder-only) LM such as {', '.join(LM_ALIASES)} or a GPT-2 / Llama folder")
+
+
 def load_causal_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
     """(model, tokenizer) for any Hugging Face causal LM id or folder (or the alias smollm2-135m),
     frozen, in eval mode, fp32."""
     model, tok, loaded = _load_lm(name, "AutoModelForCausalLM",
                           f"Give a local Hugging Face folder of a causal LM, an alias ({', '.join(LM_ALIASES)}), "
-                          f"or a hub id reachable from this machine.", trust_remote_code)
-    if not _decoder_only(model.config):  # transformers builds e.g. BertLMHeadModel, its LM head newly made, and says little
-        kind = ("an encoder-decoder LM" if getattr(model.config, "is_encoder_decoder", False)
-                else "an encoder (a masked LM), not a causal LM")
-        raise BackboneError(f"{name}: {kind} ({getattr(model.config, 'model_type', '?')}); this needs a causal "
-                            f"(decoder-only) LM such as {', '.join(LM_ALIASES)} or a GPT-2 / Llama folder")
+                          f"or a hub id reachable from this machine.", trust_remote_code,
+                          check=functools.partial(_check_causal, name))
     check_all_weights("language model", name, loaded)  # after the kind: an encoder's missing LM head is said above
     return model, tok
 
