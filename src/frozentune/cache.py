@@ -47,6 +47,7 @@ from torch import Tensor
 from .errors import FrozentuneError
 from .backbone import Backbone, Tokenized, cache_home, holds_special_text, tokenizer_hash
 from .pairs import Text, pair_kind
+from .extract.entries import size_text
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
                               make_plan, merge, read_json, shard_records, work_of)
@@ -364,7 +365,7 @@ def _write_error(root: Path, key: str, e: OSError) -> CacheError:
     size = sum(f.get("size", 0) for r in kept for f in ((read_json(r) or {}).get("files") or {}).values())
     return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
                       f"or give --cache-dir a writable folder with room"
-                      + (f"; its {len(kept)} finished shards ({size / 1e6:,.1f} MB) are kept in {folder.name}: "
+                      + (f"; its {len(kept)} finished shards ({size_text(size)}) are kept in {folder.name}: "
                          f"rerun to resume from them, or `frozentune cache --prune --include-resumable` removes them"
                          if kept else ""))
 
@@ -665,8 +666,8 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     free = shutil.disk_usage(root).free
     if size > free:
         n = sum(len(t) for t in todo.values())
-        raise CacheError(f"{root}: the states of these {len(todo)} files ({n:,} texts) take {size / 1e9:,.2f} GB together "
-                         f"and {free / 1e9:,.2f} GB are free there; {ROOM_ADVICE}")
+        raise CacheError(f"{root}: the states of these {len(todo)} files ({n:,} texts) take {size_text(size)} together "
+                         f"and {size_text(free)} are free there; {ROOM_ADVICE}")
     return tokens
 
 
@@ -684,11 +685,11 @@ def _say_size(root: Path, key: str, plan, tokens: Tokenized, dim: int, dtype: st
     size = state_bytes(n, dim, dtype)
     free = shutil.disk_usage(root).free
     if size > free:
-        raise CacheError(f"{root}: the states of these {examples:,} {what} take {size / 1e9:,.2f} GB and {free / 1e9:,.2f} "
-                         f"GB are free there; {ROOM_ADVICE}")
+        raise CacheError(f"{root}: the states of these {examples:,} {what} take {size_text(size)} and "
+                         f"{size_text(free)} are free there; {ROOM_ADVICE}")
     if size >= SIZE_SAID:
         log(f"cache: {'resuming' if resuming else 'extracting'} {examples:,} {what} ({n:,} tokens) for entry {key}: "
-            f"{size / 1e9:,.2f} GB of states ({free / 1e9:,.1f} GB free there); the whole file is extracted once, so "
+            f"{size_text(size)} of states ({size_text(free)} free there); the whole file is extracted once, so "
             f"that any later run on it (another --max-train, --shots, seed or method) reads the cache")
     return size
 

@@ -682,7 +682,7 @@ def _building_options(a: argparse.Namespace) -> list[str]:
 def _cache_folder(a: argparse.Namespace) -> int:
     """--list / --prune of the cache folder."""
     from .cache import default_root
-    from .extract.entries import kept_lines, mb, prune, scan
+    from .extract.entries import kept_lines, prune, scan, size_text
 
     root = a.cache_dir or default_root()
     if root.exists() and not root.is_dir():
@@ -693,10 +693,10 @@ def _cache_folder(a: argparse.Namespace) -> int:
         return 0
     if a.prune:
         for e in rows:
-            print(f"removed {e.path.name} ({e.kind}, {e.status}, {mb(e.bytes)})")
+            print(f"removed {e.path.name} ({e.kind}, {e.status}, {size_text(e.bytes)})")
         for line in kept_lines(root):
             print(line)
-        print(f"pruned {len(rows)} item(s), {mb(sum(e.bytes for e in rows))} freed in {root}")
+        print(f"pruned {len(rows)} item(s), {size_text(sum(e.bytes for e in rows))} freed in {root}")
         return 0
     if not rows:
         print(f"{root}: no cache entries")
@@ -713,9 +713,9 @@ def _cache_folder(a: argparse.Namespace) -> int:
                              else "")
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
                   str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" if e.examples is not None else "",
-                  f"{e.tokens:,}" if e.tokens is not None else "", mb(e.bytes), e.created)
+                  f"{e.tokens:,}" if e.tokens is not None else "", size_text(e.bytes), e.created)
     Console(width=200).print(t)
-    print(f"{len(rows)} item(s), {mb(sum(e.bytes for e in rows))}; --prune removes "
+    print(f"{len(rows)} item(s), {size_text(sum(e.bytes for e in rows))}; --prune removes "
           f"{sum(e.removable for e in rows)} of them (interrupted builds with no finished shard, leftovers, unreadable "
           f"entries); --include-resumable also the {sum(e.resumable for e in rows)} holding finished shards or "
           f"an interrupted sweep's finished points")

@@ -243,22 +243,28 @@ def kept_lines(root: Path) -> list[str]:
         if e.status == RUNNING:
             what = {"building": "a process is extracting into it now", "sweep": "a sweep is running and writing into "
                     "it now"}.get(e.kind, "a process is merging into it now")
-            lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {mb(e.bytes)})")
+            lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {size_text(e.bytes)})")
             continue
         if not e.resumable:
             continue
         if e.kind == "sweep":
             lines.append(f"kept {e.path.name} (an interrupted {e.sweep}, its {e.shards}: run the same sweep again to "
-                         f"go on from them; --prune --include-resumable deletes it, {mb(e.bytes)})")
+                         f"go on from them; --prune --include-resumable deletes it, {size_text(e.bytes)})")
             continue
         if e.status == WAITING:
             why = (f"waiting for other parts: {e.shards} shards finished, part {e.parts} done; run the other "
                    f"parts (--shard i/N) to finish it")
         else:
             why = f"interrupted, resumable: {e.shards} shards finished; rerun the same command to resume it"
-        lines.append(f"kept {e.path.name} ({why}; --prune --include-resumable deletes it, {mb(e.bytes)})")
+        lines.append(f"kept {e.path.name} ({why}; --prune --include-resumable deletes it, {size_text(e.bytes)})")
     return lines
 
 
-def mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"  # a journal of a few rows said 0.0 MB
+def size_text(n: int) -> str:
+    """A size in bytes as people read it, in the unit that fits: bytes, kB, MB or GB (a journal of a few rows
+    said 0.0 MB; a small build's free-space check said "take 0.00 GB and 0.00 GB are free")."""
+    if n < 1e3:
+        return f"{n:,} bytes"
+    if n < 1e6:
+        return f"{n / 1e3:,.1f} kB"
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
