@@ -333,6 +333,28 @@ def test_a_run_whose_files_do_not_fit_together_is_refused_before_the_first(tiny_
     monkeypatch.setattr(C.shutil, "disk_usage", real)
 
 
+def test_cache_checks_its_files_together_before_the_first(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """`frozentune cache DATA` built split by split, each checked alone as it started: on a nearly full disk
+    it wrote train, filled the disk, then refused the next file. Like train and sweep, it now checks every
+    file it will build against the free space together, before anything is extracted."""
+    import collections
+
+    import frozentune.cache as C
+
+    sizes = [C.state_bytes(json.loads((p / "meta.json").read_text())["tokens"], 32, "float16")  # tiny BERT: width 32
+             for p in entries(trec_slice, tiny_bert, tmp_path / "measured").values()]
+    assert len(sizes) == 2
+    root = tmp_path / "cache"
+    real = C.shutil.disk_usage
+    free = max(sizes) + 1  # room for either file alone, not for both
+    monkeypatch.setattr(C.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(1, 1, free))
+    cli(*cache_args(trec_slice, tiny_bert, root), code=2,
+        contains=(str(root), "these 2 files (160 texts)", " together and ", "--cache-dir"))
+    assert list(root.iterdir()) == []  # nothing extracted
+    cli(*cache_args(trec_slice, tiny_bert, root, "--splits", "test"), code=0)  # one file alone fits
+    monkeypatch.setattr(C.shutil, "disk_usage", real)
+
+
 def test_a_large_build_is_said_before_it_starts_and_as_it_runs_without_a_terminal(tiny_bert, trec_slice, tmp_path,
                                                                                   monkeypatch):
     """Where no terminal shows a bar (a log file, CI), a 25,000-text build extracted for 50 minutes with no

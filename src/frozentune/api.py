@@ -1063,15 +1063,17 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
         log(f"cache: extracting part {part.index} of {part.count} ({part.how}): shards k with k mod {part.count} = "
             f"{part.index}")
     bb = backbone.load(rt)
+    # the texts alone: the states need no labels (a file of texts to predict on can be cached); a file with
+    # labels gives the same texts in the same order as training reads them
+    todo = {split: read_texts(files[split], text_field, pair_field) for split in splits if split in files}
+    # the entries not yet cached fit in the free space together, checked before the first is extracted (as train and
+    # sweep do): each alone was checked as it started, so train filled the disk, then validation was refused
+    tokens = check_room(bb, list(todo.values()), cache_root)
     out = []
-    for split in splits:
-        if split not in files:
-            continue
-        # the texts alone: the states need no labels (a file of texts to predict on can be cached); a file with
-        # labels gives the same texts in the same order as training reads them
-        texts = read_texts(files[split], text_field, pair_field)
+    for split, texts in todo.items():
         if part.count == 1:
-            cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress, log=cache_log)
+            cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress, log=cache_log,
+                                       tokens=tokens.pop(id(texts), None))
             stats = None
         else:
             cache, stats = build_part(bb, texts, part, cache_root, progress=progress, log=cache_log)
