@@ -408,6 +408,21 @@ def test_cli_device_and_shard_errors(tiny_bert, trec_slice, tmp_path):
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
+def test_frozentune_cache_naming_a_file_is_refused(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """FROZENTUNE_CACHE pointing at a file: --list said "…/afile/features: no cache entries" (status 0), --prune
+    pruned nothing and a build failed with a bare "Not a directory". It is refused as --cache-dir FILE is,
+    naming FROZENTUNE_CACHE."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    monkeypatch.setenv("FROZENTUNE_CACHE", str(afile))
+    says = (f"FROZENTUNE_CACHE={afile}: a file, not a cache folder", "set FROZENTUNE_CACHE to a folder")
+    cli("cache", "--list", code=2, contains=says)
+    cli("cache", "--prune", code=2, contains=says)
+    cli("cache", trec_slice, "--backbone", tiny_bert, "--quiet", code=2, contains=says)
+    assert afile.read_text() == "not a folder"
+    cli("cache", "--list", "--cache-dir", tmp_path / "c", code=0)  # a folder given: FROZENTUNE_CACHE is not read
+
+
 def test_list_and_prune(bb, tmp_path, monkeypatch):
     """--prune removes what nothing can use (a build killed before its first shard, a dead merge's
     leftover) and keeps a build holding finished shards (a rerun resumes from them), saying so;
