@@ -469,6 +469,56 @@ def test_list_and_prune(bb, tmp_path, monkeypatch):
     assert prune(root) == [] and (root / "notes" / "todo.txt").read_text() == "keep me"
 
 
+def test_prune_says_what_it_could_not_remove(bb, tmp_path, monkeypatch):
+    """--prune removed with ignore_errors and reported every item "removed" and "freed", status 0, even where
+    nothing went (a read-only folder). It now removes what it can, says only that, names what stayed and why,
+    and exits 2. A link named like a key was listed with its target's size and "removed" each time while it
+    stayed: a link is not the cache's own, so it is listed as such (size 0, never followed) and left alone."""
+    import frozentune.extract.entries as E
+
+    root = tmp_path / "cache"
+    stuck, goes = root / ("deadbeef" * 4 + ".partial-999999999-x"), root / ("cafebabe" * 4 + ".partial-999999999-y")
+    for folder in (stuck, goes):  # merges whose process is gone: removable
+        folder.mkdir(parents=True)
+        (folder / "states.bin").write_bytes(b"x" * 5000)
+    real = shutil.rmtree
+
+    def read_only(path, ignore_errors=False, **kw):  # `stuck` sits where this user cannot delete
+        if Path(path) == stuck:
+            if not ignore_errors:
+                raise PermissionError(13, "Permission denied", str(stuck / "states.bin"))
+            return None
+        return real(path, ignore_errors=ignore_errors, **kw)
+
+    monkeypatch.setattr(E.shutil, "rmtree", read_only)
+    answer = cli("cache", "--prune", "--cache-dir", root, code=2,
+                 contains=("could not remove 1 item(s)", f"{stuck.name} (Permission denied (states.bin); 5.0 kB of it left)",
+                           "(1 other item(s) were removed)"))
+    assert f"removed {goes.name}" in answer.out and stuck.name not in answer.out
+    assert "pruned 1 item(s), 5.0 kB freed" in answer.out and stuck.is_dir() and not goes.exists()
+    from frozentune.cache import NotRemoved
+
+    with pytest.raises(NotRemoved, match="could not remove 1 item") as e:
+        prune(root)
+    assert e.value.removed == []
+    answer = cli("cache", "--prune", "--json", "--cache-dir", root, code=2, contains=("could not remove",))
+    assert json.loads(answer.out) == []
+    monkeypatch.undo()
+    assert [x.path for x in prune(root)] == [stuck]
+
+    target = tmp_path / "elsewhere"  # a key-named link to a folder of someone's
+    target.mkdir()
+    (target / "data.bin").write_bytes(b"y" * 20000)
+    link = root / ("ab" * 16)
+    link.symlink_to(target, target_is_directory=True)
+    (row,) = scan(root)
+    assert (row.path, row.kind, row.bytes) == (link, "other", 0) and not row.removable
+    assert row.status == f"a symbolic link to {target}, not the cache's own (left alone)"
+    answer = cli("cache", "--prune", "--cache-dir", root, code=0)
+    assert "pruned 0 item(s)" in answer.out and link.is_symlink() and (target / "data.bin").stat().st_size == 20000
+    assert "a symbolic link to" in cli("cache", "--list", "--cache-dir", root, code=0).out
+
+
 def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch):
     """`--shard 0/2` finishes its share and stops: --list says the build waits for the other parts,
     --prune keeps it (and says why), and part 1/2 then completes the one-process entry. A part

@@ -64,6 +64,15 @@ class CacheError(FrozentuneError, RuntimeError):
     """A cache entry is missing, truncated, corrupt or incompatible; the message says what to do."""
 
 
+class NotRemoved(CacheError):
+    """Some of what `cache --prune` was to delete could not be removed (a read-only folder, another owner's
+    files): the message says which and why; `removed` holds the entries.Entry items that did go."""
+
+    def __init__(self, message: str, removed: list):
+        super().__init__(message)
+        self.removed = removed
+
+
 def default_root() -> Path:
     return cache_home() / "features"
 

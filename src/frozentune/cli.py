@@ -681,22 +681,31 @@ def _building_options(a: argparse.Namespace) -> list[str]:
 
 def _cache_folder(a: argparse.Namespace) -> int:
     """--list / --prune of the cache folder."""
-    from .cache import default_root
+    from .cache import NotRemoved, default_root
     from .extract.entries import kept_lines, prune, scan, size_text
 
     root = a.cache_dir or default_root()
     if root.exists() and not root.is_dir():
         raise CLIError(f"{root}: a file, not a cache folder; give --cache-dir a folder")
-    rows = prune(root, include_resumable=a.include_resumable, verify=a.verify) if a.prune else scan(root, a.verify)
+    failed = None
+    if a.prune:
+        try:
+            rows = prune(root, include_resumable=a.include_resumable, verify=a.verify)
+        except NotRemoved as e:  # said after what was removed; the command then fails with it
+            rows, failed = e.removed, e
+    else:
+        rows = scan(root, a.verify)
     if a.json:
         print(json.dumps([e.row() for e in rows], indent=2, allow_nan=False))
-        return 0
-    if a.prune:
+    elif a.prune:
         for e in rows:
             print(f"removed {e.path.name} ({e.kind}, {e.status}, {size_text(e.bytes)})")
         for line in kept_lines(root):
             print(line)
         print(f"pruned {len(rows)} item(s), {size_text(sum(e.bytes for e in rows))} freed in {root}")
+    if failed is not None:
+        raise failed
+    if a.json or a.prune:
         return 0
     if not rows:
         print(f"{root}: no cache entries")

@@ -19,6 +19,7 @@ INTERRUPTED = "interrupted"               # nothing to resume from (no finished 
 DONE_LEFTOVER = "left over beside its complete entry"  # a build whose entry was published (a run reads the entry)
 UNREADABLE = "unreadable"                 # an entry's status starts with it, then says why in parentheses
 NOT_OURS = "not a cache entry (left alone)"  # a folder whose name frozentune never writes
+LINK = "a symbolic link"  # "a symbolic link to TARGET, not the cache's own (left alone)": never followed, never removed
 SWEEP_RESUMABLE = "interrupted sweep, resumable"  # a sweep journal (sweep/journal.py): its finished points
 SWEEP_EMPTY = "interrupted sweep, nothing to reuse"  # a journal with no whole line
 # The names frozentune writes in a cache folder: <key>, <key>.building, <key>.partial-<pid>-<tag>[-replaced],
@@ -30,7 +31,7 @@ KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
 class Entry:
     """One thing in the cache folder: a complete entry, an interrupted or running build, or debris."""
     path: Path
-    kind: str            # entry | building | merging | partial | sweep (a journal) | other (not frozentune's: never removed)
+    kind: str            # entry | building | merging | partial | sweep (a journal) | other (not frozentune's, or a link: never removed)
     status: str          # ok | old format (re-keyed on next use) | unreadable (why) | running | waiting for other
                          # parts | interrupted, resumable | interrupted | leftover of a merge
     bytes: int
@@ -201,7 +202,11 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
     from ..sweep.journal import FULL_NAME
 
     for p in sorted(root.iterdir()):
-        if FULL_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+        if p.is_symlink():  # e.g. a key-named link to an entry elsewhere: its size was its target's, and --prune
+            if p.suffix != ".lock":  # said "removed" each time while the link stayed
+                out.append(Entry(p, "other", f"{LINK} to {os.readlink(p)}, not the cache's own (left alone)", 0))
+            continue
+        if FULL_NAME.fullmatch(p.name) and p.is_file():
             out.append(_journal(p))
             continue
         if p.suffix == ".lock" or not p.is_dir():
@@ -222,16 +227,41 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
 def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> list[Entry]:
     """Remove what `Entry.removable` names, and with include_resumable also the builds holding
     finished shards (`Entry.resumable`); with verify, entries whose checksums fail count as
-    unreadable. Returns what was removed."""
-    gone = []
+    unreadable. Returns what was removed. What could not be removed (a read-only folder) is a
+    cache.NotRemoved naming each and why, raised after the rest was removed (its `removed` holds
+    those); it was reported "removed" and "freed" while it stayed."""
+    from ..cache import NotRemoved
+
+    gone, failed = [], []
     for e in scan(root, verify):
         if e.removable or (include_resumable and e.resumable):
-            if e.kind == "sweep":  # a journal is a file
-                e.path.unlink(missing_ok=True)
+            why = remove(e.path)
+            if why:
+                failed.append(f"{e.path.name} ({why})")
             else:
-                shutil.rmtree(e.path, ignore_errors=True)
-            gone.append(e)
+                gone.append(e)
+    if failed:
+        raise NotRemoved(f"{root}: could not remove {len(failed)} item(s): {'; '.join(failed)}"
+                         + (f" ({len(gone)} other item(s) were removed)" if gone else "")
+                         + ". Make them writable to you (a read-only mount, another user's files), then run --prune "
+                           "again", gone)
     return gone
+
+
+def remove(path: Path) -> str:
+    """Delete a folder of the cache (or a sweep's journal, a file) and everything in it; "" when it is gone,
+    else why not and what is left of it (what could be removed is). A link is never followed."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as err:
+        if not os.path.lexists(path):  # gone meanwhile (another --prune)
+            return ""
+        at = f" ({Path(err.filename).name})" if isinstance(err.filename, str) else ""
+        return f"{err.strerror or err}{at}; {size_text(_size(path))} of it left"
+    return ""
 
 
 def kept_lines(root: Path) -> list[str]:
