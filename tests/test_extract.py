@@ -519,6 +519,27 @@ def test_prune_says_what_it_could_not_remove(bb, tmp_path, monkeypatch):
     assert "a symbolic link to" in cli("cache", "--list", "--cache-dir", root, code=0).out
 
 
+def test_prune_removes_the_lock_files_no_build_holds(bb, tmp_path):
+    """A build killed (SIGKILL, a power cut) before releasing its lock left `<key>.lock`, which --prune never
+    removed. A lock file no process holds is now removed; one a build holds is kept."""
+    from frozentune.cache import build_lock
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    stale = root / (cache_key(bb, BASE)[0] + ".lock")
+    stale.write_text("")  # as a killed build leaves it
+    held_key = cache_key(bb, MANY)[0]
+    with build_lock(root, held_key, print):  # a build running now
+        answer = cli("cache", "--prune", "--cache-dir", root, code=0)
+        assert f"removed {stale.name} (lock, held by no process" in answer.out and "pruned 1 item(s)" in answer.out
+        assert not stale.exists() and (root / f"{held_key}.lock").is_file()
+        assert prune(root) == []
+    assert sorted(p.name for p in root.iterdir()) == []  # released: the build removed its own
+    (root / "notes.lock").write_text("mine")  # not a name frozentune writes: left alone
+    assert prune(root) == [] and (root / "notes.lock").read_text() == "mine"
+    assert get_or_build(bb, BASE, root, progress=False)[1] > 0  # a build takes its lock anew
+
+
 def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch):
     """`--shard 0/2` finishes its share and stops: --list says the build waits for the other parts,
     --prune keeps it (and says why), and part 1/2 then completes the one-process entry. A part

@@ -278,8 +278,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                    "(job arrays); the entry is written when the last part finishes. Under torchrun / accelerate "
                    "launch the part comes from RANK / WORLD_SIZE")
     c.add_argument("--list", action="store_true", help="list the entries and interrupted builds in the cache folder")
-    c.add_argument("--prune", action="store_true", help="remove interrupted builds with no finished shard, leftovers "
-                   "and unreadable entries (builds holding finished shards are kept and listed)")
+    c.add_argument("--prune", action="store_true", help="remove interrupted builds with no finished shard, leftovers, "
+                   "unreadable entries and lock files no build holds (builds holding finished shards are kept and "
+                   "listed)")
     c.add_argument("--include-resumable", action="store_true", help="with --prune: also delete builds holding finished "
                    "shards (interrupted, or a --shard part waiting for the others)")
     c.add_argument("--json", action="store_true", help="with --list / --prune: JSON instead of a table")

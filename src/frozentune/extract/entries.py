@@ -10,6 +10,11 @@ from pathlib import Path
 
 from .shards import is_running, parts_done, read_json, shard_records
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no build locks are taken (cache.build_lock), so none are left to remove
+    fcntl = None  # type: ignore[assignment]
+
 
 # statuses of a build folder
 RUNNING = "running"                       # a process is extracting into it now
@@ -25,6 +30,8 @@ SWEEP_EMPTY = "interrupted sweep, nothing to reuse"  # a journal with no whole l
 # The names frozentune writes in a cache folder: <key>, <key>.building, <key>.partial-<pid>-<tag>[-replaced],
 # a key being 32 hex digits (cache._key_of). Anything else is someone's own folder: listed, never removed.
 KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
+LOCK_NAME = re.compile(r"[0-9a-f]{32}\.lock")  # a build's flock (cache.build_lock), removed when it is released
+STALE_LOCK = "held by no process (left by a build that was killed)"
 
 
 @dataclass
@@ -227,7 +234,7 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
 def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> list[Entry]:
     """Remove what `Entry.removable` names, and with include_resumable also the builds holding
     finished shards (`Entry.resumable`); with verify, entries whose checksums fail count as
-    unreadable. Returns what was removed. What could not be removed (a read-only folder) is a
+    unreadable; and the `<key>.lock` files no process holds (kind "lock"). Returns what was removed. What could not be removed (a read-only folder) is a
     cache.NotRemoved naming each and why, raised after the rest was removed (its `removed` holds
     those); it was reported "removed" and "freed" while it stayed."""
     from ..cache import NotRemoved
@@ -240,12 +247,52 @@ def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> 
                 failed.append(f"{e.path.name} ({why})")
             else:
                 gone.append(e)
+    for lock in sorted(root.glob("*.lock")) if root.is_dir() else []:
+        if LOCK_NAME.fullmatch(lock.name) and not lock.is_symlink():
+            why = _remove_unheld_lock(lock)
+            if why:
+                failed.append(f"{lock.name} ({why})")
+            elif why is not None:
+                gone.append(Entry(lock, "lock", STALE_LOCK, 0))
     if failed:
         raise NotRemoved(f"{root}: could not remove {len(failed)} item(s): {'; '.join(failed)}"
                          + (f" ({len(gone)} other item(s) were removed)" if gone else "")
                          + ". Make them writable to you (a read-only mount, another user's files), then run --prune "
                            "again", gone)
     return gone
+
+
+def _remove_unheld_lock(path: Path) -> str | None:
+    """Remove a `<key>.lock` that no process holds (a build killed before releasing it left it; they were
+    never removed): "" when removed, why not when that failed, None when it is kept (a build holds it, or
+    flock does not work here, so it is not known to be free). It is removed while locked: a build that opened
+    it meanwhile takes a new one once this lets go (cache._acquire checks that its lock file is current)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # removed meanwhile (its build ended), or not readable: left alone
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # BlockingIOError: a build holds it; other errors: no flock on this file system
+            return None
+        try:
+            st, cur = os.fstat(fd), os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if (st.st_ino, st.st_dev) != (cur.st_ino, cur.st_dev):  # another lock file of that name now
+            return None
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            return err.strerror or str(err)
+        return ""
+    finally:
+        os.close(fd)
 
 
 def remove(path: Path) -> str:
