@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import frozentune.cache as C
 import frozentune.extract.shards as S
 from frozentune.backbone import Backbone, LayerSpec
 from frozentune.cache import (CacheError, CachedStates, FORMAT_VERSION, build_part, cache_key, get_or_build,
@@ -538,6 +539,62 @@ def test_prune_removes_the_lock_files_no_build_holds(bb, tmp_path):
     (root / "notes.lock").write_text("mine")  # not a name frozentune writes: left alone
     assert prune(root) == [] and (root / "notes.lock").read_text() == "mine"
     assert get_or_build(bb, BASE, root, progress=False)[1] > 0  # a build takes its lock anew
+
+
+def test_remove_chosen_entries_and_the_source_they_record(tiny_bert, trec_slice, tmp_path):
+    """A full disk left no way to remove chosen complete entries but `rm -rf` of 32-hex folders, and nothing
+    said which dataset an entry held. An entry now records the file its texts came from (meta.json's source,
+    under its checksum, not in its key: the same texts from another file are the same entry, which keeps the
+    first file), shown by --list and --json; `cache --remove KEY` deletes the entries named by a key or a
+    unique prefix of 8 or more hex digits, refusing unknown, ambiguous or running ones before removing any."""
+    from frozentune import api
+    from frozentune.cache import build_lock
+
+    root = tmp_path / "cache"
+    build = ("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--quiet")
+    cli(*build, code=0)
+    rows = {e.examples: e for e in scan(root)}
+    train, test = rows[120], rows[40]
+    assert train.source == str((trec_slice / "train.jsonl").resolve()) and test.source.endswith("test.jsonl")
+    meta = json.loads((train.path / "meta.json").read_text())
+    assert meta["source"] == train.source and meta["meta_sha"] == meta_sha(meta)
+    with pytest.raises(CacheError, match="edited or corrupt"):  # the checksum covers it
+        (train.path / "meta.json").write_text(json.dumps(dict(meta, source="elsewhere")))
+        CachedStates(train.path)
+    (train.path / "meta.json").write_text(json.dumps(meta, indent=1))
+    assert "source" in cli("cache", "--list", "--cache-dir", root, code=0).out
+    assert {r["source"] for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root, code=0).out)} == \
+        {train.source, test.source}
+    other = tmp_path / "copy"  # the same texts from another file: the same entry, its first source kept
+    other.mkdir()
+    shutil.copy(trec_slice / "train.jsonl", other / "train.jsonl")
+    cli("cache", other, "--backbone", tiny_bert, "--cache-dir", root, "--quiet", code=0)
+    assert {e.path: e.source for e in scan(root)} == {train.path: train.source, test.path: test.source}
+    # train records the file too (an entry of another --max-length: new states)
+    api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=32), cache_root=root,
+              progress=False, log=lambda s: None)
+    assert sorted(e.source for e in scan(root) if e.path not in (train.path, test.path)) == [test.source, train.source]
+
+    key = train.path.name
+    twin = root / (key[:8] + "0" * 24)  # another entry whose key starts with the same 8 digits
+    twin.mkdir()
+    cli("cache", "--remove", "entry1", "--cache-dir", root, code=2, contains=("--remove entry1: not a cache key",))
+    cli("cache", "--remove", key[:7], "--cache-dir", root, code=2, contains=("not a cache key", "at least its first 8"))
+    cli("cache", "--remove", "ffffffff", "--cache-dir", root, code=2,
+        contains=("no cache entry in", "has that key", key[:16] + "…", "--list"))
+    cli("cache", "--remove", key[:8], "--cache-dir", root, code=2,
+        contains=(f"the keys of 2 entries start with it ({twin.name}, {key})", "give more of the key"))
+    with build_lock(root, test.path.name, print):
+        cli("cache", "--remove", test.path.name[:10], "--cache-dir", root, code=2, contains=("being built now",))
+    cli("cache", "--remove", test.path.name, "ffffffff", "--cache-dir", root, code=2, contains=("no cache entry",))
+    assert test.path.is_dir() and twin.is_dir() and train.path.is_dir()  # refused: nothing removed
+    cli("cache", "--remove", key, "--list", "--cache-dir", root, code=2, contains=("give one of --list, --prune or --remove",))
+    cli("cache", "--remove", key, "--verify", "--cache-dir", root, code=2, contains=("--verify goes with",))
+    answer = cli("cache", "--remove", key[:16] + "…", twin.name, "--cache-dir", root, code=0)  # as --list shows it
+    assert f"removed {key} (entry, ok, " in answer.out and "120 examples, " + train.source in answer.out
+    assert f"removed {twin.name} (entry, unreadable" in answer.out and "removed 2 item(s), " in answer.out
+    assert not train.path.exists() and not twin.exists() and test.path.is_dir()
+    assert "--remove KEY deletes the ones you choose" in C.ROOM_ADVICE
 
 
 def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ A cache entry is a folder `<root>/<key>/`:
                extraction order (longest first)
   ids.bin      (N_tok,) int32 token ids (for explanations)
   offsets.bin  (N,) int64 first row of example i;  lengths.bin (N,) int32 its token count
-  meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file, and
+  meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file, where the
+               texts came from (source, where the caller said: not part of the key), and
                meta_sha, a checksum of meta.json's own content (so an edit of it is found)
 
 The key hashes the model's weights, the tokenizer's definition, the layer choice (absolute
@@ -23,6 +24,7 @@ incompatible format version — never returns wrong states.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import mmap
@@ -75,6 +77,22 @@ class NotRemoved(CacheError):
 
 def default_root() -> Path:
     return cache_home() / "features"
+
+
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("frozentune_cache_source", default=None)
+
+
+@contextlib.contextmanager
+def texts_from(source: str | None) -> Iterator[None]:
+    """Entries published inside this block record `source` in their meta.json (covered by meta_sha): where
+    their texts came from (a file), which `cache --list` / `--json` show; None records nothing. It is not
+    part of the key: the same texts read from another file are the same entry, which keeps the source it was
+    built from. (A context rather than an argument, so that get_or_build's signature is left as it is.)"""
+    token = _SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
 
 
 def texts_hash(texts: Sequence[Text]) -> str:
@@ -469,6 +487,8 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
         meta = dict(fields, dim=dim, key=key, tokens=n_tokens, extract_seconds=merged["seconds"],
                     shards=merged["shards"], shard_tokens=plan.settings["shard_tokens"],
                     devices=merged["devices"], created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        if source := _SOURCE.get():  # where the texts came from, where the caller said (texts_from)
+            meta["source"] = source
         meta["files"] = files
         meta["meta_sha"] = meta_sha(meta)
         with open(tmp / "meta.json", "w") as f:
@@ -680,7 +700,8 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     return tokens
 
 
-ROOM_ADVICE = ("free some space (frozentune cache --prune removes unfinished builds), give --cache-dir a folder "
+ROOM_ADVICE = ("free some space (frozentune cache --prune removes unfinished builds; cache --list shows the entries, "
+               "their sizes and sources, and cache --remove KEY deletes the ones you choose), give --cache-dir a folder "
                "with room, or read fewer tokens of each text (a smaller --max-length); the whole file is extracted, "
                "whatever --max-train or --shots takes from it")
 

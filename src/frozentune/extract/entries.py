@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import is_running, parts_done, read_json, shard_records
+from .shards import is_running, lock_held, parts_done, read_json, shard_records
 
 try:
     import fcntl
@@ -53,6 +53,7 @@ class Entry:
     shards: str = ""     # building: "finished/total"
     parts: str = ""      # building: the parts of several that finished their shards ("0/2, 2/4")
     sweep: str = ""      # sweep: which sweep the journal is for ("sweep on trec with minilm: probe,space, 12 points")
+    source: str = ""     # entry: where its texts came from (a file), where the build said so (meta.json's source)
 
     @property
     def removable(self) -> bool:
@@ -144,7 +145,7 @@ def _entry(p: Path, verify: bool = False) -> Entry:
     if verify and status == "ok":
         status = _verified(p)
     return Entry(p, "entry", status, _size(p), tokens=meta.get("tokens"), created=str(meta.get("created", "")),
-                 **_describe(meta))
+                 source=str(meta.get("source") or ""), **_describe(meta))
 
 
 def _verified(p: Path) -> str:
@@ -258,6 +259,58 @@ def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> 
         raise NotRemoved(f"{root}: could not remove {len(failed)} item(s): {'; '.join(failed)}"
                          + (f" ({len(gone)} other item(s) were removed)" if gone else "")
                          + ". Make them writable to you (a read-only mount, another user's files), then run --prune "
+                           "again", gone)
+    return gone
+
+
+KEY_GIVEN = re.compile(r"[0-9a-f]{8,32}")  # what --remove takes: a key, or a prefix of it as --list shows it
+
+
+def remove_entries(root: Path, given: list[str]) -> list[Entry]:
+    """`cache --remove KEY [KEY ...]`: remove the entries named, each by its key or a prefix of at least 8 of its
+    hex digits that no other key starts with (--list shows 16, then "…"), with their interrupted build folders
+    (a key whose build alone is there removes that). Every key is checked first: an unknown or ambiguous one
+    (naming the candidates), or one being built now, is a CacheError and nothing is removed. Returns what was
+    removed; what could not be is a cache.NotRemoved, raised after the rest was removed."""
+    from ..cache import CacheError, NotRemoved
+
+    items: dict[str, list[Entry]] = {}
+    for e in scan(root):
+        if e.kind in ("entry", "building"):
+            items.setdefault(e.path.name[:32], []).append(e)
+    chosen: list[str] = []
+    for text in given:
+        prefix = text.strip().removesuffix("…").lower()
+        if not KEY_GIVEN.fullmatch(prefix):
+            raise CacheError(f"--remove {text}: not a cache key; give a key as `frozentune cache --list` shows it (at "
+                             f"least its first 8 hex digits)")
+        found = sorted(k for k in items if k.startswith(prefix))
+        if not found:
+            have = ", ".join(k[:16] + "…" for k in sorted(items)[:6]) + (", …" if len(items) > 6 else "")
+            raise CacheError(f"--remove {text}: no cache entry in {root} has that key"
+                             + (f" (it holds {have})" if items else " (it holds none)")
+                             + "; `frozentune cache --list` shows them")
+        if len(found) > 1:
+            raise CacheError(f"--remove {text}: the keys of {len(found)} entries start with it ({', '.join(found)}); "
+                             f"give more of the key")
+        key = found[0]
+        if any(e.status == RUNNING for e in items[key]) or lock_held(root / f"{key}.lock"):
+            raise CacheError(f"--remove {text}: entry {key} is being built now; let the build finish (or stop it), "
+                             f"then remove it")
+        if key not in chosen:
+            chosen.append(key)
+    gone, failed = [], []
+    for key in chosen:
+        for e in items[key]:
+            why = remove(e.path)
+            if why:
+                failed.append(f"{e.path.name} ({why})")
+            else:
+                gone.append(e)
+    if failed:
+        raise NotRemoved(f"{root}: could not remove {'; '.join(failed)}"
+                         + (f" ({len(gone)} other item(s) were removed)" if gone else "")
+                         + ". Make them writable to you (a read-only mount, another user's files), then remove them "
                            "again", gone)
     return gone
 
