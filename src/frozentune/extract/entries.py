@@ -38,7 +38,7 @@ STALE_LOCK = "held by no process (left by a build that was killed)"
 class Entry:
     """One thing in the cache folder: a complete entry, an interrupted or running build, or debris."""
     path: Path
-    kind: str            # entry | building | merging | partial | sweep (a journal) | other (not frozentune's, or a link: never removed)
+    kind: str            # entry | building | merging | partial | sweep (a journal) | lock (prune) | other (never removed)
     status: str          # ok | old format (re-keyed on next use) | unreadable (why) | running | waiting for other
                          # parts | interrupted, resumable | interrupted | leftover of a merge
     bytes: int
@@ -235,11 +235,10 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
 def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> list[Entry]:
     """Remove what `Entry.removable` names, and with include_resumable also the builds holding
     finished shards (`Entry.resumable`); with verify, entries whose checksums fail count as
-    unreadable; and the `<key>.lock` files no process holds (kind "lock"). Returns what was removed. What could not be removed (a read-only folder) is a
-    cache.NotRemoved naming each and why, raised after the rest was removed (its `removed` holds
-    those); it was reported "removed" and "freed" while it stayed."""
-    from ..cache import NotRemoved
-
+    unreadable; and the `<key>.lock` files no process holds (kind "lock"). Returns what was
+    removed. What could not be removed (a read-only folder) is a cache.NotRemoved naming each and
+    why, raised after the rest was removed (its `removed` holds those); it was reported "removed"
+    and "freed" while it stayed."""
     gone, failed = [], []
     for e in scan(root, verify):
         if e.removable or (include_resumable and e.resumable):
@@ -255,12 +254,18 @@ def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> 
                 failed.append(f"{lock.name} ({why})")
             elif why is not None:
                 gone.append(Entry(lock, "lock", STALE_LOCK, 0))
+    _raise_not_removed(root, failed, gone, "run --prune again")
+    return gone
+
+
+def _raise_not_removed(root: Path, failed: list[str], gone: list[Entry], then: str) -> None:
+    """A cache.NotRemoved naming what could not be removed ("name (why)" each), if anything."""
+    from ..cache import NotRemoved
+
     if failed:
         raise NotRemoved(f"{root}: could not remove {len(failed)} item(s): {'; '.join(failed)}"
                          + (f" ({len(gone)} other item(s) were removed)" if gone else "")
-                         + ". Make them writable to you (a read-only mount, another user's files), then run --prune "
-                           "again", gone)
-    return gone
+                         + f". Make them writable to you (a read-only mount, another user's files), then {then}", gone)
 
 
 KEY_GIVEN = re.compile(r"[0-9a-f]{8,32}")  # what --remove takes: a key, or a prefix of it as --list shows it
@@ -272,7 +277,7 @@ def remove_entries(root: Path, given: list[str]) -> list[Entry]:
     (a key whose build alone is there removes that). Every key is checked first: an unknown or ambiguous one
     (naming the candidates), or one being built now, is a CacheError and nothing is removed. Returns what was
     removed; what could not be is a cache.NotRemoved, raised after the rest was removed."""
-    from ..cache import CacheError, NotRemoved
+    from ..cache import CacheError
 
     items: dict[str, list[Entry]] = {}
     for e in scan(root):
@@ -307,11 +312,7 @@ def remove_entries(root: Path, given: list[str]) -> list[Entry]:
                 failed.append(f"{e.path.name} ({why})")
             else:
                 gone.append(e)
-    if failed:
-        raise NotRemoved(f"{root}: could not remove {'; '.join(failed)}"
-                         + (f" ({len(gone)} other item(s) were removed)" if gone else "")
-                         + ". Make them writable to you (a read-only mount, another user's files), then remove them "
-                           "again", gone)
+    _raise_not_removed(root, failed, gone, "run --remove again")
     return gone
 
 
