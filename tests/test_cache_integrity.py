@@ -294,7 +294,10 @@ def test_a_build_larger_than_the_free_space_is_refused_before_it_starts(tiny_ber
     real = C.shutil.disk_usage
     monkeypatch.setattr(C.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(1, 1, 1000))
     root = tmp_path / "cache"
-    cli(*cache_args(trec_slice, tiny_bert, root), code=2, contains=(str(root), "GB are free there", "--cache-dir", "--prune"))
+    answer = cli(*cache_args(trec_slice, tiny_bert, root, "--splits", "test"), code=2,  # one file: its own check
+                 contains=(str(root), "1.0 kB are free there", "--cache-dir", "--prune"))
+    # sizes in the unit that fits (a small build was said to "take 0.00 GB and 0.00 GB are free")
+    assert re.search(r"take [\d.,]+ (kB|MB) and", answer.message) and "0.00 GB" not in answer.message
     assert list(root.iterdir()) == []  # no build folder: nothing was extracted
     monkeypatch.setattr(C.shutil, "disk_usage", real)
     cli(*cache_args(trec_slice, tiny_bert, root), code=0)
@@ -325,8 +328,30 @@ def test_a_run_whose_files_do_not_fit_together_is_refused_before_the_first(tiny_
     free = max(sizes.values()) + 1  # room for either file alone, not for both
     monkeypatch.setattr(C.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(1, 1, free))
     cli(*train_args(trec_slice, tiny_bert, root, tmp_path / "m"), code=2,
-        contains=("these 2 files (160 texts)", "GB together", "--cache-dir"))
+        contains=("these 2 files (160 texts)", " together and ", "--cache-dir"))
     assert [p for p in root.iterdir()] == []  # nothing extracted
+    monkeypatch.setattr(C.shutil, "disk_usage", real)
+
+
+def test_cache_checks_its_files_together_before_the_first(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """`frozentune cache DATA` built split by split, each checked alone as it started: on a nearly full disk
+    it wrote train, filled the disk, then refused the next file. Like train and sweep, it now checks every
+    file it will build against the free space together, before anything is extracted."""
+    import collections
+
+    import frozentune.cache as C
+
+    sizes = [C.state_bytes(json.loads((p / "meta.json").read_text())["tokens"], 32, "float16")  # tiny BERT: width 32
+             for p in entries(trec_slice, tiny_bert, tmp_path / "measured").values()]
+    assert len(sizes) == 2
+    root = tmp_path / "cache"
+    real = C.shutil.disk_usage
+    free = max(sizes) + 1  # room for either file alone, not for both
+    monkeypatch.setattr(C.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(1, 1, free))
+    cli(*cache_args(trec_slice, tiny_bert, root), code=2,
+        contains=(str(root), "these 2 files (160 texts)", " together and ", "--cache-dir"))
+    assert list(root.iterdir()) == []  # nothing extracted
+    cli(*cache_args(trec_slice, tiny_bert, root, "--splits", "test"), code=0)  # one file alone fits
     monkeypatch.setattr(C.shutil, "disk_usage", real)
 
 
@@ -340,7 +365,8 @@ def test_a_large_build_is_said_before_it_starts_and_as_it_runs_without_a_termina
     monkeypatch.setattr(C, "SIZE_SAID", 0)  # every build counts as large; the tiny ones here take milliseconds
     monkeypatch.setattr(C, "EVERY_S", 0.0)
     answer = cli(*cache_args(trec_slice, tiny_bert, tmp_path / "cache"), code=0)
-    assert re.search(r"cache: extracting [\d,]+ texts \([\d,]+ tokens\) for entry \S+: [\d.]+ GB of states", answer.err)
+    assert re.search(r"cache: extracting [\d,]+ texts \([\d,]+ tokens\) for entry \S+: [\d.,]+ (kB|MB) of states "
+                     r"\([\d.,]+ (kB|MB|GB) free there\)", answer.err)
     assert re.search(r"extracting: [\d,]+ of [\d,]+ texts, [\d,]+ texts/s, about \d+ min left", answer.err)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import frozentune.cache as C
 import frozentune.extract.shards as S
 from frozentune.backbone import Backbone, LayerSpec
 from frozentune.cache import (CacheError, CachedStates, FORMAT_VERSION, build_part, cache_key, get_or_build,
@@ -463,6 +464,21 @@ def test_cli_device_and_shard_errors(tiny_bert, trec_slice, tmp_path):
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
+def test_frozentune_cache_naming_a_file_is_refused(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """FROZENTUNE_CACHE pointing at a file: --list said "…/afile/features: no cache entries" (status 0), --prune
+    pruned nothing and a build failed with a bare "Not a directory". It is refused as --cache-dir FILE is,
+    naming FROZENTUNE_CACHE."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    monkeypatch.setenv("FROZENTUNE_CACHE", str(afile))
+    says = (f"FROZENTUNE_CACHE={afile}: a file, not a cache folder", "set FROZENTUNE_CACHE to a folder")
+    cli("cache", "--list", code=2, contains=says)
+    cli("cache", "--prune", code=2, contains=says)
+    cli("cache", trec_slice, "--backbone", tiny_bert, "--quiet", code=2, contains=says)
+    assert afile.read_text() == "not a folder"
+    cli("cache", "--list", "--cache-dir", tmp_path / "c", code=0)  # a folder given: FROZENTUNE_CACHE is not read
+
+
 def test_list_and_prune(bb, tmp_path, monkeypatch):
     """--prune removes what nothing can use (a build killed before its first shard, a dead merge's
     leftover) and keeps a build holding finished shards (a rerun resumes from them), saying so;
@@ -507,6 +523,133 @@ def test_list_and_prune(bb, tmp_path, monkeypatch):
     assert f"removed {resumable.name}" in answer.out and "kept" not in answer.out
     assert sorted(e.kind for e in scan(root)) == ["entry", "other"] and kept_lines(root) == []
     assert prune(root) == [] and (root / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def test_prune_says_what_it_could_not_remove(bb, tmp_path, monkeypatch):
+    """--prune removed with ignore_errors and reported every item "removed" and "freed", status 0, even where
+    nothing went (a read-only folder). It now removes what it can, says only that, names what stayed and why,
+    and exits 2. A link named like a key was listed with its target's size and "removed" each time while it
+    stayed: a link is not the cache's own, so it is listed as such (size 0, never followed) and left alone."""
+    import frozentune.extract.entries as E
+
+    root = tmp_path / "cache"
+    stuck, goes = root / ("deadbeef" * 4 + ".partial-999999999-x"), root / ("cafebabe" * 4 + ".partial-999999999-y")
+    for folder in (stuck, goes):  # merges whose process is gone: removable
+        folder.mkdir(parents=True)
+        (folder / "states.bin").write_bytes(b"x" * 5000)
+    real = shutil.rmtree
+
+    def read_only(path, ignore_errors=False, **kw):  # `stuck` sits where this user cannot delete
+        if Path(path) == stuck:
+            if not ignore_errors:
+                raise PermissionError(13, "Permission denied", str(stuck / "states.bin"))
+            return None
+        return real(path, ignore_errors=ignore_errors, **kw)
+
+    monkeypatch.setattr(E.shutil, "rmtree", read_only)
+    answer = cli("cache", "--prune", "--cache-dir", root, code=2,
+                 contains=("could not remove 1 item(s)", f"{stuck.name} (Permission denied (states.bin); 5.0 kB of it left)",
+                           "(1 other item(s) were removed)"))
+    assert f"removed {goes.name}" in answer.out and stuck.name not in answer.out
+    assert "pruned 1 item(s), 5.0 kB freed" in answer.out and stuck.is_dir() and not goes.exists()
+    from frozentune.cache import NotRemoved
+
+    with pytest.raises(NotRemoved, match="could not remove 1 item") as e:
+        prune(root)
+    assert e.value.removed == []
+    answer = cli("cache", "--prune", "--json", "--cache-dir", root, code=2, contains=("could not remove",))
+    assert json.loads(answer.out) == []
+    monkeypatch.undo()
+    assert [x.path for x in prune(root)] == [stuck]
+
+    target = tmp_path / "elsewhere"  # a key-named link to a folder of someone's
+    target.mkdir()
+    (target / "data.bin").write_bytes(b"y" * 20000)
+    link = root / ("ab" * 16)
+    link.symlink_to(target, target_is_directory=True)
+    (row,) = scan(root)
+    assert (row.path, row.kind, row.bytes) == (link, "other", 0) and not row.removable
+    assert row.status == f"a symbolic link to {target}, not the cache's own (left alone)"
+    answer = cli("cache", "--prune", "--cache-dir", root, code=0)
+    assert "pruned 0 item(s)" in answer.out and link.is_symlink() and (target / "data.bin").stat().st_size == 20000
+    assert "a symbolic link to" in cli("cache", "--list", "--cache-dir", root, code=0).out
+
+
+def test_prune_removes_the_lock_files_no_build_holds(bb, tmp_path):
+    """A build killed (SIGKILL, a power cut) before releasing its lock left `<key>.lock`, which --prune never
+    removed. A lock file no process holds is now removed; one a build holds is kept."""
+    from frozentune.cache import build_lock
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    stale = root / (cache_key(bb, BASE)[0] + ".lock")
+    stale.write_text("")  # as a killed build leaves it
+    held_key = cache_key(bb, MANY)[0]
+    with build_lock(root, held_key, print):  # a build running now
+        answer = cli("cache", "--prune", "--cache-dir", root, code=0)
+        assert f"removed {stale.name} (lock, held by no process" in answer.out and "pruned 1 item(s)" in answer.out
+        assert not stale.exists() and (root / f"{held_key}.lock").is_file()
+        assert prune(root) == []
+    assert sorted(p.name for p in root.iterdir()) == []  # released: the build removed its own
+    (root / "notes.lock").write_text("mine")  # not a name frozentune writes: left alone
+    assert prune(root) == [] and (root / "notes.lock").read_text() == "mine"
+    assert get_or_build(bb, BASE, root, progress=False)[1] > 0  # a build takes its lock anew
+
+
+def test_remove_chosen_entries_and_the_source_they_record(tiny_bert, trec_slice, tmp_path):
+    """A full disk left no way to remove chosen complete entries but `rm -rf` of 32-hex folders, and nothing
+    said which dataset an entry held. An entry now records the file its texts came from (meta.json's source,
+    under its checksum, not in its key: the same texts from another file are the same entry, which keeps the
+    first file), shown by --list and --json; `cache --remove KEY` deletes the entries named by a key or a
+    unique prefix of 8 or more hex digits, refusing unknown, ambiguous or running ones before removing any."""
+    from frozentune import api
+    from frozentune.cache import build_lock
+
+    root = tmp_path / "cache"
+    build = ("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--quiet")
+    cli(*build, code=0)
+    rows = {e.examples: e for e in scan(root)}
+    train, test = rows[120], rows[40]
+    assert train.source == str((trec_slice / "train.jsonl").resolve()) and test.source.endswith("test.jsonl")
+    meta = json.loads((train.path / "meta.json").read_text())
+    assert meta["source"] == train.source and meta["meta_sha"] == meta_sha(meta)
+    with pytest.raises(CacheError, match="edited or corrupt"):  # the checksum covers it
+        (train.path / "meta.json").write_text(json.dumps(dict(meta, source="elsewhere")))
+        CachedStates(train.path)
+    (train.path / "meta.json").write_text(json.dumps(meta, indent=1))
+    assert "source" in cli("cache", "--list", "--cache-dir", root, code=0).out
+    assert {r["source"] for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root, code=0).out)} == \
+        {train.source, test.source}
+    other = tmp_path / "copy"  # the same texts from another file: the same entry, its first source kept
+    other.mkdir()
+    shutil.copy(trec_slice / "train.jsonl", other / "train.jsonl")
+    cli("cache", other, "--backbone", tiny_bert, "--cache-dir", root, "--quiet", code=0)
+    assert {e.path: e.source for e in scan(root)} == {train.path: train.source, test.path: test.source}
+    # train records the file too (an entry of another --max-length: new states)
+    api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=32), cache_root=root,
+              progress=False, log=lambda s: None)
+    assert sorted(e.source for e in scan(root) if e.path not in (train.path, test.path)) == [test.source, train.source]
+
+    key = train.path.name
+    twin = root / (key[:8] + "0" * 24)  # another entry whose key starts with the same 8 digits
+    twin.mkdir()
+    cli("cache", "--remove", "entry1", "--cache-dir", root, code=2, contains=("--remove entry1: not a cache key",))
+    cli("cache", "--remove", key[:7], "--cache-dir", root, code=2, contains=("not a cache key", "at least its first 8"))
+    cli("cache", "--remove", "ffffffff", "--cache-dir", root, code=2,
+        contains=("no cache entry in", "has that key", key[:16] + "…", "--list"))
+    cli("cache", "--remove", key[:8], "--cache-dir", root, code=2,
+        contains=(f"the keys of 2 entries start with it ({twin.name}, {key})", "give more of the key"))
+    with build_lock(root, test.path.name, print):
+        cli("cache", "--remove", test.path.name[:10], "--cache-dir", root, code=2, contains=("being built now",))
+    cli("cache", "--remove", test.path.name, "ffffffff", "--cache-dir", root, code=2, contains=("no cache entry",))
+    assert test.path.is_dir() and twin.is_dir() and train.path.is_dir()  # refused: nothing removed
+    cli("cache", "--remove", key, "--list", "--cache-dir", root, code=2, contains=("give one of --list, --prune or --remove",))
+    cli("cache", "--remove", key, "--verify", "--cache-dir", root, code=2, contains=("--verify goes with",))
+    answer = cli("cache", "--remove", key[:16] + "…", twin.name, "--cache-dir", root, code=0)  # as --list shows it
+    assert f"removed {key} (entry, ok, " in answer.out and "120 examples, " + train.source in answer.out
+    assert f"removed {twin.name} (entry, unreadable" in answer.out and "removed 2 item(s), " in answer.out
+    assert not train.path.exists() and not twin.exists() and test.path.is_dir()
+    assert "--remove KEY deletes the ones you choose" in C.ROOM_ADVICE
 
 
 def test_a_finished_part_waits_and_is_kept(bb, reference, tmp_path, monkeypatch):

@@ -544,6 +544,10 @@ def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     text = markdown(SweepResult(rows, table, table[0]), "trec")
     assert "| space (a probe in 1 of 2) **best** |" in text and "kept that regression" in text
     assert "best/" not in text  # where nothing was saved, nothing is said of best/
+    # "± std" did not say which: it is the population standard deviation over seeds (numpy's default, ddof 0)
+    assert "| score (mean ± std) | test accuracy (mean ± std) |" in text
+    assert "± is the standard deviation over seeds, population (ddof 0" in text
+    assert table[0]["score_std"] == pytest.approx(np.std([50.0, 51.0], ddof=0)) == 0.5
     # best/ is a seed that kept the head: seed 0 kept the regression, which is the probe setting's point
     # (the space setting ranks first because of seed 1's head); it was min(seeds) = 0
     from frozentune.sweep.run import saved_seed

@@ -45,8 +45,18 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def cache_home() -> Path:
     """$FROZENTUNE_CACHE, else ~/.cache/frozentune: where features (features/) and converted models
-    (models/) are kept. Set but empty counts as unset (it put the cache in the working folder)."""
-    return Path(os.environ.get("FROZENTUNE_CACHE") or Path.home() / ".cache" / "frozentune")
+    (models/) are kept. Set but empty counts as unset (it put the cache in the working folder). A file
+    there is a CacheError naming where it came from (`cache --list` said "no cache entries" under it,
+    `--prune` pruned nothing, and builds failed with a bare "Not a directory")."""
+    given = os.environ.get("FROZENTUNE_CACHE")
+    home = Path(given or Path.home() / ".cache" / "frozentune")
+    if home.exists() and not home.is_dir():
+        from .cache import CacheError
+
+        raise CacheError(f"FROZENTUNE_CACHE={given}: a file, not a cache folder; set FROZENTUNE_CACHE to a folder "
+                         f"(made where absent), or unset it (then ~/.cache/frozentune)" if given else
+                         f"{home}: a file, not a cache folder (the default one); set FROZENTUNE_CACHE to a folder")
+    return home
 
 
 def _smollm2_path() -> str:

@@ -5,7 +5,8 @@ A cache entry is a folder `<root>/<key>/`:
                extraction order (longest first)
   ids.bin      (N_tok,) int32 token ids (for explanations)
   offsets.bin  (N,) int64 first row of example i;  lengths.bin (N,) int32 its token count
-  meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file, and
+  meta.json    written last: key inputs, shapes, sizes and chunk checksums of every file, where the
+               texts came from (source, where the caller said: not part of the key), and
                meta_sha, a checksum of meta.json's own content (so an edit of it is found)
 
 The key hashes the model's weights, the tokenizer's definition, the layer choice (absolute
@@ -23,6 +24,7 @@ incompatible format version — never returns wrong states.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import mmap
@@ -47,6 +49,7 @@ from torch import Tensor
 from .errors import FrozentuneError
 from .backbone import Backbone, Tokenized, cache_home, holds_special_text, tokenizer_hash
 from .pairs import Text, pair_kind
+from .extract.entries import size_text
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
                               make_plan, merge, read_json, rekey_build, shard_records, work_of)
@@ -63,8 +66,33 @@ class CacheError(FrozentuneError, RuntimeError):
     """A cache entry is missing, truncated, corrupt or incompatible; the message says what to do."""
 
 
+class NotRemoved(CacheError):
+    """Some of what `cache --prune` was to delete could not be removed (a read-only folder, another owner's
+    files): the message says which and why; `removed` holds the entries.Entry items that did go."""
+
+    def __init__(self, message: str, removed: list):
+        super().__init__(message)
+        self.removed = removed
+
+
 def default_root() -> Path:
     return cache_home() / "features"
+
+
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("frozentune_cache_source", default=None)
+
+
+@contextlib.contextmanager
+def texts_from(source: str | None) -> Iterator[None]:
+    """Entries published inside this block record `source` in their meta.json (covered by meta_sha): where
+    their texts came from (a file), which `cache --list` / `--json` show; None records nothing. It is not
+    part of the key: the same texts read from another file are the same entry, which keeps the source it was
+    built from. (A context rather than an argument, so that get_or_build's signature is left as it is.)"""
+    token = _SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
 
 
 def texts_hash(texts: Sequence[Text]) -> str:
@@ -365,7 +393,7 @@ def _write_error(root: Path, key: str, e: OSError) -> CacheError:
     size = sum(f.get("size", 0) for r in kept for f in ((read_json(r) or {}).get("files") or {}).values())
     return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
                       f"or give --cache-dir a writable folder with room"
-                      + (f"; its {len(kept)} finished shards ({size / 1e6:,.1f} MB) are kept in {folder.name}: "
+                      + (f"; its {len(kept)} finished shards ({size_text(size)}) are kept in {folder.name}: "
                          f"rerun to resume from them, or `frozentune cache --prune --include-resumable` removes them"
                          if kept else ""))
 
@@ -460,6 +488,8 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
         meta = dict(fields, dim=dim, key=key, tokens=n_tokens, extract_seconds=merged["seconds"],
                     shards=merged["shards"], shard_tokens=plan.settings["shard_tokens"],
                     devices=merged["devices"], created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        if source := _SOURCE.get():  # where the texts came from, where the caller said (texts_from)
+            meta["source"] = source
         meta["files"] = files
         meta["meta_sha"] = meta_sha(meta)
         with open(tmp / "meta.json", "w") as f:
@@ -684,12 +714,13 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     free = shutil.disk_usage(root).free
     if size > free:
         n = sum(len(t) for t in todo.values())
-        raise CacheError(f"{root}: the states of these {len(todo)} files ({n:,} texts) take {size / 1e9:,.2f} GB together "
-                         f"and {free / 1e9:,.2f} GB are free there; {ROOM_ADVICE}")
+        raise CacheError(f"{root}: the states of these {len(todo)} files ({n:,} texts) take {size_text(size)} together "
+                         f"and {size_text(free)} are free there; {ROOM_ADVICE}")
     return tokens
 
 
-ROOM_ADVICE = ("free some space (frozentune cache --prune removes unfinished builds), give --cache-dir a folder "
+ROOM_ADVICE = ("free some space (frozentune cache --prune removes unfinished builds; cache --list shows the entries, "
+               "their sizes and sources, and cache --remove KEY deletes the ones you choose), give --cache-dir a folder "
                "with room, or read fewer tokens of each text (a smaller --max-length); the whole file is extracted, "
                "whatever --max-train or --shots takes from it")
 
@@ -703,11 +734,11 @@ def _say_size(root: Path, key: str, plan, tokens: Tokenized, dim: int, dtype: st
     size = state_bytes(n, dim, dtype)
     free = shutil.disk_usage(root).free
     if size > free:
-        raise CacheError(f"{root}: the states of these {examples:,} {what} take {size / 1e9:,.2f} GB and {free / 1e9:,.2f} "
-                         f"GB are free there; {ROOM_ADVICE}")
+        raise CacheError(f"{root}: the states of these {examples:,} {what} take {size_text(size)} and "
+                         f"{size_text(free)} are free there; {ROOM_ADVICE}")
     if size >= SIZE_SAID:
         log(f"cache: {'resuming' if resuming else 'extracting'} {examples:,} {what} ({n:,} tokens) for entry {key}: "
-            f"{size / 1e9:,.2f} GB of states ({free / 1e9:,.1f} GB free there); the whole file is extracted once, so "
+            f"{size_text(size)} of states ({size_text(free)} free there); the whole file is extracted once, so "
             f"that any later run on it (another --max-train, --shots, seed or method) reads the cache")
     return size
 

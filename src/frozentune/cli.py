@@ -270,7 +270,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     pc.add_argument("--cache-dir", type=Path)
     _runtime_args(pc)
 
-    c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset; --list / --prune")
+    c = sub.add_parser("cache", help="extract and store the frozen token states of a dataset; --list / --prune / "
+                       "--remove KEY")
     c.add_argument("data", nargs="?", help="dataset name, file or folder")
     c.add_argument("--splits", default="train,validation,test",
                    help="comma list of the splits to extract (default: train,validation,test)")
@@ -278,11 +279,15 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                    "(job arrays); the entry is written when the last part finishes. Under torchrun / accelerate "
                    "launch the part comes from RANK / WORLD_SIZE")
     c.add_argument("--list", action="store_true", help="list the entries and interrupted builds in the cache folder")
-    c.add_argument("--prune", action="store_true", help="remove interrupted builds with no finished shard, leftovers "
-                   "and unreadable entries (builds holding finished shards are kept and listed)")
+    c.add_argument("--prune", action="store_true", help="remove interrupted builds with no finished shard, leftovers, "
+                   "unreadable entries and lock files no build holds (builds holding finished shards are kept and "
+                   "listed)")
+    c.add_argument("--remove", nargs="+", metavar="KEY", help="delete these complete entries (and their interrupted "
+                   "builds): each a key as --list shows it, or the first 8 or more of its hex digits where no other "
+                   "key starts with them; an entry being built is refused")
     c.add_argument("--include-resumable", action="store_true", help="with --prune: also delete builds holding finished "
                    "shards (interrupted, or a --shard part waiting for the others)")
-    c.add_argument("--json", action="store_true", help="with --list / --prune: JSON instead of a table")
+    c.add_argument("--json", action="store_true", help="with --list / --prune / --remove: JSON instead of a table")
     c.add_argument("--verify", action="store_true", help="with --list / --prune: read every entry's checksums (all "
                    "its bytes), so an entry changed in place shows as unreadable and --prune removes it; without it, "
                    "sizes only (checksums are read when a run opens an entry)")
@@ -643,14 +648,19 @@ def cmd_plot_concepts(a: argparse.Namespace) -> int:
 
 def cmd_cache(a: argparse.Namespace) -> int:
     from . import api
-    if a.list or a.prune:
-        if a.data is not None or a.list == a.prune:
-            raise CLIError("give either --list or --prune, without a dataset (e.g. frozentune cache --list)")
+    if a.list or a.prune or a.remove:
+        if a.data is not None or a.list + a.prune + bool(a.remove) != 1:
+            raise CLIError("give one of --list, --prune or --remove KEY, without a dataset (e.g. frozentune cache "
+                           "--list)")
         if a.include_resumable and not a.prune:
             raise CLIError("--include-resumable goes with --prune")
+        if a.verify and a.remove:
+            raise CLIError("--verify goes with --list or --prune (--remove deletes the entries named, whatever "
+                           "their checksums)")
         if building := _building_options(a):  # accepted and ignored before
-            raise CLIError(f"{', '.join(building)}: options for building an entry; --list / --prune read the cache "
-                           f"folder as it is (their options: --cache-dir, --json, --verify, --include-resumable)")
+            raise CLIError(f"{', '.join(building)}: options for building an entry; --list / --prune / --remove read "
+                           f"the cache folder as it is (their options: --cache-dir, --json, --verify, "
+                           f"--include-resumable)")
         return _cache_folder(a)
     if a.verify:
         raise CLIError("--verify goes with --list or --prune")
@@ -673,30 +683,44 @@ def cmd_cache(a: argparse.Namespace) -> int:
 def _building_options(a: argparse.Namespace) -> list[str]:
     """The options of `cache` given with values other than their defaults that only building an entry reads."""
     defaults = vars(_parser().parse_args(["cache", "--list"]))
-    folder = {"command", "data", "list", "prune", "json", "verify", "include_resumable", "cache_dir"}
+    folder = {"command", "data", "list", "prune", "remove", "json", "verify", "include_resumable", "cache_dir"}
     flag = {"token_types": "--no-token-types"}
     return [flag.get(k, _flag(k)) for k, v in vars(a).items()
             if k not in folder and k in defaults and v != defaults[k]]
 
 
 def _cache_folder(a: argparse.Namespace) -> int:
-    """--list / --prune of the cache folder."""
-    from .cache import default_root
-    from .extract.entries import kept_lines, mb, prune, scan
+    """--list / --prune / --remove of the cache folder."""
+    from .cache import NotRemoved, default_root
+    from .extract.entries import kept_lines, prune, remove_entries, scan, size_text
 
     root = a.cache_dir or default_root()
     if root.exists() and not root.is_dir():
         raise CLIError(f"{root}: a file, not a cache folder; give --cache-dir a folder")
-    rows = prune(root, include_resumable=a.include_resumable, verify=a.verify) if a.prune else scan(root, a.verify)
+    failed = None
+    if a.prune or a.remove:
+        try:
+            rows = remove_entries(root, a.remove) if a.remove else prune(root, include_resumable=a.include_resumable,
+                                                                          verify=a.verify)
+        except NotRemoved as e:  # said after what was removed; the command then fails with it
+            rows, failed = e.removed, e
+    else:
+        rows = scan(root, a.verify)
     if a.json:
         print(json.dumps([e.row() for e in rows], indent=2, allow_nan=False))
-        return 0
-    if a.prune:
+    elif a.prune or a.remove:
         for e in rows:
-            print(f"removed {e.path.name} ({e.kind}, {e.status}, {mb(e.bytes)})")
-        for line in kept_lines(root):
-            print(line)
-        print(f"pruned {len(rows)} item(s), {mb(sum(e.bytes for e in rows))} freed in {root}")
+            what = ", ".join(x for x in (e.kind, e.status, e.model, f"{e.examples:,} examples" if e.examples is not None
+                                         else "", e.source) if x)
+            print(f"removed {e.path.name} ({what}, {size_text(e.bytes)})")
+        if a.prune:
+            for line in kept_lines(root):
+                print(line)
+        print(f"{'pruned' if a.prune else 'removed'} {len(rows)} item(s), {size_text(sum(e.bytes for e in rows))} "
+              f"freed in {root}")
+    if failed is not None:
+        raise failed
+    if a.json or a.prune or a.remove:
         return 0
     if not rows:
         print(f"{root}: no cache entries")
@@ -706,19 +730,19 @@ def _cache_folder(a: argparse.Namespace) -> int:
 
     t = Table(title=f"feature cache {root}", title_justify="left")
     for col in ("key", "status", "model", "layers", "max len", "precision", "dtype", "examples", "tokens", "size",
-                "created"):
+                "created", "source"):
         t.add_column(col)
     for e in rows:
         status = e.status + (f" ({e.shards}; {e.sweep})" if e.kind == "sweep" else f" ({e.shards} shards)" if e.shards
                              else "")
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
                   str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" if e.examples is not None else "",
-                  f"{e.tokens:,}" if e.tokens is not None else "", mb(e.bytes), e.created)
+                  f"{e.tokens:,}" if e.tokens is not None else "", size_text(e.bytes), e.created, e.source)
     Console(width=200).print(t)
-    print(f"{len(rows)} item(s), {mb(sum(e.bytes for e in rows))}; --prune removes "
+    print(f"{len(rows)} item(s), {size_text(sum(e.bytes for e in rows))}; --prune removes "
           f"{sum(e.removable for e in rows)} of them (interrupted builds with no finished shard, leftovers, unreadable "
           f"entries); --include-resumable also the {sum(e.resumable for e in rows)} holding finished shards or "
-          f"an interrupted sweep's finished points")
+          f"an interrupted sweep's finished points; --remove KEY deletes the entries you choose")
     return 0
 
 
@@ -968,7 +992,7 @@ def _environment_line(e: OSError) -> str | None:
                 f"write it), or choose another path")
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return (f"{path}: no space left on its device ({e.strerror}); free some there (frozentune cache --prune "
-                f"removes unfinished cache builds) or choose another place")
+                f"removes unfinished cache builds, cache --remove KEY the entries you choose) or choose another place")
     if e.errno == errno.EROFS:
         return f"{path}: on a read-only file system; choose a place that can be written"
     return None

@@ -64,7 +64,7 @@ class TextSplit:
     A text is a string, or for sentence-pair data a (first, second) pair of strings (`pairs.Text`).
     `file_texts` holds every text of the file the split came from and `rows[i]` the position of
     example i in it, so splits carved from one file share one feature-cache entry (changing the
-    validation fraction or seed never re-extracts)."""
+    validation fraction or seed never re-extracts); `file` names that file (recorded in the entry)."""
     texts: list[Text]
     labels: list[str]
     source: str
@@ -72,6 +72,7 @@ class TextSplit:
     file_texts: list[Text] = field(default_factory=list)
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     label_spellings: dict[str, list[str]] = field(default_factory=dict)  # label → raw forms, where several
+    file: str = ""  # the file file_texts were read from ("" where not known)
 
     def __post_init__(self) -> None:
         if not self.file_texts:
@@ -90,7 +91,7 @@ class TextSplit:
         idx = [int(i) for i in idx]
         return TextSplit([self.texts[i] for i in idx], [self.labels[i] for i in idx],
                          source or self.source, [self.lines[i] for i in idx],
-                         self.file_texts, self.rows[idx])
+                         self.file_texts, self.rows[idx], file=self.file)
 
 
 @dataclass
@@ -689,7 +690,7 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
         lines.append(n)
     problems.check()
     return TextSplit(texts, labels, str(path), lines,
-                     label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1})
+                     label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1}, file=str(path))
 
 
 # ----------------------------------------------------------------------------- datasets

@@ -8,7 +8,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import is_running, parts_done, read_json, shard_records
+from .shards import is_running, lock_held, parts_done, read_json, shard_records
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no build locks are taken (cache.build_lock), so none are left to remove
+    fcntl = None  # type: ignore[assignment]
 
 
 # statuses of a build folder
@@ -19,18 +24,21 @@ INTERRUPTED = "interrupted"               # nothing to resume from (no finished 
 DONE_LEFTOVER = "left over beside its complete entry"  # a build whose entry was published (a run reads the entry)
 UNREADABLE = "unreadable"                 # an entry's status starts with it, then says why in parentheses
 NOT_OURS = "not a cache entry (left alone)"  # a folder whose name frozentune never writes
+LINK = "a symbolic link"  # "a symbolic link to TARGET, not the cache's own (left alone)": never followed, never removed
 SWEEP_RESUMABLE = "interrupted sweep, resumable"  # a sweep journal (sweep/journal.py): its finished points
 SWEEP_EMPTY = "interrupted sweep, nothing to reuse"  # a journal with no whole line
 # The names frozentune writes in a cache folder: <key>, <key>.building, <key>.partial-<pid>-<tag>[-replaced],
 # a key being 32 hex digits (cache._key_of). Anything else is someone's own folder: listed, never removed.
 KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
+LOCK_NAME = re.compile(r"[0-9a-f]{32}\.lock")  # a build's flock (cache.build_lock), removed when it is released
+STALE_LOCK = "held by no process (left by a build that was killed)"
 
 
 @dataclass
 class Entry:
     """One thing in the cache folder: a complete entry, an interrupted or running build, or debris."""
     path: Path
-    kind: str            # entry | building | merging | partial | sweep (a journal) | other (not frozentune's: never removed)
+    kind: str            # entry | building | merging | partial | sweep (a journal) | lock (prune) | other (never removed)
     status: str          # ok | old format (re-keyed on next use) | unreadable (why) | running | waiting for other
                          # parts | interrupted, resumable | interrupted | leftover of a merge
     bytes: int
@@ -45,6 +53,7 @@ class Entry:
     shards: str = ""     # building: "finished/total"
     parts: str = ""      # building: the parts of several that finished their shards ("0/2, 2/4")
     sweep: str = ""      # sweep: which sweep the journal is for ("sweep on trec with minilm: probe,space, 12 points")
+    source: str = ""     # entry: where its texts came from (a file), where the build said so (meta.json's source)
 
     @property
     def removable(self) -> bool:
@@ -136,7 +145,7 @@ def _entry(p: Path, verify: bool = False) -> Entry:
     if verify and status == "ok":
         status = _verified(p)
     return Entry(p, "entry", status, _size(p), tokens=meta.get("tokens"), created=str(meta.get("created", "")),
-                 **_describe(meta))
+                 source=str(meta.get("source") or ""), **_describe(meta))
 
 
 def _verified(p: Path) -> str:
@@ -201,7 +210,11 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
     from ..sweep.journal import FULL_NAME
 
     for p in sorted(root.iterdir()):
-        if FULL_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+        if p.is_symlink():  # e.g. a key-named link to an entry elsewhere: its size was its target's, and --prune
+            if p.suffix != ".lock":  # said "removed" each time while the link stayed
+                out.append(Entry(p, "other", f"{LINK} to {os.readlink(p)}, not the cache's own (left alone)", 0))
+            continue
+        if FULL_NAME.fullmatch(p.name) and p.is_file():
             out.append(_journal(p))
             continue
         if p.suffix == ".lock" or not p.is_dir():
@@ -222,16 +235,134 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
 def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> list[Entry]:
     """Remove what `Entry.removable` names, and with include_resumable also the builds holding
     finished shards (`Entry.resumable`); with verify, entries whose checksums fail count as
-    unreadable. Returns what was removed."""
-    gone = []
+    unreadable; and the `<key>.lock` files no process holds (kind "lock"). Returns what was
+    removed. What could not be removed (a read-only folder) is a cache.NotRemoved naming each and
+    why, raised after the rest was removed (its `removed` holds those); it was reported "removed"
+    and "freed" while it stayed."""
+    gone, failed = [], []
     for e in scan(root, verify):
         if e.removable or (include_resumable and e.resumable):
-            if e.kind == "sweep":  # a journal is a file
-                e.path.unlink(missing_ok=True)
+            why = remove(e.path)
+            if why:
+                failed.append(f"{e.path.name} ({why})")
             else:
-                shutil.rmtree(e.path, ignore_errors=True)
-            gone.append(e)
+                gone.append(e)
+    for lock in sorted(root.glob("*.lock")) if root.is_dir() else []:
+        if LOCK_NAME.fullmatch(lock.name) and not lock.is_symlink():
+            why = _remove_unheld_lock(lock)
+            if why:
+                failed.append(f"{lock.name} ({why})")
+            elif why is not None:
+                gone.append(Entry(lock, "lock", STALE_LOCK, 0))
+    _raise_not_removed(root, failed, gone, "run --prune again")
     return gone
+
+
+def _raise_not_removed(root: Path, failed: list[str], gone: list[Entry], then: str) -> None:
+    """A cache.NotRemoved naming what could not be removed ("name (why)" each), if anything."""
+    from ..cache import NotRemoved
+
+    if failed:
+        raise NotRemoved(f"{root}: could not remove {len(failed)} item(s): {'; '.join(failed)}"
+                         + (f" ({len(gone)} other item(s) were removed)" if gone else "")
+                         + f". Make them writable to you (a read-only mount, another user's files), then {then}", gone)
+
+
+KEY_GIVEN = re.compile(r"[0-9a-f]{8,32}")  # what --remove takes: a key, or a prefix of it as --list shows it
+
+
+def remove_entries(root: Path, given: list[str]) -> list[Entry]:
+    """`cache --remove KEY [KEY ...]`: remove the entries named, each by its key or a prefix of at least 8 of its
+    hex digits that no other key starts with (--list shows 16, then "…"), with their interrupted build folders
+    (a key whose build alone is there removes that). Every key is checked first: an unknown or ambiguous one
+    (naming the candidates), or one being built now, is a CacheError and nothing is removed. Returns what was
+    removed; what could not be is a cache.NotRemoved, raised after the rest was removed."""
+    from ..cache import CacheError
+
+    items: dict[str, list[Entry]] = {}
+    for e in scan(root):
+        if e.kind in ("entry", "building"):
+            items.setdefault(e.path.name[:32], []).append(e)
+    chosen: list[str] = []
+    for text in given:
+        prefix = text.strip().removesuffix("…").lower()
+        if not KEY_GIVEN.fullmatch(prefix):
+            raise CacheError(f"--remove {text}: not a cache key; give a key as `frozentune cache --list` shows it (at "
+                             f"least its first 8 hex digits)")
+        found = sorted(k for k in items if k.startswith(prefix))
+        if not found:
+            have = ", ".join(k[:16] + "…" for k in sorted(items)[:6]) + (", …" if len(items) > 6 else "")
+            raise CacheError(f"--remove {text}: no cache entry in {root} has that key"
+                             + (f" (it holds {have})" if items else " (it holds none)")
+                             + "; `frozentune cache --list` shows them")
+        if len(found) > 1:
+            raise CacheError(f"--remove {text}: the keys of {len(found)} entries start with it ({', '.join(found)}); "
+                             f"give more of the key")
+        key = found[0]
+        if any(e.status == RUNNING for e in items[key]) or lock_held(root / f"{key}.lock"):
+            raise CacheError(f"--remove {text}: entry {key} is being built now; let the build finish (or stop it), "
+                             f"then remove it")
+        if key not in chosen:
+            chosen.append(key)
+    gone, failed = [], []
+    for key in chosen:
+        for e in items[key]:
+            why = remove(e.path)
+            if why:
+                failed.append(f"{e.path.name} ({why})")
+            else:
+                gone.append(e)
+    _raise_not_removed(root, failed, gone, "run --remove again")
+    return gone
+
+
+def _remove_unheld_lock(path: Path) -> str | None:
+    """Remove a `<key>.lock` that no process holds (a build killed before releasing it left it; they were
+    never removed): "" when removed, why not when that failed, None when it is kept (a build holds it, or
+    flock does not work here, so it is not known to be free). It is removed while locked: a build that opened
+    it meanwhile takes a new one once this lets go (cache._acquire checks that its lock file is current)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # removed meanwhile (its build ended), or not readable: left alone
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # BlockingIOError: a build holds it; other errors: no flock on this file system
+            return None
+        try:
+            st, cur = os.fstat(fd), os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if (st.st_ino, st.st_dev) != (cur.st_ino, cur.st_dev):  # another lock file of that name now
+            return None
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            return err.strerror or str(err)
+        return ""
+    finally:
+        os.close(fd)
+
+
+def remove(path: Path) -> str:
+    """Delete a folder of the cache (or a sweep's journal, a file) and everything in it; "" when it is gone,
+    else why not and what is left of it (what could be removed is). A link is never followed."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as err:
+        if not os.path.lexists(path):  # gone meanwhile (another --prune)
+            return ""
+        at = f" ({Path(err.filename).name})" if isinstance(err.filename, str) else ""
+        return f"{err.strerror or err}{at}; {size_text(_size(path))} of it left"
+    return ""
 
 
 def kept_lines(root: Path) -> list[str]:
@@ -243,22 +374,28 @@ def kept_lines(root: Path) -> list[str]:
         if e.status == RUNNING:
             what = {"building": "a process is extracting into it now", "sweep": "a sweep is running and writing into "
                     "it now"}.get(e.kind, "a process is merging into it now")
-            lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {mb(e.bytes)})")
+            lines.append(f"kept {e.path.name} (running: {what}; it is never removed while running, {size_text(e.bytes)})")
             continue
         if not e.resumable:
             continue
         if e.kind == "sweep":
             lines.append(f"kept {e.path.name} (an interrupted {e.sweep}, its {e.shards}: run the same sweep again to "
-                         f"go on from them; --prune --include-resumable deletes it, {mb(e.bytes)})")
+                         f"go on from them; --prune --include-resumable deletes it, {size_text(e.bytes)})")
             continue
         if e.status == WAITING:
             why = (f"waiting for other parts: {e.shards} shards finished, part {e.parts} done; run the other "
                    f"parts (--shard i/N) to finish it")
         else:
             why = f"interrupted, resumable: {e.shards} shards finished; rerun the same command to resume it"
-        lines.append(f"kept {e.path.name} ({why}; --prune --include-resumable deletes it, {mb(e.bytes)})")
+        lines.append(f"kept {e.path.name} ({why}; --prune --include-resumable deletes it, {size_text(e.bytes)})")
     return lines
 
 
-def mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"  # a journal of a few rows said 0.0 MB
+def size_text(n: int) -> str:
+    """A size in bytes as people read it, in the unit that fits: bytes, kB, MB or GB (a journal of a few rows
+    said 0.0 MB; a small build's free-space check said "take 0.00 GB and 0.00 GB are free")."""
+    if n < 1e3:
+        return f"{n:,} bytes"
+    if n < 1e6:
+        return f"{n / 1e3:,.1f} kB"
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"

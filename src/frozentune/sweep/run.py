@@ -260,9 +260,12 @@ def tabulate(rows: list[dict]) -> list[dict]:
     return out
 
 
+STD_NOTE = "± is the standard deviation over seeds, population (ddof 0: divided by the number of seeds, not one less)."
+
+
 def markdown(result: SweepResult, data: str) -> str:
     lines = [f"# sweep on {data}: {len(result.rows)} points, {len(result.table)} settings", "",
-             "| method | layer | lr | weight decay | seeds | score (mean ± std) | test accuracy | fit s |",
+             "| method | layer | lr | weight decay | seeds | score (mean ± std) | test accuracy (mean ± std) | fit s |",
              "|---|---|---|---|---|---|---|---|"]
     for t in sorted(result.table, key=lambda t: -t["score_mean"]):
         mark = " **best**" if t is result.best else ""
@@ -270,6 +273,7 @@ def markdown(result: SweepResult, data: str) -> str:
         lines.append(f"| {t['method']}{fell}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | {len(t['seeds'])} | "
                      f"{t['score_mean']:.2f} ± {t['score_std']:.2f} | {t['test_mean']:.2f} ± {t['test_std']:.2f} | "
                      f"{t['seconds_mean']:.1f} |")
+    lines += ["", STD_NOTE]
     if any(t["fell_back"] for t in result.table):
         lines += ["", "\"a probe in k of n\": in k of the setting's n seeds, cross-validation found the head no better "
                       "than a logistic regression on the same states and kept that regression (saved as a probe), so "
@@ -319,7 +323,7 @@ def plot(result: SweepResult, path: Path) -> None:
                 label="test accuracy")
     ax.set_yticks(y, names, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("accuracy (%), mean ± std over seeds")
+    ax.set_xlabel("accuracy (%), mean ± standard deviation over seeds (population, ddof 0)")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)  # above, off the data
     fig.tight_layout()
     fig.savefig(path, dpi=120)
