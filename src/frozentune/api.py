@@ -22,7 +22,7 @@ import numpy as np
 from . import distributed
 from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
-from .cache import CachedStates, build_part, check_room, get_or_build, texts_from
+from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
                    read_texts, resolve, rows_like_it, text_groups)
@@ -172,9 +172,9 @@ class SourceFactory:
             return M.LiveSource(tokens, self.backbone.pad_id(), sep)
         key = id(split.file_texts)
         if key not in self._caches:
-            with texts_from(str(Path(split.file).resolve()) if split.file else None):  # recorded in a new entry
-                cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root, rebuild=self.rebuild,
-                                           progress=self.progress, tokens=self._tokens.pop(key, None), log=self.log)
+            cache, secs = get_or_build(self.backbone, split.file_texts, self.cache_root, rebuild=self.rebuild,
+                                       progress=self.progress, tokens=self._tokens.pop(key, None), log=self.log,
+                                       source=str(Path(split.file).resolve()) if split.file else None)
             self._caches[key] = cache
             self.extract_seconds += secs
         self._check_text(split, self._caches[key].lengths[split.rows])
@@ -1072,14 +1072,14 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     tokens = check_room(bb, list(todo.values()), cache_root)
     out = []
     for split, texts in todo.items():
-        with texts_from(str(Path(files[split]).resolve())):  # recorded in the entry, where this builds it
-            if part.count == 1:
-                cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress, log=cache_log,
-                                           tokens=tokens.pop(id(texts), None))
-                stats = None
-            else:
-                cache, stats = build_part(bb, texts, part, cache_root, progress=progress, log=cache_log)
-                secs = stats.seconds if stats is not None else 0.0
+        source = str(Path(files[split]).resolve())  # recorded in the entry, where this builds it
+        if part.count == 1:
+            cache, secs = get_or_build(bb, texts, cache_root, rebuild=rebuild, progress=progress, log=cache_log,
+                                       tokens=tokens.pop(id(texts), None), source=source)
+            stats = None
+        else:
+            cache, stats = build_part(bb, texts, part, cache_root, progress=progress, log=cache_log, source=source)
+            secs = stats.seconds if stats is not None else 0.0
         row = {"split": split, "file": str(files[split]), "device": str(bb.device), "precision": bb.precision,
                "extract_seconds": secs}
         if cache is None:

@@ -24,7 +24,6 @@ incompatible format version — never returns wrong states.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import json
 import mmap
@@ -77,22 +76,6 @@ class NotRemoved(CacheError):
 
 def default_root() -> Path:
     return cache_home() / "features"
-
-
-_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("frozentune_cache_source", default=None)
-
-
-@contextlib.contextmanager
-def texts_from(source: str | None) -> Iterator[None]:
-    """Entries published inside this block record `source` in their meta.json (covered by meta_sha): where
-    their texts came from (a file), which `cache --list` / `--json` show; None records nothing. It is not
-    part of the key: the same texts read from another file are the same entry, which keeps the source it was
-    built from. (A context rather than an argument, so that get_or_build's signature is left as it is.)"""
-    token = _SOURCE.set(source)
-    try:
-        yield
-    finally:
-        _SOURCE.reset(token)
 
 
 def texts_hash(texts: Sequence[Text]) -> str:
@@ -401,10 +384,10 @@ def _write_error(root: Path, key: str, e: OSError) -> CacheError:
 def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
           dtype: str = "float16", progress: bool = True, part: Part = Part(),
           log: Callable[[str], None] | None = None, shard_tokens: int | None = None,
-          max_tokens: int | None = None) -> BuildStats:
+          max_tokens: int | None = None, source: str | None = None) -> BuildStats:
     """Extract this part's unfinished shards into `<root>/<key>.building/` (extract.shards), and,
     when every shard is there, publish `<root>/<key>/` atomically (an entry already there is
-    replaced). A build interrupted earlier resumes from its finished shards. Callers that may run
+    replaced; its meta.json records `source`, where the caller said where the texts came from). A build interrupted earlier resumes from its finished shards. Callers that may run
     concurrently hold `build_lock(root, key)` (for a part of several: `publish` takes it)."""
     log = log or _stderr
     plan = make_plan(tokens.lengths, shard_tokens, max_tokens)
@@ -441,7 +424,7 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
         if report.missing or part.count > 1:  # a part of several publishes under the build lock (build_part)
             return BuildStats(len(plan.order), 0, report.seconds, {}, complete=False, report=report,
                               shards=len(plan.shards))
-        stats = _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens, report.entry_sums)
+        stats = _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens, report.entry_sums, source)
     except OSError as e:  # disk full, quota, a read-only or vanished folder
         raise _write_error(root, key, e) from None
     stats.report, stats.seconds = report, report.seconds  # spent by this process now (meta has the total)
@@ -449,7 +432,7 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
 
 
 def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, dtype: str,
-             tokens: Tokenized, written: dict | None = None) -> BuildStats:
+             tokens: Tokenized, written: dict | None = None, source: str | None = None) -> BuildStats:
     """Merge the finished shards into `<root>/<key>/` (checked against plan and checksums) and
     remove the build folder. written: the data files' chunk checksums where this process wrote every
     shard just now, in order (ShardReport.entry_sums): the shards' records are checked, their bytes
@@ -488,7 +471,7 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
         meta = dict(fields, dim=dim, key=key, tokens=n_tokens, extract_seconds=merged["seconds"],
                     shards=merged["shards"], shard_tokens=plan.settings["shard_tokens"],
                     devices=merged["devices"], created=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        if source := _SOURCE.get():  # where the texts came from, where the caller said (texts_from)
+        if source:  # where the texts came from (a file), where the caller said: not part of the key
             meta["source"] = source
         meta["files"] = files
         meta["meta_sha"] = meta_sha(meta)
@@ -517,7 +500,8 @@ def _publish(root: Path, key: str, fields: dict, folder: Path, plan, dim: int, d
 
 
 def publish_when_complete(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized, plan: Plan,
-                          dtype: str = "float16", log: Callable[[str], None] | None = None) -> bool:
+                          dtype: str = "float16", log: Callable[[str], None] | None = None,
+                          source: str | None = None) -> bool:
     """For a part of several: publish the entry if every shard of `plan` is finished and no other
     part has done so yet (under the build lock). Returns whether the entry exists now."""
     log = log or _stderr
@@ -529,7 +513,7 @@ def publish_when_complete(root: Path, key: str, fields: dict, backbone: Backbone
         if not folder.exists() or len(finished(folder, plan)) < len(plan.shards):
             return False
         try:
-            _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens)
+            _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens, source=source)
         except OSError as e:
             raise _write_error(root, key, e) from None
         return True
@@ -801,9 +785,10 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
                  dtype: str = "float16", rebuild: bool = False, progress: bool = True,
                  verify: str = "full", log: Callable[[str], None] = _stderr,
                  shard_tokens: int | None = None, max_tokens: int | None = None,
-                 tokens: Tokenized | None = None) -> tuple[CachedStates, float]:
+                 tokens: Tokenized | None = None, source: str | None = None) -> tuple[CachedStates, float]:
     """The cache entry for these texts, built if absent (resuming an interrupted build from its
-    finished shards). Returns (reader, extraction seconds spent now — 0.0 on a hit). A broken
+    finished shards; a new entry records `source`, where the texts came from, e.g. their file: not
+    part of the key, so the same texts from another file are the same entry, with its first source). Returns (reader, extraction seconds spent now — 0.0 on a hit). A broken
     entry raises CacheError unless rebuild=True. Another process building the same entry is
     waited for (one line through `log`), then read. A format-2 entry of the same states is
     re-keyed (one line through `log`)."""
@@ -832,14 +817,14 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
         if rebuild:
             shutil.rmtree(building_dir(root, key), ignore_errors=True)
         stats = build(root, key, fields, backbone, tokens if tokens is not None else backbone.tokenize(texts), dtype,
-                      progress, log=log, shard_tokens=shard_tokens, max_tokens=max_tokens)
+                      progress, log=log, shard_tokens=shard_tokens, max_tokens=max_tokens, source=source)
         return CachedStates(path, verify="none", **expect), stats.seconds
 
 
 def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path | None = None,
                dtype: str = "float16", progress: bool = True, log: Callable[[str], None] = _stderr,
                shard_tokens: int | None = None, max_tokens: int | None = None,
-               poll_s: float = 0.5) -> tuple[CachedStates | None, BuildStats | None]:
+               poll_s: float = 0.5, source: str | None = None) -> tuple[CachedStates | None, BuildStats | None]:
     """This process's part of a build split across processes (`--shard i/N`, torchrun, accelerate
     launch). Returns (reader, stats): the reader once the entry is complete (already, or merged by
     this process or another); None when other parts still have shards to do and this part does
@@ -855,8 +840,8 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
         return found, None
     tokens = backbone.tokenize(texts)
     plan = make_plan(tokens.lengths, shard_tokens, max_tokens)  # made once: the wait below polls with it
-    stats = build(root, key, fields, backbone, tokens, dtype, progress, part, log, shard_tokens, max_tokens)
-    if stats.complete or publish_when_complete(root, key, fields, backbone, tokens, plan, dtype, log):
+    stats = build(root, key, fields, backbone, tokens, dtype, progress, part, log, shard_tokens, max_tokens, source)
+    if stats.complete or publish_when_complete(root, key, fields, backbone, tokens, plan, dtype, log, source):
         return CachedStates(path, verify="none" if stats.complete else "full", **expect), stats
     if not part.waits:
         return None, stats
@@ -866,5 +851,5 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
             log(f"cache: part {part.index}/{part.count} done; waiting for the other parts' shards of {key}")
             said = True
         time.sleep(poll_s)
-        publish_when_complete(root, key, fields, backbone, tokens, plan, dtype, log)
+        publish_when_complete(root, key, fields, backbone, tokens, plan, dtype, log, source)
     return CachedStates(path, verify="full", **expect), stats
