@@ -297,8 +297,10 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
     lines = tmp_path / "sources.txt"
     lines.write_text("name[Aromi], food[Italian]\nname[Cotto]\n\n")  # blank lines at the end are fine
     capsys.readouterr()
-    assert main(["generate", "--model", str(out), "--input", str(lines), "name[Blue Spice]"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["generate", "--model", str(out), "--input", str(lines), "name[Blue Spice]", "--json"]) == 0
+    # both are decoded, the arguments first, then the file's sources (as predict takes texts and --input)
+    assert [json.loads(x)["source"] for x in capsys.readouterr().out.splitlines()] == [
+        "name[Blue Spice]", "name[Aromi], food[Italian]", "name[Cotto]"]
     # one in the middle would shift every later output off its source's line: refused, not skipped
     lines.write_text("name[Aromi], food[Italian]\n\nname[Cotto]\n")
     assert main(["generate", "--model", str(out), "--input", str(lines)]) == 2
