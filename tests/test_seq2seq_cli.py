@@ -179,3 +179,17 @@ def test_serve_batches_encoder_decoder_prefixes_as_each_alone(bart_dir, tmp_path
     finally:
         e.close()
     assert got == alone
+
+
+def test_generation_options_on_pairs_of_other_field_names_name_the_fields(tmp_path):
+    """With a method that generates, --num-beams / --max-new-tokens on pairs whose fields are not source /
+    target were answered "leave them out" (the classification hint); without them the hint names the fields."""
+    data = tmp_path / "pairs.csv"
+    with open(data, "w", newline="") as f:
+        csv.writer(f).writerows([["article", "summary"]] + [[f"a text {i}", f"short {i}"] for i in range(12)])
+    cli("train", "--method", "prefix", "--max-new-tokens", "8", "--num-beams", "1", "--data", data,
+        contains=("--num-beams, --max-new-tokens", "name the source and target fields: --source-field / --target-field"),
+        row=ROW)
+    answer = cli("train", "--method", "probe", "--num-beams", "1", "--data", data, row=ROW,
+                 contains="leave them out")  # a method that only classifies: the options do not apply
+    assert "--source-field" not in answer.message

@@ -455,6 +455,10 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         return 0
     generation = [flag for flag, v in (("--num-beams", a.num_beams), ("--max-new-tokens", a.max_new_tokens),
                                        ("--max-validation", a.max_validation), ("--max-test", a.max_test)) if v is not None]
+    if generation and get_method(a.method).generates:  # meant as pairs whose fields are not source / target
+        raise CLIError(f"{', '.join(generation)}: options of a generation run, but {a.data} is read as classification "
+                       f"data (its records have no source / target, mr or triples fields); for --method {a.method} "
+                       f"on it, name the source and target fields: --source-field / --target-field")
     if generation:  # accepted and ignored before: a classification run scored its whole test split
         raise CLIError(f"{', '.join(generation)}: options of a generation run (source → target data); {a.data} is read "
                        f"as classification data: leave them out (--max-train samples its train split)")
