@@ -44,8 +44,8 @@ class GenSplits:
     validation: list[tuple[str, str]]
     test: list[GenExample]
     notes: list[str] = field(default_factory=list)
-    # the examples (each source with all its references) train and validation were drawn from: what
-    # eval --split train / validation scores
+    # the examples (each source with all its references) of the pairs train and validation hold (their
+    # --max-train / --max-validation samples): what eval --split train / validation scores
     examples: dict[str, list[GenExample]] = field(default_factory=dict)
 
 
@@ -153,11 +153,7 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
         raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
     if test is not None and (note := merged_note(test, files["test"].name)):
         notes.append(note)
-    if test is not None:  # a carve keeps them apart; a user's own test file may not
-        trained = {ex.source for ex in train_ex}
-        if shared := sum(ex.source in trained for ex in test):
-            notes.append(f"{files['test'].name}: {shared} of {len(test)} test sources are also training sources (their "
-                         f"targets may differ): those scores are of sources the model was trained on")
+    own_test = test is not None
     if test is None:
         test = val_ex
         notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
@@ -169,7 +165,21 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
         test = _sample(test, max_test, rng)
         notes.append(f"test: a seeded sample of {len(test)} examples" if len(test) < whole else
                      f"test: all {whole} examples (--max-test {max_test} is not fewer)")
-    return GenSplits(name, train, validation, test, notes, {"train": train_ex, "validation": val_ex})
+    if own_test:  # a carve keeps them apart; a user's own test file may not. Counted on the samples: the
+        trained = {src for src, _ in train}  # pairs trained on and the sources scored, not the whole files
+        if shared := sum(ex.source in trained for ex in test):
+            notes.append(f"{files['test'].name}: {shared} of the {len(test)} test sources scored are also sources of "
+                         f"training pairs (their targets may differ): those scores are of sources the model was "
+                         f"trained on")
+    return GenSplits(name, train, validation, test, notes, {"train": _holding(train_ex, train),
+                                                            "validation": _holding(val_ex, validation)})
+
+
+def _holding(examples: Sequence[GenExample], pairs: Sequence[tuple[str, str]]) -> list[GenExample]:
+    """The examples (in order, each with all its references) whose source is in `pairs`: a --max-train sample
+    as eval --split train scores it (it scored every source of the file)."""
+    sources = {src for src, _ in pairs}
+    return [ex for ex in examples if ex.source in sources]
 
 
 # ----------------------------------------------------------------------------- fine-tuning reference
