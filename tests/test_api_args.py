@@ -10,6 +10,7 @@ import pytest
 
 from frozentune import api
 from frozentune.data import DataError
+from frozentune.generation.prefix import PrefixError
 from frozentune.registry import MethodError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,6 +47,28 @@ def test_generate_checks_its_sources_first(sources, says, tmp_path):
 
     with pytest.raises(DataError, match=says):  # before any model is read: the folder need not exist
         generate_sources(tmp_path / "no-model", sources)
+
+
+@pytest.mark.parametrize("call, error, says", [
+    (lambda G, d: G.generate_sources(5, ["a source"]), MethodError, r"model_dir=5: give a folder or file path"),
+    (lambda G, d: G.evaluate_generation(None, d), PrefixError, r"model_dir=None: give the folder"),
+    (lambda G, d: G.train_generation("prefix", d, decoding={"num_beams": 1}, log=None), MethodError,
+     r"decoding: a dict .*e\.g\. DecodeOptions\(\*\*\{'num_beams': 1\}\)$"),
+    (lambda G, d: G.train_generation("prefix", d, fields="article", log=None), DataError,
+     r"fields='article': give \(source field, target field\)"),
+    (lambda G, d: G.train_generation("prefix", d, fields=("article", 5), log=None), DataError,
+     r"--target-field 5: give the name of a field"),
+    (lambda G, d: G.train_generation("prefix", d, max_train="4", log=None), DataError, r"--max-train '4': give a whole"),
+    (lambda G, d: G.evaluate_generation(d, d, max_test="4"), DataError, r"--max-test '4': give a whole number"),
+    (lambda G, d: G.evaluate_generation(d, d, source_field=3), DataError, r"--source-field 3: give the name"),
+])
+def test_generation_calls_name_a_wrong_argument(call, error, says, tmp_path):
+    """A TypeError from pathlib, an AttributeError on a dict, a string unpacked into fields, a str count
+    compared with an int: each is refused by name before anything loads (the folder need not exist)."""
+    from frozentune.generation import run as G
+
+    with pytest.raises(error, match=says):
+        call(G, tmp_path / "nothing")
 
 
 @pytest.mark.parametrize("chunk", [0, -1, "2", 1.5, True])

@@ -660,3 +660,19 @@ def test_other_options_refused_before_any_work(tmp_path, tiny_bert):
     cli("pretrain", "--arch", "light", "--corpus", data, "--output", a_file, "--steps", 1,
         contains=("ckpt", "is a file"), row=R_EARLY)
     assert a_file.read_text() == "keep me"
+
+
+R_TWICE = "--model given twice (argparse kept the last; the first was dropped without a word)"
+
+
+@pytest.mark.parametrize("argv", [["generate", "--model", "A", "--model", "B", "a source"],
+                                  ["predict", "--model", "A", "text", "--model", "B"],
+                                  ["eval", "--model", "A", "--model", "B", "--data", "d"],
+                                  ["explain", "--model", "A", "--model", "B", "text"],
+                                  ["plot-concepts", "--model", "A", "--model", "B", "--data", "d"],
+                                  ["export", "--model", "A", "B", "--model", "C", "--format", "peft", "--output", "o"]])
+def test_a_repeated_model_is_refused(argv):
+    """Refused by the parser, before any folder is read (none of these exist)."""
+    first = "A B" if argv[0] == "export" else "A"
+    cli(*argv, contains=("--model", f"given twice ({first}, then {argv[argv.index('--model', 2) + 1]})", "give it once"),
+        row=R_TWICE)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from clirun import cli
 from conftest import head_of_files, make_tiny_llama
 from frozentune.generation import run as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
@@ -129,7 +130,7 @@ def test_is_generation_data(shared_data, tmp_path):
     (folder / "test.jsonl").write_text("".join(json.dumps({**r, "target": "other"}) + "\n" for r in rows[:2]) +
                                        json.dumps({"source": "name[Elsewhere]", "target": "a pub ."}) + "\n")
     notes = G.load_generation_splits(str(folder), 0).notes
-    assert any("2 of 3 test sources are also training sources" in n for n in notes), notes
+    assert any("2 of the 3 test sources scored are also sources of training pairs" in n for n in notes), notes
     (tmp_path / "c.json").write_text(json.dumps([{"text": "a", "label": "x"}]))
     assert not G.is_generation_data(str(tmp_path / "c.json"))
 
@@ -280,6 +281,33 @@ def test_eval_repeats_a_sampled_test_set(tiny_lm, shared_data, tmp_path, capsys)
         generate_sources(out, ["a source"], device=0)
 
 
+def test_eval_split_train_scores_the_trained_sample_and_the_overlap_is_of_what_was_used(tiny_lm, tmp_path, capsys):
+    """eval --split train scored every source of the train file (1,991 on SciTLDR), not the --max-train sample
+    it trained on; and the note "test sources are also training sources" counted the whole train file
+    against the whole test file, before --max-train / --max-test drew what was used."""
+    data = tmp_path / "pairs"
+    data.mkdir()
+    rows = [{"source": f"name[Aromi], area[city centre] {i}", "target": f"Aromi is in the city centre {i} ."}
+            for i in range(40)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:10]))  # all of them in train too
+    s = G.load_generation_splits(str(data), seed=0, max_train=8, max_test=6)
+    assert len(s.examples["train"]) == len(s.train) == 8  # one reference a source: the 8 sources trained on
+    assert {ex.source for ex in s.examples["train"]} == {src for src, _ in s.train}
+    assert {ex.source for ex in s.examples["validation"]} == {src for src, _ in s.validation}
+    held_out = {src for src, _ in s.validation}
+    shared = sum(ex.source in {src for src, _ in s.train} for ex in s.test)
+    assert shared != sum(ex.source not in held_out for ex in s.test)  # what the whole files would have said
+    said = [n for n in s.notes if "also sources of training pairs" in n]
+    assert said == ([f"test.jsonl: {shared} of the 6 test sources scored are also sources of training pairs (their "
+                     f"targets may differ): those scores are of sources the model was trained on"] if shared else [])
+    out = tmp_path / "m"
+    _train(tiny_lm, data, out, "--method", "prefix", "--prefix-length", "2", "--num-beams", "1")  # --max-train 24
+    capsys.readouterr()
+    assert main(["eval", "--model", str(out), "--data", str(data), "--split", "train"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 24
+
+
 def test_train_generation_from_python_takes_a_path_and_log_none(tiny_lm, e2e_slice, tmp_path, capsys):
     """A Path as data failed at the save, after training (not JSON); log=None raised TypeError."""
     from frozentune.generation.run import train_generation
@@ -297,8 +325,10 @@ def test_generate_from_text_lines(tiny_lm, e2e_slice, tmp_path, capsys):
     lines = tmp_path / "sources.txt"
     lines.write_text("name[Aromi], food[Italian]\nname[Cotto]\n\n")  # blank lines at the end are fine
     capsys.readouterr()
-    assert main(["generate", "--model", str(out), "--input", str(lines), "name[Blue Spice]"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["generate", "--model", str(out), "--input", str(lines), "name[Blue Spice]", "--json"]) == 0
+    # both are decoded, the arguments first, then the file's sources (as predict takes texts and --input)
+    assert [json.loads(x)["source"] for x in capsys.readouterr().out.splitlines()] == [
+        "name[Blue Spice]", "name[Aromi], food[Italian]", "name[Cotto]"]
     # one in the middle would shift every later output off its source's line: refused, not skipped
     lines.write_text("name[Aromi], food[Italian]\n\nname[Cotto]\n")
     assert main(["generate", "--model", str(out), "--input", str(lines)]) == 2
@@ -473,6 +503,22 @@ def test_generation_method_on_other_field_names_names_the_generation_options(tmp
     with pytest.raises(DataError) as err:  # a method that only classifies gets the classification hint alone
         api.train("probe", str(pairs))
     assert "--source-field" not in str(err.value)
+
+
+R_ENCODER_LM = "generation with the encoder alias as its LM (--backbone minilm)"
+
+
+def test_the_encoder_alias_is_refused_as_the_lm(e2e_slice):
+    """--backbone minilm on generation data was looked for as a folder or hub id ("hf download minilm"), and
+    api.train(backbone="minilm") trained SmolLM2 instead, saying nothing; the default backbone stays the default LM."""
+    from frozentune import api
+    from frozentune.backbone import BackboneError
+
+    says = ("'minilm'", "alias of its sentence encoder", "causal or encoder-decoder language model", "smollm2-135m")
+    cli("train", "--method", "prefix", "--data", e2e_slice, "--backbone", "minilm", contains=says, row=R_ENCODER_LM)
+    with pytest.raises(BackboneError, match="minilm is frozentune's alias of its sentence encoder"):
+        api.train("prefix", str(e2e_slice), backbone="minilm", log=None)
+    assert api._lm_name(api.BackboneOptions()) is None  # api.train's default: the default LM
 
 
 # ----------------------------------------------------------------------------- the real default LM

@@ -190,9 +190,23 @@ def test_serve_batches_encoder_decoder_prefixes_as_each_alone(bart_dir, tmp_path
         with ThreadPoolExecutor(6) as pool:
             got = dict(zip(alone, pool.map(lambda k: e.generate(k[0], [k[1]])["outputs"][0]["output"], alone)))
         assert max(b.rows for b in e.batches) > 1  # requests did share a batch
-        from frozentune.serve.engine import RequestError
-        with pytest.raises(RequestError, match="encoder takes 64"):
-            e.generate("a", [" ".join(["data"] * 80)])
+        long = " ".join(["data"] * 80)  # past the encoder's 64 positions: cut as generate cuts it (it was a 413)
+        out = e.generate("a", [long])["outputs"][0]
+        assert out["output"] == generate_sources(tmp_path / "a", [long])[0] and out["truncated"]
     finally:
         e.close()
     assert got == alone
+
+
+def test_generation_options_on_pairs_of_other_field_names_name_the_fields(tmp_path):
+    """With a method that generates, --num-beams / --max-new-tokens on pairs whose fields are not source /
+    target were answered "leave them out" (the classification hint); without them the hint names the fields."""
+    data = tmp_path / "pairs.csv"
+    with open(data, "w", newline="") as f:
+        csv.writer(f).writerows([["article", "summary"]] + [[f"a text {i}", f"short {i}"] for i in range(12)])
+    cli("train", "--method", "prefix", "--max-new-tokens", "8", "--num-beams", "1", "--data", data,
+        contains=("--num-beams, --max-new-tokens", "name the source and target fields: --source-field / --target-field"),
+        row=ROW)
+    answer = cli("train", "--method", "probe", "--num-beams", "1", "--data", data, row=ROW,
+                 contains="leave them out")  # a method that only classifies: the options do not apply
+    assert "--source-field" not in answer.message

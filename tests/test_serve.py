@@ -1790,3 +1790,32 @@ def test_options_for_a_kind_of_task_not_served_are_said():
                                                   "serve: --max-top not used: no explaining task is served"]
     assert _serve_unused(given, {"classify", "generate"}) == ["serve: --max-top not used: no explaining task is served"]
     assert _serve_unused(given, {"classify", "explain", "generate"}) == []
+
+
+def test_an_encoder_decoder_source_too_long_is_cut_as_generate_cuts_it(tmp_path):
+    """An encoder-decoder's source longer than its encoder takes was refused (413), where `generate` (and eval,
+    train) cut it to the encoder's positions and said so: the reply is now generate's output, with
+    `truncated` and a note, as a classify row cut at max_length. One of 250,000 characters is read from a
+    leading part with the same first tokens (backbone.heads_of), in generate and the server alike."""
+    from conftest import make_tiny_bart
+    from frozentune.generation.seq2seq.tuner import encode_texts
+
+    bart = make_tiny_bart(tmp_path / "bart", WORDS)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"source": f"name[Aromi], food[Italian] {'near the city centre ' * (i % 5)}",
+                                        "target": "Aromi serves Italian food ."}) + "\n" for i in range(24)))
+    out = tmp_path / "bart-prefix"
+    assert main(["train", "--method", "prefix", "--data", str(data), "--backbone", str(bart), "--output", str(out),
+                 "--epochs", "1", "--prefix-length", "2", "--max-new-tokens", "6", "--num-beams", "1"]) == 0
+    long = "name Aromi serves Italian food in the city centre near the riverside . " * 20
+    huge = "name Aromi serves Italian food in the city centre near the riverside . " * 3500
+    short = "name[Aromi], food[Italian]"
+    with Engine.load([out], log=lambda line: None) as e:
+        tuner = e.tasks["bart-prefix"].tuner
+        assert tuner.encode_sources([huge]) == [x[:63] + x[-1:] for x in encode_texts(tuner.tok, [huge], 2, None)]
+        got = e.generate("bart-prefix", [long, short, huge])["outputs"]
+    assert [g["output"] for g in got] == generate_sources(out, [long, short, huge])
+    assert [g["truncated"] for g in got] == [True, False, True]
+    assert got[0]["note"] == ("the source is longer than the 64 tokens the encoder takes (special tokens included): "
+                              "its end was cut off, as frozentune generate cuts it")
+    assert "note" not in got[1]

@@ -126,9 +126,10 @@ def check_token_types(backbone: BackboneOptions | Backbone, pairs: bool, data: s
                         f"sentence pairs (give --text-pair-field, or leave the option out)")
 
 
-def _lm_name(backbone: BackboneOptions | Backbone) -> str | None:
-    """The causal LM a generation run loads: BackboneOptions' name, None (the default LM) for the default
-    encoder's; the encoder's other options (layers, max_length, precision...) do not apply to it."""
+def _lm_name(backbone: BackboneOptions | Backbone, named: bool = False) -> str | None:
+    """The LM a generation run loads: BackboneOptions' name, None (the default LM) for the default encoder's
+    unless the name was `named` by the caller (a str: the encoder alias given as the LM is refused where it
+    loads); the encoder's other options (layers, max_length, precision...) do not apply to it."""
     if isinstance(backbone, Backbone):
         raise MethodError("generation runs load their causal LM by name; give BackboneOptions(name=...)")
     rest = {f.name: getattr(backbone, f.name) for f in dataclasses.fields(backbone)
@@ -137,7 +138,7 @@ def _lm_name(backbone: BackboneOptions | Backbone) -> str | None:
     if rest:
         raise MethodError(f"BackboneOptions({', '.join(f'{k}={v!r}' for k, v in rest.items())}): options of a frozen "
                           f"encoder; a generation run loads a causal LM by name only (BackboneOptions(name=...))")
-    return None if backbone.name == BackboneOptions.name else backbone.name
+    return None if backbone.name == BackboneOptions.name and not named else backbone.name
 
 
 class SourceFactory:
@@ -258,6 +259,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
     from .generation.run import is_generation_data, train_generation
 
+    named = isinstance(backbone, (str, Path))  # a name given, not BackboneOptions() (whose minilm is the default)
     backbone = as_backbone(backbone)
     output, cache_root = as_path(output, "output"), as_path(cache_root, "cache_root")
     log = as_log(log)
@@ -288,7 +290,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             device, said = resolve_device(backbone.device)  # "auto" and an absent GPU, as the command line has them
             log(said)
             train_cfg = {**(train_cfg or {}), "device": str(device)}
-        return train_generation(method, data, _lm_name(backbone), options, train_cfg, output, max_train, log=log,
+        return train_generation(method, data, _lm_name(backbone, named), options, train_cfg, output, max_train, log=log,
                                 overwrite=overwrite, trust_remote_code=getattr(backbone, "trust_remote_code", False))
     spec = get_method(method)
     method_cfg = make_config(method, options)

@@ -502,7 +502,12 @@ def is_seq2seq_name(name: str, trust_remote_code: bool = False) -> bool:
 
 
 def load_generation_lm(name: str, trust_remote_code: bool = False) -> tuple[nn.Module, "object"]:
-    """A causal LM or an encoder-decoder LM, whichever `name` holds (its config says)."""
+    """A causal LM or an encoder-decoder LM, whichever `name` holds (its config says). An encoder's alias
+    (minilm) is refused saying so (it was looked for as a folder or hub id of that name)."""
+    if name in ALIASES and name not in LM_ALIASES and not Path(name).expanduser().is_dir():
+        raise BackboneError(f"language model {name!r}: {name} is frozentune's alias of its sentence encoder, which "
+                            f"classifies but does not generate; generation needs a causal or encoder-decoder language "
+                            f"model: an alias ({', '.join(LM_ALIASES)}, the default), a Hugging Face folder or a hub id")
     if is_seq2seq_name(name, trust_remote_code):
         return load_seq2seq_lm(name, trust_remote_code)
     return load_causal_lm(name, trust_remote_code)

@@ -82,6 +82,20 @@ def _whole(least: int) -> Callable[[str], int]:
 _flag = as_flag  # fields.as_flag: cv_folds → --cv-folds
 
 
+class _Once(argparse.Action):
+    """An option given at most once: argparse keeps the last of repeated values, so `--model A --model B`
+    ran B alone, saying nothing of A. (Its nargs are argparse's: `--model A B` where it takes several.)"""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before is not self.default:
+            shown = " ".join(map(str, before if isinstance(before, list) else [before]))
+            again = " ".join(map(str, values if isinstance(values, list) else [values]))
+            several = " (it takes several after one " + option_string + ")" if self.nargs in ("+", "*") else ""
+            raise argparse.ArgumentError(self, f"given twice ({shown}, then {again}); give it once{several}")
+        setattr(namespace, self.dest, values)
+
+
 def _add_dataclass_options(p: argparse.ArgumentParser, cls: type, title: str, defaults: dict | None = None,
                            skip: tuple[str, ...] = ()) -> None:
     """One option per dataclass field (but `skip`); defaults are left unset (None) so only what the
@@ -213,7 +227,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
         _add_dataclass_options(t, spec.config_cls, f"{method} options")
 
     e = sub.add_parser("eval", help="evaluate a saved model")
-    e.add_argument("--model", type=Path, required=True)
+    e.add_argument("--model", type=Path, action=_Once, required=True)
     e.add_argument("--data", required=True)
     e.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
                    help="the split to score (default: test; a single file's test split is the 10%% carved from it, "
@@ -231,7 +245,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line; "
                          "a line break inside an output is written as \\n, --json keeps outputs as they are)")
-    gen.add_argument("--model", type=Path, required=True)
+    gen.add_argument("--model", type=Path, action=_Once, required=True)
     gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation, linearised triples, or any source text")
     gen.add_argument("--input", type=Path, help="a file with one source per line (- reads them from standard input), or a .jsonl/.json/.csv/.tsv/.parquet/.arrow dataset file "
                      "(source / mr / triples)")
@@ -243,7 +257,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
 
     pr = sub.add_parser("predict", help="label texts with a saved model (or an exported ONNX graph: --onnx)")
     which = pr.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", type=Path)
+    which.add_argument("--model", type=Path, action=_Once)
     which.add_argument("--onnx", type=Path, help="a folder written by `frozentune export --format onnx`, run with "
                        "ONNX Runtime (every head in it answers)")
     pr.add_argument("texts", nargs="*", help="texts to label")
@@ -251,7 +265,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     _runtime_args(pr)
 
     x = sub.add_parser("explain", help="show why a saved model predicts what it does (methods that explain: see `list`)")
-    x.add_argument("--model", type=Path, required=True)
+    x.add_argument("--model", type=Path, action=_Once, required=True)
     x.add_argument("texts", nargs="*", help="texts to explain")
     _input_args(x)
     x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show (default: 5)")
@@ -259,7 +273,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     _runtime_args(x)
 
     pc = sub.add_parser("plot-concepts", help="draw a space model's test centroids in concept space (PNG)")
-    pc.add_argument("--model", type=Path, required=True)
+    pc.add_argument("--model", type=Path, action=_Once, required=True)
     pc.add_argument("--data", required=True)
     pc.add_argument("--split", default="test", choices=("train", "validation", "test"))
     pc.add_argument("--output", type=Path, help="PNG path (default: MODEL/concepts-DATA-SPLIT.png)")
@@ -347,7 +361,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     _add_dataclass_options(sv, ServeOptions, "batching and limits")
     ex = sub.add_parser("export", help="write saved models in another library's format (peft: a prefix-tuning "
                         "adapter folder PeftModel.from_pretrained loads; onnx: classifiers as one graph)")
-    ex.add_argument("--model", type=Path, required=True, nargs="+", help="saved model folder(s): for peft one prefix "
+    ex.add_argument("--model", type=Path, action=_Once, required=True, nargs="+", help="saved model folder(s): for peft one prefix "
                     "(--method prefix on a generation dataset); for onnx one or more heads on the same frozen backbone, "
                     "which share one backbone pass in the graph")
     ex.add_argument("--format", required=True, choices=EXPORT_FORMATS)
@@ -446,6 +460,10 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
         return 0
     generation = [flag for flag, v in (("--num-beams", a.num_beams), ("--max-new-tokens", a.max_new_tokens),
                                        ("--max-validation", a.max_validation), ("--max-test", a.max_test)) if v is not None]
+    if generation and get_method(a.method).generates:  # meant as pairs whose fields are not source / target
+        raise CLIError(f"{', '.join(generation)}: options of a generation run, but {a.data} is read as classification "
+                       f"data (its records have no source / target, mr or triples fields); for --method {a.method} "
+                       f"on it, name the source and target fields: --source-field / --target-field")
     if generation:  # accepted and ignored before: a classification run scored its whole test split
         raise CLIError(f"{', '.join(generation)}: options of a generation run (source → target data); {a.data} is read "
                        f"as classification data: leave them out (--max-train samples its train split)")

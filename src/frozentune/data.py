@@ -942,6 +942,14 @@ def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.r
     return np.array(out, dtype=np.int64)
 
 
+def whole_count(flag: str, value: object) -> int | None:
+    """A count a call gave (--shots, --max-train, --max-test...) as an int (numpy's ints too, saved as JSON);
+    None stays None; anything but a whole number ("4", 2.5, True) is a DataError naming it."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise DataError(f"{flag} {value!r}: give a whole number")
+    return None if value is None else int(value)
+
+
 def check_field_names(text_field: object, label_field: object = "label", pair_field: object = None) -> None:
     """Field names as a call gave them: text (text and pair fields may be None: the default); any other
     type was looked up as a field and said to be missing ("missing field None")."""
@@ -1006,10 +1014,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     train too small to give a validation split does not stop the test split being scored.
     """
     check_field_names(text_field, label_field, pair_field)
-    for name_, value in (("--shots", shots), ("--max-train", max_train)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise DataError(f"{name_} {value!r}: give a whole number")
-    shots, max_train = (None if v is None else int(v) for v in (shots, max_train))  # numpy's ints too, saved as JSON
+    shots, max_train = whole_count("--shots", shots), whole_count("--max-train", max_train)
     if shots is not None and max_train is not None:
         raise DataError(f"--shots {shots} and --max-train {max_train}: give one of them (K per class, or a "
                         f"stratified sample of a total size)")

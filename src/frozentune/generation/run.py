@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
-from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve
+from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve, whole_count
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
@@ -44,8 +44,8 @@ class GenSplits:
     validation: list[tuple[str, str]]
     test: list[GenExample]
     notes: list[str] = field(default_factory=list)
-    # the examples (each source with all its references) train and validation were drawn from: what
-    # eval --split train / validation scores
+    # the examples (each source with all its references) of the pairs train and validation hold (their
+    # --max-train / --max-validation samples): what eval --split train / validation scores
     examples: dict[str, list[GenExample]] = field(default_factory=dict)
 
 
@@ -153,11 +153,7 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
         raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
     if test is not None and (note := merged_note(test, files["test"].name)):
         notes.append(note)
-    if test is not None:  # a carve keeps them apart; a user's own test file may not
-        trained = {ex.source for ex in train_ex}
-        if shared := sum(ex.source in trained for ex in test):
-            notes.append(f"{files['test'].name}: {shared} of {len(test)} test sources are also training sources (their "
-                         f"targets may differ): those scores are of sources the model was trained on")
+    own_test = test is not None
     if test is None:
         test = val_ex
         notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
@@ -169,7 +165,21 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
         test = _sample(test, max_test, rng)
         notes.append(f"test: a seeded sample of {len(test)} examples" if len(test) < whole else
                      f"test: all {whole} examples (--max-test {max_test} is not fewer)")
-    return GenSplits(name, train, validation, test, notes, {"train": train_ex, "validation": val_ex})
+    if own_test:  # a carve keeps them apart; a user's own test file may not. Counted on the samples: the
+        trained = {src for src, _ in train}  # pairs trained on and the sources scored, not the whole files
+        if shared := sum(ex.source in trained for ex in test):
+            notes.append(f"{files['test'].name}: {shared} of the {len(test)} test sources scored are also sources of "
+                         f"training pairs (their targets may differ): those scores are of sources the model was "
+                         f"trained on")
+    return GenSplits(name, train, validation, test, notes, {"train": _holding(train_ex, train),
+                                                            "validation": _holding(val_ex, validation)})
+
+
+def _holding(examples: Sequence[GenExample], pairs: Sequence[tuple[str, str]]) -> list[GenExample]:
+    """The examples (in order, each with all its references) whose source is in `pairs`: a --max-train sample
+    as eval --split train scores it (it scored every source of the file)."""
+    sources = {src for src, _ in pairs}
+    return [ex for ex in examples if ex.source in sources]
 
 
 # ----------------------------------------------------------------------------- fine-tuning reference
@@ -433,9 +443,12 @@ def load_tuner(folder: Path, device: str | None = None, precision: str | None = 
     loaded, on `device` (auto: a GPU when there is one), decoding in `precision` (default fp32;
     generation/precision.py); what was chosen and why goes to `log`."""
     from . import precision as P
+    from ..api import as_path
 
+    if (path := as_path(folder, "model_dir")) is None:  # (a number or None failed in pathlib, naming no argument)
+        raise PrefixError("model_dir=None: give the folder of a saved generation model (a str or pathlib.Path)")
     dev, prec, lines = P.decode_runtime(device, precision)  # a bad --device / --precision: refused before the LM loads
-    tuner, tok, config = _load_tuner(Path(folder))
+    tuner, tok, config = _load_tuner(path)
     for line in lines if log is not None else ():
         log(line)
     P.ready_to_decode(tuner, dev, prec)
@@ -507,6 +520,29 @@ class DecodeOptions:
         return self
 
 
+def as_decoding(decoding: object) -> DecodeOptions:
+    """A `decoding` argument: DecodeOptions, checked; anything else (a dict of them) is a MethodError saying
+    what to give (a dict failed with an AttributeError)."""
+    from ..registry import MethodError
+
+    if not isinstance(decoding, DecodeOptions):
+        raise MethodError(f"decoding: a {type(decoding).__name__} ({str(decoding)[:40]}); give DecodeOptions(...)"
+                          + (f", e.g. DecodeOptions(**{decoding!r})" if isinstance(decoding, dict) else ""))
+    return decoding.validate()
+
+
+def as_fields(fields: object) -> tuple[str | None, str | None]:
+    """A `fields` argument: (source field, target field), each a field's name or None (the default); a
+    bare string was unpacked into its characters' fields."""
+    if isinstance(fields, str) or not isinstance(fields, (tuple, list)) or len(fields) != 2:
+        raise DataError(f"fields={fields!r}: give (source field, target field), e.g. ('article', 'summary'); None "
+                        f"for either keeps its default (source, target)")
+    for flag, value in zip(("--source-field", "--target-field"), fields):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise DataError(f"{flag} {value!r}: give the name of a field of the records, as text (or None)")
+    return fields[0], fields[1]
+
+
 def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
                      max_train: int | None = None, max_validation: int | None = MAX_VALIDATION, max_test: int | None = None,
@@ -524,6 +560,9 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
 
     log, output = as_log(log), as_path(output, "output")
     as_switch(overwrite, "overwrite")
+    decoding, fields = as_decoding(decoding), as_fields(fields)
+    max_train, max_validation, max_test = (whole_count(flag, v) for flag, v in (
+        ("--max-train", max_train), ("--max-validation", max_validation), ("--max-test", max_test)))
     if isinstance(data, os.PathLike):  # saved in result.json and the card as text (a Path failed at the save)
         data = os.fspath(data)
     if (launch := read_launch(os.environ)).world_size > 1:
@@ -532,7 +571,6 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     cfg_train = train_config(get_method(method).generation_defaults, train_cfg)
     if cfg_train.steps and "min_steps" in (train_cfg or {}):  # the floor is for --epochs; said as classification says it
         log(f"schedule: --min-steps not used: --steps {cfg_train.steps} sets the number of steps")
-    decoding.validate()
     if output is not None:
         check_output(Path(output), overwrite)  # before any work
     splits = load_generation_splits(data, cfg_train.seed, max_train, max_validation, max_test, fields=fields)
@@ -696,6 +734,8 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     as load_tuner; the result says the precision."""
     from .precision import precision_of
 
+    max_test = whole_count("--max-test", max_test)  # before the model loads
+    source_field, target_field = as_fields((source_field, target_field))
     tuner, tok, config = load_tuner(model_dir, device, precision, log)
     d = decoding(config, num_beams, max_new_tokens)
     saved = config.get("fields") or {}

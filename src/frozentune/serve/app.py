@@ -131,7 +131,7 @@ _EXPLAINED = {"tasks": ["sst2-se"], "results": [{"chars": 27, "truncated": False
     **_LABELLED, "explanation": {"spans": [{"text": "a gorgeous, witty film", "start": 0, "end": 22, "weight": 0.41}]},
     "lines": ['0.41 "a gorgeous, witty film"']}}}]}
 _GENERATED = {"prefix": "e2e", "num_beams": 1, "max_new_tokens": 64, "outputs": [
-    {"source": "name[Aromi], food[Italian]", "output": "Aromi serves Italian food.", "tokens": 6}]}
+    {"source": "name[Aromi], food[Italian]", "output": "Aromi serves Italian food.", "tokens": 6, "truncated": False}]}
 
 
 def _inputs(body: Any) -> tuple[list, bool, str]:
@@ -432,7 +432,9 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
         return error(499, str(exc))
 
     @app.post("/v1/generate", response_class=JSONResponse, responses=_responses(
-        "the prefix's output for each source, in order", _GENERATED))
+        "the prefix's output for each source, in order; `truncated` and a `note` where an encoder-decoder's "
+        "source was longer than its encoder takes and its end was cut off (as `frozentune generate` cuts it)",
+        _GENERATED))
     async def generate(body: Generate, request: Request):
         sources, field = _one(body, "sources", "source")
         with _as_sent(field):

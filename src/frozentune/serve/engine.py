@@ -439,16 +439,19 @@ class Engine:
         else:
             room = context - new - (task.prefix.shape[3] if task.prefix is not None else 0)
         for i, s in enumerate(sources):  # characters first: a huge source is refused without tokenising it
-            if len(s) > 64 * max(room, 1):
+            if not seq2seq and len(s) > 64 * max(room, 1):  # (an encoder's cut reads only a leading part of it)
                 raise RequestError(f"sources[{i}]: {len(s):,} characters, far more than this LM's room of "
                                    f"{max(room, 0)} tokens for a source; shorten it", 413)
-        ids = []
+        ids, cut = [], []
         for i, s in enumerate(sources):  # one at a time: a source too long is refused before the next is read
             with group.tokenizer_lock:
-                x = (task.tuner.encode_sources([s], cut=False) if seq2seq  # uncut: checked below
-                     else encode_sources(group.tok, [s]))[0]
+                if seq2seq:  # a long source is cut to the encoder's positions, as generate cuts it
+                    (x,), (was_cut,) = task.tuner.encode_sources_cut([s])
+                else:
+                    x, was_cut = encode_sources(group.tok, [s])[0], False
             ids.append(x)
-            if len(x) > room:
+            cut.append(was_cut)
+            if len(x) > room:  # a causal LM's context (generate refuses it too); an encoder of no stated limit
                 raise RequestError(f"sources[{i}]: {len(x)} tokens; " + (
                     f"this model's encoder takes {room}: shorten it" if seq2seq else
                     f"with max_new_tokens {new} and the prefix this LM's context of {context} leaves {max(room, 0)}: "
@@ -461,7 +464,10 @@ class Engine:
                 self._task_failed(task.name, len(sources), f"{type(failed).__name__}: {' '.join(str(failed).split())}")
                 raise failed  # one decode for the whole batch: nothing of it to answer with
             return {"prefix": task.name, "num_beams": beams, "max_new_tokens": new,
-                    "outputs": [{"source": s, **r} for s, r in zip(sources, results)]}
+                    "outputs": [{"source": s, **r, "truncated": c, **({"note": (
+                        f"the source is longer than the {room} tokens the encoder takes (special tokens included): "
+                        f"its end was cut off, as frozentune generate cuts it")} if c else {})}
+                        for s, r, c in zip(sources, results, cut)]}
 
         return jobs, assemble
 

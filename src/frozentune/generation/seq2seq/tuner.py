@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ...backbone import freeze, pad, weights_hash
+from ...backbone import freeze, heads_of, pad, weights_hash
 from ...model import WEIGHTS, write_saved
 from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, architecture,
                       check_fits, phrase_ids, read_prefix_folder, saved_options, until_eos)
@@ -131,15 +131,26 @@ def max_source_tokens(lm: nn.Module, tok) -> int | None:
 def encode_texts(tok, texts: Sequence[str], eos_id: int | None, limit: int | None) -> list[list[int]]:
     """Token ids with the tokenizer's own special tokens (BART: <s> … </s>, T5: … </s>), ending in
     eos (added when the tokenizer does not add it), cut to `limit` (keeping the eos)."""
-    out = []
-    for ids in tok(list(texts), add_special_tokens=True)["input_ids"]:
+    return encode_cut(tok, texts, eos_id, limit)[0]
+
+
+def encode_cut(tok, texts: Sequence[str], eos_id: int | None,
+               limit: int | None) -> tuple[list[list[int]], list[bool]]:
+    """(encode_texts' ids, whether each text was cut: longer than `limit`). A text far longer than the
+    limit is tokenized from a leading part with the same first tokens (backbone.heads_of), not whole: a
+    server's request of 500,000 characters is not tokenized whole to keep its first 1,024 tokens."""
+    texts = list(texts)
+    heads = texts if limit is None else heads_of(tok, texts, limit)[0]
+    out, cut = [], []
+    for text, head, ids in zip(texts, heads, tok(heads, add_special_tokens=True)["input_ids"]):
         ids = list(ids)
         if eos_id is not None and (not ids or ids[-1] != eos_id):
             ids.append(eos_id)
+        cut.append(limit is not None and (len(ids) > limit or len(head) < len(text)))
         if limit is not None and len(ids) > limit:
             ids = ids[:limit - 1] + ids[-1:]
         out.append(ids)
-    return out
+    return out, cut
 
 
 # ----------------------------------------------------------------------------- the methods
@@ -156,16 +167,20 @@ class Seq2SeqTuner(LMTuner):
         """The most source tokens the encoder takes (None: no limit known)."""
         return max_source_tokens(self.lm, self.tok)
 
-    def encode_sources(self, texts: Sequence[str], cut: bool = True) -> list[list[int]]:
-        """Source ids, cut to `source_limit` (or whole with cut=False, for a caller that refuses long ones)."""
-        return encode_texts(self._tok(), texts, self.eos_id(), self.source_limit() if cut else None)
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source ids, cut to `source_limit`."""
+        return self.encode_sources_cut(texts)[0]
+
+    def encode_sources_cut(self, texts: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
+        """(encode_sources' ids, whether each source was cut to `source_limit`): the server says which."""
+        return encode_cut(self._tok(), texts, self.eos_id(), self.source_limit())
 
     def sources_cut(self, texts: Sequence[str]) -> tuple[int, int | None]:
         """(how many of `texts` are longer than the model takes, that limit): encode_sources cuts them."""
         limit = self.source_limit()
         if limit is None:
             return 0, None
-        return sum(len(ids) > limit for ids in self.encode_sources(texts, cut=False)), limit
+        return sum(self.encode_sources_cut(texts)[1]), limit
 
     def targets_too_long(self, texts: Sequence[str]) -> tuple[int, int | None]:
         """(how many of `texts` hold more tokens than the decoder has positions, that limit; None: no
