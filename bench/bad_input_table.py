@@ -76,6 +76,9 @@ ROWS = [
      "names file, line, field and character offset (the server: 422); was a traceback / a 500"),
     ("a blank line in the middle of a plain input file or a CSV",
      "names the line(s): dropping it would shift every later row; blank lines at the end are fine"),
+    # found by a walk-through of generation (2026-11-27)
+    ("--model given twice (argparse kept the last; the first was dropped without a word)",
+     "refused, naming both values"),
 ]
 
 

@@ -29,7 +29,7 @@ R_LABELS = 'labels: one class only; a test label unseen in train; ints vs string
 R_OPTIONS = "--epochs 0, --lr -1, --batch-size 0, an option of another method"
 R_OUTPUT = "train --output into a folder that holds another model; into a file; into a read-only folder"
 R_SAVED = ("a saved model whose model.safetensors is corrupt, whose config.json names an unknown method, "
-           "whose backbone's weights hash or config does not match")
+           "whose weights hash does not match")
 R_EVAL = "eval --data a dataset whose labels differ from the model's"
 R_PREDICT = "predict --input an empty file, a missing file, a directory"
 R_COMMAND = "generate on a classification model, explain on a method without explanations"
