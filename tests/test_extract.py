@@ -385,6 +385,32 @@ def test_a_format3_entry_in_a_cache_that_cannot_be_written_is_read_in_place(bb, 
     assert secs == 0.0 and again.path == root / reference.meta["key"]
 
 
+def test_a_format3_entry_this_user_cannot_rename_is_read_in_place_and_left_as_it_was(bb, reference, tmp_path,
+                                                                                      monkeypatch):
+    """A shared cache (a sticky folder, another user's entry): meta.json was rewritten to format 4, then the
+    rename failed, leaving an entry neither version could read. Now the old meta.json is put back and the
+    entry is read where it is."""
+    import frozentune.cache as C
+
+    root = tmp_path / "cache"
+    shutil.copytree(reference.path, root / reference.meta["key"])
+    old = as_format3(root, reference.meta["key"], reference.meta, legacy_keys(bb, MANY)[0])
+    before = json.loads((root / old / "meta.json").read_text())
+    real = os.rename
+
+    def refused(src, dst):
+        if Path(src) == root / old:
+            raise PermissionError(1, "Operation not permitted", str(src))
+        return real(src, dst)
+    monkeypatch.setattr(C.os, "rename", refused)
+    said = []
+    found, secs = get_or_build(bb, MANY, root, progress=False, log=said.append, **KW)
+    assert secs == 0.0 and found.path == root / old and sums(found) == sums(reference)
+    assert json.loads((root / old / "meta.json").read_text()) == before  # the previous version still reads it
+    assert any("in place" in s and "cannot rename" in s for s in said)
+    assert not (root / reference.meta["key"]).exists() and not list((root / old).glob(".meta.json.*"))
+
+
 def test_an_interrupted_format3_build_resumes_under_the_new_key(bb, reference, tmp_path, monkeypatch):
     """A build killed under format 3 was orphaned by the new key (started over, and --prune still said
     "rerun the same command to resume it"); it is now carried over and resumed from its shards."""

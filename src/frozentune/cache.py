@@ -556,12 +556,25 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
     if old in (2, 3) and meta.get("key") == old_key:
         new = dict(meta, **fields, key=key, migrated_from=old_key)
         new["meta_sha"] = meta_sha(new)
-        tmp = src / f".meta.json.{uuid.uuid4().hex[:8]}"
-        tmp.write_text(json.dumps(new, indent=1))
-        os.replace(tmp, src / "meta.json")
-    elif not (old == FORMAT_VERSION and meta.get("key") == key):  # re-keyed, not yet renamed
+        try:
+            _replace_meta(src, new)
+        except OSError:  # the entry's folder is not this user's to write (a shared cache): read in place
+            return False
+        try:
+            os.rename(src, root / key)
+        except OSError:  # a sticky shared folder, another owner: put the old meta.json back, so that
+            try:         # the entry stays readable here (in place) and by the version that made it
+                _replace_meta(src, meta)
+            except OSError:
+                pass
+            return False
+    elif old == FORMAT_VERSION and meta.get("key") == key:  # re-keyed, not yet renamed
+        try:
+            os.rename(src, root / key)
+        except OSError:
+            return False
+    else:
         return False
-    os.rename(src, root / key)
     what = {2: "absolute layer indices, the precision (fp32) and the model's config",
             3: "the model's config; an entry made before is taken to be of the config that reads it first"}.get(old, "what this version keys on")
     log(f"cache: re-keyed entry {old_key} → {key} (cache format {old} → {FORMAT_VERSION}: the key now holds "
@@ -570,21 +583,38 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
 
 
 def _legacy_in_place(root: Path, backbone: Backbone, texts: Sequence[str], dtype: str, verify: str, expect: dict,
-                     log: Callable[[str], None], part: Part | None = None) -> "CachedStates | None":
+                     log: Callable[[str], None], part: Part | None = None,
+                     stuck: bool = False) -> "CachedStates | None":
     """An entry of an earlier format read where it is (its states are this version's), where it cannot be
     re-keyed: in a cache folder this process cannot write (a shared, read-only cache), or by one `part` of
     a build split across processes (they would race to rename it; a one-process run re-keys it)."""
     writable = os.access(root, os.W_OK)
-    if writable and part is None:
+    if writable and part is None and not stuck:  # stuck: migrate could not rename it (another user's entry)
         return None
     for old in legacy_keys(backbone, texts, dtype):
         if (root / old / "meta.json").is_file():
-            found = CachedStates(root / old, verify=verify, **dict(expect, key=old), legacy=True)
-            why = f"{root} is not writable" if not writable else "parts of a build do not rename entries"
+            try:
+                found = CachedStates(root / old, verify=verify, **dict(expect, key=old), legacy=True)
+            except CacheError:
+                if stuck:  # a damaged old entry: built anew under the new key, as before
+                    continue
+                raise
+            why = (f"{root} is not writable" if not writable else "parts of a build do not rename entries"
+                   if part is not None else "this user cannot rename it (a shared cache: another user's entry)")
             log(f"cache: reading entry {old} in place (cache format {found.meta.get('format')}, keyed before "
                 f"format {FORMAT_VERSION}): {why}, so it is not re-keyed")
             return found
     return None
+
+
+def _replace_meta(folder: Path, meta: dict) -> None:
+    """Write `folder`/meta.json atomically (a temporary file, then a rename)."""
+    tmp = folder / f".meta.json.{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, folder / "meta.json")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _safe_sha(meta: dict) -> str | None:
@@ -807,6 +837,9 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
                     and rekey_build(root, olds[0], key, fields):
                 log(f"cache: the interrupted build of entry {olds[0]} resumes as {key} (cache format 3 → "
                     f"{FORMAT_VERSION}: the key now holds the model's config)")
+            if not path.exists() and (found := _legacy_in_place(root, backbone, texts, dtype, verify, expect, log,
+                                                                   stuck=True)) is not None:
+                return found, 0.0  # an old entry this user cannot rename (a shared cache): read where it is
         if path.exists() and (not rebuild or waited):
             # built meanwhile by the process this one waited for (or, with rebuild, its rebuild)
             try:
