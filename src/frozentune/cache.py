@@ -525,16 +525,16 @@ def _key_of(fields: dict) -> str:
     return hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") -> list[str]:
+def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16",
+                fields: dict | None = None) -> list[str]:
     """Keys an entry of these states had before this format: format 3 (every field but the model's
     config), then format 2 (fp32 states, the layer indices as typed, so `-3` and `4` were two
-    entries; only an fp32 pass can reuse them)."""
-    _, fields = cache_key(backbone, texts, dtype)
+    entries; only an fp32 pass can reuse them). `fields`: cache_key's, where the caller has them."""
+    fields = cache_key(backbone, texts, dtype)[1] if fields is None else fields
     format3 = _key_of(dict({k: v for k, v in fields.items() if k != "config"}, format=3))
     if backbone.precision != "fp32":
         return [format3]
-    base = {"format": 2, "weights": backbone.weights_hash, "tokenizer": tokenizer_hash(backbone.tok),
-            "max_length": backbone.max_length, "dtype": dtype, "texts": texts_hash(texts), "n": len(texts)}
+    base = {"format": 2, **{k: fields[k] for k in ("weights", "tokenizer", "max_length", "dtype", "texts", "n")}}
     return [format3] + list(dict.fromkeys(_key_of(dict(base, layers=layers))
                                           for layers in (str(backbone.layers), backbone.layer_key)))
 
@@ -582,7 +582,7 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
     return True
 
 
-def _legacy_in_place(root: Path, backbone: Backbone, texts: Sequence[str], dtype: str, verify: str, expect: dict,
+def _legacy_in_place(root: Path, olds: list[str], verify: str, expect: dict,
                      log: Callable[[str], None], part: Part | None = None,
                      stuck: bool = False) -> "CachedStates | None":
     """An entry of an earlier format read where it is (its states are this version's), where it cannot be
@@ -591,7 +591,7 @@ def _legacy_in_place(root: Path, backbone: Backbone, texts: Sequence[str], dtype
     writable = os.access(root, os.W_OK)
     if writable and part is None and not stuck:  # stuck: migrate could not rename it (another user's entry)
         return None
-    for old in legacy_keys(backbone, texts, dtype):
+    for old in olds:  # legacy_keys
         if (root / old / "meta.json").is_file():
             try:
                 found = CachedStates(root / old, verify=verify, **dict(expect, key=old), legacy=True)
@@ -717,9 +717,10 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     id of the texts, for get_or_build to use (no second tokenisation). A build already under way (resumed
     from its finished shards) is left to its own check."""
     root = Path(root) if root is not None else default_root()
-    keys = {id(t): (t, cache_key(backbone, t, dtype)[0]) for t in files}
-    todo = {k: t for k, (t, key) in keys.items() if not (root / key).exists() and not building_dir(root, key).exists()
-            and not any((root / old).is_dir() for old in legacy_keys(backbone, t, dtype))}  # re-keyed, not built
+    keys = {id(t): (t, *cache_key(backbone, t, dtype)) for t in files}
+    todo = {k: t for k, (t, key, fields) in keys.items() if not (root / key).exists()
+            and not building_dir(root, key).exists()
+            and not any((root / old).is_dir() for old in legacy_keys(backbone, t, dtype, fields))}  # re-keyed, not built
     if len(todo) < 2:
         return {}
     tokens = {k: backbone.tokenize(t) for k, t in todo.items()}
@@ -828,16 +829,16 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
     expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists() and not rebuild:
         return CachedStates(path, verify=verify, **expect), 0.0
-    if not rebuild and (found := _legacy_in_place(root, backbone, texts, dtype, verify, expect, log)) is not None:
+    olds = legacy_keys(backbone, texts, dtype, fields)
+    if not rebuild and (found := _legacy_in_place(root, olds, verify, expect, log)) is not None:
         return found, 0.0
     with build_lock(root, key, log) as waited:
         if not rebuild and not path.exists():
-            olds = legacy_keys(backbone, texts, dtype)
             if not any((root / old).is_dir() and migrate(root, old, key, fields, log) for old in olds) \
                     and rekey_build(root, olds[0], key, fields):
                 log(f"cache: the interrupted build of entry {olds[0]} resumes as {key} (cache format 3 → "
                     f"{FORMAT_VERSION}: the key now holds the model's config)")
-            if not path.exists() and (found := _legacy_in_place(root, backbone, texts, dtype, verify, expect, log,
+            if not path.exists() and (found := _legacy_in_place(root, olds, verify, expect, log,
                                                                    stuck=True)) is not None:
                 return found, 0.0  # an old entry this user cannot rename (a shared cache): read where it is
         if path.exists() and (not rebuild or waited):
@@ -869,7 +870,8 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
     expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists():
         return CachedStates(path, verify="full", **expect), None
-    if (found := _legacy_in_place(root, backbone, texts, dtype, "full", expect, log, part)) is not None:
+    if (found := _legacy_in_place(root, legacy_keys(backbone, texts, dtype, fields), "full", expect, log,
+                                  part)) is not None:
         return found, None
     tokens = backbone.tokenize(texts)
     plan = make_plan(tokens.lengths, shard_tokens, max_tokens)  # made once: the wait below polls with it
