@@ -25,7 +25,7 @@ from frozentune.backbone import Backbone, LayerSpec
 from frozentune.cache import (CacheError, CachedStates, FORMAT_VERSION, build_part, cache_key, get_or_build,
                               legacy_keys, meta_sha)
 from frozentune.extract import ExtractError, resolve_device
-from frozentune.extract.entries import kept_lines, prune, scan
+from frozentune.extract.entries import OLD_READ_ONLY, kept_lines, prune, scan
 from frozentune.extract.shards import Part, building_dir, make_plan, part_of
 
 from clirun import cli
@@ -348,7 +348,7 @@ def as_format3(root: Path, key: str, meta: dict, old: str) -> str:
 def test_format3_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
     """An entry keyed before the key held the model's config (format 3) is re-keyed on first use,
     said so, states unchanged; in bf16 too (format 3 held the precision)."""
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16", "int8"):
         bb = Backbone.load(str(tiny_bert), max_length=16, precision=precision)
         root = tmp_path / precision
         cache, _ = get_or_build(bb, BASE, root, progress=False)
@@ -361,6 +361,46 @@ def test_format3_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
         assert again.meta["format"] == FORMAT_VERSION and again.meta["config"] == bb.config_hash
         assert any("re-keyed" in s and "format 3 → 4" in s and "config" in s for s in said)
         assert not (root / old_key).exists()
+
+
+def test_a_format3_entry_of_another_config_is_not_taken_for_this_models(tiny_bert, tmp_path, monkeypatch):
+    """Format 3's key lacked the config: an entry made from a folder whose config.json had another head count
+    (same weights, tokenizer, texts) had the stock model's old key, and was re-keyed as the stock model's, so
+    its states were read as the stock model's. Now the shortest texts are recomputed before re-keying: another
+    model's states are left where they are (said so) and this model's are built; the model that made them still
+    re-keys them. (MiniLM with 6 heads instead of 12: states 43% apart; this random tiny model's attention is
+    near uniform, so its head count hardly shows: its activation is changed instead, 1.1% apart.)"""
+    import frozentune.cache as C
+
+    edited = tmp_path / "relu"
+    shutil.copytree(tiny_bert, edited)
+    config = json.loads((edited / "config.json").read_text())
+    assert config["hidden_act"] != "relu"
+    (edited / "config.json").write_text(json.dumps(dict(config, hidden_act="relu")))
+    stock, other = Backbone.load(str(tiny_bert), max_length=16), Backbone.load(str(edited), max_length=16)
+    assert legacy_keys(stock, BASE) == legacy_keys(other, BASE)  # what format 3 could not tell apart
+    root = tmp_path / "cache"
+    made, _ = get_or_build(other, BASE, root, progress=False)
+    content, key = sums(made), made.meta["key"]
+    old = as_format3(root, key, made.meta, legacy_keys(other, BASE)[0])
+    fresh, _ = get_or_build(stock, BASE, tmp_path / "fresh", progress=False)
+    for readonly in (True, False):  # read in place where the cache cannot be written; re-keyed where it can
+        real = os.access
+        monkeypatch.setattr(C.os, "access", lambda p, mode: False if readonly and Path(p) == root else real(p, mode))
+        said = []
+        got, secs = get_or_build(stock, BASE, root, progress=False, log=said.append)
+        monkeypatch.undo()
+        assert secs > 0 and got.path == root / fresh.meta["key"] and sums(got) == sums(fresh)
+        assert any(old in s and "another config.json" in s and "built anew" in s for s in said), said
+        assert (root / old / "meta.json").is_file()  # left for the config that made it
+        listed = {e.path.name: e.status for e in scan(root)}
+        assert listed[old].startswith(f"old format, beside entry {got.path.name[:8]}") and "--remove" in listed[old]
+        shutil.rmtree(got.path)
+    monkeypatch.setattr(C.os, "access", lambda p, mode: False if Path(p) == root else real(p, mode))
+    assert [e.status for e in scan(root)] == [OLD_READ_ONLY]  # not "re-keyed on next use"
+    monkeypatch.undo()
+    again, secs = get_or_build(other, BASE, root, progress=False)
+    assert secs == 0.0 and again.meta["key"] == key and sums(again) == content and not (root / old).exists()
 
 
 def test_a_format3_entry_in_a_cache_that_cannot_be_written_is_read_in_place(bb, reference, tmp_path, monkeypatch):

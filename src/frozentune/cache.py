@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from .errors import FrozentuneError
-from .backbone import Backbone, Tokenized, cache_home, holds_special_text, tokenizer_hash
+from .backbone import Backbone, Tokenized, cache_home, holds_special_text, iter_states, tokenizer_hash
 from .pairs import Text, pair_kind
 from .extract.entries import size_text
 from .extract.errors import ExtractError
@@ -539,11 +539,70 @@ def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16"
                                           for layers in (str(backbone.layers), backbone.layer_key)))
 
 
+# Mean per-token relative L2 difference two passes of one model may show in a precision (another CPU's
+# kernels, another batch). fp32: worst case n·eps ≈ 2e-3 for MiniLM's ~15,000 roundings per state, typically
+# √n·eps ≈ 2e-5 (tests/numerics.py); bf16/fp16: each pass 0.5-2% from fp32 (extract/precision.py), so two
+# of them up to ~4%; int8: 3.7-8% from fp32 with or without VNNI (7- or 8-bit weights), so two up to ~16%.
+# The same weights read with another config are far beyond these (MiniLM with 6 or 24 heads instead of 12:
+# 43-48%); edits within them (layer_norm_eps 1e-12 → 1e-5: 0.03%; gelu → gelu_new: 0.12%) give the states
+# this precision gives anyway. The stored dtype adds its rounding, at most eps/2 of each value.
+PASS_AGREEMENT = {"fp32": 2e-3, "bf16": 5e-2, "fp16": 5e-2, "int8": 0.2}
+
+
+def disagreement(entry: "CachedStates", backbone: Backbone, texts: Sequence[Text], k: int = 4) -> str | None:
+    """Whether an entry of an earlier format holds this model's states: its `k` shortest examples are
+    run through `backbone` now and compared with what the entry stores. Format 3 and 2 keys did not
+    hold the model's config, so an entry of the same weights, tokenizer and texts read with another
+    config.json (another head count) shares its key with the stock model's. None where they agree
+    within the precision's tolerance (PASS_AGREEMENT, plus the stored dtype's rounding); else why not."""
+    if entry.n == 0:
+        return None
+    idx = np.argsort(entry.lengths, kind="stable")[:k]
+    tokens = backbone.tokenize([texts[int(i)] for i in idx])
+    tol = PASS_AGREEMENT.get(backbone.precision, PASS_AGREEMENT["int8"]) + float(np.finfo(entry.dtype).eps) / 2
+    diffs = []
+    for sub, states, mask in iter_states(backbone.runner, backbone.tok, tokens, backbone.layers):
+        for j, s in zip(sub, states):
+            i = int(idx[j])
+            now = s[: int(tokens.lengths[j])].float().cpu()                     # (L_i, D)
+            if len(now) != entry.lengths[i] or not np.array_equal(np.asarray(tokens.ids[j], np.int32), entry.token_ids(i)):
+                return f"example {i}'s tokens differ from the stored ones"
+            stored = torch.from_numpy(np.array(entry.example(i), dtype=np.float32))  # (L_i, D)
+            diffs.append(float(((now - stored).norm(dim=-1) / stored.norm(dim=-1).clamp_min(1e-12)).mean()))
+    diff = float(np.mean(diffs))
+    if diff <= tol:
+        return None
+    return (f"its states of the {len(idx)} shortest texts differ from this model's by {diff:.1%} (mean per-token "
+            f"relative difference; two {backbone.precision} passes of one model stay within {tol:.2%})")
+
+
+def agreeing(root: Path, olds: list[str], backbone: Backbone, texts: Sequence[Text],
+             log: Callable[[str], None]) -> list[str]:
+    """`olds` (legacy_keys, in their order) less the complete entries whose states are not this model's
+    (`disagreement`): those are left where they are, for the config that made them, with one line; this
+    model's entry is built anew. Keys without a complete entry stay (an interrupted build is carried over)."""
+    keep = []
+    for old in olds:
+        if (root / old / "meta.json").is_file():
+            try:
+                why = disagreement(CachedStates(root / old, verify="none", key=old, legacy=True), backbone, texts)
+            except CacheError:
+                why = None  # a damaged entry: migrate leaves it alone and reading it in place says what is wrong
+            if why is not None:
+                log(f"cache: entry {old} (keyed before format {FORMAT_VERSION}, whose key did not hold the model's "
+                    f"config) has the same weights, tokenizer and texts, but {why}: it was made with another "
+                    f"config.json. It is left for that config (`frozentune cache --remove {old}` deletes it) and "
+                    f"this model's states are built anew.")
+                continue
+        keep.append(old)
+    return keep
+
+
 def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str], None]) -> bool:
     """Re-key an entry of an older format `<root>/<old_key>/` as `<root>/<key>/`: its states are
     exactly what this version's pass stores, only meta.json changes (format 2: absolute layers and
-    the precision, fp32; format 3: the model's config, which its key did not hold, so the entry is
-    taken to be of the config that asks for it first). Returns whether it did; an entry that is not
+    the precision, fp32; format 3: the model's config, which its key did not hold: the caller has
+    checked that this model gives its states, `agreeing`). Returns whether it did; an entry that is not
     a sound one of those formats is left alone."""
     src = root / old_key
     try:
@@ -576,9 +635,9 @@ def migrate(root: Path, old_key: str, key: str, fields: dict, log: Callable[[str
     else:
         return False
     what = {2: "absolute layer indices, the precision (fp32) and the model's config",
-            3: "the model's config; an entry made before is taken to be of the config that reads it first"}.get(old, "what this version keys on")
+            3: "the model's config"}.get(old, "what this version keys on")
     log(f"cache: re-keyed entry {old_key} → {key} (cache format {old} → {FORMAT_VERSION}: the key now holds "
-        f"{what}); its states are unchanged")
+        f"{what}; this model gives its states, checked on its shortest texts); its states are unchanged")
     return True
 
 
@@ -720,7 +779,8 @@ def check_room(backbone: Backbone, files: Sequence[Sequence[Text]], root: Path |
     keys = {id(t): (t, *cache_key(backbone, t, dtype)) for t in files}
     todo = {k: t for k, (t, key, fields) in keys.items() if not (root / key).exists()
             and not building_dir(root, key).exists()
-            and not any((root / old).is_dir() for old in legacy_keys(backbone, t, dtype, fields))}  # re-keyed, not built
+            and not any((root / old).is_dir()  # re-keyed, not built (unless another config's: agreeing)
+                        for old in agreeing(root, legacy_keys(backbone, t, dtype, fields), backbone, t, lambda _: None))}
     if len(todo) < 2:
         return {}
     tokens = {k: backbone.tokenize(t) for k, t in todo.items()}
@@ -829,14 +889,15 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
     expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists() and not rebuild:
         return CachedStates(path, verify=verify, **expect), 0.0
-    olds = legacy_keys(backbone, texts, dtype, fields)
+    legacy = legacy_keys(backbone, texts, dtype, fields)  # [format 3, format 2…]
+    olds = [] if rebuild else agreeing(root, legacy, backbone, texts, log)
     if not rebuild and (found := _legacy_in_place(root, olds, verify, expect, log)) is not None:
         return found, 0.0
     with build_lock(root, key, log) as waited:
         if not rebuild and not path.exists():
             if not any((root / old).is_dir() and migrate(root, old, key, fields, log) for old in olds) \
-                    and rekey_build(root, olds[0], key, fields):
-                log(f"cache: the interrupted build of entry {olds[0]} resumes as {key} (cache format 3 → "
+                    and rekey_build(root, legacy[0], key, fields):
+                log(f"cache: the interrupted build of entry {legacy[0]} resumes as {key} (cache format 3 → "
                     f"{FORMAT_VERSION}: the key now holds the model's config)")
             if not path.exists() and (found := _legacy_in_place(root, olds, verify, expect, log,
                                                                    stuck=True)) is not None:
@@ -870,8 +931,8 @@ def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path 
     expect = dict(key=key, n=len(texts), dim=backbone.dim, dtype=dtype)
     if path.exists():
         return CachedStates(path, verify="full", **expect), None
-    if (found := _legacy_in_place(root, legacy_keys(backbone, texts, dtype, fields), "full", expect, log,
-                                  part)) is not None:
+    olds = agreeing(root, legacy_keys(backbone, texts, dtype, fields), backbone, texts, log)
+    if (found := _legacy_in_place(root, olds, "full", expect, log, part)) is not None:
         return found, None
     tokens = backbone.tokenize(texts)
     plan = make_plan(tokens.lengths, shard_tokens, max_tokens)  # made once: the wait below polls with it

@@ -32,6 +32,11 @@ SWEEP_EMPTY = "interrupted sweep, nothing to reuse"  # a journal with no whole l
 KEY_NAME = re.compile(r"[0-9a-f]{32}(\.building|\.partial-.+)?")
 LOCK_NAME = re.compile(r"[0-9a-f]{32}\.lock")  # a build's flock (cache.build_lock), removed when it is released
 STALE_LOCK = "held by no process (left by a build that was killed)"
+OLD = "old format (re-keyed on next use)"  # an entry of format 2 or 3 (cache.legacy_keys)
+OLD_READ_ONLY = "old format (read in place: this cache folder is not writable, so it is not re-keyed)"
+# the key fields of format 3 beside the model's config, which format 4 added (cache.cache_key)
+SAME_INPUTS = ("weights", "tokenizer", "layers", "max_length", "precision", "dtype", "texts", "n",
+               "split_special_tokens", "pairs", "token_types")
 
 
 @dataclass
@@ -127,7 +132,7 @@ def _files_problem(path: Path, meta: dict) -> str:
     return ""
 
 
-def _entry(p: Path, verify: bool = False) -> Entry:
+def _entry(p: Path, verify: bool = False, metas: dict | None = None) -> Entry:
     """A complete entry `p/` (meta.json written last): ok, old format, or unreadable and why. Sizes
     only, unless `verify`: then every checksum of an ok entry is read too (all its bytes, ≈0.7 GB/s),
     so bytes changed in place (same size) are found before a run opens the entry."""
@@ -140,8 +145,9 @@ def _entry(p: Path, verify: bool = False) -> Entry:
         return Entry(p, "entry", f"{UNREADABLE} (meta.json edited: its checksum differs)", _size(p))
     fmt = meta.get("format")
     problem = _files_problem(p, meta) if fmt in (2, 3, FORMAT_VERSION) else f"cache format {fmt}, not {FORMAT_VERSION}"
-    status = f"{UNREADABLE} ({problem})" if problem else "ok" if fmt == FORMAT_VERSION else \
-        "old format (re-keyed on next use)"
+    status = f"{UNREADABLE} ({problem})" if problem else "ok" if fmt == FORMAT_VERSION else OLD
+    if metas is not None and not problem:
+        metas[p] = meta
     if verify and status == "ok":
         status = _verified(p)
     return Entry(p, "entry", status, _size(p), tokens=meta.get("tokens"), created=str(meta.get("created", "")),
@@ -209,6 +215,7 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
         return out
     from ..sweep.journal import FULL_NAME
 
+    metas: dict[Path, dict] = {}  # readable entries' meta.json, for _old_entries
     for p in sorted(root.iterdir()):
         if p.is_symlink():  # e.g. a key-named link to an entry elsewhere: its size was its target's, and --prune
             if p.suffix != ".lock":  # said "removed" each time while the link stayed
@@ -228,8 +235,34 @@ def scan(root: Path, verify: bool = False) -> list[Entry]:
         elif p.name.endswith(".building"):
             out.append(_building(p))
         else:
-            out.append(_entry(p, verify))
+            out.append(_entry(p, verify, metas))
+    _old_entries(root, out, metas)
     return out
+
+
+def _old_entries(root: Path, out: list[Entry], metas: dict[Path, dict]) -> None:
+    """Say what will become of each old-format entry in `out` where "re-keyed on next use" is not so: in a
+    folder this process cannot write it is read in place; a format-3 entry beside a format-4 one of the
+    same inputs (weights, tokenizer, texts…) was made with another config.json (cache.agreeing leaves it
+    for that config) or by the previous version running beside this one, and no run of this model re-keys it."""
+    old = [e for e in out if e.status == OLD]
+    if not old:
+        return
+    if not os.access(root, os.W_OK):
+        for e in old:
+            e.status = OLD_READ_ONLY
+        return
+    from ..cache import FORMAT_VERSION
+
+    def inputs(meta: dict) -> tuple:
+        return tuple(repr(meta.get(k)) for k in SAME_INPUTS)
+    current = {inputs(m): p.name for p, m in metas.items() if m.get("format") == FORMAT_VERSION}
+    for e in old:
+        twin = current.get(inputs(metas[e.path])) if metas[e.path].get("format") == 3 else None
+        if twin:
+            e.status = (f"old format, beside entry {twin[:8]}… of the same weights and texts: unused unless made "
+                        f"with another config.json (re-keyed when that is used); `cache --remove {e.path.name}` "
+                        f"deletes it")
 
 
 def prune(root: Path, include_resumable: bool = False, verify: bool = False) -> list[Entry]:
