@@ -777,6 +777,20 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     assert "the 3 finished points and cache entries" in journal_module.interrupt_note(False)
 
 
+def test_a_sweep_point_is_keyed_on_the_backbones_config(tiny_bert):
+    """A sweep rerun after config.json was edited in its backbone's folder (same path, so the same sweep and
+    journal; same weights) reused the points trained on the old config's states: a point's key now holds
+    the config, as the cache's key does."""
+    from frozentune.backbone import Backbone
+    from frozentune.sweep.journal import point_key
+
+    a, b = Backbone.load(str(tiny_bert), max_length=16), Backbone.load(str(tiny_bert), max_length=16)
+    point = {"method": "probe", "layer": "2", "lr": 1e-3, "weight_decay": 0.0, "seed": 0}
+    assert point_key(point, "data", a) == point_key(point, "data", b)
+    b.model.config.hidden_act = "relu"
+    assert point_key(point, "data", a) != point_key(point, "data", b)
+
+
 def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
     """A journal line that is JSON but not a row (hand-edited, another version) is skipped and counted,
     like a line cut short: reusing it raised KeyError mid-sweep."""

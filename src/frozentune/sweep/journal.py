@@ -13,8 +13,8 @@ command: its grid, data files (as absolute paths), fields, shots, train size, ba
 train options and frozentune's version; so the same sweep finds its journal and another sweep (another
 grid too) has its own, never removing the first's points. Within it, a point is reused only where
 everything that made its row is unchanged: its setting (method, absolute layer, lr, weight decay,
-seed), the texts and labels of its seed's splits, the backbone's weights, tokenizer, max length,
-precision and device.
+seed), the texts and labels of its seed's splits, the backbone's weights, config (config.json edited
+between the two runs: other states), tokenizer, max length, precision and device.
 
 The first line says what sweep the journal is for (`frozentune cache --list` shows it). A running
 sweep holds an exclusive lock on its journal: a second run of the same sweep is refused while it runs,
@@ -61,12 +61,12 @@ def sweep_key(context: dict) -> str:
 
 def point_key(point: dict, dataset: str, backbone) -> str:
     """Everything that made one row: the point's setting (method, lr, weight decay, seed; its layer as
-    the backbone's absolute layer key), its seed's splits, the backbone's weights, tokenizer, length,
-    precision, token types and device."""
+    the backbone's absolute layer key), its seed's splits, the backbone's weights, config, tokenizer,
+    length, precision, token types and device."""
     from ..backbone import tokenizer_hash
 
     return _digest({"point": point, "dataset": dataset, "model": backbone.name, "weights": backbone.weights_hash,
-                    "tokenizer": tokenizer_hash(backbone.tok), "layers": backbone.layer_key,
+                    "config": backbone.config_hash, "tokenizer": tokenizer_hash(backbone.tok), "layers": backbone.layer_key,
                     "max_length": backbone.max_length, "precision": backbone.precision,
                     "token_types": backbone.token_types, "device": str(backbone.device)})
 
