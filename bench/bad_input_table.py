@@ -2,6 +2,8 @@
 
     python bench/bad_input_table.py            # run the tests, rewrite the section
     python bench/bad_input_table.py --check    # run them, fail if the section differs
+    FROZENTUNE_BAD_INPUT_LOG=/tmp/rows.jsonl make test
+    python bench/bad_input_table.py --check --log /tmp/rows.jsonl  # what that run recorded (CI: no second run)
 
 The tests call the CLI through tests/clirun.py, which appends {row, test, argv, exit code,
 message} to $FROZENTUNE_BAD_INPUT_LOG for every case. This script runs those test files with
@@ -98,6 +100,14 @@ def run_tests(log: Path) -> None:
         sys.exit(f"the bad-input tests failed (exit {got.returncode}); fix them before writing the table")
 
 
+def of_test_files(records: list[dict]) -> list[dict]:
+    """The records of TEST_FILES, in the order a run of those files alone writes them (file by file, as listed;
+    a whole-suite run goes through the files in another order, and other files record rows too)."""
+    order = {f: i for i, f in enumerate(TEST_FILES)}
+    mine = [(order[r["test"].split("::")[0]], i, r) for i, r in enumerate(records) if r["test"].split("::")[0] in order]
+    return [r for _, _, r in sorted(mine, key=lambda x: x[:2])]
+
+
 def section(records: list[dict]) -> str:
     known = {row for row, _ in ROWS}
     stray = sorted({r["row"] for r in records} - known)
@@ -137,12 +147,19 @@ def section(records: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="fail if REPORT.md's section differs from a fresh run")
+    ap.add_argument("--log", type=Path, help="the records a test run already wrote (FROZENTUNE_BAD_INPUT_LOG=LOG "
+                    "make test), instead of running the test files again")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "records.jsonl"
-        run_tests(log)
-        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    new = section(records)
+    if a.log is not None:
+        if not a.log.is_file():
+            sys.exit(f"--log {a.log}: no such file; run the tests with FROZENTUNE_BAD_INPUT_LOG={a.log} first")
+        records = [json.loads(line) for line in a.log.read_text().splitlines()]
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "records.jsonl"
+            run_tests(log)
+            records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    new = section(of_test_files(records))
     report = REPORT.read_text()
     if START in report:
         head, rest = report.split(START, 1)

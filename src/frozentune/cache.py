@@ -592,7 +592,7 @@ def agreeing(root: Path, olds: list[str], backbone: Backbone, texts: Sequence[Te
             if why is not None:
                 log(f"cache: entry {old} (keyed before format {FORMAT_VERSION}, whose key did not hold the model's "
                     f"config) has the same weights, tokenizer and texts, but {why}: it was made with another "
-                    f"config.json. It is left for that config (`frozentune cache --remove {old}` deletes it) and "
+                    f"config.json (or its files were changed since). It is left for that config (`frozentune cache --remove {old}` deletes it) and "
                     f"this model's states are built anew.")
                 continue
         keep.append(old)
