@@ -479,6 +479,36 @@ def test_an_interrupted_format3_build_resumes_under_the_new_key(bb, reference, t
     assert any("interrupted build" in s and old in s and "resumes as" in s for s in said)
 
 
+def test_an_interrupted_format3_build_of_another_config_is_built_again(bb, reference, tiny_bert, tmp_path,
+                                                                          monkeypatch):
+    """An interrupted format-3 build has the same old key whatever config.json made it: carried over and
+    finished by the stock model, its first shards held another config's states beside this model's. The
+    carried shards' shortest texts are now checked once the entry is complete; on a mismatch it is built
+    again from the start (said so), and equals an uninterrupted build."""
+    edited = tmp_path / "relu"
+    shutil.copytree(tiny_bert, edited)
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps(dict(config, hidden_act="relu")))
+    other = Backbone.load(str(edited), max_length=16)
+    root = tmp_path / "cache"
+    key, old = cache_key(other, MANY)[0], legacy_keys(other, MANY)[0]
+    assert old == legacy_keys(bb, MANY)[0]
+    kill_after(monkeypatch, 5)
+    with pytest.raises(Killed):
+        get_or_build(other, MANY, root, progress=False, **KW)
+    monkeypatch.undo()
+    folder = building_dir(root, key)
+    assert S.finished(folder, plan_of(other))
+    for record in [folder / "plan.json", *S.shard_records(folder).values()]:  # what format 3 wrote
+        info = json.loads(record.read_text())
+        record.write_text(json.dumps(dict(info, key=old)))
+    os.rename(folder, building_dir(root, old))
+    said = []
+    cache, secs = get_or_build(bb, MANY, root, progress=False, log=said.append, **KW)
+    assert sums(cache) == sums(reference) and secs > 0
+    assert any("resumes as" in s for s in said) and any("carried over" in s and "built again" in s for s in said)
+
+
 def test_format2_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
     """An entry written before shards (format 2: layers as typed, no precision) is re-keyed on
     first use — same states, no extraction — and said so."""

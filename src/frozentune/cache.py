@@ -51,7 +51,7 @@ from .pairs import Text, pair_kind
 from .extract.entries import size_text
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
-                              make_plan, merge, read_json, rekey_build, shard_records, work_of)
+                              finished_spans, make_plan, merge, read_json, rekey_build, shard_records, work_of)
 
 FORMAT_VERSION = 4  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers;
 #                    4: key has the model's config (config_hash) too
@@ -550,15 +550,17 @@ def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16"
 PASS_AGREEMENT = {"fp32": 2e-3, "bf16": 5e-2, "fp16": 5e-2, "int8": 0.2}
 
 
-def disagreement(entry: "CachedStates", backbone: Backbone, texts: Sequence[Text], k: int = 4) -> str | None:
-    """Whether an entry of an earlier format holds this model's states: its `k` shortest examples are
-    run through `backbone` now and compared with what the entry stores. Format 3 and 2 keys did not
-    hold the model's config, so an entry of the same weights, tokenizer and texts read with another
-    config.json (another head count) shares its key with the stock model's. None where they agree
-    within the precision's tolerance (PASS_AGREEMENT, plus the stored dtype's rounding); else why not."""
-    if entry.n == 0:
+def disagreement(entry: "CachedStates", backbone: Backbone, texts: Sequence[Text], k: int = 4,
+                 among: np.ndarray | None = None) -> str | None:
+    """Whether an entry of an earlier format holds this model's states: its `k` shortest examples (of
+    `among`, where given) are run through `backbone` now and compared with what the entry stores. Format 3
+    and 2 keys did not hold the model's config, so an entry of the same weights, tokenizer and texts read
+    with another config.json (another head count) shares its key with the stock model's. None where they
+    agree within the precision's tolerance (PASS_AGREEMENT, plus the stored dtype's rounding); else why not."""
+    among = np.arange(entry.n) if among is None else np.asarray(among, dtype=np.int64)
+    if len(among) == 0:
         return None
-    idx = np.argsort(entry.lengths, kind="stable")[:k]
+    idx = among[np.argsort(entry.lengths[among], kind="stable")[:k]]
     tokens = backbone.tokenize([texts[int(i)] for i in idx])
     tol = PASS_AGREEMENT.get(backbone.precision, PASS_AGREEMENT["int8"]) + float(np.finfo(entry.dtype).eps) / 2
     diffs = []
@@ -891,6 +893,7 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
     if path.exists() and not rebuild:
         return CachedStates(path, verify=verify, **expect), 0.0
     legacy = legacy_keys(backbone, texts, dtype, fields)  # [format 3, format 2…]
+    carried: list[tuple[int, int]] = []  # plan positions of the shards an interrupted format-3 build had finished
     olds = [] if rebuild else agreeing(root, legacy, backbone, texts, log)
     if not rebuild and (found := _legacy_in_place(root, olds, verify, expect, log)) is not None:
         return found, 0.0
@@ -900,6 +903,7 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
                     and rekey_build(root, legacy[0], key, fields):
                 log(f"cache: the interrupted build of entry {legacy[0]} resumes as {key} (cache format 3 → "
                     f"{FORMAT_VERSION}: the key now holds the model's config)")
+                carried = finished_spans(building_dir(root, key))
             if not path.exists() and (found := _legacy_in_place(root, olds, verify, expect, log,
                                                                    stuck=True)) is not None:
                 return found, 0.0  # an old entry this user cannot rename (a shared cache): read where it is
@@ -912,9 +916,30 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
                     raise
         if rebuild:
             shutil.rmtree(building_dir(root, key), ignore_errors=True)
-        stats = build(root, key, fields, backbone, tokens if tokens is not None else backbone.tokenize(texts), dtype,
-                      progress, log=log, shard_tokens=shard_tokens, max_tokens=max_tokens, source=source)
-        return CachedStates(path, verify="none", **expect), stats.seconds
+        tokens = tokens if tokens is not None else backbone.tokenize(texts)
+        stats = build(root, key, fields, backbone, tokens, dtype, progress, log=log, shard_tokens=shard_tokens,
+                      max_tokens=max_tokens, source=source)
+        found = CachedStates(path, verify="none", **expect)
+        if carried and (why := _carried_disagree(found, backbone, texts, carried)):
+            log(f"cache: the shards carried over from the interrupted build of entry {legacy[0]} were made with "
+                f"another config.json of the same weights (or changed since): {why}. The entry is built "
+                f"again from the start.")
+            del found
+            shutil.rmtree(path)
+            first = stats.seconds
+            stats = build(root, key, fields, backbone, tokens, dtype, progress, log=log, shard_tokens=shard_tokens,
+                          max_tokens=max_tokens, source=source)
+            stats.seconds += first
+            found = CachedStates(path, verify="none", **expect)
+        return found, stats.seconds
+
+
+def _carried_disagree(entry: CachedStates, backbone: Backbone, texts: Sequence[Text],
+                      spans: list[tuple[int, int]]) -> str | None:
+    """`disagreement` on the examples of the shards an interrupted format-3 build had finished (`spans` of
+    plan positions; the entry stores its examples in plan order, so position p is the p-th by offset)."""
+    in_order = np.argsort(entry.offsets, kind="stable")
+    return disagreement(entry, backbone, texts, among=np.concatenate([in_order[a:b] for a, b in spans]))
 
 
 def build_part(backbone: Backbone, texts: Sequence[str], part: Part, root: Path | None = None,

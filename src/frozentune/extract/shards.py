@@ -186,6 +186,16 @@ def shard_records(folder: Path) -> dict[int, Path]:
     return {int(m.group(1)): p for p in folder.glob("shard-*.json") if (m := re.fullmatch(r"shard-(\d+)\.json", p.name))}
 
 
+def finished_spans(folder: Path) -> list[tuple[int, int]]:
+    """(first, end) plan positions of the examples of each finished shard in a build folder, from their records."""
+    spans = []
+    for record in shard_records(folder).values():
+        got = (read_json(record) or {}).get("examples")
+        if isinstance(got, list) and len(got) == 2 and all(isinstance(x, int) for x in got) and 0 <= got[0] <= got[1]:
+            spans.append((got[0], got[1]))
+    return sorted(spans)
+
+
 def rekey_build(root: Path, old: str, key: str, fields: dict) -> bool:
     """Carry an interrupted build of entry `old` (an earlier cache format's key of the same states) over
     to `key`: its plan.json and every shard's record are rewritten to name `key` (each atomically, so a
