@@ -791,6 +791,33 @@ def test_a_sweep_point_is_keyed_on_the_backbones_config(tiny_bert):
     assert point_key(point, "data", a) != point_key(point, "data", b)
 
 
+def test_a_journal_written_before_the_config_was_in_its_keys_is_resumed_and_said(trec_slice, tiny_bert, tmp_path,
+                                                                                   monkeypatch):
+    """The point keys gained the backbone's config; a journal of the version before (keys without it) then
+    held "0 finished points … (4 points of another state of its data or backbone dropped: the files at those
+    paths changed)", untrue, and trained them again. Its rows are now reused, said so with --restart as the way
+    out where config.json was edited since."""
+    from frozentune.sweep import run as R
+    from frozentune.sweep import run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+
+    def sweep(log):
+        return run_sweep(_grid(), str(trec_slice), bb, None, shots=2, cache_root=tmp_path / "c",
+                         train_cfg={"min_steps": 12}, log=log)
+
+    real = R.point_key
+    monkeypatch.setattr(R, "point_key", lambda *a, **k: real(*a, **dict(k, config=False)))  # the version before
+    with pytest.raises(KeyboardInterrupt):
+        sweep(_StopAfter(3))
+    monkeypatch.undo()
+    log = _StopAfter()
+    again = sweep(log)
+    assert [bool(r.get("reused")) for r in again.rows] == [True] * 3 + [False] * 5
+    assert any("holds 3 finished points" in line and "3 of them kept by an earlier frozentune" in line
+               and "--restart" in line and "dropped" not in line for line in log.lines), log.lines
+
+
 def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
     """A journal line that is JSON but not a row (hand-edited, another version) is skipped and counted,
     like a line cut short: reusing it raised KeyError mid-sweep."""

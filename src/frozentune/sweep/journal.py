@@ -59,16 +59,18 @@ def sweep_key(context: dict) -> str:
     return _digest({"frozentune": __version__, **context})
 
 
-def point_key(point: dict, dataset: str, backbone) -> str:
+def point_key(point: dict, dataset: str, backbone, config: bool = True) -> str:
     """Everything that made one row: the point's setting (method, lr, weight decay, seed; its layer as
     the backbone's absolute layer key), its seed's splits, the backbone's weights, config, tokenizer,
-    length, precision, token types and device."""
+    length, precision, token types and device. config=False: the key journals written before the config
+    was in it hold (`Journal`'s `legacy`)."""
     from ..backbone import tokenizer_hash
 
-    return _digest({"point": point, "dataset": dataset, "model": backbone.name, "weights": backbone.weights_hash,
-                    "config": backbone.config_hash, "tokenizer": tokenizer_hash(backbone.tok), "layers": backbone.layer_key,
-                    "max_length": backbone.max_length, "precision": backbone.precision,
-                    "token_types": backbone.token_types, "device": str(backbone.device)})
+    fields = {"point": point, "dataset": dataset, "model": backbone.name, "weights": backbone.weights_hash,
+              "tokenizer": tokenizer_hash(backbone.tok), "layers": backbone.layer_key,
+              "max_length": backbone.max_length, "precision": backbone.precision,
+              "token_types": backbone.token_types, "device": str(backbone.device)}
+    return _digest(dict(fields, config=backbone.config_hash) if config else fields)
 
 
 NUMBERS = ("lr", "weight_decay", "seed", "score", "test_accuracy", "train_seconds", "extract_seconds", "seconds")
@@ -160,12 +162,14 @@ class Journal:
     a line cut short by a killed process, or one of another shape, is skipped and counted."""
 
     def __init__(self, path: Path, header: dict, log: Callable[[str], None], resume: bool = True,
-                 keys: set[str] | None = None):
+                 keys: set[str] | None = None, legacy: dict[str, str] | None = None):
         """keys: the point keys of this sweep's grid; rows of others (their data or backbone changed at the same
-        path) are dropped from the journal, not counted as kept (None: every row is this sweep's)."""
-        self.path, self.header, self.log, self.keys = path, header, log, keys
+        path) are dropped from the journal, not counted as kept (None: every row is this sweep's). legacy: the
+        keys rows of the same points had before the key held the backbone's config → their keys now; such rows
+        are taken as this config's (said in the opening line, with --restart as the way out)."""
+        self.path, self.header, self.log, self.keys, self.legacy = path, header, log, keys, legacy or {}
         self.rows: dict[str, dict] = {}
-        self.skipped = self.reused = self.added = self.unwritten = self.dropped = 0
+        self.skipped = self.reused = self.added = self.unwritten = self.dropped = self.upgraded = 0
         self.fd: int | None = None
         self.total = 0  # the grid's points (run_sweep sets it), for interrupt_note
         self.finished = False
@@ -200,10 +204,14 @@ class Journal:
         except OSError as e:
             self.log(f"sweep: cannot read the finished points kept in {self.path} ({e.strerror}); training every point")
             return
+        if old := [k for k in self.rows if k in self.legacy and self.legacy[k] not in self.rows]:
+            self.rows = {self.legacy.get(k, k) if k in old else k: r for k, r in self.rows.items()}
+            self.upgraded = len(old)
         if self.keys is not None and (stale := [k for k in self.rows if k not in self.keys]):
             for k in stale:
                 del self.rows[k]
             self.dropped = len(stale)
+        if self.upgraded or self.dropped:
             self._rewrite()
 
     def _rewrite(self) -> None:
@@ -290,6 +298,10 @@ class Journal:
         if self.dropped:
             skipped += (f" ({plural(self.dropped, 'point')} of another state of its data or backbone dropped: the files "
                         f"at those paths changed)")
+        if self.upgraded:
+            skipped += (f" ({self.upgraded} of them kept by an earlier frozentune, whose journal did not record the "
+                        f"backbone's config.json: taken as this config's; if config.json was edited since that run, "
+                        f"use --restart)")
         return (f"sweep: {self.path} holds {plural(len(self.rows), 'finished point')} of an interrupted run of this "
                 f"sweep{skipped}; each is reused where its setting, data and backbone are unchanged (--restart trains "
                 f"every point again)")

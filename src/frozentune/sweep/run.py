@@ -99,8 +99,10 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
     settled = settings(points, base, backbones)
     keys = [point_key(x, hashes[p.seed], backbones[effective_layer(p)]) for p, x in zip(points, settled)]
+    legacy = {point_key(x, hashes[p.seed], backbones[effective_layer(p)], config=False): k
+              for p, x, k in zip(points, settled, keys)}  # the keys of journals written before the config was in them
     journal = open_journal(settled, data, backbone, base, shots, max_train, text_field, label_field, pair_field,
-                           cache_root, log, resume, set(keys), grid.methods)
+                           cache_root, log, resume, set(keys), grid.methods, legacy)
     journal.total = len(points)
     try:
         rows, extract_s = [], 0.0
@@ -200,7 +202,8 @@ def settings(points: list[Point], base: dict, backbones: dict) -> list[dict]:
 
 def open_journal(settled: list[dict], data: str, backbone, base: dict, shots: int | None, max_train: int | None,
                  text_field: str, label_field: str, pair_field: str | None, cache_root: Path | None,
-                 log: Callable[[str], None], resume: bool, keys: set[str], methods: tuple[str, ...]) -> Journal:
+                 log: Callable[[str], None], resume: bool, keys: set[str], methods: tuple[str, ...],
+                 legacy: dict[str, str] | None = None) -> Journal:
     """The journal of this sweep (its key: the whole command, with its data files as absolute paths), said
     when it holds points; SweepBusy where another process runs the same sweep now."""
     from ..backbone import as_saved
@@ -220,7 +223,7 @@ def open_journal(settled: list[dict], data: str, backbone, base: dict, shots: in
     header = {"data": str(local.resolve()) if local.exists() else str(data), "backbone": name,
               "methods": ",".join(methods), "points": len(settled)}
     root = Path(cache_root) if cache_root is not None else default_root()
-    journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume, keys)
+    journal = Journal(root / NAME.format(key=sweep_key(context)), header, log, resume, keys, legacy)
     J.current = journal
     if (line := journal.opening_line()) is not None:
         log(line)
