@@ -245,6 +245,37 @@ def test_pretrain_checkpoints_and_resume_equals_one_run(corpus_file, tmp_path):
     assert [r["loss"] for r in again] == [r["loss"] for r in curve]  # exact, as above
 
 
+def test_a_checkpoint_from_before_the_segment_embedding_resumes(corpus_file, tmp_path):
+    """A checkpoint pre-trained before the encoder had a segment embedding loaded its weights (the embedding
+    filled with zeros) but not its optimiser state (one parameter fewer): `--resume` was refused as "does not
+    fit the run it describes; restore it", which no restoring could help. It now resumes: the embedding starts
+    fresh, every other parameter's optimiser state continues."""
+    from safetensors.torch import load_file, save_file
+
+    from frozentune.conv.pretrain import FORMAT, OPTIMIZER, WEIGHTS, MaskedLM
+
+    pretrain(tmp_path / "old", str(corpus_file), ENC, {**RUN, "steps": 3}, log=quiet)
+    folder = find_checkpoint(tmp_path / "old")
+    weights = load_file(folder / WEIGHTS)
+    del weights["encoder.seg.weight"]  # what that version saved
+    save_file(weights, folder / WEIGHTS, metadata={"format": FORMAT})
+    extra = torch.load(folder / OPTIMIZER, weights_only=True)
+    fresh = MaskedLM(Encoder(EncoderConfig(**ENC), len(load_tokenizer())))
+    gone = [i for i, p in enumerate(p for p in fresh.parameters() if p.ndim >= 2) if p is fresh.encoder.seg.weight]
+    assert len(gone) == 1  # in the first group (matrices), numbered from 0 across the groups
+    shift = lambda i: i - (i > gone[0])  # noqa: E731
+    opt = extra["optimizer"]
+    kept = {i: st for i, st in opt["state"].items() if i != gone[0]}
+    opt["state"] = {shift(i): st for i, st in kept.items()}
+    for group in opt["param_groups"]:
+        group["params"] = [shift(i) for i in group["params"] if i != gone[0]]
+    torch.save(extra, folder / OPTIMIZER)
+    said = []
+    resumed = pretrain(tmp_path / "old", None, {}, {"steps": 5}, resume=True, log=said.append)
+    assert resumed["step"] == 5 and np.isfinite(resumed["final_loss"])
+    assert any("before encoder.seg.weight existed" in s and "fresh optimiser state" in s for s in said), said
+
+
 def test_a_corpus_given_by_a_relative_path_resumes_from_anywhere(corpus_file, tmp_path, monkeypatch):
     """The corpus path was saved as given: resuming from another folder could not find it, and naming the
     same file by another path was refused as another corpus."""

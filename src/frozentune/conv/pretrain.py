@@ -469,6 +469,19 @@ class Batches:
 
 
 # ----------------------------------------------------------------------------- the loop
+def optimizer_without(opt: torch.optim.Optimizer, state: dict, model: nn.Module, newer: list[nn.Parameter],
+                      run_cfg: "PretrainConfig") -> None:
+    """Load into `opt` (over every parameter of `model`) the optimiser state of a checkpoint saved before the
+    parameters `newer` existed: it is loaded into an optimiser over the others, in their order (as that run
+    made it), and handed over; the newer ones start with fresh state."""
+    older = adamw([p for p in model.parameters() if not any(p is q for q in newer)], run_cfg.lr, run_cfg.weight_decay)
+    older.load_state_dict(state)
+    for p, st in older.state.items():
+        opt.state[p] = st
+    for group, was in zip(opt.param_groups, older.param_groups):
+        group.update({k: v for k, v in was.items() if k != "params"})
+
+
 def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | None = None,
              run: dict[str, Any] | None = None, resume: bool = False, text_field: str = "text",
              log: Callable[[str], None] = print) -> dict:
@@ -529,8 +542,15 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
         weights = load_weights(folder / WEIGHTS, str(device))
         extra = load_optimizer(folder / OPTIMIZER, device)
         try:
+            newer = [(n, p) for n, p in model.named_parameters() if n not in weights]  # filled in by load (segments)
             model.load_state_dict(weights)
-            opt.load_state_dict(extra["optimizer"])
+            if newer:
+                optimizer_without(opt, extra["optimizer"], model, [p for _, p in newer], run_cfg)
+                log(f"{folder}: saved by a frozentune before {', '.join(n for n, _ in newer)} existed; "
+                    f"{'it starts' if len(newer) == 1 else 'they start'} at zero, as in a new encoder, with "
+                    f"fresh optimiser state, and every other parameter continues as saved")
+            else:
+                opt.load_state_dict(extra["optimizer"])
             rngs = extra.get("rank_rngs")
             if world == 1 or (isinstance(rngs, list) and len(rngs) == world):
                 # dropout continues as it would have
