@@ -594,8 +594,8 @@ def agreeing(root: Path, olds: list[str], backbone: Backbone, texts: Sequence[Te
             if why is not None:
                 log(f"cache: entry {old} (keyed before format {FORMAT_VERSION}, whose key did not hold the model's "
                     f"config) has the same weights, tokenizer and texts, but {why}: it was made with another "
-                    f"config.json (or its files were changed since). It is left for that config (`frozentune cache --remove {old}` deletes it) and "
-                    f"this model's states are built anew.")
+                    f"config.json (or its files were changed since). It is left for that config (`frozentune "
+                    f"cache --remove {old}` deletes it) and this model's states are built anew.")
                 continue
         keep.append(old)
     return keep
@@ -917,21 +917,19 @@ def get_or_build(backbone: Backbone, texts: Sequence[str], root: Path | None = N
         if rebuild:
             shutil.rmtree(building_dir(root, key), ignore_errors=True)
         tokens = tokens if tokens is not None else backbone.tokenize(texts)
-        stats = build(root, key, fields, backbone, tokens, dtype, progress, log=log, shard_tokens=shard_tokens,
-                      max_tokens=max_tokens, source=source)
-        found = CachedStates(path, verify="none", **expect)
-        if carried and (why := _carried_disagree(found, backbone, texts, carried)):
+        seconds = 0.0
+        while True:
+            seconds += build(root, key, fields, backbone, tokens, dtype, progress, log=log, shard_tokens=shard_tokens,
+                             max_tokens=max_tokens, source=source).seconds
+            found = CachedStates(path, verify="none", **expect)
+            if not carried or not (why := _carried_disagree(found, backbone, texts, carried)):
+                return found, seconds
             log(f"cache: the shards carried over from the interrupted build of entry {legacy[0]} were made with "
                 f"another config.json of the same weights (or changed since): {why}. The entry is built "
                 f"again from the start.")
             del found
             shutil.rmtree(path)
-            first = stats.seconds
-            stats = build(root, key, fields, backbone, tokens, dtype, progress, log=log, shard_tokens=shard_tokens,
-                          max_tokens=max_tokens, source=source)
-            stats.seconds += first
-            found = CachedStates(path, verify="none", **expect)
-        return found, stats.seconds
+            carried = []
 
 
 def _carried_disagree(entry: CachedStates, backbone: Backbone, texts: Sequence[Text],
