@@ -551,6 +551,20 @@ def test_damaged_saved_models_refuse_to_load(model_copy):
     cli("eval", "--model", model_copy, "--data", model_copy, contains=("config.json", "not valid JSON"), row=R_SAVED)
 
 
+def test_a_model_saved_before_checksums_loads_unverified_and_says_so(model_copy):
+    """Models saved on the first day (before config.json recorded model.safetensors' checksum) were refused by
+    every command ("train it again"), though their weights still load and predict exactly. They now load,
+    with one line saying the file is not verified; a checksum that is there but malformed is still refused."""
+    good = cli("predict", "--model", model_copy, "fine", code=0)
+    config = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "weights_file"}))
+    old = cli("predict", "--model", model_copy, "fine", code=0)
+    assert old.out == good.out
+    assert "loaded unverified" in old.err and "did not record the checksum" in old.err
+    (model_copy / "config.json").write_text(json.dumps({**config, "weights_file": "abc"}))
+    cli("predict", "--model", model_copy, "fine", contains=("weights_file", "damaged"))
+
+
 def test_saved_files_that_cannot_be_read_are_named(model_copy, monkeypatch):
     """A config.json or model.safetensors the user may not read (as root, chmod cannot show it: the
     read is made to fail as it would) is named with what to check, not a PermissionError traceback."""

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -261,9 +262,14 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
     if not isinstance(config, dict) or "method" not in config:
         raise ModelLoadError(f"{folder / CONFIG}: not a frozentune model config (no 'method'); give {kind}")
     want = config.get("weights_file")
+    if "weights_file" not in config:  # saved before 2026-11-23: its weights load as they did then, said once
+        print(f"frozentune: note: {folder}: saved by a frozentune that did not record the checksum of {WEIGHTS}, so "
+              f"the file is loaded unverified (safetensors: shapes and names are still checked); train it again to "
+              f"get a folder whose weights can be verified", file=sys.stderr, flush=True)
+        return config
     if not isinstance(want, dict):
-        raise ModelLoadError(f"{folder / CONFIG}: no checksum of {WEIGHTS} recorded (saved by an older frozentune); "
-                             f"train it again to get a folder whose weights can be verified")
+        raise ModelLoadError(f"{folder / CONFIG}: its checksum of {WEIGHTS} ('weights_file') is not what frozentune "
+                             f"writes; the folder is damaged: restore it or train again")
     try:
         got = file_checksum(folder / WEIGHTS)
     except OSError as e:
