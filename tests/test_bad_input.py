@@ -552,7 +552,7 @@ def test_damaged_saved_models_refuse_to_load(model_copy):
 
 
 def test_a_model_saved_before_checksums_loads_unverified_and_says_so(model_copy):
-    """Models saved on the first day (before config.json recorded model.safetensors' checksum) were refused by
+    """Models saved before 2026-11-23 (before config.json recorded model.safetensors' checksum) were refused by
     every command ("train it again"), though their weights still load and predict exactly. They now load,
     with one line saying the file is not verified; a checksum that is there but malformed is still refused."""
     good = cli("predict", "--model", model_copy, "fine", code=0)
