@@ -533,6 +533,18 @@ def test_format2_entry_is_rekeyed_with_a_message(tiny_bert, tmp_path):
     assert get_or_build(b2, BASE, root, progress=False)[1] == 0.0
 
 
+def test_a_format1_entry_is_listed_as_old_not_as_edited(bb, tmp_path):
+    """Format 1 wrote no checksum of its meta.json, so `cache --list` called such an entry "meta.json edited: its
+    checksum differs", untrue; it is now named as format 1, built anew by a run, removed by --prune."""
+    root = tmp_path / "cache"
+    cache, _ = get_or_build(bb, BASE, root, progress=False)
+    meta = {k: v for k, v in cache.meta.items() if k not in ("meta_sha", "config", "precision")}
+    (cache.path / "meta.json").write_text(json.dumps(dict(meta, format=1)))
+    [entry] = scan(root)
+    assert "cache format 1" in entry.status and "edited" not in entry.status and entry.removable
+    assert prune(root) and not cache.path.exists()
+
+
 def test_devices(monkeypatch):
     dev, said = resolve_device("cpu")
     assert dev == torch.device("cpu") and said.startswith("device: cpu")

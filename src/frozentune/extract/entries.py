@@ -141,9 +141,13 @@ def _entry(p: Path, verify: bool = False, metas: dict | None = None) -> Entry:
     meta = read_json(p / "meta.json")
     if meta is None:
         return Entry(p, "entry", f"{UNREADABLE} (meta.json missing or not JSON)", _size(p))
+    fmt = meta.get("format")
+    if fmt == 1 and "meta_sha" not in meta:  # format 1 wrote no checksum of its meta.json (format 2 added it)
+        return Entry(p, "entry", f"{UNREADABLE} (cache format 1, not {FORMAT_VERSION}: a run builds it anew; "
+                     f"--prune removes this one)", _size(p), tokens=meta.get("tokens"),
+                     created=str(meta.get("created", "")), **_describe(meta))
     if meta.get("meta_sha") != _safe_sha(meta):
         return Entry(p, "entry", f"{UNREADABLE} (meta.json edited: its checksum differs)", _size(p))
-    fmt = meta.get("format")
     problem = _files_problem(p, meta) if fmt in (2, 3, FORMAT_VERSION) else f"cache format {fmt}, not {FORMAT_VERSION}"
     status = f"{UNREADABLE} ({problem})" if problem else "ok" if fmt == FORMAT_VERSION else OLD
     if metas is not None and not problem:
