@@ -1146,6 +1146,10 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", tmp_path / "nothing", contains="no such folder", row="serve: a model folder that does not exist")
     (tmp_path / "empty").mkdir()
     cli("serve", tmp_path / "empty", contains="neither a saved model", row="serve: a folder without models")
+    (tmp_path / "onnx").mkdir()  # what `export --format onnx` writes: it was told only "neither a saved model …"
+    for name in ("onnx.json", "model.onnx"):
+        (tmp_path / "onnx" / name).write_text("{}")
+    cli("serve", tmp_path / "onnx", contains=("an ONNX export", "predict --onnx", "model folders it was exported from"))
     (tmp_path / "model.safetensors").write_bytes(b"x")  # it said "no such folder" of a file that is there
     cli("serve", tmp_path / "model.safetensors", contains="a file, not a model folder",
         row="serve: a file given as a model folder")

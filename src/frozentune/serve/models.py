@@ -111,6 +111,10 @@ def no_models(folder: Path, skipped: Sequence[tuple[Path, str]]) -> str:
     """Why `folder` serves nothing, with what to give instead where an entry of it says (a sweep's output,
     a folder of models, a hidden model): the generic message alone left the way to them unsaid."""
     said = f"{folder}: neither a saved model (no {M.CONFIG}) nor a folder of saved models"
+    if (folder / "onnx.json").is_file() and (folder / "model.onnx").is_file():
+        return (f"{said}: an ONNX export (`frozentune export --format onnx`), which serve does not run; serve the "
+                f"model folders it was exported from, or run the graph with `frozentune predict --onnx {folder}` "
+                f"or ONNX Runtime")
     hints = [f"{q.name}: {why}" for q, why in skipped if why.startswith(HINTED)]
     if hints:
         return f"{said}; in it, {'; '.join(hints)}"
