@@ -782,13 +782,14 @@ def test_a_sweep_point_is_keyed_on_the_backbones_config(tiny_bert):
     journal; same weights) reused the points trained on the old config's states: a point's key now holds
     the config, as the cache's key does."""
     from frozentune.backbone import Backbone
-    from frozentune.sweep.journal import point_key
+    from frozentune.sweep.journal import point_keys
 
     a, b = Backbone.load(str(tiny_bert), max_length=16), Backbone.load(str(tiny_bert), max_length=16)
     point = {"method": "probe", "layer": "2", "lr": 1e-3, "weight_decay": 0.0, "seed": 0}
-    assert point_key(point, "data", a) == point_key(point, "data", b)
+    assert point_keys(point, "data", a) == point_keys(point, "data", b)
     b.model.config.hidden_act = "relu"
-    assert point_key(point, "data", a) != point_key(point, "data", b)
+    assert point_keys(point, "data", a)[0] != point_keys(point, "data", b)[0]
+    assert point_keys(point, "data", a)[1] == point_keys(point, "data", b)[1]  # the key journals had before
 
 
 def test_a_journal_written_before_the_config_was_in_its_keys_is_resumed_and_said(trec_slice, tiny_bert, tmp_path,
@@ -806,8 +807,8 @@ def test_a_journal_written_before_the_config_was_in_its_keys_is_resumed_and_said
         return run_sweep(_grid(), str(trec_slice), bb, None, shots=2, cache_root=tmp_path / "c",
                          train_cfg={"min_steps": 12}, log=log)
 
-    real = R.point_key
-    monkeypatch.setattr(R, "point_key", lambda *a, **k: real(*a, **dict(k, config=False)))  # the version before
+    real = R.point_keys
+    monkeypatch.setattr(R, "point_keys", lambda *a: (real(*a)[1],) * 2)  # the version before: keys without config
     with pytest.raises(KeyboardInterrupt):
         sweep(_StopAfter(3))
     monkeypatch.undo()

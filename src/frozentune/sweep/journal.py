@@ -59,18 +59,18 @@ def sweep_key(context: dict) -> str:
     return _digest({"frozentune": __version__, **context})
 
 
-def point_key(point: dict, dataset: str, backbone, config: bool = True) -> str:
-    """Everything that made one row: the point's setting (method, lr, weight decay, seed; its layer as
-    the backbone's absolute layer key), its seed's splits, the backbone's weights, config, tokenizer,
-    length, precision, token types and device. config=False: the key journals written before the config
-    was in it hold (`Journal`'s `legacy`)."""
+def point_keys(point: dict, dataset: str, backbone) -> tuple[str, str]:
+    """(key, legacy key) of one row. The key holds everything that made the row: the point's setting (method,
+    lr, weight decay, seed; its layer as the backbone's absolute layer key), its seed's splits, the backbone's
+    weights, config, tokenizer, length, precision, token types and device. The legacy key is the same less
+    the config: what journals written before the config was in it hold (`Journal`'s `legacy`)."""
     from ..backbone import tokenizer_hash
 
     fields = {"point": point, "dataset": dataset, "model": backbone.name, "weights": backbone.weights_hash,
               "tokenizer": tokenizer_hash(backbone.tok), "layers": backbone.layer_key,
               "max_length": backbone.max_length, "precision": backbone.precision,
               "token_types": backbone.token_types, "device": str(backbone.device)}
-    return _digest(dict(fields, config=backbone.config_hash) if config else fields)
+    return _digest(dict(fields, config=backbone.config_hash)), _digest(fields)
 
 
 NUMBERS = ("lr", "weight_decay", "seed", "score", "test_accuracy", "train_seconds", "extract_seconds", "seconds")

@@ -14,7 +14,7 @@ from .. import interrupts
 from ..registry import get_method
 from ..train import silent
 from .grid import Grid, Point
-from .journal import NAME, Journal, dataset_hash, point_key, sweep_key
+from .journal import NAME, Journal, dataset_hash, point_keys, sweep_key
 
 
 @dataclass
@@ -98,9 +98,9 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     load_s = time.perf_counter() - t0
     hashes = {s: dataset_hash(ds) for s, ds in datasets.items()}
     settled = settings(points, base, backbones)
-    keys = [point_key(x, hashes[p.seed], backbones[effective_layer(p)]) for p, x in zip(points, settled)]
-    legacy = {point_key(x, hashes[p.seed], backbones[effective_layer(p)], config=False): k
-              for p, x, k in zip(points, settled, keys)}  # the keys of journals written before the config was in them
+    both = [point_keys(x, hashes[p.seed], backbones[effective_layer(p)]) for p, x in zip(points, settled)]
+    keys = [k for k, _ in both]
+    legacy = {old: k for k, old in both}  # the keys of journals written before the config was in them
     journal = open_journal(settled, data, backbone, base, shots, max_train, text_field, label_field, pair_field,
                            cache_root, log, resume, set(keys), grid.methods, legacy)
     journal.total = len(points)
