@@ -14,8 +14,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# two intra-op threads on a shared machine, unless OMP_NUM_THREADS chooses (torch read it already), so
-# that OMP_NUM_THREADS=1 make test really runs the single-thread kernels (another summation order)
+# two intra-op threads on a shared machine, unless OMP_NUM_THREADS chooses (torch read it already). `make test`
+# sets 1 (2 processes of one thread each); `OMP_NUM_THREADS=2 make test JOBS=0` runs the two-thread kernels
+# (another summation order) in one process
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(2)
 
