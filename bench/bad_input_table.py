@@ -86,7 +86,7 @@ ROWS = [
 
 def shorten(text: str) -> str:
     """Temporary paths of the test run → `…/name` (they differ every run)."""
-    text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/[^/\s]+/", "…/", text)
+    text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/(popen-gw\d+/)?[^/\s]+/", "…/", text)  # xdist adds popen-gwN/
     text = re.sub(r"/tmp/[^\s'\"]*/", "…/", text)
     text = re.sub(r"\(\d+\.\ds, [\d,]+ tok/s\)", "(…s, … tok/s)", text)  # timings differ every run
     return text.replace(str(ROOT) + "/", "")
