@@ -23,7 +23,7 @@ import frozentune.cache as C
 import frozentune.extract.shards as S
 from frozentune.backbone import Backbone, LayerSpec
 from frozentune.cache import (CacheError, CachedStates, FORMAT_VERSION, build_part, cache_key, get_or_build,
-                              legacy_keys, meta_sha)
+                              KEY_FIELDS, legacy_keys, meta_sha)
 from frozentune.extract import ExtractError, resolve_device
 from frozentune.extract.entries import OLD_READ_ONLY, kept_lines, prune, scan
 from frozentune.extract.shards import Part, building_dir, make_plan, part_of
@@ -379,6 +379,10 @@ def test_a_format3_entry_of_another_config_is_not_taken_for_this_models(tiny_ber
     (edited / "config.json").write_text(json.dumps(dict(config, hidden_act="relu")))
     stock, other = Backbone.load(str(tiny_bert), max_length=16), Backbone.load(str(edited), max_length=16)
     assert legacy_keys(stock, BASE) == legacy_keys(other, BASE)  # what format 3 could not tell apart
+    notypes = Backbone.load(str(tiny_bert), max_length=16, token_types=False)
+    assert {"split_special_tokens", "pairs", "token_types"} <= set(cache_key(notypes, [("a [SEP] b", "c")])[1])
+    for fields in (cache_key(stock, BASE)[1], cache_key(notypes, [("a [SEP] b", "c")])[1]):
+        assert set(fields) <= set(KEY_FIELDS)  # what --list derives an entry's old key from (format3_key)
     root = tmp_path / "cache"
     made, _ = get_or_build(other, BASE, root, progress=False)
     content, key = sums(made), made.meta["key"]

@@ -91,6 +91,11 @@ def texts_hash(texts: Sequence[Text]) -> str:
     return h.hexdigest()
 
 
+# every field cache_key may hash; meta.json holds them as they were (beside fields that are not the key's)
+KEY_FIELDS = ("format", "model", "weights", "config", "tokenizer", "layers", "max_length", "precision", "dtype",
+              "texts", "n", "split_special_tokens", "pairs", "token_types")
+
+
 def cache_key(backbone: Backbone, texts: Sequence[str], dtype: str = "float16") -> tuple[str, dict]:
     """(key, the fields it was made from). Any change in model weights, config, tokenizer, layers
     (as absolute indices: -3 and 4 of a 6-layer model are one entry), max_length, the precision
@@ -525,13 +530,19 @@ def _key_of(fields: dict) -> str:
     return hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
+def format3_key(fields: dict) -> str:
+    """The key format 3 gave an entry of these key fields (cache_key's, or a format-4 meta.json's): all of
+    them but the model's config, which format 4 added."""
+    return _key_of(dict({k: v for k, v in fields.items() if k in KEY_FIELDS and k != "config"}, format=3))
+
+
 def legacy_keys(backbone: Backbone, texts: Sequence[str], dtype: str = "float16",
                 fields: dict | None = None) -> list[str]:
     """Keys an entry of these states had before this format: format 3 (every field but the model's
     config), then format 2 (fp32 states, the layer indices as typed, so `-3` and `4` were two
     entries; only an fp32 pass can reuse them). `fields`: cache_key's, where the caller has them."""
     fields = cache_key(backbone, texts, dtype)[1] if fields is None else fields
-    format3 = _key_of(dict({k: v for k, v in fields.items() if k != "config"}, format=3))
+    format3 = format3_key(fields)
     if backbone.precision != "fp32":
         return [format3]
     base = {"format": 2, **{k: fields[k] for k in ("weights", "tokenizer", "max_length", "dtype", "texts", "n")}}
@@ -564,7 +575,7 @@ def disagreement(entry: "CachedStates", backbone: Backbone, texts: Sequence[Text
     tokens = backbone.tokenize([texts[int(i)] for i in idx])
     tol = PASS_AGREEMENT.get(backbone.precision, PASS_AGREEMENT["int8"]) + float(np.finfo(entry.dtype).eps) / 2
     diffs = []
-    for sub, states, mask in iter_states(backbone.runner, backbone.tok, tokens, backbone.layers):
+    for sub, states, _ in iter_states(backbone.runner, backbone.tok, tokens, backbone.layers):
         for j, s in zip(sub, states):
             i = int(idx[j])
             now = s[: int(tokens.lengths[j])].float().cpu()                     # (L_i, D)

@@ -34,9 +34,6 @@ LOCK_NAME = re.compile(r"[0-9a-f]{32}\.lock")  # a build's flock (cache.build_lo
 STALE_LOCK = "held by no process (left by a build that was killed)"
 OLD = "old format (re-keyed on next use)"  # an entry of format 2 or 3 (cache.legacy_keys)
 OLD_READ_ONLY = "old format (read in place: this cache folder is not writable, so it is not re-keyed)"
-# the key fields of format 3 beside the model's config, which format 4 added (cache.cache_key)
-SAME_INPUTS = ("weights", "tokenizer", "layers", "max_length", "precision", "dtype", "texts", "n",
-               "split_special_tokens", "pairs", "token_types")
 
 
 @dataclass
@@ -256,13 +253,11 @@ def _old_entries(root: Path, out: list[Entry], metas: dict[Path, dict]) -> None:
         for e in old:
             e.status = OLD_READ_ONLY
         return
-    from ..cache import FORMAT_VERSION
+    from ..cache import FORMAT_VERSION, format3_key
 
-    def inputs(meta: dict) -> tuple:
-        return tuple(repr(meta.get(k)) for k in SAME_INPUTS)
-    current = {inputs(m): p.name for p, m in metas.items() if m.get("format") == FORMAT_VERSION}
+    had = {format3_key(m): p.name for p, m in metas.items() if m.get("format") == FORMAT_VERSION}  # their old keys
     for e in old:
-        twin = current.get(inputs(metas[e.path])) if metas[e.path].get("format") == 3 else None
+        twin = had.get(e.path.name) if metas[e.path].get("format") == 3 else None
         if twin:
             e.status = (f"old format, beside entry {twin[:8]}… of the same weights and texts: unused unless made "
                         f"with another config.json (re-keyed when that is used); `cache --remove {e.path.name}` "
