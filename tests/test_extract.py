@@ -708,6 +708,32 @@ def test_prune_removes_the_lock_files_no_build_holds(bb, tmp_path):
     assert get_or_build(bb, BASE, root, progress=False)[1] > 0  # a build takes its lock anew
 
 
+def test_remove_holds_the_build_lock_while_it_deletes(bb, tmp_path, monkeypatch):
+    """`cache --remove` checked for a running build, then deleted without the build lock: a build (a
+    --rebuild-cache) that started in between lost its folder mid-way. Each key's lock is now held from the
+    check to the end of its deletion, and released after (the lock file gone, a later build takes it)."""
+    import frozentune.extract.entries as E
+    from frozentune.cache import build_lock
+
+    root = tmp_path / "cache"
+    key = get_or_build(bb, BASE, root, progress=False)[0].path.name
+    seen = []
+    real = E.remove
+
+    def remove(path):  # what a build starting now would find: the lock held by --remove
+        seen.append((path.name, S.lock_held(root / f"{key}.lock")))
+        return real(path)
+
+    monkeypatch.setattr(E, "remove", remove)
+    assert [e.path.name for e in E.remove_entries(root, [key[:12]])] == [key] and seen == [(key, True)]
+    assert sorted(p.name for p in root.iterdir()) == []  # entry and lock file gone
+    key = get_or_build(bb, BASE, root, progress=False)[0].path.name  # built again, its lock taken anew
+    with build_lock(root, key, print):  # a build holding it (the status check saw nothing running)
+        with pytest.raises(CacheError, match="being built now"):
+            E.remove_entries(root, [key])
+    assert (root / key).is_dir() and len(seen) == 1
+
+
 def test_remove_chosen_entries_and_the_source_they_record(tiny_bert, trec_slice, tmp_path):
     """A full disk left no way to remove chosen complete entries but `rm -rf` of 32-hex folders, and nothing
     said which dataset an entry held. An entry now records the file its texts came from (meta.json's source,

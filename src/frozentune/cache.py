@@ -697,14 +697,19 @@ def _safe_sha(meta: dict) -> str | None:
         return None
 
 
+class BuildRunning(Exception):
+    """build_lock(wait=False) found the lock held: another process is building that entry."""
+
+
 @contextlib.contextmanager
-def build_lock(root: Path, key: str, log: Callable[[str], None]) -> Iterator[bool]:
+def build_lock(root: Path, key: str, log: Callable[[str], None], wait: bool = True) -> Iterator[bool]:
     """Hold the exclusive lock on building `<root>/<key>/` (flock on `<root>/<key>.lock`, released
     by the kernel if the holder dies); yields whether another process held it first (this one
-    waited, saying so through `log`). The lock file is removed on release; a waiter that then
-    holds a lock on a removed file takes the new one instead. Where flock does not work (no
-    fcntl, a network mount without it) this yields False unlocked."""
-    fd = _acquire(root, key, log) if fcntl is not None else None
+    waited, saying so through `log`); with wait=False, BuildRunning instead of waiting (`cache
+    --remove`). The lock file is removed on release; a waiter that then holds a lock on a removed
+    file takes the new one instead. Where flock does not work (no fcntl, a network mount without
+    it) this yields False unlocked."""
+    fd = _acquire(root, key, log, wait) if fcntl is not None else None
     if fd is None:
         yield False
         return
@@ -717,9 +722,9 @@ def build_lock(root: Path, key: str, log: Callable[[str], None]) -> Iterator[boo
         os.close(fd)
 
 
-def _acquire(root: Path, key: str, log: Callable[[str], None]) -> tuple[int, bool] | None:
+def _acquire(root: Path, key: str, log: Callable[[str], None], wait: bool = True) -> tuple[int, bool] | None:
     """(locked descriptor of the current `<key>.lock`, whether it had to wait), or None when the
-    file system refuses flock."""
+    file system refuses flock; BuildRunning where it is held and not `wait`."""
     lock = root / f"{key}.lock"
     waited = False
     while True:
@@ -732,6 +737,8 @@ def _acquire(root: Path, key: str, log: Callable[[str], None]) -> tuple[int, boo
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if not wait:
+                    raise BuildRunning(key) from None
                 if not waited:
                     from .distributed import read_launch
 

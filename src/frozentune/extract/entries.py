@@ -2,13 +2,14 @@
 (`frozentune cache --prune`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import is_running, lock_held, parts_done, read_json, shard_records
+from .shards import is_running, parts_done, read_json, shard_records
 
 try:
     import fcntl
@@ -309,13 +310,13 @@ def remove_entries(root: Path, given: list[str]) -> list[Entry]:
     (a key whose build alone is there removes that). Every key is checked first: an unknown or ambiguous one
     (naming the candidates), or one being built now, is a CacheError and nothing is removed. Returns what was
     removed; what could not be is a cache.NotRemoved, raised after the rest was removed."""
-    from ..cache import CacheError
+    from ..cache import BuildRunning, CacheError, build_lock
 
     items: dict[str, list[Entry]] = {}
     for e in scan(root):
         if e.kind in ("entry", "building"):
             items.setdefault(e.path.name[:32], []).append(e)
-    chosen: list[str] = []
+    chosen: list[tuple[str, str]] = []  # (as given, the key)
     for text in given:
         prefix = text.strip().removesuffix("…").lower()
         if not KEY_GIVEN.fullmatch(prefix):
@@ -331,21 +332,33 @@ def remove_entries(root: Path, given: list[str]) -> list[Entry]:
             raise CacheError(f"--remove {text}: the keys of {len(found)} entries start with it ({', '.join(found)}); "
                              f"give more of the key")
         key = found[0]
-        if any(e.status == RUNNING for e in items[key]) or lock_held(root / f"{key}.lock"):
-            raise CacheError(f"--remove {text}: entry {key} is being built now; let the build finish (or stop it), "
-                             f"then remove it")
-        if key not in chosen:
-            chosen.append(key)
+        if any(e.status == RUNNING for e in items[key]):
+            raise _being_built(text, key)
+        if key not in [k for _, k in chosen]:
+            chosen.append((text, key))
     gone, failed = [], []
-    for key in chosen:
-        for e in items[key]:
-            why = remove(e.path)
-            if why:
-                failed.append(f"{e.path.name} ({why})")
-            else:
-                gone.append(e)
+    with contextlib.ExitStack() as held:  # each key's build lock, all taken before anything is removed: a build
+        for text, key in chosen:          # that starts meanwhile waits, then builds the entry anew
+            try:
+                held.enter_context(build_lock(root, key, lambda _: None, wait=False))
+            except BuildRunning:
+                raise _being_built(text, key) from None
+        for _, key in chosen:
+            for e in items[key]:
+                why = remove(e.path)
+                if why:
+                    failed.append(f"{e.path.name} ({why})")
+                else:
+                    gone.append(e)
     _raise_not_removed(root, failed, gone, "run --remove again")
     return gone
+
+
+def _being_built(text: str, key: str) -> Exception:
+    from ..cache import CacheError
+
+    return CacheError(f"--remove {text}: entry {key} is being built now; let the build finish (or stop it), then "
+                      f"remove it")
 
 
 def _remove_unheld_lock(path: Path) -> str | None:
