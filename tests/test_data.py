@@ -399,6 +399,12 @@ def test_shots_draw_different_texts():
         assert len(a) == 4 and len(set(a)) == 4
     with pytest.raises(DataError, match="class 'a' has only 4 different texts; give --shots 4 or fewer"):
         sample_shots(split, 5, 0)
+    # every class too small: the smallest is named (the first in order was, and its number then failed on the next)
+    uneven = TextSplit([f"x {i}" for i in range(13)], ["a"] * 7 + ["b"] * 6, "t.jsonl", list(range(1, 14)))
+    with pytest.raises(DataError, match=r"class 'b' has only 6 training examples \(1 other class\(es\) have fewer "
+                                        r"than 9 too\); give --shots 6 or fewer"):
+        sample_shots(uneven, 9, 0)
+    assert len(sample_shots(uneven, 6, 0)[0].texts) == 12
     plain = TextSplit([f"t {i}" for i in range(18)], labels, "t.jsonl", list(range(1, 19)))
     rng = np.random.default_rng(3)
     want = np.sort(np.concatenate([rng.choice(np.arange(9), 4, replace=False), rng.choice(np.arange(9, 18), 4, replace=False)]))

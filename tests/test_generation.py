@@ -4,6 +4,7 @@ the errors. Tiny random Llama saved as a Hugging Face folder (so the real loadin
 word-level tokenizer; slices of the real E2E and WebNLG files."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -515,7 +516,13 @@ def test_the_encoder_alias_is_refused_as_the_lm(e2e_slice):
     cli("train", "--method", "prefix", "--data", e2e_slice, "--backbone", "minilm", contains=says)
     with pytest.raises(BackboneError, match="minilm is frozentune's alias of its sentence encoder"):
         api.train("prefix", str(e2e_slice), backbone="minilm", log=None)
+    with pytest.raises(BackboneError, match="minilm is frozentune's alias of its sentence encoder"):
+        api.train("prefix", str(e2e_slice), backbone=api.BackboneOptions(name="minilm"), log=None)  # trained SmolLM2
     assert api._lm_name(api.BackboneOptions()) is None  # api.train's default: the default LM
+    assert api._lm_name(api.BackboneOptions(device="cpu")) is None  # a device given, no name
+    assert api._lm_name(dataclasses.replace(api.BackboneOptions(), device="cpu")) is None
+    assert api._lm_name(api.BackboneOptions("minilm")) == "minilm"  # named: refused where it loads, as above
+    assert api.BackboneOptions().name == "minilm" and api.BackboneOptions("minilm") == api.BackboneOptions()
 
 
 # ----------------------------------------------------------------------------- the real default LM

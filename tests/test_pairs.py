@@ -183,6 +183,23 @@ def test_missing_pair_field_names_the_line(tmp_path):
         text_fields("x", "premise", "premise")
 
 
+def test_the_label_field_as_a_text_field_is_refused(tmp_path):
+    """--label-field naming a text field fed the label in as input: a probe trained and scored 100 with no word."""
+    f = tmp_path / "mine.jsonl"
+    f.write_text("".join(json.dumps({"q": f"question {i}", "a": f"answer {i % 5}", "lab": "yes no".split()[i % 2]})
+                         + "\n" for i in range(40)))
+    for fields, flag in (((f, "q", "lab", "lab"), "--text-pair-field"), ((f, "lab", "lab", "a"), "--text-field"),
+                         ((f, "lab", "lab"), "--text-field")):
+        with pytest.raises(DataError, match=f"--label-field 'lab' is the {flag} too: the label would be read as the input"):
+            load_classification(str(fields[0]), *fields[1:3], pair_field=fields[3] if len(fields) > 3 else None)
+    with pytest.raises(DataError, match="--label-field 'text' is the --text-field too"):  # the default text field
+        load_classification(str(f), None, "text")
+    cli("train", "--method", "probe", "--data", f, "--text-field", "q", "--text-pair-field", "lab", "--label-field",
+        "lab", "--output", tmp_path / "run", code=2, contains=("--label-field 'lab' is the --text-pair-field too",))
+    assert not (tmp_path / "run").exists()
+    assert len(load_classification(str(f), "q", "lab", pair_field="a").train.texts) > 0  # distinct fields: read
+
+
 def test_named_pair_datasets_pick_their_fields(monkeypatch, mrpc_slice):
     monkeypatch.setenv("FROZENTUNE_DATA", str(mrpc_slice))
     ds = load_classification("mrpc")

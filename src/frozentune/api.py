@@ -48,9 +48,15 @@ def peak_rss_mb() -> float:
     return rss / 2 ** 20 if sys.platform == "darwin" else rss / 1024.0
 
 
+class _DefaultName(str):
+    """BackboneOptions' name where none was given: MiniLM for the classification methods, the default causal LM
+    for generation. A str of its own type, so that a generation run tells it from name="minilm" given (the
+    encoder, which generation refuses), and BackboneOptions(device="cuda") from BackboneOptions("minilm")."""
+
+
 @dataclasses.dataclass
 class BackboneOptions:
-    name: str = "minilm"
+    name: str = _DefaultName("minilm")
     layers: str | None = None  # None: the method's default layer (MethodSpec.layer), else the last
     combine: str = "mean"
     max_length: int = 128
@@ -126,10 +132,10 @@ def check_token_types(backbone: BackboneOptions | Backbone, pairs: bool, data: s
                         f"sentence pairs (give --text-pair-field, or leave the option out)")
 
 
-def _lm_name(backbone: BackboneOptions | Backbone, named: bool = False) -> str | None:
-    """The LM a generation run loads: BackboneOptions' name, None (the default LM) for the default encoder's
-    unless the name was `named` by the caller (a str: the encoder alias given as the LM is refused where it
-    loads); the encoder's other options (layers, max_length, precision...) do not apply to it."""
+def _lm_name(backbone: BackboneOptions | Backbone) -> str | None:
+    """The LM a generation run loads: BackboneOptions' name, None (the default LM) where no name was given (the
+    encoder alias given as the LM is refused where it loads); the encoder's other options (layers, max_length,
+    precision...) do not apply to it."""
     if isinstance(backbone, Backbone):
         raise MethodError("generation runs load their causal LM by name; give BackboneOptions(name=...)")
     rest = {f.name: getattr(backbone, f.name) for f in dataclasses.fields(backbone)
@@ -138,7 +144,7 @@ def _lm_name(backbone: BackboneOptions | Backbone, named: bool = False) -> str |
     if rest:
         raise MethodError(f"BackboneOptions({', '.join(f'{k}={v!r}' for k, v in rest.items())}): options of a frozen "
                           f"encoder; a generation run loads a causal LM by name only (BackboneOptions(name=...))")
-    return None if backbone.name == BackboneOptions.name and not named else backbone.name
+    return None if type(backbone.name) is _DefaultName else backbone.name
 
 
 class SourceFactory:
@@ -259,7 +265,6 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
     from .generation.run import is_generation_data, train_generation
 
-    named = isinstance(backbone, (str, Path))  # a name given, not BackboneOptions() (whose minilm is the default)
     backbone = as_backbone(backbone)
     output, cache_root = as_path(output, "output"), as_path(cache_root, "cache_root")
     log = as_log(log)
@@ -290,7 +295,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             device, said = resolve_device(backbone.device)  # "auto" and an absent GPU, as the command line has them
             log(said)
             train_cfg = {**(train_cfg or {}), "device": str(device)}
-        return train_generation(method, data, _lm_name(backbone, named), options, train_cfg, output, max_train, log=log,
+        return train_generation(method, data, _lm_name(backbone), options, train_cfg, output, max_train, log=log,
                                 overwrite=overwrite, trust_remote_code=getattr(backbone, "trust_remote_code", False))
     spec = get_method(method)
     method_cfg = make_config(method, options)
@@ -1050,7 +1055,7 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                         f"delete each other's shards; rebuild with one process, or remove the entry first "
                         f"(`frozentune cache --prune` lists what it removes)")
     name, files = resolve(data)
-    text_field, pair_field = text_fields(name, text_field, pair_field, files)
+    text_field, pair_field = text_fields(name, text_field, pair_field, files, label_field)
     for note in one_side_note(name, files, text_field, pair_field):
         log(f"data: {note}")
     check_token_types(backbone, pair_field is not None, data)

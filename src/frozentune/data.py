@@ -906,23 +906,25 @@ def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, st
     pool = np.flatnonzero(~inside) if treebank else np.arange(len(train))
     labels = np.array(train.labels, dtype=object)[pool]
     rng = np.random.default_rng(seed)
-    keep = []
-    for lab in sorted(set(train.labels)):
-        members = pool[labels == lab]
-        if len(members) < shots:
-            raise DataError(f"--shots {shots}: class {lab!r} has only {len(members)} training examples"
-                            + (" among the whole texts" if treebank else "") + f"; give --shots {len(members)} or fewer")
-        keep.append(_distinct_draw(train.texts, members, shots, rng, lab))
+    classes = {lab: pool[labels == lab] for lab in sorted(set(train.labels))}
+    if short := [(len(m), lab, "training examples") for lab, m in classes.items() if len(m) < shots] or \
+            [(n, lab, "different texts") for lab, m in classes.items()
+             if (n := len({_text_key(train.texts[i]) for i in m})) < shots]:
+        n, lab, what = min(short)  # the smallest class: the most --shots can be (the first in order was named)
+        others = f" ({len(short) - 1} other class(es) have fewer than {shots} too)" if len(short) > 1 else ""
+        raise DataError(f"--shots {shots}: class {lab!r} has only {n} {what}" + (" among the whole texts" if treebank
+                        else "") + f"{others}; give --shots {n} or fewer")
+    keep = [_distinct_draw(train.texts, members, shots, rng) for members in classes.values()]
     idx = np.sort(np.concatenate(keep))
     where = "whole texts (train is a phrase treebank)" if treebank else "train"
     return (train.subset(idx, f"{train.source} ({shots} per class, seed {seed})"),
             f"--shots {shots}: {len(idx)} examples, {shots} of each class drawn from {where} (seed {seed})")
 
 
-def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.random.Generator,
-                   label: str) -> np.ndarray:
+def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """k of `members` (row indices) drawn without replacement, whose texts differ (spacing and case aside):
-    the plain draw, with a copy of a text already drawn replaced by a draw from the rows left."""
+    the plain draw, with a copy of a text already drawn replaced by a draw from the rows left (sample_shots
+    has checked that they hold k different texts)."""
     drawn = rng.choice(members, k, replace=False)
     seen, out = set(), []
     for i in drawn:
@@ -936,9 +938,6 @@ def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.r
             if (key := _text_key(texts[i])) not in seen:
                 seen.add(key)
                 out.append(i)
-        if len(out) < k:
-            raise DataError(f"--shots {k}: class {label!r} has only {len(seen)} different texts; give --shots "
-                            f"{len(seen)} or fewer")
     return np.array(out, dtype=np.int64)
 
 
@@ -963,10 +962,11 @@ def check_field_names(text_field: object, label_field: object = "label", pair_fi
 
 
 def text_fields(name: str, text_field: str | None, pair_field: str | None,
-                files: dict[str, Path] | None = None) -> tuple[str, str | None]:
+                files: dict[str, Path] | None = None, label_field: str | None = None) -> tuple[str, str | None]:
     """(text field, pair field or None) to read: as given; a named pair dataset (snli, rte, mrpc)
     given no --text-field reads its two fields (unless its rows have a `text` field: a user's file
-    that happens to be called rte.jsonl); anything else given none reads `text`."""
+    that happens to be called rte.jsonl); anything else given none reads `text`. A `label_field` that is
+    one of them is refused: the label would be read as input, and every score would be 100."""
     named = PAIR_FIELDS.get(name)
     if named and text_field in (None, "text") and not (files and "text" in first_fields(files)):
         text_field, pair_field = named[0], pair_field or named[1]  # its own first field; the second as given or its own
@@ -974,7 +974,12 @@ def text_fields(name: str, text_field: str | None, pair_field: str | None,
         raise DataError(f"--text-pair-field {pair_field!r} is the --text-field too"
                         + (f" ({name}'s pairs are {named[0]}, {named[1]})" if named else "")
                         + "; name the field of the second text of each pair")
-    return text_field or "text", pair_field
+    text_field = text_field or "text"
+    if label_field is not None and label_field in (text_field, pair_field):
+        flag = "--text-field" if label_field == text_field else "--text-pair-field"
+        raise DataError(f"--label-field {label_field!r} is the {flag} too: the label would be read as the input, and "
+                        f"the model would score 100 by reading it; name the field of the texts with {flag}")
+    return text_field, pair_field
 
 
 def first_fields(files: dict[str, Path]) -> set[str]:
@@ -1038,7 +1043,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                         f"train.jsonl / .csv / .tsv")
     if trains_on_validation:  # e.g. snli offline: its 549k train split is not there
         files = {"train": files["validation"], "test": files["test"]}
-    text_field, pair_field = text_fields(name, text_field, pair_field, files)
+    text_field, pair_field = text_fields(name, text_field, pair_field, files, label_field)
     notes_first += one_side_note(name, files, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
     train = splits["train"]
