@@ -343,7 +343,9 @@ def test_counts_under_one_are_refused_in_one_line(capsys, argv, needle):
 
 @pytest.mark.parametrize("argv,needle", [
     (["predict", "--model", "m", "fine", " "], "text argument 2 is empty"),
-    (["explain", "--model", "m", "--pair", "a", ""], "--pair text argument 2 is empty"),
+    (["explain", "--model", "m", "--pair", "a", ""], "--pair 1's argument 2 is empty"),
+    # which pair: the index counted within the pair alone ("--pair text argument 2" of the third)
+    (["predict", "--model", "m", "--pair", "a", "b", "--pair", "c", "d", "--pair", "e", ""], "--pair 3's argument 2 is empty"),
     (["predict", "--model", "m", "--pair", "a", "b", "extra text"], "text argument 'extra text' beside --pair: a model "
                                                                     "takes single texts or sentence pairs, not both"),
     (["predict", "--model", "m", "caf\udce9"], "text argument 1: character offset 3 is a lone UTF-16 surrogate (U+DCE9; "

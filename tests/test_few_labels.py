@@ -619,10 +619,12 @@ def test_a_run_without_folds_says_so_in_its_selection(tiny_bert):
     y1 = np.array([0, 0, 0, 1])
     lines = []
     model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, y1, None, None,
-                                          TrainConfig(min_steps=12), lines.append)
+                                          TrainConfig(min_steps=12), lines.append,
+                                          fallback=_classifier(tiny_bert, ["a", "b"], "probe"))
     assert info["how"] == "planned schedule (no cross-validation possible)" and "score" not in info
     assert any("the planned 12 steps are trained without selection" in s for s in lines)
     assert not any("chosen by cross-validation" in s for s in lines)
+    assert not any("the folds also score" in s for s in lines) and info["fallback"] is None  # no folds to score it
 
 
 def test_the_sweep_scores_a_point_by_what_chose_it():

@@ -1011,7 +1011,7 @@ def test_a_decode_stops_once_every_request_in_its_batch_is_gone(engine):
         e.close()
 
 
-def test_engine_checks_requests_before_queueing(engine):
+def test_engine_checks_requests_before_queueing(engine, tmp_path):
     depth = engine.batcher.depth
     for bad in ("one string", [], [""], [None]):
         with pytest.raises(RequestError):
@@ -1050,6 +1050,22 @@ def test_engine_checks_requests_before_queueing(engine):
         assert "explanation" not in only_probe.classify(["a fine film"])["results"][0]["tasks"]["probe"]
     finally:
         only_probe.close()
+    # a probe the folds kept for a space head (few labels): said, as `frozentune explain` says it ("probe gives no
+    # explanation" alone puzzled the user who trained space)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "result.json").write_text(json.dumps({"method": "space", "model_method": "probe"}))
+    task, folder = engine.tasks["probe"], engine.tasks["probe"].folder
+    task.folder = kept  # (the task's group holds this object: a copy would not be the one answering)
+    fell = Engine([task], ServeOptions())
+    try:
+        said = "It was trained as --method space, and on its few labels cross-validation kept a logistic regression"
+        assert said in fell.classify(["a fine film"], explain=True)["results"][0]["tasks"]["probe"]["lines"][0]
+        with pytest.raises(RequestError, match=f"task 'probe': probe gives no explanation .*{said}"):
+            fell.explain(["a fine film"], tasks=["probe"])
+    finally:
+        fell.close()
+        task.folder = folder
 
 
 # ----------------------------------------------------------------------------- metrics, OpenAPI, CLI

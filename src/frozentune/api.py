@@ -395,8 +395,6 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         fallback = None
         if cfg.fallback == "auto" and not convex and get_method(method).encoder is None:
             fallback = lambda: M.build_classifier("probe", bb, ds.labels, seed=cfg.seed)  # noqa: E731
-            log("few labels: the folds also score a logistic regression on the same states (a probe), and the run "
-                "keeps it instead of the head where the head does no better on them (--fallback off: the head)")
         model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
                                           src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback,
                                           groups=groups)

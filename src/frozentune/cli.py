@@ -536,7 +536,8 @@ def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | No
     if a.texts and a.pair:  # the mix was named by its Python position ("item 0 is str")
         raise CLIError(f"text argument {' '.join(a.texts[0].split())[:40]!r} beside --pair: a model takes single "
                        f"texts or sentence pairs, not both; give each pair as --pair FIRST SECOND, or only texts")
-    texts = _arguments(a.texts, "text") + [tuple(_arguments(p, "--pair text")) for p in a.pair]
+    texts = _arguments(a.texts, "text") + [tuple(_arguments(p, f"--pair {n}'s"))
+                                           for n, p in enumerate(a.pair, 1)]  # "--pair 3's argument 2 is empty"
     if a.input:
         texts += (api.read_inputs_with(fields, a.input, a.text_field, a.text_pair_field) if fields is not None
                   else api.read_inputs(a.model, a.input, a.text_field, a.text_pair_field))
@@ -544,7 +545,8 @@ def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | No
         raise CLIError("--text-field / --text-pair-field pick the fields of an --input file; give --input FILE")
     if not texts:
         raise CLIError(f"nothing to {verb}: give texts as arguments, --pair FIRST SECOND, or --input FILE "
-                       f"(--input - reads one text per line from standard input)")
+                       f"(--input - reads one text per line from standard input; a pair model's pairs come in a .jsonl / .csv / "
+                       f".tsv file)")
     return texts
 
 

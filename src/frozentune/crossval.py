@@ -195,6 +195,10 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     t0 = time.perf_counter()
     if k >= 2:
         acc, loss, regression = [], [], fallback is not None
+        if regression:  # said where there are folds to score it (it was said beside "none possible" too)
+            log(f"few labels: the folds also score a logistic regression on the same states (a probe with C="
+                f"{C_DEFAULT:g}, scikit-learn's default; --method probe chooses its C on the folds), and the run "
+                f"keeps it instead of the head where the head does no better on them (--fallback off: the head)")
         x_lr = convex_inputs(fallback().to(cfg.device), train) if regression else None  # type: ignore[misc]
         for i, (tr, held) in enumerate(repeated_folds(y, k, cfg.seed, cfg.cv_repeats, groups)):
             # the logistic regression on this fold: the first, simplest candidate
@@ -226,8 +230,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
                 f"{choice['head_corrected']:.1f}; the logistic regression on the same states (LR) has "
                 f"{choice['regression']:.1f}, one standard error {choice['se']:.1f}")
         if fell_back:
-            log("cross-validation: the head is not clearly better, so the model is that regression, saved as a probe "
-                "(--fallback off trains the head whatever the folds say)")
+            log(f"cross-validation: the head is not clearly better, so the model is that regression (C={C_DEFAULT:g}), "
+                f"saved as a probe (--fallback off trains the head whatever the folds say)")
             model, fitted = convex_refit(fallback, x_lr, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
             info |= {"fallback": model.method, "C": C_DEFAULT}
             return model, fitted, info

@@ -327,7 +327,7 @@ class Engine:
                                    else "single texts: send `texts`"), 422)
             if explaining and not task.explains:
                 able = ", ".join(t.name for t in mine if t.explains) or "none"
-                raise RequestError(f"task {name!r} ({task.method}) gives no explanation; tasks that do: {able}", 422)
+                raise RequestError(f"task {name!r}: {task.no_explanation}; tasks that do: {able}", 422)
             out.append(task)
         return out
 

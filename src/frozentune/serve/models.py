@@ -177,6 +177,15 @@ class Task:
         return self.model is not None and explains(self.model.head)
 
     @property
+    def no_explanation(self) -> str:
+        """Why a classifier gives no explanation; one trained as another method whose folds kept the logistic
+        regression (few labels) says so, as `frozentune explain` does ("probe gives none" puzzled its user)."""
+        from ..api import _fallback_note
+
+        return (f"{self.method} gives no explanation (ytuning, space and selfexplain models do)"
+                + _fallback_note(self.folder))
+
+    @property
     def labels(self) -> list[str]:
         return list(self.model.labels) if self.model is not None else []
 
@@ -255,8 +264,7 @@ def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int],
             ex = task.model.head.explain(one, job["view"], task.labels, job["explain"])
             row |= {"explanation": ex.data, "lines": ex.lines}
         elif job["explain"] is not None:  # asked, and this method has none: said, not left out unseen
-            row |= {"explanation": None, "lines": [f"{task.method} gives no explanation (ytuning, space and "
-                                                   f"selfexplain models do)"]}
+            row |= {"explanation": None, "lines": [task.no_explanation]}
         res.append(row)
     return res
 
