@@ -191,8 +191,9 @@ def test_two_caches_of_one_entry_at_once(tiny_bert, big, tmp_path):
     built = [a for a in answers if "tok/s" in a.out]
     cached = [a for a in answers if "(cached)" in a.out]
     assert len(built) == 1 and len(cached) == 1, [a.out for a in answers]
-    assert "waiting for another process that is building the same entry" in cached[0].err
-    cached[0].show = "waiting for another process"
+    builder = procs[answers.index(built[0])]  # named by the one that waited (it said "another process")
+    assert f"waiting for process {builder.pid}, which is building the same entry" in cached[0].err
+    cached[0].show = "waiting for process"
     _record(R_TWO, [str(a) for a in argv], cached[0])  # the table shows the one that waited, and its line
     path = whole_entry(root, N_TEXTS)
     assert all(str(path) in a.out for a in answers)

@@ -36,15 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no build lock (concurrent builds of one entry then race)
-    fcntl = None  # type: ignore[assignment]
-
 import numpy as np
 import torch
 from torch import Tensor
 
+from . import locks
 from .errors import FrozentuneError
 from .backbone import Backbone, Tokenized, cache_home, holds_special_text, iter_states, tokenizer_hash
 from .pairs import Text, pair_kind
@@ -703,63 +699,37 @@ class BuildRunning(Exception):
 
 @contextlib.contextmanager
 def build_lock(root: Path, key: str, log: Callable[[str], None], wait: bool = True) -> Iterator[bool]:
-    """Hold the exclusive lock on building `<root>/<key>/` (flock on `<root>/<key>.lock`, released
+    """Hold the exclusive lock on building `<root>/<key>/` (locks.acquire on `<root>/<key>.lock`, released
     by the kernel if the holder dies); yields whether another process held it first (this one
-    waited, saying so through `log`); with wait=False, BuildRunning instead of waiting (`cache
-    --remove`). The lock file is removed on release; a waiter that then holds a lock on a removed
-    file takes the new one instead. Where flock does not work (no fcntl, a network mount without
-    it) this yields False unlocked."""
-    fd = _acquire(root, key, log, wait) if fcntl is not None else None
-    if fd is None:
-        yield False
-        return
-    fd, waited = fd
-    try:
-        yield waited
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(root / f"{key}.lock")
-        os.close(fd)
+    waited, saying so through `log`, with the holder's process id, and again every locks.REMIND_S); with
+    wait=False, BuildRunning instead of waiting (`cache --remove`). Where flock does not work (no fcntl,
+    a network mount without it) this yields False unlocked."""
+    waited = []
 
+    def say(holder: str, seconds: float) -> None:
+        if not waited:
+            from .distributed import read_launch
 
-def _acquire(root: Path, key: str, log: Callable[[str], None], wait: bool = True) -> tuple[int, bool] | None:
-    """(locked descriptor of the current `<key>.lock`, whether it had to wait), or None when the
-    file system refuses flock; BuildRunning where it is held and not `wait`."""
+            launch = read_launch(os.environ)
+            who = f" (under {launch.how}: another rank of this run)" if launch.world_size > 1 else ""
+            log(f"cache: waiting for {holder}{who}, which is building the same entry {root / key}")
+        else:
+            log(f"cache: still waiting for {holder} ({seconds / 60:.0f} min), which holds the build of {root / key}; "
+                f"a process stopped with Ctrl-Z holds it until it is resumed (fg) or ended")
+        waited.append(seconds)
+
+    make_root(root)
     lock = root / f"{key}.lock"
-    waited = False
-    while True:
-        make_root(root)
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
-            raise unwritable(root, e) from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not wait:
-                    raise BuildRunning(key) from None
-                if not waited:
-                    from .distributed import read_launch
-
-                    launch = read_launch(os.environ)
-                    who = f" (under {launch.how}: another rank of this run)" if launch.world_size > 1 else ""
-                    log(f"cache: waiting for another process that is building the same entry{who} {root / key}")
-                waited = True
-                fcntl.flock(fd, fcntl.LOCK_EX)  # an interrupt while waiting raises here
-            try:
-                st, cur = os.fstat(fd), os.stat(lock)
-                current = (st.st_ino, st.st_dev) == (cur.st_ino, cur.st_dev)
-            except FileNotFoundError:  # its holder removed it on release: lock the new one
-                current = False
-        except BaseException as e:
-            os.close(fd)
-            if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-                return None  # flock unsupported here (ENOLCK, EOPNOTSUPP...)
-            raise
-        if current:
-            return fd, waited
-        os.close(fd)
+    try:
+        fd = locks.acquire(lock, wait, say)
+    except locks.Held:
+        raise BuildRunning(key) from None
+    except OSError as e:
+        raise unwritable(root, e) from None
+    try:
+        yield bool(waited)
+    finally:
+        locks.release(lock, fd)
 
 
 def unwritable(root: Path, e: OSError) -> CacheError:

@@ -365,7 +365,7 @@ def _remove_unheld_lock(path: Path) -> str | None:
     """Remove a `<key>.lock` that no process holds (a build killed before releasing it left it; they were
     never removed): "" when removed, why not when that failed, None when it is kept (a build holds it, or
     flock does not work here, so it is not known to be free). It is removed while locked: a build that opened
-    it meanwhile takes a new one once this lets go (cache._acquire checks that its lock file is current)."""
+    it meanwhile takes a new one once this lets go (locks.acquire checks that its lock file is current)."""
     if fcntl is None:
         return None
     try:
