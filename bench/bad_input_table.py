@@ -81,6 +81,9 @@ ROWS = [
     # found by a walk-through of generation (2026-11-27)
     ("--model given twice (argparse kept the last; the first was dropped without a word)",
      "refused, naming both values"),
+    # found by a walk-through of concurrent processes (2026-11-28)
+    ("two runs (train, sweep, pretrain) given one --output at the same time (one threw its model away at the end; "
+     "with --overwrite, one replaced the other's unseen)", "the second is refused at its start, naming the first"),
 ]
 
 
@@ -89,6 +92,7 @@ def shorten(text: str) -> str:
     text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/(popen-gw\d+/)?[^/\s]+/", "…/", text)  # xdist adds popen-gwN/
     text = re.sub(r"/tmp/[^\s'\"]*/", "…/", text)
     text = re.sub(r"\(\d+\.\ds, [\d,]+ tok/s\)", "(…s, … tok/s)", text)  # timings differ every run
+    text = re.sub(r"\bprocess \d+\b", "process N", text)  # so do process ids (a lock's holder)
     return text.replace(str(ROOT) + "/", "")
 
 

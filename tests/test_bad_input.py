@@ -280,6 +280,36 @@ def test_output_checked_before_any_work(tmp_path, tiny_bert, model_dir):
     assert not (tmp_path / "cache").exists()
 
 
+R_WRITERS = ("two runs (train, sweep, pretrain) given one --output at the same time (one threw its model away at the "
+             "end; with --overwrite, one replaced the other's unseen)")
+
+
+def test_a_second_writer_of_one_output_is_refused_at_its_start(tmp_path, tiny_bert, model_dir):
+    """Two runs given one --output both trained; at the end the later one threw its model away (the folder held a
+    model by then), or with --overwrite replaced the other's without a word, and two pretrains interleaved their
+    checkpoints. A run holds its --output from start to end: another is refused before any work, naming it."""
+    from frozentune import locks
+
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    out = tmp_path / "m"
+    shutil.copytree(model_dir, out)
+    before = tree(out)
+    lock = tmp_path / ".m.lock"
+    fd = locks.acquire(lock, wait=False)  # what a run writing into m holds (this test's process, for it)
+    try:
+        said = (f"--output {out}: process {os.getpid()} is writing a run into it now; wait for it to end",)
+        cli(*train_args(data, tiny_bert, tmp_path, "--output", out, "--overwrite"), contains=said, row=R_WRITERS)
+        cli("pretrain", "--corpus", data, "--steps", 2, "--layers", 1, "--dim", 32, "--heads", 2, "--ffn-dim", 64,
+            "--output", out, contains=said, row=R_WRITERS)
+        cli("sweep", "--data", data, "--backbone", tiny_bert, "--methods", "probe", "--layers", "-1", "--cache-dir",
+            tmp_path / "cache", "--output", out, "--overwrite", contains=said, row=R_WRITERS)
+        assert tree(out) == before and not (tmp_path / "cache").exists()  # refused before any work
+    finally:
+        locks.release(lock, fd)
+    cli(*train_args(data, tiny_bert, tmp_path, "--output", out, "--overwrite"), code=0)  # free again
+    assert tree(out) != before and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
 def test_output_into_model_file_read_only_and_overwrite(tmp_path, tiny_bert, model_dir):
     data = write_jsonl(tmp_path / "d.jsonl", labelled(30, ("a", "b")))
     existing = tmp_path / "existing"

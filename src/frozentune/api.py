@@ -26,7 +26,7 @@ from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
                    read_texts, resolve, rows_like_it, text_groups)
-from .output import check_output, staged_output
+from .output import check_output, holds_output, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
@@ -245,6 +245,7 @@ def as_switch(value: object, what: str) -> bool:
     return bool(value)
 
 
+@holds_output
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
           options: dict[str, Any] | None = None, train_cfg: dict[str, Any] | None = None,
           output: Path | None = None, text_field: str = "text", label_field: str = "label",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import inspect
 import json
 import os
 import re
@@ -20,10 +22,10 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from .errors import FrozentuneError
-from . import interrupts
+from . import interrupts, locks
 
 MODEL_FILES = ("config.json", "model.safetensors", "result.json", "adapter_config.json", "adapter_model.safetensors",
                "onnx.json", "model.onnx", "sweep.json")  # sweep.json: a `frozentune sweep` folder (its model in best/)
@@ -54,6 +56,7 @@ def _writable(folder: Path) -> bool:
 
 _STAGED = r"(partial|replaced)-(\d+)-[0-9a-f]{8}"  # what staged_output's folders are called after their prefix
 STAGING = re.compile(r"\." + _STAGED)  # its folders inside an output written in place
+LOCK = ".frozentune.lock"  # claim_output's lock inside an output written in place (beside it: .NAME.lock)
 
 
 def _followed(output: Path) -> Path:
@@ -150,7 +153,7 @@ def check_output(output: Path, overwrite: bool = False, reads: Sequence[Path] = 
     # not the folders of a run staging in place (this one's, another's under way: the last to finish wins), nor a
     # file system's own lost+found at a mount point
     skip = {"lost+found"} if os.path.ismount(output) else set()
-    present = sorted(p.name for p in output.iterdir() if not STAGING.fullmatch(p.name) and p.name not in skip)
+    present = sorted(p.name for p in output.iterdir() if not STAGING.fullmatch(p.name) and p.name not in skip | {LOCK})
     if not present:
         return
     if any(name in present for name in MODEL_FILES):
@@ -228,6 +231,11 @@ def staged_output(output: Path, overwrite: bool = False, kind: str = "model") ->
     folder inside it, whose entries replace its own once all are written."""
     output = _followed(Path(output))
     output.parent.mkdir(parents=True, exist_ok=True)
+    with claimed(output):
+        yield from _staged(output, overwrite, kind)
+
+
+def _staged(output: Path, overwrite: bool, kind: str) -> Iterator[Path]:
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     inside = _in_place(output)
     tmp = output / f".partial-{tag}" if inside else output.parent / f".{output.name}.partial-{tag}"
@@ -259,7 +267,7 @@ def _replace_entries(output: Path, tmp: Path, tag: str) -> None:
     moved in, the old ones removed: renames within one folder, for a folder that cannot itself be renamed."""
     old = output / f".replaced-{tag}"
     old.mkdir()
-    skip = {"lost+found"} if os.path.ismount(output) else set()
+    skip = ({"lost+found"} if os.path.ismount(output) else set()) | {LOCK}  # the lock stays with the folder
     with interrupts.held():
         for p in list(output.iterdir()):
             if not STAGING.fullmatch(p.name) and p.name not in skip:  # another run's staging is its own
@@ -267,3 +275,59 @@ def _replace_entries(output: Path, tmp: Path, tag: str) -> None:
         for p in list(tmp.iterdir()):
             p.rename(output / p.name)
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- one writer per --output
+_CLAIMS: dict[Path, list] = {}  # the --output folders this process writes: [lock file, descriptor, depth]
+
+
+@contextlib.contextmanager
+def claimed(output: Path) -> Iterator[None]:
+    """Hold `output` (a followed, absolute path) for this process: a second frozentune process given the same
+    --output meanwhile is refused at its start, naming this one. Without it both trained, and at the end one
+    threw its model away (the folder held a model by then) or, with --overwrite, replaced the other's unseen.
+    Nested claims of one process (train → staged_output) share the lock. Where the lock file cannot be made
+    (a folder not writable: check_output says so) or flock does not work, nothing is held."""
+    if (claim := _CLAIMS.get(output)) is None:
+        lock = output / LOCK if _in_place(output) else output.parent / f".{output.name}.lock"
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = locks.acquire(lock, wait=False)
+        except locks.Held as e:
+            raise OutputError(f"--output {output}: {e.holder} is writing a run into it now; wait for it to end, or "
+                              f"choose another folder") from None
+        except OSError:
+            fd = None
+        claim = _CLAIMS[output] = [lock, fd, 0]
+    claim[2] += 1
+    try:
+        yield
+    finally:
+        claim[2] -= 1
+        if not claim[2]:
+            del _CLAIMS[output]
+            locks.release(claim[0], claim[1])
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def holds_output(fn: F) -> F:
+    """A command that writes its `output` argument (a folder, or None) claims it for the whole call, on the
+    main process of a launch (the one that writes it): `claimed`."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        from .distributed import is_main
+
+        try:
+            output = sig.bind(*args, **kwargs).arguments.get("output")
+        except TypeError:  # the call itself raises it
+            output = None
+        if not isinstance(output, (str, os.PathLike)) or not str(output) or not is_main():
+            return fn(*args, **kwargs)  # (an output of the wrong type is the command's own error)
+        with claimed(_followed(Path(output))):
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]

@@ -52,6 +52,7 @@ from torch import Tensor, nn
 from .. import distributed
 from ..data import DataError
 from ..fields import as_flag
+from ..output import holds_output
 from ..registry import refuse_unused
 from ..train import adamw, shared_step, silent
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer, require_at_least
@@ -482,6 +483,7 @@ def optimizer_without(opt: torch.optim.Optimizer, state: dict, model: nn.Module,
         group.update({k: v for k, v in was.items() if k != "params"})
 
 
+@holds_output
 def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | None = None,
              run: dict[str, Any] | None = None, resume: bool = False, text_field: str = "text",
              log: Callable[[str], None] = print) -> dict:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
+from ..output import holds_output
 from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve, whole_count
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
 
@@ -543,6 +544,7 @@ def as_fields(fields: object) -> tuple[str | None, str | None]:
     return fields[0], fields[1]
 
 
+@holds_output
 def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
                      max_train: int | None = None, max_validation: int | None = MAX_VALIDATION, max_test: int | None = None,

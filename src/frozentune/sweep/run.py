@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import interrupts
 from ..registry import get_method
+from ..output import holds_output
 from ..train import silent
 from .grid import Grid, Point
 from .journal import NAME, Journal, dataset_hash, point_keys, sweep_key
@@ -49,6 +50,7 @@ def effective_layer(p: Point) -> str:
     return p.layer or get_method(p.method).layer or "-1"
 
 
+@holds_output
 def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots: int | None = None,
               max_train: int | None = None, text_field: str = "text", label_field: str = "label",
               cache_root: Path | None = None, train_cfg: dict | None = None, overwrite: bool = False,
