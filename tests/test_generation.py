@@ -518,6 +518,50 @@ def test_the_encoder_alias_is_refused_as_the_lm(e2e_slice):
     assert api._lm_name(api.BackboneOptions()) is None  # api.train's default: the default LM
 
 
+# ----------------------------------------------------------------------------- a saved model's LM
+def test_a_model_saved_with_a_relative_lm_path_says_where_the_name_comes_from(tiny_lm, e2e_slice, tmp_path,
+                                                                                 monkeypatch):
+    """A model saved before 2026-11-27 names its LM folder as typed (models/llama). From another folder,
+    generate / eval / serve said "no folder of that name here ... give a local folder", which they take no
+    option for, and never said the name came from the model's config.json; export wrote the relative name
+    into the adapter as it was."""
+    import shutil
+
+    from frozentune.model import ModelLoadError
+    from frozentune.serve.models import load_tasks
+
+    (tmp_path / "a" / "models").mkdir(parents=True)
+    shutil.copytree(tiny_lm, tmp_path / "a" / "models" / "llama")
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    _train(Path("models/llama"), e2e_slice, run, "--method", "prefix", "--prefix-length", "2")
+    config = json.loads((run / "config.json").read_text())
+    assert config["backbone"]["name"] == str(tmp_path / "a" / "models" / "llama")  # saved absolute since then
+    config["backbone"]["name"] = "models/llama"  # as an older frozentune saved it
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]", code=0)  # from the folder training ran in: found
+    cli("export", "--model", run, "--format", "peft", "--output", tmp_path / "here", code=0)
+    adapter = json.loads((tmp_path / "here" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(tmp_path / "a" / "models" / "llama")  # made absolute
+    monkeypatch.chdir(tmp_path)
+    says = (f"{run / 'config.json'} names its language model 'models/llama', which is no folder from here "
+            f"({tmp_path}); if it is a folder, a frozentune before 2026-11-27 saved a folder's path as typed, relative "
+            f"to where training ran. Run from the folder training ran in, or set backbone.name in "
+            f"{run / 'config.json'} to that folder's absolute path. As a Hugging Face id: not in the local Hugging "
+            f"Face cache, and the hub is unreachable")
+    cli("generate", "--model", run, "name[Aromi]", contains=says)
+    cli("eval", "--model", run, "--data", e2e_slice, contains=says)
+    with pytest.raises(ModelLoadError, match=re.escape(says)):
+        load_tasks([run], None, None, lambda line: None)
+    answer = cli("export", "--model", run, "--format", "peft", "--output", tmp_path / "there", code=0)
+    assert f"written to base_model_name_or_path as it is: export from the folder training ran in, or set " \
+           f"base_model_name_or_path in {tmp_path / 'there' / 'adapter_config.json'}" in answer.out + answer.err
+    config["backbone"]["name"] = "./models/llama"  # no hub id: a path for certain
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]",
+        contains=f"names its language model by the relative path './models/llama', which is no folder from here")
+
+
 # ----------------------------------------------------------------------------- the real default LM
 def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
     """The shipped GGUF file → a safetensors folder in the cache (once) → SmolLM2-135M with the

@@ -457,7 +457,7 @@ def load_tuner(folder: Path, device: str | None = None, precision: str | None = 
 
 def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     from ..backbone import load_generation_lm
-    from ..model import known_method, read_saved
+    from ..model import known_method, load_named, read_saved
 
     config = read_saved(folder, "the --output folder of a generation training run")
     if config.get("task") != "generation":
@@ -466,7 +466,7 @@ def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     spec = known_method(config, folder)
     check_safetensors(folder / WEIGHTS)  # before the LM is loaded: a damaged or foreign file is refused at once
     name = config["backbone"]["name"]
-    lm, tok = load_generation_lm(name)
+    lm, tok = load_named(folder, name, load_generation_lm, "language model")
     return spec.generator.load(folder, lm, tok, name), tok, config
 
 
