@@ -562,6 +562,39 @@ def test_a_model_saved_with_a_relative_lm_path_says_where_the_name_comes_from(ti
         contains=f"names its language model by the relative path './models/llama', which is no folder from here")
 
 
+@pytest.mark.parametrize("method,extra", [("prefix", ["--prefix-length", "2"]), ("finetune", ["--top-layers", "1"])])
+def test_an_lm_whose_config_changed_since_training_is_refused(method, extra, tiny_lm, e2e_slice, tmp_path):
+    """The same LM weights under an edited config.json (another rope theta) decode other text: generate, eval
+    and serve gave it without a word (a classifier's backbone was checked). A model saved before the LM's
+    config hash was recorded loads as before, unchecked."""
+    import shutil
+
+    from frozentune.model import ModelLoadError
+    from frozentune.serve.models import load_tasks
+
+    lm, run = tmp_path / "lm", tmp_path / "run"
+    shutil.copytree(tiny_lm, lm)
+    _train(lm, e2e_slice, run, "--method", method, *extra, "--num-beams", "1")
+    config = json.loads((run / "config.json").read_text())
+    assert config["backbone"]["config_hash"]
+    lm_config = json.loads((lm / "config.json").read_text())
+    (lm / "config.json").write_text(json.dumps(dict(lm_config, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 100.0})))
+    says = (f"{run}: the language model {str(lm)!r} found here has the same weights but another config.json",
+            "load the same model files")
+    cli("generate", "--model", run, "name[Aromi]", contains=says)
+    cli("eval", "--model", run, "--data", e2e_slice, contains=says)
+    with pytest.raises(ModelLoadError, match="same weights but another config.json"):
+        load_tasks([run], None, None, lambda line: None)
+    (lm / "config.json").write_text(json.dumps(dict(lm_config, attention_dropout=0.3)))  # not a change of its outputs
+    cli("generate", "--model", run, "name[Aromi]", code=0)
+    (lm / "config.json").write_text(json.dumps(dict(lm_config, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 100.0})))
+    del config["backbone"]["config_hash"]  # as a frozentune before it was recorded saved it
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]", code=0)
+
+
 # ----------------------------------------------------------------------------- the real default LM
 def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
     """The shipped GGUF file → a safetensors folder in the cache (once) → SmolLM2-135M with the

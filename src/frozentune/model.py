@@ -376,6 +376,18 @@ def load_named(folder: Path, name: str, load: Callable[[str], _Loaded], what: st
         raise ModelLoadError(why) from None
 
 
+def check_config_hash(folder: Path, saved: dict, model: nn.Module, what: str = "backbone") -> None:
+    """A ModelLoadError where `model`'s config.json differs from the one a saved model's backbone (or LM) had
+    (`saved`: its config.json's "backbone", whose config_hash is backbone.config_hash's): the same weights read
+    with another head count or rope theta give other states. A model saved before it was recorded: not checked."""
+    from .backbone import config_hash
+
+    if saved.get("config_hash") not in (None, config_hash(model)):
+        raise ModelLoadError(f"{folder}: the {what} {saved.get('name')!r} found here has the same weights but another "
+                             f"config.json (a field that changes its states: head count, activation, norm epsilon, "
+                             f"…) than the one this model was trained on; load the same model files.")
+
+
 def check_config(config: dict, path: Path) -> None:
     """A ModelLoadError naming the first entry of a classifier's config.json (read from `path`) that
     cannot be what frozentune wrote there: a hand edit that would otherwise end in a traceback, or
@@ -446,10 +458,8 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     if not own and backbone.weights_hash != b["weights_hash"]:
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")
-    if not own and b.get("config_hash") not in (None, backbone.config_hash):  # saved before it was: not checked
-        raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has the same weights but another "
-                             f"config.json (a field that changes its states: head count, activation, norm epsilon, "
-                             f"…) than the one this model was trained on; load the same model files.")
+    if not own:
+        check_config_hash(folder, b, backbone.model)
     model = build_classifier(config["method"], backbone, config["labels"], config["options"],
                              cache_dtype=b.get("cache_dtype", "float16"))
     if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it

@@ -318,7 +318,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     prefix."""
     import dataclasses
 
-    from ..backbone import BackboneError, load_causal_lm, weights_hash
+    from ..backbone import BackboneError, load_causal_lm
     from ..data import DataError
     from ..generation.run import DecodeOptions
     from ..output import check_output, staged_output
@@ -369,7 +369,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
                               f"wrote); restore it, or remove the file to decode with the defaults") from None
     with staged_output(output, overwrite) as folder:
         save_prefix(folder, prefix, PrefixConfig(prefix_length=int(prefix.shape[3]), reparam=False), name,
-                    weights_hash(lm), extra={"task": "generation", "decoding": decoding, "imported": imported},
+                    lm, extra={"task": "generation", "decoding": decoding, "imported": imported},
                     options=options)
         write_card_from_files(folder)
     if others := named_adapters(adapter_dir):  # PEFT's default adapter at the top, named ones below it

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve, whole_count
-from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
+from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture, lm_entry
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
 
@@ -209,13 +209,13 @@ class LMFinetuner(LMTuner):
     def save(self, folder: Path, extra: dict | None = None) -> None:
         config = {"method": "finetune", "task": "generation", "architecture": architecture(self.lm),
                   "options": dataclasses.asdict(self.cfg),
-                  "backbone": {"name": self.lm_name, "weights_hash": self.base_hash, "trained": True},
+                  "backbone": lm_entry(self.lm_name, self.lm, trained=True, weights=self.base_hash),
                   **(extra or {})}
         write_saved(folder, {k: v.float() for k, v in self.trainable_state().items()}, config)
 
     @classmethod
     def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "LMFinetuner":
-        from ..model import load_weights
+        from ..model import check_config_hash, load_weights
 
         from ..registry import make_config
 
@@ -225,6 +225,7 @@ class LMFinetuner(LMTuner):
         if saved and tuner.base_hash != saved:
             raise PrefixError(f"{folder}: was fine-tuned from other base weights than "
                               f"{config['backbone'].get('name')!r} has now; load the same model files")
+        check_config_hash(folder, config["backbone"], lm, "language model")
         state = {k.removeprefix("lm."): v for k, v in load_weights(folder).items()}
         missing = set(trainable_names(lm, tuner.top_layers)) - set(state)
         if missing:
