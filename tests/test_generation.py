@@ -308,6 +308,44 @@ def test_eval_split_train_scores_the_trained_sample_and_the_overlap_is_of_what_w
     assert json.loads(capsys.readouterr().out)["n"] == 24
 
 
+def test_eval_of_a_pairs_file_it_did_not_train_on_says_what_is_scored(tiny_lm, tmp_path, capsys, monkeypatch):
+    """eval --data OTHER.jsonl scored the 10% of it that a training run would hold out, saying "the held-out
+    validation sources (used for early stopping only, never trained on)" of a file the model never saw, and
+    not that --split all scores every row."""
+    def pairs(path: Path, place: str) -> Path:
+        path.write_text("".join(json.dumps({"source": f"name[Aromi], area[{place}] {i}",
+                                            "target": f"Aromi is in the {place} {i} ."}) + "\n" for i in range(30)))
+        return path
+
+    own, other = pairs(tmp_path / "pairs.jsonl", "city centre"), pairs(tmp_path / "other.jsonl", "riverside")
+    run = tmp_path / "m"
+    _train(tiny_lm, own, run, "--method", "prefix", "--prefix-length", "2", "--num-beams", "1")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run), "--data", str(other)]) == 0
+    err = capsys.readouterr().err
+    assert ("data: no test split: the scores are on 3 of the 30 sources of other.jsonl (10%, seed 0: those a run "
+            "training on it holds out for validation), not on all of them; this model was trained on other data: "
+            "--split all scores every source of other.jsonl") in err
+    assert "never trained on" not in err and "training pairs come from" not in err
+    assert json.loads((run / "config.json").read_text())["splits"]["files"] == {"train": str(own)}
+    assert main(["eval", "--model", str(run), "--data", str(own)]) == 0
+    assert ("data: no test split: the scores are on the held-out validation sources (used for early stopping only, "
+            "never trained on); --split all scores every source of pairs.jsonl, the trained ones too") in capsys.readouterr().err
+    # a model saved before the files were recorded: its data as named then, read from here
+    config = json.loads((run / "config.json").read_text())
+    del config["splits"]["files"]
+    config["data"] = "pairs.jsonl"
+    (run / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    assert G.is_training_data(config, "pairs.jsonl") == G.is_training_data(config, str(own)) == "own"
+    assert G.is_training_data(config, str(other)) == "other"
+    monkeypatch.chdir(run)
+    assert G.is_training_data(config, str(own)) == "unknown"  # pairs.jsonl is not there from here
+    assert main(["eval", "--model", str(run), "--data", str(own)]) == 0
+    err = capsys.readouterr().err
+    assert "not on all of them: --split all scores every source of pairs.jsonl" in err and "never trained on" not in err
+
+
 def test_train_generation_from_python_takes_a_path_and_log_none(tiny_lm, e2e_slice, tmp_path, capsys):
     """A Path as data failed at the save, after training (not JSON); log=None raised TypeError."""
     from frozentune.generation.run import train_generation
