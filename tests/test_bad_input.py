@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -419,6 +420,32 @@ def test_a_backbone_folder_given_relative_is_saved_absolute(tmp_path, tiny_bert,
     assert saved == str(tmp_path / "a" / "my bb")
     monkeypatch.chdir(tmp_path)
     cli("predict", "--model", tmp_path / "m", "a fine film", code=0)
+
+
+def test_a_model_saved_with_a_relative_backbone_path_says_where_the_name_comes_from(tmp_path, tiny_bert, monkeypatch):
+    """A model saved before 2026-11-27 names its backbone folder as typed ("my bb"). From another folder,
+    predict (and serve) said the folder does not exist and to give a local folder, which they take no option
+    for, and never that the name came from the model's config.json."""
+    from frozentune.model import ModelLoadError
+    from frozentune.serve.models import load_tasks
+
+    data = write_jsonl(tmp_path / "d.jsonl", labelled(30))
+    (tmp_path / "a").mkdir()
+    shutil.copytree(tiny_bert, tmp_path / "a" / "my bb")
+    cli(*train_args(data, tmp_path / "a" / "my bb", tmp_path, "--output", tmp_path / "m"), code=0)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["backbone"]["name"] = "my bb"  # as an older frozentune saved it
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path / "a")
+    cli("predict", "--model", tmp_path / "m", "a fine film", code=0)  # from the folder training ran in: found
+    monkeypatch.chdir(tmp_path)
+    says = (f"{tmp_path / 'm' / 'config.json'} names its backbone by the relative path 'my bb', which is no folder "
+            f"from here ({tmp_path}): a frozentune before 2026-11-27 saved a folder's path as typed, relative to where "
+            f"training ran. Run from the folder training ran in, or set backbone.name in "
+            f"{tmp_path / 'm' / 'config.json'} to that folder's absolute path")
+    cli("predict", "--model", tmp_path / "m", "a fine film", contains=says)
+    with pytest.raises(ModelLoadError, match=re.escape(says)):
+        load_tasks([tmp_path / "m"], None, None, lambda line: None)
 
 
 def test_a_backbone_whose_config_changed_since_training_is_refused(tmp_path, tiny_bert):

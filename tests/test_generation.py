@@ -309,6 +309,44 @@ def test_eval_split_train_scores_the_trained_sample_and_the_overlap_is_of_what_w
     assert json.loads(capsys.readouterr().out)["n"] == 24
 
 
+def test_eval_of_a_pairs_file_it_did_not_train_on_says_what_is_scored(tiny_lm, tmp_path, capsys, monkeypatch):
+    """eval --data OTHER.jsonl scored the 10% of it that a training run would hold out, saying "the held-out
+    validation sources (used for early stopping only, never trained on)" of a file the model never saw, and
+    not that --split all scores every row."""
+    def pairs(path: Path, place: str) -> Path:
+        path.write_text("".join(json.dumps({"source": f"name[Aromi], area[{place}] {i}",
+                                            "target": f"Aromi is in the {place} {i} ."}) + "\n" for i in range(30)))
+        return path
+
+    own, other = pairs(tmp_path / "pairs.jsonl", "city centre"), pairs(tmp_path / "other.jsonl", "riverside")
+    run = tmp_path / "m"
+    _train(tiny_lm, own, run, "--method", "prefix", "--prefix-length", "2", "--num-beams", "1")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run), "--data", str(other)]) == 0
+    err = capsys.readouterr().err
+    assert ("data: no test split: the scores are on 3 of the 30 sources of other.jsonl (10%, seed 0: those a run "
+            "training on it holds out for validation), not on all of them; this model was trained on other data: "
+            "--split all scores every source of other.jsonl") in err
+    assert "never trained on" not in err and "training pairs come from" not in err
+    assert json.loads((run / "config.json").read_text())["splits"]["files"] == {"train": str(own)}
+    assert main(["eval", "--model", str(run), "--data", str(own)]) == 0
+    assert ("data: no test split: the scores are on the held-out validation sources (used for early stopping only, "
+            "never trained on); --split all scores every source of pairs.jsonl, the trained ones too") in capsys.readouterr().err
+    # a model saved before the files were recorded: its data as named then, read from here
+    config = json.loads((run / "config.json").read_text())
+    del config["splits"]["files"]
+    config["data"] = "pairs.jsonl"
+    (run / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    assert G.is_training_data(config, "pairs.jsonl") == G.is_training_data(config, str(own)) == "own"
+    assert G.is_training_data(config, str(other)) == "other"
+    monkeypatch.chdir(run)
+    assert G.is_training_data(config, str(own)) == "unknown"  # pairs.jsonl is not there from here
+    assert main(["eval", "--model", str(run), "--data", str(own)]) == 0
+    err = capsys.readouterr().err
+    assert "not on all of them: --split all scores every source of pairs.jsonl" in err and "never trained on" not in err
+
+
 def test_train_generation_from_python_takes_a_path_and_log_none(tiny_lm, e2e_slice, tmp_path, capsys):
     """A Path as data failed at the save, after training (not JSON); log=None raised TypeError."""
     from frozentune.generation.run import train_generation
@@ -523,6 +561,83 @@ def test_the_encoder_alias_is_refused_as_the_lm(e2e_slice):
     assert api._lm_name(dataclasses.replace(api.BackboneOptions(), device="cpu")) is None
     assert api._lm_name(api.BackboneOptions("minilm")) == "minilm"  # named: refused where it loads, as above
     assert api.BackboneOptions().name == "minilm" and api.BackboneOptions("minilm") == api.BackboneOptions()
+
+
+# ----------------------------------------------------------------------------- a saved model's LM
+def test_a_model_saved_with_a_relative_lm_path_says_where_the_name_comes_from(tiny_lm, e2e_slice, tmp_path,
+                                                                                 monkeypatch):
+    """A model saved before 2026-11-27 names its LM folder as typed (models/llama). From another folder,
+    generate / eval / serve said "no folder of that name here ... give a local folder", which they take no
+    option for, and never said the name came from the model's config.json; export wrote the relative name
+    into the adapter as it was."""
+    import shutil
+
+    from frozentune.model import ModelLoadError
+    from frozentune.serve.models import load_tasks
+
+    (tmp_path / "a" / "models").mkdir(parents=True)
+    shutil.copytree(tiny_lm, tmp_path / "a" / "models" / "llama")
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    _train(Path("models/llama"), e2e_slice, run, "--method", "prefix", "--prefix-length", "2")
+    config = json.loads((run / "config.json").read_text())
+    assert config["backbone"]["name"] == str(tmp_path / "a" / "models" / "llama")  # saved absolute since then
+    config["backbone"]["name"] = "models/llama"  # as an older frozentune saved it
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]", code=0)  # from the folder training ran in: found
+    cli("export", "--model", run, "--format", "peft", "--output", tmp_path / "here", code=0)
+    adapter = json.loads((tmp_path / "here" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(tmp_path / "a" / "models" / "llama")  # made absolute
+    monkeypatch.chdir(tmp_path)
+    says = (f"{run / 'config.json'} names its language model 'models/llama', which is no folder from here "
+            f"({tmp_path}); if it is a folder, a frozentune before 2026-11-27 saved a folder's path as typed, relative "
+            f"to where training ran. Run from the folder training ran in, or set backbone.name in "
+            f"{run / 'config.json'} to that folder's absolute path. As a Hugging Face id: not in the local Hugging "
+            f"Face cache, and the hub is unreachable")
+    cli("generate", "--model", run, "name[Aromi]", contains=says)
+    cli("eval", "--model", run, "--data", e2e_slice, contains=says)
+    with pytest.raises(ModelLoadError, match=re.escape(says)):
+        load_tasks([run], None, None, lambda line: None)
+    answer = cli("export", "--model", run, "--format", "peft", "--output", tmp_path / "there", code=0)
+    assert f"written to base_model_name_or_path as it is: export from the folder training ran in, or set " \
+           f"base_model_name_or_path in {tmp_path / 'there' / 'adapter_config.json'}" in answer.out + answer.err
+    config["backbone"]["name"] = "./models/llama"  # no hub id: a path for certain
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]",
+        contains=f"names its language model by the relative path './models/llama', which is no folder from here")
+
+
+@pytest.mark.parametrize("method,extra", [("prefix", ["--prefix-length", "2"]), ("finetune", ["--top-layers", "1"])])
+def test_an_lm_whose_config_changed_since_training_is_refused(method, extra, tiny_lm, e2e_slice, tmp_path):
+    """The same LM weights under an edited config.json (another rope theta) decode other text: generate, eval
+    and serve gave it without a word (a classifier's backbone was checked). A model saved before the LM's
+    config hash was recorded loads as before, unchecked."""
+    import shutil
+
+    from frozentune.model import ModelLoadError
+    from frozentune.serve.models import load_tasks
+
+    lm, run = tmp_path / "lm", tmp_path / "run"
+    shutil.copytree(tiny_lm, lm)
+    _train(lm, e2e_slice, run, "--method", method, *extra, "--num-beams", "1")
+    config = json.loads((run / "config.json").read_text())
+    assert config["backbone"]["config_hash"]
+    lm_config = json.loads((lm / "config.json").read_text())
+    (lm / "config.json").write_text(json.dumps(dict(lm_config, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 100.0})))
+    says = (f"{run}: the language model {str(lm)!r} found here has the same weights but another config.json",
+            "load the same model files")
+    cli("generate", "--model", run, "name[Aromi]", contains=says)
+    cli("eval", "--model", run, "--data", e2e_slice, contains=says)
+    with pytest.raises(ModelLoadError, match="same weights but another config.json"):
+        load_tasks([run], None, None, lambda line: None)
+    (lm / "config.json").write_text(json.dumps(dict(lm_config, attention_dropout=0.3)))  # not a change of its outputs
+    cli("generate", "--model", run, "name[Aromi]", code=0)
+    (lm / "config.json").write_text(json.dumps(dict(lm_config, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 100.0})))
+    del config["backbone"]["config_hash"]  # as a frozentune before it was recorded saved it
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]", code=0)
 
 
 # ----------------------------------------------------------------------------- the real default LM

@@ -151,6 +151,36 @@ def test_an_encoder_decoder_prefix_has_no_peft_form(bart_dir, tmp_path):
         contains="an encoder-decoder prefix has no PEFT form either")
 
 
+@pytest.mark.parametrize("method", ["prefix", "finetune"])
+def test_an_encoder_decoder_lm_whose_config_changed_since_training_is_refused(method, bart_dir, tmp_path):
+    """The same BART weights under an edited config.json (another activation) decode other text: generate gave
+    it without a word. A model saved before the LM's config hash was recorded loads as before, unchecked."""
+    import shutil
+
+    from frozentune.backbone import load_seq2seq_lm
+    from frozentune.generation.prefix import PrefixConfig
+    from frozentune.generation.seq2seq import Seq2SeqFinetuner, Seq2SeqPrefixTuner
+    from frozentune.registry import make_config
+
+    lm_dir, run = tmp_path / "bart", tmp_path / "m"
+    shutil.copytree(bart_dir, lm_dir)
+    lm, tok = load_seq2seq_lm(str(lm_dir))
+    tuner = (Seq2SeqPrefixTuner(PrefixConfig(prefix_length=2), lm, tok, str(lm_dir)) if method == "prefix" else
+             Seq2SeqFinetuner(make_config("finetune", {"top_layers": 1}), lm, tok, str(lm_dir)))
+    tuner.save(run, extra={"task": "generation"})
+    config = json.loads((run / "config.json").read_text())
+    assert config["backbone"]["config_hash"]
+    cli("generate", "--model", run, "we propose", code=0)
+    lm_config = json.loads((lm_dir / "config.json").read_text())
+    (lm_dir / "config.json").write_text(json.dumps(dict(lm_config, activation_function="relu")))
+    cli("generate", "--model", run, "we propose",
+        contains=(f"the language model {str(lm_dir)!r} found here has the same weights but another config.json",
+                  "load the same model files"))
+    del config["backbone"]["config_hash"]  # as a frozentune before it was recorded saved it
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "we propose", code=0)
+
+
 def test_a_peft_encoder_decoder_prefix_adapter_is_refused_with_the_real_reason(bart_dir, tmp_path):
     """PEFT's SEQ_2_SEQ_LM prefix adapter: refused because the layouts differ (it said frozentune's prefixes were
     for causal LMs only, which the encoder-decoder prefix trained here contradicts)."""

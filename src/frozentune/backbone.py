@@ -124,6 +124,15 @@ class BackboneError(FrozentuneError, RuntimeError):
     """The model could not be loaded or used; the message says what to do."""
 
 
+class NotFound(BackboneError):
+    """A name that is no folder here and no model the hub or its local cache gives; `reason`: why not, in
+    words that follow "as a Hugging Face id:"."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     """Which hidden states to use. layers: indices into hidden_states (0 = embeddings,
@@ -262,18 +271,19 @@ def locate(name: str, what: str = "backbone", aliases: dict | None = None) -> tu
     try:
         validate_repo_id(path)
     except HFValidationError:
-        raise BackboneError(f"{what} {name!r}: not a folder (folder {path} does not exist) and not a Hugging Face "
-                            f"id; give a Hugging Face model folder (config.json and model.safetensors), a hub id "
-                            f"(name or org/name, e.g. sentence-transformers/all-MiniLM-L6-v2), or an alias "
-                            f"({alias_list})") from None
+        raise NotFound(f"{what} {name!r}: not a folder (folder {path} does not exist) and not a Hugging Face "
+                       f"id; give a Hugging Face model folder (config.json and model.safetensors), a hub id "
+                       f"(name or org/name, e.g. sentence-transformers/all-MiniLM-L6-v2), or an alias "
+                       f"({alias_list})") from None
     why = _hub_unreachable()
     if why is None:
         return path, {}
     if _in_hub_cache(path):
         return path, {"local_files_only": True}
-    raise BackboneError(f"{what} {name!r}: no folder of that name here, and not in the local Hugging Face cache; "
-                        f"the hub is unreachable ({why}). Download it where there is network "
-                        f"(e.g. `hf download {path}`), or give a local folder or an alias ({alias_list})")
+    raise NotFound(f"{what} {name!r}: no folder of that name here, and not in the local Hugging Face cache; "
+                   f"the hub is unreachable ({why}). Download it where there is network "
+                   f"(e.g. `hf download {path}`), or give a local folder or an alias ({alias_list})",
+                   f"not in the local Hugging Face cache, and the hub is unreachable ({why})")
 
 
 def refused_pickle(e: Exception) -> str:

@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -334,6 +334,60 @@ class ModelLoadError(FrozentuneError, RuntimeError):
     """A saved model folder is missing, incomplete or does not match its backbone."""
 
 
+def relative_name(folder: Path, name: str, then: str, what: str = "backbone", reason: str | None = None) -> str | None:
+    """Where a saved model's backbone (or LM) name `name` came from, where it is relative and no folder from
+    here (a frozentune before 2026-11-27 saved a folder as typed, relative to where training ran), then `then`
+    (what to do); `reason`: why it is no Hugging Face model either, where known. None for an alias, an
+    absolute path or a folder here."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from .backbone import ALIASES, LM_ALIASES
+
+    local = Path(name).expanduser()
+    if name in ALIASES or name in LM_ALIASES or local.is_absolute() or local.is_dir():
+        return None
+    config, here = Path(folder) / CONFIG, os.getcwd()
+    said = "a frozentune before 2026-11-27 saved a folder's path as typed, relative to where training ran"
+    try:
+        validate_repo_id(name)
+    except HFValidationError:  # a path, never a hub id
+        return f"{config} names its {what} by the relative path {name!r}, which is no folder from here ({here}): {said}. {then}"
+    return (f"{config} names its {what} {name!r}, which is no folder from here ({here}); if it is a folder, {said}. "
+            f"{then}" + (f". As a Hugging Face id: {reason}" if reason else ""))
+
+
+_Loaded = TypeVar("_Loaded")
+
+
+def load_named(folder: Path, name: str, load: Callable[[str], _Loaded], what: str = "backbone") -> _Loaded:
+    """load(name) of the backbone (or LM) a saved model's config.json names; where it is not found and the name
+    is relative (relative_name), a ModelLoadError saying where the name comes from and what to do."""
+    from .backbone import BackboneError, NotFound
+
+    try:
+        return load(name)
+    except BackboneError as e:
+        reason = (f"{e.reason}; `hf download {name}` where there is network gets it"
+                  if isinstance(e, NotFound) and e.reason else " ".join(str(e).split())[:300])
+        why = relative_name(folder, name, f"Run from the folder training ran in, or set backbone.name in "
+                            f"{Path(folder) / CONFIG} to that folder's absolute path", what, reason)
+        if why is None:
+            raise
+        raise ModelLoadError(why) from None
+
+
+def check_config_hash(folder: Path, saved: dict, model: nn.Module, what: str = "backbone") -> None:
+    """A ModelLoadError where `model`'s config.json differs from the one a saved model's backbone (or LM) had
+    (`saved`: its config.json's "backbone", whose config_hash is backbone.config_hash's): the same weights read
+    with another head count or rope theta give other states. A model saved before it was recorded: not checked."""
+    from .backbone import config_hash
+
+    if saved.get("config_hash") not in (None, config_hash(model)):
+        raise ModelLoadError(f"{folder}: the {what} {saved.get('name')!r} found here has the same weights but another "
+                             f"config.json (a field that changes its states: head count, activation, norm epsilon, "
+                             f"…) than the one this model was trained on; load the same model files.")
+
+
 def check_config(config: dict, path: Path) -> None:
     """A ModelLoadError naming the first entry of a classifier's config.json (read from `path`) that
     cannot be what frozentune wrote there: a hand edit that would otherwise end in a traceback, or
@@ -395,8 +449,8 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     if backbone is None:
         device, precision = runtime(b) if runtime is not None else ("cpu", b.get("precision", "fp32"))
         backbone = (method.encoder(make_config(method.name, config["options"]), b["max_length"], load_init=False)
-                    if own else Backbone.load(b["name"], spec, b["max_length"], device=device, precision=precision,
-                                              token_types=types))
+                    if own else load_named(folder, b["name"], lambda name: Backbone.load(
+                        name, spec, b["max_length"], device=device, precision=precision, token_types=types)))
     elif (backbone.layers, backbone.max_length, backbone.token_types) != (spec, b["max_length"], types):
         raise ModelLoadError(f"{folder}: saved for layers {spec} / max_length {b['max_length']} / token types "
                              f"{'on' if types else 'off'}, given {backbone.layers} / "
@@ -404,10 +458,8 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     if not own and backbone.weights_hash != b["weights_hash"]:
         raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has different weights "
                              f"from the one this model was trained on; load the same model files.")
-    if not own and b.get("config_hash") not in (None, backbone.config_hash):  # saved before it was: not checked
-        raise ModelLoadError(f"{folder}: the backbone {b['name']!r} found here has the same weights but another "
-                             f"config.json (a field that changes its states: head count, activation, norm epsilon, "
-                             f"…) than the one this model was trained on; load the same model files.")
+    if not own:
+        check_config_hash(folder, b, backbone.model)
     model = build_classifier(config["method"], backbone, config["labels"], config["options"],
                              cache_dtype=b.get("cache_dtype", "float16"))
     if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it

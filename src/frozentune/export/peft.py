@@ -82,11 +82,12 @@ def peft_generate_drops_prefix() -> bool:
 # ----------------------------------------------------------------------------- export
 def base_model_path(name: str) -> str:
     """What PEFT's `base_model_name_or_path` should say for a frozentune LM name: an alias
-    (smollm2-135m) becomes the folder it stands for, which PEFT and transformers can load; a Hub id
-    or folder stays as it is."""
-    from ..backbone import LM_ALIASES
+    (smollm2-135m) becomes the folder it stands for, which PEFT and transformers can load; a folder
+    here given by a relative path (a model saved before 2026-11-27) becomes absolute; a Hub id or an
+    absolute folder stays as it is."""
+    from ..backbone import LM_ALIASES, as_saved
 
-    return LM_ALIASES[name]() if name in LM_ALIASES else name
+    return LM_ALIASES[name]() if name in LM_ALIASES else as_saved(name, LM_ALIASES)
 
 
 DECODING = "frozentune_decoding.json"  # beside an exported adapter: the decoding options the model was trained with
@@ -137,7 +138,8 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     """Write the prefix saved in `model_dir` (a `frozentune train --method prefix` output) as a
     PEFT adapter folder `output` that `PeftModel.from_pretrained(lm, output)` loads. Returns a
     summary. The folder is written whole or not at all."""
-    from ..model import save_tensors
+    from ..backbone import _in_hub_cache
+    from ..model import relative_name, save_tensors
     from ..output import check_output, staged_output
     from .card import read_result, write_card
 
@@ -149,6 +151,9 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
                           f"(num_virtual_tokens must be at least 1); train with --prefix-length 1 or more")
     check_output(output, overwrite, reads=[model_dir], kind="peft")
     base = base_model_path(config["backbone"]["name"])
+    relative = relative_name(model_dir, base, f"It is written to base_model_name_or_path as it is: export from the "
+                             f"folder training ran in, or set base_model_name_or_path in {output / ADAPTER_CONFIG} to "
+                             f"that folder's absolute path", "language model")
     cfg = peft_config(tuple(prefix.shape), base)
     flat = to_peft(prefix.float())
     with staged_output(output, overwrite, kind="peft") as folder:
@@ -164,6 +169,8 @@ def export_peft(model_dir: Path, output: Path, overwrite: bool = False,
     log(f"wrote a PEFT prefix-tuning adapter to {output}: {p} virtual tokens × {n} layers × 2 × {h} kv heads × "
         f"{e} dims (prompt_embeddings {tuple(flat.shape)}), base model {base}. Load it with "
         f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base!r}), {str(output)!r})")
+    if relative is not None and not _in_hub_cache(base):  # a hub id the cache has is one
+        log(f"note: {relative}")
     if peft_generate_drops_prefix():
         log("warning: with the installed PEFT and transformers (>= 5.24), PeftModel.generate() leaves the prefix "
             "out (its forward pass keeps it). Generate with `frozentune generate --model` on this model, or with "
@@ -311,7 +318,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     prefix."""
     import dataclasses
 
-    from ..backbone import BackboneError, load_causal_lm, weights_hash
+    from ..backbone import BackboneError, load_causal_lm
     from ..data import DataError
     from ..generation.run import DecodeOptions
     from ..output import check_output, staged_output
@@ -362,7 +369,7 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
                               f"wrote); restore it, or remove the file to decode with the defaults") from None
     with staged_output(output, overwrite) as folder:
         save_prefix(folder, prefix, PrefixConfig(prefix_length=int(prefix.shape[3]), reparam=False), name,
-                    weights_hash(lm), extra={"task": "generation", "decoding": decoding, "imported": imported},
+                    lm, extra={"task": "generation", "decoding": decoding, "imported": imported},
                     options=options)
         write_card_from_files(folder)
     if others := named_adapters(adapter_dir):  # PEFT's default adapter at the top, named ones below it

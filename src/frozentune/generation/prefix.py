@@ -39,8 +39,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import FrozentuneError
-from ..backbone import cache_kwargs, freeze, pad, returned_cache, weights_hash
-from ..model import CONFIG, WEIGHTS, write_saved
+from ..backbone import cache_kwargs, config_hash, freeze, pad, returned_cache, weights_hash
+from ..model import CONFIG, WEIGHTS, check_config_hash, write_saved
 from ..registry import MethodConfig, changed
 
 PREFIX_KEY = "prefix"           # the one tensor in WEIGHTS: (N, 2, H, P, E)
@@ -483,7 +483,7 @@ class PrefixTuner(LMTuner):
         return {PREFIX_KEY: self.encoder.materialize()}
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
-        save_prefix(folder, self.encoder.materialize(), self.cfg, self.lm_name, weights_hash(self.lm), extra)
+        save_prefix(folder, self.encoder.materialize(), self.cfg, self.lm_name, self.lm, extra)
 
     @classmethod
     def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "PrefixTuner":
@@ -534,16 +534,21 @@ def check_kv_shape(lm: nn.Module, shape: KVShape) -> None:
 
 
 # ----------------------------------------------------------------------------- save / load
-def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str = "", lm_hash: str | None = None,
+def lm_entry(name: str, lm: nn.Module, trained: bool = False, weights: str | None = None) -> dict:
+    """A saved generator's "backbone": the LM's name, the hashes of its weights (`weights`: of the ones a
+    fine-tuned LM started from) and of its config.json (backbone.config_hash), whether it was trained."""
+    return {"name": name, "weights_hash": weights or weights_hash(lm), "config_hash": config_hash(lm), "trained": trained}
+
+
+def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str, lm: nn.Module,
                 extra: dict | None = None, options: dict | None = None) -> None:
     """folder/model.safetensors: only the materialised prefix (N, 2, H, P, E); folder/config.json:
     method, options (all of cfg's, or `options` where only some are known: an imported prefix; loading fills
-    the rest with defaults, which a materialised prefix does not use), the LM's name and weights hash, the
-    prefix shape."""
+    the rest with defaults, which a materialised prefix does not use), the LM (lm_entry), the prefix shape."""
     n, _, h, p, e = prefix.shape
     config = {"method": "prefix", "architecture": "causal",
               "options": dataclasses.asdict(cfg) if options is None else options,
-              "backbone": {"name": lm_name, "weights_hash": lm_hash, "trained": False},
+              "backbone": lm_entry(lm_name, lm),
               "prefix": {"layers": n, "kv_heads": h, "head_dim": e, "length": p}, **(extra or {})}
     write_saved(folder, {PREFIX_KEY: prefix.float()}, config)
 
@@ -583,7 +588,7 @@ def saved_options(config: dict) -> PrefixConfig:
 
 def check_fits(folder: Path, config: dict, lm: nn.Module, shapes: dict[str, tuple[KVShape, tuple[int, int, int]]]) -> None:
     """PrefixError unless each saved prefix (N, H, E) fits the LM's shape of that kind, and the LM's weights
-    hash is the one saved (when one was)."""
+    hash is the one saved (when one was); a ModelLoadError where its config hash is not (check_config_hash)."""
     name = config["backbone"].get("name") or "not recorded"
     for what, (want, (n, h, e)) in shapes.items():
         if (n, h, e) != (want.layers, want.heads, want.head_dim):
@@ -594,6 +599,7 @@ def check_fits(folder: Path, config: dict, lm: nn.Module, shapes: dict[str, tupl
     if saved_hash and weights_hash(lm) != saved_hash:
         raise PrefixError(f"{folder}: this model's weights differ from the ones the prefix was trained on "
                           f"({name}); load the same model files.")
+    check_config_hash(folder, config["backbone"], lm, "language model")
 
 
 def load_prefix(folder: Path, lm: nn.Module | None = None) -> tuple[Tensor, PrefixConfig, dict]:

@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..output import holds_output
-from ..data import DataError, GenExample, blank, merged_note, load_generation, resolve, whole_count
-from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture
+from ..data import (DataError, GenExample, blank, merged_note, load_generation, resolve, resolved_files,
+                   whole_count)
+from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture, lm_entry
 
 GEN_LM = "smollm2-135m"  # default language model of generation runs
 
@@ -48,6 +49,7 @@ class GenSplits:
     # the examples (each source with all its references) of the pairs train and validation hold (their
     # --max-train / --max-validation samples): what eval --split train / validation scores
     examples: dict[str, list[GenExample]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # {split: absolute path} read (data.resolved_files)
 
 
 def is_generation_data(data: str, source_field: str | None = None, target_field: str | None = None) -> bool:
@@ -122,13 +124,16 @@ def _sample(items: list, n: int | None, rng: np.random.Generator) -> list:
 def load_generation_splits(name: str, seed: int = 0, max_train: int | None = None,
                            max_validation: int | None = MAX_VALIDATION, max_test: int | None = None,
                            validation_fraction: float = 0.1,
-                           fields: tuple[str | None, str | None] = (None, None)) -> GenSplits:
+                           fields: tuple[str | None, str | None] = (None, None),
+                           scoring: str | None = None) -> GenSplits:
     """Train/validation pairs and test examples of a data-to-text dataset. Training pairs come from
     `train`, or, when the dataset has none (E2E as shipped here: dev + test), from `validation`, whose
     sources are then split: a seeded `validation_fraction` of them is held out for validation and the
     rest trains, so no source is in both. `max_train` samples that many (source, reference) pairs
     (seeded); `max_validation` caps the validation pairs; `max_test` takes a seeded sample of test
-    examples (in file order)."""
+    examples (in file order). `scoring`: for eval, whether this is the data the model scored trained on
+    (is_training_data: "own", "other" or "unknown"; the notes on a test held out say so and name --split
+    all); None: this is the training run."""
     _, files = resolve(name)
     rng = np.random.default_rng(seed)
     notes = []
@@ -147,9 +152,10 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
         n_val = max(1, int(round(validation_fraction * len(pool))))
         val_ex = [pool[i] for i in np.sort(order[:n_val])]
         train_ex = [pool[i] for i in np.sort(order[n_val:])]
-        notes.append(f"no {'train' if held_out == 'validation' else 'validation'} split: training pairs come from the "
-                     f"{files[held_out].name} file's {len(train_ex)} sources; {len(val_ex)} other sources "
-                     f"({validation_fraction:.0%}, seed {seed}) are held out for validation")
+        if scoring not in ("other", "unknown"):  # of other data, the model trained on none of these sources
+            notes.append(f"no {'train' if held_out == 'validation' else 'validation'} split: training pairs come from "
+                         f"the {files[held_out].name} file's {len(train_ex)} sources; {len(val_ex)} other sources "
+                         f"({validation_fraction:.0%}, seed {seed}) are held out for validation")
     else:
         raise DataError(f"{name}: needs a train or validation file to train on (has: {', '.join(files)}).")
     if test is not None and (note := merged_note(test, files["test"].name)):
@@ -157,8 +163,17 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
     own_test = test is not None
     if test is None:
         test = val_ex
-        notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
-                     "only, never trained on)")
+        every = (f"--split all scores every source of {files[held_out].name}" if Path(name).expanduser().is_file()
+                 else "")
+        if scoring in ("other", "unknown"):  # not said to be held out of a training it may not have been
+            notes.append(f"no test split: the scores are on {len(val_ex)} of the {len(val_ex) + len(train_ex)} sources "
+                         f"of {files[held_out].name} ({validation_fraction:.0%}, seed {seed}: those a run training on it "
+                         f"holds out for validation), not on all of them"
+                         + ("; this model was trained on other data" if scoring == "other" else "")
+                         + (f": {every}" if every else ""))
+        else:
+            notes.append("no test split: the scores are on the held-out validation sources (used for early stopping "
+                         "only, never trained on)" + (f"; {every}, the trained ones too" if scoring and every else ""))
     train = _sample(_pairs(train_ex), max_train, rng)
     validation = _sample(_pairs(val_ex), max_validation, rng)
     if max_test is not None:
@@ -173,7 +188,8 @@ def load_generation_splits(name: str, seed: int = 0, max_train: int | None = Non
                          f"training pairs (their targets may differ): those scores are of sources the model was "
                          f"trained on")
     return GenSplits(name, train, validation, test, notes, {"train": _holding(train_ex, train),
-                                                            "validation": _holding(val_ex, validation)})
+                                                            "validation": _holding(val_ex, validation)},
+                     resolved_files(files))
 
 
 def _holding(examples: Sequence[GenExample], pairs: Sequence[tuple[str, str]]) -> list[GenExample]:
@@ -210,13 +226,13 @@ class LMFinetuner(LMTuner):
     def save(self, folder: Path, extra: dict | None = None) -> None:
         config = {"method": "finetune", "task": "generation", "architecture": architecture(self.lm),
                   "options": dataclasses.asdict(self.cfg),
-                  "backbone": {"name": self.lm_name, "weights_hash": self.base_hash, "trained": True},
+                  "backbone": lm_entry(self.lm_name, self.lm, trained=True, weights=self.base_hash),
                   **(extra or {})}
         write_saved(folder, {k: v.float() for k, v in self.trainable_state().items()}, config)
 
     @classmethod
     def load(cls, folder: Path, lm: nn.Module, tok=None, lm_name: str = "") -> "LMFinetuner":
-        from ..model import load_weights
+        from ..model import check_config_hash, load_weights
 
         from ..registry import make_config
 
@@ -226,6 +242,7 @@ class LMFinetuner(LMTuner):
         if saved and tuner.base_hash != saved:
             raise PrefixError(f"{folder}: was fine-tuned from other base weights than "
                               f"{config['backbone'].get('name')!r} has now; load the same model files")
+        check_config_hash(folder, config["backbone"], lm, "language model")
         state = {k.removeprefix("lm."): v for k, v in load_weights(folder).items()}
         missing = set(trainable_names(lm, tuner.top_layers)) - set(state)
         if missing:
@@ -458,7 +475,7 @@ def load_tuner(folder: Path, device: str | None = None, precision: str | None = 
 
 def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     from ..backbone import load_generation_lm
-    from ..model import known_method, read_saved
+    from ..model import known_method, load_named, read_saved
 
     config = read_saved(folder, "the --output folder of a generation training run")
     if config.get("task") != "generation":
@@ -467,7 +484,7 @@ def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     spec = known_method(config, folder)
     check_safetensors(folder / WEIGHTS)  # before the LM is loaded: a damaged or foreign file is refused at once
     name = config["backbone"]["name"]
-    lm, tok = load_generation_lm(name)
+    lm, tok = load_named(folder, name, load_generation_lm, "language model")
     return spec.generator.load(folder, lm, tok, name), tok, config
 
 
@@ -634,7 +651,8 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         with staged_output(Path(output), overwrite) as folder:
             tuner.save(folder, extra={"task": "generation", "train": dataclasses.asdict(cfg_train), "data": splits.name,
                                       "decoding": dataclasses.asdict(decoding),
-                                      "splits": {"max_train": max_train, "max_validation": max_validation},
+                                      "splits": {"max_train": max_train, "max_validation": max_validation,
+                                                 "files": splits.files},
                                       "fields": {"source": fields[0], "target": fields[1]}})
             (folder / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
             write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
@@ -750,7 +768,8 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     elif split in ("test", "train", "validation"):  # drawn as the training run drew them (same seed, same draws)
         sizes = config.get("splits", {})
         splits = load_generation_splits(data, config.get("train", {}).get("seed", 0), sizes.get("max_train"),
-                                        sizes.get("max_validation", MAX_VALIDATION), max_test, fields=fields)
+                                        sizes.get("max_validation", MAX_VALIDATION), max_test, fields=fields,
+                                        scoring=is_training_data(config, data))
         for note in splits.notes if log else ():
             log(f"data: {note}")
         examples = splits.test if split == "test" else _sample(splits.examples[split], max_test, np.random.default_rng(0))
@@ -761,6 +780,23 @@ def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_tes
     metrics = grouped_scores(hyps, examples)
     return {"model": str(model_dir), "data": str(data), "split": split, "n": len(examples), "metrics": metrics["all"],
             "metrics_by_group": metrics, "precision": precision_of(tuner.lm)}
+
+
+def is_training_data(config: dict, data: str) -> str:
+    """"own" where `data` is what a saved generation model (its config.json) was trained on: the files its
+    splits.files records, or a dataset of the name it records (moved with $FROZENTUNE_DATA); for a model saved
+    before the files were recorded, the files its recorded name reads from here. "other" where it is not;
+    "unknown" where that name is not found from here."""
+    files = resolved_files(resolve(data)[1])
+    named, recorded = config.get("data"), (config.get("splits") or {}).get("files")
+    if files == recorded or (named == os.fspath(data) and not Path(named).expanduser().exists()):
+        return "own"
+    if isinstance(recorded, dict) or not isinstance(named, str):
+        return "other" if isinstance(recorded, dict) else "unknown"
+    try:
+        return "own" if resolved_files(resolve(named)[1]) == files else "other"
+    except DataError:  # named by a path that is not there from here
+        return "unknown"
 
 
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:

@@ -675,7 +675,8 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     # what the pass depends on; the backbone by where it is read from, not by how its name is spelled
     key = (pass_source(b["name"]), b.get("weights_hash"), b["max_length"], str(rt[0]), rt[1], types)
     if key not in frozen:
-        bb = Backbone.load(b["name"], LayerSpec(), b["max_length"], device=rt[0], precision=rt[1], token_types=types)
+        bb = M.load_named(folder, b["name"], lambda n: Backbone.load(n, LayerSpec(), b["max_length"], device=rt[0],
+                                                                      precision=rt[1], token_types=types))
         frozen[key] = FrozenPass(bb, b.get("weights_hash"))
         frozen[key].source = shown_source(b["name"])
     group = frozen[key]
@@ -704,7 +705,7 @@ def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Tas
     if shares and where in lms:
         group = lms[where]
     else:
-        lm, tok = load_generation_lm(name)
+        lm, tok = M.load_named(folder, name, load_generation_lm, "language model")
         group = LMGroup(lm, tok, name, dev)
         group.source = shown_source(name, LM_ALIASES, reverse=False)
         if shares:

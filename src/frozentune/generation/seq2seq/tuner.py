@@ -25,10 +25,10 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ...backbone import freeze, heads_of, pad, weights_hash
+from ...backbone import freeze, heads_of, pad
 from ...model import WEIGHTS, write_saved
 from ..prefix import (IGNORE, KVShape, LMTuner, PrefixBatch, PrefixConfig, PrefixEncoder, PrefixError, architecture,
-                      check_fits, phrase_ids, read_prefix_folder, saved_options, until_eos)
+                      check_fits, lm_entry, phrase_ids, read_prefix_folder, saved_options, until_eos)
 from ..precision import decoding
 from .attention import KINDS, Site, find_sites, prefixes_set, site_activations
 
@@ -247,7 +247,7 @@ class Seq2SeqPrefixTuner(Seq2SeqTuner):
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
         config = {"method": "prefix", "architecture": ARCHITECTURE, "options": dataclasses.asdict(self.cfg),
-                  "backbone": {"name": self.lm_name, "weights_hash": weights_hash(self.lm), "trained": False},
+                  "backbone": lm_entry(self.lm_name, self.lm),
                   "prefix": {k: {"layers": s.layers, "kv_heads": s.heads, "head_dim": s.head_dim,
                                  "length": self.cfg.prefix_length} for k, s in self.shapes.items()},
                   **(extra or {})}
