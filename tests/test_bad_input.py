@@ -694,6 +694,34 @@ def test_weights_overwritten_in_place_same_size(model_copy):
     assert ans.out == ""
 
 
+def test_a_model_replaced_while_it_loads_is_said_not_mixed(tmp_path, model_dir, monkeypatch):
+    """predict read config.json (labels, checksum), loaded the backbone for seconds, then read model.safetensors
+    again by path: a `train --overwrite` that swapped the folder in between gave the old labels with the new
+    weights, exit 0 (wrong answers). The weights parsed are now the bytes the config read names."""
+    from frozentune import model as M
+
+    m, new = tmp_path / "m", tmp_path / "new"
+    shutil.copytree(model_dir, m)
+    shutil.copytree(model_dir, new)  # another run's model: other weights, its labels the other way round
+    M.save_tensors({k: v * 2 for k, v in M.load_weights(new).items()}, new / M.WEIGHTS)
+    config = json.loads((new / "config.json").read_text())
+    config |= {"labels": config["labels"][::-1], "weights_file": M.file_checksum(new / M.WEIGHTS)}
+    (new / "config.json").write_text(json.dumps(config))
+    real = M.load_named
+
+    def swapped_meanwhile(folder, name, load, what="backbone"):  # as staged_output swaps a folder in
+        loaded = real(folder, name, load, what)
+        m.rename(tmp_path / "old")
+        new.rename(m)
+        return loaded
+
+    monkeypatch.setattr(M, "load_named", swapped_meanwhile)
+    with pytest.raises(M.ModelLoadError, match="was replaced while it was being loaded .*run the command again"):
+        M.load(m)
+    monkeypatch.undo()
+    assert M.load(m).labels == config["labels"]  # run again: the new model, whole
+
+
 def test_eval_on_data_with_other_labels_names_them(tmp_path, model_dir):
     data = write_jsonl(tmp_path / "other" / "train.jsonl", labelled(20, ("neg", "neutral")))
     write_jsonl(tmp_path / "other" / "test.jsonl", labelled(6, ("neg", "neutral")))

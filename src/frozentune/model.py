@@ -13,6 +13,7 @@ Legend: B batch, T tokens, D hidden, C classes.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import re
@@ -228,10 +229,12 @@ def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
     (folder / CONFIG).write_text(json.dumps(config, indent=2, allow_nan=False))
 
 
-def file_checksum(path: Path) -> dict:
-    """{"bytes", "blake2b"} of a file, read in 1 MiB blocks."""
+def file_checksum(path: Path | bytes) -> dict:
+    """{"bytes", "blake2b"} of a file (read in 1 MiB blocks), or of its bytes as read."""
     from .cache import blake2b_of
 
+    if isinstance(path, bytes):
+        return {"bytes": len(path), "blake2b": blake2b_of(io.BytesIO(path))}
     with open(path, "rb") as f:
         digest = blake2b_of(f)
     return {"bytes": Path(path).stat().st_size, "blake2b": digest}
@@ -283,13 +286,17 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
 
 
 def read_safetensors(path: Path, error: type[Exception] | None = None,
-                     then: str = "the folder is damaged: train it again", device: str = "cpu") -> dict[str, Tensor]:
+                     then: str = "the folder is damaged: train it again", device: str = "cpu",
+                     data: bytes | None = None) -> dict[str, Tensor]:
     """The tensors of a safetensors file (no code can run), or `error` (default ModelLoadError) in
-    one line naming the file and saying `then` what to do; the one reader of every saved folder."""
+    one line naming the file and saying `then` what to do; the one reader of every saved folder.
+    `data`: the file's bytes, already read (and checked) by the caller."""
     from safetensors import SafetensorError
     from safetensors.torch import load, load_file
 
     try:
+        if data is not None:
+            return {k: v.to(device) for k, v in load(data).items()}
         try:
             str(path).encode("utf-8")
         except UnicodeEncodeError:  # a folder named in bytes that are not UTF-8: safetensors takes no such path
@@ -300,9 +307,28 @@ def read_safetensors(path: Path, error: type[Exception] | None = None,
                                         f"{then}") from None
 
 
-def load_weights(folder: Path) -> dict[str, Tensor]:
-    """The tensors of folder/model.safetensors, or ModelLoadError."""
-    return read_safetensors(Path(folder) / WEIGHTS)
+def load_weights(folder: Path, config: dict | None = None) -> dict[str, Tensor]:
+    """The tensors of folder/model.safetensors, or ModelLoadError. With `config`, the folder's config.json as
+    read_saved read it (seconds earlier: a backbone loaded in between), the bytes parsed are checked to be the
+    ones its checksum names, so that a folder another run replaced meanwhile (`train --overwrite`) is said,
+    not read half old, half new (its labels with the new weights: wrong answers, exit 0)."""
+    path = Path(folder) / WEIGHTS
+    if config is None or not isinstance(config.get("weights_file"), dict):  # saved before the checksum was kept
+        return read_safetensors(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot be read ({e.strerror or e}); check its permissions") from None
+    if file_checksum(data) != config["weights_file"]:
+        try:
+            same = json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")) == config
+        except (OSError, ValueError):
+            same = False
+        raise ModelLoadError(f"{folder}: " + (f"{WEIGHTS} changed since its checksum was checked; the file was changed "
+                                              f"or damaged: restore it or train again" if same else
+                                              "was replaced while it was being loaded (another run saved a model "
+                                              "into it); run the command again"))
+    return read_safetensors(path, data=data)
 
 
 def known_method(config: dict, folder: Path):
@@ -464,7 +490,7 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
                              cache_dtype=b.get("cache_dtype", "float16"))
     if hasattr(model.head, "prepare_load"):  # e.g. a prefix saved without the MLP that trained it
         model.head.prepare_load()
-    state = load_weights(folder)
+    state = load_weights(folder, config)
     if not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
         raise ModelLoadError(f"{folder / WEIGHTS}: holds NaN or infinite weights; the model is unusable: train it again")
     try:

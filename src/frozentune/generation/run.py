@@ -243,7 +243,7 @@ class LMFinetuner(LMTuner):
             raise PrefixError(f"{folder}: was fine-tuned from other base weights than "
                               f"{config['backbone'].get('name')!r} has now; load the same model files")
         check_config_hash(folder, config["backbone"], lm, "language model")
-        state = {k.removeprefix("lm."): v for k, v in load_weights(folder).items()}
+        state = {k.removeprefix("lm."): v for k, v in load_weights(folder, config).items()}
         missing = set(trainable_names(lm, tuner.top_layers)) - set(state)
         if missing:
             raise PrefixError(f"{folder / WEIGHTS}: lacks {len(missing)} trained tensors (e.g. {sorted(missing)[0]})")
