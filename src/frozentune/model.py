@@ -324,10 +324,10 @@ def load_weights(folder: Path, config: dict | None = None) -> dict[str, Tensor]:
             same = json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")) == config
         except (OSError, ValueError):
             same = False
-        raise ModelLoadError(f"{folder}: " + (f"{WEIGHTS} changed since its checksum was checked; the file was changed "
-                                              f"or damaged: restore it or train again" if same else
-                                              "was replaced while it was being loaded (another run saved a model "
-                                              "into it); run the command again"))
+        raise ModelLoadError(f"{path}: not the weights this model was saved with (checksum mismatch); the file was "
+                             f"changed or damaged: restore it or train again" if same else
+                             f"{folder}: was replaced while it was being loaded (another run saved a model into it); "
+                             f"run the command again")
     return read_safetensors(path, data=data)
 
 
