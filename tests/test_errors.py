@@ -14,7 +14,8 @@ from frozentune import FrozentuneError, cli
 
 # Exceptions that are not about the user's input: control flow inside the server and the interrupt
 # signal (a BaseException, as KeyboardInterrupt is).
-INTERNAL = {"TaskFailed", "ClientGone", "Interrupted"}
+INTERNAL = {"TaskFailed", "ClientGone", "Interrupted",
+            "Held", "BuildRunning"}  # a lock held by another process: caught where it is taken, said as an OutputError / CacheError
 
 
 def _exception_classes() -> dict[str, type]:

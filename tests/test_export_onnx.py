@@ -159,6 +159,15 @@ def test_pair_model_without_token_types(tiny_bert, mrpc_slice, tmp_path, monkeyp
     got = json.loads(cli("predict", "--onnx", tmp_path / "g", "--pair", *pair, code=0).out)
     want = json.loads(cli("predict", "--model", tmp_path / "m", "--precision", "fp32", "--pair", *pair, code=0).out)
     assert got["label"] == want["label"]
+    # as the card says to feed it: the tokenizer saved beside the graph, its every output (it gave token_type_ids,
+    # which ONNX Runtime refused as an input the graph lacks)
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    fed = dict(AutoTokenizer.from_pretrained(str(tmp_path / "g"))(*pair, return_tensors="np", truncation=True))
+    assert sorted(fed) == ["attention_mask", "input_ids"]
+    logits = ort.InferenceSession(str(tmp_path / "g" / "model.onnx")).run(None, fed)[0]
+    assert logits.shape == (1, len(want["scores"]))
     # a typed pair head cannot share that graph: its pass feeds token types
     cli("train", "--method", "probe", "--data", "mrpc", "--backbone", tiny_bert, "--output", tmp_path / "typed",
         "--epochs", "1", "--precision", "fp32", "--cache-dir", tmp_path / "c", "--quiet", code=0)

@@ -209,7 +209,7 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
             name = max(check["relative"], key=check["relative"].get)
             raise ExportError(f"ONNX Runtime differs from PyTorch on {name} by {worst:.2e} (relative; limit "
                               f"{PARITY:g}); the graph was not written. Please report it with the models' methods")
-        save_tokenizer(bb.tok, folder, bb.max_length)
+        save_tokenizer(bb.tok, folder, bb.max_length, graph.input_names)
         meta = {"format": "frozentune-onnx/1", "graph": GRAPH, "opset": OPSET, "checksums": graph_checksums(folder),
                 "inputs": graph.input_names, "outputs": graph.output_names, "precision": "fp32",
                 "heads": [{"name": n, "method": m.method, "labels": m.labels, "layers": list(m.backbone_ref.layers.layers),
@@ -237,16 +237,19 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
     return meta
 
 
-def save_tokenizer(tok, folder: Path, max_length: int) -> None:
-    """The backbone's tokenizer, saved with model_max_length = the graph's max_length: a user who
-    tokenises with it and truncation=True (as the card says) gives the graph the tokens predict gives
-    it. The loaded tokenizer is left as it was."""
-    kept = tok.model_max_length
-    tok.model_max_length = max_length
+def save_tokenizer(tok, folder: Path, max_length: int, inputs: Sequence[str]) -> None:
+    """The backbone's tokenizer, saved with model_max_length = the graph's max_length and model_input_names =
+    the graph's `inputs`: a user who tokenises with it and truncation=True (as the card says) gives the graph
+    the tokens predict gives it, and no input it lacks (a --no-token-types graph has no token_type_ids, which
+    ONNX Runtime refused: "Invalid input name"). The loaded tokenizer is left as it was."""
+    kept, init = (tok.model_max_length, tok.model_input_names), dict(tok.init_kwargs)
+    # save_pretrained writes model_input_names only where init_kwargs holds the key (with the attribute's value)
+    tok.model_max_length, tok.model_input_names = max_length, list(inputs)
+    tok.init_kwargs["model_input_names"] = list(inputs)
     try:
         tok.save_pretrained(str(folder))
     finally:
-        tok.model_max_length = kept
+        (tok.model_max_length, tok.model_input_names), tok.init_kwargs = kept, init
 
 
 def graph_checksums(folder: Path, names: Sequence[str] | None = None) -> dict[str, str]:
