@@ -296,6 +296,12 @@ def test_no_token_types_keeps_the_ids_and_drops_the_types(tiny_bert, bb, tmp_pat
         want = off.states(ids, mask, torch.zeros_like(ids))[0]
     got, _ = cache.batch(np.array([0]))
     torch.testing.assert_close(got[0], want, rtol=2 ** -10, atol=2 ** -10)  # fp16 cache rounding, as above
+    # --list tells the two entries of one file apart (they differed in no column: which to --remove?)
+    get_or_build(bb, PAIRS, tmp_path, progress=False)
+    get_or_build(bb, ["one text"], tmp_path, progress=False)
+    listed = json.loads(cli("cache", "--list", "--json", "--cache-dir", tmp_path, code=0).out)
+    assert sorted(r["input"] for r in listed) == ["pairs", "pairs without token types", "texts"]
+    assert f"{len(PAIRS):,} pairs without token types" in cli("cache", "--list", "--cache-dir", tmp_path, code=0).out
 
 
 def test_no_token_types_is_saved_and_used_by_predict(monkeypatch, mrpc_slice, tiny_bert, tmp_path):

@@ -756,7 +756,7 @@ def _cache_folder(a: argparse.Namespace) -> int:
         status = e.status + (f" ({e.shards}; {e.sweep})" if e.kind == "sweep" else f" ({e.shards} shards)" if e.shards
                              else "")
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
-                  str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" if e.examples is not None else "",
+                  str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" + ("" if e.input in ("", "texts") else f" {e.input}") if e.examples is not None else "",
                   f"{e.tokens:,}" if e.tokens is not None else "", size_text(e.bytes), e.created, e.source)
     Console(width=200).print(t)
     print(f"{len(rows)} item(s), {size_text(sum(e.bytes for e in rows))}; --prune removes "

@@ -51,6 +51,7 @@ class Entry:
     precision: str = ""
     dtype: str = ""
     examples: int | None = None
+    input: str = ""      # texts | pairs | pairs without token types (two entries of one file differ by it alone)
     tokens: int | None = None
     created: str = ""
     shards: str = ""     # building: "finished/total"
@@ -107,7 +108,9 @@ def _pid_alive(text: str) -> bool:
 def _describe(fields: dict) -> dict:
     return {"model": str(fields.get("model", "")), "layers": str(fields.get("layers", "")),
             "max_length": fields.get("max_length"), "precision": str(fields.get("precision", "fp32")),
-            "dtype": str(fields.get("dtype", "")), "examples": fields.get("n")}
+            "dtype": str(fields.get("dtype", "")), "examples": fields.get("n"),
+            "input": ("pairs" + ("" if fields.get("token_types", True) else " without token types")
+                      if fields.get("pairs") else "texts")}
 
 
 def _files_problem(path: Path, meta: dict) -> str:
