@@ -604,7 +604,7 @@ def test_a_model_saved_with_a_relative_lm_path_says_where_the_name_comes_from(ti
     config["backbone"]["name"] = "./models/llama"  # no hub id: a path for certain
     (run / "config.json").write_text(json.dumps(config))
     cli("generate", "--model", run, "name[Aromi]",
-        contains=f"names its language model by the relative path './models/llama', which is no folder from here")
+        contains="names its language model by the relative path './models/llama', which is no folder from here")
 
 
 @pytest.mark.parametrize("method,extra", [("prefix", ["--prefix-length", "2"]), ("finetune", ["--top-layers", "1"])])
