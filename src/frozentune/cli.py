@@ -755,8 +755,9 @@ def _cache_folder(a: argparse.Namespace) -> int:
     for e in rows:
         status = e.status + (f" ({e.shards}; {e.sweep})" if e.kind == "sweep" else f" ({e.shards} shards)" if e.shards
                              else "")
+        examples = "" if e.examples is None else f"{e.examples:,}" + (f" {e.input}" if e.input.startswith("pairs") else "")
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
-                  str(e.max_length or ""), e.precision, e.dtype, f"{e.examples:,}" + ("" if e.input in ("", "texts") else f" {e.input}") if e.examples is not None else "",
+                  str(e.max_length or ""), e.precision, e.dtype, examples,
                   f"{e.tokens:,}" if e.tokens is not None else "", size_text(e.bytes), e.created, e.source)
     Console(width=200).print(t)
     print(f"{len(rows)} item(s), {size_text(sum(e.bytes for e in rows))}; --prune removes "

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 try:
     import fcntl
@@ -96,12 +96,3 @@ def release(path: Path, fd: int | None) -> None:
         os.unlink(path)
     os.close(fd)
 
-
-@contextlib.contextmanager
-def held(path: Path, wait: bool = True, on_wait: Callable[[str, float], None] | None = None) -> Iterator[bool]:
-    """acquire … release around a block; yields whether a lock is held (False where flock does not work)."""
-    fd = acquire(path, wait, on_wait)
-    try:
-        yield fd is not None
-    finally:
-        release(path, fd)

@@ -56,7 +56,7 @@ def _writable(folder: Path) -> bool:
 
 _STAGED = r"(partial|replaced)-(\d+)-[0-9a-f]{8}"  # what staged_output's folders are called after their prefix
 STAGING = re.compile(r"\." + _STAGED)  # its folders inside an output written in place
-LOCK = ".frozentune.lock"  # claim_output's lock inside an output written in place (beside it: .NAME.lock)
+LOCK = ".frozentune.lock"  # claimed's lock inside an output written in place (beside it: .NAME.lock)
 
 
 def _followed(output: Path) -> Path:
