@@ -463,8 +463,12 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
 
     bb = api.BackboneOptions(str(tiny_bert), max_length=16)
     cfg = {"min_steps": 12}
+    lines = []
     one = run_sweep(_grid(), str(trec_slice), bb, tmp_path / "s1", shots=2, cache_root=tmp_path / "c",
-                    train_cfg=cfg, log=lambda s: None)
+                    train_cfg=cfg, log=lines.append)
+    # the data's notes, as train says them (they were silent: e.g. SNLI training on its validation file), once each
+    for seed in (0, 1):
+        assert lines.count(f"data: --shots 2: 12 examples, 2 of each class drawn from train (seed {seed})") == 1, lines
     two = run_sweep(_grid(), str(trec_slice), bb, None, shots=2, cache_root=tmp_path / "c", train_cfg=cfg, log=lambda s: None)
     keep = ("method", "layer", "lr", "weight_decay", "seed", "score", "test_accuracy", "model_method")
     assert len(one.rows) == 8

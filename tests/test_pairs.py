@@ -340,6 +340,14 @@ def test_no_token_types_is_saved_and_used_by_predict(monkeypatch, mrpc_slice, ti
     assert "without token type ids" not in (runs[True] / "README.md").read_text()
     with pytest.raises(M.ModelLoadError, match="token types off, given .* on"):
         M.load(runs[False], backbone=Backbone.load(str(tiny_bert), max_length=48))
+    # a sweep says it too (only its best model's config.json did)
+    from frozentune.sweep import Grid, run_sweep
+
+    lines = []
+    run_sweep(Grid.parse("probe", "-1", "0.01", "0.01", "0"), "mrpc", api.BackboneOptions(
+        str(tiny_bert), max_length=48, precision="fp32", token_types=False), cache_root=tmp_path / "cache",
+        log=lines.append)
+    assert "data: sentence pairs fed without token type ids (--no-token-types), as every point's model records" in lines
 
 
 def test_no_token_types_refusals(monkeypatch, mrpc_slice, trec_slice, tiny_bert, tmp_path):

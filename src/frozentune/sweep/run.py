@@ -87,6 +87,14 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
     datasets = {s: load_classification(data, text_field, label_field, seed=s, max_train=max_train, shots=shots,
                                        carve_below=base.get("cv_below", CV_BELOW), pair_field=pair_field)
                 for s in sorted(seeds)}
+    said: set[str] = set()
+    for ds in datasets.values():  # what a train of the data says (SNLI's missing train file, a carved test split,
+        for note in ds.notes:    # each seed's sample), once: the points' own logs are silent
+            if note not in said:
+                said.add(note)
+                log(f"data: {note}")
+    if not backbone.token_types:
+        log("data: sentence pairs fed without token type ids (--no-token-types), as every point's model records")
     for s, ds in datasets.items():  # every point must have a score: validation, or folds that can hold each class out
         index = {lab: i for i, lab in enumerate(sorted(set(ds.train.labels)))}
         y = np.array([index[lab] for lab in ds.train.labels])
