@@ -309,6 +309,10 @@ def test_a_second_writer_of_one_output_is_refused_at_its_start(tmp_path, tiny_be
         locks.release(lock, fd)
     cli(*train_args(data, tiny_bert, tmp_path, "--output", out, "--overwrite"), code=0)  # free again
     assert tree(out) != before and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    # a run refused for its data leaves no folder its lock made on the way to a new --output
+    cli(*train_args(tmp_path / "nope.jsonl", tiny_bert, tmp_path, "--output", tmp_path / "new" / "deep" / "m"),
+        contains="nope.jsonl")
+    assert not (tmp_path / "new").exists()
 
 
 def test_output_into_model_file_read_only_and_overwrite(tmp_path, tiny_bert, model_dir):

@@ -278,7 +278,7 @@ def _replace_entries(output: Path, tmp: Path, tag: str) -> None:
 
 
 # ----------------------------------------------------------------------------- one writer per --output
-_CLAIMS: dict[Path, list] = {}  # the --output folders this process writes: [lock file, descriptor, depth]
+_CLAIMS: dict[Path, list] = {}  # the --output folders this process writes: [lock file, descriptor, depth, made]
 
 
 @contextlib.contextmanager
@@ -290,6 +290,7 @@ def claimed(output: Path) -> Iterator[None]:
     (a folder not writable: check_output says so) or flock does not work, nothing is held."""
     if (claim := _CLAIMS.get(output)) is None:
         lock = output / LOCK if _in_place(output) else output.parent / f".{output.name}.lock"
+        made = [p for p in (lock.parent, *lock.parent.parents) if not p.exists()]  # folders the lock makes
         try:
             lock.parent.mkdir(parents=True, exist_ok=True)
             fd = locks.acquire(lock, wait=False)
@@ -298,7 +299,7 @@ def claimed(output: Path) -> Iterator[None]:
                               f"choose another folder") from None
         except OSError:
             fd = None
-        claim = _CLAIMS[output] = [lock, fd, 0]
+        claim = _CLAIMS[output] = [lock, fd, 0, made]
     claim[2] += 1
     try:
         yield
@@ -307,6 +308,9 @@ def claimed(output: Path) -> Iterator[None]:
         if not claim[2]:
             del _CLAIMS[output]
             locks.release(claim[0], claim[1])
+            for folder in claim[3]:  # a run that saved nothing (bad data, an interrupt) leaves no empty folders
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 F = TypeVar("F", bound=Callable)
