@@ -89,6 +89,9 @@ ROWS = [
 
 def shorten(text: str) -> str:
     """Temporary paths of the test run → `…/name` (they differ every run)."""
+    # a folder of tmp_path_factory.mktemp named last: its number is how many of that name the process made before
+    # (test files share a worker's base folder under xdist, in another order each run): tiny_llama0 or tiny_llama1
+    text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/(popen-gw\d+/)?([^/\s'\"]*?)\d+(?=['\"\s]|$)", r"…/\2", text)
     text = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/(popen-gw\d+/)?[^/\s]+/", "…/", text)  # xdist adds popen-gwN/
     text = re.sub(r"/tmp/[^\s'\"]*/", "…/", text)
     text = re.sub(r"\(\d+\.\ds, [\d,]+ tok/s\)", "(…s, … tok/s)", text)  # timings differ every run
