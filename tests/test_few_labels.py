@@ -344,6 +344,16 @@ def test_the_session_runs_heads_without_the_fallback_however_it_is_passed(tiny_b
     assert api.fit_cv(build, src, y, None, None, cfg, lambda s: None, fallback=never)[0].method == "space"
 
 
+def test_a_run_without_folds_does_not_say_they_score_a_regression(capsys, trec_slice, tiny_bert, tmp_path, monkeypatch):
+    """One example per class: no folds, and the run said that "the folds also score a logistic regression"."""
+    monkeypatch.setattr(api, "fit_cv", crossval.fit_cv)  # the real one (conftest.heads_stay_heads)
+    code, out, err = run(capsys, "train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert,
+                         "--max-length", 16, "--shots", 1, "--cache-dir", tmp_path / "c", "--min-steps", 4,
+                         "--output", tmp_path / "m")
+    assert code == 0, err
+    assert "cross-validation: none possible" in out and "folds also score" not in out
+
+
 def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_slice, tiny_bert, tmp_path, monkeypatch):
     common = ("--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 16, "--shots", 2,
               "--cache-dir", tmp_path / "c", "--min-steps", 20)
