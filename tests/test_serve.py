@@ -1052,12 +1052,11 @@ def test_engine_checks_requests_before_queueing(engine, tmp_path):
         only_probe.close()
     # a probe the folds kept for a space head (few labels): said, as `frozentune explain` says it ("probe gives no
     # explanation" alone puzzled the user who trained space)
-    kept = tmp_path / "kept"
-    kept.mkdir()
-    (kept / "result.json").write_text(json.dumps({"method": "space", "model_method": "probe"}))
-    task, folder = engine.tasks["probe"], engine.tasks["probe"].folder
-    task.folder = kept  # (the task's group holds this object: a copy would not be the one answering)
-    fell = Engine([task], ServeOptions())
+    kept = tmp_path / "probe"  # the same probe, its result.json saying what a fallback's says
+    shutil.copytree(engine.tasks["probe"].folder, kept)
+    result = json.loads((kept / "result.json").read_text())
+    (kept / "result.json").write_text(json.dumps(result | {"method": "space", "model_method": "probe"}))
+    fell = Engine.load([kept], log=lambda line: None)
     try:
         said = "It was trained as --method space, and on its few labels cross-validation kept a logistic regression"
         assert said in fell.classify(["a fine film"], explain=True)["results"][0]["tasks"]["probe"]["lines"][0]
@@ -1065,7 +1064,6 @@ def test_engine_checks_requests_before_queueing(engine, tmp_path):
             fell.explain(["a fine film"], tasks=["probe"])
     finally:
         fell.close()
-        task.folder = folder
 
 
 # ----------------------------------------------------------------------------- metrics, OpenAPI, CLI

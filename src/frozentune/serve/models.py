@@ -171,6 +171,7 @@ class Task:
     prefix: Tensor | dict | None = None  # prefix generators: the materialised (N, 2, H, P, E); encoder-decoder: per kind
     decoding: dict = field(default_factory=dict)  # generators: num_beams, max_new_tokens as trained
     data: str | None = None  # generators: the data it was trained on (config.json), for the page's example source
+    trained_as: str = ""  # classifiers the folds kept as a regression (few labels): api._fallback_note's sentence
 
     @property
     def explains(self) -> bool:
@@ -180,10 +181,7 @@ class Task:
     def no_explanation(self) -> str:
         """Why a classifier gives no explanation; one trained as another method whose folds kept the logistic
         regression (few labels) says so, as `frozentune explain` does ("probe gives none" puzzled its user)."""
-        from ..api import _fallback_note
-
-        return (f"{self.method} gives no explanation (ytuning, space and selfexplain models do)"
-                + _fallback_note(self.folder))
+        return f"{self.method} gives no explanation (ytuning, space and selfexplain models do){self.trained_as}"
 
     @property
     def labels(self) -> list[str]:
@@ -657,7 +655,7 @@ def _decode_runtime(device: str | None, precision: str | None, log: Log) -> tupl
 
 
 def _load_classifier(folder: Path, device: str | None, precision: str | None, frozen: dict, log: Log) -> Task:
-    from ..api import _load, runs_live, saved_runtime
+    from ..api import _fallback_note, _load, runs_live, saved_runtime
     from ..model import known_method
 
     config = M.read_saved(folder)
@@ -669,7 +667,7 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
         model = _load(folder, device, precision, said)
         group: ClassifierGroup = LivePass(model)
         group.source = shown_source(group.source)
-        return Task(name, folder, "classify", config["method"], group, model=model)
+        return Task(name, folder, "classify", config["method"], group, model=model, trained_as=_fallback_note(folder))
     rt = saved_runtime(device, precision, said)(b)
     types = b.get("token_types", True)
     # what the pass depends on; the backbone by where it is read from, not by how its name is spelled
@@ -683,7 +681,7 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
     view = group.backbone.with_layers(LayerSpec(tuple(b["layers"]), b["combine"]))
     model = M.load(folder, backbone=view)
     model.to(view.device)
-    return Task(name, folder, "classify", config["method"], group, model=model)
+    return Task(name, folder, "classify", config["method"], group, model=model, trained_as=_fallback_note(folder))
 
 
 def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Task:
