@@ -907,9 +907,11 @@ def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, st
     labels = np.array(train.labels, dtype=object)[pool]
     rng = np.random.default_rng(seed)
     classes = {lab: pool[labels == lab] for lab in sorted(set(train.labels))}
-    if short := [(len(m), lab, "training examples") for lab, m in classes.items() if len(m) < shots] or \
-            [(n, lab, "different texts") for lab, m in classes.items()
-             if (n := len({_text_key(train.texts[i]) for i in m})) < shots]:
+    short = [(len(m), lab, "training examples") for lab, m in classes.items() if len(m) < shots]
+    if not short:  # rows enough: K different texts too? (a copy of a drawn text is drawn again: _distinct_draw)
+        short = [(n, lab, "different texts") for lab, m in classes.items()
+                 if (n := len({_text_key(train.texts[i]) for i in m})) < shots]
+    if short:
         n, lab, what = min(short)  # the smallest class: the most --shots can be (the first in order was named)
         others = f" ({len(short) - 1} other class(es) have fewer than {shots} too)" if len(short) > 1 else ""
         raise DataError(f"--shots {shots}: class {lab!r} has only {n} {what}" + (" among the whole texts" if treebank

@@ -377,7 +377,8 @@ def relative_name(folder: Path, name: str, then: str, what: str = "backbone", re
     try:
         validate_repo_id(name)
     except HFValidationError:  # a path, never a hub id
-        return f"{config} names its {what} by the relative path {name!r}, which is no folder from here ({here}): {said}. {then}"
+        return (f"{config} names its {what} by the relative path {name!r}, which is no folder from here ({here}): "
+                f"{said}. {then}")
     return (f"{config} names its {what} {name!r}, which is no folder from here ({here}); if it is a folder, {said}. "
             f"{then}" + (f". As a Hugging Face id: {reason}" if reason else ""))
 

@@ -289,8 +289,9 @@ def markdown(result: SweepResult, data: str) -> str:
     lines += ["", STD_NOTE]
     if any(t["fell_back"] for t in result.table):
         lines += ["", "\"a probe in k of n\": in k of the setting's n seeds, cross-validation found the head no better "
-                      "than a logistic regression with C=1 on the same states and kept that regression (saved as a probe), so "
-                      "those scores are that regression's (a probe row's C is chosen by its folds, so it may differ); `--fallback off` (train) keeps the head whatever the folds say."]
+                      "than a logistic regression with C=1 on the same states and kept that regression (saved as a "
+                      "probe), so those scores are that regression's (a probe row's C is chosen by its folds, so it "
+                      "may differ); `--fallback off` (train) keeps the head whatever the folds say."]
     solved = [r for r in result.rows if "C" in r["selection"]]
     if any(len({(r["lr"], r["weight_decay"]) for r in solved if r["method"] == m}) > 1  # said where the grid varied
            for m in {r["method"] for r in solved}):  # them for one method (methods' own default lr differ)
