@@ -791,8 +791,10 @@ def is_training_data(config: dict, data: str) -> str:
     named, recorded = config.get("data"), (config.get("splits") or {}).get("files")
     if files == recorded or (named == os.fspath(data) and not Path(named).expanduser().exists()):
         return "own"
-    if isinstance(recorded, dict) or not isinstance(named, str):
-        return "other" if isinstance(recorded, dict) else "unknown"
+    if isinstance(recorded, dict):  # the files it read are known, and they are not these
+        return "other"
+    if not isinstance(named, str):
+        return "unknown"
     try:
         return "own" if resolved_files(resolve(named)[1]) == files else "other"
     except DataError:  # named by a path that is not there from here
