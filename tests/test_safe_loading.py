@@ -181,13 +181,16 @@ def test_generator_weights_replaced_by_a_pickle(generators, tmp_path, marker, me
 def test_generator_loaders_refuse_a_pickle_when_called_directly(generators, tmp_path, marker, tiny_llama):
     from frozentune.backbone import load_causal_lm
     from frozentune.generation.run import LMFinetuner
-    from frozentune.generation.prefix import PrefixError, load_prefix
+    from frozentune.generation.prefix import load_prefix
 
     for method in ("prefix", "finetune"):
         model = tmp_path / method
         shutil.copytree(generators[method], model)
         plant(model / "model.safetensors", marker, "raw")
-    with pytest.raises(PrefixError, match="not a readable safetensors file"):
+    with pytest.raises(Exception, match="checksum mismatch"):  # as below: the planted bytes are never parsed
+        load_prefix(tmp_path / "prefix")
+    forge_checksum(tmp_path / "prefix")
+    with pytest.raises(Exception, match="not a readable safetensors file .*deserializing"):
         load_prefix(tmp_path / "prefix")
     lm, tok = load_causal_lm(str(tiny_llama))
     with pytest.raises(Exception, match="checksum mismatch"):  # its config.json's checksum: the bytes are not parsed
@@ -195,6 +198,38 @@ def test_generator_loaders_refuse_a_pickle_when_called_directly(generators, tmp_
     forge_checksum(tmp_path / "finetune")
     with pytest.raises(Exception, match="deserializing"):  # safetensors' own error: the file is never unpickled
         LMFinetuner.load(tmp_path / "finetune", lm, tok)
+
+
+def test_a_generator_replaced_while_its_lm_loads_is_said_not_mixed(generators, tmp_path, monkeypatch):
+    """generate read config.json (decoding options, checksum), loaded the LM for seconds, then the prefix loader
+    read config.json and the weights again by path: a folder swapped in between gave one run's decoding options
+    with another's prefix. Each read is now tied to the first: the swap is said."""
+    from frozentune import model as M
+    from frozentune.generation.run import load_tuner
+
+    m, new = tmp_path / "m", tmp_path / "new"
+    shutil.copytree(generators["prefix"], m)
+    shutil.copytree(generators["prefix"], new)  # another run's prefix: other values, other decoding options
+    M.save_tensors({k: v * 2 for k, v in M.load_weights(new).items()}, new / M.WEIGHTS)
+    config = json.loads((new / "config.json").read_text())
+    config["decoding"]["max_new_tokens"] += 3
+    config["weights_file"] = M.file_checksum(new / M.WEIGHTS)
+    (new / "config.json").write_text(json.dumps(config))
+    real = M.load_named
+
+    def swapped_meanwhile(folder, name, load, what="backbone"):  # as staged_output swaps a folder in
+        loaded = real(folder, name, load, what)
+        m.rename(tmp_path / "old")
+        new.rename(m)
+        return loaded
+
+    monkeypatch.setattr(M, "load_named", swapped_meanwhile)
+    with pytest.raises(M.ModelLoadError, match="was replaced while it was being loaded .*run the command again"):
+        load_tuner(m)
+    monkeypatch.undo()
+    tuner, _, got = load_tuner(m)  # run again: the new folder, whole
+    assert got["decoding"] == config["decoding"]
+    assert torch.equal(tuner.encoder.materialize(), M.load_weights(m)["prefix"])
 
 
 # ----------------------------------------------------------------------------- backbone folders

@@ -320,15 +320,22 @@ def load_weights(folder: Path, config: dict | None = None) -> dict[str, Tensor]:
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror or e}); check its permissions") from None
     if file_checksum(data) != config["weights_file"]:
-        try:
-            same = json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")) == config
-        except (OSError, ValueError):
-            same = False
+        check_unchanged(folder, config)
         raise ModelLoadError(f"{path}: not the weights this model was saved with (checksum mismatch); the file was "
-                             f"changed or damaged: restore it or train again" if same else
-                             f"{folder}: was replaced while it was being loaded (another run saved a model into it); "
-                             f"run the command again")
+                             f"changed or damaged: restore it or train again")
     return read_safetensors(path, data=data)
+
+
+def check_unchanged(folder: Path, config: dict) -> None:
+    """ModelLoadError unless folder/config.json still reads as `config` (read earlier in this load):
+    a folder another run replaced meanwhile (`train --overwrite`) is said, not used half old, half new."""
+    try:
+        same = json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")) == config
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        raise ModelLoadError(f"{folder}: was replaced while it was being loaded (another run saved a model into it); "
+                             f"run the command again")
 
 
 def known_method(config: dict, folder: Path):

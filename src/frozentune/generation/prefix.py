@@ -563,14 +563,24 @@ def architecture(lm: nn.Module) -> str:
 
 def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str, Tensor]]:
     """(config.json, tensors) of a saved prefix for an LM of `architecture` (causal / encoder-decoder);
-    a PrefixError that says what the folder is otherwise."""
-    from ..model import read_safetensors
+    a PrefixError that says what the folder is otherwise. The tensors are parsed from the bytes whose
+    checksum this config.json names (model.load_weights), so a folder replaced since the caller's own
+    read is said, never read as one run's config with another's prefix."""
+    from ..model import load_weights
 
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise PrefixError(f"{folder}: no {name}; is this a folder written by a prefix-tuning run?")
-    config = json.loads((folder / CONFIG).read_text())
+    try:
+        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PrefixError(f"{folder / CONFIG}: cannot be read ({e.strerror or e}); check its permissions") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PrefixError(f"{folder / CONFIG}: not valid JSON ({e}); the folder is damaged: train it again") from None
+    if not isinstance(config, dict):
+        raise PrefixError(f"{folder / CONFIG}: not a frozentune model config; is this a folder written by a "
+                          f"prefix-tuning run?")
     if config.get("method") != "prefix":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} model, not a prefix")
     saved = config.get("architecture", "causal")
@@ -578,7 +588,7 @@ def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str,
         raise PrefixError(f"{folder}: a prefix for {ARCHITECTURES.get(saved, saved)} cannot be loaded on "
                           f"{ARCHITECTURES[architecture]}; load it with the model it was trained on "
                           f"({config.get('backbone', {}).get('name') or 'not recorded'})")
-    return config, read_safetensors(folder / WEIGHTS, PrefixError)
+    return config, load_weights(folder, config)
 
 
 def saved_options(config: dict) -> PrefixConfig:

@@ -475,7 +475,7 @@ def load_tuner(folder: Path, device: str | None = None, precision: str | None = 
 
 def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     from ..backbone import load_generation_lm
-    from ..model import known_method, load_named, read_saved
+    from ..model import check_unchanged, known_method, load_named, read_saved
 
     config = read_saved(folder, "the --output folder of a generation training run")
     if config.get("task") != "generation":
@@ -485,7 +485,9 @@ def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
     check_safetensors(folder / WEIGHTS)  # before the LM is loaded: a damaged or foreign file is refused at once
     name = config["backbone"]["name"]
     lm, tok = load_named(folder, name, load_generation_lm, "language model")
-    return spec.generator.load(folder, lm, tok, name), tok, config
+    tuner = spec.generator.load(folder, lm, tok, name)  # its weights: the bytes its own read of config.json names
+    check_unchanged(folder, config)  # and that config.json is still the one whose decoding options are returned
+    return tuner, tok, config
 
 
 def check_safetensors(path: Path) -> None:

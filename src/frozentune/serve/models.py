@@ -709,6 +709,7 @@ def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Tas
         if shares:
             lms[where] = group
     tuner = spec.generator.load(folder, group.lm, group.tok, name)
+    M.check_unchanged(folder, config)  # the decoding options below are of the folder whose weights were read
     tuner.eval()
     group.lm.to(dev)
     tuner.to(dev)
