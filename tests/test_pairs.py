@@ -1,7 +1,9 @@
 """Sentence pairs: encoding, cache keys, explanations, data errors and the CLI, on the tiny BERT
 (real MiniLM tokenizer) and a slice of the real MRPC files."""
+import io
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -260,7 +262,16 @@ def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
             f"characters of its {('first', 'second')[side]} text")
     plain = tmp_path / "lines.txt"
     plain.write_text("one\ntwo\n")
-    cli("predict", "--model", out, "--input", plain, contains="give them in a .jsonl / .csv / .tsv file")
+    cli("predict", "--model", out, "--input", plain, contains=("give them in a .jsonl / .csv / .tsv file",
+                                                              "as JSON Lines on standard input (--input -)"))
+    # standard input: JSON Lines with the model's fields (a pair has no one-line plain form), as the file gives
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((mrpc_slice / "mrpc" / "test.jsonl").read_bytes())))
+    assert cli("predict", "--model", out, "--input", "-", code=0).out == by_file.out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A man plays.\tHe plays.\n")))
+    cli("predict", "--model", out, "--input", "-", contains=("<standard input>:1: not valid JSON Lines",
+                                                            "standard input (--input -) are read as JSON Lines"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"sentence1": "A man plays."}\n')))
+    cli("predict", "--model", out, "--input", "-", contains="<standard input>:1: missing field 'sentence2'")
 
 
 def test_plot_concepts_reads_pairs_as_the_model_was_trained(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
@@ -366,7 +377,7 @@ def test_no_token_types_refusals(monkeypatch, mrpc_slice, trec_slice, tiny_bert,
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "g").exists()
 
 
-def test_inputs_of_a_pair_model_never_read_one_field_as_both_texts(tmp_path):
+def test_inputs_of_a_pair_model_never_read_one_field_as_both_texts(tmp_path, monkeypatch):
     """predict --input on a pair model: a --text-field that is the model's second field (or a
     --text-pair-field that is the first) would pair each text with itself; refused, as train refuses it."""
     from frozentune.api import read_inputs_with
@@ -388,3 +399,10 @@ def test_inputs_of_a_pair_model_never_read_one_field_as_both_texts(tmp_path):
             read_inputs_with(("premise", None), path, pair_field="hypothesis")
     with pytest.raises(DataError, match=r"--text-field premise: .*lines.txt is read as plain text, one text per line"):
         read_inputs_with(("premise", None), tmp_path / "lines.txt", text_field="premise")  # it was ignored
+    # standard input: JSON Lines where fields are named (a pair model, or --text-field), else one text per line
+    line = json.dumps({"premise": "a man plays", "hypothesis": "nobody plays"}) + "\n"
+    for fields, text_field, want in ((("premise", "hypothesis"), None, [("a man plays", "nobody plays")]),
+                                     (("premise", None), "hypothesis", ["nobody plays"]),
+                                     (("premise", None), None, [line.strip()])):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(line.encode())))
+        assert read_inputs_with(fields, "-", text_field=text_field) == want

@@ -869,14 +869,17 @@ def read_inputs(model_dir: Path, path: Path, text_field: str | None = None,
 
 def read_inputs_with(fields: tuple[str | None, str | None], path: Path, text_field: str | None = None,
                      pair_field: str | None = None) -> list[Text]:
-    """read_inputs for a model whose (text field, pair field or None) are `fields`."""
+    """read_inputs for a model whose (text field, pair field or None) are `fields`. Standard input ("-")
+    is read as JSON Lines where fields are needed (a pair model, or `text_field` given), else one text
+    per line."""
     from .data import SUFFIXES, is_hf_split_folder, read_lines, read_texts
 
     if pair_field and fields[0] is not None and fields[1] is None:  # a model known to take single texts
         raise DataError(f"--text-pair-field {pair_field}: the model takes single texts (trained on field "
                         f"{fields[0]!r}), not pairs; leave --text-pair-field out")
     pair = pair_field or fields[1]
-    if Path(path).suffix.lower() in SUFFIXES or is_hf_split_folder(Path(path)):
+    records = str(path) == "-" and (pair is not None or text_field is not None)  # standard input as JSON Lines
+    if records or Path(path).suffix.lower() in SUFFIXES or is_hf_split_folder(Path(path)):
         text = text_field or fields[0] or "text"
         if pair is not None and pair == text:  # each pair would be one field twice
             given = "--text-field" if text_field else "--text-pair-field"
@@ -886,7 +889,8 @@ def read_inputs_with(fields: tuple[str | None, str | None], path: Path, text_fie
         return read_texts(path, text, pair)
     if pair:
         raise DataError(f"{path}: the model takes sentence pairs ({fields[0]}, {pair}); give them in a "
-                        f".jsonl / .csv / .tsv file with both fields, or as --pair FIRST SECOND")
+                        f".jsonl / .csv / .tsv file with both fields, as JSON Lines on standard input (--input -), "
+                        f"or as --pair FIRST SECOND")
     if text_field:  # it was ignored, where generate and pretrain refuse it
         raise DataError(f"--text-field {text_field}: {path} is read as plain text, one text per line, which has no "
                         f"fields; leave --text-field out, or give a .jsonl / .csv / .tsv file")

@@ -185,7 +185,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     """Inputs of predict / explain besides the positional texts: pairs and files."""
     p.add_argument("--pair", nargs=2, action="append", metavar=("FIRST", "SECOND"), default=[],
                    help="a sentence pair (e.g. premise and hypothesis), for a model trained on pairs; repeatable")
-    p.add_argument("--input", type=Path, help="a file with one text per line (- reads them from standard input), or a .jsonl/.json/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
+    p.add_argument("--input", type=Path, help="a file with one text per line (- reads them from standard input; JSON Lines there for a pair model "
+                   "or with --text-field), or a .jsonl/.json/.csv/.tsv/.parquet/.arrow file (or save_to_disk folder) whose "
                    "text (and, for a pair model, second text) fields are the model's or --text-field / --text-pair-field")
     p.add_argument("--text-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the text field (default: the model's)")
     p.add_argument("--text-pair-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the second text's field (default: the model's)")

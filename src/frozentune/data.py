@@ -140,12 +140,19 @@ def data_root() -> Path:
 
 
 # ----------------------------------------------------------------------------- raw records
+STDIN = Path("<standard input>")
+STDIN_RECORDS = (" Records on standard input (--input -) are read as JSON Lines; give a .csv / .tsv file by its "
+                 "path.")
+
+
 def read_records(path: Path, skip_blank: bool = False) -> list[tuple[int, dict]]:
     """All records of a .jsonl/.csv/.tsv file as (line number, dict); of a .parquet / .arrow file
     or a `save_to_disk` folder of one split as (row number from 1, dict). A blank CSV/TSV row with
     rows after it is an error naming its line (rows are never dropped silently), unless `skip_blank`
     (for a caller that drops empty texts anyway, e.g. a pre-training corpus); blank rows at the end
     are ignored. Blank JSONL lines hold no record and are skipped."""
+    if str(path) == "-":  # standard input has no suffix to say its format: JSON Lines, the one that needs no header
+        return _read_jsonl(STDIN, _read_stdin("records", "JSON objects").encode("utf-8"))
     if is_hf_split_folder(path):
         return read_hf(path)
     if not path.is_file():
@@ -308,10 +315,11 @@ def _decode(path: Path, data: bytes) -> str:
         raise _utf8_error(path, e, data.count(b"\n", 0, e.start) + 1, e.start) from None
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+def _read_jsonl(path: Path, data: bytes | None = None) -> list[tuple[int, dict]]:
+    """The records of a JSON Lines file, or of its bytes `data` already read (standard input)."""
     out = []
     offset = 0  # of the line in the file
-    with open(path, "rb") as f:
+    with open(path, "rb") if data is None else io.BytesIO(data) as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
@@ -324,14 +332,15 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{n}: not valid JSON Lines ({e.msg}: column {e.colno}). "
-                                f"Each line must be one JSON object.") from None
+                                f"Each line must be one JSON object." + STDIN_RECORDS * (path == STDIN)) from None
             except ValueError as e:  # e.g. an integer of more than 4,300 digits
                 raise DataError(f"{path}:{n}: not readable as JSON ({e}).") from None
             if not isinstance(rec, dict):
                 raise DataError(f"{path}:{n}: expected a JSON object per line, got {_kind(rec)}. {_OBJECTS}")
             out.append((n, rec))
     if not out:
-        raise DataError(f"{path}: the file has no records.")
+        raise DataError(f"{path}: " + ("no records were piped in; give one JSON object per line" if path == STDIN
+                                       else "the file has no records."))
     return out
 
 
@@ -500,7 +509,7 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
     (as an editor counts them), not at the other characters str.splitlines breaks on. The path "-"
     reads standard input, as other command-line tools do."""
     if str(path) == "-":
-        path, text = Path("<standard input>"), _read_stdin(what)
+        path, text = STDIN, _read_stdin(what)
     else:
         path = Path(path)
         if path.is_dir() and (path / "dataset_dict.json").is_file():  # several splits: which one is not ours to guess
@@ -528,11 +537,13 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
     return lines
 
 
-def _read_stdin(what: str) -> str:
-    """Standard input as UTF-8 text (a byte-order mark dropped, newlines translated), or a DataError."""
+def _read_stdin(what: str, each: str = "") -> str:
+    """Standard input as UTF-8 text (a byte-order mark dropped, newlines translated), or a DataError.
+    `each`: what one line holds, where it is not one of the `what`s itself."""
     if sys.stdin is None or sys.stdin.isatty():
         raise DataError(f"--input -: standard input is a terminal, not a pipe or file; pipe the {what} in "
-                        f"(e.g. `cat texts.txt | frozentune ...`), one per line")
+                        f"(e.g. `cat {'records.jsonl' if each else 'texts.txt'} | frozentune ...`), one per line"
+                        + (f", as {each}" if each else ""))
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
     try:
         text = data.decode("utf-8-sig")
@@ -638,7 +649,8 @@ def read_texts(path: Path, text_field: str = "text", pair_field: str | None = No
     check_field_names(text_field, "label", pair_field)
     out: list[Text] = []
     fields = (text_field, pair_field) if pair_field else (text_field,)
-    problems = _Problems(Path(path), "--text-field / --text-pair-field" if pair_field else "--text-field", pair_field)
+    problems = _Problems(STDIN if str(path) == "-" else Path(path),
+                         "--text-field / --text-pair-field" if pair_field else "--text-field", pair_field)
     for n, rec in read_records(Path(path), skip_blank):
         problems.rows += 1
         if problems.missing(n, rec, fields):
