@@ -232,6 +232,28 @@ def test_a_generator_replaced_while_its_lm_loads_is_said_not_mixed(generators, t
     assert torch.equal(tuner.encoder.materialize(), M.load_weights(m)["prefix"])
 
 
+def test_a_generator_on_an_lm_with_other_decoding_ids_is_refused(generators, tmp_path, tiny_llama):
+    """The LM's eos / bos / pad / decoder-start ids are not in its config hash (they do not change a forward
+    pass), so an LM folder whose config.json was edited there decoded on silently, ending its outputs elsewhere."""
+    lm = tmp_path / "lm"
+    shutil.copytree(tiny_llama, lm)
+    for method in ("prefix", "finetune"):
+        model = tmp_path / method
+        shutil.copytree(generators[method], model)
+        config = json.loads((model / "config.json").read_text())
+        config["backbone"]["name"] = str(lm)  # the model names the copy (config.json is not in the weights checksum)
+        (model / "config.json").write_text(json.dumps(config))
+        cli("generate", "--model", model, "name [ the ]", code=0)
+    lm_config = json.loads((lm / "config.json").read_text())
+    was = lm_config.get("eos_token_id")
+    lm_config["eos_token_id"] = 5 if was != 5 else 6
+    (lm / "config.json").write_text(json.dumps(lm_config))
+    for method in ("prefix", "finetune"):
+        cli("generate", "--model", tmp_path / method, "name [ the ]",
+            contains=("starts, pads or ends its outputs with other token ids",
+                      f"config.eos_token_id {was} → {lm_config['eos_token_id']}"))
+
+
 # ----------------------------------------------------------------------------- backbone folders
 @pytest.mark.parametrize("kind", ["raw", "torch"])
 def test_backbone_pytorch_model_bin_is_never_unpickled_unsafely(tiny_bert, trec_slice, tmp_path, marker, kind):

@@ -585,6 +585,23 @@ def config_hash(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+DECODING_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def decoding_ids(model: nn.Module) -> dict[str, object]:
+    """The token ids a language model's config.json and generation_config.json give for starting,
+    padding and ending outputs (left out of config_hash, as they do not change a forward pass, but an
+    edited one changes what decoding produces): {"config.eos_token_id": 2, ...}, unset ones left out."""
+    out: dict[str, object] = {}
+    for where, source in (("config", getattr(model, "config", None)),
+                          ("generation_config", getattr(model, "generation_config", None))):
+        for name in DECODING_IDS:
+            value = getattr(source, name, None) if source is not None else None
+            if value is not None:
+                out[f"{where}.{name}"] = value
+    return out
+
+
 def tokenizer_hash(tok) -> str:
     """Content hash of a tokenizer's full definition (vocab, normaliser, special tokens)."""
     h = hashlib.blake2b(digest_size=16)

@@ -414,12 +414,19 @@ def check_config_hash(folder: Path, saved: dict, model: nn.Module, what: str = "
     """A ModelLoadError where `model`'s config.json differs from the one a saved model's backbone (or LM) had
     (`saved`: its config.json's "backbone", whose config_hash is backbone.config_hash's): the same weights read
     with another head count or rope theta give other states. A model saved before it was recorded: not checked."""
-    from .backbone import config_hash
+    from .backbone import config_hash, decoding_ids
 
     if saved.get("config_hash") not in (None, config_hash(model)):
         raise ModelLoadError(f"{folder}: the {what} {saved.get('name')!r} found here has the same weights but another "
                              f"config.json (a field that changes its states: head count, activation, norm epsilon, "
                              f"…) than the one this model was trained on; load the same model files.")
+    want = saved.get("decoding_ids")  # a generator's LM, saved since 2026-11-28
+    if isinstance(want, dict) and want != (have := decoding_ids(model)):
+        changed = ", ".join(f"{k} {want.get(k)} → {have.get(k)}" for k in sorted(set(want) | set(have))
+                            if want.get(k) != have.get(k))
+        raise ModelLoadError(f"{folder}: the {what} {saved.get('name')!r} found here starts, pads or ends its outputs "
+                             f"with other token ids than the one this model was trained on ({changed}); load the "
+                             f"same model files, or restore those ids in its config.json / generation_config.json.")
 
 
 def check_config(config: dict, path: Path) -> None:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import FrozentuneError
-from ..backbone import cache_kwargs, config_hash, freeze, pad, returned_cache, weights_hash
+from ..backbone import cache_kwargs, config_hash, decoding_ids, freeze, pad, returned_cache, weights_hash
 from ..model import CONFIG, WEIGHTS, check_config_hash, write_saved
 from ..registry import MethodConfig, changed
 
@@ -536,8 +536,10 @@ def check_kv_shape(lm: nn.Module, shape: KVShape) -> None:
 # ----------------------------------------------------------------------------- save / load
 def lm_entry(name: str, lm: nn.Module, trained: bool = False, weights: str | None = None) -> dict:
     """A saved generator's "backbone": the LM's name, the hashes of its weights (`weights`: of the ones a
-    fine-tuned LM started from) and of its config.json (backbone.config_hash), whether it was trained."""
-    return {"name": name, "weights_hash": weights or weights_hash(lm), "config_hash": config_hash(lm), "trained": trained}
+    fine-tuned LM started from) and of its config.json (backbone.config_hash), the token ids its outputs
+    start, pad and end with (backbone.decoding_ids), whether it was trained."""
+    return {"name": name, "weights_hash": weights or weights_hash(lm), "config_hash": config_hash(lm),
+            "decoding_ids": decoding_ids(lm), "trained": trained}
 
 
 def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str, lm: nn.Module,
