@@ -786,11 +786,18 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.
     return np.sort(keep), np.sort(carve)
 
 
+def _same_text(text: str) -> str:
+    """A text as copies of it share it: its words, spacing and case aside, and in one Unicode form
+    (an "é" written as one character or as "e" + a combining accent, as macOS files and some
+    scrapers write it, is the same text on screen and to the tokenizer)."""
+    return unicodedata.normalize("NFC", " ".join(unicodedata.normalize("NFD", text).split()).casefold())
+
+
 def _text_key(text: Text) -> Text:
-    """What makes two texts copies of each other: the same words, spacing and case aside."""
+    """What makes two texts copies of each other: the same words, spacing, case and Unicode form aside."""
     if is_pair(text):
-        return tuple(" ".join(t.split()).casefold() for t in text)  # type: ignore[return-value]
-    return " ".join(text.split()).casefold()  # type: ignore[union-attr]
+        return tuple(_same_text(t) for t in text)  # type: ignore[return-value]
+    return _same_text(text)  # type: ignore[arg-type]
 
 
 def text_groups(texts: Sequence[Text]) -> np.ndarray:
@@ -825,7 +832,7 @@ def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
             _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed)
         except CarveError:  # it counted the distinct texts as "examples": 40 rows of one text read "of 1 examples"
             raise CarveError(f"cannot carve {fraction:.0%} of {len(texts):,} rows into a separate split: they hold "
-                            f"{n_groups:,} distinct text{'s' if n_groups != 1 else ''} (spacing and case aside), and "
+                            f"{n_groups:,} distinct text{'s' if n_groups != 1 else ''} (spacing, case and Unicode form aside), and "
                             f"the copies of a text stay on one side; give more distinct texts or an explicit "
                             f"validation/test file") from None
         keep, carve = split_by_groups(group, carve_g)
@@ -837,7 +844,7 @@ def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
 
 
 def copies_note(copies: int) -> str:
-    return (f"; {copies:,} rows repeat an earlier text (spacing and case aside), and every copy went to the same "
+    return (f"; {copies:,} rows repeat an earlier text (spacing, case and Unicode form aside), and every copy went to the same "
             f"side" if copies else "")
 
 
@@ -936,7 +943,7 @@ def sample_shots(train: TextSplit, shots: int, seed: int) -> tuple[TextSplit, st
 
 
 def _distinct_draw(texts: Sequence[Text], members: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """k of `members` (row indices) drawn without replacement, whose texts differ (spacing and case aside):
+    """k of `members` (row indices) drawn without replacement, whose texts differ (spacing, case and Unicode form aside):
     the plain draw, with a copy of a text already drawn replaced by a draw from the rows left (sample_shots
     has checked that they hold k different texts)."""
     drawn = rng.choice(members, k, replace=False)
