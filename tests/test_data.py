@@ -298,6 +298,29 @@ def test_token_views_map_pieces_to_the_original_text(tiny_bert):
     assert all(view.surface(i, whole_words=False) == text[s:e] for i, (s, e) in zip(real, [view.offsets[i] for i in real]))
 
 
+def test_token_views_end_on_whole_characters(tiny_bert):
+    """An uncased BERT strips accents, so in NFD text (accents written apart) a word's piece ended before its
+    last accent ("résume" shown for "résumé"), and "❤️" lost its variation selector. A piece now ends past
+    the marks that belong to its last character, in single texts and in each text of a pair."""
+    from frozentune.backbone import Backbone
+    from frozentune.head import _extends
+
+    nfd = unicodedata.normalize("NFD", "résumé café naïve")
+    bb = Backbone.load(tiny_bert, max_length=32)
+    views = bb.tokenize_with_views([nfd, "I \u2764\ufe0f it"])[1] + bb.tokenize_with_views([(nfd, "the cafe\u0301")])[1]
+    for view in views:
+        for i, (s, e) in enumerate(view.offsets):
+            src = view.source(i)
+            if e > s:  # no piece's range ends just before a mark that belongs to its last character
+                assert e == len(src) or not _extends(src[e]), (view.text, view.pieces[i], src[s:e])
+    words = {views[0].surface(i) for i in views[0].text_pieces()}
+    assert words == set(nfd.split())
+    heart = [views[1].surface(i) for i in views[1].text_pieces()]
+    assert "\u2764\ufe0f" in heart
+    pair = views[2]
+    assert {pair.surface(i) for i in pair.text_pieces() if pair.part(i) == 1} == {"the", unicodedata.normalize("NFD", "café")}
+
+
 def test_token_views_show_whole_words(tiny_bert):
     from frozentune.backbone import Backbone
 

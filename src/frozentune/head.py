@@ -5,6 +5,7 @@ Legend: B batch, T tokens, D hidden size of the frozen states, C classes.
 from __future__ import annotations
 
 import contextlib
+import unicodedata
 
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, TypeVar
@@ -44,6 +45,34 @@ class Features:
     precision: str = "fp32"  # of the frozen pass that made `hidden`: a head may run its no-grad products in it
 
 
+def _extends(c: str) -> bool:
+    """Whether `c` belongs to the character before it on screen: a combining mark (an accent written
+    apart, as NFD text has it), a variation selector (❤ + U+FE0F), a skin-tone modifier, a zero-width
+    joiner or non-joiner."""
+    o = ord(c)
+    return (unicodedata.category(c) in ("Mn", "Me", "Mc") or 0xFE00 <= o <= 0xFE0F or 0xE0100 <= o <= 0xE01EF
+            or 0x1F3FB <= o <= 0x1F3FF or o in (0x200C, 0x200D))
+
+
+def whole_characters(text: Text, offsets: list[tuple[int, int]], seqs: list[int | None]) -> list[tuple[int, int]]:
+    """`offsets` (a tokenizer's character spans) with each end moved past the marks that belong to its last
+    character (_extends) and that no piece starts at: an uncased BERT strips accents, so the piece of an NFD
+    "résumé" ended before its last accent and explanations showed "résume", and "❤️" lost its selector."""
+    out = list(offsets)
+    parts = text if isinstance(text, tuple) else (text,)
+    part_of = (lambda t: seqs[t] or 0) if seqs else (lambda t: 0)
+    starts = {(part_of(t), s) for t, (s, e) in enumerate(out) if e > s and (not seqs or seqs[t] is not None)}
+    for t, (s, e) in enumerate(out):
+        if e <= s or (seqs and seqs[t] is None):
+            continue
+        p = part_of(t)
+        src = parts[p] if p < len(parts) else ""
+        while e < len(src) and _extends(src[e]) and (p, e) not in starts:
+            e += 1
+        out[t] = (s, e)
+    return out
+
+
 @dataclass
 class TokenView:
     """One input as the backbone saw it: its word pieces (special tokens included), the character
@@ -58,6 +87,9 @@ class TokenView:
     offsets: list[tuple[int, int]]
     words: list[int | None] = field(default_factory=list)
     seqs: list[int | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.offsets = whole_characters(self.text, self.offsets, self.seqs)
 
     def part(self, i: int) -> int:
         """Which text piece i comes from: 0 for a single text; 0 or 1 in a pair (None-marked special
