@@ -1,3 +1,4 @@
+import csv
 import json
 import re
 import unicodedata
@@ -450,6 +451,11 @@ def test_a_tsv_quote_that_swallows_rows_is_refused(tmp_path):
     # a quoted TSV field with a line break but no tab, and a CSV field with both, are fields, not merges
     write(tmp_path / "ok.tsv", 'text\tlabel\n"two\nlines"\ta\nplain\tb\n')
     assert [r["text"] for _, r in read_records(tmp_path / "ok.tsv")] == ["two\nlines", "plain"]
+    # a quoted field with a tab and a line break, as csv (and pandas' to_csv) write it: it was refused as a merge
+    rows = [("ok", "positive"), ("line one\tawful\nline two", "negative"), ("x great", "positive")]
+    with open(tmp_path / "written.tsv", "w", newline="") as f:
+        csv.writer(f, dialect="excel-tab").writerows([("text", "label"), *rows])
+    assert [(r["text"], r["label"]) for _, r in read_records(tmp_path / "written.tsv")] == rows
     write(tmp_path / "ok.csv", 'text,label\n"a, b\nc",x\nd,y\n')  # a row is numbered by its first line
     assert read_records(tmp_path / "ok.csv") == [(2, {"text": "a, b\nc", "label": "x"}), (4, {"text": "d", "label": "y"})]
 

@@ -414,14 +414,12 @@ def _read_delimited(path: Path, delimiter: str, skip_blank: bool = False) -> lis
 def _swallowed(row: list[str], delimiter: str, width: int, seen: list[set[str]]) -> int:
     """How many lines inside a row's quoted fields look like rows of the file (0: none): as many
     fields as the header, one of them a value its column already holds (a label). A quote that is
-    never matched reads such rows into one field; a text's own line breaks seldom look like that.
-    In a TSV, any field holding both a tab and a line break counts (quoting is rare there)."""
+    never matched reads such rows into one field; a text's own line breaks seldom look like that
+    (a quoted TSV field with a tab and a line break in it, as pandas and csv write one, is a field)."""
     count = 0
     for x in row:
         if "\n" not in x:
             continue
-        if delimiter == "\t" and "\t" in x:
-            return max(1, x.count("\n"))
         if width < 2:  # one column: every line has the file's shape, and a multi-line text is legal
             continue
         lines = x.splitlines()
