@@ -210,6 +210,21 @@ def test_predict_reads_texts_from_standard_input_with_input_dash(trained, capsys
     assert from_stdin == from_file and [json.loads(r)["text"] for r in from_stdin.splitlines()] == texts
 
 
+def test_output_lines_are_one_per_input_for_every_line_reader(trained, capsys, tmp_path):
+    """JSON leaves U+0085, U+2028 and U+2029 raw, and str.splitlines, editors and terminals break lines at them:
+    predict's output had more lines than inputs. They are escaped in JSON Lines and in the text forms."""
+    from frozentune.cli import _escape_line_breaks
+
+    texts = ["c\x85d awful", "g\u2028h awful", "i\u2029j great", "tab\there and\x0cform feed"]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    code, out, err = run(capsys, "predict", "--model", trained[0], "--input", tmp_path / "in.jsonl")
+    assert code == 0, err
+    assert [json.loads(line)["text"] for line in out.splitlines()] == texts  # one line each, texts as given
+    assert "\\u2028" in out and "\u2028" not in out and "\x85" not in out
+    for t in texts:
+        assert len(_escape_line_breaks(t, tabs=True).splitlines()) == 1 and "\t" not in _escape_line_breaks(t, tabs=True)
+
+
 @pytest.mark.parametrize("data, message", [
     (b"a\n\nb\n", "<standard input>:2: a blank line with texts after it"),
     (b"\xff\xfeab\n", "<standard input>: not UTF-8 text (byte 0xff at byte offset 0)"),

@@ -547,13 +547,13 @@ def _inputs(a: argparse.Namespace, verb: str, fields: tuple[str | None, str | No
     if not texts:
         raise CLIError(f"nothing to {verb}: give texts as arguments, --pair FIRST SECOND, or --input FILE "
                        f"(--input - reads one text per line from standard input; a pair model's pairs come in a .jsonl / .csv / "
-                       f".tsv file)")
+                       f".tsv file, or as JSON Lines on standard input)")
     return texts
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
     from . import api
-    from .data import DataError
+    from .data import DataError, json_line
 
     if a.onnx:
         from .export.onnx import OnnxClassifier
@@ -562,13 +562,13 @@ def cmd_predict(a: argparse.Namespace) -> int:
             raise CLIError("--device / --precision apply to --model; an --onnx graph runs in float32 on the CPU")
         graph = OnnxClassifier(a.onnx)
         for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"])), log=api._stderr):
-            print(json.dumps(row, ensure_ascii=False, allow_nan=False))
+            print(json_line(row))
         return 0
     texts = _inputs(a, "predict")
     n = 0
     try:
         for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
-            print(json.dumps(row, ensure_ascii=False, allow_nan=False), flush=n % api.PREDICT_CHUNK == 0)
+            print(json_line(row), flush=n % api.PREDICT_CHUNK == 0)
             if n % api.PREDICT_CHUNK == 0:
                 on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest "
                              f"were not)")
@@ -579,15 +579,19 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
-def _escape_line_breaks(text: str) -> str:
-    """`text` as one output line: a line break inside it written as \\n (and \\r), so line N of the
-    output is the output for source N."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+_LINE_BREAKS = {c: f"\\u{ord(c):04x}" for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"} | {"\r": "\\r", "\n": "\\n"}
+
+
+def _escape_line_breaks(text: str, tabs: bool = False) -> str:
+    """`text` as one output line: every character a line reader may break at (\\n, \\r, and the others
+    str.splitlines knows: U+2028, U+0085, form feed, …) written as an escape, so line N of the output is the
+    output for source N; with `tabs`, tabs as \\t too."""
+    return text.translate(str.maketrans(_LINE_BREAKS | ({"\t": "\\t"} if tabs else {})))
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from .api import _stderr
-    from .data import holds_records
+    from .data import holds_records, json_line
     from .generation import run as G
     from .generation.run import read_sources
 
@@ -602,7 +606,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                        "source per line from standard input)")
     outputs = G.generate_stream(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
     for n, (src, out) in enumerate(zip(sources, outputs), 1):
-        print(json.dumps({"source": src, "output": out}, ensure_ascii=False, allow_nan=False) if a.json else _escape_line_breaks(out),
+        print(json_line({"source": src, "output": out}) if a.json else _escape_line_breaks(out),
               flush=True)
         if n % G.GENERATE_CHUNK == 0:
             on_interrupt(f"the outputs of the first {n:,} sources were printed, one line each in order (the rest were not)")
@@ -642,8 +646,8 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 
 def _one_line_text(text: str) -> str:
-    """A text on one line: its line breaks and tabs written as \\n, \\r, \\t (JSON keeps them as they are)."""
-    return text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    """A text on one line: its line breaks and tabs escaped (_escape_line_breaks; JSON keeps them as they are)."""
+    return _escape_line_breaks(text, tabs=True)
 
 
 def _odds(scores: dict[str, float]) -> str:

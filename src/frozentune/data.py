@@ -140,6 +140,14 @@ def data_root() -> Path:
 
 
 # ----------------------------------------------------------------------------- raw records
+def json_line(record: object) -> str:
+    """`record` as one line of JSON Lines, its text as written (not \\u-escaped), except the three
+    characters JSON leaves raw that line readers split at (U+0085, U+2028, U+2029: Python's
+    str.splitlines, editors, terminals), so that line N of the output is record N for every reader."""
+    return (json.dumps(record, ensure_ascii=False, allow_nan=False)
+            .replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
 STDIN = Path("<standard input>")
 STDIN_RECORDS = (" Records on standard input (--input -) are read as JSON Lines; give a .csv / .tsv file by its "
                  "path.")

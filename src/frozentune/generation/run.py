@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..output import holds_output
-from ..data import (DataError, GenExample, blank, merged_note, load_generation, resolve, resolved_files,
+from ..data import (DataError, GenExample, blank, json_line, merged_note, load_generation, resolve, resolved_files,
                    whole_count)
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture, lm_entry
 
@@ -660,8 +660,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
             write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
             with open(folder / "generations.jsonl", "w", encoding="utf-8") as f:
                 for ex, h in zip(splits.test, hyps):
-                    f.write(json.dumps({"source": ex.source, "output": h, "refs": ex.refs, **ex.meta},
-                                       ensure_ascii=False) + "\n")
+                    f.write(json_line({"source": ex.source, "output": h, "refs": ex.refs, **ex.meta}) + "\n")
         log(f"saved to {output}")
     return result
 
