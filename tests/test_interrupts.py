@@ -333,6 +333,7 @@ def test_an_interrupt_between_the_output_renames_waits_for_both(tmp_path, monkey
         return moved
 
     monkeypatch.setattr(Path, "rename", rename)
+    before = signal.signal(signal.SIGINT, interrupts.raise_keyboard_interrupt)  # a command's, as cli.main installs
     try:
         with staged_output(out, overwrite=True) as folder:
             (folder / "config.json").write_text('{"format": "frozentune/1", "new": true}')
@@ -341,6 +342,18 @@ def test_an_interrupt_between_the_output_renames_waits_for_both(tmp_path, monkey
         with pytest.raises(KeyboardInterrupt):
             interrupts.check()
     finally:
+        signal.signal(signal.SIGINT, before)
+        interrupts.clear()
+    # in a program that calls frozentune (Python's own handler): both renames, then its KeyboardInterrupt
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with staged_output(out, overwrite=True) as folder:
+                (folder / "config.json").write_text('{"format": "frozentune/1", "newer": true}')
+        assert json.loads((out / "config.json").read_text())["newer"] is True
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and not interrupts._pending
+    finally:
+        signal.signal(signal.SIGINT, before)
         interrupts.clear()
 
 
@@ -419,6 +432,7 @@ def test_an_interrupt_while_the_old_output_is_removed_waits(tmp_path, monkeypatc
         return real(path, *a, **k)
 
     monkeypatch.setattr(output.shutil, "rmtree", signalled)
+    before = signal.signal(signal.SIGINT, interrupts.raise_keyboard_interrupt)  # a command's, as cli.main installs
     try:
         with output.staged_output(target, overwrite=True) as folder:
             (folder / "config.json").write_text('{"new": true}')
@@ -428,4 +442,5 @@ def test_an_interrupt_while_the_old_output_is_removed_waits(tmp_path, monkeypatc
         with pytest.raises(KeyboardInterrupt):
             interrupts.check()  # recorded, for the command's next check
     finally:
+        signal.signal(signal.SIGINT, before)
         interrupts.clear()

@@ -62,9 +62,13 @@ def check() -> None:
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """SIGINT and SIGTERM recorded, not raised, while the block runs (a few renames that must happen
-    together: an interrupt between two of them hid a saved model). The block's work is then done, so the
-    signal is not raised after it either (the message would say nothing was saved); it is recorded for
-    `check`, which a long loop after it calls."""
+    together: an interrupt between two of them hid a saved model). Then:
+    - under a command (the handler is cli.main's): the block's work is done, so the signal is not raised
+      after it either (the message would say nothing was saved); it is recorded for `check`, which a long
+      loop after it calls, until the command ends (`clear`);
+    - in a program that calls frozentune (its own handler, e.g. Python's KeyboardInterrupt): the signal is
+      handed to that handler once the block is done, as if it had landed then. It was recorded before, and
+      nothing forgot it outside a command: every later call's first `check` raised it again."""
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield
         return
@@ -79,7 +83,10 @@ def held() -> Iterator[None]:
         for s, handler in before.items():
             if callable(handler):
                 signal.signal(s, handler)
-    _pending.extend(got)
+    ours = (raise_interrupted, raise_keyboard_interrupt)
+    _pending.extend(s for s in got if before[s] in ours)
+    for s in dict.fromkeys(s for s in got if before[s] not in ours):  # each signal once, in the order they came
+        before[s](s, None)
 
 
 def clear() -> None:

@@ -193,10 +193,12 @@ def build_classifier(method: str, backbone: Backbone, labels: list[str],
             f"method {method!r} trains an encoder of its own: build it with get_method({method!r}).encoder(config, "
             f"max_length) (api.train does), not from the backbone {backbone.name!r}" if own else
             f"{backbone.name!r} is the encoder of method {backbone.encoder_of!r}; use it with that method")
-    torch.manual_seed(seed)
-    head, cfg = create_method(method, backbone.dim, len(labels), options)
-    if hasattr(head, "init_from_backbone"):  # e.g. label embeddings from the backbone's vocabulary
-        head.init_from_backbone(backbone, list(labels))
+    from .rng import own_rng
+
+    with own_rng(seed):  # the head's initial weights: seeded, and the caller's random state left as it was
+        head, cfg = create_method(method, backbone.dim, len(labels), options)
+        if hasattr(head, "init_from_backbone"):  # e.g. label embeddings from the backbone's vocabulary
+            head.init_from_backbone(backbone, list(labels))
     return Classifier(method, cfg, head, backbone, labels, cache_dtype)
 
 

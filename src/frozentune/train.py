@@ -27,6 +27,7 @@ from . import distributed, interrupts
 from .fields import as_flag
 from .registry import MethodError
 from .model import Classifier, Source
+from .rng import keeps_rng
 
 
 # Defaults for small training sets (bench/few_shot.py measures them; REPORT.md "Few labels"):
@@ -263,6 +264,7 @@ def plan_steps(n: int, cfg: TrainConfig, constant: bool = False) -> Schedule:
     return Schedule(total, every, int(cfg.warmup * total), constant, why + (", constant rate after warm-up" if constant else ""))
 
 
+@keeps_rng  # it seeds torch for dropout; the caller's random state is put back after
 def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.ndarray], torch.Tensor],
              validate: Callable[[], dict[str, float]], score: Callable[[dict[str, float]], float],
              cfg: TrainConfig, log: Callable[[str], None] = print, schedule: Schedule | None = None,

@@ -54,6 +54,7 @@ from ..data import DataError
 from ..fields import as_flag
 from ..output import holds_output
 from ..registry import refuse_unused
+from ..rng import keeps_rng
 from ..train import adamw, shared_step, silent
 from .encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, load_tokenizer, require_at_least
 
@@ -484,6 +485,7 @@ def optimizer_without(opt: torch.optim.Optimizer, state: dict, model: nn.Module,
 
 
 @holds_output
+@keeps_rng  # it seeds torch (initial weights, masks, dropout); the caller's random state is put back after
 def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | None = None,
              run: dict[str, Any] | None = None, resume: bool = False, text_field: str = "text",
              log: Callable[[str], None] = print) -> dict:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..output import holds_output
+from ..rng import keeps_rng
 from ..data import (DataError, GenExample, blank, json_line, merged_note, load_generation, resolve, resolved_files,
                    whole_count)
 from .prefix import ARCHITECTURES, KVShape, LMTuner, PrefixBatch, PrefixError, architecture, lm_entry
@@ -564,6 +565,7 @@ def as_fields(fields: object) -> tuple[str | None, str | None]:
 
 
 @holds_output
+@keeps_rng  # it seeds torch (the prefix's initial values, dropout); the caller's random state is put back after
 def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
                      train_cfg: dict[str, Any] | None = None, output: Path | None = None,
                      max_train: int | None = None, max_validation: int | None = MAX_VALIDATION, max_test: int | None = None,

@@ -16,7 +16,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
 from ..backbone import Backbone, LayerSpec, tokenizer_hash
@@ -24,6 +23,7 @@ from ..conv.encoder import TOKENIZER, ConvError, Encoder, EncoderConfig, Encoder
 from ..conv.pretrain import as_flags, read_checkpoint
 from ..head import Features, Head, Output, masked_mean
 from ..registry import MethodConfig, MethodError, register_method
+from ..rng import own_rng
 
 
 @dataclass
@@ -75,8 +75,8 @@ def build_encoder(cfg: ConvConfig, max_length: int, seed: int = 0, load_init: bo
     model supplies every weight itself)."""
     tok = load_tokenizer()
     enc_cfg = EncoderConfig(**dataclasses.asdict(cfg.shape()), max_length=max_length)
-    torch.manual_seed(seed)
-    encoder = Encoder(enc_cfg, len(tok))
+    with own_rng(seed):  # seeded, and the caller's random state left as it was
+        encoder = Encoder(enc_cfg, len(tok))
     init_length = load_pretrained(encoder, Path(cfg.init), tok) if cfg.init and load_init else None
     return ConvBackbone(encoder, tok, max_length, init_length=init_length)
 
