@@ -779,3 +779,16 @@ def test_a_repeated_model_is_refused(argv):
     first = "A B" if argv[0] == "export" else "A"
     cli(*argv, contains=("--model", f"given twice ({first}, then {argv[argv.index('--model', 2) + 1]})", "give it once"),
         row=R_TWICE)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["predict", "--model", "M", "--input", "a.txt", "--input", "b.txt"], "--input"),
+    (["train", "--method", "probe", "--data", "X", "--data", "Y"], "--data"),
+    (["train", "--method", "ytuning", "--data", "X", "--layers", "1", "--layers", "2"], "--layers"),  # a method's own
+    (["explain", "--model", "M", "--top", "3", "--top", "5", "text"], "--top"),
+    (["sweep", "--data", "X", "--methods", "probe", "--methods", "space"], "--methods"),
+])
+def test_any_option_of_one_value_given_twice_is_refused(argv, option):
+    """Every option that takes one value was last-wins, so a script that built `--input a --input b` read b
+    alone, saying nothing; only --model was refused."""
+    cli(*argv, contains=(f"argument {option}: given twice", "give it once"))

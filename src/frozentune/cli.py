@@ -88,11 +88,13 @@ class _Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, None)
-        if before is not None and before is not self.default:
+        seen = self.__dict__.setdefault("given_in", set())  # the parses (their namespaces) that gave it
+        if id(namespace) in seen:  # (not judged by the value: a value typed equal to the default is given too)
             shown = " ".join(map(str, before if isinstance(before, list) else [before]))
             again = " ".join(map(str, values if isinstance(values, list) else [values]))
             several = " (it takes several after one " + option_string + ")" if self.nargs in ("+", "*") else ""
             raise argparse.ArgumentError(self, f"given twice ({shown}, then {again}); give it once{several}")
+        seen.add(id(namespace))
         setattr(namespace, self.dest, values)
 
 
@@ -377,7 +379,19 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     im.add_argument("--backbone", help="the causal LM (default: the adapter's base_model_name_or_path)")
     im.add_argument("--overwrite", action="store_true")
     sub.add_parser("list", help="list the methods and their options")
+    _once_each(ap)
     return ap
+
+
+def _once_each(parser: argparse.ArgumentParser) -> None:
+    """Every option of `parser` (and of its commands) that stores one value is given at most once (_Once):
+    `--input a.txt --input b.txt` read b.txt alone, `--data X --data Y` trained on Y, saying nothing."""
+    for action in parser._actions:  # argparse keeps no public list of them
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _once_each(child)
+        elif action.option_strings and type(action) is argparse._StoreAction:
+            action.__class__ = _Once
 
 
 def _given(a: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -390,6 +404,7 @@ def _method_options(method: str, rest: Sequence[str]) -> dict[str, Any]:
     spec = get_method(method)
     mp = _Parser(prog=f"frozentune train --method {method}", add_help=False)
     _add_dataclass_options(mp, spec.config_cls, f"{method} options")
+    _once_each(mp)
     ns, unknown = mp.parse_known_args(list(rest))
     if unknown:
         known = ", ".join(_flag(n) for n, *_ in describe_options(method))
