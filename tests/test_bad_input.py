@@ -61,8 +61,10 @@ def labelled(n: int, labels=("neg", "pos")) -> list[dict]:
 
 
 def train_args(data: Path, tiny_bert: Path, tmp_path: Path, *extra) -> list:
-    return ["train", "--method", "probe", "--data", data, "--backbone", tiny_bert, "--max-length", 16,
-            "--epochs", 1, "--cache-dir", tmp_path / "cache", "--quiet", *extra]
+    """A small train command; `extra` adds options, or replaces --method / --epochs (an option is given once)."""
+    defaults = [(flag, value) for flag, value in (("--method", "probe"), ("--epochs", 1)) if flag not in extra]
+    return ["train", *[x for pair in defaults for x in pair], "--data", data, "--backbone", tiny_bert,
+            "--max-length", 16, "--cache-dir", tmp_path / "cache", "--quiet", *extra]
 
 
 @pytest.fixture(scope="module")
