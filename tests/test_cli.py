@@ -225,6 +225,39 @@ def test_output_lines_are_one_per_input_for_every_line_reader(trained, capsys, t
         assert len(_escape_line_breaks(t, tabs=True).splitlines()) == 1 and "\t" not in _escape_line_breaks(t, tabs=True)
 
 
+def test_an_output_that_is_not_utf8_gets_escapes_not_a_traceback(trained):
+    """PYTHONIOENCODING=ascii (a Windows console, the C locale without Python's UTF-8 switch): `--help` died at
+    its first "×", predict at the first non-ASCII text (the rows after it lost), train at its "→" note."""
+    from clirun import finish, start
+
+    env = {"PYTHONIOENCODING": "ascii"}
+    text = "café — \U0001f600"
+    answer = finish(start("predict", "--model", trained[0], text, env=env), ["predict"], code=0)
+    assert json.loads(answer.out)["text"] == text and answer.out.isascii()
+    answer = finish(start("--help", env=env), ["--help"], code=0)
+    assert "Traceback" not in answer.err and "train" in answer.out
+
+
+def test_a_pipe_given_by_path_is_read_like_a_file(tmp_path):
+    """`--input <(cmd)` and `--input /dev/stdin` are pipes, not regular files: they were refused as "no such
+    file". A dataset path that is a pipe is refused saying why (datasets are read more than once)."""
+    import os
+    import threading
+
+    from frozentune.data import DataError, read_lines, resolve
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("one\ntwo\n"), daemon=True)
+    writer.start()
+    assert read_lines(fifo) == ["one", "two"]
+    writer.join(5)
+    with pytest.raises(DataError, match="not a regular file .*save it to a file first"):
+        resolve(str(fifo))
+    with pytest.raises(DataError, match="-: datasets are not read from standard input"):
+        resolve("-")
+
+
 @pytest.mark.parametrize("data, message", [
     (b"a\n\nb\n", "<standard input>:2: a blank line with texts after it"),
     (b"\xff\xfeab\n", "<standard input>: not UTF-8 text (byte 0xff at byte offset 0)"),

@@ -577,13 +577,13 @@ def cmd_predict(a: argparse.Namespace) -> int:
             raise CLIError("--device / --precision apply to --model; an --onnx graph runs in float32 on the CPU")
         graph = OnnxClassifier(a.onnx)
         for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"])), log=api._stderr):
-            print(json_line(row))
+            print(json_line(row, ascii_only=not _writes_unicode(sys.stdout)))
         return 0
     texts = _inputs(a, "predict")
     n = 0
     try:
         for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
-            print(json_line(row), flush=n % api.PREDICT_CHUNK == 0)
+            print(json_line(row, ascii_only=not _writes_unicode(sys.stdout)), flush=n % api.PREDICT_CHUNK == 0)
             if n % api.PREDICT_CHUNK == 0:
                 on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest "
                              f"were not)")
@@ -621,7 +621,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                        "source per line from standard input)")
     outputs = G.generate_stream(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
     for n, (src, out) in enumerate(zip(sources, outputs), 1):
-        print(json_line({"source": src, "output": out}) if a.json else _escape_line_breaks(out),
+        print(json_line({"source": src, "output": out}, not _writes_unicode(sys.stdout)) if a.json else _escape_line_breaks(out),
               flush=True)
         if n % G.GENERATE_CHUNK == 0:
             on_interrupt(f"the outputs of the first {n:,} sources were printed, one line each in order (the rest were not)")
@@ -1102,11 +1102,32 @@ def _one_process_only(command: str) -> None:
                    f"processes is the backbone pass, `frozentune cache`, and training: {', '.join(SPLIT_COMMANDS)})")
 
 
+def _writes_unicode(stream) -> bool:
+    """Whether `stream` can take any character: a UTF-8 (or -16, -32) file, or one that holds str (StringIO)."""
+    import codecs
+
+    encoding = getattr(stream, "encoding", None)
+    try:
+        return encoding is None or codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def _unencodable_escaped() -> None:
+    """On a stdout / stderr that is not UTF-8 (PYTHONIOENCODING=latin-1, a Windows console, the C locale where
+    Python does not switch to UTF-8), a character it has no byte for is written as \\u escape, not a
+    UnicodeEncodeError traceback at the first "→" of a note (which lost every result after it)."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure") and not _writes_unicode(stream):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
     import threading
 
+    _unencodable_escaped()
     # transformers' per-tensor "Loading weights" bars would bury the one line that matters; our own
     # progress (extraction, training) is shown instead. Read when transformers is first imported.
     if argv is None and sys.argv[1:2] == ["serve"]:
@@ -1136,6 +1157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"(see frozentune {a.command} --help)", file=sys.stderr)
             return 2
         _one_process_only(a.command)
+        if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list"):  # `>&-`: print
+            # wrote nowhere and the command ended with 0, its results lost
+            raise CLIError(f"standard output is closed, and {a.command} writes its results there; give it a file "
+                           f"or a pipe (e.g. > results.jsonl)")
         if a.command == "train":
             return cmd_train(a, rest)
         if a.command == "list":

@@ -140,11 +140,12 @@ def data_root() -> Path:
 
 
 # ----------------------------------------------------------------------------- raw records
-def json_line(record: object) -> str:
-    """`record` as one line of JSON Lines, its text as written (not \\u-escaped), except the three
-    characters JSON leaves raw that line readers split at (U+0085, U+2028, U+2029: Python's
-    str.splitlines, editors, terminals), so that line N of the output is record N for every reader."""
-    return (json.dumps(record, ensure_ascii=False, allow_nan=False)
+def json_line(record: object, ascii_only: bool = False) -> str:
+    """`record` as one line of JSON Lines, its text as written (not \\u-escaped, unless `ascii_only`: for
+    an output that cannot take every character), except the three characters JSON leaves raw that line
+    readers split at (U+0085, U+2028, U+2029: Python's str.splitlines, editors, terminals), so that
+    line N of the output is record N for every reader."""
+    return (json.dumps(record, ensure_ascii=ascii_only, allow_nan=False)
             .replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
@@ -524,7 +525,7 @@ def read_lines(path: Path, what: str = "texts", skip_blank: bool = False) -> lis
                             f"one split, e.g. {path / ('test' if 'test' in splits or not splits else splits[0])}")
         if path.is_dir():
             raise DataError(f"{path}: is a folder; give a file with one of the {what} per line")
-        if not path.is_file():
+        if not path.exists():  # a pipe (`<(cmd)`, /dev/stdin) is read as a file is: it is not a regular file
             raise DataError(f"{path}: no such file; give a file with one of the {what} per line (or - to read "
                             f"standard input)")
         if path.suffix.lower() in COMPRESSED:
@@ -758,6 +759,12 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
                             f".arrow, optionally validation.* and test.*, or those in a data/ subfolder as the Hub "
                             f"keeps them; or a save_to_disk folder with a train split).")
         return path.name, files
+    if path.exists():  # a pipe (`--data <(cmd)`), a device: read more than once (splits, the cache key's checksum)
+        raise DataError(f"{data}: not a regular file (a pipe or a device); datasets are read more than once, so save "
+                        f"it to a file first and give that file")
+    if data == "-":
+        raise DataError("-: datasets are not read from standard input (they are read more than once); save it to a "
+                        "file first and give that file")
     if os.sep not in data and not path.suffix:
         folder = data_root() / data
         if folder.is_dir():
