@@ -529,6 +529,20 @@ def test_a_closed_pipe_ends_quietly(capsys, monkeypatch):
     assert code == 128 + signal.SIGPIPE and err == ""
 
 
+def test_list_into_a_closed_pipe_ends_as_every_command_does():
+    """`frozentune list | head -1` exited 1 (rich's own SystemExit for a broken pipe), which a script cannot tell
+    from a failure; every other command exits 141."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "frozentune.cli", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    proc.stdout.close()  # the reader goes away (as head does once it has its line): every write meets a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE and b"Traceback" not in err
+
+
 def test_train_help_for_a_method_lists_its_options_and_defaults(capsys):
     """Errors say 'see frozentune train --method space --help', which printed the generic help: no
     --concept-dim, and the generic training defaults instead of the method's."""

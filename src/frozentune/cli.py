@@ -765,7 +765,6 @@ def _cache_folder(a: argparse.Namespace) -> int:
     if not rows:
         print(f"{root}: no cache entries")
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"feature cache {root}", title_justify="left")
@@ -779,7 +778,7 @@ def _cache_folder(a: argparse.Namespace) -> int:
         t.add_row(e.path.name[:16] + ("…" if len(e.path.name) > 16 else ""), status, e.model, e.layers,
                   str(e.max_length or ""), e.precision, e.dtype, examples,
                   f"{e.tokens:,}" if e.tokens is not None else "", size_text(e.bytes), e.created, e.source)
-    Console(width=200).print(t)
+    _console(width=200).print(t)
     print(f"{len(rows)} item(s), {size_text(sum(e.bytes for e in rows))}; --prune removes "
           f"{sum(e.removable for e in rows)} of them (interrupted builds with no finished shard, leftovers, unreadable "
           f"entries); --include-resumable also the {sum(e.resumable for e in rows)} holding finished shards or "
@@ -953,12 +952,23 @@ def cmd_import(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list() -> int:
+def _console(**kwargs):
+    """A rich Console for results on stdout whose broken pipe (`| head -1`) is the BrokenPipeError main
+    answers as every command does (exit 141), not rich's own SystemExit(1), which reads as a failure."""
     from rich.console import Console
+
+    class ResultsConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return ResultsConsole(**kwargs)
+
+
+def cmd_list() -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console()
+    con = _console()
     for name in list_methods():
         spec = get_method(name)
         t = Table(title=f"{name} — {spec.help}", title_justify="left", show_lines=False)
