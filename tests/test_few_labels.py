@@ -460,6 +460,16 @@ def test_eval_reads_the_training_runs_max_train_sample(trec_slice, tiny_bert, tm
     e = api.evaluate_model(tmp_path / "m", str(moved), "train", cache_root=tmp_path / "c", progress=False,
                            log=lambda s: None)
     assert e["n"] == r["sizes"]["train"] == 30
+    # the same folder, its train rows reordered since: the same sample would be other rows, and it was scored so
+    rows = (moved / "train.jsonl").read_text().splitlines()
+    (moved / "train.jsonl").write_text("\n".join(rows[::-1]) + "\n")
+    for split in ("train", "validation"):
+        with pytest.raises(DataError, match=f"not the ones this model was trained on .*its {split} split cannot be "
+                                            f"rebuilt"):
+            api.evaluate_model(tmp_path / "m", str(moved), split, cache_root=tmp_path / "c", progress=False,
+                               log=lambda s: None)
+    assert api.evaluate_model(tmp_path / "m", str(moved), "test", cache_root=tmp_path / "c", progress=False,
+                              log=lambda s: None)["n"] == r["sizes"]["test"]  # test is its own file: scored
 
 
 def _grid():

@@ -676,6 +676,11 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
         expect = sample.pop("expect_sizes", None)
         ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], **sample)
         part = getattr(ds, split)
+        rows = (saved.get("split_rule") or {}).get("rows")  # recorded since 2026-11-28
+        if sample and expect is None and rows is not None and (ds.split_rule or {}).get("rows") != rows:
+            raise DataError(f"{data}: its train / validation rows are not the ones this model was trained on (the "
+                            f"file was edited or reordered since), so its {split} split cannot be rebuilt: the same "
+                            f"sample would be other rows; use --split test, or train the model again on this data")
         if expect is not None and (len(ds.train), len(ds.validation)) != (expect.get("train"), expect.get("validation")):
             raise DataError(f"{data}: this model was saved before frozentune recorded how its splits were drawn, and "
                             f"they cannot be rebuilt: its result.json has {expect.get('train')} train / "

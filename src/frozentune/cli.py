@@ -335,7 +335,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--layers", help="comma list of hidden-state indices, e.g. -1,-3 (default: each method's own)")
     sw.add_argument("--lr", help="comma list of peak learning rates (default: each method's own)")
     sw.add_argument("--weight-decay", help="comma list of AdamW weight decays (default: each method's own)")
-    sw.add_argument("--seeds", default="0,1,2", help="comma list of seeds: each setting is trained once per seed")
+    sw.add_argument("--seeds", default="0,1,2", help="comma list of seeds: each setting is trained once per seed "
+                    "(default: 0,1,2)")
     sw.add_argument("--shots", type=_whole(1), metavar="K", help="K training examples per class (drawn with each seed)")
     sw.add_argument("--fallback", choices=("auto", "off"), help="as train's --fallback: off keeps each head where "
                     "the folds would keep a logistic regression instead (default: auto; the table says where it did)")
@@ -345,11 +346,14 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--restart", action="store_true", help="train every point again: without it, the points an "
                     "interrupted run of the same sweep finished (kept in the cache folder) are reused")
     _backbone_args(sw)
+    for action in sw._actions:  # kept so that giving them is answered with what to do instead (cmd_sweep), not listed
+        if action.dest in ("layer", "rebuild_cache"):
+            action.help = argparse.SUPPRESS
     sv = sub.add_parser("serve", help="serve saved models over HTTP: every task from one backbone pass, "
                         "batched across requests; a page at /, the API at /docs")
     sv.add_argument("models", nargs="+", type=Path, help="saved model folders, or folders of them")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
     sv.add_argument("--shutdown-grace", type=float, default=60.0, metavar="SECONDS",
                     help="on SIGINT / SIGTERM, how long the requests in flight may take to finish before they are cut "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import csv
 import decimal
+import hashlib
 import io
 import json
 import math
@@ -1080,6 +1081,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     text_field, pair_field = text_fields(name, text_field, pair_field, files, label_field)
     notes_first += one_side_note(name, files, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
+    rule["rows"] = rows_digest(splits)  # eval --split train / validation: the rows the splits are drawn from
     train = splits["train"]
     notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
                            for split in splits.values() for label, forms in split.label_spellings.items()]
@@ -1133,6 +1135,16 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         notes.append(f"--max-train {max_train}: train has {len(train)} examples, so all are used")
     labels = label_order(name, train.labels)
     return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field, rule)
+
+
+def rows_digest(splits: dict[str, TextSplit]) -> str:
+    """A digest of the rows (texts and labels, in order) that a run's train and validation splits are drawn
+    from: the same files edited, even only reordered, give other samples and carves."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in ("train", "validation"):
+        for text, label in zip(splits[name].texts, splits[name].labels) if name in splits else ():
+            h.update(json.dumps([name, text, label]).encode())
+    return h.hexdigest()
 
 
 def label_order(name: str, train_labels: list[str]) -> list[str]:

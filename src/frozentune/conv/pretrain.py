@@ -79,7 +79,7 @@ class PretrainConfig:
     log_every: int = field(default=20, metadata={"help": "steps between printed losses (every step goes to loss.jsonl)"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, batches and masking"})
     device: str = field(default="auto", metadata={
-        "help": "where to train: auto (default: a GPU when there is one, else the CPU), cpu, cuda, cuda:N or mps"})
+        "help": "where to train: auto (a GPU when there is one, else the CPU), cpu, cuda, cuda:N or mps"})
 
     def validate(self) -> None:
         from ..fields import wrong_value

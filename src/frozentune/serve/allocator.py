@@ -89,7 +89,8 @@ def plan(choice: str, can_restart: bool, current: str | None = None, locate=None
     preloaded = os.environ.get("LD_PRELOAD", "")
     if current != "system":
         if choice in ("auto", current):
-            how = "preloaded by --allocator" if os.environ.get(MARK) == current else "already in this process"
+            how = (f"preloaded by --allocator {choice}{' (the default)' if choice == 'auto' else ''}"
+                   if os.environ.get(MARK) == current else "already in this process")
             return Plan(current, None, f"{current} ({how}: LD_PRELOAD={preloaded})")
         raise AllocatorError(f"--allocator {choice}: this process already runs on {current} (LD_PRELOAD={preloaded}); "
                              f"start it without that LD_PRELOAD, or give --allocator {current}")

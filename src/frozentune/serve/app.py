@@ -29,6 +29,7 @@ import email.message
 import errno
 import importlib.util
 import json
+import os
 import signal
 import socket
 import sys
@@ -580,5 +581,6 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     http, loop, note = http_stack()
     log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="info", access_log=access_log,
-                            http=http, loop=loop, timeout_graceful_shutdown=grace_s)
+                            http=http, loop=loop, timeout_graceful_shutdown=grace_s,
+                            use_colors=False if os.environ.get("NO_COLOR") else None)  # no-color.org; None: a terminal's
     _graceful_server(config).run(sockets=[sock])
