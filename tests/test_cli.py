@@ -41,6 +41,7 @@ def test_train_writes_model_and_result(trained):
         assert isinstance(result[key], (int, float))
     assert set(result["metrics"]) >= {"accuracy", "macro_f1"}
     assert result["config"]["method_options"]["pooling"] == "cls"
+    assert result["environment"]["torch"] == torch.__version__ and result["environment"]["torch_threads"] >= 1
     assert result["trainable_params"] == 32 * 6 + 6
     assert result["extract_seconds"] > 0
     # the weights file is as readable as the rest of the folder (safetensors wrote it 0600)

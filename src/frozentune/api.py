@@ -26,7 +26,7 @@ from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
                    read_texts, resolve, rows_like_it, text_groups)
-from .output import check_output, holds_output, staged_output
+from .output import check_output, holds_output, run_environment, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
@@ -456,6 +456,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "selection": selection,
         "history": fitted.history,
         "sizes": {"train": len(ds.train), "validation": len(ds.validation), "test": len(ds.test)},
+        "environment": run_environment(),
     }
     log(f"test accuracy {test_m['accuracy']:.2f}  macro-F1 {test_m['macro_f1']:.2f}  "
         + (f"F1[{positive[1]}] {test_m['positive_f1']:.2f}  " if positive else "")

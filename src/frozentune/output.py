@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .errors import FrozentuneError
 from . import interrupts, locks
@@ -335,3 +335,25 @@ def holds_output(fn: F) -> F:
             return fn(*args, **kwargs)
 
     return run  # type: ignore[return-value]
+
+
+def run_environment() -> dict[str, Any]:
+    """What a rerun needs to give the same numbers, recorded with a run's results: the versions that compute
+    them, and torch's thread count and CPU kernels (a run is bitwise repeatable at the same thread count; at
+    another, sums are taken in another order and the weights differ in their last digits)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    from . import __version__
+
+    def of(package: str) -> str | None:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    return {"frozentune": of("frozentune") or __version__, "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": of("transformers"), "torch_threads": torch.get_num_threads(),
+            "cpu_kernels": torch.backends.cpu.get_cpu_capability()}

@@ -52,7 +52,7 @@ from torch import Tensor, nn
 from .. import distributed
 from ..data import DataError
 from ..fields import as_flag
-from ..output import holds_output
+from ..output import holds_output, run_environment
 from ..registry import refuse_unused
 from ..rng import keeps_rng
 from ..train import adamw, shared_step, silent
@@ -641,7 +641,8 @@ def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | 
               "encoder": dataclasses.asdict(enc_cfg), "run": dataclasses.asdict(run_cfg), "corpus": data.describe(),
               "step": step, "stopped_by": stopped, "train_seconds": elapsed, "prepare_seconds": prepare_seconds,
               "tokens_seen": tokens_seen, "tokens_per_s": tokens_seen / elapsed if elapsed else None,
-              "final_loss": sum(tail) / len(tail) if tail else None, "encoder_params": n_params}
+              "final_loss": sum(tail) / len(tail) if tail else None, "encoder_params": n_params,
+              "environment": run_environment()}
     if main:
         (output / "result.json").write_text(json.dumps(result, indent=2))
     log(f"stopped at step {step} ({stopped} budget spent): loss {result['final_loss'] or float('nan'):.4f} "

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
-from ..output import holds_output
+from ..output import holds_output, run_environment
 from ..rng import keeps_rng
 from ..data import (DataError, GenExample, blank, json_line, merged_note, load_generation, resolve, resolved_files,
                    whole_count)
@@ -645,6 +645,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         "train_seconds": fitted.train_seconds, "decode_seconds": decode_seconds,
         "peak_rss_mb": peak_rss_mb(), "best_epoch": fitted.best_epoch, "history": fitted.history,
         "sizes": {"train": len(splits.train), "validation": len(splits.validation), "test": len(splits.test)},
+        "environment": run_environment(),
     }
     m = metrics["all"]
     log(f"test BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}  ROUGE-1/2/L {m['rouge_1']:.2f}/{m['rouge_2']:.2f}/"

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import interrupts
 from ..registry import get_method
-from ..output import holds_output
+from ..output import holds_output, run_environment
 from ..train import silent
 from .grid import Grid, Point
 from .journal import NAME, Journal, dataset_hash, point_keys, sweep_key
@@ -345,6 +345,7 @@ def plot(result: SweepResult, path: Path) -> None:
 
 
 def write(result: SweepResult, folder: Path, data: str) -> None:
-    (folder / "sweep.json").write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
+    (folder / "sweep.json").write_text(json.dumps(result.to_json() | {"environment": run_environment()}, indent=1,
+                                                  allow_nan=False))
     (folder / "sweep.md").write_text(markdown(result, data))
     plot(result, folder / "sweep.png")
