@@ -794,3 +794,12 @@ def test_any_option_of_one_value_given_twice_is_refused(argv, option):
     """Every option that takes one value was last-wins, so a script that built `--input a --input b` read b
     alone, saying nothing; only --model was refused."""
     cli(*argv, contains=(f"argument {option}: given twice", "give it once"))
+
+
+@pytest.mark.parametrize("argv", [["pretrain", "--arch", "light", "--corpus", "c.txt"],
+                                  ["plot-concepts", "--model", "M", "--data", "d"],
+                                  ["train", "--method", "probe", "--data", "d"]])
+def test_output_dash_is_refused(argv):
+    """`--output -` made a folder (pretrain, train) or a picture (-.png) named "-": a user means standard output."""
+    cli(*argv, "--output", "-", contains=f"--output -: {argv[0]} writes files, not to standard output")
+

@@ -664,3 +664,23 @@ def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
     x = torch.tensor(ids)
     plain = lm.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False)
     assert tuner.generate(ids, max_new_tokens=4)[0] == until_eos(plain[0, x.shape[1]:].tolist(), tuner.eos_id())
+
+
+def test_sources_on_standard_input_are_lines_or_json_lines_with_a_field(monkeypatch):
+    """`generate --input - --source-field mr` was refused (one source per line) where predict reads JSON Lines
+    from standard input with --text-field; both read it so now."""
+    import io
+    import sys
+
+    from frozentune.data import DataError
+
+    def piped(text: str) -> None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+
+    piped('{"abstract": "a long text", "id": 1}\n{"abstract": "another"}\n')
+    assert G.read_sources(Path("-"), "abstract") == ["a long text", "another"]
+    piped("one source\nanother\n")
+    assert G.read_sources(Path("-")) == ["one source", "another"]
+    piped('{"title": "x"}\n')
+    with pytest.raises(DataError, match=r"<standard input>:1: a source record needs non-empty text in 'abstract'"):
+        G.read_sources(Path("-"), "abstract")

@@ -252,7 +252,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     gen.add_argument("sources", nargs="*", help="sources: an E2E meaning representation, linearised triples, or any source text")
     gen.add_argument("--input", type=Path, help="a file with one source per line (- reads them from standard input), or a .jsonl/.json/.csv/.tsv/.parquet/.arrow dataset file "
                      "(source / mr / triples)")
-    gen.add_argument("--source-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the source field (default: source)")
+    gen.add_argument("--source-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input (or --input - of JSON Lines): the source "
+                     "field (default: source)")
     gen.add_argument("--num-beams", type=_whole(1), help="beam width (default: the one the model was trained with)")
     gen.add_argument("--max-new-tokens", type=_whole(1), help="longest output in tokens (default: as trained)")
     gen.add_argument("--json", action="store_true", help="print {source, output} JSON lines")
@@ -1171,6 +1172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"(see frozentune {a.command} --help)", file=sys.stderr)
             return 2
         _one_process_only(a.command)
+        if str(getattr(a, "output", None)) == "-":  # it made a folder (or a picture) named "-", not standard output
+            raise CLIError(f"--output -: {a.command} writes files, not to standard output; give a path")
         if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list"):  # `>&-`: print
             # wrote nowhere and the command ended with 0, its results lost
             raise CLIError(f"standard output is closed, and {a.command} writes its results there; give it a file "

@@ -807,18 +807,22 @@ def is_training_data(config: dict, data: str) -> str:
 
 def read_sources(path: Path, source_field: str | None = None) -> list[str]:
     """Sources from a file: a .jsonl / .json / .csv / .tsv / .parquet / .arrow (or a `save_to_disk` folder) of
-    E2E (`mr`), WebNLG (`triples`) or pairs records (`source`, or `source_field`), else one per line."""
-    from ..data import holds_records, read_lines, read_records, table_source, unencodable
+    E2E (`mr`), WebNLG (`triples`) or pairs records (`source`, or `source_field`), else one per line. Standard
+    input ("-") is one source per line, or JSON Lines records with `source_field` (as predict reads it)."""
+    from ..data import STDIN, holds_records, read_lines, read_records, table_source, unencodable
 
+    records = str(path) == "-" and source_field is not None
     path = Path(path)
-    if not holds_records(path):  # (generate passes the model's source field where this holds)
+    if not records and not holds_records(path):  # (generate passes the model's source field where this holds)
         if source_field is not None:
             raise DataError(f"--source-field {source_field}: {path} is read as one source per line, which has no fields; "
                             f"give a .jsonl / .json / .csv / .tsv / .parquet / .arrow file, or leave --source-field out")
         return read_lines(path, "sources")
     field = source_field or "source"
     out = []
-    for n, rec in read_records(path):
+    rows = read_records(path)
+    path = STDIN if records else path  # as the errors below name it
+    for n, rec in rows:
         if field in rec:
             value = rec[field]
             if not isinstance(value, str) or blank(value):
