@@ -65,6 +65,12 @@ def check(answer: Answer, code: int, contains: tuple[str, ...] | str = ()) -> An
     return answer
 
 
+def with_defaults(defaults: dict[str, object], extra: tuple) -> list:
+    """The options in `defaults` ({flag: value}) that `extra` does not give, then `extra`: a command line whose
+    defaults a test may replace (an option given twice is refused)."""
+    return [x for flag, value in defaults.items() if flag not in extra for x in (flag, value)] + list(extra)
+
+
 def cli(*argv: str | Path, code: int = 2, contains: tuple[str, ...] | str = (), row: str = "",
         show: str = "") -> Answer:
     """Run `frozentune ARGV` in-process; check the contract; record it under table row `row` (for a

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clirun import cli
+from clirun import cli, with_defaults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,8 +31,8 @@ def bert_variant(folder: Path, dtype: torch.dtype | None = None, tokenizer: bool
 
 
 def probe(tmp_path: Path, data: Path, backbone: Path, *extra) -> list:
-    return ["train", "--method", "probe", "--data", data, "--backbone", backbone, "--max-length", 16, "--epochs", 1,
-            "--cache-dir", tmp_path / "cache", "--output", tmp_path / "out", "--quiet", *extra]
+    return ["train", "--method", "probe", "--data", data, "--backbone", backbone, "--cache-dir", tmp_path / "cache",
+            "--output", tmp_path / "out", "--quiet", *with_defaults({"--max-length": 16, "--epochs": 1}, extra)]
 
 
 # ----------------------------------------------------------------------------- saved dtype

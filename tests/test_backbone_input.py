@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import cli
+from clirun import cli, with_defaults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,8 +26,8 @@ R_LONG = "a text of 2,000,000 characters"
 
 
 def train(tmp_path: Path, data: Path, backbone, *extra) -> list:
-    return ["train", "--method", "probe", "--data", data, "--backbone", backbone, "--max-length", 16, "--epochs", 1,
-            "--cache-dir", tmp_path / "cache", "--output", tmp_path / "out", "--quiet", *extra]
+    return ["train", "--method", "probe", "--data", data, "--backbone", backbone, "--cache-dir", tmp_path / "cache",
+            "--output", tmp_path / "out", "--quiet", *with_defaults({"--max-length": 16, "--epochs": 1}, extra)]
 
 
 def nothing_written(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import cli
+from clirun import cli, with_defaults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,9 +62,8 @@ def labelled(n: int, labels=("neg", "pos")) -> list[dict]:
 
 def train_args(data: Path, tiny_bert: Path, tmp_path: Path, *extra) -> list:
     """A small train command; `extra` adds options, or replaces --method / --epochs (an option is given once)."""
-    defaults = [(flag, value) for flag, value in (("--method", "probe"), ("--epochs", 1)) if flag not in extra]
-    return ["train", *[x for pair in defaults for x in pair], "--data", data, "--backbone", tiny_bert,
-            "--max-length", 16, "--cache-dir", tmp_path / "cache", "--quiet", *extra]
+    return ["train", "--data", data, "--backbone", tiny_bert, "--max-length", 16, "--cache-dir", tmp_path / "cache",
+            "--quiet", *with_defaults({"--method": "probe", "--epochs": 1}, extra)]
 
 
 @pytest.fixture(scope="module")

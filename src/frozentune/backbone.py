@@ -97,7 +97,7 @@ def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
     except ImportError:
         raise BackboneError("reading a .gguf file needs the package gguf: pip install --no-deps gguf") from None
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    with no_loading_bar():
+    with no_loading_bar(), _no_gguf_bar():
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
     config = copy.deepcopy(loaded.config)  # the GGUF's config, without the quantisation it was read with
     for attr in ("quantization_config", "gguf_file"):
@@ -108,7 +108,8 @@ def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
-        model.save_pretrained(tmp)
+        with no_loading_bar():  # its "Writing model shards" bar
+            model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
@@ -381,6 +382,29 @@ def encoder_part(model: nn.Module) -> nn.Module:
         raise BackboneError(f"{type(model).__name__} is an encoder-decoder model without get_encoder(); the "
                             f"classification methods need an encoder: give a BERT-like folder (e.g. --backbone minilm)")
     return get()
+
+
+@contextlib.contextmanager
+def _no_gguf_bar() -> Iterator[None]:
+    """transformers' GGUF reader draws its own tqdm bar, which its progress-bar switch does not reach (a
+    library call given log=None drew it; a redirected stderr got one 2 KB line of carriage returns)."""
+    import functools
+    import importlib
+
+    try:
+        module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    except ImportError:
+        yield
+        return
+    bar = getattr(module, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    module.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        module.tqdm = bar
 
 
 @contextlib.contextmanager
