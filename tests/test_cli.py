@@ -398,7 +398,7 @@ def test_counts_under_one_are_refused_in_one_line(capsys, argv, needle):
     (["predict", "--model", "m", "--pair", "a", "b", "extra text"], "text argument 'extra text' beside --pair: a model "
                                                                     "takes single texts or sentence pairs, not both"),
     (["predict", "--model", "m", "caf\udce9"], "text argument 1: character offset 3 is a lone UTF-16 surrogate (U+DCE9; "
-                                                "on a command line, the byte 0xe9"),
+                                                "the byte 0xe9, which is not UTF-8"),
     (["generate", "--model", "m", ""], "source argument 1 is empty"),
     # zero-width characters alone tokenize to nothing, as an empty text does
     (["predict", "--model", "m", "\u200b\u200d "], "text argument 1 is empty (only invisible characters: U+200B ZERO WIDTH SPACE)"),
@@ -763,3 +763,11 @@ def test_the_truncation_note_says_how_far_the_backbone_reads():
     at_most = truncation_note([Source([512, 512])], 512, 512)  # read as far as it goes: nothing more to ask
     assert at_most.endswith("to it") and "(the default)" not in at_most
     assert truncation_note([Source([30])], 128, 512) is None
+
+
+def test_version_names_what_computes_the_numbers(capsys):
+    """`frozentune --version` answered "the following arguments are required: command"."""
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("frozentune ") and f"torch {torch.__version__}" in out

@@ -194,10 +194,19 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-pair-field", help="with a .jsonl/.json/.csv/.tsv/.parquet/.arrow --input: the second text's field (default: the model's)")
 
 
+def _version_line() -> str:
+    """`frozentune --version`: its version and those of what computes its numbers (as result.json records)."""
+    from .output import package_version as of
+
+    return (f"frozentune {of('frozentune')} (torch {of('torch') or 'not installed'}, transformers "
+            f"{of('transformers') or 'not installed'}, Python {sys.version.split()[0]})")
+
+
 def _parser(method: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser. `method`: a registered method whose options and training defaults `train
     --method METHOD --help` shows (its own options are otherwise parsed after the method is known)."""
     ap = _Parser(prog="frozentune", description="Adapt frozen pre-trained language models.")
+    ap.add_argument("--version", action="version", version=_version_line())
     sub = ap.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a method and evaluate it on the test split")
@@ -544,7 +553,7 @@ def _arguments(values: Sequence[str], what: str) -> list[str]:
     for i, text in enumerate(values, 1):
         if blank(text):
             raise CLIError(f"{what} argument {i} is empty{invisible(text)}; give some text")
-        if (why := unencodable(text)) is not None:
+        if (why := unencodable(text, argv=True)) is not None:
             raise CLIError(f"{what} argument {i}: {why}; give UTF-8 text")
     return list(values)
 

@@ -564,18 +564,18 @@ def _read_stdin(what: str, each: str = "") -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def unencodable(text: str) -> str | None:
+def unencodable(text: str, argv: bool = False) -> str | None:
     """Why `text` is not valid Unicode (it holds a lone UTF-16 surrogate, which cannot be encoded
     as UTF-8 or tokenised), naming its first bad character's offset (counting from 0), or None.
 
     JSON lets a string hold one (`"\\ud800"`), and Python carries a command-line byte that is not
-    UTF-8 as one (U+DC80..U+DCFF, surrogateescape). The caller adds where and what to do, e.g.
-    `f"texts[0]: {why}; send valid Unicode"`."""
+    UTF-8 as one (U+DC80..U+DCFF, surrogateescape): with `argv` (the text came from the command line),
+    that byte is named. The caller adds where and what to do, e.g. `f"texts[0]: {why}; send valid Unicode"`."""
     found = _SURROGATE.search(text)
     if found is None:
         return None
     code = ord(found.group())
-    byte = f"; on a command line, the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF else ""
+    byte = f"; the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if argv and 0xDC80 <= code <= 0xDCFF else ""
     return (f"character offset {found.start():,} is a lone UTF-16 surrogate (U+{code:04X}{byte}), "
             f"which is not text")
 

@@ -342,18 +342,23 @@ def run_environment() -> dict[str, Any]:
     them, and torch's thread count and CPU kernels (a run is bitwise repeatable at the same thread count; at
     another, sums are taken in another order and the weights differ in their last digits)."""
     import platform
-    from importlib.metadata import PackageNotFoundError, version
 
     import torch
 
-    from . import __version__
+    return {"frozentune": package_version("frozentune"), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": package_version("transformers"),
+            "torch_threads": torch.get_num_threads(), "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
 
-    def of(package: str) -> str | None:
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return None
 
-    return {"frozentune": of("frozentune") or __version__, "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": of("transformers"), "torch_threads": torch.get_num_threads(),
-            "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
+def package_version(package: str) -> str | None:
+    """An installed package's version (frozentune's own from its source where it is not installed), or None;
+    read from the package's metadata, without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        if package == "frozentune":
+            from . import __version__
+            return __version__
+        return None
