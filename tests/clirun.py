@@ -103,3 +103,30 @@ def finish(proc: subprocess.Popen, argv: list[str], code: int, contains: tuple[s
     answer = Answer(proc.returncode, out, err)
     _record(row, [str(a) for a in argv], answer)
     return check(answer, code, contains)
+
+
+def swap_while_loading(monkeypatch, folder: Path, new: Path, edit) -> dict:
+    """Make `new` (a copy of the saved model `folder`) another run's model: its weights doubled and its
+    config.json changed by `edit(config)`, checksum kept right. Then, whenever the model's backbone or LM is
+    loaded (model.load_named), `folder` is swapped for `new` the way staged_output swaps a folder in. Returns
+    the new config.json."""
+    import json
+
+    from frozentune import model as M
+
+    M.save_tensors({k: v * 2 for k, v in M.load_weights(new).items()}, new / M.WEIGHTS)
+    config = json.loads((new / "config.json").read_text())
+    edit(config)
+    config["weights_file"] = M.file_checksum(new / M.WEIGHTS)
+    (new / "config.json").write_text(json.dumps(config))
+    real = M.load_named
+
+    def swapped_meanwhile(where, name, load, what="backbone"):
+        loaded = real(where, name, load, what)
+        folder.rename(folder.parent / f"{folder.name}-old")
+        new.rename(folder)
+        return loaded
+
+    monkeypatch.setattr(M, "load_named", swapped_meanwhile)
+    return config
+

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import cli, with_defaults
+from clirun import cli, swap_while_loading, with_defaults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -710,19 +710,7 @@ def test_a_model_replaced_while_it_loads_is_said_not_mixed(tmp_path, model_dir, 
     m, new = tmp_path / "m", tmp_path / "new"
     shutil.copytree(model_dir, m)
     shutil.copytree(model_dir, new)  # another run's model: other weights, its labels the other way round
-    M.save_tensors({k: v * 2 for k, v in M.load_weights(new).items()}, new / M.WEIGHTS)
-    config = json.loads((new / "config.json").read_text())
-    config |= {"labels": config["labels"][::-1], "weights_file": M.file_checksum(new / M.WEIGHTS)}
-    (new / "config.json").write_text(json.dumps(config))
-    real = M.load_named
-
-    def swapped_meanwhile(folder, name, load, what="backbone"):  # as staged_output swaps a folder in
-        loaded = real(folder, name, load, what)
-        m.rename(tmp_path / "old")
-        new.rename(m)
-        return loaded
-
-    monkeypatch.setattr(M, "load_named", swapped_meanwhile)
+    config = swap_while_loading(monkeypatch, m, new, lambda c: c.update(labels=c["labels"][::-1]))
     with pytest.raises(M.ModelLoadError, match="was replaced while it was being loaded .*run the command again"):
         M.load(m)
     monkeypatch.undo()

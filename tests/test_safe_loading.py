@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clirun import cli as _cli
+from clirun import cli as _cli, swap_while_loading
 
 R_PICKLE = "a pickle that would run code, in place of any file frozentune loads (section 3)"
 R_REMOTE = "a model folder that ships Python code (auto_map), without --trust-remote-code (section 3)"
@@ -210,20 +210,7 @@ def test_a_generator_replaced_while_its_lm_loads_is_said_not_mixed(generators, t
     m, new = tmp_path / "m", tmp_path / "new"
     shutil.copytree(generators["prefix"], m)
     shutil.copytree(generators["prefix"], new)  # another run's prefix: other values, other decoding options
-    M.save_tensors({k: v * 2 for k, v in M.load_weights(new).items()}, new / M.WEIGHTS)
-    config = json.loads((new / "config.json").read_text())
-    config["decoding"]["max_new_tokens"] += 3
-    config["weights_file"] = M.file_checksum(new / M.WEIGHTS)
-    (new / "config.json").write_text(json.dumps(config))
-    real = M.load_named
-
-    def swapped_meanwhile(folder, name, load, what="backbone"):  # as staged_output swaps a folder in
-        loaded = real(folder, name, load, what)
-        m.rename(tmp_path / "old")
-        new.rename(m)
-        return loaded
-
-    monkeypatch.setattr(M, "load_named", swapped_meanwhile)
+    config = swap_while_loading(monkeypatch, m, new, lambda c: c["decoding"].update(max_new_tokens=7))
     with pytest.raises(M.ModelLoadError, match="was replaced while it was being loaded .*run the command again"):
         load_tuner(m)
     monkeypatch.undo()

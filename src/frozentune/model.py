@@ -242,6 +242,17 @@ def file_checksum(path: Path | bytes) -> dict:
     return {"bytes": Path(path).stat().st_size, "blake2b": digest}
 
 
+def read_config_json(folder: Path, error: type[Exception] | None = None) -> object:
+    """folder/config.json parsed, or `error` (default ModelLoadError) saying why it cannot be read."""
+    error = error or ModelLoadError
+    try:
+        return json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise error(f"{Path(folder) / CONFIG}: cannot be read ({e.strerror or e}); check its permissions") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{Path(folder) / CONFIG}: not valid JSON ({e}); the folder is damaged: train it again") from None
+
+
 def read_saved(folder: Path, kind: str = "a folder written by `frozentune train --output`") -> dict:
     """A saved model folder's config.json, after checking that model.safetensors is there, whole
     and the file the config was written with (size and checksum recorded at save time)."""
@@ -258,12 +269,7 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise ModelLoadError(f"{folder}: no {name}; is this {kind}?")
-    try:
-        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ModelLoadError(f"{folder / CONFIG}: cannot be read ({e.strerror or e}); check its permissions") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{folder / CONFIG}: not valid JSON ({e}); the folder is damaged: train it again") from None
+    config = read_config_json(folder)
     if not isinstance(config, dict) or "method" not in config:
         raise ModelLoadError(f"{folder / CONFIG}: not a frozentune model config (no 'method'); give {kind}")
     want = config.get("weights_file")

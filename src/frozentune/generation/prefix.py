@@ -30,7 +30,6 @@ themselves are never written to (`DynamicLayer.update` concatenates into new ten
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -568,18 +567,13 @@ def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str,
     a PrefixError that says what the folder is otherwise. The tensors are parsed from the bytes whose
     checksum this config.json names (model.load_weights), so a folder replaced since the caller's own
     read is said, never read as one run's config with another's prefix."""
-    from ..model import load_weights
+    from ..model import load_weights, read_config_json
 
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise PrefixError(f"{folder}: no {name}; is this a folder written by a prefix-tuning run?")
-    try:
-        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise PrefixError(f"{folder / CONFIG}: cannot be read ({e.strerror or e}); check its permissions") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PrefixError(f"{folder / CONFIG}: not valid JSON ({e}); the folder is damaged: train it again") from None
+    config = read_config_json(folder, PrefixError)
     if not isinstance(config, dict):
         raise PrefixError(f"{folder / CONFIG}: not a frozentune model config; is this a folder written by a "
                           f"prefix-tuning run?")
