@@ -213,7 +213,9 @@ def test_unencodable_names_the_surrogate_and_its_offset():
     assert unencodable("abc \ud800 def") == ("character offset 4 is a lone UTF-16 surrogate (U+D800), "
                                              "which is not text")
     from_argv = b"caf\xe9".decode("utf-8", "surrogateescape")  # a Latin-1 command-line argument
-    assert "offset 3" in unencodable(from_argv) and "the byte 0xe9, which is not UTF-8" in unencodable(from_argv)
+    assert "offset 3" in unencodable(from_argv, argv=True)
+    assert "the byte 0xe9, which is not UTF-8" in unencodable(from_argv, argv=True)
+    assert "byte" not in unencodable(from_argv)  # the same character from a file: not called a command-line byte
 
 
 @pytest.mark.parametrize("row,needle", [
