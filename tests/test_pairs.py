@@ -272,6 +272,14 @@ def test_cli_pairs_end_to_end(monkeypatch, mrpc_slice, tiny_bert, tmp_path):
                                                             "standard input (--input -) are read as JSON Lines"))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"sentence1": "A man plays."}\n')))
     cli("predict", "--model", out, "--input", "-", contains="<standard input>:1: missing field 'sentence2'")
+    # eval on another task's data (RTE's fields and labels): said in one error, not the fields, then the labels
+    rte = tmp_path / "rte" / "test.jsonl"
+    rte.parent.mkdir()
+    rte.write_text("".join(json.dumps({"premise": f"a man plays {i}", "hypothesis": "music", "label": lab}) + "\n"
+                           for i, lab in enumerate(["entailment", "not_entailment"] * 3)))
+    cli("eval", "--model", out, "--data", rte.parent, "--cache-dir", cache,
+        contains=("data of another task: no row has the model's field 'sentence1' (its fields: 'premise', "
+                  "'hypothesis', 'label')", "its labels ('entailment', 'not_entailment') are none of the model's"))
 
 
 def test_plot_concepts_reads_pairs_as_the_model_was_trained(monkeypatch, mrpc_slice, tiny_bert, tmp_path):

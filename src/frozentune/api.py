@@ -653,7 +653,29 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
                  label_field: str | None, pair_field: str | None = None, model_dir: Path | None = None) -> tuple[Dataset, TextSplit, np.ndarray]:
     """A split of `data` read the way the model was trained (fields, seed for carved splits),
     with its labels encoded in the model's label order. Split `all`: every row of one file, nothing
-    carved (a file of held-out examples scored whole)."""
+    carved (a file of held-out examples scored whole). Data of another task (no row has the model's
+    fields, and its labels are none of the model's) is said to be so in one error, not field by field."""
+    from .data import FieldNowhere, label_values
+
+    try:
+        return _read_saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
+    except FieldNowhere as e:
+        label = label_field or model.saved_config.get("label_field", "label")  # type: ignore[attr-defined]
+        held = label_values(e.path, label)
+        if not held or held & set(model.labels):
+            raise
+        here = e.here.removeprefix("; the fields here are: ")
+        raise DataError(f"{e.path}: data of another task: no row has the model's {e.missing.removeprefix('missing ')} "
+                        f"(its fields: {here}), and its labels "
+                        f"({', '.join(map(repr, sorted(held)))}) are none of the model's "
+                        f"({', '.join(map(repr, model.labels))}); give data of the task the model was trained on (or "
+                        f"name its fields and label field with --text-field / --text-pair-field / --label-field)"
+                        ) from None
+
+
+def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: str | None, label_field: str | None,
+                      pair_field: str | None, model_dir: Path | None) -> tuple[Dataset, TextSplit, np.ndarray]:
+    """_saved_split, as the data reads."""
     check_split(split)
     saved = model.saved_config  # type: ignore[attr-defined]
     seed = saved.get("train", {}).get("seed", 0)

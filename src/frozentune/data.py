@@ -609,6 +609,20 @@ def _text_problem(value: object, fld: str) -> tuple[str, str] | None:
     return None
 
 
+class FieldNowhere(DataError):
+    """A field no row of a file has (the file's first line names it): eval adds what its labels say."""
+
+    def __init__(self, message: str, path: Path, missing: str, here: str):
+        super().__init__(message)
+        self.path, self.missing, self.here = path, missing, here  # "missing field 'x'", "; the fields here are: …"
+
+
+def label_values(path: Path, label_field: str) -> set[str]:
+    """The label names a file's rows hold in `label_field` (none where no row has it)."""
+    return {name for _, rec in read_records(Path(path)) if label_field in rec
+            and (name := label_name(rec[label_field])) is not None}
+
+
 class _Problems:
     """The rows of a file with something wrong, by kind, so that the error names the first and how many
     share it (a missing field too: in every row, the field is named wrongly; in some, those rows lack it)."""
@@ -641,7 +655,10 @@ class _Problems:
         head, rows = f"{self.path}:{at[0]}: {what}", "those rows" if len(at) > 1 else "that row"
         if what in self.advice:
             if len(at) == self.rows > 1:
-                raise DataError(f"{head} in all {self.rows:,} rows{self.details[what]}. {self.advice[what]}.")
+                message = f"{head} in all {self.rows:,} rows{self.details[what]}. {self.advice[what]}."
+                if what.startswith("missing field"):
+                    raise FieldNowhere(message, self.path, what, self.details[what])
+                raise DataError(message)
             raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. {self.advice[what]}, or fix or remove "
                             f"{rows}.")
         raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. Fix or remove {rows}, or pick the columns "
