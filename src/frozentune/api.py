@@ -664,9 +664,8 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
         held = label_values(e.path, label)
         if not held or held & set(model.labels):
             raise
-        here = e.here.removeprefix("; the fields here are: ")
-        raise DataError(f"{e.path}: data of another task: no row has the model's {e.missing.removeprefix('missing ')} "
-                        f"(its fields: {here}), and its labels "
+        raise DataError(f"{e.path}: data of another task: no row has the model's field {e.field!r} "
+                        f"(its fields: {', '.join(map(repr, e.fields))}), and its labels "
                         f"({', '.join(map(repr, sorted(held)))}) are none of the model's "
                         f"({', '.join(map(repr, model.labels))}); give data of the task the model was trained on (or "
                         f"name its fields and label field with --text-field / --text-pair-field / --label-field)"

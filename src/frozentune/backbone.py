@@ -394,10 +394,8 @@ def _no_gguf_bar() -> Iterator[None]:
     try:
         module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
     except ImportError:
-        yield
-        return
-    bar = getattr(module, "tqdm", None)
-    if bar is None:
+        module = None
+    if (bar := getattr(module, "tqdm", None)) is None:  # another transformers: nothing of ours to turn off
         yield
         return
     module.tqdm = functools.partial(bar, disable=True)

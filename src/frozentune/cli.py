@@ -584,6 +584,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     from . import api
     from .data import DataError, json_line
 
+    ascii_only = not _writes_unicode(sys.stdout)  # JSON escapes where stdout cannot take every character
     if a.onnx:
         from .export.onnx import OnnxClassifier
 
@@ -591,13 +592,13 @@ def cmd_predict(a: argparse.Namespace) -> int:
             raise CLIError("--device / --precision apply to --model; an --onnx graph runs in float32 on the CPU")
         graph = OnnxClassifier(a.onnx)
         for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"])), log=api._stderr):
-            print(json_line(row, ascii_only=not _writes_unicode(sys.stdout)))
+            print(json_line(row, ascii_only))
         return 0
     texts = _inputs(a, "predict")
     n = 0
     try:
         for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
-            print(json_line(row, ascii_only=not _writes_unicode(sys.stdout)), flush=n % api.PREDICT_CHUNK == 0)
+            print(json_line(row, ascii_only), flush=n % api.PREDICT_CHUNK == 0)
             if n % api.PREDICT_CHUNK == 0:
                 on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest "
                              f"were not)")
@@ -609,13 +610,14 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 _LINE_BREAKS = {c: f"\\u{ord(c):04x}" for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"} | {"\r": "\\r", "\n": "\\n"}
+_ONE_LINE = {False: str.maketrans(_LINE_BREAKS), True: str.maketrans(_LINE_BREAKS | {"\t": "\\t"})}  # by `tabs`
 
 
 def _escape_line_breaks(text: str, tabs: bool = False) -> str:
     """`text` as one output line: every character a line reader may break at (\\n, \\r, and the others
     str.splitlines knows: U+2028, U+0085, form feed, …) written as an escape, so line N of the output is the
     output for source N; with `tabs`, tabs as \\t too."""
-    return text.translate(str.maketrans(_LINE_BREAKS | ({"\t": "\\t"} if tabs else {})))
+    return text.translate(_ONE_LINE[tabs])
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -634,8 +636,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise CLIError("nothing to generate from: give sources as arguments or --input FILE (--input - reads one "
                        "source per line from standard input)")
     outputs = G.generate_stream(a.model, sources, a.num_beams, a.max_new_tokens, a.device, a.precision, _stderr)
+    ascii_only = not _writes_unicode(sys.stdout)  # JSON escapes where stdout cannot take every character
     for n, (src, out) in enumerate(zip(sources, outputs), 1):
-        print(json_line({"source": src, "output": out}, not _writes_unicode(sys.stdout)) if a.json else _escape_line_breaks(out),
+        print(json_line({"source": src, "output": out}, ascii_only) if a.json else _escape_line_breaks(out),
               flush=True)
         if n % G.GENERATE_CHUNK == 0:
             on_interrupt(f"the outputs of the first {n:,} sources were printed, one line each in order (the rest were not)")

@@ -610,11 +610,11 @@ def _text_problem(value: object, fld: str) -> tuple[str, str] | None:
 
 
 class FieldNowhere(DataError):
-    """A field no row of a file has (the file's first line names it): eval adds what its labels say."""
+    """A field no row of a file has: eval adds what its labels say. `fields`: those of its first row."""
 
-    def __init__(self, message: str, path: Path, missing: str, here: str):
+    def __init__(self, message: str, path: Path, field: str, fields: list[str]):
         super().__init__(message)
-        self.path, self.missing, self.here = path, missing, here  # "missing field 'x'", "; the fields here are: …"
+        self.path, self.field, self.fields = path, field, fields
 
 
 def label_values(path: Path, label_field: str) -> set[str]:
@@ -632,6 +632,7 @@ class _Problems:
         self.lines: dict[str, list[int]] = {}  # kind of problem → its lines
         self.details: dict[str, str] = {}      # kind of problem → the first row's detail
         self.advice: dict[str, str] = {}       # kind of problem → what to do, where not the usual
+        self.absent: dict[str, tuple[str, list[str]]] = {}  # missing-field kind → (the field, the first row's fields)
         self.rows = 0
 
     def add(self, n: int, kind: str, detail: str) -> None:
@@ -645,6 +646,7 @@ class _Problems:
         kind = f"missing field {gone[0]!r}"
         flag = "--text-pair-field" if self.pair_field is not None and gone[0] == self.pair_field else self.flags
         self.add(n, kind, f"; the fields here are: {', '.join(map(repr, rec))}")
+        self.absent.setdefault(kind, (gone[0], list(rec)))
         self.advice.setdefault(kind, f"Choose the field{'s' if '/' in flag else ''} with {flag}")
         return True
 
@@ -656,8 +658,8 @@ class _Problems:
         if what in self.advice:
             if len(at) == self.rows > 1:
                 message = f"{head} in all {self.rows:,} rows{self.details[what]}. {self.advice[what]}."
-                if what.startswith("missing field"):
-                    raise FieldNowhere(message, self.path, what, self.details[what])
+                if what in self.absent:
+                    raise FieldNowhere(message, self.path, *self.absent[what])
                 raise DataError(message)
             raise DataError(f"{head}{self.details[what]}{rows_like_it(at)}. {self.advice[what]}, or fix or remove "
                             f"{rows}.")
@@ -1098,7 +1100,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     text_field, pair_field = text_fields(name, text_field, pair_field, files, label_field)
     notes_first += one_side_note(name, files, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
-    rule["rows"] = rows_digest(splits)  # eval --split train / validation: the rows the splits are drawn from
+    if not test_only:  # eval --split train / validation: the rows the splits are drawn from (test reads none)
+        rule["rows"] = rows_digest(splits)
     train = splits["train"]
     notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
                            for split in splits.values() for label, forms in split.label_spellings.items()]
