@@ -301,6 +301,21 @@ def test_cache_and_list_commands(tiny_bert, trec_slice, tmp_path, capsys):
     assert "--[no-]train-backbone" in stdout  # a flag's two forms (rich would read "[no-]" as markup)
 
 
+@pytest.mark.parametrize("columns", ["40", "60", "71", "72", "120"])
+def test_list_never_cuts_a_flag_or_default(monkeypatch, capsys, columns):
+    """On a narrow terminal the table cut flags and defaults to "…" (at 40 columns "--[no-…", "--pool…"):
+    below cli.NARROW columns the options come one by one, every flag and default whole."""
+    from frozentune.cli import _flag
+    from frozentune.registry import describe_options
+
+    monkeypatch.setenv("COLUMNS", columns)
+    code, stdout, _ = run(capsys, "list")
+    assert code == 0 and "…" not in stdout
+    for name in list_methods():
+        for opt, typ, default, _help in describe_options(name):
+            assert _flag(opt)[2:] in stdout and str(default) in stdout
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["train", "--method", "nope", "--data", "trec"], "unknown method 'nope'"),
     (["train", "--method", "probe", "--data", "nosuch"], "unknown dataset 'nosuch'"),

@@ -981,20 +981,31 @@ def _console(**kwargs):
     return ResultsConsole(**kwargs)
 
 
+NARROW = 72  # columns below which `list` prints options one by one, not as a table (measured: at 70 the table cut flags)
+
+
 def cmd_list() -> int:
     from rich.markup import escape
+    from rich.padding import Padding
     from rich.table import Table
 
     con = _console()
     for name in list_methods():
         spec = get_method(name)
-        t = Table(title=f"{name} — {spec.help}", title_justify="left", show_lines=False)
-        for col in ("option", "type", "default", "help"):
-            t.add_column(col)
-        for opt, typ, default, help_ in describe_options(name):
-            flag = _flag(opt) if typ != "bool" else "--[no-]" + _flag(opt)[2:]  # both forms are accepted
-            t.add_row(escape(flag), typ, escape(str(default)), escape(help_))
-        con.print(t)
+        rows = [(_flag(opt) if typ != "bool" else "--[no-]" + _flag(opt)[2:], typ, str(default), help_)  # both forms
+                for opt, typ, default, help_ in describe_options(name)]
+        if con.width < NARROW:  # a table there cuts flags and defaults to "…": one option after another instead
+            con.print(f"{escape(name)} — {escape(spec.help)}")
+            for flag, typ, default, help_ in rows:
+                con.print(f"  {escape(flag)} ({typ}, default {escape(default)})")
+                con.print(Padding(escape(help_), (0, 0, 0, 6)))
+        else:
+            t = Table(title=f"{name} — {spec.help}", title_justify="left", show_lines=False)
+            for col in ("option", "type", "default", "help"):
+                t.add_column(col)
+            for row in rows:
+                t.add_row(*map(escape, row))
+            con.print(t)
         tasks = [t for t, ok in (("classification", spec.classifies), ("generation (e2e, webnlg)", spec.generates)) if ok]
         con.print("  tasks: " + ", ".join(tasks))
         if spec.layer is not None:
