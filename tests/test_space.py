@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from frozentune.cli import main
-from frozentune.head import Features
+from frozentune.head import Features, TokenView
 from frozentune.heads.space import (VAR_EPS, SpaceConfig, SpaceHead, attributions, centroids,
-                                    inter_space_loss, intra_space_loss)
+                                    inter_space_loss, intra_space_loss, token_logits)
 from numerics import ACTIVATION, ROUNDING, approx, assert_close, assert_differs, dot, linear, softmax, sum_of_abs
 
 
@@ -104,6 +104,40 @@ def test_attributions_match_a_per_class_loop():
         # one (D, n·m) product vs n (D, m) products: another blocking of the 6-term sums; |tanh'| ≤ 1
         assert_close(c[:, i], torch.tanh(x @ ops[i]), ops=dot(6) + ACTIVATION, scale=sum_of_abs(x, ops[i]),
                      what=f"class {i}")
+
+
+def test_token_logits_add_up_to_the_logits_and_rank_the_explanation():
+    """The classifier is linear over means of per-token attributions, so each logit is its bias plus the
+    tokens' shares, masked or (the published mean) not; explain ranks a class's words by its share less
+    the mean share of every class. It ranked them by the attribution alone, which on SST-5 picked words no
+    better than random (bench/faithfulness.py)."""
+    torch.manual_seed(2)
+    head = SpaceHead(SpaceConfig(concept_dim=4), dim=8, num_labels=3).eval()
+    x = torch.randn(2, 6, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    for masked in (True, False):
+        head.cfg.masked_mean = masked
+        out = head(Features(x, mask))
+        share = out.extras["token_logits"]  # (B, n, T)
+        # the same 3·4 products and 6 token terms summed in another order, plus the bias, against logits
+        # summed as centroids first; terms of size |w|·|tanh| ≤ |w|
+        assert_close(share.sum(-1) + head.out.bias, out.logits, ops=centroid_ops(8, 6) + linear(3 * 4) + dot(6),
+                     scale=float(head.out.weight.detach().abs().sum(1).max()) + float(head.out.bias.detach().abs().max()),
+                     what=f"tokens' shares + bias (masked={masked})")
+        if masked:
+            assert (share[1, :, 4:] == 0).all()  # padding has no share of a masked mean
+        assert token_logits(attributions(x, head.operators), mask, head.out.weight, masked).shape == (2, 3, 6)
+    head.cfg.masked_mean = True
+    out = head(Features(x[:1], mask[:1]))
+    pieces = ["[CLS]", "a", "b", "c", "d", "[SEP]"]
+    view = TokenView("a b c d", pieces, [(0, 0), (0, 1), (2, 3), (4, 5), (6, 7), (0, 0)], [None, 0, 1, 2, 3, None])
+    ex = head.explain(out, view, ["x", "y", "z"], top=4).data["classes"]
+    share = out.extras["token_logits"][0]
+    for c, lab in enumerate(["x", "y", "z"]):
+        lift = (share[c] - share.mean(0))[1:5]  # the four words
+        want = [pieces[1 + int(i)] for i in lift.argsort(descending=True)]
+        assert [t["text"] for t in ex[lab]["tokens"]] == want
+        assert [t["weight"] for t in ex[lab]["tokens"]] == [round(float(v), 4) for v in lift.sort(descending=True).values]
 
 
 def run(capsys, *args):

@@ -64,6 +64,15 @@ def centroids(c: Tensor, mask: Tensor, masked: bool = True) -> tuple[Tensor, Ten
     return mean, var
 
 
+def token_logits(c: Tensor, mask: Tensor, weight: Tensor, masked: bool = True) -> Tensor:
+    """Each token's share of each logit: the classifier is linear over the centroids, which are means over
+    tokens, so logits = bias + Σ_t token_logits[:, :, t] exactly. c (B, n, T, m), mask (B, T), weight
+    (n, n·m) (the classifier's) → (B, n, T); 0 at the positions the centroids leave out."""
+    w = (mask if masked else torch.ones_like(mask)).to(c.dtype)  # (B, T)
+    share = torch.einsum("bitj,oij->bot", c, weight.view(weight.shape[0], c.shape[1], c.shape[3]))  # (B, n, T)
+    return share * (w / w.sum(1, keepdim=True).clamp_min(1.0))[:, None, :]
+
+
 def intra_space_loss(var: Tensor) -> Tensor:
     """Mean of 1 / (variance + ε) over batch, classes and dimensions. var (B, n, m) → scalar."""
     return (1.0 / (var + VAR_EPS)).mean()
@@ -90,7 +99,9 @@ class SpaceHead(Head):
         k, var = centroids(c, f.mask, self.cfg.masked_mean)  # (B, n, m) each
         logits = self.out(k.flatten(1))  # (B, n)
         token_scores = c.mean(-1).masked_fill(~f.mask[:, None, :], 0.0)  # (B, n, T)
-        return Output(logits, {"centroids": k, "concept_variance": var, "token_scores": token_scores})
+        return Output(logits, {"centroids": k, "concept_variance": var, "token_scores": token_scores,
+                               "token_logits": token_logits(c.detach(), f.mask, self.out.weight.detach(),
+                                                            self.cfg.masked_mean)})
 
     def loss(self, out: Output, labels: Tensor) -> Tensor:
         loss = F.cross_entropy(out.logits, labels)
@@ -101,12 +112,18 @@ class SpaceHead(Head):
         return loss
 
     def explain(self, out: Output, tokens: TokenView, labels: list[str], top: int) -> Explanation:
-        """Per class: its centroid (and the centroid's mean) and the tokens whose attribution,
-        tanh(E·P_i) averaged over the m dimensions, is highest ({text, start, end, weight}: the
-        token's word and its character range [start, end) in the text; a word of several pieces is
-        listed once, with its highest piece's weight)."""
+        """Per class: its centroid (and the centroid's mean) and the tokens that raise its logit most above
+        the other classes' ({text, start, end, weight}: the token's word and its character range [start,
+        end) in the text; weight: the token's exact share of the class's logit (token_logits) less its mean
+        share of every class's, the part that moves the softmax; a word of several pieces is listed once,
+        with its highest piece's weight).
+
+        Ranked before by the attribution itself, tanh(E·P_i) averaged over the m dimensions, which leaves
+        out the classifier: removing the words so ranked took no more of the prediction than removing
+        random words (bench/faithfulness.py, bench/REPORT.md)."""
         k = out.extras["centroids"][0]  # (n, m)
-        scores = out.extras["token_scores"][0, :, :len(tokens.pieces)]  # (n, T)
+        share = out.extras["token_logits"][0, :, :len(tokens.pieces)]  # (n, T)
+        scores = share - share.mean(0, keepdim=True)  # (n, T)
         real = tokens.text_pieces()
         data, lines = {}, []
         for i, lab in enumerate(labels):
