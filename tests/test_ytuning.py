@@ -171,3 +171,4 @@ def test_explanation_ranks_the_texts_tokens_and_states_the_special_tokens_share(
     assert ex.data["attention"]["a"][0] == {"text": "wrote", "start": 4, "end": 9, "weight": 0.2}
     assert ex.data["special_tokens"] == {"a": pytest.approx(0.65, abs=1e-6), "b": pytest.approx(0.60, abs=1e-6)}
     assert "special tokens 0.65" in ex.lines[0] and "[CLS]" not in ex.lines[0]
+    assert ex.lines[-1].startswith("(attention, not importance:")  # the measured caveat, with what to use instead
