@@ -1144,10 +1144,15 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
 
 
 def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5, device: str | None = None,
-            precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
+            precision: str | None = None, log: Callable[[str], None] = _stderr, occlusion: bool = False) -> list[dict]:
     """Per text: the prediction and the head's explanation of it (what it is depends on the method:
     see each head's `explain`). Each row: text, label, scores (the per-label probabilities, as predict
-    gives them), explanation (JSON) and lines (for people)."""
+    gives them), explanation (JSON) and lines (for people).
+
+    occlusion: also cut each word out of the text in turn and say how much the predicted label's
+    probability drops without it (frozentune.occlusion; one more pass per word), under
+    explanation["occlusion"]. Any classifier explains so, the methods without an explanation of their
+    own too."""
     import torch
 
     from .head import explains
@@ -1156,15 +1161,17 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     texts, log = given_texts(texts), as_log(log)
     if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 1:
         raise DataError(f"top={top!r}: give a whole number of at least 1 (how many tokens or spans to show)")
-    top = int(top)  # numpy's ints too
+    top, occlusion = int(top), as_switch(occlusion, "occlusion")  # numpy's ints too
     model = _load(model_dir, device, precision, log)
-    if not explains(model.head):
+    own = explains(model.head)
+    if not own and not occlusion:
         from .generation.run import model_commands
 
         saved = getattr(model, "saved_config", {"method": model.method})
         able = [m for m in list_methods("classification") if explains(get_method(m).head_cls)]
         raise MethodError(f"{model_dir if not isinstance(model_dir, M.Classifier) else 'this model'}: method "
-                          f"{model.method!r} returns no explanation (explain works for: {', '.join(able)}); "
+                          f"{model.method!r} returns no explanation of its own (explain works for: {', '.join(able)}; "
+                          f"--occlusion / occlusion=True explains any classifier by cutting out each word in turn); "
                           f"this model supports {', '.join(model_commands(saved))}" + _fallback_note(model_dir))
     pairs = check_inputs(model, texts)
     bb = model.backbone_ref
@@ -1178,9 +1185,37 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     for i, text in enumerate(texts):
         with torch.no_grad():
             o = model(src.batch(np.array([i])).to(device))
-        ex = model.head.explain(o, views[i], model.labels, top)
+        ex = model.head.explain(o, views[i], model.labels, top) if own else None
         probs = torch.softmax(o.logits[0].float(), -1).tolist()  # as predict gives them: the prediction explained
         out.append({**text_row(text), **labelled(model.labels, probs),
-                    "explanation": ex.data, "lines": ex.lines, **({"truncated": True} if cut[i] else {})})
+                    "explanation": ex.data if ex else {}, "lines": ex.lines if ex else [],
+                    **({"truncated": True} if cut[i] else {})})
+    if occlusion:
+        _add_occlusion(model, texts, views, out, top, pairs)
     return out
+
+
+def _add_occlusion(model: M.Classifier, texts: list[Text], views: list, rows: list[dict], top: int, pairs: bool) -> None:
+    """explain's rows gain explanation["occlusion"] and its lines (frozentune.occlusion)."""
+    from .occlusion import occlude
+
+    labels = list(model.labels)
+    predicted = [labels.index(r["label"]) for r in rows]
+    found = occlude(texts, views, predicted, [r["scores"][r["label"]] for r in rows], labels, top,
+                    lambda cut: _probabilities(model, cut, pairs))
+    for row, ex in zip(rows, found):
+        row["explanation"] = {**row["explanation"], "occlusion": ex.data}
+        row["lines"] = row["lines"] + ["each word cut out in turn (occlusion):"] + [f"  {line}" for line in ex.lines]
+
+
+def _probabilities(model: M.Classifier, texts: list[Text], pairs: bool) -> np.ndarray:
+    """(N, C) probabilities of a loaded model for `texts` (live pass, PREDICT_CHUNK at a time)."""
+    import torch
+
+    bb, out = model.backbone_ref, []
+    for first in range(0, len(texts), PREDICT_CHUNK):
+        src = M.LiveSource(bb.tokenize(texts[first:first + PREDICT_CHUNK]), bb.pad_id(),
+                           separator_ids(bb.tok) if pairs else None)
+        out.append(torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy())
+    return np.concatenate(out)
 

@@ -283,6 +283,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     _input_args(x)
     x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show (default: 5)")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
+    x.add_argument("--occlusion", action="store_true",
+                   help="also cut each word out in turn and show how much the prediction's probability drops without "
+                        "it (one more pass per word; explains any classifier, probe and finetune too)")
     _runtime_args(x)
 
     pc = sub.add_parser("plot-concepts", help="draw a space model's test centroids in concept space (PNG)")
@@ -659,7 +662,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     from . import api
     texts = _inputs(a, "explain")
     try:
-        rows = api.explain(a.model, texts, a.top, a.device, a.precision)
+        rows = api.explain(a.model, texts, a.top, a.device, a.precision, occlusion=a.occlusion)
     except ValueError as e:
         raise CLIError(str(e)) from None
     if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise;
