@@ -128,7 +128,8 @@ def test_token_logits_add_up_to_the_logits_and_rank_the_explanation():
             assert (share[1, :, 4:] == 0).all()  # padding has no share of a masked mean
         assert token_logits(attributions(x, head.operators), mask, head.out.weight, masked).shape == (2, 3, 6)
     head.cfg.masked_mean = True
-    out = head(Features(x[:1], mask[:1]))
+    with torch.no_grad():  # as explain runs it
+        out = head(Features(x[:1], mask[:1]))
     pieces = ["[CLS]", "a", "b", "c", "d", "[SEP]"]
     view = TokenView("a b c d", pieces, [(0, 0), (0, 1), (2, 3), (4, 5), (6, 7), (0, 0)], [None, 0, 1, 2, 3, None])
     ex = head.explain(out, view, ["x", "y", "z"], top=4).data["classes"]
