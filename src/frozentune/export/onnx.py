@@ -270,12 +270,12 @@ def graph_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob(GRAPH + "*"))
 
 
-def _require(*modules: str) -> None:
+def _require(*modules: str, what: str = "export --format onnx") -> None:
     import importlib.util
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise ExportError(f"--format onnx needs {', '.join(missing)}: pip install 'frozentune[onnx]'")
+        raise ExportError(f"{what} needs {', '.join(missing)}: pip install 'frozentune[onnx]'")
 
 
 @contextmanager
@@ -407,7 +407,7 @@ class OnnxClassifier:
         if not (folder / META).is_file() or not (folder / GRAPH).is_file():
             raise ExportError(f"--onnx {folder}: no {META} / {GRAPH}; give a folder written by "
                               f"`frozentune export --format onnx`")
-        _require("onnxruntime")
+        _require("onnxruntime", what="an ONNX graph (predict --onnx, onnx=True)")
         self.folder = folder
         self.meta = _read_meta(folder)
         again = "copy the whole folder written by `frozentune export --format onnx`, or export again"
