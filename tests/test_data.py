@@ -270,6 +270,16 @@ def test_missing_file_and_unknown_dataset(tmp_path):
         read_split(write(tmp_path / "d.txt", "x"))
 
 
+def test_a_named_dataset_without_a_data_folder_is_not_called_unknown(tmp_path, monkeypatch):
+    """An installed package far from ../shared/data said "unknown dataset 'trec'" for a known name; where
+    no folder of named datasets exists, the error says so and how to point at one."""
+    monkeypatch.setenv("FROZENTUNE_DATA", str(tmp_path / "absent"))
+    with pytest.raises(DataError) as e:
+        load_classification("trec")
+    assert "unknown" not in str(e.value) and f"{tmp_path / 'absent'} does not exist" in str(e.value)
+    assert "set FROZENTUNE_DATA to the folder that holds trec/" in str(e.value)
+
+
 def test_unseen_label_at_evaluation_names_the_line(tmp_path):
     split = read_split(write(tmp_path / "t.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "zzz"}\n'))
     with pytest.raises(DataError, match=r"t.jsonl:2: label 'zzz' was never seen in training"):

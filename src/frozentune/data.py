@@ -786,9 +786,14 @@ def resolve(data: str) -> tuple[str, dict[str, Path]]:
         raise DataError("-: datasets are not read from standard input (they are read more than once); save it to a "
                         "file first and give that file")
     if os.sep not in data and not path.suffix:
-        folder = data_root() / data
+        root = data_root()
+        folder = root / data
         if folder.is_dir():
             return data, _find_split_files(folder)
+        if not root.is_dir():  # not an unknown name: no folder of named datasets was found at all
+            raise DataError(f"dataset {data!r}: named datasets are read from $FROZENTUNE_DATA, else ../shared/data "
+                            f"beside the checkout or the current folder, and {root} does not exist; set "
+                            f"FROZENTUNE_DATA to the folder that holds {data}/, or pass a file or folder.")
         raise DataError(f"unknown dataset {data!r}: {folder} does not exist. Named datasets are "
                         f"read from $FROZENTUNE_DATA or ../shared/data; or pass a file or folder.")
     raise DataError(f"{data}: no such file or folder. Give a .jsonl / .csv / .tsv / .parquet / .arrow file, a folder "
