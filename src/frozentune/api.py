@@ -1016,8 +1016,6 @@ def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device
 
 def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool, chunk: int,
                   log: Callable[[str], None]) -> Iterator[dict]:
-    import torch
-
     from . import train as T
 
     bb = model.backbone_ref
@@ -1025,9 +1023,7 @@ def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool
     t0 = said = time.perf_counter()
     for first in range(0, len(texts), chunk):
         part = texts[first:first + chunk]
-        tokens = _with_text(bb, part, bb.tokenize(part), first)
-        src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
-        probs = torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy()
+        probs, src = _scored(model, _with_text(bb, part, bb.tokenize(part), first), pairs)
         if not np.isfinite(probs).all():
             bad = int((~np.isfinite(probs).all(1)).sum())
             raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
@@ -1210,12 +1206,16 @@ def _add_occlusion(model: M.Classifier, texts: list[Text], views: list, rows: li
 
 def _probabilities(model: M.Classifier, texts: list[Text], pairs: bool) -> np.ndarray:
     """(N, C) probabilities of a loaded model for `texts` (live pass, PREDICT_CHUNK at a time)."""
+    bb = model.backbone_ref
+    return np.concatenate([_scored(model, bb.tokenize(texts[first:first + PREDICT_CHUNK]), pairs)[0]
+                           for first in range(0, len(texts), PREDICT_CHUNK)])
+
+
+def _scored(model: M.Classifier, tokens, pairs: bool) -> tuple[np.ndarray, M.LiveSource]:
+    """(N, C) probabilities of tokenised texts (live pass), and the batch source that read them."""
     import torch
 
-    bb, out = model.backbone_ref, []
-    for first in range(0, len(texts), PREDICT_CHUNK):
-        src = M.LiveSource(bb.tokenize(texts[first:first + PREDICT_CHUNK]), bb.pad_id(),
-                           separator_ids(bb.tok) if pairs else None)
-        out.append(torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy())
-    return np.concatenate(out)
+    bb = model.backbone_ref
+    src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
+    return torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy(), src
 
