@@ -4,6 +4,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from frozentune.cli import main
@@ -251,3 +252,23 @@ def test_space_reads_its_own_default_layer_unless_told(tiny_bert, trec_slice, tm
     assert json.loads((out / "config.json").read_text())["backbone"]["layers"] == list(LayerSpec.parse(own).layers)
     code, stdout, _ = run(capsys, "list")
     assert f"reads backbone layer {own}" in stdout
+
+
+def test_pictures_leave_the_callers_matplotlib_backend_alone(tmp_path):
+    """plot_concepts (and the sweep's plot, through the same plot.figure) switched matplotlib to Agg for
+    the whole process: a notebook's own plt.show() drew nothing afterwards, without a word."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from frozentune.plot import plot_concepts
+
+    before = matplotlib.get_backend()
+    try:
+        matplotlib.use("pdf")  # any backend but Agg, one that needs no display
+        rng = np.random.default_rng(0)
+        for m in (3, 4):  # one 3-D panel per class, and the projection of the concatenated centroids
+            plot_concepts(rng.normal(size=(20, 2, m)), np.arange(20) % 2, ["a", "b"], tmp_path / f"{m}.png", "t")
+            assert (tmp_path / f"{m}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.get_backend() == "pdf" and plt.get_fignums() == []  # none left open in pyplot either
+    finally:
+        matplotlib.use(before)

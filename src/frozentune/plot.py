@@ -7,6 +7,18 @@ from typing import Sequence
 import numpy as np
 
 
+def figure(**kwargs):
+    """A matplotlib Figure drawn by the Agg canvas, outside pyplot: `matplotlib.use("Agg")` switched the
+    caller's backend too, and a notebook's own plots stopped showing after a sweep or plot-concepts; a
+    Figure made so is never registered with pyplot, and is freed with its last reference."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def plot_concepts(k: np.ndarray, y: np.ndarray, labels: Sequence[str], path: Path, title: str) -> str:
     """Scatter the examples' centroids in concept space, coloured by true label.
 
@@ -16,13 +28,10 @@ def plot_concepts(k: np.ndarray, y: np.ndarray, labels: Sequence[str], path: Pat
     Returns a short description of what was drawn."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n, m = k.shape[1], k.shape[2]
-    colours = plt.get_cmap("tab10")
+    colours = matplotlib.colormaps["tab10"]
     if m in (2, 3):
-        fig = plt.figure(figsize=(5.2 * n, 5.0))
+        fig = figure(figsize=(5.2 * n, 5.0))
         for i in range(n):
             ax = fig.add_subplot(1, n, i + 1, **({"projection": "3d"} if m == 3 else {}))
             for c, lab in enumerate(labels):
@@ -38,7 +47,8 @@ def plot_concepts(k: np.ndarray, y: np.ndarray, labels: Sequence[str], path: Pat
         flat = k.reshape(len(k), -1)
         pca = PCA(n_components=2, random_state=0).fit(flat)
         xy = pca.transform(flat)
-        fig, ax = plt.subplots(figsize=(6.0, 5.0))
+        fig = figure(figsize=(6.0, 5.0))
+        ax = fig.subplots()
         for c, lab in enumerate(labels):
             ax.scatter(*xy[y == c].T, s=4, alpha=0.5, color=colours(c % 10), label=lab)
         ratio = pca.explained_variance_ratio_
@@ -50,5 +60,4 @@ def plot_concepts(k: np.ndarray, y: np.ndarray, labels: Sequence[str], path: Pat
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return what

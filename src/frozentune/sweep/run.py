@@ -320,17 +320,15 @@ def markdown(result: SweepResult, data: str) -> str:
 
 def plot(result: SweepResult, path: Path) -> None:
     """Score (mean ± std over seeds) of every setting, best first, with test accuracy beside it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plot import figure
 
     table = sorted(result.table, key=lambda t: -t["score_mean"])
     names = [f"{t['method']} L{t['layer']} lr{t['lr']:g} wd{t['weight_decay']:g}"  # marks as the table has them
              + (f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t["fell_back"] else "")
              + (" ★ best" if t is result.best else "") for t in table]
     y = np.arange(len(table))
-    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.28 * len(table)))
+    fig = figure(figsize=(8, 1.5 + 0.28 * len(table)))
+    ax = fig.subplots()
     ax.errorbar([t["score_mean"] for t in table], y - 0.15, xerr=[t["score_std"] for t in table], fmt="o",
                 label=table[0]["score_is"] if table else "score")
     ax.errorbar([t["test_mean"] for t in table], y + 0.15, xerr=[t["test_std"] for t in table], fmt="s",
@@ -341,7 +339,6 @@ def plot(result: SweepResult, path: Path) -> None:
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)  # above, off the data
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write(result: SweepResult, folder: Path, data: str) -> None:
