@@ -370,6 +370,7 @@ def test_train_falls_back_only_where_asked_and_says_what_it_saved(capsys, trec_s
     assert code == 0, err
     code, out, err = run(capsys, "explain", "--model", tmp_path / "m", "What is the capital of France ?")
     assert code == 2 and "trained as --method space" in err and "--fallback off" in err
+    assert "train_cfg={'fallback': 'off'} in Python" in err
     code, out, err = run(capsys, "train", *common, "--fallback", "off", "--output", tmp_path / "off")
     assert code == 0, err
     assert "the folds also score" not in out
@@ -758,6 +759,8 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     assert [bool(r.get("reused")) for r in again.rows] == [True] * 3 + [False] * 5
     assert again.seconds["reused_points"] == 3
     assert any("holds 3 finished points of an interrupted run" in line for line in log.lines)
+    # the way out in both spellings: run_sweep has no `restart` (a notebook's user could not guess resume=False)
+    assert any("(--restart, resume=False in Python, trains every point again)" in line for line in log.lines)
     assert sum("reused" in line for line in log.lines if line.startswith("[")) == 3
     assert "3 of the 8 points were finished by an interrupted run" in (tmp_path / "out" / "sweep.md").read_text()
     assert journals() == []

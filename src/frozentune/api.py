@@ -487,7 +487,8 @@ def _fallback_note(model_dir) -> str:
     if not asked or not kept or asked == kept:
         return ""
     return (f". It was trained as --method {asked}, and on its few labels cross-validation kept a logistic "
-            f"regression ({kept}) instead; train again with --fallback off to keep the {asked} head")
+            f"regression ({kept}) instead; train again with --fallback off (train_cfg={{'fallback': 'off'}} in Python) "
+            f"to keep the {asked} head")
 
 
 def runs_live(method: str, options: dict[str, Any] | None = None) -> bool:

@@ -301,10 +301,10 @@ class Journal:
         if self.upgraded:
             skipped += (f" ({self.upgraded} of them kept by an earlier frozentune, whose journal did not record the "
                         f"backbone's config.json: taken as this config's; if config.json was edited since that run, "
-                        f"use --restart)")
+                        f"use --restart (resume=False in Python))")
         return (f"sweep: {self.path} holds {plural(len(self.rows), 'finished point')} of an interrupted run of this "
-                f"sweep{skipped}; each is reused where its setting, data and backbone are unchanged (--restart trains "
-                f"every point again)")
+                f"sweep{skipped}; each is reused where its setting, data and backbone are unchanged (--restart, resume=False in "
+                f"Python, trains every point again)")
 
 
 def points_in(path: Path) -> int:
