@@ -81,3 +81,20 @@ def test_calls_leave_the_hosts_random_state_as_it_was(tiny_bert, trec_slice, tmp
         want = torch.get_rng_state()
         call()
         assert torch.equal(torch.get_rng_state(), want), f"{name} changed the host's random state"
+
+
+def test_a_runs_peak_memory_is_its_own_not_the_hosts(tiny_bert, trec_slice, tmp_path):
+    """result.json's peak_rss_mb was the process's peak over its whole life: in a notebook, every run after a
+    cell that once held 2 GB reported 2 GB. Where Linux lets the peak be reset, a run reports its own."""
+    from pathlib import Path
+
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("no /proc/self/clear_refs: this system keeps one peak per process (peak_rss_of: process)")
+    held = bytearray(1200 * 2 ** 20)  # 1.2 GB, as an earlier cell's data
+    held[::4096] = b"\1" * len(range(0, len(held), 4096))  # every page written: resident, whatever calloc did
+    before = api.peak_rss_mb()
+    del held
+    r = api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16),
+                  cache_root=tmp_path / "cache", progress=False, log=None, train_cfg={"epochs": 1})
+    assert r["peak_rss_of"] == "run"
+    assert r["peak_rss_mb"] < before - 1000, (r["peak_rss_mb"], before)  # the 1.2 GB freed before the run is not in it

@@ -48,6 +48,19 @@ def peak_rss_mb() -> float:
     return rss / 2 ** 20 if sys.platform == "darwin" else rss / 1024.0
 
 
+def reset_peak_rss() -> str:
+    """Start peak_rss_mb's count again, so that a run's result gives its own peak, not the peak of everything the
+    process did before (a notebook's kernel: an earlier cell's 2 GB was reported by every later run). Linux lets
+    a process reset its VmHWM (/proc/self/clear_refs, 5); returns "run" where it did, else "process" (what
+    peak_rss_mb then measures, recorded as result.json's peak_rss_of)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return "run"
+    except OSError:
+        return "process"
+
+
 class _DefaultName(str):
     """BackboneOptions' name where none was given: MiniLM for the classification methods, the default causal LM
     for generation. A str of its own type, so that a generation run tells it from name="minilm" given (the
@@ -266,6 +279,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     pair_field: the second text's field of sentence-pair data (snli, rte and mrpc pick theirs)."""
     from .generation.run import is_generation_data, train_generation
 
+    peak_of = reset_peak_rss()
     backbone = as_backbone(backbone)
     output, cache_root = as_path(output, "output"), as_path(cache_root, "cache_root")
     log = as_log(log)
@@ -451,7 +465,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "extract_seconds": sources.extract_seconds,
         "cache_build_seconds": None if model.runs_live else sources.cache_build_seconds,
         "train_seconds": fitted.train_seconds,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(), "peak_rss_of": peak_of,
         "best_epoch": fitted.best_epoch if selection["how"] == "validation" else None,  # chosen by validation only
         "selection": selection,
         "history": fitted.history,

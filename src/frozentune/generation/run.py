@@ -574,13 +574,14 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
                      fields: tuple[str | None, str | None] = (None, None)) -> dict:
     """Train a generation method (prefix or finetune) on a data-to-text dataset, decode its test
     sources, score them; save to `output` (model, result.json, generations.jsonl)."""
-    from ..api import as_log, as_path, as_switch, peak_rss_mb, train_config
+    from ..api import as_log, as_path, as_switch, peak_rss_mb, reset_peak_rss, train_config
     from ..backbone import load_generation_lm
     from ..distributed import read_launch
     from ..export.card import write_card_from_files
     from ..output import check_output, staged_output
     from ..registry import MethodError, get_method
 
+    peak_of = reset_peak_rss()
     log, output = as_log(log), as_path(output, "output")
     as_switch(overwrite, "overwrite")
     decoding, fields = as_decoding(decoding), as_fields(fields)
@@ -643,7 +644,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
         "validation": {"loss": min(h["val_loss"] for h in fitted.history)},
         "trainable_params": n_trainable, "saved_params": saved_params, "backbone_params": lm_params,
         "train_seconds": fitted.train_seconds, "decode_seconds": decode_seconds,
-        "peak_rss_mb": peak_rss_mb(), "best_epoch": fitted.best_epoch, "history": fitted.history,
+        "peak_rss_mb": peak_rss_mb(), "peak_rss_of": peak_of, "best_epoch": fitted.best_epoch, "history": fitted.history,
         "sizes": {"train": len(splits.train), "validation": len(splits.validation), "test": len(splits.test)},
         "environment": run_environment(),
     }
