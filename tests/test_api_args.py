@@ -49,6 +49,18 @@ def test_generate_checks_its_sources_first(sources, says, tmp_path):
         generate_sources(tmp_path / "no-model", sources)
 
 
+@pytest.mark.parametrize("call", [api.predict, api.predict_stream, api.explain])
+def test_predict_and_explain_check_each_item_first(call, tmp_path):
+    """An item that is neither a string nor a pair was found after the model was loaded (its device and
+    precision lines printed, a second spent); it is said before any model is read: the folder need not exist."""
+    from frozentune.pairs import PairError
+
+    with pytest.raises(PairError, match="item 1 is NoneType: give a string, or a pair"):
+        call(tmp_path / "no-model", ["How far is Paris ?", None])
+    with pytest.raises(PairError, match="texts mix sentence pairs and single texts"):
+        call(tmp_path / "no-model", [("a", "b"), "c"])
+
+
 @pytest.mark.parametrize("call, error, says", [
     (lambda G, d: G.generate_sources(5, ["a source"]), MethodError, r"model_dir=5: give a folder or file path"),
     (lambda G, d: G.evaluate_generation(None, d), PrefixError, r"model_dir=None: give the folder"),

@@ -1000,7 +1000,9 @@ def given_texts(texts: object, what: str = "texts", pairs: bool = True) -> list[
                 raise DataError(f"{where}: empty{invisible(part)}; give some text")
             if isinstance(part, str) and (why := unencodable(part)) is not None:
                 raise DataError(f"{where}: {why}; give valid Unicode")
-    return out  # not strings nor pairs of them: pair_kind says so, naming the item
+    if pairs:  # each item is a string or a pair of them, all alike: said before a model is loaded for them
+        pair_kind(out)
+    return out
 
 
 def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
