@@ -1492,6 +1492,7 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert dom.count("<mark") >= 3  # explanations drawn on the text (spans / tokens)
     assert "predicts <b>" in dom and "generation prefixes" in dom
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
+    assert "(attention, not importance)" in dom and "largest share of the" in dom  # what each card's marks are
 
 
 def test_the_page_says_which_tasks_failed(engine, monkeypatch, tmp_path):
