@@ -112,3 +112,27 @@ def test_ctrl_c_while_the_command_line_starts_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_parser", interrupted)
     assert cli.main(["list"]) == 130
     assert capsys.readouterr().err == "frozentune: interrupted by SIGINT while starting; nothing was done\n"
+
+
+@pytest.mark.parametrize("allocate, says", [
+    (lambda: __import__("torch").empty(2 ** 50, dtype=__import__("torch").uint8), "out of memory (1,073,741,824 MB asked for"),
+    (lambda: __import__("numpy").empty(2 ** 50, dtype="uint8"), "out of memory (Unable to allocate 1.00 PiB"),
+])
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys, allocate, says):
+    """Under a memory limit (ulimit -v, a container's) torch's allocator raised a RuntimeError and numpy a
+    MemoryError, both printed as tracebacks; each is now one line saying what to lower, with exit status 2.
+    The allocation is a real one of 1 PiB, which no machine gives."""
+    monkeypatch.setattr(cli, "cmd_list", allocate)
+    assert cli.main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"frozentune: error: {says}") and "lower --batch-size or --max-length" in err
+    assert "GB free on the machine" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_a_thread_that_cannot_start_is_one_line(monkeypatch, capsys):
+    def no_thread():
+        raise RuntimeError("can't start new thread")  # threading's own words at the process's limit
+
+    monkeypatch.setattr(cli, "cmd_list", no_thread)
+    assert cli.main(["list"]) == 2
+    assert "could not start a thread: the process is at its memory or thread limit" in capsys.readouterr().err

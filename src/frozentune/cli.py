@@ -1080,6 +1080,33 @@ def _environment_line(e: OSError) -> str | None:
     return None
 
 
+def _memory_line(e: BaseException) -> str | None:
+    """One line for running out of memory, what a memory limit (ulimit -v, a container's) or a full machine
+    gives: numpy's MemoryError, torch's allocator RuntimeError, CUDA's OutOfMemoryError, a thread that could
+    not start. They were tracebacks. None for any other error."""
+    import resource
+
+    said = _one_line(e)
+    if isinstance(e, RuntimeError) and "can't start new thread" in said:
+        return ("could not start a thread: the process is at its memory or thread limit (ulimit -v, ulimit -u); "
+                "raise the limit, or set OMP_NUM_THREADS lower")
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or (isinstance(e, RuntimeError) and "can't allocate memory" in said)):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", said)
+    what = f"{int(asked.group(1)) / 2 ** 20:,.0f} MB asked for" if asked else said[:160]
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    room = "" if limit == resource.RLIM_INFINITY else f"; this process may use {limit / 2 ** 30:.1f} GB (ulimit -v)"
+    try:
+        import psutil
+
+        room += f"; {psutil.virtual_memory().available / 2 ** 30:.1f} GB free on the machine"
+    except ImportError:
+        pass
+    return (f"out of memory ({what}{room}): lower --batch-size or --max-length, give fewer texts at a time, or run "
+            f"where there is more memory")
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
@@ -1227,6 +1254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"frozentune: error: {line}; {_kept()}", file=sys.stderr)
         return 2
     except Exception as e:
+        if (line := _memory_line(e)) is not None:
+            print(f"frozentune: error: {line}; {_kept()}", file=sys.stderr)
+            return 2
         if (cause := _interrupt_in_chain(e)) is None:
             raise
         return _report_interrupt(cause)
