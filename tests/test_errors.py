@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,52 @@ def test_a_thread_that_cannot_start_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_list", no_thread)
     assert cli.main(["list"]) == 2
     assert "could not start a thread: the process is at its memory or thread limit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error, says", [
+    (RuntimeError("unable to mmap 90868376 bytes from file <model.safetensors>: Cannot allocate memory (12)"),
+     "out of memory (unable to mmap"),  # loading the backbone's weights
+    (ImportError("/x/_lsprof.so: failed to map segment from shared object"), "out of memory (/x/_lsprof.so"),  # a lazy import
+])
+def test_memory_running_out_while_loading_or_importing_is_one_line(monkeypatch, capsys, error, says):
+    def fail():
+        raise error
+
+    monkeypatch.setattr(cli, "cmd_list", fail)
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err.startswith(f"frozentune: error: {says}")
+
+
+def test_the_out_of_memory_line_survives_running_out_again(monkeypatch, capsys):
+    """At 600-800 MB the handler's own details (psutil reading /proc/meminfo) raised MemoryError again: two
+    chained tracebacks. The line is then given without them."""
+    import resource
+
+    def fail():
+        raise MemoryError
+
+    def no_room(*_args):
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "cmd_list", fail)
+    monkeypatch.setattr(resource, "getrlimit", no_room)
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err.startswith("frozentune: error: out of memory: lower --batch-size")
+
+
+def test_too_many_open_files_says_ulimit_n_not_free_space(monkeypatch, capsys):
+    """EMFILE under `ulimit -n 8`: train printed a traceback, cache and sweep said "free space there"."""
+    import errno
+
+    from frozentune.cache import _write_error
+
+    e = OSError(errno.EMFILE, "Too many open files", "/cache/x/states.bin")
+    assert "too many open files: this process may open" in str(_write_error(Path("/cache"), "k", e))
+    assert "free space" not in str(_write_error(Path("/cache"), "k", e))
+
+    def fail():
+        raise e
+
+    monkeypatch.setattr(cli, "cmd_list", fail)
+    assert cli.main(["list"]) == 2
+    assert "/cache/x/states.bin: too many open files: this process may open" in capsys.readouterr().err

@@ -371,12 +371,28 @@ def _clean_partials(root: Path) -> None:
             pass
 
 
+def fd_advice(e: OSError) -> str | None:
+    """What to do when `e` is the process (EMFILE) or the system (ENFILE) out of open files, not a disk or folder
+    problem (the cache's advice was "free space there"); None for any other error."""
+    import errno
+    import resource
+
+    if e.errno == errno.EMFILE:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        most = "no hard limit" if hard == resource.RLIM_INFINITY else f"the hard limit is {hard}"
+        return (f"too many open files: this process may open {soft} (ulimit -n; {most}); raise it, e.g. "
+                f"ulimit -n 4096, and run again")
+    if e.errno == errno.ENFILE:
+        return "the system is out of open files (its file-max); close other programs' files and run again"
+    return None
+
+
 def _write_error(root: Path, key: str, e: OSError) -> CacheError:
     folder = building_dir(root, key)
     kept = list(shard_records(folder).values()) if folder.is_dir() else []
     size = sum(f.get("size", 0) for r in kept for f in ((read_json(r) or {}).get("files") or {}).values())
-    return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); free space there "
-                      f"or give --cache-dir a writable folder with room"
+    advice = fd_advice(e) or "free space there or give --cache-dir a writable folder with room"
+    return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); {advice}"
                       + (f"; its {len(kept)} finished shards ({size_text(size)}) are kept in {folder.name}: "
                          f"rerun to resume from them, or `frozentune cache --prune --include-resumable` removes them"
                          if kept else ""))

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import signal
 import sys
 import threading
@@ -1077,34 +1078,43 @@ def _environment_line(e: OSError) -> str | None:
                 f"removes unfinished cache builds, cache --remove KEY the entries you choose) or choose another place")
     if e.errno == errno.EROFS:
         return f"{path}: on a read-only file system; choose a place that can be written"
+    from .cache import fd_advice
+
+    if (advice := fd_advice(e)) is not None:
+        return f"{path}: {advice}"
     return None
 
 
 def _memory_line(e: BaseException) -> str | None:
     """One line for running out of memory, what a memory limit (ulimit -v, a container's) or a full machine
-    gives: numpy's MemoryError, torch's allocator RuntimeError, CUDA's OutOfMemoryError, a thread that could
-    not start. They were tracebacks. None for any other error."""
-    import resource
-
+    gives: numpy's MemoryError, torch's allocator RuntimeError, CUDA's OutOfMemoryError, a weights file that
+    could not be mapped, a shared library that could not be (a lazy import), a thread that could not start.
+    They were tracebacks. None for any other error. Building the details may itself run out of memory: then
+    the line without them."""
     said = _one_line(e)
     if isinstance(e, RuntimeError) and "can't start new thread" in said:
         return ("could not start a thread: the process is at its memory or thread limit (ulimit -v, ulimit -u); "
                 "raise the limit, or set OMP_NUM_THREADS lower")
     if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
-            or (isinstance(e, RuntimeError) and "can't allocate memory" in said)):
+            or (isinstance(e, RuntimeError) and ("can't allocate memory" in said or "Cannot allocate memory" in said))
+            or (isinstance(e, ImportError) and "failed to map segment" in said)):
         return None
-    asked = re.search(r"allocate (\d+) bytes", said)
-    what = f"{int(asked.group(1)) / 2 ** 20:,.0f} MB asked for" if asked else said[:160]
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    room = "" if limit == resource.RLIM_INFINITY else f"; this process may use {limit / 2 ** 30:.1f} GB (ulimit -v)"
+    advice = ("lower --batch-size or --max-length, give fewer texts at a time, or run where there is more memory "
+              "(a limit below about 1.5 GB cannot hold the MiniLM pass at all)")
     try:
-        import psutil
+        asked = re.search(r"allocate (\d+) bytes", said)
+        what = f"{int(asked.group(1)) / 2 ** 20:,.0f} MB asked for" if asked else said[:160]
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        room = "" if limit == resource.RLIM_INFINITY else f"; this process may use {limit / 2 ** 30:.1f} GB (ulimit -v)"
+        try:
+            import psutil
 
-        room += f"; {psutil.virtual_memory().available / 2 ** 30:.1f} GB free on the machine"
-    except ImportError:
-        pass
-    return (f"out of memory ({what}{room}): lower --batch-size or --max-length, give fewer texts at a time, or run "
-            f"where there is more memory")
+            room += f"; {psutil.virtual_memory().available / 2 ** 30:.1f} GB free on the machine"
+        except Exception:  # not installed, or /proc/meminfo unreadable at the limit
+            pass
+        return f"out of memory ({what}{room}): {advice}"
+    except Exception:  # MemoryError again, while saying so
+        return f"out of memory: {advice}"
 
 
 def _one_line(e: BaseException) -> str:
