@@ -135,8 +135,9 @@ def measure(model_dir: Path, texts: list[Text], seed: int, log: Callable[[str], 
     for name, per_text in ranks.items():
         comp, suff = [], []
         for t, w, r, p, f in zip(texts, words, per_text, pred, full):
-            outside = [keep(t, w, [j for j in range(len(w)) if j not in set(r[:bin_size(len(w), k)])]) for k in BINS]
-            inside = [keep(t, w, r[:bin_size(len(w), k)]) for k in BINS]
+            tops = [r[:bin_size(len(w), k)] for k in BINS]
+            outside = [keep(t, w, sorted(set(range(len(w))) - set(top))) for top in tops]
+            inside = [keep(t, w, top) for top in tops]
             comp.append([f - q for q in score(outside, [p] * len(BINS))])
             suff.append([f - q for q in score(inside, [p] * len(BINS))])
         out[name] = {"comprehensiveness": comp, "sufficiency": suff}

@@ -52,19 +52,21 @@ def occlude(texts: Sequence[Text], views: Sequence[TokenView], predicted: Sequen
     """Per text: its `top` words by drop in the predicted label's probability (full: p(ŷ | x) per text;
     predicted: ŷ's index). probabilities(texts) → (N, C) runs the model on the cut texts, all at once."""
     cut: list[list[tuple[Word, Text]]] = []
+    whole: list[bool] = []  # whether a word was left uncut (it was a whole text)
     for text, view in zip(texts, views):
-        cut.append([(w, t) for w in words(view) if (t := without(text, w)) is not None])
+        found = words(view)
+        cut.append([(w, t) for w in found if (t := without(text, w)) is not None])
+        whole.append(len(cut[-1]) < len(found))
     flat = [t for per in cut for _, t in per]
     probs = probabilities(flat) if flat else np.zeros((0, len(labels)))
     out, at = [], 0
-    for text, view, y, p, per in zip(texts, views, predicted, full, cut):
+    for text, y, p, per, uncut in zip(texts, predicted, full, cut, whole):
         drops = [(w, p - float(probs[at + k, y]), float(probs[at + k, y])) for k, (w, _) in enumerate(per)]
         at += len(per)
         drops.sort(key=lambda d: -d[1])  # stable: equal drops keep the words' order
         shown = [_entry(text, w, d, q) for w, d, q in drops[:top]]
         lines = [f'without "{e["text"]}"{part_mark(e)}: {labels[y]} {p:.2f} → {e["without"]:.2f}' for e in shown]
-        why = ("one word is the whole text, and an empty text is no input" if len(per) < len(words(view))
-               else "the text has no more words")
+        why = "one word is the whole text, and an empty text is no input" if uncut else "the text has no more words"
         lines += fewer_note(len(shown), top, why)
         out.append(Explanation({"label": labels[y], "probability": round(p, 4), "words": shown}, lines))
     return out
