@@ -591,6 +591,21 @@ def test_frozentune_cache_naming_a_file_is_refused(tiny_bert, trec_slice, tmp_pa
     cli("cache", "--list", "--cache-dir", tmp_path / "c", code=0)  # a folder given: FROZENTUNE_CACHE is not read
 
 
+def test_a_cache_folder_under_a_file_names_the_file(tiny_bert, trec_slice, tmp_path, monkeypatch):
+    """FROZENTUNE_CACHE (or --cache-dir) below a file: --list said "no cache entries", a build said only "Not a
+    directory", naming neither the file in the way nor the variable. Both are said now."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    monkeypatch.setenv("FROZENTUNE_CACHE", str(afile / "cache"))
+    says = (f"FROZENTUNE_CACHE={afile / 'cache'}: under {afile}, a file", "set FROZENTUNE_CACHE to a folder")
+    cli("cache", "--list", code=2, contains=says)
+    cli("cache", trec_slice, "--backbone", tiny_bert, "--quiet", code=2, contains=says)
+    monkeypatch.delenv("FROZENTUNE_CACHE")
+    cli("cache", trec_slice, "--backbone", tiny_bert, "--quiet", "--cache-dir", afile / "x", code=2,
+        contains=(f"({afile} is a file)", "give --cache-dir"))
+    assert afile.read_text() == "not a folder"
+
+
 def test_list_and_prune(bb, tmp_path, monkeypatch):
     """--prune removes what nothing can use (a build killed before its first shard, a dead merge's
     leftover) and keeps a build holding finished shards (a rerun resumes from them), saying so;

@@ -52,13 +52,23 @@ def cache_home() -> Path:
     `--prune` pruned nothing, and builds failed with a bare "Not a directory")."""
     given = os.environ.get("FROZENTUNE_CACHE")
     home = Path(given or Path.home() / ".cache" / "frozentune")
-    if home.exists() and not home.is_dir():
+    if (blocking := file_in_the_way(home)) is not None:
         from .cache import CacheError
 
-        raise CacheError(f"FROZENTUNE_CACHE={given}: a file, not a cache folder; set FROZENTUNE_CACHE to a folder "
+        what = "a file, not a cache folder" if blocking == home else f"under {blocking}, a file: no folder can be made there"
+        raise CacheError(f"FROZENTUNE_CACHE={given}: {what}; set FROZENTUNE_CACHE to a folder "
                          f"(made where absent), or unset it (then ~/.cache/frozentune)" if given else
-                         f"{home}: a file, not a cache folder (the default one); set FROZENTUNE_CACHE to a folder")
+                         f"{home}: {what} (the default cache); set FROZENTUNE_CACHE to a folder")
     return home
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """`path` itself or the nearest of its existing parents when that is not a folder (a file where a
+    folder must be made: mkdir says only "Not a directory"); None when a folder can be made there."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
 
 
 def _smollm2_path() -> str:

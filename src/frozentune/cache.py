@@ -42,7 +42,8 @@ from torch import Tensor
 
 from . import locks
 from .errors import FrozentuneError
-from .backbone import Backbone, Tokenized, cache_home, holds_special_text, iter_states, tokenizer_hash
+from .backbone import (Backbone, Tokenized, cache_home, file_in_the_way, holds_special_text, iter_states,
+                       tokenizer_hash)
 from .pairs import Text, pair_kind
 from .extract.entries import size_text
 from .extract.errors import ExtractError
@@ -749,7 +750,10 @@ def build_lock(root: Path, key: str, log: Callable[[str], None], wait: bool = Tr
 
 
 def unwritable(root: Path, e: OSError) -> CacheError:
-    return CacheError(f"{root}: cannot write the feature cache there ({e.strerror or e}); give --cache-dir (cache_root "
+    blocking = file_in_the_way(root)
+    why = (f"{blocking} is a file" if blocking is not None and blocking != root else
+           fd_advice(e) or e.strerror or str(e))
+    return CacheError(f"{root}: cannot write the feature cache there ({why}); give --cache-dir (cache_root "
                       f"from Python) a writable folder")
 
 
