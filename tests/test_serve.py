@@ -594,6 +594,14 @@ def test_pipeline_auto_needs_a_free_core_and_a_cpu(monkeypatch):
     assert pipeline_choice("auto", cpu) == (True, "auto: torch uses 1 of 2 cores, so the heads run beside the next pass")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert pipeline_choice("auto", cpu) == (False, "auto: off, torch uses all 2 cores for the pass")
+    # OMP_NUM_THREADS=2 under `taskset -c 0`: it said "torch uses all 1 cores" of 2 threads that wait on each other
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert pipeline_choice("auto", cpu) == (False, "auto: off, 2 torch threads but 1 core(s) this process may use: "
+                                                   "more threads than cores slows every pass; set OMP_NUM_THREADS=1")
+    from frozentune.extract.device import cpu_summary
+    assert cpu_summary().endswith("2 torch thread(s) (2 torch threads but 1 core(s) this process may use: more "
+                                  "threads than cores slows every pass; set OMP_NUM_THREADS=1)")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert not pipeline_choice("auto", cuda)[0] and "--pipeline on to try" in pipeline_choice("auto", cuda)[1]
     assert pipeline_choice("on", cpu)[0] and pipeline_choice("on", cuda)[0] and not pipeline_choice("off", cpu)[0]
     with pytest.raises(ValueError, match="--pipeline 'sometimes': choose one of auto, on, off"):

@@ -4,6 +4,7 @@ the same cloud instance type)."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -24,8 +25,6 @@ def _mps() -> bool:
 
 
 def _local_rank() -> int:
-    import os
-
     from ..distributed import read_launch
 
     return read_launch(os.environ).local_rank
@@ -98,9 +97,25 @@ def native_bf16() -> bool:
     return bool(f["avx512_bf16"] or f["amx_bf16"]) and str(f["capability"]).startswith("AVX512")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: taskset, a container's cpuset), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def oversubscribed() -> str | None:
+    """What to do when torch runs more threads than this process has cores (OMP_NUM_THREADS set above a taskset
+    or cpuset): the threads then wait on each other, many times slower than one; None otherwise."""
+    threads, cores = torch.get_num_threads(), usable_cores()
+    if threads <= cores:
+        return None
+    return (f"{threads} torch threads but {cores} core(s) this process may use: more threads than cores slows every "
+            f"pass; set OMP_NUM_THREADS={cores}")
+
+
 def cpu_summary() -> str:
     """e.g. 'CPU AVX512 kernels; avx512_bf16, avx512_vnni; 2 torch threads'."""
     f = cpu_features()
     have = [k for k in CPU_FLAGS if k not in ("avx2", "avx512f") and f[k]]
+    over = oversubscribed()
     return (f"CPU {f['capability']} kernels; {', '.join(have) if have else 'no bf16/int8 extensions'}; "
-            f"{torch.get_num_threads()} torch thread(s)")
+            f"{torch.get_num_threads()} torch thread(s)" + (f" ({over})" if over else ""))

@@ -31,6 +31,7 @@ from torch import Tensor
 from ..errors import FrozentuneError
 from .. import model as M
 from ..backbone import Backbone, LayerSpec, Tokenized, pad, select_layers
+from ..extract.device import oversubscribed, usable_cores
 from ..head import Features, Output, TokenView, explains
 from ..pairs import Text, separator_ids, separator_mask
 from .batcher import Deferred
@@ -478,10 +479,11 @@ def pipeline_choice(option: str, device: torch.device) -> tuple[bool, str]:
         return option == "on", f"--pipeline {option}"
     if device.type != "cpu":
         return False, f"auto: off on {device.type} (measured there: no clear gain; --pipeline on to try it)"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = torch.get_num_threads()
+    cores, threads = usable_cores(), torch.get_num_threads()
     if threads < cores:
         return True, f"auto: torch uses {threads} of {cores} cores, so the heads run beside the next pass"
+    if over := oversubscribed():
+        return False, f"auto: off, {over}"
     return False, f"auto: off, torch uses all {cores} cores for the pass"
 
 
