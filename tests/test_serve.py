@@ -34,7 +34,7 @@ from frozentune.generation.run import generate_sources
 
 if TYPE_CHECKING:
     from frozentune.serve.graphs import HeadGraphs
-from numerics import assert_close, tol
+from numerics import assert_close, dot, linear, softmax, tol, transformer
 
 httpx = pytest.importorskip("httpx")
 from frozentune.serve import Engine, Overloaded, RequestError, ServeOptions  # noqa: E402
@@ -286,6 +286,46 @@ def test_explain_equals_explain(models, client, unpadded):
             assert got["label"] == want["label"] and got["explanation"] == want["explanation"], name
             assert got["lines"] == want["lines"]
             close_scores(padded.json()["results"][0]["tasks"][name], api.predict(models / name, [text], log=quiet)[0], name)
+
+
+def test_occlusion_equals_explain_occlusion(models, engine, client, unpadded):
+    """/v1/explain with occlusion lists, for every task (those without an explanation of their own too), the words
+    `frozentune explain --occlusion` lists, with the same drops: the cut texts are read in other batches, padded
+    otherwise, so within float32 rounding of the tiny 2-layer pass plus the 4 decimal places kept."""
+    bound = tol(torch.float32, transformer(2, 32, 64, 32, 8) + dot(32) + linear(32) + softmax(6)) * 4 + 1e-4
+    text = TEXTS[2]
+    for c in (unpadded, client):
+        r = c.post("/v1/explain", json={"text": text, "top": 50, "occlusion": True})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert set(answer["tasks"]) == {*CLASSIFIERS, *LIVE}  # every task explains by occlusion
+        for name in ("probe", "space", "selfexplain", "finetuned"):
+            got = answer["results"][0]["tasks"][name]
+            want = api.explain(models / name, [text], top=50, log=quiet, occlusion=True)[0]
+            assert got["label"] == want["label"], name
+            assert set(got["explanation"]) == set(want["explanation"]), name  # its own kept beside it, where it has one
+            words = {(w["start"], w["end"]): w for w in got["explanation"]["occlusion"]["words"]}
+            wanted = {(w["start"], w["end"]): w for w in want["explanation"]["occlusion"]["words"]}
+            assert words.keys() == wanted.keys() and len(words) == len(text.split()), name
+            for k, w in words.items():
+                assert w["text"] == wanted[k]["text"] == text[k[0]:k[1]]
+                assert abs(w["drop"] - wanted[k]["drop"]) <= bound and abs(w["without"] - wanted[k]["without"]) <= bound
+            drops = [w["drop"] for w in got["explanation"]["occlusion"]["words"]]
+            assert drops == sorted(drops, reverse=True)
+            assert "each word cut out in turn (occlusion):" in got["lines"]
+            if name == "probe":
+                assert got["lines"][0] == "each word cut out in turn (occlusion):"  # not "gives no explanation"
+    # with explain on /v1/classify; named tasks; refused without explain, and past what the queue ever holds
+    r = client.post("/v1/classify", json={"texts": TEXTS[:2], "tasks": ["probe"], "explain": True, "occlusion": True,
+                                          "top": 2})
+    assert r.status_code == 200 and all(len(x["tasks"]["probe"]["explanation"]["occlusion"]["words"]) == 2
+                                        for x in r.json()["results"]), r.text
+    r = client.post("/v1/classify", json={"text": text, "occlusion": True})
+    assert r.status_code == 422 and "add \"explain\": true" in r.json()["error"]
+    small = Engine(list(engine.tasks.values()), ServeOptions(max_queue=8))  # 1 row for the text, 12 for its words
+    with pytest.raises(RequestError, match="occlusion reads each text once more per word: this request is"):
+        small.explain([text], ["probe"], occlusion=True)
+    small.close()
 
 
 def test_explanations_carry_character_ranges(client):
@@ -1501,6 +1541,21 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert "predicts <b>" in dom and "generation prefixes" in dom
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
     assert "(attention, not importance)" in dom and "largest share of the" in dom  # what each card's marks are
+    assert "occlusion:" not in dom.split('id="results"')[1].split("</section>")[0]  # off unless ticked
+
+
+def test_the_page_draws_occlusion_for_every_task(server, tmp_path):
+    """With occlusion ticked (&occlusion=1 in a link), every card, the probe's too (no explanation of its own),
+    draws the words whose removal lowers its label most, under its own explanation where it has one."""
+    dom = render_page(server.url, tmp_path, "serve-page-occlusion.png", "1280,1300", "/?occlusion=1")
+    cards = dom.split('id="results"')[1].split("</section>")[0].split('<div class="card" data-task="')[1:]
+    assert {c.split('"')[0] for c in cards} >= {*CLASSIFIERS, *LIVE}
+    for card in cards:
+        assert "(occlusion: each cut out in turn; the first: " in card and "<mark" in card, card[:300]
+    probe = next(c for c in cards if c.startswith('probe"'))
+    assert "this method gives no explanation of its own" in probe and probe.count('<div class="text">') == 1
+    space = next(c for c in cards if c.startswith('space"'))
+    assert "largest share of the" in space and space.count('<div class="text">') == 2
 
 
 def test_the_page_says_which_tasks_failed(engine, monkeypatch, tmp_path):

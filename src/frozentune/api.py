@@ -1210,15 +1210,14 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
 
 def _add_occlusion(model: M.Classifier, texts: list[Text], views: list, rows: list[dict], top: int, pairs: bool) -> None:
     """explain's rows gain explanation["occlusion"] and its lines (frozentune.occlusion)."""
-    from .occlusion import occlude
+    from .occlusion import occlude, with_occlusion
 
     labels = list(model.labels)
     predicted = [labels.index(r["label"]) for r in rows]
     found = occlude(texts, views, predicted, [r["scores"][r["label"]] for r in rows], labels, top,
                     lambda cut: _probabilities(model, cut, pairs))
     for row, ex in zip(rows, found):
-        row["explanation"] = {**row["explanation"], "occlusion": ex.data}
-        row["lines"] = row["lines"] + ["each word cut out in turn (occlusion):"] + [f"  {line}" for line in ex.lines]
+        row["explanation"], row["lines"] = with_occlusion(row["explanation"], row["lines"], ex)
 
 
 def _probabilities(model: M.Classifier, texts: list[Text], pairs: bool) -> np.ndarray:

@@ -47,20 +47,35 @@ def without(text: Text, word: Word) -> Text | None:
     return tuple(parts) if isinstance(text, tuple) else rest  # type: ignore[return-value]
 
 
+Cuts = tuple[list[tuple[Word, Text]], bool]  # a text's words with the text cut without each, and whether a word was left
+
+
+def cuts(texts: Sequence[Text], views: Sequence[TokenView]) -> list[Cuts]:
+    """Per text: each of its words with the text cut without it (a word that is a whole text is left
+    out), and whether a word was left out so."""
+    out = []
+    for text, view in zip(texts, views):
+        found = words(view)
+        per = [(w, t) for w in found if (t := without(text, w)) is not None]
+        out.append((per, len(per) < len(found)))
+    return out
+
+
 def occlude(texts: Sequence[Text], views: Sequence[TokenView], predicted: Sequence[int], full: Sequence[float],
             labels: Sequence[str], top: int, probabilities: Callable[[list[Text]], np.ndarray]) -> list[Explanation]:
     """Per text: its `top` words by drop in the predicted label's probability (full: p(ŷ | x) per text;
     predicted: ŷ's index). probabilities(texts) → (N, C) runs the model on the cut texts, all at once."""
-    cut: list[list[tuple[Word, Text]]] = []
-    whole: list[bool] = []  # whether a word was left uncut (it was a whole text)
-    for text, view in zip(texts, views):
-        found = words(view)
-        cut.append([(w, t) for w in found if (t := without(text, w)) is not None])
-        whole.append(len(cut[-1]) < len(found))
-    flat = [t for per in cut for _, t in per]
-    probs = probabilities(flat) if flat else np.zeros((0, len(labels)))
+    cut = cuts(texts, views)
+    flat = [t for per, _ in cut for _, t in per]
+    return ranked(texts, cut, predicted, full, labels, top,
+                  probabilities(flat) if flat else np.zeros((0, len(labels))))
+
+
+def ranked(texts: Sequence[Text], cut: Sequence[Cuts], predicted: Sequence[int], full: Sequence[float],
+           labels: Sequence[str], top: int, probs: np.ndarray) -> list[Explanation]:
+    """occlude's answer from the model's (N, C) probabilities of every text's cut texts, in `cut`'s order."""
     out, at = [], 0
-    for text, y, p, per, uncut in zip(texts, predicted, full, cut, whole):
+    for text, y, p, (per, uncut) in zip(texts, predicted, full, cut):
         drops = [(w, p - float(probs[at + k, y]), float(probs[at + k, y])) for k, (w, _) in enumerate(per)]
         at += len(per)
         drops.sort(key=lambda d: -d[1])  # stable: equal drops keep the words' order
@@ -70,6 +85,15 @@ def occlude(texts: Sequence[Text], views: Sequence[TokenView], predicted: Sequen
         lines += fewer_note(len(shown), top, why)
         out.append(Explanation({"label": labels[y], "probability": round(p, 4), "words": shown}, lines))
     return out
+
+
+LINES_HEAD = "each word cut out in turn (occlusion):"
+
+
+def with_occlusion(explanation: dict | None, lines: list[str], found: Explanation) -> tuple[dict, list[str]]:
+    """An explanation (a head's own, or {} / None where it has none) and its lines, with occlusion's added."""
+    return ({**(explanation or {}), "occlusion": found.data},
+            lines + [LINES_HEAD] + [f"  {line}" for line in found.lines])
 
 
 def _entry(text: Text, word: Word, drop: float, left: float) -> dict:

@@ -64,6 +64,12 @@ def docs_html() -> str:
             .replace("{host}", urlsplit(js).hostname or js))
 
 
+OCCLUSION = ("also cut each word out of the text in turn and list the words whose removal lowers the predicted "
+             "label's probability most (explanation.occlusion: drop and the probability without the word; one more "
+             "row per word), for any task: what the prediction depends on, where a head's own explanation is a "
+             "quantity inside it")
+
+
 class Classify(BaseModel):
     model_config = ConfigDict(extra="forbid")
     texts: list[str] | None = Field(None, description="texts to classify (or `text` for one)")
@@ -75,6 +81,7 @@ class Classify(BaseModel):
     explain: StrictBool = Field(False, description="add each task's explanation where its method gives one (where it gives none: "
                                                   "explanation null and a line saying so)")
     top: StrictInt = Field(5, description="explanations: how many tokens or spans")
+    occlusion: StrictBool = Field(False, description=OCCLUSION + "; needs explain")
 
 
 class Explain(BaseModel):
@@ -83,8 +90,10 @@ class Explain(BaseModel):
     text: str | None = None
     pairs: list[list[str]] | None = None
     pair: list[str] | None = None
-    tasks: list[str] | None = Field(None, description="task names (default: every task that explains)")
+    tasks: list[str] | None = Field(None, description="task names (default: every task that explains; with "
+                                    "occlusion, every classification task)")
     top: StrictInt = 5
+    occlusion: StrictBool = Field(False, description=OCCLUSION)
 
 
 class Generate(BaseModel):
@@ -418,7 +427,7 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
             raise RequestError("'top' sets how many tokens or spans an explanation lists; add \"explain\": true "
                                "(or post to /v1/explain), or leave 'top' out", 422)
         with _as_sent(field):
-            return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs))
+            return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs, body.occlusion))
 
     @app.post("/v1/explain", response_class=JSONResponse, responses=_responses(
         "as /v1/classify with explain: every task that explains, its label, probabilities and explanation "
@@ -426,7 +435,7 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     async def explain(body: Explain):
         texts, pairs, field = _inputs(body)
         with _as_sent(field):
-            return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs))
+            return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs, body.occlusion))
 
     @app.exception_handler(ClientGone)
     async def gone(request: Request, exc: ClientGone):  # nobody reads it: the status is for /metrics and the log

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..errors import FrozentuneError
 from ..backbone import cut_words, textless_message
 from ..data import blank, invisible, unencodable
@@ -333,16 +335,22 @@ class Engine:
 
 
     def plan_classify(self, texts: Any, tasks: Sequence[str] | None = None, explain: bool = False,
-                      top: int = 5, explaining_only: bool = False, pairs: bool = False) -> tuple[list[Job], Assemble]:
+                      top: int = 5, explaining_only: bool = False, pairs: bool = False,
+                      occlusion: bool = False) -> tuple[list[Job], Assemble]:
         """The jobs of a classify (or, with explain, explain) request of texts (or, with pairs,
         [first, second] sentence pairs), and how to build its answer from their results; raises
-        RequestError for a bad request (nothing queued)."""
-        if not isinstance(explain, bool):  # "yes", 1: the HTTP API's schema refuses them, the Python API did not
-            raise RequestError(f"explain {explain!r}: give true or false")
+        RequestError for a bad request (nothing queued). occlusion (with explain): every task's
+        explanation also lists the words whose removal lowers its prediction most (plan_occlusion);
+        every task explains so, those without an explanation of their own too."""
+        for name, value in (("explain", explain), ("occlusion", occlusion)):
+            if not isinstance(value, bool):  # "yes", 1: the HTTP API's schema refuses them, the Python API did not
+                raise RequestError(f"{name} {value!r}: give true or false")
+        if occlusion and not explain:
+            raise RequestError("occlusion is an explanation: add \"explain\": true (or post to /v1/explain)")
         if not isinstance(pairs, bool):  # 1 or "yes" was taken as true
             raise RequestError(f"pairs {pairs!r}: give True (the texts are [first, second] pairs) or False")
         texts = self._texts(texts, "pairs" if pairs else "texts", pairs)
-        chosen = self._chosen(tasks, "classify", explaining_only, pairs)
+        chosen = self._chosen(tasks, "classify", explaining_only and not occlusion, pairs)
         top = whole("top", top, 1, self.options.max_top)
         jobs: list[Job] = []
         per_text: list[list[int]] = [[] for _ in texts]  # each text's jobs (one per pass group), by index
@@ -393,26 +401,86 @@ class Engine:
                 answer["failed"] = failed
             return answer
 
-        return jobs, assemble
+        return self.plan_occlusion(texts, chosen, top, pairs, jobs, assemble) if occlusion else (jobs, assemble)
+
+    def plan_occlusion(self, texts: list, chosen: list[Task], top: int, pairs: bool, jobs: list[Job],
+                       assemble: Assemble) -> tuple[list[Job], Assemble]:
+        """A classify plan (`jobs`, `assemble`) with occlusion added: each text is read once more per word, cut
+        out in turn (frozentune.occlusion, as `frozentune explain --occlusion`), in the same batches as the
+        rest. A task whose cut texts failed fails on that text, as for its own row."""
+        from ..occlusion import cuts, ranked, with_occlusion
+
+        first, plans = len(jobs), []
+        for group in dict.fromkeys(t.group for t in chosen):
+            names = {t.name for t in chosen if t.group is group}
+            cut = cuts(texts, group.tokenize(texts, True)[1])  # the words of the part that was read, by its tokenizer
+            starts = []
+            for per, _ in cut:
+                starts.append(len(jobs))
+                if per:
+                    tokens, _ = group.tokenize([t for _, t in per], False)
+                    jobs.extend(Job(group, self.options.pad_multiple, len(x), {
+                        "ids": x, "view": None, "tasks": names, "explain": None, "pair": pairs,
+                        "types": None if tokens.types is None else tokens.types[k]}) for k, x in enumerate(tokens.ids))
+            plans.append(([t for t in chosen if t.group is group], cut, starts))
+        if len(jobs) > self.options.max_queue:
+            raise RequestError(f"occlusion reads each text once more per word: this request is {len(jobs)} rows (words "
+                               f"× the pass groups they go through), more than the server ever queues (--max-queue "
+                               f"{self.options.max_queue}); send fewer or shorter texts", 413)
+
+        def finish(results: list) -> dict:
+            answer = assemble(results[:first])
+            failed: dict[str, list[str]] = {}
+            for tasks, cut, starts in plans:
+                for i, (text, c, at) in enumerate(zip(texts, cut, starts)):
+                    got = results[at:at + len(c[0])]
+                    for task in tasks:
+                        row = answer["results"][i]["tasks"][task.name]
+                        if "error" in row:
+                            continue
+                        rows = [g if isinstance(g, Exception) else g[task.name] for g in got]
+                        if (bad := next((r for r in rows if isinstance(r, Exception)), None)) is not None:
+                            said = str(task_failed(task.name, bad))
+                            answer["results"][i]["tasks"][task.name] = {"error": said}
+                            failed.setdefault(task.name, []).append(said)
+                            continue
+                        probs = np.array([[r["scores"][lab] for lab in task.labels] for r in rows]).reshape(-1, len(task.labels))
+                        found = ranked([text], [c], [task.labels.index(row["label"])], [row["scores"][row["label"]]],
+                                       task.labels, top, probs)[0]
+                        row["explanation"], row["lines"] = with_occlusion(
+                            row["explanation"] if task.explains else {}, row["lines"] if task.explains else [], found)
+            for name, said in failed.items():
+                self._task_failed(name, len(said), said[0])
+                answer.setdefault("failed", {}).setdefault(name, said[0] + (
+                    f" ({len(said)} of the {len(texts)} {'pairs' if pairs else 'texts'})" if len(texts) > 1 else ""))
+            if not any("error" not in x for row in answer["results"] for x in row["tasks"].values()):
+                raise TaskFailed("; ".join(answer["failed"].values()))
+            return answer
+
+        return jobs, finish
 
     def classify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
-                 top: int = 5, pairs: bool = False) -> dict:
+                 top: int = 5, pairs: bool = False, occlusion: bool = False) -> dict:
         """{"tasks": [names], "results": [per text {"tasks": {name: {label, scores[, explanation, lines]}},
-        "truncated", "chars"}]} — blocking."""
-        return self._wait(*self.plan_classify(texts, tasks, explain, top, pairs=pairs))
+        "truncated", "chars"}]} — blocking. occlusion (with explain): each task's explanation also has
+        "occlusion", the words whose removal lowers its prediction most (one more row per word)."""
+        return self._wait(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion))
 
     async def aclassify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
-                        top: int = 5, pairs: bool = False) -> dict:
-        return await self._await(*self.plan_classify(texts, tasks, explain, top, pairs=pairs))
+                        top: int = 5, pairs: bool = False, occlusion: bool = False) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion))
 
     def explain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
-                pairs: bool = False) -> dict:
-        """classify with explanations, for tasks that explain (all of them by default) — blocking."""
-        return self._wait(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs))
+                pairs: bool = False, occlusion: bool = False) -> dict:
+        """classify with explanations, for tasks that explain (all of them by default; with occlusion, every
+        task, since occlusion explains any) — blocking."""
+        return self._wait(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs,
+                                              occlusion=occlusion))
 
     async def aexplain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
-                       pairs: bool = False) -> dict:
-        return await self._await(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs))
+                       pairs: bool = False, occlusion: bool = False) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs,
+                                                     occlusion=occlusion))
 
     # ------------------------------------------------------------------ generate
     def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,
