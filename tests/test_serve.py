@@ -818,6 +818,9 @@ BAD = [
     ("a lone surrogate in a list of sources", "/v1/generate", b'{"prefix": "prefix-a", "sources": ["a", "\\ud800"]}',
      422, "sources[1]: character offset 0 is a lone UTF-16 surrogate"),
     ("JSON nested too deeply", "/v1/classify", b"[" * 100_000, 400, "nested too deeply"),
+    # Python reads no integer of over 4,300 digits: it was "could not be read (not UTF-8 JSON?)" of valid JSON
+    ("a number of 5,000 digits", "/v1/classify", b'{"text": "a", "explain": true, "top": ' + b"9" * 5000 + b"}", 400,
+     "the body's JSON has a number too long to read"),
 ]
 
 
@@ -833,7 +836,46 @@ def test_bad_request_is_answered_and_the_server_goes_on(what, path, body, status
     assert client.post("/v1/classify", json={"text": TEXTS[0], "tasks": ["probe"]}).status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/", "/health"])
+def test_a_wrong_method_is_told_the_right_one(client):
+    """A browser's GET of /v1/classify was a bare 405 "Method Not Allowed" (a 404 says "see /docs")."""
+    r = client.get("/v1/classify")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"] == "GET /v1/classify: this endpoint takes POST with a JSON body; see /docs"
+    r = client.post("/v1/models", json={})
+    assert r.status_code == 405 and r.json()["error"].startswith("POST /v1/models: this endpoint takes GET")
+
+
+def test_a_compressed_body_is_told_to_come_uncompressed(client):
+    """A gzip body was "not UTF-8 (byte 0x8b at offset 1)": the encoding is said, with a 415."""
+    import gzip
+
+    r = client.post("/v1/classify", content=gzip.compress(b'{"text": "a"}'),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 415, r.text
+    assert r.json()["error"] == ("the body was sent with Content-Encoding 'gzip'; compressed bodies are not read: "
+                                 "send the JSON object uncompressed")
+
+
+def test_a_client_gone_before_its_body_is_counted_as_gone_not_as_a_bad_request(server, client):
+    """A client that hung up halfway through its body was counted in /metrics as a 400, as malformed JSON is."""
+    import socket
+
+    def count(status: str) -> float:
+        metric = f'frozentune_requests_total{{endpoint="/v1/classify",status="{status}"}} '
+        return sum(float(line.split()[-1]) for line in client.get("/metrics").text.splitlines()
+                   if line.startswith(metric))
+
+    before_400, before_499 = count("400"), count("499")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"text\": ")
+        time.sleep(0.3)
+    assert until(lambda: count("499") == before_499 + 1, 10), client.get("/metrics").text[-2000:]
+    assert count("400") == before_400
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/v1/models", "/metrics"])
 def test_head_is_answered_like_get_without_a_body(path, client):
     got, head = client.get(path), client.head(path)
     assert got.status_code == head.status_code == 200 and head.content == b""
@@ -1449,6 +1491,65 @@ def test_serve_starts_again_on_tcmalloc(models, tmp_path):
     assert "allocator: tcmalloc (preloaded by --allocator" in err
 
 
+def test_serve_on_port_0_says_the_port_the_system_chose(models):
+    """--port 0 was refused ("give a port from 1 to 65535"), so a script had to find a free port first, which
+    races; now the system picks one, and the start line names it."""
+    import httpx
+
+    proc = start("serve", models / "probe", "--port", "0", env={"OMP_NUM_THREADS": "1"})
+    try:
+        deadline, said = time.monotonic() + 120, None
+        while said is None:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, proc.communicate()[1]
+            said = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+            assert time.monotonic() < deadline, "no start line in 120 s"
+        port = int(said.group(1))
+        assert port != 0
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["status"] == "ok"
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the server did not answer"
+                time.sleep(0.25)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
+def test_a_low_open_files_limit_is_raised_or_said():
+    """Each connection holds an open file: at `ulimit -n 64` the server reset connections past the limit with
+    nothing in its log. At start it raises the soft limit to the hard one, saying so, or says it stays low."""
+    import resource
+
+    from frozentune.serve.app import raise_open_files
+
+    set_to = []
+    fits = (lambda which: (64, 4096), lambda which, limits: set_to.append(limits))
+    assert raise_open_files(fits) == "open files: the limit (ulimit -n) raised from 64 to 4096, this process's most"
+    assert set_to == [(4096, 4096)]
+    said = raise_open_files((lambda which: (64, 64), lambda which, limits: None))
+    assert said.startswith("open files: this process may have 64 (ulimit -n; the hard limit is 64)")
+    assert "connections at once new ones are dropped unanswered" in said and "ulimit -n 4096" in said
+    assert raise_open_files((lambda which: (4096, resource.RLIM_INFINITY), None)) is None  # enough: left as it is
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="open files are counted in /proc/self/fd (Linux)")
+def test_open_files_near_the_limit_are_said_once_a_minute():
+    from frozentune.serve.app import OpenFilesWatch
+
+    lines = []
+    n = len(os.listdir("/proc/self/fd"))
+    with OpenFilesWatch(lines.append, every_s=0.05, quiet_s=60, limit=n):
+        assert until(lambda: lines, 10)
+        time.sleep(0.3)
+    assert len(lines) == 1 and f"of the {n} this process may have (ulimit -n)" in lines[0]
+    with OpenFilesWatch(lines.append, every_s=0.05, limit=10 * n + 100):
+        time.sleep(0.3)
+    assert len(lines) == 1
+
+
 def test_http_stack_says_what_it_runs_on(server):
     """serve runs uvicorn on httptools + uvloop where they import (dependencies), else on h11 +
     asyncio with a note saying how to get them; the in-process server runs on the same choice."""
@@ -1556,6 +1657,64 @@ def test_the_page_draws_occlusion_for_every_task(server, tmp_path):
     assert "this method gives no explanation of its own" in probe and probe.count('<div class="text">') == 1
     space = next(c for c in cards if c.startswith('space"'))
     assert "largest share of the" in space and space.count('<div class="text">') == 2
+
+
+def test_the_page_reads_the_tasks_again_when_the_server_has_new_ones(engine, monkeypatch, tmp_path):
+    """A server restarted under the page with another task: the page read the tasks once, so the answer's new
+    task had no description, run() threw, and "running…" and a disabled button stayed for good. It reads the
+    tasks again and draws every card. (Here /v1/models leaves the probe out the first time it is read.)"""
+    e = Engine(list(engine.tasks.values()), ServeOptions(pipeline="on"), log=quiet)
+    described, calls = e.describe, []
+
+    def first_without_the_probe():
+        calls.append(1)
+        return [t for t in described() if len(calls) > 1 or t["name"] != "probe"]
+
+    monkeypatch.setattr(e, "describe", first_without_the_probe)
+    running = Running(e)
+    try:
+        dom = render_page(running.url, tmp_path, "serve-page-new-task.png", "1280,900", "/?text=Who%20is%20it%20%3F")
+    finally:
+        running.stop()
+    assert len(calls) >= 2 and 'data-task="probe"' in dom
+    assert re.search(r'<span id="status" class="status">\d+ tasks in \d+ ms</span>', dom), dom[:3000]
+    assert '<button id="run">' in dom  # enabled again
+
+
+def test_the_page_says_when_the_server_cannot_be_reached(tmp_path):
+    """With the server gone, the page said only "Failed to fetch" (and emptied the cards)."""
+    import http.server
+
+    from frozentune.serve.app import PAGE
+
+    class Gone(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the page, and one task
+            body = (PAGE.read_bytes() if self.path.startswith("/?") or self.path == "/" else json.dumps(
+                {"tasks": [{"name": "t", "kind": "classify", "input": "text", "group": "g", "method": "probe",
+                            "backbone": "b", "layers": [-1]}]}).encode())
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # the server went away: the connection closes with no answer
+            self.close_connection = True
+            self.connection.shutdown(2)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gone)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        dom = render_page(url, tmp_path, "serve-page-gone.png", "1000,600", "/?text=hello")
+    finally:
+        httpd.shutdown()
+    host = url.removeprefix("http://")
+    assert (f'<span id="status" class="status error">the server at {host} cannot be reached (stopped or '
+            f'restarting?); try again</span>') in dom, dom[:3000]
+    assert '<button id="run">' in dom
 
 
 def test_the_page_says_which_tasks_failed(engine, monkeypatch, tmp_path):

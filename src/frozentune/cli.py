@@ -367,7 +367,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                         "batched across requests; a page at /, the API at /docs")
     sv.add_argument("models", nargs="+", type=Path, help="saved model folders, or folders of them")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    sv.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    sv.add_argument("--port", type=int, default=8000, help="(default: 8000; 0: a free one, said at start)")
     sv.add_argument("--access-log", action="store_true", help="log one line per request (off: it costs CPU under load)")
     sv.add_argument("--shutdown-grace", type=float, default=60.0, metavar="SECONDS",
                     help="on SIGINT / SIGTERM, how long the requests in flight may take to finish before they are cut "
@@ -893,8 +893,8 @@ def _serve_command(a: argparse.Namespace) -> int:
         options = ServeOptions(**given).validate()
     except ValueError as e:
         raise CLIError(str(e)) from None
-    if not 0 < a.port < 65536:
-        raise CLIError(f"--port {a.port}: give a port from 1 to 65535")
+    if not 0 <= a.port < 65536:
+        raise CLIError(f"--port {a.port}: give a port from 1 to 65535 (0: one the system picks, said at start)")
     if not a.shutdown_grace >= 0 or a.shutdown_grace == float("inf"):  # nan fails the first test
         raise CLIError(f"--shutdown-grace {a.shutdown_grace}: give a number of seconds, 0 or more")
     from .api import _stderr

@@ -210,14 +210,23 @@ def _not_json_message(content_type: str | None) -> str:
     return f"the body was sent with {sent}; send a JSON object with Content-Type: application/json"
 
 
-def _unreadable_message(cause: BaseException | None) -> str:
-    """A body that could not be parsed (FastAPI's 400), by what went wrong under it."""
+def _unreadable(cause: BaseException | None, encoding: str | None) -> tuple[int, str]:
+    """A body that could not be parsed (FastAPI's 400), as (status, message) by what went wrong under it."""
+    from starlette.requests import ClientDisconnect
+
+    if isinstance(cause, ClientDisconnect):  # nobody reads it: the status is for /metrics (was counted a 400)
+        return 499, "the client disconnected before its whole body was sent"
+    if encoding and encoding.strip().lower() != "identity":
+        return 415, (f"the body was sent with Content-Encoding {encoding!r}; compressed bodies are not read: send the "
+                     f"JSON object uncompressed")
     if isinstance(cause, RecursionError):
-        return "the body's JSON is nested too deeply to read; send a JSON object nested a few levels at most"
+        return 400, "the body's JSON is nested too deeply to read; send a JSON object nested a few levels at most"
     if isinstance(cause, UnicodeDecodeError):
-        return (f"the body could not be read: not UTF-8 (byte 0x{cause.object[cause.start:cause.start + 1].hex()} at "
-                f"offset {cause.start:,}); send a JSON object encoded as UTF-8")
-    return "the body could not be read (not UTF-8 JSON?); send a JSON object"
+        return 400, (f"the body could not be read: not UTF-8 (byte 0x{cause.object[cause.start:cause.start + 1].hex()} "
+                     f"at offset {cause.start:,}); send a JSON object encoded as UTF-8")
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int-from-text limit (sys.set_int_max_str_digits)
+        return 400, f"the body's JSON has a number too long to read ({cause}); send numbers of a few digits"
+    return 400, "the body could not be read (not UTF-8 JSON?); send a JSON object"
 
 
 # Retry-After of a request cut off at shutdown: the server is going away, so no queue rate says when it is
@@ -365,12 +374,17 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
 
     @app.exception_handler(StarletteHTTPException)
     async def http(request: Request, exc: StarletteHTTPException):  # unknown path, wrong method, unreadable body
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
+        detail, status = exc.detail if isinstance(exc.detail, str) else str(exc.detail), exc.status_code
+        headers = getattr(exc, "headers", None)
+        if status == 404:
             detail = f"no such endpoint {request.url.path}; see /docs"
-        elif exc.status_code == 400 and "parsing the body" in detail:
-            detail = _unreadable_message(exc.__cause__)
-        return error(exc.status_code, detail, getattr(exc, "headers", None))
+        elif status == 405:  # e.g. a browser's GET of /v1/classify: "Method Not Allowed" said nothing more
+            allowed = (headers or {}).get("Allow", "")
+            detail = (f"{request.method} {request.url.path}: this endpoint takes {allowed or 'other methods'}"
+                      + (" with a JSON body" if "POST" in allowed else "") + "; see /docs")
+        elif status == 400 and "parsing the body" in detail:
+            status, detail = _unreadable(exc.__cause__, request.headers.get("content-encoding"))
+        return error(status, detail, headers)
 
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
@@ -406,6 +420,7 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
                 "uptime_s": round(time.time() - engine.started, 1),
                 "task_failures": dict(engine.failures.totals)}  # {task: texts it failed on}, the failing ones
 
+    @app.head("/v1/models", include_in_schema=False)
     @app.get("/v1/models")
     async def models():
         o = engine.options
@@ -451,6 +466,7 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
             return JSONResponse(await unless_gone(request, engine.agenerate(
                 body.prefix, sources, body.num_beams, body.max_new_tokens, body.min_new_tokens)))
 
+    @app.head("/metrics", include_in_schema=False)
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -587,9 +603,97 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     import uvicorn
 
     sock = sock or listen_socket(host, port)
+    port = sock.getsockname()[1]  # the one the system chose for --port 0
     http, loop, note = http_stack()
+    if (said := raise_open_files()) is not None:
+        log(f"serve: {said}")
     log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
     config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="info", access_log=access_log,
                             http=http, loop=loop, timeout_graceful_shutdown=grace_s,
                             use_colors=False if os.environ.get("NO_COLOR") else None)  # no-color.org; None: a terminal's
-    _graceful_server(config).run(sockets=[sock])
+    with OpenFilesWatch(log):
+        _graceful_server(config).run(sockets=[sock])
+
+
+# A server that may keep fewer open files than this is said so at start (each connection is one)
+FEW_OPEN_FILES = 1024
+
+
+def raise_open_files(limits=None) -> str | None:
+    """Raise this process's soft limit on open files (ulimit -n) to its hard limit, as servers do: each
+    connection holds one, and at the limit new connections were reset with nothing in the log. What was
+    done, where it says anything: raised, or a limit that stays low; None where nothing needs saying.
+    limits: (getrlimit, setrlimit), for tests."""
+    import resource
+
+    get, set_ = limits or (resource.getrlimit, resource.setrlimit)
+    soft, hard = get(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < want and soft < FEW_OPEN_FILES:
+        with contextlib.suppress(ValueError, OSError):
+            set_(resource.RLIMIT_NOFILE, (want, hard))
+            return f"open files: the limit (ulimit -n) raised from {soft} to {want}, this process's most"
+    if soft < FEW_OPEN_FILES:
+        n = open_files()
+        now = f" and has {n} open" if n is not None else ""
+        return (f"open files: this process may have {soft} (ulimit -n; the hard limit is {hard}){now}, and each "
+                f"connection takes one: past about {soft - (n or 0)} connections at once new ones are dropped "
+                f"unanswered; raise it before starting the server (ulimit -n 4096, or LimitNOFILE= in a systemd unit)")
+    return None
+
+
+def open_files() -> int | None:
+    """How many files this process has open (Linux: /proc/self/fd, less the one reading it); None elsewhere or
+    where it cannot be read."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1
+    except OSError:
+        return None
+
+
+class OpenFilesWatch:
+    """A thread that says, at most once a minute, when the process's open files come within 10% of its limit:
+    past it the event loop cannot accept a connection, and uvloop drops it without a word (asyncio logs one
+    line per accept). Linux (/proc/self/fd); elsewhere it does nothing."""
+
+    def __init__(self, log: Callable[[str], None], every_s: float = 2.0, quiet_s: float = 60.0, limit=None):
+        import resource
+
+        self.log, self.every_s, self.quiet_s = log, every_s, quiet_s
+        self.limit = limit if limit is not None else resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="frozentune-open-files", daemon=True)
+
+    def __enter__(self) -> "OpenFilesWatch":
+        if os.path.isdir("/proc/self/fd"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        # reading /proc/self/fd takes a file itself, which at the limit there is not: one is held in reserve
+        # and let go just before each count (the count then includes neither it nor the reading)
+        spare, said = _spare(), -float("inf")
+        while not self._stop.wait(self.every_s):
+            if spare is not None:
+                os.close(spare)
+            n, spare = open_files(), _spare()
+            if n is not None:
+                if n >= 0.9 * self.limit and time.monotonic() - said >= self.quiet_s:
+                    said = time.monotonic()
+                    self.log(f"serve: {n} open files of the {self.limit} this process may have (ulimit -n), one per "
+                             f"connection: at the limit new connections are dropped unanswered; raise ulimit -n, or "
+                             f"put a proxy that closes idle clients in front")
+        if spare is not None:
+            os.close(spare)
+
+
+def _spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return None
