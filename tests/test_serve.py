@@ -801,6 +801,8 @@ BAD = [
     ("min_new_tokens above max_new_tokens", "/v1/generate", {"prefix": "prefix-a", "source": "a", "max_new_tokens": 4,
                                                               "min_new_tokens": 5}, 422, "min_new_tokens"),
     ("no such endpoint", "/v1/nothing", {"text": "a"}, 404, "no such endpoint"),
+    ("fields in the query string", "/v1/classify?tasks=probe&explain=true", {"text": "a"}, 422,
+     "?tasks=probe&explain=true: query parameters are not read; put the fields in the JSON body"),  # were ignored
     ("a body that is not UTF-8", "/v1/classify", b'{"text": "\xff\xfe"}', 400, "could not be read"),
     ("a source of 1 MB", "/v1/generate", {"prefix": "prefix-a", "source": "name " * 200_000}, 413, "shorten"),
     # JSON allows a lone surrogate ("\\ud800"); it cannot be encoded or tokenised: 422 naming where, not a 500

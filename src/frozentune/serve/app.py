@@ -156,6 +156,14 @@ def _inputs(body: Any) -> tuple[list, bool, str]:
     return ([value] if k in ("text", "pair") else value), k in ("pairs", "pair"), k
 
 
+def _no_query(request: Request) -> None:
+    """A POST's query string (`?tasks=a&explain=true`) was ignored without a word, while an unknown body field is
+    refused: refused too, naming where the fields go."""
+    if request.url.query:
+        raise RequestError(f"?{request.url.query[:80]}: query parameters are not read; put the fields in the JSON "
+                           f"body (see /docs)", 422)
+
+
 def _one(body: Any, many: str, one: str) -> tuple[list, str]:
     """(the request's list, the field it came in): exactly one of `many` (a list) and `one`."""
     given = [k for k in (many, one) if getattr(body, k) is not None]
@@ -436,7 +444,8 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
         "`truncated` and a `note` where the input reached max_length. A task that failed on its batch has "
         "{\"error\": message} in its place, and `failed` names it with its message (the others are answered)",
         _CLASSIFIED))
-    async def classify(body: Classify):
+    async def classify(body: Classify, request: Request):
+        _no_query(request)
         texts, pairs, field = _inputs(body)
         if "top" in body.model_fields_set and not body.explain:  # it was ignored: the answer had no explanations
             raise RequestError("'top' sets how many tokens or spans an explanation lists; add \"explain\": true "
@@ -447,7 +456,8 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     @app.post("/v1/explain", response_class=JSONResponse, responses=_responses(
         "as /v1/classify with explain: every task that explains, its label, probabilities and explanation "
         "(spans, tokens or attention, with character offsets)", _EXPLAINED))
-    async def explain(body: Explain):
+    async def explain(body: Explain, request: Request):
+        _no_query(request)
         texts, pairs, field = _inputs(body)
         with _as_sent(field):
             return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs, body.occlusion))
@@ -461,6 +471,7 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
         "source was longer than its encoder takes and its end was cut off (as `frozentune generate` cuts it)",
         _GENERATED))
     async def generate(body: Generate, request: Request):
+        _no_query(request)
         sources, field = _one(body, "sources", "source")
         with _as_sent(field):
             return JSONResponse(await unless_gone(request, engine.agenerate(
