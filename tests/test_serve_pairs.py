@@ -78,6 +78,25 @@ def test_pairs_answer_as_predict_and_explain(engine, models, pairs):
         assert pairs[0][span["part"]][span["start"]:span["end"]] == span["text"]
 
 
+def test_pair_occlusion_answers_as_explain_occlusion(engine, models, pairs):
+    """Occlusion of a pair: each word of either text cut out in turn, `part` saying which; the words and drops
+    `frozentune explain --occlusion` gives (pad_multiple 1 and fp32 both ways; the cut pairs are batched
+    otherwise, so within float32 rounding plus the 4 decimals kept)."""
+    wide = Engine(list(engine.tasks.values()), ServeOptions(pad_multiple=1, max_top=100))  # every word listed
+    got = wide.explain([list(pairs[0])], tasks=["pair-probe", "pair-ft"], top=100, pairs=True, occlusion=True)
+    wide.close()
+    for name in ("pair-probe", "pair-ft"):
+        want = api.explain(models / name, pairs[:1], top=100, occlusion=True)[0]["explanation"]["occlusion"]
+        mine = got["results"][0]["tasks"][name]["explanation"]["occlusion"]
+        key = lambda w: (w["part"], w["start"], w["end"])  # noqa: E731
+        assert sorted(map(key, mine["words"])) == sorted(map(key, want["words"])), name
+        assert {w["part"] for w in mine["words"]} == {0, 1}
+        by = {key(w): w for w in want["words"]}
+        for w in mine["words"]:
+            assert pairs[0][w["part"]][w["start"]:w["end"]] == w["text"]
+            assert abs(w["drop"] - by[key(w)]["drop"]) <= 2e-4 and abs(w["without"] - by[key(w)]["without"]) <= 2e-4
+
+
 def test_inputs_go_to_the_tasks_that_take_them(engine, pairs):
     assert engine.classify(["What is a bird ?"])["tasks"] == ["text-probe"]
     with pytest.raises(RequestError, match=r"task 'pair-probe' takes sentence pairs \(sentence1 and sentence2\): send `pairs`"):
