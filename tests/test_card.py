@@ -68,3 +68,10 @@ def test_card_from_a_generation_folder(tmp_path):
     assert "| 61.23 | 70.00 | 65.50 |" in card
     assert "115,200 numbers saved" in card  # 30 layers × 2 × 3 heads × 10 positions × 64 dims
     assert "dequantised" in card  # the alias's weights are not the Hub's: said
+
+
+def test_labels_with_line_breaks_stay_on_the_labels_line():
+    """A label holding a line break split the card's **Labels.** line in two; a backtick ended its code span."""
+    card = card_text({**CONFIG, "labels": ["desc\nription", "a`b", "hum"]}, RESULT)
+    (line,) = [x for x in card.splitlines() if x.startswith("**Labels.**")]
+    assert line == "**Labels.** `desc\\nription`, `` a`b ``, `hum`."

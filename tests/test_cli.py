@@ -786,3 +786,10 @@ def test_version_names_what_computes_the_numbers(capsys):
         main(["--version"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and out.startswith("frozentune ") and f"torch {torch.__version__}" in out
+
+
+def test_the_text_form_of_explain_keeps_a_label_with_a_line_break_on_its_line():
+    """`predicted: hum (probability 0.34; next desc` then `ription 0.20)` on a line of its own."""
+    from frozentune.cli import _odds
+
+    assert _odds({"hum": 0.5, "desc\nription": 0.3, "x": 0.2}) == "probability 0.50; next desc\\nription 0.30"

@@ -1,6 +1,9 @@
 import csv
 import json
+import os
 import re
+import subprocess
+import sys
 import unicodedata
 
 import numpy as np
@@ -703,3 +706,76 @@ def test_json_arrays_with_old_mac_line_ends_name_their_lines(tmp_path):
     write(tmp_path / "r.json", '[\r{"text": "a", "label": "x"},\r{"text": "b", "label": "y"},\r["no"]\r]')
     with pytest.raises(DataError, match=r"r.json:4: expected an object in the array"):
         read_records(tmp_path / "r.json")
+
+
+def test_a_class_of_one_example_stays_in_train_and_the_others_stay_stratified():
+    """One class of a single example turned stratification off for every class, so a carve could take a class's
+    every example (its later error blamed the user's data: "label 'nohe' was never seen in training")."""
+    labels = ["a"] * 4 + ["b"] * 4 + ["c"] * 2 + ["lonely"]
+    for seed in range(30):
+        keep, carve = stratified_split(labels, 0.3, seed)
+        assert 10 in keep and len(carve) == 3  # round(0.3 × 11)
+        assert {labels[i] for i in keep} == {"a", "b", "c", "lonely"}
+        assert sorted(labels[i] for i in carve) == ["a", "b", "c"]  # one of each class that has two or more
+    assert stratified_split(["a"] * 5 + ["b"] * 5, 0.2, 7)[1].tolist() == stratified_split(["a"] * 5 + ["b"] * 5, 0.2, 7)[1].tolist()
+
+
+def test_a_carve_smaller_than_the_number_of_classes_is_spread_not_raised():
+    """400 classes of 3: "carved 10%" took 400 examples, a third (one of every class); it takes 10%, spread over
+    the classes, each keeping two; a test carve (every_class) still takes one of each, said in its note."""
+    labels = [f"c{k}" for k in range(400) for _ in range(3)]
+    keep, carve = stratified_split(labels, 0.1, 0)
+    assert len(carve) == 120 and len({labels[i] for i in carve}) == 120
+    assert {labels[i] for i in keep} == set(labels)
+    assert carve.tolist() == stratified_split(labels, 0.1, 0)[1].tolist()  # seeded
+    assert carve.tolist() != stratified_split(labels, 0.1, 1)[1].tolist()
+    assert len(stratified_split(labels, 0.1, 0, every_class=True)[1]) == 400
+
+
+def test_numeric_labels_with_nan_are_ordered_as_names():
+    """`nan` parses as a float and compares with nothing: the order (and so the weights) followed Python's hash
+    seed. Labels that are not all finite numbers are sorted as names."""
+    from frozentune.data import label_order
+
+    assert label_order("x", ["10", "2", "1", "2"]) == ["1", "2", "10"]
+    assert label_order("x", ["nan", "10", "2", "1"]) == ["1", "10", "2", "nan"]
+    assert label_order("x", ["inf", "1"]) == ["1", "inf"]
+    code = ("from frozentune.data import label_order; "
+            "print(label_order('x', ['nan', '1', '2', '3', '10', '-1', '7', 'NaN']))")
+    said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (0, 3, 5, 11)}
+    assert len(said) == 1
+
+
+def test_labels_in_a_message_are_a_dozen_and_a_count(tmp_path):
+    """A test label missing from train listed all 1,000 classes in one 7 KB line."""
+    rows = [{"text": f"text number {i}", "label": f"class{i % 30}"} for i in range(300)]
+    (tmp_path / "d").mkdir()
+    write(tmp_path / "d" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write(tmp_path / "d" / "test.jsonl", json.dumps({"text": "x", "label": "nowhere"}) + "\n")
+    with pytest.raises(DataError) as e:
+        load_classification(str(tmp_path / "d"), carve_below=0)
+    said = str(e.value)
+    assert "label(s) 'nowhere' of the test split never occur in train" in said and ", … (18 more))" in said
+
+
+def test_a_max_train_sample_without_a_class_says_so(tmp_path, monkeypatch):
+    """--max-train's sample may lack a class that validation has: the error said "label 'x' was never seen in
+    training … fix the label", blaming data that has it."""
+    import frozentune.data as D
+
+    rows = [{"text": f"text number {i}", "label": "abc"[i % 3]} for i in range(60)]
+    (tmp_path / "d").mkdir()
+    for name in ("train", "validation", "test"):
+        write(tmp_path / "d" / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    real = D.stratified_split
+
+    def without_c(labels, fraction, seed, every_class=False):  # a sample that happens to hold no 'c'
+        keep, carve = real(labels, fraction, seed, every_class)
+        gone = [i for i in keep if labels[i] == "c"]
+        return np.setdiff1d(keep, gone), np.union1d(carve, gone)
+
+    monkeypatch.setattr(D, "stratified_split", without_c)
+    with pytest.raises(DataError, match=r"--max-train 20: the stratified sample of \d+ examples has no example of 1 of "
+                                        r"the 3 classes \('c'\), which the other splits have; give a larger --max-train"):
+        load_classification(str(tmp_path / "d"), max_train=20)

@@ -25,7 +25,7 @@ from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
-                   read_texts, resolve, rows_like_it, text_groups)
+                   read_texts, resolve, rows_like_it, some, text_groups)
 from .output import check_output, holds_output, run_environment, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
@@ -681,8 +681,8 @@ def _saved_split(model: M.Classifier, data: str, split: str, text_field: str | N
             raise
         raise DataError(f"{e.path}: data of another task: no row has the model's field {e.field!r} "
                         f"(its fields: {', '.join(map(repr, e.fields))}), and its labels "
-                        f"({', '.join(map(repr, sorted(held)))}) are none of the model's "
-                        f"({', '.join(map(repr, model.labels))}); give data of the task the model was trained on (or "
+                        f"({some(sorted(held))}) are none of the model's "
+                        f"({some(model.labels)}); give data of the task the model was trained on (or "
                         f"name its fields and label field with --text-field / --text-pair-field / --label-field)"
                         ) from None
 
@@ -731,9 +731,9 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
     if extra:
         at = [n for n, lab in zip(part.lines, part.labels) if lab in extra] if part.lines else []
         where = f"{part.source}:{at[0]}" if at else part.source
-        raise DataError(f"{where}: labels {', '.join(map(repr, extra))} are not among the model's "
-                        f"({', '.join(map(repr, model.labels))})"
-                        + (f"; the model's {', '.join(map(repr, missing))} do not occur in the data" if missing else "")
+        raise DataError(f"{where}: labels {some(extra)} are not among the model's "
+                        f"({some(model.labels)})"
+                        + (f"; the model's {some(missing)} do not occur in the data" if missing else "")
                         + rows_like_it(at, "hold them")
                         + ". Give data with the model's labels (or check --label-field).")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})

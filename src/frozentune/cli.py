@@ -675,7 +675,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
         shown = f"{_one_line_text(row['text'])}\n  ⟷ {_one_line_text(row['text_pair'])}" if "text_pair" in row \
             else _one_line_text(row["text"])
         cut = "  (truncated: it reached --max-length; the explanation is of the part read)" if row.get("truncated") else ""
-        print(f"{shown}\n  predicted: {row['label']} ({_odds(row['scores'])}){cut}")
+        print(f"{shown}\n  predicted: {_one_line_text(row['label'])} ({_odds(row['scores'])}){cut}")
         for line in row["lines"]:
             print(f"  {_one_line_text(line)}")
     return 0
@@ -690,7 +690,8 @@ def _odds(scores: dict[str, float]) -> str:
     """The predicted label's probability and the runner-up's, e.g. "probability 0.23; next DESC 0.18", so
     a near-tie shows beside its explanation."""
     ranked = sorted(scores.items(), key=lambda kv: -kv[1])
-    return f"probability {ranked[0][1]:.2f}" + (f"; next {ranked[1][0]} {ranked[1][1]:.2f}" if len(ranked) > 1 else "")
+    return f"probability {ranked[0][1]:.2f}" + (f"; next {_one_line_text(ranked[1][0])} {ranked[1][1]:.2f}"
+                                                if len(ranked) > 1 else "")
 
 
 def cmd_plot_concepts(a: argparse.Namespace) -> int:

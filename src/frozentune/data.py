@@ -122,9 +122,16 @@ def encode_labels(split: TextSplit, index: dict[str, int]) -> np.ndarray:
         if lab not in index:
             raise DataError(
                 f"{split.source}:{split.lines[i]}: label {lab!r} was never seen in training "
-                f"(known labels: {', '.join(index)}). Fix the label or train on data that has it.")
+                f"(known labels: {some(list(index))}). Fix the label or train on data that has it.")
         out[i] = index[lab]
     return out
+
+
+def some(labels: Sequence[str], shown: int = 12) -> str:
+    """Labels for a message: quoted (so that ' and '' differ), at most `shown` of them and how many more (a list of
+    1,000 labels made one 7 KB line)."""
+    head = ", ".join(map(repr, labels[:shown]))
+    return head + (f", … ({len(labels) - shown:,} more)" if len(labels) > shown else "")
 
 
 def data_root() -> Path:
@@ -805,8 +812,12 @@ def resolved_files(files: dict[str, Path]) -> dict[str, str]:
     return {k: str(Path(p).resolve()) for k, p in sorted(files.items())}
 
 
-def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic stratified (keep, carve) index split; same seed → same split."""
+def stratified_split(labels: list[str], fraction: float, seed: int,
+                     every_class: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stratified (keep, carve) index split; same seed → same split. A class of one example stays
+    on the keep side (one such class turned stratification off for every class, and a class could then go
+    wholly into the carve). Where the carve is smaller than the number of classes it is spread over them in
+    proportion, or, with every_class (a test split: every class scored), raised to one of each."""
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(labels))
@@ -814,14 +825,42 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[np.
     for lab in labels:
         counts[lab] = counts.get(lab, 0) + 1
     n_carve = max(1, int(round(fraction * len(labels))))
-    strat = labels if min(counts.values()) >= 2 else None
-    if strat is not None:  # every class needs a place on both sides
-        n_carve = min(max(n_carve, len(counts)), len(labels) - len(counts))
-    if not 0 < n_carve < len(labels):
-        raise CarveError(f"cannot carve {fraction:.0%} of {len(labels)} examples into a separate split; "
-                        f"give more data or an explicit validation/test file.")
-    keep, carve = train_test_split(idx, test_size=n_carve, random_state=seed, stratify=strat)
-    return np.sort(keep), np.sort(carve)
+    pool = np.array([i for i in idx if counts[labels[i]] >= 2], dtype=np.int64)  # the rest stay on the keep side
+    classes = sum(1 for c in counts.values() if c >= 2)
+    if every_class:
+        n_carve = max(n_carve, classes)
+    n_carve = min(n_carve, len(pool) - classes)  # each class keeps an example
+    if n_carve < 1:
+        raise CarveError(f"cannot carve {fraction:.0%} of {len(labels)} examples into a separate split and keep an "
+                         f"example of every class; give more data or an explicit validation/test file.")
+    if n_carve >= classes:  # every class on both sides (with no class of one, the split it always was)
+        keep_p, carve = train_test_split(pool, test_size=n_carve, random_state=seed,
+                                         stratify=[labels[i] for i in pool])
+    else:
+        carve = _spread_carve(pool, [labels[i] for i in pool], n_carve, seed)
+    keep = np.setdiff1d(idx, carve)
+    return np.sort(keep), np.sort(np.asarray(carve))
+
+
+def _spread_carve(pool: np.ndarray, labels: list[str], n_carve: int, seed: int) -> np.ndarray:
+    """n_carve of `pool` (fewer than its classes), classes chosen in proportion to their size (largest remainder,
+    ties broken by a seeded shuffle) and an example of each drawn at random: a class gives at most its size - 1."""
+    rng = np.random.default_rng(seed)
+    members: dict[str, list[int]] = {}
+    for i, lab in zip(pool, labels):
+        members.setdefault(lab, []).append(int(i))
+    names = sorted(members)
+    quota = np.array([n_carve * len(members[c]) / len(pool) for c in names])
+    take = np.minimum(np.floor(quota).astype(int), [len(members[c]) - 1 for c in names])
+    order = rng.permutation(len(names))
+    order = order[np.argsort(-(quota - take)[order], kind="stable")]  # largest remainder first, ties shuffled
+    for k in order:
+        if take.sum() >= n_carve:
+            break
+        if take[k] < len(members[names[k]]) - 1:
+            take[k] += 1
+    return np.concatenate([rng.choice(members[c], t, replace=False) for c, t in zip(names, take) if t] or
+                          [np.zeros(0, dtype=np.int64)])
 
 
 def _same_text(text: str) -> str:
@@ -857,17 +896,17 @@ def split_by_groups(group: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, 
 
 
 def grouped_split(texts: Sequence[Text], labels: list[str], fraction: float,
-                  seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+                  seed: int, every_class: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
     """(keep, carve, copies): stratified_split over the distinct texts, so that every copy of a text
     falls on the same side (a copy on each side would score the model on a text it trained on).
     Without copies it is stratified_split itself. `copies`: rows that repeat an earlier text."""
     group = text_groups(texts)
     n_groups = int(group.max()) + 1 if len(group) else 0
     if n_groups == len(texts):
-        keep, carve = stratified_split(labels, fraction, seed)
+        keep, carve = stratified_split(labels, fraction, seed, every_class)
     else:
         try:
-            _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed)
+            _, carve_g = stratified_split([labels[i] for i in first_rows(group)], fraction, seed, every_class)
         except CarveError:  # it counted the distinct texts as "examples": 40 rows of one text read "of 1 examples"
             raise CarveError(f"cannot carve {fraction:.0%} of {len(texts):,} rows into a separate split: they hold "
                             f"{n_groups:,} distinct text{'s' if n_groups != 1 else ''} (spacing, case and Unicode form aside), and "
@@ -1126,11 +1165,11 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         unseen = sorted(set(split.labels) - set(classes))
         if name_ != "train" and unseen and not test_only:
             first = split.lines[next(i for i, lab in enumerate(split.labels) if lab in unseen)]
-            raise DataError(f"{split.source}:{first}: label(s) {', '.join(map(repr, unseen))} of the {name_} split "
-                            f"never occur in train (train has {', '.join(map(repr, classes))}). Fix the labels "
+            raise DataError(f"{split.source}:{first}: label(s) {some(unseen)} of the {name_} split "
+                            f"never occur in train (train has {some(classes)}). Fix the labels "
                             f"or add training examples of them.")
     if "test" not in splits:
-        keep, carve, copies = grouped_split(train.texts, train.labels, 0.1, seed)
+        keep, carve, copies = grouped_split(train.texts, train.labels, 0.1, seed, every_class=True)
         share = len(carve) / len(train)
         splits["test"] = train.subset(carve, f"{train.source} ({share:.0%} carved as test, seed {seed})")
         train = train.subset(keep)
@@ -1154,7 +1193,12 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         raise DataError(f"--max-train {max_train}: give at least {len(set(train.labels))} (one example per class)")
     if max_train is not None and max_train < len(train):
         keep, _ = stratified_split(train.labels, 1 - max_train / len(train), seed)
+        classes_before = set(train.labels)
         train = train.subset(keep)
+        if lost := sorted(classes_before - set(train.labels)):  # the sample's, not the data's (it said "fix the label")
+            raise DataError(f"--max-train {max_train}: the stratified sample of {len(train):,} examples has no example "
+                            f"of {len(lost):,} of the {len(classes_before):,} classes ({some(lost)}), which the other "
+                            f"splits have; give a larger --max-train, or --shots K (K of every class)")
         notes.append(f"train limited to {len(train)} examples (stratified, seed {seed})")
     elif max_train is not None:
         notes.append(f"--max-train {max_train}: train has {len(train)} examples, so all are used")
@@ -1178,9 +1222,12 @@ def label_order(name: str, train_labels: list[str]) -> list[str]:
     if name in CLASSIFICATION and seen <= set(CLASSIFICATION[name]):
         return [lab for lab in CLASSIFICATION[name] if lab in seen]
     try:
-        return sorted(seen, key=float)
+        value = {lab: float(lab) for lab in seen}
     except ValueError:
         return sorted(seen)
+    if not all(math.isfinite(v) for v in value.values()):  # "nan" compares with nothing: the order was the set's
+        return sorted(seen)
+    return sorted(seen, key=lambda lab: (value[lab], lab))
 
 
 # ----------------------------------------------------------------------------- generation

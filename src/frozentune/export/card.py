@@ -83,7 +83,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                     f"it was trained elsewhere, so this folder records no training run. `frozentune eval` "
                     f"measures it on your data.")
     if config.get("labels"):
-        body.append("**Labels.** " + ", ".join(f"`{x}`" for x in config["labels"]) + ".")
+        body.append("**Labels.** " + ", ".join(map(_label, config["labels"])) + ".")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation)]
     body += ["## How to use", _usage(config, generation, exported)]
     return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
@@ -159,7 +159,7 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
                  + (f" Trained on {h['trained_precision']} states; this graph runs the backbone in fp32, as "
                     f"`frozentune predict --precision fp32` does (a few labels near a tie may differ from `predict` in "
                     f"{h['trained_precision']})." if h.get("trained_precision", "fp32") != "fp32" else ""),
-                 "**Labels.** " + ", ".join(f"`{x}`" for x in h.get("labels", [])) + ".",
+                 "**Labels.** " + ", ".join(map(_label, h.get("labels", []))) + ".",
                  _metrics_table(r.get("metrics"), False)]
     given = '--pair "the first text" "the second text"' if meta.get("pairs") else '"a text to label"'
     body += ["## How to use",
@@ -252,3 +252,10 @@ def _usage(config: dict, generation: bool, exported: dict | None) -> str:
     return (f"```bash\nfrozentune predict --model THIS_FOLDER {example}\nfrozentune serve THIS_FOLDER\n```\n\n"
             "```python\nfrom frozentune import api\napi.predict(\"THIS_FOLDER\", "
             + ('[("first text", "second text")]' if pair else '["a text to label"]') + ")\n```")
+
+
+def _label(label: str) -> str:
+    """A label as inline code on one line: a line break or tab in it shown as \\n, \\t (it broke the card's line),
+    and fenced with two backticks where it holds one."""
+    one = label.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f"`` {one} ``" if "`" in one else f"`{one}`"
