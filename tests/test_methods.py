@@ -112,6 +112,21 @@ def test_default_config_is_valid_and_listed(method):
     assert spec.classifies or spec.generates
 
 
+def test_heads_whose_cost_grows_faster_than_the_labels_say_so():
+    """Y-Tuning and space at 1,000 labels took 15 s and 1.3 s a step against probe's 1 ms (bench/many_labels.py),
+    found out only from the epoch's time; from 100 labels their runs say so as they start."""
+    from frozentune.head import MANY_LABELS
+
+    for method in list_methods("classification"):
+        if get_method(method).head_cls is None:
+            continue
+        few, many = (create_method(method, 8, n)[0].cost_note() for n in (MANY_LABELS - 1, MANY_LABELS))
+        assert few is None
+        assert (many is not None) == (method in ("ytuning", "space")), method
+    note = create_method("space", 8, 100)[0].cost_note()
+    assert note.startswith("space: 100 labels: its classifier reads all 100 concept spaces") and "160,000 weights" in note
+
+
 def test_registry_errors():
     with pytest.raises(MethodError, match="unknown method 'nope'; available: .*probe"):
         get_method("nope")

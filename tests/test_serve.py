@@ -1683,37 +1683,60 @@ def test_the_page_reads_the_tasks_again_when_the_server_has_new_ones(engine, mon
     assert '<button id="run">' in dom  # enabled again
 
 
-def test_the_page_says_when_the_server_cannot_be_reached(tmp_path):
-    """With the server gone, the page said only "Failed to fetch" (and emptied the cards)."""
+def page_of_a_fake_server(tmp_path, shot: str, answer: dict | None) -> tuple[str, str]:
+    """(the page's DOM, its server's host:port) from a stand-in server: the page, one task "t" of labels c0…c19 in
+    /v1/models, and `answer` to every POST (None: the connection is closed with no answer, a server gone)."""
     import http.server
 
     from frozentune.serve.app import PAGE
 
-    class Gone(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # the page, and one task
-            body = (PAGE.read_bytes() if self.path.startswith("/?") or self.path == "/" else json.dumps(
-                {"tasks": [{"name": "t", "kind": "classify", "input": "text", "group": "g", "method": "probe",
-                            "backbone": "b", "layers": [-1]}]}).encode())
+    class Fake(http.server.BaseHTTPRequestHandler):
+        def reply(self, body: bytes) -> None:
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def do_POST(self):  # the server went away: the connection closes with no answer
-            self.close_connection = True
-            self.connection.shutdown(2)
+        def do_GET(self):  # the page, and one task
+            self.reply(PAGE.read_bytes() if self.path.startswith("/?") or self.path == "/" else json.dumps(
+                {"tasks": [{"name": "t", "kind": "classify", "input": "text", "group": "g", "method": "probe",
+                            "backbone": "b", "layers": [-1]}]}).encode())
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if answer is None:  # the server went away: the connection closes with no answer
+                self.close_connection = True
+                self.connection.shutdown(2)
+            else:
+                self.reply(json.dumps(answer).encode())
 
         def log_message(self, *args):
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gone)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        dom = render_page(url, tmp_path, "serve-page-gone.png", "1000,600", "/?text=hello")
+        return render_page(url, tmp_path, shot, "1000,700", "/?text=hello"), url.removeprefix("http://")
     finally:
         httpd.shutdown()
-    host = url.removeprefix("http://")
+
+
+def test_a_card_of_many_classes_draws_the_likeliest(tmp_path):
+    """200 classes drew 200 bars, most at 0.0%, with the explanation a screen below; a card draws eight and
+    says how many more there are and their share."""
+    scores = {f"c{k}": (0.5 if k == 7 else 0.5 / 19) for k in range(20)}
+    dom, _ = page_of_a_fake_server(tmp_path, "serve-page-many.png", {"tasks": ["t"], "results": [
+        {"chars": 5, "truncated": False, "tasks": {"t": {"label": "c7", "scores": scores, "explanation": None,
+                                                         "lines": ["this method gives no explanation"]}}}]})
+    card = dom.split('id="results"')[1].split("</section>")[0]
+    assert card.count('<div class="bar') == 8 and '<div class="bar top"><span class="lab" title="c7">' in card
+    assert "and 12 more classes, 31.6% together" in card
+
+
+def test_the_page_says_when_the_server_cannot_be_reached(tmp_path):
+    """With the server gone, the page said only "Failed to fetch" (and emptied the cards)."""
+    dom, host = page_of_a_fake_server(tmp_path, "serve-page-gone.png", None)
     assert (f'<span id="status" class="status error">the server at {host} cannot be reached (stopped or '
             f'restarting?); try again</span>') in dom, dom[:3000]
     assert '<button id="run">' in dom

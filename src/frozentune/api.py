@@ -385,6 +385,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     n_params = model.num_trainable()
     log(f"{method} on {ds.name}: {len(ds.train)} train / {len(ds.validation)} validation / "
         f"{len(ds.test)} test, {len(ds.labels)} labels, {n_params:,} trainable parameters")
+    if (cost := model.head.cost_note()) is not None:
+        log(f"note: {cost}")
     val_src, y_val = src.get("validation"), y.get("validation")
     given = set(train_cfg or {})
     convex = getattr(model.head, "convex", False)

@@ -211,6 +211,10 @@ class Output:
     extras: dict[str, Tensor] = field(default_factory=dict)  # what the method can explain
 
 
+# From this many labels a head whose cost grows faster than the labels says so as it starts (Head.cost_note)
+MANY_LABELS = 100
+
+
 class Head(nn.Module):
     """A trainable module over frozen token states. Subclasses set `forward`; the default loss
     is cross-entropy over the logits."""
@@ -226,6 +230,11 @@ class Head(nn.Module):
         """Explain one prediction (`out` holds a batch of one). Heads that can explain override
         this; `explains(head)` tells whether one does."""
         raise NotImplementedError
+
+    def cost_note(self) -> str | None:
+        """A line for the run's log where this head's cost grows faster than its data (the number of labels):
+        said at the start of training, not found out from a step time. None: nothing to say."""
+        return None
 
     def static_shapes(self) -> contextlib.AbstractContextManager:
         """A context in which forward's tensor shapes follow the input's shapes alone, with no step that

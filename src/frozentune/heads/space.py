@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..fields import as_flag
-from ..head import Explanation, Features, Head, Output, TokenView, fewer_note, shown
+from ..head import MANY_LABELS, Explanation, Features, Head, Output, TokenView, fewer_note, shown
 from ..registry import MethodConfig, register_method
 
 VAR_EPS = 1e-4  # floor under the variance in the intra-space loss
@@ -94,6 +94,13 @@ class SpaceHead(Head):
         self.operators = nn.Parameter(torch.empty(num_labels, dim, cfg.concept_dim).uniform_(-bound, bound))
         self.out = nn.Linear(num_labels * cfg.concept_dim, num_labels)
 
+
+    def cost_note(self) -> str | None:
+        if self.n < MANY_LABELS:
+            return None
+        return (f"space: {self.n} labels: its classifier reads all {self.n} concept spaces for each label, "
+                f"{self.n * self.n * self.cfg.concept_dim:,} weights, which grow with the square of the labels (README, "
+                f"\"Many classes\"); probe and selfexplain grow in proportion to them")
     def forward(self, f: Features) -> Output:
         c = attributions(f.hidden, self.operators)  # (B, n, T, m)
         k, var = centroids(c, f.mask, self.cfg.masked_mean)  # (B, n, m) each

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..fields import as_flag
-from ..head import Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
+from ..head import MANY_LABELS, Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
 from ..registry import MethodConfig, MethodError, changed, register_method
 
 
@@ -188,6 +188,13 @@ class YTuningHead(Head):
         self.blocks = nn.ModuleList(LabelDecoderBlock(d, cfg.heads, cfg.ffn_mult * d, cfg.dropout)
                                     for _ in range(cfg.layers))
 
+
+    def cost_note(self) -> str | None:
+        if self.C < MANY_LABELS:
+            return None
+        return (f"ytuning: {self.C} labels: the label decoder attends from every label to every other for each text, "
+                f"so a step costs more than in proportion to the labels (about with their square at hundreds; README, "
+                f"\"Many classes\"); probe and selfexplain cost the same at any number of labels")
     def init_from_backbone(self, backbone, label_names: list[str]) -> None:
         """Label vectors from the backbone's input embeddings (mean over a name's word pieces),
         projected to D; the task token from the [CLS]/first special token. Called at creation.
