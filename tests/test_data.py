@@ -779,3 +779,12 @@ def test_a_max_train_sample_without_a_class_says_so(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"--max-train 20: the stratified sample of \d+ examples has no example of 1 of "
                                         r"the 3 classes \('c'\), which the other splits have; give a larger --max-train"):
         load_classification(str(tmp_path / "d"), max_train=20)
+
+
+def test_a_list_as_a_label_is_said_to_be_one(tmp_path):
+    """["DESC"] was "no label in field 'label'": a label is there, in a list (multi-label data)."""
+    rows = [{"text": "what is it ?", "label": ["DESC"]}, {"text": "who is it ?", "label": "HUM"}]
+    path = write(tmp_path / "l.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"l.jsonl:1: field 'label' holds a list, not a label \(one class per row: "
+                                        r"multi-label data is not supported\)"):
+        read_split(path)

@@ -721,7 +721,11 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
             continue
         label = label_name(rec[label_field])
         found = [_text_problem(rec[fld], fld) for fld in fields[:-1]]
-        if label is None:  # the value is the detail: rows of other missing values are counted alike
+        if isinstance(rec[label_field], (list, dict)):  # "no label" of ["DESC"]: one is there, in a list
+            kind = "a list" if isinstance(rec[label_field], list) else "a JSON object"
+            found.append((f"field {label_field!r} holds {kind}, not a label (one class per row: multi-label data is "
+                          f"not supported)", f" ({_describe(rec[label_field])})"))
+        elif label is None:  # the value is the detail: rows of other missing values are counted alike
             found.append((f"no label in field {label_field!r}", f" ({_describe(rec[label_field])})"))
         elif (why := unencodable(raw if isinstance(raw := rec[label_field], str) else label)) is not None:
             found.append((f"field {label_field!r} is not valid Unicode", f": {why}"))
