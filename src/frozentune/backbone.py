@@ -55,7 +55,8 @@ def cache_home() -> Path:
     if (blocking := file_in_the_way(home)) is not None:
         from .cache import CacheError
 
-        what = "a file, not a cache folder" if blocking == home else f"under {blocking}, a file: no folder can be made there"
+        what = ("a file, not a cache folder" if blocking == home else
+                f"under {blocking}, a file: no folder can be made there")
         raise CacheError(f"FROZENTUNE_CACHE={given}: {what}; set FROZENTUNE_CACHE to a folder "
                          f"(made where absent), or unset it (then ~/.cache/frozentune)" if given else
                          f"{home}: {what} (the default cache); set FROZENTUNE_CACHE to a folder")

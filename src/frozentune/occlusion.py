@@ -47,7 +47,8 @@ def without(text: Text, word: Word) -> Text | None:
     return tuple(parts) if isinstance(text, tuple) else rest  # type: ignore[return-value]
 
 
-Cuts = tuple[list[tuple[Word, Text]], bool]  # a text's words with the text cut without each, and whether a word was left
+# a text's words, each with the text cut without it, and whether a word was left uncut (it was a whole text)
+Cuts = tuple[list[tuple[Word, Text]], bool]
 
 
 def cuts(texts: Sequence[Text], views: Sequence[TokenView]) -> list[Cuts]:

@@ -99,7 +99,8 @@ class SpaceHead(Head):
         if self.n < MANY_LABELS:
             return None
         return (f"space: {self.n} labels: its classifier reads all {self.n} concept spaces for each label, "
-                f"{self.n * self.n * self.cfg.concept_dim:,} weights, which grow with the square of the labels (README, "
+                f"{self.n * self.n * self.cfg.concept_dim:,} weights, which grow with the square of the labels "
+                f"(README, "
                 f"\"Many classes\"); probe and selfexplain grow in proportion to them")
     def forward(self, f: Features) -> Output:
         c = attributions(f.hidden, self.operators)  # (B, n, T, m)

@@ -232,7 +232,7 @@ def _unreadable(cause: BaseException | None, encoding: str | None) -> tuple[int,
     if isinstance(cause, UnicodeDecodeError):
         return 400, (f"the body could not be read: not UTF-8 (byte 0x{cause.object[cause.start:cause.start + 1].hex()} "
                      f"at offset {cause.start:,}); send a JSON object encoded as UTF-8")
-    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int-from-text limit (sys.set_int_max_str_digits)
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int-from-text limit (set_int_max_str_digits)
         return 400, f"the body's JSON has a number too long to read ({cause}); send numbers of a few digits"
     return 400, "the body could not be read (not UTF-8 JSON?); send a JSON object"
 
@@ -451,7 +451,8 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
             raise RequestError("'top' sets how many tokens or spans an explanation lists; add \"explain\": true "
                                "(or post to /v1/explain), or leave 'top' out", 422)
         with _as_sent(field):
-            return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs, body.occlusion))
+            return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs,
+                                                       body.occlusion))
 
     @app.post("/v1/explain", response_class=JSONResponse, responses=_responses(
         "as /v1/classify with explain: every task that explains, its label, probabilities and explanation "

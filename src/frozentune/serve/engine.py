@@ -444,7 +444,8 @@ class Engine:
                             answer["results"][i]["tasks"][task.name] = {"error": said}
                             failed.setdefault(task.name, []).append(said)
                             continue
-                        probs = np.array([[r["scores"][lab] for lab in task.labels] for r in rows]).reshape(-1, len(task.labels))
+                        probs = np.array([[r["scores"][lab] for lab in task.labels] for r in rows])
+                        probs = probs.reshape(-1, len(task.labels))  # (words, C); (0, C) for a one-word text
                         found = ranked([text], [c], [task.labels.index(row["label"])], [row["scores"][row["label"]]],
                                        task.labels, top, probs)[0]
                         row["explanation"], row["lines"] = with_occlusion(
