@@ -895,6 +895,21 @@ def test_a_body_not_sent_as_json_is_told_the_content_type(content_type, client):
                        ).status_code == 200
 
 
+def test_an_explained_text_cut_at_max_length_says_where_reading_stopped(client, server, tmp_path):
+    """A long text's card showed all of it, highlights near its start, nothing marking where the model stopped
+    reading; an explained task's answer has read_chars, and the page greys the rest."""
+    text = "Who invented the telephone ? " * 60
+    r = client.post("/v1/explain", json={"text": text, "tasks": ["space", "selfexplain"]}).json()["results"][0]
+    assert r["truncated"]
+    for name in ("space", "selfexplain"):
+        (end,) = r["tasks"][name]["read_chars"]
+        assert 0 < end < len(text) and text[:end].endswith(("telephone", "?", "Who", "invented", "the"))
+    short = client.post("/v1/explain", json={"text": "Who is it ?", "tasks": ["space"]}).json()["results"][0]
+    assert "read_chars" not in short["tasks"]["space"]
+    dom = render_page(server.url, tmp_path, "serve-page-long.png", "1280,1400", "/?text=" + "Who%20is%20it%20%3F%20" * 60)
+    assert dom.count('<span class="unread" title="not read: the text reached the model') >= 3  # space, ytuning, se
+
+
 def test_a_megabyte_text_is_cut_to_max_length_and_said(client):
     r = client.post("/v1/classify", json={"text": "word " * 200_000, "tasks": ["probe", "space"]})
     assert r.status_code == 200

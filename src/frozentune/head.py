@@ -91,6 +91,15 @@ class TokenView:
     def __post_init__(self) -> None:
         self.offsets = whole_characters(self.text, self.offsets, self.seqs)
 
+    def read_to(self) -> list[int]:
+        """Per text (one, or a pair's two): the characters read, up to the end of its last piece; less than the
+        text's length where it was cut at max_length."""
+        ends = [0, 0] if self.seqs else [0]
+        for i, (s, e) in enumerate(self.offsets):
+            if e > s:
+                ends[self.part(i)] = max(ends[self.part(i)], e)
+        return ends
+
     def part(self, i: int) -> int:
         """Which text piece i comes from: 0 for a single text; 0 or 1 in a pair (None-marked special
         tokens count with the text before them)."""

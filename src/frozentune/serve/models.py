@@ -261,11 +261,19 @@ def classify_rows(task: Task, out: Output, jobs: Sequence, rows: Sequence[int],
         if job["explain"] is not None and task.explains:
             one = Output(out.logits[k:k + 1], {name: v[k:k + 1] for name, v in out.extras.items()})
             ex = task.model.head.explain(one, job["view"], task.labels, job["explain"])
-            row |= {"explanation": ex.data, "lines": ex.lines}
+            row |= {"explanation": ex.data, "lines": ex.lines} | read_chars(job["view"])
         elif job["explain"] is not None:  # asked, and this method has none: said, not left out unseen
             row |= {"explanation": None, "lines": [task.no_explanation]}
         res.append(row)
     return res
+
+
+def read_chars(view: TokenView) -> dict:
+    """{"read_chars": [characters read per text]} where a text was cut at max_length (the explanation covers that
+    part: the page greys the rest), else {}."""
+    texts = view.text if isinstance(view.text, tuple) else (view.text,)
+    ends = view.read_to()
+    return {"read_chars": ends} if any(t[e:].strip() for t, e in zip(texts, ends)) else {}
 
 
 @dataclass
