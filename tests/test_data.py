@@ -528,7 +528,8 @@ def test_rows_like_it_count_every_row_with_the_problem(tmp_path):
         read_split(path)
     rows = [{"text": f"t {i}", "label": [str(i)]} for i in range(4)]
     path = write(tmp_path / "l.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=r"no label in field 'label' \(\[\"0\"\]\) \(4 rows like it"):
+    with pytest.raises(DataError, match=r"field 'label' holds a list, not a label \(one class per row: multi-label "
+                                        r"data is not supported\) \(\[\"0\"\]\) \(4 rows like it"):
         read_split(path)
 
 
