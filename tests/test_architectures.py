@@ -86,8 +86,8 @@ def test_a_checkpoint_missing_weights_the_pass_uses_is_refused(tmp_path, trec_sl
     from frozentune.backbone import Backbone
 
     folder = bert_variant(tmp_path / "partial")
-    weights = load_file(str(folder / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if "layer.1." not in k}, str(folder / "model.safetensors"))
+    weights = {k: v.clone() for k, v in load_file(str(folder / "model.safetensors")).items()}  # not the mapped file,
+    save_file({k: v for k, v in weights.items() if "layer.1." not in k}, str(folder / "model.safetensors"))  # rewritten
     cli(*probe(tmp_path, trec_slice, folder), contains=("16 of the model's weights are not in its checkpoint",
                                                         "encoder.layer.1.", "would be random and stay frozen"))
     no_pooler = bert_variant(tmp_path / "no_pooler")

@@ -789,3 +789,26 @@ def test_a_list_as_a_label_is_said_to_be_one(tmp_path):
     with pytest.raises(DataError, match=r"l.jsonl:1: field 'label' holds a list, not a label \(one class per row: "
                                         r"multi-label data is not supported\)"):
         read_split(path)
+
+
+def test_datasets_installed_but_failing_to_import_is_said(tmp_path, monkeypatch):
+    """pyarrow refusing numpy 1.x made `import datasets` fail, and the run said "pip install 'frozentune[hf]'" to a
+    user who had it installed."""
+    import builtins
+    import importlib.util
+
+    from frozentune.data import read_hf
+
+    if importlib.util.find_spec("datasets") is None:
+        pytest.skip("datasets is not installed (the hf extra)")
+    real = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "datasets":
+            raise ImportError("pyarrow requires NumPy 2.0 or newer, found 1.26.0")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(DataError, match=r"Hugging Face datasets, which is installed but does not import \(pyarrow "
+                                        r"requires NumPy 2.0 or newer, found 1.26.0\); fix that installation"):
+        read_hf(tmp_path / "x.parquet")

@@ -264,9 +264,15 @@ def read_hf(path: Path) -> list[tuple[int, dict]]:
     """The rows of a Parquet file, an Arrow file written by `datasets`, or one split saved by
     `save_to_disk`, read with Hugging Face `datasets` (memory-mapped, nothing copied to its cache),
     as (row number from 1, dict). Class-label columns (ClassLabel) come back as their names."""
+    import importlib.util
+
     try:
         import datasets
-    except ImportError:
+    except ImportError as e:  # installed but failing to import (pyarrow refusing numpy 1.x) was told to install it
+        if importlib.util.find_spec("datasets") is not None:
+            raise DataError(f"{path}: Parquet, Arrow and save_to_disk data are read with Hugging Face datasets, which "
+                            f"is installed but does not import ({' '.join(str(e).split())[:300]}); fix that "
+                            f"installation (e.g. pip install -U 'frozentune[hf]')") from None
         raise DataError(f"{path}: Parquet, Arrow and save_to_disk data are read with Hugging Face datasets: "
                         f"pip install 'frozentune[hf]' (or pip install datasets)") from None
     try:

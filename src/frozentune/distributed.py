@@ -296,7 +296,8 @@ def rank_seed(seed: int) -> int:
     """The torch seed for this rank's own randomness (dropout): `seed` on rank 0 (as in one process),
     an independent one derived from (seed, rank) elsewhere."""
     r = rank()
-    return seed if r == 0 else int(np.random.SeedSequence([seed, r]).generate_state(1, np.uint64)[0] >> 1)
+    # the shift on a Python int: numpy 1.x refuses `np.uint64 >> int` (same value on numpy 2)
+    return seed if r == 0 else int(np.random.SeedSequence([seed, r]).generate_state(1, np.uint64)[0]) >> 1
 
 
 def param_signature(module: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
