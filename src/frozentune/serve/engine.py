@@ -354,10 +354,12 @@ class Engine:
         top = whole("top", top, 1, self.options.max_top)
         jobs: list[Job] = []
         per_text: list[list[int]] = [[] for _ in texts]  # each text's jobs (one per pass group), by index
+        views_of: dict[Any, list] = {}  # per group: the texts' token views (occlusion finds their words in them)
         for group in dict.fromkeys(t.group for t in chosen):
             names = {t.name for t in chosen if t.group is group}
-            views = explain and any(t.explains for t in chosen if t.group is group)
+            views = explain and (occlusion or any(t.explains for t in chosen if t.group is group))
             tokens, vs = group.tokenize(texts, views)
+            views_of[group] = vs
             if empty := group.backbone.textless(texts, [len(x) for x in tokens.ids]):
                 raise RequestError(textless_message(f"{'pairs' if pairs else 'texts'}[{empty[0][0]}]", empty[0][1]))
             for i, (x, v) in enumerate(zip(tokens.ids, vs)):
@@ -401,19 +403,22 @@ class Engine:
                 answer["failed"] = failed
             return answer
 
-        return self.plan_occlusion(texts, chosen, top, pairs, jobs, assemble) if occlusion else (jobs, assemble)
+        if not occlusion:
+            return jobs, assemble
+        return self.plan_occlusion(texts, chosen, top, pairs, jobs, assemble, views_of)
 
     def plan_occlusion(self, texts: list, chosen: list[Task], top: int, pairs: bool, jobs: list[Job],
-                       assemble: Assemble) -> tuple[list[Job], Assemble]:
+                       assemble: Assemble, views_of: dict) -> tuple[list[Job], Assemble]:
         """A classify plan (`jobs`, `assemble`) with occlusion added: each text is read once more per word, cut
         out in turn (frozentune.occlusion, as `frozentune explain --occlusion`), in the same batches as the
-        rest. A task whose cut texts failed fails on that text, as for its own row."""
+        rest. A task whose cut texts failed fails on that text, as for its own row. views_of: per pass group,
+        the texts' token views, as the plan tokenised them."""
         from ..occlusion import cuts, ranked, with_occlusion
 
         first, plans = len(jobs), []
         for group in dict.fromkeys(t.group for t in chosen):
             names = {t.name for t in chosen if t.group is group}
-            cut = cuts(texts, group.tokenize(texts, True)[1])  # the words of the part that was read, by its tokenizer
+            cut = cuts(texts, views_of[group])  # the words of the part that was read, by its tokenizer
             starts = []
             for per, _ in cut:
                 starts.append(len(jobs))
