@@ -372,6 +372,13 @@ def _clean_partials(root: Path) -> None:
             pass
 
 
+def hard_limit(hard: int) -> str:
+    """A process's hard limit on open files, as the messages about it say it."""
+    import resource
+
+    return "no hard limit" if hard == resource.RLIM_INFINITY else f"the hard limit is {hard}"
+
+
 def fd_advice(e: OSError) -> str | None:
     """What to do when `e` is the process (EMFILE) or the system (ENFILE) out of open files, not a disk or folder
     problem (the cache's advice was "free space there"); None for any other error."""
@@ -380,8 +387,7 @@ def fd_advice(e: OSError) -> str | None:
 
     if e.errno == errno.EMFILE:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        most = "no hard limit" if hard == resource.RLIM_INFINITY else f"the hard limit is {hard}"
-        return (f"too many open files: this process may open {soft} (ulimit -n; {most}); raise it, e.g. "
+        return (f"too many open files: this process may open {soft} (ulimit -n; {hard_limit(hard)}); raise it, e.g. "
                 f"ulimit -n 4096, and run again")
     if e.errno == errno.ENFILE:
         return "the system is out of open files (its file-max); close other programs' files and run again"

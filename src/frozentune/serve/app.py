@@ -648,8 +648,9 @@ def raise_open_files(limits=None) -> str | None:
     if soft < FEW_OPEN_FILES:
         n = open_files()
         now = f" and has {n} open" if n is not None else ""
-        most = "no hard limit" if hard == resource.RLIM_INFINITY else f"the hard limit is {hard}"
-        return (f"open files: this process may have {soft} (ulimit -n; {most}){now}, and each "
+        from ..cache import hard_limit
+
+        return (f"open files: this process may have {soft} (ulimit -n; {hard_limit(hard)}){now}, and each "
                 f"connection takes one: past about {soft - (n or 0)} connections at once new ones are dropped "
                 f"unanswered; raise it before starting the server (ulimit -n 4096, or LimitNOFILE= in a systemd unit)")
     return None
