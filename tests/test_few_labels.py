@@ -1011,3 +1011,20 @@ def test_a_default_given_explicitly_is_the_same_point(trec_slice, tiny_bert, tmp
     run_sweep(Grid.parse("probe", "-1", str(defaults["lr"]), seeds="0,1,2"), str(trec_slice), bb, shots=2,
               cache_root=tmp_path / "c", log=log)
     assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2
+
+
+def test_a_validation_carved_from_enough_rows_early_stops_rather_than_folds(trec_slice, tiny_bert, tmp_path):
+    """120 training rows under --cv-below 110: the 10% carve left 108, under it, so the run cross-validated
+    those and scored the 12 carved examples for nothing. The rows given are not under --cv-below, so the
+    carve early-stops, and the run says why. A --max-train sample under it still folds: its validation came
+    from the larger train, not from the rows it trains on."""
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    said: list[str] = []
+    r = api.train("probe", str(trec_slice), bb, train_cfg={"cv_below": 110, "epochs": 1}, cache_root=tmp_path / "c",
+                  progress=False, log=said.append)
+    assert r["selection"]["how"] == "validation" and r["sizes"] == {"train": 108, "validation": 12, "test": 40}, r
+    assert any("early stopping on 12 validation examples" in s and "carved from the 120 training examples given, "
+               "which are not under --cv-below 110, so validation chooses rather than folds" in s for s in said), said
+    r = api.train("probe", str(trec_slice), bb, max_train=100, train_cfg={"cv_below": 110, "epochs": 1},
+                  cache_root=tmp_path / "c", progress=False, log=said.append)
+    assert r["selection"]["how"] == "cross-validation" and r["sizes"]["train"] == 100, r

@@ -390,9 +390,12 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     val_src, y_val = src.get("validation"), y.get("validation")
     given = set(train_cfg or {})
     convex = getattr(model.head, "convex", False)
-    if cfg.steps and "min_steps" in given and not (may_cv and len(ds.train) < cfg.cv_below and convex):
+    # under --cv-below the folds choose, unless validation was carved from the rows given for training:
+    # there were at least --cv-below of them, and the carve early-stops (ds.carved_from_train)
+    few = len(ds.train) < cfg.cv_below and not ds.carved_from_train
+    if cfg.steps and "min_steps" in given and not (may_cv and few and convex):
         log(f"schedule: --min-steps not used: --steps {cfg.steps} sets the number of steps")  # the floor is for --epochs
-    if may_cv and len(ds.train) < cfg.cv_below:
+    if may_cv and few:
         groups = text_groups(ds.train.texts)
         k = choose_folds(y["train"], cfg.cv_folds, ds.labels, groups)[0]
         log(f"schedule: {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: "
@@ -415,7 +418,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         model, fitted, selection = fit_cv(lambda: M.build_classifier(method, bb, ds.labels, options, seed=cfg.seed),
                                           src["train"], y["train"], val_src, y_val, cfg, log, fallback=fallback,
                                           groups=groups)
-    elif fixed_few and len(ds.train) < cfg.cv_below:
+    elif fixed_few and few:
         plan = plan_steps(len(ds.train), cfg, constant=True)  # a few steps: a decaying rate would halve them
         log(f"schedule: {plan.why}; {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: no early "
             f"stopping, the whole schedule is trained" + (f" ({len(ds.validation)} validation examples are scored, "
@@ -432,7 +435,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         plan = plan_steps(len(ds.train), cfg)
         if may_cv:
             if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") if o in given]:
-                log(f"schedule: {_flags(unused)} not used: {len(ds.train):,} training examples are not under --cv-below "
+                n_given = len(ds.train) + len(ds.validation) if ds.carved_from_train else len(ds.train)
+                log(f"schedule: {_flags(unused)} not used: {n_given:,} training examples are not under --cv-below "
                     f"{cfg.cv_below}, so validation chooses (raise --cv-below to cross-validate)")
         elif model.runs_live:  # (--cv-below is used by a head with a fixed schedule on few labels: it says where)
             if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") + (() if fixed_few else ("cv_below",))
@@ -441,9 +445,12 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                     f"not cross-validated: validation chooses")
         elif unused := [o for o in ("cv_repeats", "cv_below", "fallback") if o in given]:
             log(f"schedule: {_flags(unused)} not used: --cv-folds {cfg.cv_folds} turns cross-validation off")
+        carved = may_cv and ds.carved_from_train and len(ds.train) < cfg.cv_below  # (else it would have folds)
         log(f"schedule: {plan.why}; early stopping on {len(ds.validation)} validation examples "
             f"(--patience {cfg.patience})" + ("; methods that train or steer the backbone do not cross-validate"
-                                               if model.runs_live and len(ds.train) < cfg.cv_below else ""))
+                                               if model.runs_live and len(ds.train) < cfg.cv_below else "")
+            + (f"; they were carved from the {len(ds.train) + len(ds.validation):,} training examples given, which "
+               f"are not under --cv-below {cfg.cv_below}, so validation chooses rather than folds" if carved else ""))
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan)
         selection = {"how": "validation", "schedule": plan.why}
     n_params = model.num_trainable()  # the fallback, where cross-validation chose it, is a probe

@@ -109,6 +109,10 @@ class Dataset:
     # how train and validation were made from the files: {"files": {split: path}, "seed", "shots",
     # "max_train", "carve_below"}; load_classification with these gives the same splits again (eval)
     split_rule: dict | None = None
+    # validation was carved out of the very rows that train on (not from a larger train later cut by
+    # --max-train): there were at least carve_below of them, so the run early-stops on the carve even
+    # where train is left with fewer (it does not cross-validate and leave the carve unused)
+    carved_from_train: bool = False
 
     def label_ids(self, split: TextSplit) -> np.ndarray:
         """(N,) int64 label indices; a label training never saw is an error naming its line."""
@@ -1192,6 +1196,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     if shots is not None:
         train, note = sample_shots(train, shots, seed)
         notes.append(note)
+    carved = False
     if "validation" not in splits and len(train) < carve_below:
         splits["validation"] = TextSplit([], [], f"{train.source} (no validation split)", [])
         notes.append(f"no validation split: train has {len(train)} examples (under {carve_below}), so none is carved "
@@ -1199,6 +1204,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     elif "validation" not in splits:
         train, splits["validation"], note = carve_validation(train, val_fraction, seed)
         notes.append(note)
+        carved = True
     if max_train is not None and max_train < len(set(train.labels)):
         raise DataError(f"--max-train {max_train}: give at least {len(set(train.labels))} (one example per class)")
     if max_train is not None and max_train < len(train):
@@ -1210,10 +1216,12 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                             f"of {len(lost):,} of the {len(classes_before):,} classes ({some(lost)}), which the other "
                             f"splits have; give a larger --max-train, or --shots K (K of every class)")
         notes.append(f"train limited to {len(train)} examples (stratified, seed {seed})")
+        carved = False  # validation came from the larger train, not from these rows
     elif max_train is not None:
         notes.append(f"--max-train {max_train}: train has {len(train)} examples, so all are used")
     labels = label_order(name, train.labels)
-    return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field, rule)
+    return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field, rule,
+                   carved_from_train=carved and carve_below > 0)
 
 
 def rows_digest(splits: dict[str, TextSplit]) -> str:
