@@ -203,3 +203,30 @@ def test_encoder_prefix_words_init(bb_factory):
                  what="MLP fitted to the phrase's keys/values")
     with pytest.raises(MethodError, match="train_backbone must be false"):
         M.build_classifier("prefix", bb, ["neg", "pos"], {"train_backbone": True})
+
+
+@pytest.mark.parametrize("method", ["ytuning", "space"])
+def test_an_explanation_of_many_classes_lines_the_likeliest_and_keeps_every_class_in_its_data(method, bb_factory):
+    """With a thousand classes, explain printed a thousand lines, in label order, the prediction's own
+    anywhere among them. Beyond LINES_SHOWN classes the lines show the likeliest, likeliest first, and
+    say how many were left out; the data keeps every class. A few classes keep every line, in label order."""
+    from frozentune import api
+    from frozentune.head import LINES_SHOWN
+
+    bb = bb_factory(method)
+    for n in (3, LINES_SHOWN + 4):
+        labels = [f"class{i:02d}" for i in range(n)]
+        model = M.build_classifier(method, bb, labels, seed=0)
+        (row,) = api.explain(model, ["the film was a quiet joy to watch"], top=2)
+        data = row["explanation"]["attention" if method == "ytuning" else "classes"]
+        assert list(data) == labels
+        lined = [line.split(":")[0].strip() for line in row["lines"] if line.strip().startswith("class")]
+        if n <= LINES_SHOWN:
+            assert lined == labels and not any("classes shown" in line for line in row["lines"]), row["lines"]
+            continue
+        p = row["scores"]  # (rounded: near-equal classes may tie, so the order is checked, not one list)
+        assert len(lined) == LINES_SHOWN and lined[0] == row["label"], (lined, p)
+        assert all(p[a] >= p[b] for a, b in zip(lined, lined[1:])), (lined, p)
+        assert min(p[lab] for lab in lined) >= max(p[lab] for lab in labels if lab not in lined), (lined, p)
+        assert f"({LINES_SHOWN} of the {n:,} classes shown, the likeliest; the explanation's data holds every " \
+               f"class: explain --json)" in row["lines"], row["lines"]

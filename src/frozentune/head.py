@@ -189,6 +189,20 @@ class TokenView:
         return out
 
 
+LINES_SHOWN = 8  # classes an explanation's text lines show (the page draws as many); its data keeps every class
+
+
+def lined_classes(logits: Tensor, labels: list[str]) -> tuple[list[int], list[str]]:
+    """(the classes an explanation's per-class text lines show, the line saying what was left out): every
+    class in label order up to LINES_SHOWN of them; beyond, the LINES_SHOWN likeliest, likeliest first
+    (a thousand lines would bury the prediction's own). logits (C,)."""
+    if len(labels) <= LINES_SHOWN:
+        return list(range(len(labels))), []
+    order = [int(i) for i in logits.float().argsort(descending=True)[:LINES_SHOWN]]
+    return order, [f"({LINES_SHOWN} of the {len(labels):,} classes shown, the likeliest; the explanation's data "
+                   f"holds every class: explain --json)"]
+
+
 def fewer_note(shown: int, top: int, why: str) -> list[str]:
     """The line an explanation adds when it lists fewer entries than `top` asked for (why: the reason,
     e.g. the text has no more words), so a short list is not read as a cut-off; [] otherwise."""

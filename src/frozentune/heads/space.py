@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..fields import as_flag
-from ..head import MANY_LABELS, Explanation, Features, Head, Output, TokenView, fewer_note, shown
+from ..head import MANY_LABELS, Explanation, Features, Head, Output, TokenView, fewer_note, lined_classes, shown
 from ..registry import MethodConfig, register_method
 
 VAR_EPS = 1e-4  # floor under the variance in the intra-space loss
@@ -133,14 +133,15 @@ class SpaceHead(Head):
         share = out.extras["token_logits"][0, :, :len(tokens.pieces)]  # (n, T)
         scores = share - share.mean(0, keepdim=True)  # (n, T)
         real = tokens.text_pieces()
-        data, lines = {}, []
+        data = {}
         for i, lab in enumerate(labels):
             w, j = scores[i, real].sort(descending=True)
             toks = tokens.ranked(((real[int(t)], real[int(t)], float(v)) for v, t in zip(w, j)), top)
             data[lab] = {"centroid": [round(float(x), 4) for x in k[i]], "centroid_mean": round(float(k[i].mean()), 4),
                          "tokens": toks}
-            lines.append(f"{lab:>14}: centroid mean {float(k[i].mean()):+.3f}   "
-                         + "  ".join(f"{shown(t)} {t['weight']:+.2f}" for t in toks))
+        lined, left_out = lined_classes(out.logits[0], labels)
+        lines = [f"{labels[i]:>14}: centroid mean {float(k[i].mean()):+.3f}   "
+                 + "  ".join(f"{shown(t)} {t['weight']:+.2f}" for t in data[labels[i]]["tokens"]) for i in lined] + left_out
         lines += fewer_note(min(len(d["tokens"]) for d in data.values()), top, "the text has no more words")
         return Explanation({"classes": data}, lines)
 

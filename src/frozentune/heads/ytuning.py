@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..fields import as_flag
-from ..head import MANY_LABELS, Explanation, Features, Head, Output, TokenView, kept_from_weights, fewer_note, shown
+from ..head import (MANY_LABELS, Explanation, Features, Head, Output, TokenView, fewer_note, kept_from_weights,
+                    lined_classes, shown)
 from ..registry import MethodConfig, MethodError, changed, register_method
 
 
@@ -278,13 +279,14 @@ class YTuningHead(Head):
         attn = out.extras["label_attention"][0, :, :len(tokens.pieces)]  # (C, T)
         real = tokens.text_pieces()
         special = 1.0 - attn[:, real].sum(-1)  # (C,) the softmax over tokens sums to 1
-        per_label, shares, lines = {}, {}, []
+        per_label, shares = {}, {}
         for c, lab in enumerate(labels):
             w, j = attn[c, real].sort(descending=True)
             per_label[lab] = tokens.ranked(((real[int(t)], real[int(t)], float(v)) for v, t in zip(w, j)), top)
             shares[lab] = round(max(float(special[c]), 0.0), 4)
-            lines.append(f"{lab:>14}: " + "  ".join(f"{shown(t)} {t['weight']:.2f}" for t in per_label[lab])
-                         + f"   (special tokens {shares[lab]:.2f})")
+        lined, left_out = lined_classes(out.logits[0], labels)
+        lines = [f"{labels[c]:>14}: " + "  ".join(f"{shown(t)} {t['weight']:.2f}" for t in per_label[labels[c]])
+                 + f"   (special tokens {shares[labels[c]]:.2f})" for c in lined] + left_out
         lines += fewer_note(min(len(t) for t in per_label.values()), top, "the text has no more words")
         lines.append(ATTENTION_NOTE)
         return Explanation({"attention": per_label, "special_tokens": shares}, lines)
