@@ -793,3 +793,46 @@ def test_the_text_form_of_explain_keeps_a_label_with_a_line_break_on_its_line():
     from frozentune.cli import _odds
 
     assert _odds({"hum": 0.5, "desc\nription": 0.3, "x": 0.2}) == "probability 0.50; next desc\\nription 0.30"
+
+
+def test_predict_and_explain_keep_the_likeliest_classes_when_asked(trained, capsys, tmp_path):
+    """With many classes every row held every class's probability (a thousand classes: a thousand scores
+    a row). --top-classes K keeps the K likeliest, likeliest first, the label first; the same in Python."""
+    from frozentune import api
+
+    out, _, _ = trained
+    texts = ["Who wrote Hamlet ?", "How far is the moon ?", "What is a prime number ?"]
+    code, stdout, err = run(capsys, "predict", "--model", out, *texts)
+    assert code == 0, err
+    full = [json.loads(line) for line in stdout.splitlines()]
+    assert all(len(r["scores"]) == 6 for r in full)
+    code, stdout, err = run(capsys, "predict", "--model", out, "--top-classes", 2, *texts)
+    assert code == 0, err
+    for r, f in zip(map(json.loads, stdout.splitlines()), full):
+        assert list(r["scores"]) == sorted(f["scores"], key=lambda lab: -f["scores"][lab])[:2], (r, f)
+        assert next(iter(r["scores"])) == r["label"] == f["label"]
+        assert {lab: f["scores"][lab] for lab in r["scores"]} == r["scores"]
+    code, stdout, err = run(capsys, "explain", "--model", out, "--occlusion", "--json", "--top-classes", 1, texts[0])
+    assert code == 0, err
+    (row,) = json.loads(stdout)
+    assert list(row["scores"]) == [full[0]["label"]] and row["explanation"]["occlusion"]["words"], row
+    assert [list(r["scores"]) for r in api.predict(out, texts, top_classes=3)] == \
+        [sorted(f["scores"], key=lambda lab: -f["scores"][lab])[:3] for f in full]
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(api.DataError, match=r"top_classes=.*: give a whole number of at least 1"):
+            api.predict(out, texts, top_classes=bad)
+    with pytest.raises(SystemExit) as e:
+        main(["predict", "--model", str(out), "--top-classes", "0", texts[0]])
+    assert e.value.code == 2 and "--top-classes: 0: give a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_likeliest_cuts_each_task_of_an_answer_and_keeps_failures():
+    from frozentune.api import likeliest
+
+    row = {"text": "t", "tasks": {"a": {"label": "y", "scores": {"x": 0.2, "y": 0.5, "z": 0.3}},
+                                  "b": {"error": "failed"}}}
+    assert likeliest(row, 2) == {"text": "t", "tasks": {"a": {"label": "y", "scores": {"y": 0.5, "z": 0.3}},
+                                                        "b": {"error": "failed"}}}
+    assert likeliest(row, None) is row
+    tie = {"label": "x", "scores": {"x": 0.4, "y": 0.4, "z": 0.2}}
+    assert list(likeliest(tie, 2)["scores"]) == ["x", "y"]  # ties in label order: the label (np.argmax's) first

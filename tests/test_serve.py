@@ -276,6 +276,23 @@ def test_classify_equals_predict(models, client, unpadded):
             close_scores(padded.json()["results"][0]["tasks"][name], want, name)
 
 
+def test_top_classes_keep_what_predict_and_explain_keep(models, client, unpadded):
+    """"top_classes": K keeps each task's K likeliest classes, likeliest first, as predict and explain do
+    with top_classes (with occlusion too, which reads the label's probability before the cut)."""
+    for name in ("probe", "ytuning"):
+        want = api.predict(models / name, TEXTS[:2], log=quiet, top_classes=2)
+        r = unpadded.post("/v1/classify", json={"texts": TEXTS[:2], "tasks": [name], "top_classes": 2})
+        assert r.status_code == 200, r.text
+        for got, w in zip(r.json()["results"], want):
+            assert got["tasks"][name]["scores"] == w["scores"] and list(w["scores"])[0] == w["label"], name
+    want = api.explain(models / "ytuning", TEXTS[:1], top=3, log=quiet, occlusion=True, top_classes=1)[0]
+    r = unpadded.post("/v1/explain", json={"text": TEXTS[0], "tasks": ["ytuning"], "top": 3, "occlusion": True,
+                                           "top_classes": 1})
+    got = r.json()["results"][0]["tasks"]["ytuning"]
+    assert got["scores"] == want["scores"] and list(got["scores"]) == [got["label"]], got
+    assert got["explanation"]["occlusion"] == want["explanation"]["occlusion"]
+
+
 def test_explain_equals_explain(models, client, unpadded):
     for name in ("space", "ytuning", "selfexplain"):
         for text in TEXTS[:2]:
@@ -788,6 +805,9 @@ BAD = [
     ("top out of range", "/v1/explain", {"text": "a", "top": 0}, 422, "top"),
     ("top as a string", "/v1/explain", {"text": "a", "top": "3"}, 422, "top"),  # was read as 3
     ("top without explain", "/v1/classify", {"text": "a", "top": 3}, 422, 'add "explain": true'),  # was ignored
+    ("top_classes out of range", "/v1/classify", {"text": "a", "top_classes": 0}, 422,
+     "top_classes 0: give a whole number of at least 1"),
+    ("top_classes as a string", "/v1/explain", {"text": "a", "top_classes": "2"}, 422, "top_classes"),
     ("explain as a string", "/v1/classify", {"text": "a", "explain": "yes"}, 422, "explain"),  # was read as true
     ("num_beams as a bool", "/v1/generate", {"prefix": "p", "source": "a", "num_beams": True}, 422, "num_beams"),
     ("unknown field", "/v1/classify", {"text": "a", "colour": 1}, 422, "colour"),

@@ -1015,12 +1015,14 @@ def given_texts(texts: object, what: str = "texts", pairs: bool = True) -> list[
 
 
 def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
-            precision: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
+            precision: str | None = None, log: Callable[[str], None] = _stderr,
+            top_classes: int | None = None) -> list[dict]:
     """Label and per-label probabilities for each text or (first, second) pair (backbone run live,
     on `device` in `precision`: default auto and the precision the model was trained with). A text
     that reached max_length tokens (and was cut there) has "truncated": true, as the server says,
-    and `log` says how many were. predict_stream gives the rows as they are done."""
-    return list(predict_stream(model_dir, texts, device, precision, log))
+    and `log` says how many were. top_classes: keep the K likeliest classes' probabilities, likeliest
+    first (None: every class, in label order). predict_stream gives the rows as they are done."""
+    return list(predict_stream(model_dir, texts, device, precision, log, top_classes=top_classes))
 
 
 PREDICT_CHUNK = 2048  # texts tokenised and scored together: memory is bounded by one chunk, and rows come out per chunk
@@ -1028,20 +1030,21 @@ PREDICT_CHUNK = 2048  # texts tokenised and scored together: memory is bounded b
 
 def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
                    precision: str | None = None, log: Callable[[str], None] = _stderr,
-                   chunk: int | None = None) -> Iterator[dict]:
+                   chunk: int | None = None, top_classes: int | None = None) -> Iterator[dict]:
     """predict's rows, in order, `chunk` texts at a time: 25,000 IMDB reviews were all tokenised and
     scored before the first row came out (2.6 GB, nothing printed for minutes, nothing kept on Ctrl-C).
     Where there are several chunks, `log` says how far it is every train.PROGRESS_EVERY_S seconds; the
     note of texts cut at max_length comes at the end, for all of them."""
     texts, log = given_texts(texts), as_log(log)  # checked now, not when the stream is first read
     chunk = PREDICT_CHUNK if chunk is None else whole_chunk(chunk)
+    top_classes = as_top_classes(top_classes)
     model = _load(model_dir, device, precision, log)
     pairs = check_inputs(model, texts)
-    return _predict_rows(model, model_dir, texts, pairs, chunk, log)
+    return _predict_rows(model, model_dir, texts, pairs, chunk, log, top_classes)
 
 
 def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool, chunk: int,
-                  log: Callable[[str], None]) -> Iterator[dict]:
+                  log: Callable[[str], None], top_classes: int | None = None) -> Iterator[dict]:
     from . import train as T
 
     bb = model.backbone_ref
@@ -1056,8 +1059,8 @@ def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool
                                    f"{len(part)} texts; its weights are damaged: train it again")
         cut = cut_rows(src.lengths, bb.max_length, pairs)  # the text went on past what was read (said at the end)
         lengths.append(np.asarray(src.lengths))
-        yield from ({**text_row(t), **labelled(model.labels, p), **({"truncated": True} if c else {})}
-                    for t, p, c in zip(part, probs, cut))
+        yield from ({**text_row(t), **likeliest(labelled(model.labels, p), top_classes),
+                     **({"truncated": True} if c else {})} for t, p, c in zip(part, probs, cut))
         done = first + len(part)
         if done < len(texts) and (now := time.perf_counter()) - said >= T.PROGRESS_EVERY_S:
             said, rate = now, done / (now - t0)
@@ -1078,6 +1081,31 @@ def labelled(labels: Sequence[str], probs: Sequence[float]) -> dict:
     """{"label", "scores"} of one text from its per-label probabilities (the first of tied maxima)."""
     best = max(range(len(probs)), key=probs.__getitem__)  # the first of tied maxima, as np.argmax; no array per row
     return {"label": labels[best], "scores": {lab: float(s) for lab, s in zip(labels, probs)}}
+
+
+def as_top_classes(value: object) -> int | None:
+    """A `top_classes` argument: None (every class), or a whole number of at least 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise DataError(f"top_classes={value!r}: give a whole number of at least 1 (how many of the likeliest classes "
+                        f"each row's scores keep), or None for every class")
+    return int(value)
+
+
+def likeliest(row: dict, k: int | None) -> dict:
+    """`row` with its "scores" cut to the k likeliest classes, likeliest first (ties in the label order),
+    the same done to each task's under "tasks" (an answer of several heads); unchanged for k None. The
+    label is always the first, as it is the likeliest: with a thousand classes a row was a thousand scores."""
+    if k is None:
+        return row
+    out = dict(row)
+    if isinstance(row.get("scores"), dict):
+        ranked = sorted(row["scores"].items(), key=lambda kv: -kv[1])  # stable: ties keep the label order
+        out["scores"] = dict(ranked[:k])
+    if isinstance(row.get("tasks"), dict):
+        out["tasks"] = {name: likeliest(t, k) if isinstance(t, dict) else t for name, t in row["tasks"].items()}
+    return out
 
 
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),
@@ -1166,7 +1194,8 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
 
 
 def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5, device: str | None = None,
-            precision: str | None = None, log: Callable[[str], None] = _stderr, occlusion: bool = False) -> list[dict]:
+            precision: str | None = None, log: Callable[[str], None] = _stderr, occlusion: bool = False,
+            top_classes: int | None = None) -> list[dict]:
     """Per text: the prediction and the head's explanation of it (what it is depends on the method:
     see each head's `explain`). Each row: text, label, scores (the per-label probabilities, as predict
     gives them), explanation (JSON) and lines (for people).
@@ -1174,7 +1203,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     occlusion: also cut each word out of the text in turn and say how much the predicted label's
     probability drops without it (frozentune.occlusion; one more pass per word), under
     explanation["occlusion"]. Any classifier explains so, the methods without an explanation of their
-    own too."""
+    own too. top_classes: scores keep the K likeliest classes, likeliest first (None: every class)."""
     import torch
 
     from .head import explains
@@ -1184,6 +1213,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 1:
         raise DataError(f"top={top!r}: give a whole number of at least 1 (how many tokens or spans to show)")
     top, occlusion = int(top), as_switch(occlusion, "occlusion")  # numpy's ints too
+    top_classes = as_top_classes(top_classes)
     model = _load(model_dir, device, precision, log)
     own = explains(model.head)
     if not own and not occlusion:
@@ -1214,7 +1244,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
                     **({"truncated": True} if cut[i] else {})})
     if occlusion:
         _add_occlusion(model, texts, views, out, top, pairs)
-    return out
+    return [likeliest(row, top_classes) for row in out]  # after occlusion, which reads the label's probability
 
 
 def _add_occlusion(model: M.Classifier, texts: list[Text], views: list, rows: list[dict], top: int, pairs: bool) -> None:

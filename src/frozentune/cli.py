@@ -275,6 +275,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     which.add_argument("--onnx", type=Path, help="a folder written by `frozentune export --format onnx`, run with "
                        "ONNX Runtime (every head in it answers)")
     pr.add_argument("texts", nargs="*", help="texts to label")
+    pr.add_argument("--top-classes", type=_whole(1), metavar="K",
+                    help="keep the K likeliest classes' probabilities in each row, likeliest first (default: every "
+                         "class, in label order)")
     _input_args(pr)
     _runtime_args(pr)
 
@@ -283,6 +286,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     x.add_argument("texts", nargs="*", help="texts to explain")
     _input_args(x)
     x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show (default: 5)")
+    x.add_argument("--top-classes", type=_whole(1), metavar="K",
+                   help="--json: keep the K likeliest classes' probabilities, likeliest first (default: every class)")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
     x.add_argument("--occlusion", action="store_true",
                    help="also cut each word out in turn and show how much the prediction's probability drops without "
@@ -596,12 +601,13 @@ def cmd_predict(a: argparse.Namespace) -> int:
             raise CLIError("--device / --precision apply to --model; an --onnx graph runs in float32 on the CPU")
         graph = OnnxClassifier(a.onnx)
         for row in graph.predict(_inputs(a, "predict", tuple(graph.meta["fields"])), log=api._stderr):
-            print(json_line(row, ascii_only))
+            print(json_line(api.likeliest(row, a.top_classes), ascii_only))
         return 0
     texts = _inputs(a, "predict")
     n = 0
     try:
-        for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision), 1):
+        for n, row in enumerate(api.predict_stream(a.model, texts, a.device, a.precision,
+                                                   top_classes=a.top_classes), 1):
             print(json_line(row, ascii_only), flush=n % api.PREDICT_CHUNK == 0)
             if n % api.PREDICT_CHUNK == 0:
                 on_interrupt(f"the rows of the first {n:,} inputs were printed, one per input in order (the rest "
@@ -663,7 +669,8 @@ def cmd_explain(a: argparse.Namespace) -> int:
     from . import api
     texts = _inputs(a, "explain")
     try:
-        rows = api.explain(a.model, texts, a.top, a.device, a.precision, occlusion=a.occlusion)
+        rows = api.explain(a.model, texts, a.top, a.device, a.precision, occlusion=a.occlusion,
+                           top_classes=a.top_classes)
     except ValueError as e:
         raise CLIError(str(e)) from None
     if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise;

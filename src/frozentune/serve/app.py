@@ -68,6 +68,8 @@ OCCLUSION = ("also cut each word out of the text in turn and list the words whos
              "label's probability most (explanation.occlusion: drop and the probability without the word; one more "
              "row per word), for any task: what the prediction depends on, where a head's own explanation is a "
              "quantity inside it")
+TOP_CLASSES = ("keep each task's K likeliest classes in its scores, likeliest first (default: every class, in label "
+               "order)")
 
 
 class Classify(BaseModel):
@@ -82,6 +84,7 @@ class Classify(BaseModel):
                                                   "explanation null and a line saying so)")
     top: StrictInt = Field(5, description="explanations: how many tokens or spans")
     occlusion: StrictBool = Field(False, description=OCCLUSION + "; needs explain")
+    top_classes: StrictInt | None = Field(None, description=TOP_CLASSES)
 
 
 class Explain(BaseModel):
@@ -94,6 +97,7 @@ class Explain(BaseModel):
                                     "occlusion, every classification task)")
     top: StrictInt = 5
     occlusion: StrictBool = Field(False, description=OCCLUSION)
+    top_classes: StrictInt | None = Field(None, description=TOP_CLASSES)
 
 
 class Generate(BaseModel):
@@ -452,7 +456,7 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
                                "(or post to /v1/explain), or leave 'top' out", 422)
         with _as_sent(field):
             return JSONResponse(await engine.aclassify(texts, body.tasks, body.explain, body.top, pairs,
-                                                       body.occlusion))
+                                                       body.occlusion, body.top_classes))
 
     @app.post("/v1/explain", response_class=JSONResponse, responses=_responses(
         "as /v1/classify with explain: every task that explains, its label, probabilities and explanation "
@@ -461,7 +465,8 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
         _no_query(request)
         texts, pairs, field = _inputs(body)
         with _as_sent(field):
-            return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs, body.occlusion))
+            return JSONResponse(await engine.aexplain(texts, body.tasks, body.top, pairs, body.occlusion,
+                                                      body.top_classes))
 
     @app.exception_handler(ClientGone)
     async def gone(request: Request, exc: ClientGone):  # nobody reads it: the status is for /metrics and the log

@@ -336,12 +336,30 @@ class Engine:
 
     def plan_classify(self, texts: Any, tasks: Sequence[str] | None = None, explain: bool = False,
                       top: int = 5, explaining_only: bool = False, pairs: bool = False,
-                      occlusion: bool = False) -> tuple[list[Job], Assemble]:
+                      occlusion: bool = False, top_classes: int | None = None) -> tuple[list[Job], Assemble]:
         """The jobs of a classify (or, with explain, explain) request of texts (or, with pairs,
         [first, second] sentence pairs), and how to build its answer from their results; raises
         RequestError for a bad request (nothing queued). occlusion (with explain): every task's
         explanation also lists the words whose removal lowers its prediction most (plan_occlusion);
-        every task explains so, those without an explanation of their own too."""
+        every task explains so, those without an explanation of their own too. top_classes: each task's
+        scores keep the K likeliest classes, likeliest first (None: every class)."""
+        if top_classes is not None and (not isinstance(top_classes, int) or isinstance(top_classes, bool)
+                                        or top_classes < 1):
+            raise RequestError(f"top_classes {top_classes!r}: give a whole number of at least 1 (how many of the "
+                               f"likeliest classes each task's scores keep), or leave it out for every class")
+        jobs, done = self._plan_classify(texts, tasks, explain, top, explaining_only, pairs, occlusion)
+        if top_classes is None:
+            return jobs, done
+        from ..api import likeliest
+
+        def cut(results: list) -> dict:  # after occlusion, which reads every class's probability
+            answer = done(results)
+            return answer | {"results": [likeliest(row, top_classes) for row in answer["results"]]}
+        return jobs, cut
+
+    def _plan_classify(self, texts: Any, tasks: Sequence[str] | None, explain: bool, top: int,
+                       explaining_only: bool, pairs: bool, occlusion: bool) -> tuple[list[Job], Assemble]:
+        """plan_classify without top_classes."""
         for name, value in (("explain", explain), ("occlusion", occlusion)):
             if not isinstance(value, bool):  # "yes", 1: the HTTP API's schema refuses them, the Python API did not
                 raise RequestError(f"{name} {value!r}: give true or false")
@@ -466,27 +484,31 @@ class Engine:
         return jobs, finish
 
     def classify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
-                 top: int = 5, pairs: bool = False, occlusion: bool = False) -> dict:
+                 top: int = 5, pairs: bool = False, occlusion: bool = False, top_classes: int | None = None) -> dict:
         """{"tasks": [names], "results": [per text {"tasks": {name: {label, scores[, explanation, lines]}},
         "truncated", "chars"}]} — blocking. occlusion (with explain): each task's explanation also has
-        "occlusion", the words whose removal lowers its prediction most (one more row per word)."""
-        return self._wait(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion))
+        "occlusion", the words whose removal lowers its prediction most (one more row per word).
+        top_classes: each task's scores keep its K likeliest classes, likeliest first."""
+        return self._wait(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion,
+                                              top_classes=top_classes))
 
     async def aclassify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
-                        top: int = 5, pairs: bool = False, occlusion: bool = False) -> dict:
-        return await self._await(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion))
+                        top: int = 5, pairs: bool = False, occlusion: bool = False,
+                        top_classes: int | None = None) -> dict:
+        return await self._await(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion,
+                                                     top_classes=top_classes))
 
     def explain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
-                pairs: bool = False, occlusion: bool = False) -> dict:
+                pairs: bool = False, occlusion: bool = False, top_classes: int | None = None) -> dict:
         """classify with explanations, for tasks that explain (all of them by default; with occlusion, every
         task, since occlusion explains any) — blocking."""
         return self._wait(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs,
-                                              occlusion=occlusion))
+                                              occlusion=occlusion, top_classes=top_classes))
 
     async def aexplain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
-                       pairs: bool = False, occlusion: bool = False) -> dict:
+                       pairs: bool = False, occlusion: bool = False, top_classes: int | None = None) -> dict:
         return await self._await(*self.plan_classify(texts, tasks, True, top, explaining_only=True, pairs=pairs,
-                                                     occlusion=occlusion))
+                                                     occlusion=occlusion, top_classes=top_classes))
 
     # ------------------------------------------------------------------ generate
     def plan_generate(self, prefix: Any, sources: Any, num_beams: int | None = None,
