@@ -2120,3 +2120,45 @@ def test_an_encoder_decoder_source_too_long_is_cut_as_generate_cuts_it(tmp_path)
     assert got[0]["note"] == ("the source is longer than the 64 tokens the encoder takes (special tokens included): "
                               "its end was cut off, as frozentune generate cuts it")
     assert "note" not in got[1]
+
+
+def test_a_second_interrupt_stops_at_once_with_one_line(models):
+    """The first SIGINT waits for the requests in flight; a second stops at once, as uvicorn's does. It printed
+    a traceback of the app's cancelled lifespan, and the line said the requests in flight were answered. Now
+    the lifespan ends without waiting, and the line says what happened."""
+    import signal
+    import socket
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not answer in 120 s"
+                time.sleep(0.25)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as held:  # a request whose body never ends
+            held.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"text\": ")
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert proc.poll() is None, "one SIGINT waits for the request in flight"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("frozentune: interrupted by SIGINT; the server stopped at once on the second "
+                                            "interrupt: 1 request in flight was cut off (answered 503); one Ctrl-C "
+                                            "waits for them"), err

@@ -927,12 +927,24 @@ def _serve_command(a: argparse.Namespace) -> int:
         _stderr(line)  # accepted and silent before
     on_interrupt("the server stopped accepting and answered the requests in flight")
 
-    def cut(n: int) -> None:  # said in the interrupt's one line, in place of "answered the requests in flight"
-        on_interrupt(f"the server stopped accepting, and {n} request{'s' if n > 1 else ''} still running after "
-                     f"--shutdown-grace {a.shutdown_grace:g} s {'were' if n > 1 else 'was'} cut off (answered 503); "
-                     f"give more seconds to let them finish")
+    at_once: list[bool] = []  # a second interrupt came: the server stopped without waiting
 
-    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut)
+    def cut(n: int) -> None:  # said in the interrupt's one line, in place of "answered the requests in flight"
+        many = f"{n} request{'s' if n > 1 else ''}"
+        if at_once:
+            on_interrupt(f"the server stopped at once on the second interrupt: {many} in flight {'were' if n > 1 else 'was'} "
+                         f"cut off (answered 503); one Ctrl-C waits for them")
+            return
+        on_interrupt(f"the server stopped accepting, and {many} still running after --shutdown-grace "
+                     f"{a.shutdown_grace:g} s {'were' if n > 1 else 'was'} cut off (answered 503); give more seconds "
+                     f"to let them finish")
+
+    def forced() -> None:  # (cut, where requests were in flight, then says how many)
+        at_once.append(True)
+        on_interrupt("the server stopped at once on the second interrupt (no request was in flight)")
+
+    serve(engine, a.host, a.port, a.access_log, log=_stderr, sock=sock, grace_s=a.shutdown_grace, on_cut=cut,
+          on_forced=forced)
     return 0
 
 

@@ -361,12 +361,15 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     @asynccontextmanager
     async def lifespan(app):
         yield
+        if app.state.stop_now:  # a second Ctrl-C: the process is going away now; a batch under way is not waited for
+            return
         # uvicorn runs this after the requests in flight were answered, or cut off past the grace period; in a
         # thread, so that the event loop still sends the cut-off requests' 503s while a batch under way finishes
         await asyncio.to_thread(engine.close)
 
     app = FastAPI(title="frozentune serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Many tasks on one frozen backbone pass: classify, explain, generate.")
+    app.state.stop_now = False  # set by _graceful_server on a second SIGINT
 
     app.add_middleware(Counting, requests=requests, latency=latency, on_cut=on_cut)
 
@@ -580,13 +583,21 @@ def stop_signals() -> tuple[int, ...]:
     return tuple(out)
 
 
-def _graceful_server(config):
+def _graceful_server(config, app=None, on_forced: Callable[[], None] | None = None):
     """A uvicorn Server that captures stop_signals() the way uvicorn captures SIGINT and SIGTERM: the
     first starts the graceful stop, and once the server is down each signal caught is raised again for
-    the handlers before it (frozentune's: the exit line and status)."""
+    the handlers before it (frozentune's: the exit line and status). A second SIGINT stops at once, as
+    uvicorn's does (the requests in flight are not waited for: on_forced() is called); the app's lifespan
+    is then still ended, without closing the engine (app.state.stop_now), since the interrupt would
+    cancel it mid-wait and uvicorn print the cancelled lifespan's traceback."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit and app is not None and self.config.lifespan != "off":
+                await self.lifespan.shutdown()  # uvicorn skips it when forced; app.state.stop_now makes it quick
+
         @contextlib.contextmanager
         def capture_signals(self):
             if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
@@ -596,7 +607,13 @@ def _graceful_server(config):
 
             def stop(sig: int, frame) -> None:
                 caught.append(sig)
+                forced = self.force_exit
                 self.handle_exit(sig, frame)
+                if self.force_exit and not forced:
+                    if app is not None:
+                        app.state.stop_now = True
+                    if on_forced is not None:
+                        on_forced()
 
             before = {sig: signal.signal(sig, stop) for sig in stop_signals()}
             try:
@@ -612,9 +629,10 @@ def _graceful_server(config):
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False, log=print,
           sock: socket.socket | None = None, grace_s: float = 60.0,
-          on_cut: Callable[[int], None] | None = None) -> None:
+          on_cut: Callable[[int], None] | None = None, on_forced: Callable[[], None] | None = None) -> None:
     """Run until SIGINT / SIGTERM / SIGHUP; then stop accepting, answer the requests in flight (for at most
-    grace_s seconds: then each one still running is cut off with a 503 and counted in on_cut), and return.
+    grace_s seconds: then each one still running is cut off with a 503 and counted in on_cut), and return;
+    a second SIGINT stops at once (on_forced() is called).
     access_log: one line per request on stderr (off by default: under load it costs server CPU).
     sock: a socket already bound to host:port (listen_socket), else one is bound here."""
     import uvicorn
@@ -625,11 +643,12 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, access_log:
     if (said := raise_open_files()) is not None:
         log(f"serve: {said}")
     log(f"serve: {len(engine.tasks)} task{'' if len(engine.tasks) == 1 else 's'} on http://{host}:{port}  (page /, API /docs, metrics /metrics; {note})")
-    config = uvicorn.Config(create_app(engine, on_cut), host=host, port=port, log_level="info", access_log=access_log,
+    app = create_app(engine, on_cut)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
                             http=http, loop=loop, timeout_graceful_shutdown=grace_s,
                             use_colors=False if os.environ.get("NO_COLOR") else None)  # no-color.org; None: a terminal's
     with OpenFilesWatch(log):
-        _graceful_server(config).run(sockets=[sock])
+        _graceful_server(config, app, on_forced).run(sockets=[sock])
 
 
 # A server that may keep fewer open files than this is said so at start (each connection is one)
