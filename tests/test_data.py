@@ -812,3 +812,18 @@ def test_datasets_installed_but_failing_to_import_is_said(tmp_path, monkeypatch)
     with pytest.raises(DataError, match=r"Hugging Face datasets, which is installed but does not import \(pyarrow "
                                         r"requires NumPy 2.0 or newer, found 1.26.0\); fix that installation"):
         read_hf(tmp_path / "x.parquet")
+
+
+def test_a_label_spelt_otherwise_in_another_file_is_one_class_and_said(tmp_path):
+    """train's 0 / 1 and test's 0.0 / 1.0 were merged into one class each without a word (a note came only where
+    one file held both spellings). Now the merge across files is said, with the files of each form."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    write(folder / "train.jsonl", "\n".join(json.dumps({"text": f"text {i}", "label": i % 2}) for i in range(40)))
+    write(folder / "test.jsonl", "\n".join(json.dumps({"text": f"other {i}", "label": float(i % 2)}) for i in range(10)))
+    ds = load_classification(str(folder))
+    assert ds.labels == ["0", "1"] and set(ds.test.labels) == {"0", "1"}
+    assert "labels 0 (in train.jsonl), 0.0 (in test.jsonl) read as one class '0'" in ds.notes, ds.notes
+    assert "labels 1 (in train.jsonl), 1.0 (in test.jsonl) read as one class '1'" in ds.notes
+    write(folder / "test.jsonl", "\n".join(json.dumps({"text": f"other {i}", "label": i % 2}) for i in range(10)))
+    assert not any("read as one class" in n for n in load_classification(str(folder)).notes)

@@ -72,7 +72,7 @@ class TextSplit:
     lines: list[int]
     file_texts: list[Text] = field(default_factory=list)
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    label_spellings: dict[str, list[str]] = field(default_factory=dict)  # label → raw forms, where several
+    label_spellings: dict[str, list[str]] = field(default_factory=dict)  # label → its raw forms in this file
     file: str = ""  # the file file_texts were read from ("" where not known)
 
     def __post_init__(self) -> None:
@@ -750,7 +750,7 @@ def read_split(path: Path, text_field: str = "text", label_field: str = "label",
         lines.append(n)
     problems.check()
     return TextSplit(texts, labels, str(path), lines,
-                     label_spellings={k: sorted(v) for k, v in spellings.items() if len(v) > 1}, file=str(path))
+                     label_spellings={k: sorted(v) for k, v in spellings.items()}, file=str(path))
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -1162,7 +1162,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         rule["rows"] = rows_digest(splits)
     train = splits["train"]
     notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
-                           for split in splits.values() for label, forms in split.label_spellings.items()]
+                           for split in splits.values() for label, forms in split.label_spellings.items()
+                           if len(forms) > 1] + spelled_across(splits)
     if trains_on_validation:
         notes.append(f"no train file: training on {files['train']} (the validation split), scored on "
                      f"{files['test']}; the notes below say whether a validation split is carved from it")
@@ -1222,6 +1223,25 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     labels = label_order(name, train.labels)
     return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field, rule,
                    carved_from_train=carved and carve_below > 0)
+
+
+def spelled_across(splits: dict[str, TextSplit]) -> list[str]:
+    """The notes of labels spelt otherwise in other files (train's 1 and test's 1.0, a CSV's True and a
+    JSON's true) and so read as one class: each form with the files it is in. A label whose forms are
+    all in one file is said by that file's own note."""
+    notes = []
+    order = [splits[name] for name in ("train", "validation", "test") if name in splits]
+    for label in dict.fromkeys(lab for split in order for lab in split.label_spellings):
+        where: dict[str, list[str]] = {}
+        for split in order:
+            for form in split.label_spellings.get(label, ()):
+                where.setdefault(form, []).append(Path(split.source).name)
+        if len(where) > 1 and not any(set(where) <= set(s.label_spellings.get(label, ())) for s in splits.values()):
+            forms = [f"{form} (in {' and '.join(files)})" for form, files in where.items()]
+            notes.append(f"labels {', '.join(forms)} read as one class {label!r}")
+    if len(notes) > 5:  # a thousand classes written 1 in train and 1.0 in test: five lines and a count
+        notes = notes[:5] + [f"and {len(notes) - 5:,} more labels spelt otherwise in other files, each read as one class"]
+    return notes
 
 
 def rows_digest(splits: dict[str, TextSplit]) -> str:
