@@ -1680,6 +1680,16 @@ def test_page_in_headless_chromium(server, tmp_path):
     assert "% of it on special tokens" in dom  # Y-Tuning's card: the attention its marks leave out
     assert "(attention, not importance)" in dom and "largest share of the" in dom  # what each card's marks are
     assert "occlusion:" not in dom.split('id="results"')[1].split("</section>")[0]  # off unless ticked
+    # for people who do not see the colours (axe-core and a keyboard walk, 2026-11-28): each mark's weight as
+    # text after it, every control named, the status line read out as it changes
+    marks = re.findall(r'<mark class="(for|against)"[^>]*>.*?</mark><span class="sr-only"> \((for|against) the '
+                       r'label, \d\.\d\d\)</span>', dom)
+    drawn = re.findall(r'<mark class="(?:for|against)" style="--w:', dom)  # (not the script's own "<mark")
+    assert len(marks) == len(drawn) >= 3 and all(a == b for a, b in marks), marks
+    assert '<label class="status">top <input id="top"' in dom and '<label for="source"' in dom
+    assert '<label class="status">prefix <select id="prefix">' in dom and '<label class="status">beams <input' in dom
+    assert '<span id="status" class="status" role="status" aria-live="polite">' in dom
+    assert '<span id="gstatus" class="status" role="status" aria-live="polite">' in dom
 
 
 def test_the_page_draws_occlusion_for_every_task(server, tmp_path):
@@ -1714,7 +1724,7 @@ def test_the_page_reads_the_tasks_again_when_the_server_has_new_ones(engine, mon
     finally:
         running.stop()
     assert len(calls) >= 2 and 'data-task="probe"' in dom
-    assert re.search(r'<span id="status" class="status">\d+ tasks in \d+ ms</span>', dom), dom[:3000]
+    assert re.search(r'<span id="status" class="status" role="status" aria-live="polite">\d+ tasks in \d+ ms</span>', dom), dom[:3000]
     assert '<button id="run">' in dom  # enabled again
 
 
@@ -1772,7 +1782,7 @@ def test_a_card_of_many_classes_draws_the_likeliest(tmp_path):
 def test_the_page_says_when_the_server_cannot_be_reached(tmp_path):
     """With the server gone, the page said only "Failed to fetch" (and emptied the cards)."""
     dom, host = page_of_a_fake_server(tmp_path, "serve-page-gone.png", None)
-    assert (f'<span id="status" class="status error">the server at {host} cannot be reached (stopped or '
+    assert (f'<span id="status" class="status error" role="status" aria-live="polite">the server at {host} cannot be reached (stopped or '
             f'restarting?); try again</span>') in dom, dom[:3000]
     assert '<button id="run">' in dom
 
@@ -1791,7 +1801,7 @@ def test_the_page_says_which_tasks_failed(engine, monkeypatch, tmp_path):
     finally:
         running.stop()
     n = len(CLASSIFIERS) + len(LIVE)
-    assert re.search(rf'<span id="status" class="status error">{n - 1} of {n} tasks answered in \d+ ms; '
+    assert re.search(rf'<span id="status" class="status error" role="status" aria-live="polite">{n - 1} of {n} tasks answered in \d+ ms; '
                      rf'failed: space</span>', dom), dom[:3000]
 
 
