@@ -1028,3 +1028,47 @@ def test_a_validation_carved_from_enough_rows_early_stops_rather_than_folds(trec
     r = api.train("probe", str(trec_slice), bb, max_train=100, train_cfg={"cv_below": 110, "epochs": 1},
                   cache_root=tmp_path / "c", progress=False, log=said.append)
     assert r["selection"]["how"] == "cross-validation" and r["sizes"]["train"] == 100, r
+
+
+def test_the_head_is_the_mean_of_the_refit_and_the_fold_models_at_the_chosen_step(tiny_bert, monkeypatch):
+    """--average-folds on (the default): the saved head is the mean of the refit's weights and the k fold models'
+    at the chosen step (each fold model is the one a run of that many steps on its folds gives, as the refit is
+    on all of train); off: the refit alone, as before."""
+    from dataclasses import replace
+
+    from frozentune.train import Schedule
+
+    src, y = _toy(6, dim=32)
+    build = _classifier(tiny_bert, ["a", "b"])
+    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8, fallback="off")
+    off, _, info_off = crossval.fit_cv(build, src, y, None, None, replace(cfg, average_folds="off"), lambda s: None)
+    assert "averaged" not in info_off
+    seen = {}
+    real = crossval.average_into
+
+    def spy(model, others):
+        seen["refit"], seen["others"] = crossval.trained_weights(model), others
+        real(model, others)
+    monkeypatch.setattr(crossval, "average_into", spy)
+    said: list[str] = []
+    on, _, info = crossval.fit_cv(build, src, y, None, None, cfg, said.append)
+    chosen = info["chosen_steps"]
+    assert info["averaged"] == 4 and len(seen["others"]) == 3 and chosen == info_off["chosen_steps"]
+    assert any(f"the mean of the refit's and the 3 fold models' at step {chosen}" in s for s in said), said
+    trained = crossval.trained_weights(off)
+    assert trained.keys() == seen["refit"].keys()
+    for name, value in trained.items():  # the refit is the run with averaging off
+        assert torch.equal(value, seen["refit"][name]), name
+    tr, _ = crossval.folds(y, 3, cfg.seed)[0]
+    alone = build()  # fold 0's model, trained for the chosen steps alone
+    fit(alone, crossval.Subset(src, tr), y[tr], None, None, cfg, lambda s: None,
+        Schedule(chosen, chosen, crossval.plan_steps(len(tr), cfg, constant=True).warmup, True, "test"), select=False)
+    kept_fold = seen["others"][0]
+    for name, value in crossval.trained_weights(alone).items():
+        torch.testing.assert_close(kept_fold[name], value, rtol=0, atol=0, msg=name)
+    for name, p in on.named_parameters():
+        if p.requires_grad:
+            mean = (seen["refit"][name] + sum(o[name] for o in seen["others"])) / 4
+            torch.testing.assert_close(p.detach(), mean, rtol=1.3e-6, atol=1e-7, msg=name)  # float32 sums in two orders
+    with pytest.raises(ValueError, match="average_folds|--average-folds"):
+        replace(cfg, average_folds="yes").validate()

@@ -295,7 +295,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             raise MethodError(f"{', '.join(f'{k}={given[k]!r}' for k in unused)}: for classification data; {data} is "
                               f"source → target generation data (use generation.run.train_generation for its fields "
                               f"and decoding options)")
-        if folds := [k for k in ("cv_folds", "cv_below", "cv_repeats", "fallback") if k in (train_cfg or {})]:
+        if folds := [k for k in ("cv_folds", "cv_below", "cv_repeats", "fallback", "average_folds")
+                     if k in (train_cfg or {})]:
             raise MethodError(f"train_cfg {', '.join(folds)}: options of a frozen head's cross-validation; a generation "
                               f"run early-stops on validation loss: leave them out")  # as the command line refuses them
         if cache_root is not None or rebuild_cache:  # they were dropped: a generation run keeps no feature cache
@@ -412,6 +413,8 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                    if convex else "cross-validation chooses the steps, so nothing is early-stopped"))
         if convex and "fallback" in given:
             log("schedule: --fallback not used: this head is the logistic regression the fallback would keep")
+        if convex and "average_folds" in given:
+            log("schedule: --average-folds not used: the exact solve has one optimum, the same from every start")
         fallback = None
         if cfg.fallback == "auto" and not convex and get_method(method).encoder is None:
             fallback = lambda: M.build_classifier("probe", bb, ds.labels, seed=cfg.seed)  # noqa: E731
@@ -423,7 +426,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         log(f"schedule: {plan.why}; {len(ds.train)} training examples, under --cv-below {cfg.cv_below}: no early "
             f"stopping, the whole schedule is trained" + (f" ({len(ds.validation)} validation examples are scored, "
                                                           f"not used)" if val_src is not None else ""))
-        if unused := [o for o in ("patience", "cv_folds", "cv_repeats", "fallback") if o in given]:
+        if unused := [o for o in ("patience", "cv_folds", "cv_repeats", "fallback", "average_folds") if o in given]:
             log(f"schedule: {_flags(unused)} not used: method {method!r} trains its fixed schedule whole on few labels "
                 f"(no early stopping, no folds)")
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan, select=False)
@@ -434,16 +437,17 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                             f"head with --cv-folds 2 or more")
         plan = plan_steps(len(ds.train), cfg)
         if may_cv:
-            if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") if o in given]:
+            if unused := [o for o in ("cv_folds", "cv_repeats", "fallback", "average_folds") if o in given]:
                 n_given = len(ds.train) + len(ds.validation) if ds.carved_from_train else len(ds.train)
                 log(f"schedule: {_flags(unused)} not used: {n_given:,} training examples are not under --cv-below "
                     f"{cfg.cv_below}, so validation chooses (raise --cv-below to cross-validate)")
         elif model.runs_live:  # (--cv-below is used by a head with a fixed schedule on few labels: it says where)
-            if unused := [o for o in ("cv_folds", "cv_repeats", "fallback") + (() if fixed_few else ("cv_below",))
+            if unused := [o for o in ("cv_folds", "cv_repeats", "fallback", "average_folds") +
+                          (() if fixed_few else ("cv_below",))
                           if o in given]:
                 log(f"schedule: {_flags(unused)} not used: method {method!r} trains or steers the backbone, which is "
                     f"not cross-validated: validation chooses")
-        elif unused := [o for o in ("cv_repeats", "cv_below", "fallback") if o in given]:
+        elif unused := [o for o in ("cv_repeats", "cv_below", "fallback", "average_folds") if o in given]:
             log(f"schedule: {_flags(unused)} not used: --cv-folds {cfg.cv_folds} turns cross-validation off")
         carved = may_cv and ds.carved_from_train and len(ds.train) < cfg.cv_below  # (else it would have folds)
         log(f"schedule: {plan.why}; early stopping on {len(ds.validation)} validation examples "

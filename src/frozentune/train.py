@@ -72,6 +72,10 @@ class TrainConfig:
                 "(a probe), which is the model unless the head's best held-out accuracy, less the optimism of taking the "
                 "best of its checkpoints, beats it by more than one standard error; "
                 "off: always the head", "choices": ("auto", "off")})
+    average_folds: str = field(default="on", metadata={
+        "help": "on: where --cv-folds chose a head's steps, its weights are the mean of the refit's and the fold "
+                "models' at those steps (all from one initialisation: a uniform model soup); off: the refit alone",
+        "choices": ("on", "off")})
 
     def validate(self) -> "TrainConfig":
         """Raise MethodError (a ValueError) naming the option (as typed on the command line) whose value cannot work."""
@@ -268,7 +272,7 @@ def plan_steps(n: int, cfg: TrainConfig, constant: bool = False) -> Schedule:
 def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.ndarray], torch.Tensor],
              validate: Callable[[], dict[str, float]], score: Callable[[dict[str, float]], float],
              cfg: TrainConfig, log: Callable[[str], None] = print, schedule: Schedule | None = None,
-             select: bool = True) -> FitResult:
+             select: bool = True, on_round: Callable[[], None] | None = None) -> FitResult:
     """The one training loop. `lengths` (N,): tokens per training example (for length-bucketed
     batches); `batch_loss(idx)`: the mean loss of those examples (data-parallel: the mean over
     examples of per-example losses, so that a slice's mean times its share of the batch is its part
@@ -278,7 +282,8 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
     (and buffers) of the best validation round; False: run every step and keep the last weights.
     history rows, one per validation round: the round ("epoch"), its last step, the mean training
     loss and each step's (step_losses), the validation metrics and the round's seconds (rank 0's
-    under a launcher). Batches are drawn epoch by epoch (seeded), whatever the rounds."""
+    under a launcher). Batches are drawn epoch by epoch (seeded), whatever the rounds. `on_round()` is
+    called after each round's validation (cross-validation keeps the fold models' weights so)."""
     from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
     world = distributed.launch().world_size
@@ -345,6 +350,8 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
         row = {"epoch": rnd, "step": bounds[rnd - 1], "train_loss": loss_sum / max(n, 1),
                **{f"val_{k}": v for k, v in val_m.items()}, "epoch_seconds": epoch_s, "step_losses": steps}
         history.append(row)
+        if on_round is not None:
+            on_round()
         shown = "  ".join(f"val {k.replace('_', '-')} {v:.{4 if k == 'loss' else 2}f}" for k, v in val_m.items())
         where = f"epoch {rnd:>3}/{rounds}" if by_epoch else f"step {row['step']:>5}/{sch.total}"
         log(f"{where}  loss {row['train_loss']:.4f}  {shown}  {epoch_s:.1f}s".replace("    ", "  "))
@@ -382,7 +389,7 @@ def silent(line: str) -> None:
 
 def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | None, y_val: np.ndarray | None,
         cfg: TrainConfig, log: Callable[[str], None] = print, schedule: Schedule | None = None,
-        select: bool = True) -> FitResult:
+        select: bool = True, on_round: Callable[[], None] | None = None) -> FitResult:
     """Train a classifier in place: fit_loop on its head's loss. With `select`, early stopping on
     validation accuracy leaves it with the weights of the best validation round; without (or with
     no validation split, val None), it runs the whole schedule and keeps the last weights. A head
@@ -399,7 +406,8 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | Non
     def validate() -> dict[str, float]:
         return {} if val is None else scored(model, val, y_val, cfg.eval_batch_size)
 
-    result = fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log, schedule, select)
+    result = fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log, schedule, select,
+                      on_round)
     if getattr(model.head, "solves_output", False):  # contrastive: SetFit's logistic regression on the tuned embeddings
         from .crossval import solve_output
 

@@ -1,0 +1,120 @@
+"""Few labels, a design check on development rows, never test (issue 21): where cross-validation keeps a
+head, is the mean of the refit's and the k fold models' weights at the chosen step (a uniform model soup)
+better than the refit alone? Also the fold models' mean alone ("foldsoup") and the average of the k + 1
+models' probabilities ("ensemble", which would need k + 1 heads at prediction).
+
+  OMP_NUM_THREADS=1 python bench/soup_dev.py OUT.json sst2,sst5,trec 8,16,32 0,1,2,3,4 ytuning
+
+The development rows hold neither the K-shot sample nor test: SST-5's validation file; for SST-2 and TREC the
+10% validation carve of the whole train file (seeded as the run), less the sample's texts. Each run is
+`api.train` with --average-folds off (the refit alone: "base"); the fold models' weights are kept at every
+checkpoint by wrapping crossval.fit, and the variants are scored on the same rows. Runs where the folds
+kept the logistic regression have no head to average: every variant is the regression there.
+bench/results/soup_dev.json was written before --average-folds existed (the refit alone was the model),
+at commit b4567a9, by this script less the average_folds option it now passes."""
+import dataclasses, json, sys, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from frozentune import api
+import frozentune.api as A
+import frozentune.crossval as CV
+import frozentune.train as T
+from frozentune.data import load_classification, TextSplit
+
+OUT = Path(sys.argv[1])
+DATA = sys.argv[2].split(",")
+SHOTS = [int(s) for s in sys.argv[3].split(",")]
+SEEDS = [int(s) for s in sys.argv[4].split(",")]
+METHODS = sys.argv[5].split(",")
+LAYER = {"space": "-3"}
+
+snaps: list[dict] = []
+orig_fit, orig_fit_cv, orig_scored = CV.fit, A.fit_cv, T.scored
+state = {}
+
+def fit_wrap(model, tr, ytr, val, yval, cfg, log=print, schedule=None, select=True, **kw):
+    if schedule is not None and schedule.at:  # a fold run: keep its weights at every checkpoint
+        cur = []
+        snaps.append(cur)
+        def scored_snap(m, src, y, bs=256):
+            out = orig_scored(m, src, y, bs)
+            cur.append({k: v.detach().clone() for k, v in m.state_dict().items()})
+            return out
+        T.scored = scored_snap
+        try:
+            return orig_fit(model, tr, ytr, val, yval, cfg, log, schedule, select, **kw)
+        finally:
+            T.scored = orig_scored
+    return orig_fit(model, tr, ytr, val, yval, cfg, log, schedule, select, **kw)
+
+def average(states):
+    out = {}
+    for k, v in states[0].items():
+        out[k] = torch.stack([s[k].float() for s in states]).mean(0).to(v.dtype) if v.is_floating_point() else v
+    return out
+
+def fit_cv_wrap(build, *args, **kw):
+    snaps.clear()
+    model, fitted, info = orig_fit_cv(build, *args, **kw)
+    state.clear()
+    if info.get("fallback") or "checkpoints" not in info:
+        state["variants"] = None
+        return model, fitted, info
+    j = info["checkpoints"].index(info["chosen_steps"])
+    folds = [s[j] for s in snaps]
+    refit = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    variants = {}
+    for name, sts in (("soup", [refit] + folds), ("foldsoup", folds)):
+        m = build(); m.load_state_dict(average(sts)); m.eval(); variants[name] = m
+    ens = []
+    for s in folds:
+        m = build(); m.load_state_dict(s); m.eval(); ens.append(m)
+    variants["ensemble"] = [model] + ens
+    state["variants"] = variants
+    return model, fitted, info
+
+CV.fit, A.fit_cv = fit_wrap, fit_cv_wrap
+
+def dev_split(data, ds, seed):
+    d = load_classification(data, seed=seed).validation  # SST-5's file; SST-2's and TREC's carve
+    train_texts = set(ds.train.texts)
+    keep = [i for i, t in enumerate(d.texts) if t not in train_texts]
+    return TextSplit([d.texts[i] for i in keep], [d.labels[i] for i in keep], f"dev:{data}", [d.lines[i] for i in keep])
+
+done = json.loads(OUT.read_text()) if OUT.exists() else {"rows": []}
+have = {(r["data"], r["shots"], r["seed"], r["method"]) for r in done["rows"]}
+bbs = {}
+def bb(layer):
+    if layer not in bbs:
+        bbs[layer] = api.BackboneOptions(layers=layer).load()
+    return bbs[layer]
+
+for data in DATA:
+    for k in SHOTS:
+        for seed in SEEDS:
+            ds = load_classification(data, seed=seed, shots=k, carve_below=1000)
+            dev = dev_split(data, ds, seed)
+            dsd = dataclasses.replace(ds, test=dev)
+            for method in METHODS:
+                if (data, k, seed, method) in have:
+                    continue
+                t0 = time.perf_counter()
+                b = bb(LAYER.get(method, "-1"))
+                r = api.train(method, dsd, b, train_cfg={"seed": seed, "average_folds": "off"}, progress=False, log=lambda s: None)
+                row = {"data": data, "shots": k, "seed": seed, "method": method, "n_dev": len(dev),
+                       "base": r["metrics"]["accuracy"], "fallback": bool(r["selection"].get("fallback")),
+                       "chosen": r["selection"].get("chosen_steps"), "seconds": time.perf_counter() - t0}
+                v = state.get("variants")
+                if v:
+                    src = api.SourceFactory(b, False, None, False, False)(dev)
+                    y = dsd.label_ids(dev)
+                    for name in ("soup", "foldsoup"):
+                        row[name] = T.scored(v[name], src, y)["accuracy"]
+                    probs = sum(torch.softmax(torch.from_numpy(T.predict_logits(m, src, 256)), 1) for m in v["ensemble"])
+                    row["ensemble"] = 100.0 * float((probs.argmax(1).numpy() == y).mean())
+                else:
+                    row["soup"] = row["foldsoup"] = row["ensemble"] = row["base"]
+                done["rows"].append(row)
+                OUT.write_text(json.dumps(done, indent=1))
+                print(json.dumps(row), flush=True)
