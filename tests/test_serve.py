@@ -1398,6 +1398,19 @@ def test_hidden_nested_and_sweep_entries_are_said_and_sweeps_named_after_their_f
         e.close()
 
 
+def answering(proc, port: int, seconds: float = 120.0) -> None:
+    """Wait until the `serve` process `proc` answers /health on `port` (it failed if it ended first)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+            return
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, f"the server did not answer in {seconds:g} s"
+            time.sleep(0.25)
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight
@@ -1411,15 +1424,7 @@ def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     argv = ["serve", models / "probe", "--port", str(port), "--allocator", "system"]
     proc = start(*argv, env={"OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the server did not answer in 120 s"
-                time.sleep(0.25)
+        answering(proc, port)
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
     finally:
@@ -2145,15 +2150,7 @@ def test_a_second_interrupt_stops_at_once_with_one_line(models):
         port = s.getsockname()[1]
     proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the server did not answer in 120 s"
-                time.sleep(0.25)
+        answering(proc, port)
         with socket.create_connection(("127.0.0.1", port), timeout=30) as held:  # a request whose body never ends
             held.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 1000\r\n\r\n{\"text\": ")
