@@ -4,6 +4,7 @@ better than the refit alone? Also the fold models' mean alone ("foldsoup") and t
 models' probabilities ("ensemble", which would need k + 1 heads at prediction).
 
   OMP_NUM_THREADS=1 python bench/soup_dev.py OUT.json sst2,sst5,trec 8,16,32 0,1,2,3,4 ytuning
+  python bench/soup_dev.py --report OUT.json
 
 The development rows hold neither the K-shot sample nor test: SST-5's validation file; for SST-2 and TREC the
 10% validation carve of the whole train file (seeded as the run), less the sample's texts. Each run is
@@ -22,6 +23,37 @@ import frozentune.crossval as CV
 import frozentune.train as T
 from frozentune.data import load_classification, TextSplit
 
+def report(path: Path) -> str:
+    """The table of a results file: per method, dataset and K, the mean development accuracy of each variant
+    over all runs, and over the runs where the folds kept the head (the others are the regression in every
+    variant), with the runs won and lost by the soup against the refit alone."""
+    import statistics as st
+
+    rows = json.loads(path.read_text())["rows"]
+    out = ["| method | data | K | runs | head kept | base | soup | fold soup | ensemble | kept: base → soup | soup won / lost |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    cells = dict.fromkeys((r["method"], r["data"], r["shots"]) for r in rows)
+    for m, d, k in cells:
+        rs = [r for r in rows if (r["method"], r["data"], r["shots"]) == (m, d, k)]
+        kept = [r for r in rs if not r["fallback"]]
+        mean = lambda key, of=rs: f"{st.mean(r[key] for r in of):.1f}" if of else ""  # noqa: E731
+        won = sum(r["soup"] > r["base"] for r in kept)
+        lost = sum(r["soup"] < r["base"] for r in kept)
+        out.append(f"| {m} | {d} | {k} | {len(rs)} | {len(kept)} | {mean('base')} | {mean('soup')} | {mean('foldsoup')} | "
+                   f"{mean('ensemble')} | {mean('base', kept)} → {mean('soup', kept)} | {won} / {lost} |")
+    for m in dict.fromkeys(r["method"] for r in rows):
+        kept = [r for r in rows if r["method"] == m and not r["fallback"]]
+        if kept:
+            gain = [r["soup"] - r["base"] for r in kept]
+            out.append(f"\n{m}: the head was kept in {len(kept)} of {sum(r['method'] == m for r in rows)} runs; there the "
+                       f"soup gained {st.mean(gain):+.2f} points on average (from {min(gain):+.1f} to {max(gain):+.1f}), "
+                       f"won {sum(g > 0 for g in gain)}, lost {sum(g < 0 for g in gain)}")
+    return "\n".join(out)
+
+
+if sys.argv[1] == "--report":  # python bench/soup_dev.py --report bench/results/soup_dev.json
+    print(report(Path(sys.argv[2])))
+    sys.exit(0)
 OUT = Path(sys.argv[1])
 DATA = sys.argv[2].split(",")
 SHOTS = [int(s) for s in sys.argv[3].split(",")]
