@@ -1031,16 +1031,16 @@ def test_a_validation_carved_from_enough_rows_early_stops_rather_than_folds(trec
 
 
 def test_the_head_is_the_mean_of_the_refit_and_the_fold_models_at_the_chosen_step(tiny_bert, monkeypatch):
-    """--average-folds on (the default): the saved head is the mean of the refit's weights and the k fold models'
-    at the chosen step (each fold model is the one a run of that many steps on its folds gives, as the refit is
-    on all of train); off: the refit alone, as before."""
+    """--average-folds on: the saved head is the mean of the refit's weights and the k fold models' at the
+    chosen step (each fold model is the one a run of that many steps on its folds gives, as the refit is on
+    all of train); off: the refit alone, as before; auto (the default): as the head says (Y-Tuning averages)."""
     from dataclasses import replace
 
     from frozentune.train import Schedule
 
     src, y = _toy(6, dim=32)
     build = _classifier(tiny_bert, ["a", "b"])
-    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8, fallback="off")
+    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8, fallback="off", average_folds="on")
     off, _, info_off = crossval.fit_cv(build, src, y, None, None, replace(cfg, average_folds="off"), lambda s: None)
     assert "averaged" not in info_off
     seen = {}
@@ -1072,3 +1072,8 @@ def test_the_head_is_the_mean_of_the_refit_and_the_fold_models_at_the_chosen_ste
             torch.testing.assert_close(p.detach(), mean, rtol=1.3e-6, atol=1e-7, msg=name)  # float32 sums in two orders
     with pytest.raises(ValueError, match="average_folds|--average-folds"):
         replace(cfg, average_folds="yes").validate()
+    auto = replace(cfg, average_folds="auto")
+    for method in ("space", "ytuning", "selfexplain"):
+        head = _classifier(tiny_bert, ["a", "b"], method)
+        _, _, info = crossval.fit_cv(head, src, y, None, None, auto, lambda s: None)
+        assert ("averaged" in info) == (method == "ytuning") == type(head().head).average_folds, (method, info)

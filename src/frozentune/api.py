@@ -413,7 +413,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                    if convex else "cross-validation chooses the steps, so nothing is early-stopped"))
         if convex and "fallback" in given:
             log("schedule: --fallback not used: this head is the logistic regression the fallback would keep")
-        if convex and "average_folds" in given:
+        if convex and "average_folds" in given:  # (auto: no head that is convex averages)
             log("schedule: --average-folds not used: the exact solve has one optimum, the same from every start")
         fallback = None
         if cfg.fallback == "auto" and not convex and get_method(method).encoder is None:

@@ -10,12 +10,13 @@ standard error of the best checkpoint's (one_se) is the number of steps of the r
 rate, a fold's model at step s is the model a run of s steps gives, so the refit runs exactly the
 schedule that was scored.
 
-The fold models at the chosen step are kept, and the head's weights are the mean of the refit's and
-theirs (`--average-folds on`, the default): all start from one initialisation and train a few dozen
-steps on mostly the same examples, so their mean is a model of its own (a uniform "model soup",
-Wortsman et al. 2022) that varies less with the draw of a handful of examples. Measured on held-out
-rows that were neither trained on nor test (bench/soup_dev.py): Y-Tuning, in the 17 runs of 45 where
-the folds kept the head, gained 5.1 points on average, winning 16 and losing 1.
+With `--average-folds on` (auto: where the head's `average_folds` says so; Y-Tuning) the fold models at the
+chosen step are kept, and the head's weights are the mean of the refit's and theirs: all start from one
+initialisation and train a few dozen steps on mostly the same examples, so their mean is a model of its
+own (a uniform "model soup", Wortsman et al. 2022) that varies less with the draw of a handful of
+examples. Measured on held-out rows that were neither trained on nor test (bench/soup_dev.py): Y-Tuning,
+in the 17 runs of 45 where the folds kept the head, gained 5.1 points on average, winning 16 and losing 1;
+the self-explaining head lost in each of its runs, so it keeps the refit alone.
 
 Legend: N training examples, k folds, R checkpoints.
 """
@@ -214,7 +215,7 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         x_lr = convex_inputs(fallback().to(cfg.device), train) if regression else None  # type: ignore[misc]
         splits = repeated_folds(y, k, cfg.seed, cfg.cv_repeats, groups)
         kept: list[list[dict]] | None = None  # per fold, its trainable weights at each checkpoint
-        if cfg.average_folds == "on":
+        if cfg.average_folds == "on" or (cfg.average_folds == "auto" and getattr(first.head, "average_folds", False)):
             size = sum(p.numel() * p.element_size() for p in first.parameters() if p.requires_grad)
             if size * len(splits) * len(plan.at) <= SOUP_BYTES:
                 kept = []

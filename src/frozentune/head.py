@@ -242,6 +242,11 @@ class Head(nn.Module):
     """A trainable module over frozen token states. Subclasses set `forward`; the default loss
     is cross-entropy over the logits."""
 
+    # --average-folds auto: whether, where cross-validation keeps this head, its weights are the mean of the
+    # refit's and the fold models' (crossval.py). Set per head from development rows (bench/soup_dev.py):
+    # the mean helped Y-Tuning and hurt the self-explaining head.
+    average_folds = False
+
     def forward(self, f: Features) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
 

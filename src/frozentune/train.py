@@ -72,10 +72,11 @@ class TrainConfig:
                 "(a probe), which is the model unless the head's best held-out accuracy, less the optimism of taking the "
                 "best of its checkpoints, beats it by more than one standard error; "
                 "off: always the head", "choices": ("auto", "off")})
-    average_folds: str = field(default="on", metadata={
+    average_folds: str = field(default="auto", metadata={
         "help": "on: where --cv-folds chose a head's steps, its weights are the mean of the refit's and the fold "
-                "models' at those steps (all from one initialisation: a uniform model soup); off: the refit alone",
-        "choices": ("on", "off")})
+                "models' at those steps (all from one initialisation: a uniform model soup); off: the refit alone; "
+                "auto: the head's own choice, made on development rows (on for ytuning)",
+        "choices": ("auto", "on", "off")})
 
     def validate(self) -> "TrainConfig":
         """Raise MethodError (a ValueError) naming the option (as typed on the command line) whose value cannot work."""
