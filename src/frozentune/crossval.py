@@ -221,8 +221,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
                 kept = []
             else:
                 log(f"cross-validation: the fold models are not averaged: keeping their weights at {len(plan.at)} "
-                    f"checkpoints would take {size * len(splits) * len(plan.at) / 2 ** 20:,.0f} MB (--average-folds "
-                    f"off says the same without this line)")
+                    f"checkpoints would take {size * len(splits) * len(plan.at) / 2 ** 20:,.0f} MB, over the "
+                    f"{SOUP_BYTES // 2 ** 20} MB allowed for it, so the refit alone is the model")
         for i, (tr, held) in enumerate(splits):
             # the logistic regression on this fold: the first, simplest candidate
             lr = [convex_fold(fallback, x_lr, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
