@@ -1077,3 +1077,14 @@ def test_the_head_is_the_mean_of_the_refit_and_the_fold_models_at_the_chosen_ste
         head = _classifier(tiny_bert, ["a", "b"], method)
         _, _, info = crossval.fit_cv(head, src, y, None, None, auto, lambda s: None)
         assert ("averaged" in info) == (method == "ytuning") == type(head().head).average_folds, (method, info)
+
+
+def test_a_head_too_large_to_average_is_refit_alone_and_said(tiny_bert, monkeypatch):
+    src, y = _toy(6, dim=32)
+    monkeypatch.setattr(crossval, "SOUP_BYTES", 1)
+    said: list[str] = []
+    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8, fallback="off", average_folds="on")
+    _, _, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, y, None, None, cfg, said.append)
+    assert "averaged" not in info
+    assert any(s.startswith("cross-validation: the fold models are not averaged: keeping their weights at ")
+               and s.endswith("MB allowed for it, so the refit alone is the model") for s in said), said
