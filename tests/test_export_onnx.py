@@ -98,6 +98,12 @@ def test_predict_onnx_gives_predicts_labels(heads, graph_dir):
             assert r.get("truncated") == w.get("truncated"), m
             assert_close(torch.tensor(list(r["tasks"][m]["scores"].values())), torch.tensor(list(w["scores"].values())),
                          rtol=tol(torch.float16, 1), scale=1.0, what=f"{m} probabilities")
+    top = [json.loads(line) for line in cli("predict", "--onnx", graph_dir, "--top-classes", 2, *texts,
+                                            code=0).out.splitlines()]
+    for r, t in zip(rows, top):  # every head's scores cut to its two likeliest, likeliest first
+        for m in HEADS:
+            s = r["tasks"][m]["scores"]
+            assert t["tasks"][m]["scores"] == dict(sorted(s.items(), key=lambda kv: -kv[1])[:2]), m
 
 
 def test_one_head_prints_predicts_rows(heads, tmp_path):
