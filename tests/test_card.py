@@ -40,6 +40,9 @@ def test_card_says_how_a_few_label_model_was_trained():
     assert ("**Training.** `--shots 8`: 8 examples per class drawn with seed 1 from the data's train split; 5-fold "
             "cross-validation on train chose 53 optimiser steps (held-out accuracy 66.67), then it was fitted on all "
             "of train.") in card
+    averaged = result | {"selection": {**result["selection"], "averaged": 6}}  # --average-folds: the card says so
+    assert ("then it was fitted on all of train, and its weights are the mean of that fit's and the 5 fold models' "
+            "at those steps (`--average-folds`).") in card_text(CONFIG, averaged)
     kept = result | {"selection": {**result["selection"], "fallback": "probe", "chosen_steps": 0}}
     assert "kept a logistic regression on the same states (held-out accuracy 66.67)" in card_text(CONFIG, kept)
     assert "**Training.**" not in card_text(CONFIG, RESULT)  # a full train split, nothing recorded to say

@@ -115,8 +115,11 @@ def _training_line(result: dict) -> str | None:
         chose = ("kept a logistic regression on the same states" if sel.get("fallback") else
                  f"chose {sel['chosen_steps']:,} optimiser steps" if isinstance(sel.get("chosen_steps"), int) else
                  "chose the model")
+        averaged = (f", and its weights are the mean of that fit's and the {sel['averaged'] - 1} fold models' at those "
+                    f"steps (`--average-folds`)" if isinstance(sel.get("averaged"), int) and not sel.get("fallback")
+                    else "")
         parts.append(f"{sel.get('folds', '?')}-fold cross-validation on train {chose} (held-out accuracy "
-                     f"{sel['score']:.2f}), then it was fitted on all of train")
+                     f"{sel['score']:.2f}), then it was fitted on all of train{averaged}")
     elif sel.get("how") == "validation":
         parts.append("early stopping on the validation split chose the epoch")
     return ("**Training.** " + "; ".join(parts) + ".") if parts else None
