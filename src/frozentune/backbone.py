@@ -52,17 +52,15 @@ def cache_home() -> Path:
     "no cache entries" under it, `--prune` pruned nothing, and builds failed with a bare "Not a
     directory"); so is a home folder that does not exist (a service account's HOME=/nonexistent: the
     cache was made there, as root, with nothing said)."""
+    from .cache import CacheError
+
     given = os.environ.get("FROZENTUNE_CACHE")
     xdg = os.environ.get("XDG_CACHE_HOME")
     if not given and not xdg and not Path.home().is_dir():
-        from .cache import CacheError
-
         raise CacheError(f"the home folder {Path.home()} does not exist (a service account?), so the default cache "
                          f"~/.cache/frozentune has no place; set FROZENTUNE_CACHE to a folder (made where absent)")
     home = Path(given or (Path(xdg) / "frozentune" if xdg else Path.home() / ".cache" / "frozentune"))
     if (blocking := file_in_the_way(home)) is not None:
-        from .cache import CacheError
-
         what = ("a file, not a cache folder" if blocking == home else
                 f"under {blocking}, a file: no folder can be made there")
         raise CacheError(f"FROZENTUNE_CACHE={given}: {what}; set FROZENTUNE_CACHE to a folder "

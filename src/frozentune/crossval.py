@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 from .data import first_rows, split_by_groups
 from .model import Batch, Classifier, Source
-from .train import FitResult, Schedule, TrainConfig, eval_batches, fit, plan_steps, scored, silent
+from .train import FitResult, Schedule, TrainConfig, eval_batches, fit, plan_steps, scored, silent, trained_weights
 
 # The fold models' weights kept at every checkpoint (to average those at the chosen step) are at most
 # this many bytes; a head larger than that (k folds × R checkpoints × its trainable parameters) is not
@@ -282,11 +282,6 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             fitted.history[-1] |= {f"val_{k_}": v for k_, v in scored(model, val, y_val, cfg.eval_batch_size).items()}
     fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"])
     return model, fitted, info
-
-
-def trained_weights(model: Classifier) -> dict[str, "torch.Tensor"]:
-    """A copy of a model's trainable parameters (what its training changed)."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def average_into(model: Classifier, others: list[dict[str, "torch.Tensor"]]) -> None:

@@ -219,10 +219,14 @@ class FitResult:
     stopped_early: bool
 
 
+def trained_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of a module's trainable parameters."""
+    return {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+
+
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     """A copy of what training changes: the trainable parameters and every buffer."""
-    state = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
-    return state | {n: b.detach().clone() for n, b in module.named_buffers()}
+    return trained_weights(module) | {n: b.detach().clone() for n, b in module.named_buffers()}
 
 
 @dataclass(frozen=True)
