@@ -1088,3 +1088,66 @@ def test_a_head_too_large_to_average_is_refit_alone_and_said(tiny_bert, monkeypa
     assert "averaged" not in info
     assert any(s.startswith("cross-validation: the fold models are not averaged: keeping their weights at ")
                and s.endswith("MB allowed for it, so the refit alone is the model") for s in said), said
+
+
+def test_a_diverging_training_is_one_line_that_says_to_lower_the_rate(capsys, trec_slice, tiny_bert, tmp_path):
+    """A learning rate too high made the loss NaN: the trainer's message said "lower --lr", under a traceback."""
+    code, out, err = run(capsys, "train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert,
+                         "--max-length", 16, "--shots", 2, "--cache-dir", tmp_path / "c", "--min-steps", 8,
+                         "--lr", "1e30", "--output", tmp_path / "m")
+    assert code == 2 and "Traceback" not in err, err
+    assert "loss became nan; lower --lr" in err and "the output folder is as it was" in err
+    assert not (tmp_path / "m").exists()
+    from frozentune import FrozentuneError
+    from frozentune.train import Diverged
+    with pytest.raises(Diverged, match="loss became nan") as e:
+        api.train("space", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=2,
+                  train_cfg={"min_steps": 8, "lr": 1e30}, cache_root=tmp_path / "c", progress=False, log=lambda s: None)
+    assert isinstance(e.value, FrozentuneError) and isinstance(e.value, FloatingPointError)  # older except clauses
+
+
+def test_a_diverging_sweep_point_is_a_row_and_the_sweep_goes_on(trec_slice, tiny_bert, tmp_path):
+    """One learning rate of the grid too high: the whole sweep died with a traceback at that point. Its row
+    now says where it diverged, the table marks the setting, and the best is chosen among the others."""
+    from frozentune.registry import MethodError
+    from frozentune.sweep import Grid, run_sweep
+
+    bb = api.BackboneOptions(str(tiny_bert), max_length=16)
+    lines: list[str] = []
+    r = run_sweep(Grid.parse("space", "-1", "0.01,1e30", None, "0,1"), str(trec_slice), bb, tmp_path / "s", shots=2,
+                  cache_root=tmp_path / "c", train_cfg={"min_steps": 8}, log=lines.append)
+    gone = [row for row in r.rows if row.get("diverged")]
+    assert [row["lr"] for row in gone] == [1e30, 1e30] and all(row["score"] is None for row in gone)
+    assert all("loss became nan" in row["diverged"] for row in gone)
+    assert sum("diverged (" in line and "not scored; a lower --lr trains it" in line for line in lines) == 2, lines
+    assert r.best["lr"] == 0.01 and r.best["diverged"] == 0
+    high = next(t for t in r.table if t["lr"] == 1e30)
+    assert (high["diverged"], high["score_mean"]) == (2, None)
+    md = (tmp_path / "s" / "sweep.md").read_text()
+    assert "| space (diverged in 2 of 2) | -1 | 1e+30 |" in md and "| — | — |" in md
+    assert (tmp_path / "s" / "sweep.png").is_file()
+    saved = json.loads((tmp_path / "s" / "sweep.json").read_text())["rows"]
+    assert [x["lr"] for x in saved if x.get("diverged", "").endswith("loss became nan")] == [1e30, 1e30]
+    with pytest.raises(MethodError, match="every setting diverged .* give lower learning rates"):
+        run_sweep(Grid.parse("space", "-1", "1e30", None, "0"), str(trec_slice), bb, None, shots=2,
+                  cache_root=tmp_path / "c", train_cfg={"min_steps": 8}, log=lambda s: None)
+
+
+def test_the_sweep_table_ranks_a_setting_with_a_diverged_seed_below_none():
+    """A setting that trained on one seed and diverged on the other keeps that seed's figures, is marked,
+    and is not the best even where its one score is the highest."""
+    from frozentune.sweep.run import best_setting, markdown, SweepResult, tabulate
+
+    def row(lr, seed, score, diverged=None):
+        return {"method": "space", "layer": "-1", "lr": lr, "weight_decay": 0.01, "seed": seed, "score": score,
+                "score_is": None if diverged else "cross-validated accuracy", "test_accuracy": score,
+                "seconds": 1.0, "extract_seconds": 0.0, "model_method": "space", "selection": {}, "diverged": diverged}
+
+    rows = [row(0.1, 0, 90.0), row(0.1, 1, None, "step 2: loss became inf"), row(0.01, 0, 60.0), row(0.01, 1, 70.0)]
+    table = tabulate(rows)
+    assert table[0]["score_mean"] == 90.0 and table[0]["diverged"] == 1
+    best = best_setting(table)
+    assert best["lr"] == 0.01 and best["score_mean"] == 65.0
+    md = markdown(SweepResult(rows, table, best), "trec")
+    assert "| space (diverged in 1 of 2) | -1 | 0.1 | 0.01 | 2 | 90.00 ± 0.00 |" in md
+    assert "- space layer -1 lr 0.1 wd 0.01 seed 1: step 2: loss became inf" in md

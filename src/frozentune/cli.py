@@ -1270,7 +1270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "serve": cmd_serve, "export": cmd_export, "import": cmd_import}[a.command](a)
     except FrozentuneError as e:  # every error of frozentune's about the input, files or environment
         from .distributed import PeerLost
-        kept = f"; {_kept()}" if isinstance(e, PeerLost) else ""  # stopped part-way, as an interrupt does
+        from .train import Diverged
+        kept = f"; {_kept()}" if isinstance(e, (PeerLost, Diverged)) else ""  # stopped part-way, as an interrupt does
         print(f"frozentune: error: {_one_line(e)}{kept}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly, as Unix tools do

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from . import distributed, interrupts
+from .errors import FrozentuneError
 from .fields import as_flag
 from .registry import MethodError
 from .model import Classifier, Source
@@ -174,12 +175,21 @@ def adamw(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.o
                               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=lr)
 
 
+class Diverged(FrozentuneError, FloatingPointError):
+    """Training stopped because the loss stopped being a finite number: `where` ("step 3"), the loss
+    (nan or ±inf), and what to do. A FloatingPointError as well, as it was before it had a class."""
+
+    def __init__(self, where: str, loss: float, advice: str):
+        super().__init__(f"{where}: loss became {loss}; {advice}")
+        self.where, self.loss, self.advice = where, loss, advice
+
+
 def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[nn.Parameter],
                    max_grad_norm: float, where: str, advice: str) -> None:
     """One update from `loss`: refuse a non-finite loss (saying `where` and what to do), backward,
     clip the gradient norm (0: off), step."""
     if not torch.isfinite(loss):
-        raise FloatingPointError(f"{where}: loss became {loss.item()}; {advice}")
+        raise Diverged(where, loss.item(), advice)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if max_grad_norm > 0:
@@ -204,7 +214,7 @@ def shared_step(part: torch.Tensor | None, opt: torch.optim.Optimizer, params: l
         value = part.item()
     (total,) = distributed.reduce_gradients(params, [value])
     if not math.isfinite(total):
-        raise FloatingPointError(f"{where}: loss became {total}; {advice}")
+        raise Diverged(where, total, advice)
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_(params, max_grad_norm)
     opt.step()

@@ -13,7 +13,7 @@ import numpy as np
 from .. import interrupts
 from ..registry import get_method
 from ..output import holds_output, run_environment
-from ..train import silent
+from ..train import Diverged, silent
 from .grid import Grid, Point
 from .journal import NAME, Journal, dataset_hash, point_keys, sweep_key
 
@@ -122,12 +122,20 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                 row["layer"] = layer  # as this run names it (`6` and `-1` of a 6-layer model are one point)
                 rows.append(row)
                 log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed "
-                    f"{p.seed}: {row['score_is']} {row['score']:.2f}, test {row['test_accuracy']:.2f} (finished by the "
-                    f"interrupted run; reused)")
+                    f"{p.seed}: {point_outcome(row)} (finished by the interrupted run; reused)")
                 continue
             t0 = time.perf_counter()
-            r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(), cache_root=cache_root,
-                          progress=False, log=silent, cache_log=log)  # a point's log is its row; the cache's lines are said
+            try:
+                r = api.train(p.method, datasets[p.seed], backbones[layer], train_cfg=base | p.train_cfg(),
+                              cache_root=cache_root, progress=False, log=silent, cache_log=log)  # a point's log is its row
+            except Diverged as e:  # this point's learning rate is too high: its row says so, the others go on
+                row = diverged_row(settled[i - 1], layer, e, time.perf_counter() - t0)
+                rows.append(row)
+                journal.add(key, row)
+                interrupts.check()
+                log(f"[{i}/{len(points)}] {p.method} layer {layer} lr {row['lr']:g} wd {row['weight_decay']:g} seed "
+                    f"{p.seed}: {point_outcome(row)}  ({row['seconds']:.1f}s)")
+                continue
             score, what = point_score(r)
             extract_s += r["extract_seconds"]
             row = {"method": p.method, "layer": layer, "lr": r["config"]["train"]["lr"],
@@ -145,7 +153,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                 f"{what} {score:.2f}, test {row['test_accuracy']:.2f}{kept}  ({row['seconds']:.1f}s"
                 + (f", of which extraction {row['extract_seconds']:.1f}s" if row["extract_seconds"] else "") + ")")
         table = tabulate(rows)
-        best = max(table, key=lambda t: (t["score_mean"], -t["score_std"]))
+        best = best_setting(table)
         result = SweepResult(rows, table, best)
         if output is not None:
             from ..output import staged_output
@@ -170,6 +178,34 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
         return result
     finally:
         journal.close()  # its lock released; removed where it holds no point
+
+
+def diverged_row(point: dict, layer: str, e: Diverged, seconds: float) -> dict:
+    """The row of a point whose training diverged (`point`: its entry of settings()): no score and no test
+    accuracy, what happened in `diverged` ("step 3: loss became nan")."""
+    return {"method": point["method"], "layer": layer, "lr": point["lr"], "weight_decay": point["weight_decay"],
+            "seed": point["seed"], "score": None, "score_is": None, "test_accuracy": None, "train_seconds": seconds,
+            "extract_seconds": 0.0, "seconds": seconds, "model_method": point["method"], "reused": False,
+            "selection": {}, "diverged": f"{e.where}: loss became {e.loss}"}
+
+
+def point_outcome(row: dict) -> str:
+    """What a point's log line says of it: its score and test accuracy, or where its training diverged."""
+    if row.get("diverged"):
+        return f"diverged ({row['diverged']}): not scored; a lower --lr trains it"
+    return f"{row['score_is']} {row['score']:.2f}, test {row['test_accuracy']:.2f}"
+
+
+def best_setting(table: list[dict]) -> dict:
+    """The table row with the highest mean score (the smaller spread among equals), among the settings
+    whose every seed trained; a MethodError where every setting diverged in some seed."""
+    whole = [t for t in table if not t["diverged"]]
+    if not whole:
+        from ..registry import MethodError
+
+        raise MethodError("sweep: every setting diverged (its loss stopped being finite) in at least one seed, so "
+                          "none can be chosen; give lower learning rates (--lr)")
+    return max(whole, key=lambda t: (t["score_mean"], -t["score_std"]))
 
 
 def saved_seed(rows: list[dict], best: dict) -> int:
@@ -264,11 +300,14 @@ def tabulate(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["method"], r["layer"], r["lr"], r["weight_decay"]), []).append(r)
     out = []
     for (method, layer, lr, wd), rs in groups.items():
-        s, t = np.array([r["score"] for r in rs]), np.array([r["test_accuracy"] for r in rs])
+        done = [r for r in rs if not r.get("diverged")]  # a diverged seed has no score: the others' are the setting's
+        s, t = np.array([r["score"] for r in done]), np.array([r["test_accuracy"] for r in done])
+        stat = (lambda f, a: float(f(a)) if len(a) else None)
         out.append({"method": method, "layer": layer, "lr": lr, "weight_decay": wd, "seeds": [r["seed"] for r in rs],
-                    "score_is": rs[0]["score_is"], "score_mean": float(s.mean()), "score_std": float(s.std()),
-                    "test_mean": float(t.mean()), "test_std": float(t.std()),
-                    "fell_back": sum(r["model_method"] != r["method"] for r in rs),
+                    "score_is": done[0]["score_is"] if done else None, "score_mean": stat(np.mean, s),
+                    "score_std": stat(np.std, s), "test_mean": stat(np.mean, t), "test_std": stat(np.std, t),
+                    "fell_back": sum(r["model_method"] != r["method"] for r in done),
+                    "diverged": len(rs) - len(done),
                     "seconds_mean": float(np.mean([r["seconds"] - r["extract_seconds"] for r in rs]))})
     return out
 
@@ -280,13 +319,19 @@ def markdown(result: SweepResult, data: str) -> str:
     lines = [f"# sweep on {data}: {len(result.rows)} points, {len(result.table)} settings", "",
              "| method | layer | lr | weight decay | seeds | score (mean ± std) | test accuracy (mean ± std) | fit s |",
              "|---|---|---|---|---|---|---|---|"]
-    for t in sorted(result.table, key=lambda t: -t["score_mean"]):
+    for t in ranked(result.table):
         mark = " **best**" if t is result.best else ""
-        fell = f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t["fell_back"] else ""
-        lines.append(f"| {t['method']}{fell}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | {len(t['seeds'])} | "
-                     f"{t['score_mean']:.2f} ± {t['score_std']:.2f} | {t['test_mean']:.2f} ± {t['test_std']:.2f} | "
+        cell = (lambda m, sd: f"{t[m]:.2f} ± {t[sd]:.2f}" if t[m] is not None else "—")
+        lines.append(f"| {t['method']}{setting_marks(t)}{mark} | {t['layer']} | {t['lr']:g} | {t['weight_decay']:g} | "
+                     f"{len(t['seeds'])} | {cell('score_mean', 'score_std')} | {cell('test_mean', 'test_std')} | "
                      f"{t['seconds_mean']:.1f} |")
     lines += ["", STD_NOTE]
+    if any(t["diverged"] for t in result.table):
+        lines += ["", "\"diverged in k of n\": in k of the setting's n seeds the training loss stopped being a finite "
+                      "number (the learning rate is too high for it), so those seeds have no score; the setting's "
+                      "figures are its other seeds', and it is not chosen as the best."]
+        lines += [f"- {r['method']} layer {r['layer']} lr {r['lr']:g} wd {r['weight_decay']:g} seed {r['seed']}: "
+                  f"{r['diverged']}" for r in result.rows if r.get("diverged")]
     if any(t["fell_back"] for t in result.table):
         lines += ["", "\"a probe in k of n\": in k of the setting's n seeds, cross-validation found the head no better "
                       "than a logistic regression with C=1 on the same states and kept that regression (saved as a "
@@ -318,14 +363,26 @@ def markdown(result: SweepResult, data: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ranked(table: list[dict]) -> list[dict]:
+    """The settings by mean score, highest first; those with no seed that trained (all diverged) last."""
+    return sorted(table, key=lambda t: (t["score_mean"] is None, -(t["score_mean"] or 0.0)))
+
+
+def setting_marks(t: dict) -> str:
+    """What the table and the plot say beside a setting's name: seeds kept as a probe, seeds diverged."""
+    n = len(t["seeds"])
+    return ((f" (a probe in {t['fell_back']} of {n})" if t["fell_back"] else "")
+            + (f" (diverged in {t['diverged']} of {n})" if t["diverged"] else ""))
+
+
 def plot(result: SweepResult, path: Path) -> None:
-    """Score (mean ± std over seeds) of every setting, best first, with test accuracy beside it."""
+    """Score (mean ± std over seeds) of every setting with a seed that trained, best first, with test
+    accuracy beside it."""
     from ..plot import figure
 
-    table = sorted(result.table, key=lambda t: -t["score_mean"])
+    table = [t for t in ranked(result.table) if t["score_mean"] is not None]
     names = [f"{t['method']} L{t['layer']} lr{t['lr']:g} wd{t['weight_decay']:g}"  # marks as the table has them
-             + (f" (a probe in {t['fell_back']} of {len(t['seeds'])})" if t["fell_back"] else "")
-             + (" ★ best" if t is result.best else "") for t in table]
+             + setting_marks(t) + (" ★ best" if t is result.best else "") for t in table]
     y = np.arange(len(table))
     fig = figure(figsize=(8, 1.5 + 0.28 * len(table)))
     ax = fig.subplots()
@@ -335,7 +392,9 @@ def plot(result: SweepResult, path: Path) -> None:
                 label="test accuracy")
     ax.set_yticks(y, names, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("accuracy (%), mean ± standard deviation over seeds (population, ddof 0)")
+    gone = len(result.table) - len(table)  # settings whose every seed diverged: nothing to draw
+    ax.set_xlabel("accuracy (%), mean ± standard deviation over seeds (population, ddof 0)"
+                  + (f"\nnot drawn: {gone} setting(s) that diverged in every seed (sweep.md lists them)" if gone else ""))
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)  # above, off the data
     fig.tight_layout()
     fig.savefig(path, dpi=120)
