@@ -231,6 +231,7 @@ def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_b
     (["--seed", -1], "--seed -1: must be a whole number from 0 to 4294967295"),
     (["--num-labels", 3], "unknown option(s) --num-labels 3 for method 'probe'"),
     (["--span-width", 3], "unknown option(s) --span-width 3 for method 'probe'"),
+    (["--dropout", 2], "probe: --dropout 2.0: give a probability in [0, 1) (0: off)"),
 ])
 def test_bad_training_options_refused_before_any_work(tmp_path, tiny_bert, argv, needle):
     data = write_jsonl(tmp_path / "d.jsonl", labelled(30))

@@ -82,6 +82,17 @@ def test_python_api_input_errors_are_frozentune_errors(tmp_path):
     ("space", {"inter_weight": -1.0}, r"space: --inter-weight -1.0: must be 0 \(off\) or more"),
     ("ytuning", {"k": 0}, "ytuning: --k 0: must be at least 1"),
     ("selfexplain", {"dropout": 1.0}, r"selfexplain: --dropout 1.0: use a value in \[0, 1\)"),
+    # torch's own words ("dropout probability has to be between 0 and 1, but got 2.0"), or NaN taken: every range
+    # check is false for it, so --dropout nan failed in the first training step and --reg-lambda nan as a NaN loss
+    ("probe", {"dropout": 2.0}, r"^probe: --dropout 2.0: give a probability in \[0, 1\) \(0: off\)$"),
+    ("ytuning", {"dropout": 1.0}, r"^ytuning: --dropout 1.0: give a probability in \[0, 1\)"),
+    ("probe", {"dropout": float("nan")}, "^probe: --dropout nan: give a number$"),
+    ("selfexplain", {"reg_lambda": float("nan")}, "^selfexplain: --reg-lambda nan: give a number$"),
+    ("ytuning", {"alpha": float("nan")}, "^ytuning: --alpha nan: give a number$"),
+    # taken, and met later as a shape error or a decoder with no feed-forward width
+    ("ytuning", {"dim": -1}, "^ytuning: --dim -1: use a width ≥ 1, or 0 for the backbone's width$"),
+    ("ytuning", {"ffn_mult": 0}, "^ytuning: --ffn-mult 0: must be at least 1$"),
+    ("ytuning", {"alpha": -1.0}, "^ytuning: --alpha -1.0: the margin must be 0 or more$"),
 ])
 def test_a_heads_option_error_names_the_flag_as_typed(method, options, says):
     """They said `concept_dim`, `max_span_width=-1`, or lumped 'layers, k and heads' together."""

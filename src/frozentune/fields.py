@@ -11,6 +11,22 @@ from typing import Any
 KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
 
 
+def out_of_range(obj: Any) -> str | None:
+    """The first float field of dataclass instance `obj` that is NaN (no option means anything by it: every
+    comparison with it is false, so range checks let it through), or, where its metadata says `fraction`
+    (a dropout probability), outside [0, 1); as the command line spells it ("--dropout 2.0: ..."). None
+    when every such field is in range."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            continue
+        if value != value:  # NaN
+            return f"{as_flag(f.name)} {value}: give a number"
+        if f.metadata.get("fraction") and not 0.0 <= value < 1.0:
+            return f"{as_flag(f.name)} {value}: give a probability in [0, 1) (0: off)"
+    return None
+
+
 def as_flag(name: str) -> str:
     """An options field's name as the command line spells it: cv_folds → --cv-folds."""
     return "--" + name.replace("_", "-")

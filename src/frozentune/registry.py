@@ -139,6 +139,10 @@ def make_config(name: str, options: dict[str, Any] | None = None) -> MethodConfi
             cfg.validate()
         except ValueError as e:
             raise MethodError(str(e)) from None
+    from .fields import out_of_range
+
+    if (why := out_of_range(cfg)) is not None:  # what the method's own rules do not catch: NaN, a dropout of 2
+        raise MethodError(f"{name}: {why}")
     return cfg
 
 

@@ -20,13 +20,14 @@ class ProbeConfig(MethodConfig):
     pooling: str = field(default="mean", metadata={
         "help": "how token states become one vector: mean over real tokens, or the first ([CLS]) token",
         "choices": ("mean", "cls")})
-    dropout: float = field(default=0.0, metadata={"help": "dropout on the pooled vector"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout on the pooled vector", "fraction": True})
 
 
 @dataclass
 class FinetuneConfig(ProbeConfig):
     dropout: float = field(default=0.0, metadata={
-        "help": "dropout on the pooled vector; the backbone keeps its own (MiniLM: 0.1), set in its config.json"})
+        "help": "dropout on the pooled vector; the backbone keeps its own (MiniLM: 0.1), set in its config.json",
+        "fraction": True})
     train_backbone: bool = field(default=True, metadata={
         "help": "train the backbone with the head (the point of this baseline)"})
     top_layers: int = field(default=0, metadata={

@@ -82,7 +82,7 @@ class SelfExplainConfig(MethodConfig):
         "help": "whether spans may contain the first and last real token ([CLS]/[SEP] of BERT-style "
                 "tokenizers): exclude keeps rationales to words; include for a tokenizer that adds none",
         "choices": ("exclude", "include")})
-    dropout: float = field(default=0.1, metadata={"help": "dropout on the weighted span sum Ĥ"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on the weighted span sum Ĥ", "fraction": True})
 
     def validate(self) -> None:
         if self.max_span_width < 0:

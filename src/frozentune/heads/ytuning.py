@@ -43,7 +43,7 @@ class YTuningConfig(MethodConfig):
         "help": "label embedding initialisation: the backbone's input embeddings of the label names' tokens, "
                 "of random vocabulary tokens, or uniform random", "choices": ("label_names", "random_vocab", "uniform")})
     ffn_mult: int = field(default=2, metadata={"help": "feed-forward width as a multiple of D"})
-    dropout: float = field(default=0.1, metadata={"help": "dropout inside the label encoder"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout inside the label encoder", "fraction": True})
 
     def unused(self) -> list[tuple[list[str], str]]:
         return [(changed(self, "alpha") if self.loss == "ce" else [],
@@ -52,9 +52,13 @@ class YTuningConfig(MethodConfig):
                  "pools a label's k vectors: with --k 1 there is one to pool; add --k 2 or more, or leave it out")]
 
     def validate(self) -> None:
-        for name in ("layers", "k", "heads"):
+        for name in ("layers", "k", "heads", "ffn_mult"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ytuning: {as_flag(name)} {getattr(self, name)}: must be at least 1")
+        if self.dim < 0:
+            raise ValueError(f"ytuning: --dim {self.dim}: use a width ≥ 1, or 0 for the backbone's width")
+        if self.alpha < 0:  # max(0, α − s⁺ + s⁻) with α < 0 is zero once the right label scores a little below a wrong one
+            raise ValueError(f"ytuning: --alpha {self.alpha}: the margin must be 0 or more")
 
 
 def fold_keys_values(attn: nn.MultiheadAttention, proj: Tensor | None) -> tuple[Tensor, Tensor]:
