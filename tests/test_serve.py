@@ -1298,6 +1298,8 @@ def test_serve_cli_refuses_bad_input(tmp_path, models):
     cli("serve", models / "probe", "--max-texts", "0", contains="--max-texts 0", row="serve: a limit below 1")
     cli("serve", models / "probe", "--shutdown-grace", "nan", contains="--shutdown-grace nan: give a number of seconds",
         row="serve: a --shutdown-grace that is not a number of seconds")
+    cli("serve", models / "probe", "--max-wait-ms", "inf", contains="--max-wait-ms inf: give a number of milliseconds",
+        row="serve: a wait that is not a number of milliseconds")
     cli("serve", models / "probe", "--pipeline", "sometimes", contains="invalid choice: 'sometimes'",
         row="serve: an unknown --pipeline")
     cli("serve", models / "probe", "--cuda-graphs", "on", contains="CUDA graphs need a CUDA device",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import threading
 import time
 from concurrent.futures import Future
@@ -94,6 +95,8 @@ class ServeOptions:
             if isinstance(value, bool):
                 continue
             least = 0 if f.name.endswith("_ms") else 1
+            if f.name.endswith("_ms") and not math.isfinite(value):  # NaN passed `< 0`; inf: a lone request waited for ever
+                raise ServeError(f"{as_flag(f.name)} {value}: give a number of milliseconds, 0 or more")
             if getattr(self, f.name) < least:
                 raise ServeError(f"{as_flag(f.name)} {getattr(self, f.name)}: must be at least {least}")
         return self
