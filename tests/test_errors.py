@@ -102,6 +102,16 @@ def test_a_heads_option_error_names_the_flag_as_typed(method, options, says):
         create_method(method, 32, 2, options)
 
 
+def test_a_head_too_large_for_memory_names_its_options():
+    """--concept-dim 10**9 was answered "out of memory ...: lower --batch-size or --max-length". 10**13 concept
+    dimensions ask for more bytes than a 47-bit address space holds, so no machine's overcommit grants them."""
+    from frozentune.registry import MethodError, create_method
+
+    with pytest.raises(MethodError, match="^space: its head's parameters do not fit in memory for 16-wide states and 3 "
+                                          "classes with --concept-dim 10000000000000; give smaller values$"):
+        create_method("space", 16, 3, {"concept_dim": 10 ** 13})
+
+
 def test_serve_argument_errors_are_frozentune_errors(tmp_path):
     from frozentune.serve import Engine
     from frozentune.serve.app import listen_socket

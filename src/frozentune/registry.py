@@ -157,6 +157,13 @@ def create_method(name: str, dim: int, num_labels: int, options: dict[str, Any] 
         return spec.head_cls(cfg, dim, num_labels), cfg
     except ValueError as e:  # an option that does not fit these shapes
         raise MethodError(str(e)) from None
+    except (MemoryError, RuntimeError) as e:  # options that make the head itself too large (--concept-dim 10**9) were
+        if isinstance(e, RuntimeError) and "allocate memory" not in str(e):  # told to lower --batch-size
+            raise
+        given = [f"{as_flag(f.name)} {getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
+                 if getattr(cfg, f.name) != f.default]
+        raise MethodError(f"{name}: its head's parameters do not fit in memory for {dim}-wide states and {num_labels} "
+                          f"classes with {', '.join(given) or 'its default options'}; give smaller values") from None
 
 
 def describe_options(name: str) -> list[tuple[str, str, Any, str]]:
