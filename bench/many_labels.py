@@ -8,7 +8,7 @@ one warm-up step, then the median of --repeats steps, torch pinned to --threads 
   OMP_NUM_THREADS=1 python bench/many_labels.py --threads 1
   OMP_NUM_THREADS=1 python bench/many_labels.py --threads 1 --dim 384 --labels 50,200
 
-Writes bench/results/many_labels.json (a rerun replaces the records of its dim) and prints a table.
+Writes bench/results/many_labels.json, or --out (a rerun replaces the records of its dim) and prints a table.
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=OUT, help="results file (a rerun replaces the records of its dim)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from frozentune.extract.device import cpu_summary
@@ -70,8 +71,8 @@ def main() -> int:
     record = {"command": f"python bench/many_labels.py --threads {a.threads} --dim {a.dim} --labels {a.labels}",
               "dim": a.dim, "batch": a.batch, "tokens": a.tokens, "repeats": a.repeats, "cpu": cpu_summary(),
               "rows": rows}
-    old = json.loads(OUT.read_text()) if OUT.is_file() else []
-    OUT.write_text(json.dumps([r for r in old if r["dim"] != a.dim] + [record], indent=1) + "\n")
+    old = json.loads(a.out.read_text()) if a.out.is_file() else []
+    a.out.write_text(json.dumps([r for r in old if r["dim"] != a.dim] + [record], indent=1) + "\n")
     return 0
 
 

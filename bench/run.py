@@ -220,7 +220,10 @@ def results_table() -> str:
                     f"{fmt(r['metrics']['macro_f1'], 2)} | {fmt(r['trainable_params'])} | {100 * r['trainable_params'] / r['backbone_params']:.3g}% | {fmt(r['extract_seconds'])} | "
                     f"{fmt(r.get('cache_build_seconds'))} | {fmt(r['train_seconds'])} | {fmt(per_epoch, 2)} | {fmt(r['peak_rss_mb'], 0)} |")
         cmds.append(f"- `{r['name']}` ({r['date']}, {r['machine']}): `{r['command']}`" + "".join(f" — {r[k]}" for k in ("concurrency", "note") if r.get(k)))
-    text = "\n".join(rows) + "\n\nCommands (each run by `python bench/run.py SUITE`):\n" + "\n".join(cmds)
+    text = "\n".join(rows) + ("\n\nCommands (each run by `python bench/run.py SUITE`), as they ran on their date: the "
+                               "backbone pass was fp32 then, so a rerun on a CPU with native bf16 adds `--precision fp32`, "
+                               "and TREC's and IMDB's carved validation splits have changed since (\"Figures recorded "
+                               "before a later change\" at the top):\n") + "\n".join(cmds)
     refs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("sklearn-lr-*.json"))]
     if refs:
         text += ("\n\n**Reference**: scikit-learn logistic regression on the same mean-pooled cached states "

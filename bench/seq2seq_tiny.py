@@ -17,7 +17,7 @@ mixed — throughput of one batch of 16 requests each with its own prefix, again
         and against the 16 one after another (batch of 1), on the tiny BART; fixed output length,
         median of interleaved repeats (as bench/prefix_mixed.py for SmolLM2).
 
-  python bench/seq2seq_tiny.py --part sizes,task,mixed --threads 1   # writes bench/results/seq2seq-tiny.json
+  python bench/seq2seq_tiny.py --part sizes,task,mixed --threads 1   # writes bench/results/seq2seq-tiny.json (--out, --runs: elsewhere)
 """
 from __future__ import annotations
 
@@ -178,14 +178,14 @@ def task(a, log) -> dict:
         model, pre = pretrain(arch, 0, a.pretrain_steps, log)
         log(f"  {pre['exact_match']}")
         freeze(model)
-        lm_dir = RUNS / f"{arch}-lm"
+        lm_dir = a.runs / f"{arch}-lm"
         model.save_pretrained(lm_dir)
         tokenizer().save_pretrained(lm_dir)
-        data = write_pairs(RUNS / "reverse-data", 0, a.train_pairs)
+        data = write_pairs(a.runs / "reverse-data", 0, a.train_pairs)
         runs = {}
         for name, extra in (("direct", ["--no-reparam", "--lr", "1e-2"]), ("direct, lr 5e-2", ["--no-reparam", "--lr", "5e-2"]),
                             ("reparam", ["--reparam", "--lr", "1e-3"])):
-            runs[name] = cli_run(lm_dir, data, RUNS / f"{arch}-{name.replace(', ', '-').replace(' ', '')}",
+            runs[name] = cli_run(lm_dir, data, a.runs / f"{arch}-{name.replace(', ', '-').replace(' ', '')}",
                                  ["--prefix-length", "10", "--epochs", str(a.epochs), "--batch-size", "16",
                                   "--patience", "5", *extra], log)
             log(f"  {arch} {name}: exact match {runs[name]['exact_match']:.1f}%")
@@ -338,13 +338,16 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "seq2seq-tiny.json",
+                    help="results file (its parts are replaced by the ones run); the task's models go to --runs")
+    ap.add_argument("--runs", type=Path, default=RUNS, help="folder for the task part's models")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
     def log(s: str) -> None:
         print(s, flush=True)
 
-    path = HERE / "results" / "seq2seq-tiny.json"
+    path = a.out
     from run import machine
     for part in a.part.split(","):
         result = {"task": task, "mixed": mixed, "sizes": sizes}[part](a, log)
