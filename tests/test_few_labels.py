@@ -1104,6 +1104,9 @@ def test_a_diverging_training_is_one_line_that_says_to_lower_the_rate(capsys, tr
         api.train("space", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=2,
                   train_cfg={"min_steps": 8, "lr": 1e30}, cache_root=tmp_path / "c", progress=False, log=lambda s: None)
     assert isinstance(e.value, FrozentuneError) and isinstance(e.value, FloatingPointError)  # older except clauses
+    import pickle
+    again = pickle.loads(pickle.dumps(e.value))  # as a worker process would hand it on
+    assert (str(again), again.where) == (str(e.value), e.value.where)
 
 
 def test_a_diverging_sweep_point_is_a_row_and_the_sweep_goes_on(trec_slice, tiny_bert, tmp_path):

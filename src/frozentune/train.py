@@ -183,6 +183,9 @@ class Diverged(FrozentuneError, FloatingPointError):
         super().__init__(f"{where}: loss became {loss}; {advice}")
         self.where, self.loss, self.advice = where, loss, advice
 
+    def __reduce__(self):  # pickled (a worker process's error) as its three parts, not the joined message
+        return type(self), (self.where, self.loss, self.advice)
+
 
 def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[nn.Parameter],
                    max_grad_norm: float, where: str, advice: str) -> None:
