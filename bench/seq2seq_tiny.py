@@ -300,7 +300,8 @@ def report(r: dict) -> str:
         out.append("")
     if "task" in r:
         t = r["task"]
-        out += [f"`{t['command']}` ({t['date']}, {t['machine']}): exact match on 500 held-out strings, greedy", "",
+        out += [f"`{t['command']}` ({t['date']}, {t['machine']}): exact match on 500 held-out strings (499 distinct: the "
+                f"CLI's runs score a repeated source once, since ed3ca17), greedy", "",
                 "| model | instructed copy / reverse (whole model trained) | bare → reverse, no prefix | prefix, direct, lr 1e-2 "
                 "| direct, lr 5e-2 | MLP, lr 1e-3 | MLP, encoder only | MLP, decoder only | MLP, cross only |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
