@@ -225,7 +225,7 @@ def test_label_1_and_1_0_are_one_class_and_a_number_is_not_text(tmp_path, tiny_b
 # ----------------------------------------------------------------------------- options
 @pytest.mark.parametrize("argv,needle", [
     (["--epochs", 0], "--epochs 0: must be at least 1"),
-    (["--lr", -1], "--lr -1.0: must be a positive number"),
+    (["--lr", -1], "--lr -1.0: must be a finite positive number"),
     (["--batch-size", 0], "--batch-size 0: must be at least 1"),
     (["--warmup", 2], "--warmup 2.0"),
     (["--seed", -1], "--seed -1: must be a whole number from 0 to 4294967295"),

@@ -1096,11 +1096,12 @@ def test_a_diverging_training_is_one_line_that_says_to_lower_the_rate(capsys, tr
                          "--max-length", 16, "--shots", 2, "--cache-dir", tmp_path / "c", "--min-steps", 8,
                          "--lr", "1e30", "--output", tmp_path / "m")
     assert code == 2 and "Traceback" not in err, err
-    assert "loss became nan; lower --lr" in err and "the output folder is as it was" in err
+    # lr × the default weight decay is 1e28 too: the weights go non-finite at the update, before a loss says so
+    assert "the weights became non-finite; lower --lr" in err and "the output folder is as it was" in err
     assert not (tmp_path / "m").exists()
     from frozentune import FrozentuneError
     from frozentune.train import Diverged
-    with pytest.raises(Diverged, match="loss became nan") as e:
+    with pytest.raises(Diverged, match="the weights became non-finite") as e:
         api.train("space", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=2,
                   train_cfg={"min_steps": 8, "lr": 1e30}, cache_root=tmp_path / "c", progress=False, log=lambda s: None)
     assert isinstance(e.value, FrozentuneError) and isinstance(e.value, FloatingPointError)  # older except clauses
@@ -1121,8 +1122,8 @@ def test_a_diverging_sweep_point_is_a_row_and_the_sweep_goes_on(trec_slice, tiny
                   cache_root=tmp_path / "c", train_cfg={"min_steps": 8}, log=lines.append)
     gone = [row for row in r.rows if row.get("diverged")]
     assert [row["lr"] for row in gone] == [1e30, 1e30] and all(row["score"] is None for row in gone)
-    assert all("loss became nan" in row["diverged"] for row in gone)
-    assert sum("diverged (" in line and "not scored; a lower --lr trains it" in line for line in lines) == 2, lines
+    assert all(row["diverged"].endswith("the weights became non-finite") for row in gone)
+    assert sum("diverged (" in line and "not scored; lower --lr" in line for line in lines) == 2, lines
     assert r.best["lr"] == 0.01 and r.best["diverged"] == 0
     high = next(t for t in r.table if t["lr"] == 1e30)
     assert (high["diverged"], high["score_mean"]) == (2, None)
@@ -1130,7 +1131,7 @@ def test_a_diverging_sweep_point_is_a_row_and_the_sweep_goes_on(trec_slice, tiny
     assert "| space (diverged in 2 of 2) | -1 | 1e+30 |" in md and "| — | — |" in md
     assert (tmp_path / "s" / "sweep.png").is_file()
     saved = json.loads((tmp_path / "s" / "sweep.json").read_text())["rows"]
-    assert [x["lr"] for x in saved if x.get("diverged", "").endswith("loss became nan")] == [1e30, 1e30]
+    assert [x["lr"] for x in saved if x.get("diverged", "").endswith("became non-finite")] == [1e30, 1e30]
     with pytest.raises(MethodError, match="every setting diverged .* give lower learning rates"):
         run_sweep(Grid.parse("space", "-1", "1e30", None, "0"), str(trec_slice), bb, None, shots=2,
                   cache_root=tmp_path / "c", train_cfg={"min_steps": 8}, log=lambda s: None)
@@ -1154,3 +1155,63 @@ def test_the_sweep_table_ranks_a_setting_with_a_diverged_seed_below_none():
     md = markdown(SweepResult(rows, table, best), "trec")
     assert "| space (diverged in 1 of 2) | -1 | 0.1 | 0.01 | 2 | 90.00 ± 0.00 |" in md
     assert "- space layer -1 lr 0.1 wd 0.01 seed 1: step 2: loss became inf" in md
+
+
+def _fit_tiny(cfg_kw: dict, validate=lambda: {}, log=lambda s: None):
+    """fit_loop on a 2 → 2 linear layer and 8 examples, one round per step."""
+    from frozentune.train import fit_loop
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(2, 2)
+    x, y = torch.randn(8, 2), torch.arange(8) % 2
+    cfg = TrainConfig(**{"batch_size": 4, "warmup": 0.0} | cfg_kw)
+    return layer, fit_loop(layer, np.ones(8, dtype=np.int64),
+                           lambda idx: torch.nn.functional.cross_entropy(layer(x[idx]), y[idx]),
+                           validate, lambda m: m["accuracy"], cfg, log)
+
+
+def test_weights_that_the_last_update_made_non_finite_are_a_divergence():
+    """The loss is checked before each update, so the last step's update went unchecked: with --steps 1 the
+    NaN weights were validated, chosen as best and met as "Out of range float values are not JSON compliant"
+    when result.json was written (a traceback, the run lost)."""
+    from frozentune.train import Diverged
+
+    with pytest.raises(Diverged, match=r"^step 1: the weights became non-finite; lower --lr or --weight-decay "
+                                       r"\(lr × weight decay = 1e\+40: at 1 or more each step's decay overshoots zero\)$"):
+        _fit_tiny({"lr": 1e30, "weight_decay": 1e10, "steps": 1})
+
+
+def test_an_update_too_large_for_float32_is_a_divergence():
+    """--lr 1e39 is a finite number, but Adam's first step (up to 10× the rate) overflows float32: torch's
+    "value cannot be converted to type float without overflow" came out as a traceback, and ended a sweep."""
+    from frozentune.train import Diverged
+
+    with pytest.raises(Diverged, match="^step 1: the optimiser's update overflowed float32; lower --lr$"):
+        _fit_tiny({"lr": 1e39, "weight_decay": 0.0, "steps": 2})
+
+
+def test_the_run_says_which_round_it_kept_when_that_is_not_the_last():
+    """Without an early stop the schedule's last round was printed and an earlier round's weights were saved,
+    with no line saying so."""
+    scores = iter([80.0, 60.0, 70.0])
+    lines: list[str] = []
+    _, r = _fit_tiny({"lr": 1e-3, "steps": 3, "patience": 0}, validate=lambda: {"accuracy": next(scores)},
+                     log=lines.append)
+    assert r.best_epoch == 1 and not r.stopped_early
+    assert lines[-1] == "kept the weights of validation round 1 of 3 (step 1), the best on validation", lines
+    lines.clear()
+    scores = iter([60.0, 70.0, 80.0])
+    _fit_tiny({"lr": 1e-3, "steps": 3, "patience": 0}, validate=lambda: {"accuracy": next(scores)}, log=lines.append)
+    assert not any(line.startswith("kept the weights") for line in lines)  # the last round is the one kept
+
+
+def test_contrastive_refuses_batches_of_one(trec_slice, tiny_bert, tmp_path):
+    """A batch of one has no pair: the run finished, "trained", with an encoder the pair loss never moved."""
+    from frozentune.registry import MethodError
+
+    with pytest.raises(MethodError, match=r"^contrastive: --batch-size 1: its loss compares the texts of a batch in "
+                                          r"pairs, and a batch of one has none; give 2 or more$"):
+        api.train("contrastive", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=1,
+                  train_cfg={"batch_size": 1}, output=tmp_path / "m", cache_root=tmp_path / "c", progress=False,
+                  log=lambda s: None)
+    assert not (tmp_path / "m").exists()

@@ -331,6 +331,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     cfg = train_config(defaults, train_cfg)
     if output is not None:
         check_output(Path(output), overwrite)  # before any work: a bad --output is found now, not after training
+    least, why_least = getattr(spec.head_cls, "min_batch_size", (1, ""))
+    if cfg.batch_size < least:  # contrastive's pair loss: batches of one trained nothing, silently
+        raise MethodError(f"{method}: --batch-size {cfg.batch_size}: {why_least}; give {least} or more")
     if (why := getattr(spec.head_cls, "one_process_only", None)) and distributed.launch().world_size > 1:
         raise MethodError(f"{method}: {why}, so it cannot be split across data-parallel processes; run it in one "
                           f"process (without torchrun / accelerate launch)")  # before the data and backbone load

@@ -87,7 +87,7 @@ class TrainConfig:
             raise MethodError(why)
         rules = [("epochs", self.epochs >= 1, "at least 1"), ("batch_size", self.batch_size >= 1, "at least 1"),
                  ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
-                 ("lr", math.isfinite(self.lr) and self.lr > 0, "a positive number"),
+                 ("lr", math.isfinite(self.lr) and self.lr > 0, "a finite positive number"),
                  ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0, "0 or more"),
                  ("warmup", 0 <= self.warmup <= 1, "a fraction of the steps, 0 to 1"),
                  ("patience", self.patience >= 0, "0 (never stop early) or more"),
@@ -176,15 +176,44 @@ def adamw(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.o
 
 
 class Diverged(FrozentuneError, FloatingPointError):
-    """Training stopped because the loss stopped being a finite number: `where` ("step 3"), the loss
-    (nan or ±inf), and what to do. A FloatingPointError as well, as it was before it had a class."""
+    """Training stopped because it stopped being finite: `where` ("step 3"), `what` happened (by default
+    "loss became nan"; also weights that became non-finite, or an update that overflowed), and `advice`.
+    A FloatingPointError as well, as it was before it had a class."""
 
-    def __init__(self, where: str, loss: float, advice: str):
-        super().__init__(f"{where}: loss became {loss}; {advice}")
+    def __init__(self, where: str, loss: float, advice: str, what: str | None = None):
+        self.what = what or f"loss became {loss}"
+        super().__init__(f"{where}: {self.what}; {advice}")
         self.where, self.loss, self.advice = where, loss, advice
 
-    def __reduce__(self):  # pickled (a worker process's error) as its three parts, not the joined message
-        return type(self), (self.where, self.loss, self.advice)
+    def __reduce__(self):  # pickled (a worker process's error) as its parts, not the joined message
+        return type(self), (self.where, self.loss, self.advice, self.what)
+
+
+def divergence_advice(lr: float, weight_decay: float) -> str:
+    """What to do about a training that diverged: lower --lr; where lr × weight decay is 1 or more, AdamW's
+    decoupled decay (w ← w·(1 − lr·wd)) overshoots zero at every step, so lower --weight-decay too."""
+    if lr * weight_decay >= 1:
+        return (f"lower --lr or --weight-decay (lr × weight decay = {lr * weight_decay:g}: at 1 or more each step's "
+                f"decay overshoots zero)")
+    return "lower --lr"
+
+
+def _step(opt: torch.optim.Optimizer, where: str, advice: str) -> None:
+    """opt.step(), an update too large for float32 (Adam's first steps are up to 10× the rate: --lr 1e38)
+    said as a divergence, not torch's overflow error."""
+    try:
+        opt.step()
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        raise Diverged(where, float("inf"), advice, what="the optimiser's update overflowed float32") from None
+
+
+def check_finite(params: list[nn.Parameter], where: str, advice: str) -> None:
+    """A Diverged where a trainable parameter holds NaN or ±inf: an update whose loss was finite made it
+    so (the loss of the next step would say it; after the last step there is none)."""
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise Diverged(where, float("nan"), advice, what="the weights became non-finite")
 
 
 def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[nn.Parameter],
@@ -197,7 +226,7 @@ def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[
     loss.backward()
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_(params, max_grad_norm)
-    opt.step()
+    _step(opt, where, advice)
 
 
 def shared_step(part: torch.Tensor | None, opt: torch.optim.Optimizer, params: list[nn.Parameter],
@@ -220,7 +249,7 @@ def shared_step(part: torch.Tensor | None, opt: torch.optim.Optimizer, params: l
         raise Diverged(where, total, advice)
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_(params, max_grad_norm)
-    opt.step()
+    _step(opt, where, advice)
     return total
 
 
@@ -332,6 +361,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
         while True:  # epoch after epoch, each a fresh seeded permutation
             yield from train_batches(lengths, cfg.batch_size, rng)
 
+    advice = divergence_advice(cfg.lr, cfg.weight_decay)
     history, best, best_state, bad = [], -float("inf"), None, 0
     best_epoch, stopped = 0, False
     draw = batches()
@@ -351,7 +381,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
                 mine = distributed.shard(idx)
                 part = batch_loss(mine) * (len(mine) / len(idx)) if len(mine) else None
             loss = shared_step(part, opt, params, cfg.max_grad_norm,
-                               f"epoch {rnd}" if by_epoch else f"step {done + len(steps) + 1}", "lower --lr")
+                               f"epoch {rnd}" if by_epoch else f"step {done + len(steps) + 1}", advice)
             sched.step()
             steps.append(loss)
             loss_sum += loss * len(idx)
@@ -360,6 +390,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
                 said = now
                 log(progress_line(rnd, rounds, by_epoch, len(steps), todo, loss_sum / n, now - t0))
         epoch_s = time.perf_counter() - t0
+        check_finite(params, f"epoch {rnd}" if by_epoch else f"step {bounds[rnd - 1]}", advice)  # the last update's
         module.eval()
         if world == 1:
             val_m = validate()
@@ -388,6 +419,10 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
                 break
     if best_state is not None:
         module.load_state_dict(best_state, strict=False)
+        if best_epoch != len(history) and not stopped:  # said where it stopped early; the whole schedule ran here
+            unit = "epoch" if by_epoch else "validation round"
+            log(f"kept the weights of {unit} {best_epoch} of {len(history)} (step {history[best_epoch - 1]['step']}), "
+                f"the best on validation")
     return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
 
 

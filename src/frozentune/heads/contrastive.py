@@ -96,6 +96,8 @@ class ContrastiveHead(LinearHead):
     solves_output = True  # train.fit solves `out` on the tuned embeddings after training (SetFit's head)
     fixed_schedule_few_labels = True  # api.train: below --cv-below, the fixed schedule without validation
     one_process_only = "its pair loss spans the whole batch"  # api.train refuses a launcher's ranks, saying why
+    # api.train refuses a smaller --batch-size: a batch of one has no pair, so the encoder would not move
+    min_batch_size = (2, "its loss compares the texts of a batch in pairs, and a batch of one has none")
     # not convex: LinearHead sets convex only where the backbone is frozen, and this config always trains it
 
     def convex_inputs(self, f: Features) -> Tensor:

@@ -186,13 +186,13 @@ def diverged_row(point: dict, layer: str, e: Diverged, seconds: float) -> dict:
     return {"method": point["method"], "layer": layer, "lr": point["lr"], "weight_decay": point["weight_decay"],
             "seed": point["seed"], "score": None, "score_is": None, "test_accuracy": None, "train_seconds": seconds,
             "extract_seconds": 0.0, "seconds": seconds, "model_method": point["method"], "reused": False,
-            "selection": {}, "diverged": f"{e.where}: loss became {e.loss}"}
+            "selection": {}, "diverged": f"{e.where}: {e.what}", "advice": e.advice}
 
 
 def point_outcome(row: dict) -> str:
     """What a point's log line says of it: its score and test accuracy, or where its training diverged."""
     if row.get("diverged"):
-        return f"diverged ({row['diverged']}): not scored; a lower --lr trains it"
+        return f"diverged ({row['diverged']}): not scored; {row.get('advice', 'lower --lr')}"
     return f"{row['score_is']} {row['score']:.2f}, test {row['test_accuracy']:.2f}"
 
 
@@ -327,9 +327,10 @@ def markdown(result: SweepResult, data: str) -> str:
                      f"{t['seconds_mean']:.1f} |")
     lines += ["", STD_NOTE]
     if any(t["diverged"] for t in result.table):
-        lines += ["", "\"diverged in k of n\": in k of the setting's n seeds the training loss stopped being a finite "
-                      "number (the learning rate is too high for it), so those seeds have no score; the setting's "
-                      "figures are its other seeds', and it is not chosen as the best."]
+        lines += ["", "\"diverged in k of n\": in k of the setting's n seeds training stopped being finite (its loss "
+                      "or weights; a learning rate too high for it, or learning rate × weight decay of 1 or more), so "
+                      "those seeds have no score; the setting's figures are its other seeds', and it is not chosen as "
+                      "the best."]
         lines += [f"- {r['method']} layer {r['layer']} lr {r['lr']:g} wd {r['weight_decay']:g} seed {r['seed']}: "
                   f"{r['diverged']}" for r in result.rows if r.get("diverged")]
     if any(t["fell_back"] for t in result.table):
