@@ -1203,6 +1203,12 @@ def test_the_run_says_which_round_it_kept_when_that_is_not_the_last():
     scores = iter([60.0, 70.0, 80.0])
     _fit_tiny({"lr": 1e-3, "steps": 3, "patience": 0}, validate=lambda: {"accuracy": next(scores)}, log=lines.append)
     assert not any(line.startswith("kept the weights") for line in lines)  # the last round is the one kept
+    lines.clear()  # patience running out at the last round: it said "early stop" of a schedule that ran whole
+    scores = iter([80.0, 60.0, 70.0])
+    _, r = _fit_tiny({"lr": 1e-3, "steps": 3, "patience": 2}, validate=lambda: {"accuracy": next(scores)},
+                     log=lines.append)
+    assert not r.stopped_early and not any(line.startswith("early stop") for line in lines), lines
+    assert lines[-1] == "kept the weights of validation round 1 of 3 (step 1), the best on validation"
 
 
 def test_contrastive_refuses_batches_of_one(trec_slice, tiny_bert, tmp_path):

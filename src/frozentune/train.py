@@ -412,7 +412,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
             best_state = snapshot(module)
         else:
             bad += 1
-            if cfg.patience and bad >= cfg.patience:
+            if cfg.patience and bad >= cfg.patience and rnd < rounds:  # at the last round nothing is cut short
                 stopped = True
                 unit = "epoch" if by_epoch else "validation round"
                 log(f"early stop: no validation gain for {bad} {unit}s; best {unit} {best_epoch}")
