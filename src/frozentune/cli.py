@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import FrozentuneError
+from .errors import FrozentuneError, out_of_memory
 from . import interrupts
 from .fields import as_flag
 from .export import FORMATS as EXPORT_FORMATS
@@ -1115,9 +1115,7 @@ def _memory_line(e: BaseException) -> str | None:
     if isinstance(e, RuntimeError) and "can't start new thread" in said:
         return ("could not start a thread: the process is at its memory or thread limit (ulimit -v, ulimit -u); "
                 "raise the limit, or set OMP_NUM_THREADS lower")
-    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
-            or (isinstance(e, RuntimeError) and ("can't allocate memory" in said or "Cannot allocate memory" in said))
-            or (isinstance(e, ImportError) and "failed to map segment" in said)):
+    if not (out_of_memory(e) or (isinstance(e, ImportError) and "failed to map segment" in said)):
         return None
     advice = ("lower --batch-size or --max-length, give fewer texts at a time, or run where there is more memory "
               "(a limit below about 1.5 GB cannot hold the MiniLM pass at all)")

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .errors import FrozentuneError
+from .errors import FrozentuneError, out_of_memory
 from .fields import as_flag
 
 
@@ -158,7 +158,7 @@ def create_method(name: str, dim: int, num_labels: int, options: dict[str, Any] 
     except ValueError as e:  # an option that does not fit these shapes
         raise MethodError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # options that make the head itself too large (--concept-dim 10**9) were
-        if isinstance(e, RuntimeError) and "allocate memory" not in str(e):  # told to lower --batch-size
+        if not out_of_memory(e):  # told to lower --batch-size
             raise
         given = [f"{as_flag(f.name)} {getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
                  if getattr(cfg, f.name) != f.default]

@@ -362,6 +362,7 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
             yield from train_batches(lengths, cfg.batch_size, rng)
 
     advice = divergence_advice(cfg.lr, cfg.weight_decay)
+    unit = "epoch" if by_epoch else "validation round"  # what the lines call a round
     history, best, best_state, bad = [], -float("inf"), None, 0
     best_epoch, stopped = 0, False
     draw = batches()
@@ -414,13 +415,11 @@ def fit_loop(module: nn.Module, lengths: np.ndarray, batch_loss: Callable[[np.nd
             bad += 1
             if cfg.patience and bad >= cfg.patience and rnd < rounds:  # at the last round nothing is cut short
                 stopped = True
-                unit = "epoch" if by_epoch else "validation round"
                 log(f"early stop: no validation gain for {bad} {unit}s; best {unit} {best_epoch}")
                 break
     if best_state is not None:
         module.load_state_dict(best_state, strict=False)
         if best_epoch != len(history) and not stopped:  # said where it stopped early; the whole schedule ran here
-            unit = "epoch" if by_epoch else "validation round"
             log(f"kept the weights of {unit} {best_epoch} of {len(history)} (step {history[best_epoch - 1]['step']}), "
                 f"the best on validation")
     return FitResult(history, best_epoch, time.perf_counter() - t_start, stopped)
