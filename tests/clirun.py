@@ -13,10 +13,12 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 LOG_ENV = "FROZENTUNE_BAD_INPUT_LOG"
 
@@ -89,11 +91,22 @@ def cli(*argv: str | Path, code: int = 2, contains: tuple[str, ...] | str = (), 
     return check(answer, code, contains)
 
 
-def start(*argv: str | Path, env: dict | None = None) -> subprocess.Popen:
-    """`python -m frozentune.cli ARGV` as a child process (stdout/stderr piped, text)."""
+def _signals_as(ignored: tuple[int, ...]) -> Callable[[], None]:
+    """For preexec_fn: SIGINT and SIGHUP at their defaults in the child, but for those in `ignored`. A child
+    inherits ignored signals (a test run started under nohup, or with `&` from a script, ignores SIGHUP or
+    SIGINT), and frozentune rightly keeps ignoring them, as nohup asks: tests that send them would fail."""
+    def prepare() -> None:
+        for s in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+    return prepare
+
+
+def start(*argv: str | Path, env: dict | None = None, ignored: tuple[int, ...] = ()) -> subprocess.Popen:
+    """`python -m frozentune.cli ARGV` as a child process (stdout/stderr piped, text), with SIGINT and SIGHUP
+    at their defaults however the test run was started, or ignored where named in `ignored` (as nohup does)."""
     return subprocess.Popen([sys.executable, "-m", "frozentune.cli", *map(str, argv)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, preexec_fn=_signals_as(ignored))
 
 
 def finish(proc: subprocess.Popen, argv: list[str], code: int, contains: tuple[str, ...] | str = (),

@@ -1439,6 +1439,34 @@ def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
                                             f"answered the requests in flight")
 
 
+def test_serve_under_nohup_keeps_ignoring_a_hangup(models):
+    """`nohup frozentune serve ... &` starts the server with SIGHUP ignored, so that it outlives the terminal:
+    the server must not take SIGHUP back as its stop signal. It answers after a hangup, and SIGTERM still stops it."""
+    import signal
+
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"},
+                 ignored=(signal.SIGHUP,))
+    try:
+        answering(proc, port)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()[1]
+        got = httpx.post(f"http://127.0.0.1:{port}/v1/classify", json={"text": "a fine film"}, timeout=30)
+        assert got.status_code == 200, got.text
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGHUP" not in err, err
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_a_signal_while_the_models_load_ends_serve_with_one_line(models, sig):
     """SIGHUP was handled as SIGTERM around the server alone: while the models loaded it killed the process
