@@ -836,3 +836,21 @@ def test_likeliest_cuts_each_task_of_an_answer_and_keeps_failures():
     assert likeliest(row, None) is row
     tie = {"label": "x", "scores": {"x": 0.4, "y": 0.4, "z": 0.2}}
     assert list(likeliest(tie, 2)["scores"]) == ["x", "y"]  # ties in label order: the label (np.argmax's) first
+
+
+def test_likeliest_keeps_the_same_classes_of_an_explanation():
+    """--top-classes K kept K probabilities beside every class's block of the explanation (space's "classes",
+    ytuning's "attention" and "special_tokens"): a thousand blocks for three scores. They keep the same K, in
+    the same order; parts not keyed by class (occlusion, spans) stay whole."""
+    from frozentune.api import likeliest
+
+    row = {"label": "y", "scores": {"x": 0.2, "y": 0.5, "z": 0.3},
+           "explanation": {"classes": {"x": {"tokens": [1]}, "y": {"tokens": [2]}, "z": {"tokens": [3]}},
+                           "special_tokens": {"x": 0.1, "y": 0.2, "z": 0.3},
+                           "occlusion": {"words": [{"text": "x"}, {"text": "y"}]}, "spans": [{"x": 1}]}}
+    got = likeliest(row, 2)["explanation"]
+    assert got["classes"] == {"y": {"tokens": [2]}, "z": {"tokens": [3]}} and list(got["classes"]) == ["y", "z"]
+    assert got["special_tokens"] == {"y": 0.2, "z": 0.3}
+    assert got["occlusion"] == row["explanation"]["occlusion"] and got["spans"] == row["explanation"]["spans"]
+    assert likeliest(row, 3)["explanation"]["classes"] == row["explanation"]["classes"]
+    assert len(row["explanation"]["classes"]) == 3  # the row given is not changed

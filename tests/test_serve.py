@@ -291,6 +291,9 @@ def test_top_classes_keep_what_predict_and_explain_keep(models, client, unpadded
     got = r.json()["results"][0]["tasks"]["ytuning"]
     assert got["scores"] == want["scores"] and list(got["scores"]) == [got["label"]], got
     assert got["explanation"]["occlusion"] == want["explanation"]["occlusion"]
+    for part in ("attention", "special_tokens"):  # the label's own, not every class's
+        assert list(got["explanation"][part]) == [got["label"]]
+        assert got["explanation"][part] == want["explanation"][part]
 
 
 def test_explain_equals_explain(models, client, unpadded):

@@ -1102,7 +1102,8 @@ def as_top_classes(value: object) -> int | None:
 
 def likeliest(row: dict, k: int | None) -> dict:
     """`row` with its "scores" cut to the k likeliest classes, likeliest first (ties in the label order),
-    the same done to each task's under "tasks" (an answer of several heads); unchanged for k None. The
+    and its explanation's per-class parts kept to the same classes (_classes_kept), the same done to each
+    task's under "tasks" (an answer of several heads); unchanged for k None. The
     label is always the first, as it is the likeliest: with a thousand classes a row was a thousand scores."""
     if k is None:
         return row
@@ -1110,9 +1111,19 @@ def likeliest(row: dict, k: int | None) -> dict:
     if isinstance(row.get("scores"), dict):
         ranked = sorted(row["scores"].items(), key=lambda kv: -kv[1])  # stable: ties keep the label order
         out["scores"] = dict(ranked[:k])
+        if isinstance(row.get("explanation"), dict):
+            out["explanation"] = _classes_kept(row["explanation"], set(row["scores"]), list(out["scores"]))
     if isinstance(row.get("tasks"), dict):
         out["tasks"] = {name: likeliest(t, k) if isinstance(t, dict) else t for name, t in row["tasks"].items()}
     return out
+
+
+def _classes_kept(explanation: dict, labels: set[str], kept: list[str]) -> dict:
+    """An explanation whose per-class parts (an entry keyed by every label: space's "classes", ytuning's
+    "attention" and "special_tokens") keep the classes `kept`, in that order; its other parts as they are.
+    With a thousand classes, --top-classes 3 kept three probabilities beside a thousand class blocks."""
+    return {key: {lab: part[lab] for lab in kept} if isinstance(part, dict) and set(part) == labels else part
+            for key, part in explanation.items()}
 
 
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),

@@ -287,7 +287,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     _input_args(x)
     x.add_argument("--top", type=_whole(1), default=5, help="how many tokens or spans to show (default: 5)")
     x.add_argument("--top-classes", type=_whole(1), metavar="K",
-                   help="--json: keep the K likeliest classes' probabilities, likeliest first (default: every class)")
+                   help="--json: keep the K likeliest classes' probabilities and per-class explanations, likeliest first "
+                        "(default: every class)")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
     x.add_argument("--occlusion", action="store_true",
                    help="also cut each word out in turn and show how much the prediction's probability drops without "

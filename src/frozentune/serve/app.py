@@ -68,8 +68,8 @@ OCCLUSION = ("also cut each word out of the text in turn and list the words whos
              "label's probability most (explanation.occlusion: drop and the probability without the word; one more "
              "row per word), for any task: what the prediction depends on, where a head's own explanation is a "
              "quantity inside it")
-TOP_CLASSES = ("keep each task's K likeliest classes in its scores, likeliest first (default: every class, in label "
-               "order)")
+TOP_CLASSES = ("keep each task's K likeliest classes in its scores, likeliest first, and in its explanation's per-class "
+               "parts (default: every class, in label order)")
 
 
 class Classify(BaseModel):

@@ -345,7 +345,8 @@ class Engine:
         RequestError for a bad request (nothing queued). occlusion (with explain): every task's
         explanation also lists the words whose removal lowers its prediction most (plan_occlusion);
         every task explains so, those without an explanation of their own too. top_classes: each task's
-        scores keep the K likeliest classes, likeliest first (None: every class)."""
+        scores keep the K likeliest classes, likeliest first, and so do its explanation's per-class parts
+        (None: every class)."""
         if top_classes is not None and (not isinstance(top_classes, int) or isinstance(top_classes, bool)
                                         or top_classes < 1):
             raise RequestError(f"top_classes {top_classes!r}: give a whole number of at least 1 (how many of the "
