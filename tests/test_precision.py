@@ -115,6 +115,36 @@ def test_default_precision_on_cpu_is_a_precision_with_a_reason():
     check_precision(chosen, CPU)
 
 
+def test_a_precision_slower_than_fp32_on_this_cpu_is_said(monkeypatch):
+    """On a CPU without VNNI or bf16 instructions (an AVX2-only AMD EPYC), int8 and bf16 products ran 60x slower
+    than fp32's and the pass 7-50x slower, where they were asked for speed; and a model trained on bf16 states
+    on a CPU with bf16 instructions ran its predictions in bf16 on such a CPU, with no word. The runtime's line
+    now says so, from a measurement on this CPU (replaced here by given ratios), and what to use instead."""
+    from frozentune.extract import choose_runtime
+    from frozentune.extract import precision as P
+
+    ratios = {"int8": 0.02, "bf16": 0.3, "fp16": 1.8}
+    monkeypatch.setattr(P, "speed_vs_fp32", lambda p: ratios[p])  # fp32 is never measured: a KeyError
+    advice = "this pass will be slower, not faster; --precision fp32 is exact and faster here"
+    assert choose_runtime("cpu", "int8").lines[-1] == ("precision: int8 (as asked); on this CPU a matrix product in "
+                                                       f"int8 ran 50x slower than in fp32 (measured just now): {advice}")
+    assert choose_runtime("cpu", "fp16").lines[-1] == "precision: fp16 (as asked)"
+    assert choose_runtime("cpu", "fp32").lines[-1] == "precision: fp32 (as asked)"
+    trained = choose_runtime("cpu", None, fallback="bf16", fallback_why="the precision the model was trained with")
+    assert trained.precision == "bf16" and trained.lines[-1] == (
+        "precision: bf16 (the precision the model was trained with); on this CPU a matrix product in bf16 ran 3.3x "
+        f"slower than in fp32 (measured just now): {advice}")
+    assert P.slow_note("int8", torch.device("cuda")) is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
+def test_speed_against_fp32_is_measured_here(precision):
+    from frozentune.extract.precision import speed_vs_fp32
+
+    r = speed_vs_fp32(precision)  # a ratio of two timings on this CPU, whatever it is: positive and finite
+    assert 0 < r < float("inf")
+
+
 def test_default_precision_on_gpus():
     cuda, why = default_precision(torch.device("cuda"))
     assert cuda in ("bf16", "fp16") and why

@@ -48,15 +48,24 @@ def choose_runtime(device: str | None, precision: str | None, fallback: str | No
     lines = [said]
     if precision is not None:
         check_precision(precision, dev)
-        lines.append(f"precision: {precision} (as asked)")
+        lines.append(f"precision: {precision} (as asked)" + _slow(precision, dev))
         return Runtime(dev, precision, lines)
     if fallback is not None:
         try:
             check_precision(fallback, dev)
-            lines.append(f"precision: {fallback} ({fallback_why})" if fallback_why else f"precision: {fallback}")
+            lines.append((f"precision: {fallback} ({fallback_why})" if fallback_why else f"precision: {fallback}")
+                         + _slow(fallback, dev))
             return Runtime(dev, fallback, lines)
         except ExtractError as e:
             lines.append(f"precision: {fallback} cannot run on {dev} ({e}); using this device's default")
-    chosen, why = default_precision(dev)
+    chosen, why = default_precision(dev)  # (bf16 only where the CPU has bf16 instructions: not slower there)
     lines.append(f"precision: {chosen} (default on {dev}: {why}; --precision to choose)")
     return Runtime(dev, chosen, lines)
+
+
+def _slow(precision: str, device: torch.device) -> str:
+    """"; <what to do>" when the precision would make the pass slower than fp32 on this CPU, else ""."""
+    from .precision import slow_note
+
+    note = slow_note(precision, device)
+    return f"; {note}" if note else ""

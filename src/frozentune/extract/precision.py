@@ -141,6 +141,57 @@ AVX2_WHY = ("CPU without native bf16: bf16/fp16 are emulated (measured 4-5x slow
             "faster and moves the states 6-8%; --precision int8 to trade that accuracy for speed")
 
 
+# A reduced precision whose matrix product runs below this fraction of fp32's speed on this CPU is said to
+# make the pass slower. Measured once per process (speed_vs_fp32): CPUs of one kind differ here. On an AMD EPYC
+# with AVX2 only (no VNNI, no AVX-512 BF16), (256 x 384)·(384 x 1536), 1 thread: fp32 6.5 ms, torch._int_mm
+# 420 ms (65x slower), bf16 455 ms; bench/precision_speed.py on that CPU: int8 0.02x, bf16 0.13x fp32.
+SLOWER = 0.5
+
+
+@functools.lru_cache(maxsize=None)
+def speed_vs_fp32(precision: str) -> float:
+    """How fast this CPU multiplies matrices in `precision` as a ratio to fp32 (above 1: faster), measured
+    now and once per process, at torch's current thread count: (128 x 384)·(384 x 1536), the shape of
+    MiniLM's feed-forward up-projection over 128 tokens, best of 3 after a warm-up. bf16/fp16: the product
+    of tensors of that dtype (what autocast runs); int8: torch._int_mm, as Int8Linear runs it. Takes
+    ~10 ms where the precision is fast, up to ~1 s where it is slow."""
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 384, generator=g), torch.randn(384, 1536, generator=g)
+    if precision == "int8":
+        ai, bi = (a * 20).clamp(-127, 127).to(torch.int8), (b * 20).clamp(-127, 127).to(torch.int8)
+        run = functools.partial(torch._int_mm, ai, bi)
+    else:
+        run = functools.partial(torch.matmul, a.to(DTYPES[precision]), b.to(DTYPES[precision]))
+
+    def best(f) -> float:
+        f()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best(functools.partial(torch.matmul, a, b)) / max(best(run), 1e-9)
+
+
+def slow_note(precision: str, device: torch.device) -> str | None:
+    """What to say when `precision` would make the CPU pass slower than fp32 here (speed_vs_fp32 below SLOWER):
+    a user who chose int8 or bf16 for speed, or a model trained on bf16 states on a CPU that has bf16
+    instructions and then run on one that has not, got a pass many times slower and no word of it. None
+    on other devices, for fp32, and where the precision is not slower."""
+    if torch.device(device).type != "cpu" or precision == "fp32":
+        return None
+    ratio = speed_vs_fp32(precision)
+    if ratio >= SLOWER:
+        return None
+    times = f"{1 / ratio:.1f}" if ratio > 0.1 else f"{1 / ratio:.0f}"
+    return (f"on this CPU a matrix product in {precision} ran {times}x slower than in fp32 (measured just now): "
+            f"this pass will be slower, not faster; --precision fp32 is exact and faster here")
+
+
 def _x86_avx2() -> bool:
     f = cpu_features()
     return bool(f["avx2"]) and str(f["capability"]).startswith(("AVX2", "AVX512"))
