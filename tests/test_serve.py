@@ -11,6 +11,7 @@ Chromium.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -1416,26 +1417,34 @@ def answering(proc, port: int, seconds: float = 120.0) -> None:
             time.sleep(0.25)
 
 
+@contextlib.contextmanager
+def serve_process(model: Path, ignored: tuple = ()):
+    """`frozentune serve MODEL` as a child process on a free loopback port, one thread: yields (process, port);
+    killed at the end if it still runs. ignored: signals it starts with ignored (as nohup does: clirun.start)."""
+    from frozentune.serve.app import listen_socket
+
+    with listen_socket("127.0.0.1", 0) as s:
+        port = s.getsockname()[1]
+    proc = start("serve", model, "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"},
+                 ignored=ignored)
+    try:
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_serve_stops_gracefully_on_a_hangup_as_on_sigterm(models, sig):
     """SIGHUP (the terminal closed) killed the server at once: no exit line, the requests in flight
     dropped. Now it stops as on SIGTERM: it answers what is in flight, says so, and exits 128 + the signal."""
     import signal
 
-    from frozentune.serve.app import listen_socket
-
-    with listen_socket("127.0.0.1", 0) as s:
-        port = s.getsockname()[1]
-    argv = ["serve", models / "probe", "--port", str(port), "--allocator", "system"]
-    proc = start(*argv, env={"OMP_NUM_THREADS": "1"})
-    try:
+    with serve_process(models / "probe") as (proc, port):
         answering(proc, port)
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 128 + getattr(signal, sig), err
     assert "Application shutdown complete" in err  # the graceful stop: the engine closed after what was in flight
     assert err.strip().splitlines()[-1] == (f"frozentune: interrupted by {sig}; the server stopped accepting and "
@@ -1447,13 +1456,7 @@ def test_serve_under_nohup_keeps_ignoring_a_hangup(models):
     the server must not take SIGHUP back as its stop signal. It answers after a hangup, and SIGTERM still stops it."""
     import signal
 
-    from frozentune.serve.app import listen_socket
-
-    with listen_socket("127.0.0.1", 0) as s:
-        port = s.getsockname()[1]
-    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"},
-                 ignored=(signal.SIGHUP,))
-    try:
+    with serve_process(models / "probe", ignored=(signal.SIGHUP,)) as (proc, port):
         answering(proc, port)
         proc.send_signal(signal.SIGHUP)
         time.sleep(1.0)
@@ -1462,10 +1465,6 @@ def test_serve_under_nohup_keeps_ignoring_a_hangup(models):
         assert got.status_code == 200, got.text
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGHUP" not in err, err
 
@@ -2177,12 +2176,7 @@ def test_a_second_interrupt_stops_at_once_with_one_line(models):
     import signal
     import socket
 
-    from frozentune.serve.app import listen_socket
-
-    with listen_socket("127.0.0.1", 0) as s:
-        port = s.getsockname()[1]
-    proc = start("serve", models / "probe", "--port", str(port), "--allocator", "system", env={"OMP_NUM_THREADS": "1"})
-    try:
+    with serve_process(models / "probe") as (proc, port):
         answering(proc, port)
         with socket.create_connection(("127.0.0.1", port), timeout=30) as held:  # a request whose body never ends
             held.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -2193,10 +2187,6 @@ def test_a_second_interrupt_stops_at_once_with_one_line(models):
             assert proc.poll() is None, "one SIGINT waits for the request in flight"
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == ("frozentune: interrupted by SIGINT; the server stopped at once on the second "
