@@ -125,7 +125,7 @@ def test_a_precision_slower_than_fp32_on_this_cpu_is_said(monkeypatch):
 
     ratios = {"int8": 0.02, "bf16": 0.3, "fp16": 1.8}
     monkeypatch.setattr(P, "speed_vs_fp32", lambda p: ratios[p])  # fp32 is never measured: a KeyError
-    advice = "this pass will be slower, not faster; --precision fp32 is exact and faster here"
+    advice = "it will run slower, not faster; --precision fp32 is exact and faster here"
     assert choose_runtime("cpu", "int8").lines[-1] == ("precision: int8 (as asked); on this CPU a matrix product in "
                                                        f"int8 ran 50x slower than in fp32 (measured just now): {advice}")
     assert choose_runtime("cpu", "fp16").lines[-1] == "precision: fp16 (as asked)"

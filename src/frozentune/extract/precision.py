@@ -189,7 +189,7 @@ def slow_note(precision: str, device: torch.device) -> str | None:
         return None
     times = f"{1 / ratio:.1f}" if ratio > 0.1 else f"{1 / ratio:.0f}"
     return (f"on this CPU a matrix product in {precision} ran {times}x slower than in fp32 (measured just now): "
-            f"this pass will be slower, not faster; --precision fp32 is exact and faster here")
+            f"it will run slower, not faster; --precision fp32 is exact and faster here")
 
 
 def _x86_avx2() -> bool:
