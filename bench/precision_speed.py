@@ -3,6 +3,8 @@
   python bench/precision_speed.py --threads 1 --out bench/results/precision_speed.json
   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
       python bench/precision_speed.py --threads 1 --small fp16,bf16 --out bench/results/precision_speed-avx2.json
+  python bench/precision_speed.py --threads 1 --repeats 3 --imdb 250 --small fp16,bf16,int8 \
+      --out bench/results/precision_speed-avx2-native.json   # on a CPU with AVX2 only (int8 is slow there too)
   python bench/precision_speed.py --report bench/results/precision_speed.json   # only print the table
 
 MiniLM (`minilm`), the frozen pass as extraction runs it: frozentune.extract.precision.prepare, then

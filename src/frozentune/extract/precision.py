@@ -41,6 +41,13 @@ How each precision runs (chosen by measurement, see bench/precision_speed.py and
   up to 9e5 on a 384-term product under ONEDNN_MAX_CPU_ISA=AVX2). `int8_weight_levels` checks the
   product once per process on worst-case values and uses 7-bit weights (±63, exact there) when
   8-bit ones are not exact: the states' error is then 5.7% / 7.9%.
+
+  That AVX2 was an AVX-512 CPU held to AVX2 by environment variables, and it was no measurement of a CPU
+  that has AVX2 only. On one (an AMD EPYC without AVX-512 or VNNI, a machine of this project's kind),
+  torch._int_mm is exact with 8-bit weights (3.6% / 5.5%) but runs a slow kernel: int8 0.03x fp32's tokens/s,
+  bf16 0.13x / 0.15x, fp16 0.15x / 0.16x (bench/results/precision_speed-avx2-native.json). So the speed of a
+  reduced precision is measured on the CPU at hand when one is chosen (speed_vs_fp32), and said when it is
+  slower than fp32 (slow_note).
 """
 from __future__ import annotations
 
@@ -109,10 +116,15 @@ def default_precision(device: torch.device) -> tuple[str, str]:
           --out bench/results/precision_speed-avx2.json   (the same CPU limited to AVX2):
           bf16 0.22x / 0.24x, fp16 0.22x / 0.22x, int8 1.39x / 1.17x (5.7% / 7.9%: 7-bit weights)
 
+      python bench/precision_speed.py --threads 1 --repeats 3 --imdb 250 --small fp16,bf16,int8 \
+          --out bench/results/precision_speed-avx2-native.json   (AMD EPYC with AVX2 only, no VNNI):
+          bf16 0.13x / 0.15x, fp16 0.15x / 0.16x, int8 0.03x / 0.03x (3.6% / 5.5%)
+
     Native bf16 → bf16: as fast as int8 on short texts and faster on long ones, with 1/8 of its error.
-    Other x86 CPUs → fp32: bf16/fp16 are emulated (4-5x slower); int8 is the fastest there but only
-    1.2-1.4x, with states 6-8% off, which moved an SST-2 probe trained on fp32 states by up to 1
-    point (goal 0.5): a default should not cost accuracy for that. --precision int8 to choose it.
+    Other x86 CPUs → fp32: bf16/fp16 are emulated (4-8x slower); int8 was 1.2-1.4x on the AVX-512 CPU
+    held to AVX2 and 30x slower on the AVX2-only one, with states 4-8% off, which moved an SST-2 probe trained on fp32 states
+    by up to 1 point (goal 0.5): a default should not cost accuracy for that. --precision int8 to
+    choose it (its speed here is then measured and said).
     CUDA → bf16 where supported (fp32's range, so no overflow), else fp16; both autocast, norms in
     fp32. MPS → fp32 (not measured: see the reason).
     """
@@ -137,8 +149,10 @@ def default_precision(device: torch.device) -> tuple[str, str]:
 BF16_WHY = ("CPU with native bf16: measured 1.7-1.9x fp32, states off by 0.5-0.7% on average (int8: "
             "1.5-1.9x, states ~4-5% off)")
 AVX2_CHOICE = "fp32"
-AVX2_WHY = ("CPU without native bf16: bf16/fp16 are emulated (measured 4-5x slower); int8 is only 1.2-1.4x "
-            "faster and moves the states 6-8%; --precision int8 to trade that accuracy for speed")
+AVX2_WHY = ("CPU without native bf16: bf16/fp16 are emulated (measured 4-8x slower); int8 moves the states 4-8% "
+            "and its speed differs between CPUs (1.2-1.4x fp32 on an AVX-512 CPU held to AVX2, 0.03x on an "
+            "AVX2-only EPYC): --precision int8 "
+            "measures it here and says")
 
 
 # A reduced precision whose matrix product runs below this fraction of fp32's speed on this CPU is said to
