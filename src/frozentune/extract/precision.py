@@ -150,9 +150,7 @@ BF16_WHY = ("CPU with native bf16: measured 1.7-1.9x fp32, states off by 0.5-0.7
             "1.5-1.9x, states ~4-5% off)")
 AVX2_CHOICE = "fp32"
 AVX2_WHY = ("CPU without native bf16: bf16/fp16 are emulated (measured 4-8x slower); int8 moves the states 4-8% "
-            "and its speed differs between CPUs (1.2-1.4x fp32 on an AVX-512 CPU held to AVX2, 0.03x on an "
-            "AVX2-only EPYC): --precision int8 "
-            "measures it here and says")
+            "and its speed differs between CPUs (measured 0.03-1.4x fp32): --precision int8 measures it here")
 
 
 # A reduced precision whose matrix product runs below this fraction of fp32's speed on this CPU is said to
