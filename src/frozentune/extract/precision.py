@@ -121,10 +121,10 @@ def default_precision(device: torch.device) -> tuple[str, str]:
           bf16 0.13x / 0.15x, fp16 0.15x / 0.16x, int8 0.03x / 0.03x (3.6% / 5.5%)
 
     Native bf16 → bf16: as fast as int8 on short texts and faster on long ones, with 1/8 of its error.
-    Other x86 CPUs → fp32: bf16/fp16 are emulated (4-8x slower); int8 was 1.2-1.4x on the AVX-512 CPU
-    held to AVX2 and 30x slower on the AVX2-only one, with states 4-8% off, which moved an SST-2 probe trained on fp32 states
-    by up to 1 point (goal 0.5): a default should not cost accuracy for that. --precision int8 to
-    choose it (its speed here is then measured and said).
+    Other x86 CPUs → fp32: bf16/fp16 are emulated (4-8x slower); int8 was 1.2-1.4x on the AVX-512
+    CPU held to AVX2 and 30x slower on the AVX2-only one, with states 4-8% off, which moved an SST-2
+    probe trained on fp32 states by up to 1 point (goal 0.5): a default should not cost accuracy for
+    that. --precision int8 to choose it (its speed here is then measured and said).
     CUDA → bf16 where supported (fp32's range, so no overflow), else fp16; both autocast, norms in
     fp32. MPS → fp32 (not measured: see the reason).
     """
@@ -156,7 +156,7 @@ AVX2_WHY = ("CPU without native bf16: bf16/fp16 are emulated (measured 4-8x slow
 # A reduced precision whose matrix product runs below this fraction of fp32's speed on this CPU is said to
 # make the pass slower. Measured once per process (speed_vs_fp32): CPUs of one kind differ here. On an AMD EPYC
 # with AVX2 only (no VNNI, no AVX-512 BF16), (256 x 384)·(384 x 1536), 1 thread: fp32 6.5 ms, torch._int_mm
-# 420 ms (65x slower), bf16 455 ms; bench/precision_speed.py on that CPU: int8 0.02x, bf16 0.13x fp32.
+# 420 ms (65x slower), bf16 455 ms; bench/precision_speed.py on that CPU: int8 0.03x, bf16 0.13x fp32.
 SLOWER = 0.5
 
 
