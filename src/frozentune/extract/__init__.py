@@ -42,30 +42,22 @@ def choose_runtime(device: str | None, precision: str | None, fallback: str | No
     """The device and precision of the frozen pass from --device / --precision. Without
     --precision: `fallback` (e.g. the precision a saved model was trained with) when it can run on
     the device, else the device's measured default; the lines say which and why."""
-    from .precision import check_precision, default_precision
+    from .precision import check_precision, default_precision, slow_suffix
 
     dev, said = resolve_device("auto" if device is None else device)  # "" is an error there, not auto
     lines = [said]
     if precision is not None:
         check_precision(precision, dev)
-        lines.append(f"precision: {precision} (as asked)" + _slow(precision, dev))
+        lines.append(f"precision: {precision} (as asked)" + slow_suffix(precision, dev))
         return Runtime(dev, precision, lines)
     if fallback is not None:
         try:
             check_precision(fallback, dev)
             lines.append((f"precision: {fallback} ({fallback_why})" if fallback_why else f"precision: {fallback}")
-                         + _slow(fallback, dev))
+                         + slow_suffix(fallback, dev))
             return Runtime(dev, fallback, lines)
         except ExtractError as e:
             lines.append(f"precision: {fallback} cannot run on {dev} ({e}); using this device's default")
     chosen, why = default_precision(dev)  # (bf16 only where the CPU has bf16 instructions: not slower there)
     lines.append(f"precision: {chosen} (default on {dev}: {why}; --precision to choose)")
     return Runtime(dev, chosen, lines)
-
-
-def _slow(precision: str, device: torch.device) -> str:
-    """"; <what to do>" when the precision would make the pass slower than fp32 on this CPU, else ""."""
-    from .precision import slow_note
-
-    note = slow_note(precision, device)
-    return f"; {note}" if note else ""

@@ -167,7 +167,7 @@ def speed_vs_fp32(precision: str) -> float:
     MiniLM's feed-forward up-projection over 128 tokens, best of 3 after a warm-up. bf16/fp16: the product
     of tensors of that dtype (what autocast runs); int8: torch._int_mm, as Int8Linear runs it. Takes
     ~10 ms where the precision is fast, up to ~1 s where it is slow."""
-    import time
+    import timeit
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(128, 384, generator=g), torch.randn(384, 1536, generator=g)
@@ -178,13 +178,8 @@ def speed_vs_fp32(precision: str) -> float:
         run = functools.partial(torch.matmul, a.to(DTYPES[precision]), b.to(DTYPES[precision]))
 
     def best(f) -> float:
-        f()
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            f()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        f()  # the warm-up
+        return min(timeit.repeat(f, number=1, repeat=3))
 
     return best(functools.partial(torch.matmul, a, b)) / max(best(run), 1e-9)
 
@@ -202,6 +197,13 @@ def slow_note(precision: str, device: torch.device) -> str | None:
     times = f"{1 / ratio:.1f}" if ratio > 0.1 else f"{1 / ratio:.0f}"
     return (f"on this CPU a matrix product in {precision} ran {times}x slower than in fp32 (measured just now): "
             f"it will run slower, not faster; --precision fp32 is exact and faster here")
+
+
+def slow_suffix(precision: str, device: torch.device) -> str:
+    """"; <slow_note>" to end a line saying the precision, or "" where it is not slower (every such line: the
+    backbone pass's runtime and decoding's)."""
+    note = slow_note(precision, device)
+    return f"; {note}" if note else ""
 
 
 def _x86_avx2() -> bool:

@@ -25,7 +25,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..extract.precision import DTYPES, check_precision, slow_note
+from ..extract.precision import DTYPES, check_precision, slow_suffix
 from .prefix import PrefixError
 
 DECODE_PRECISIONS = ("fp32", "bf16", "fp16")
@@ -47,10 +47,9 @@ def choose_decode_precision(given: str | None, device: torch.device) -> tuple[st
         return DECODE_DEFAULT, f"precision: {DECODE_WHY}"
     _check_known(given)
     check_precision(given, torch.device(device))
-    slow = slow_note(given, torch.device(device))  # (decoding's products are the LM's linear layers)
     return given, f"precision: decoding in {given} (--precision {given})" + (
         "; a near-tie between two tokens can go either way, and a row's tokens can depend on what shares its batch"
-        if given != "fp32" else "") + (f"; {slow}" if slow else "")
+        if given != "fp32" else "") + slow_suffix(given, torch.device(device))  # (the LM's linear layers' products)
 
 
 def for_decoding(lm: nn.Module, precision: str) -> nn.Module:
