@@ -888,12 +888,16 @@ def test_a_signal_while_a_point_is_written_still_stops_the_sweep(trec_slice, tin
     monkeypatch.setattr(journal, "os", OsButFsync(fsync=fsync_then_signal))
     from frozentune import interrupts
 
+    # SIGINT as a plain Python program has it: a suite started in the background (`make test &`) inherits it
+    # ignored, which Python and the held block keep, and then no signal was raised at all
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             run_sweep(Grid.parse("probe", seeds="0,1,2"), str(trec_slice),
                       api.BackboneOptions(str(tiny_bert), max_length=16), shots=2, cache_root=tmp_path / "c",
                       log=lambda s: None)
     finally:
+        signal.signal(signal.SIGINT, before)
         interrupts.clear()  # the recorded signal, as the command line clears it when a command ends
     [kept] = (tmp_path / "c").glob("sweep-*.points.jsonl")
     assert len(kept.read_text().splitlines()) == 1 + 1  # the header and the whole line, and no point after it
