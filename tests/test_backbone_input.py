@@ -12,6 +12,7 @@ import shutil
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clirun import cli, with_defaults
@@ -300,7 +301,7 @@ def test_cache_command_on_a_text_of_two_million_characters(tiny_bert, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     a = cli("cache", data, "--backbone", tiny_bert, "--max-length", 32, "--cache-dir", tmp_path / "cache", "--quiet",
             code=0, row=R_LONG, show="reached --max-length")
-    assert "1 reached --max-length 32 (truncated)" in a.out
+    assert "1 reached --max-length 32 (cut there, or exactly that long)" in a.out
     assert "train: 2 examples" in a.out
     from transformers import AutoTokenizer
 
@@ -323,6 +324,55 @@ def _byte_bpe():
                                    eos_token="</s>")
 
 
+def _tokenizer(which: str, tiny_bert: Path):
+    """A fast tokenizer of each kind the direct encode is checked on."""
+    from transformers import AutoTokenizer
+
+    from conftest import word_tokenizer
+
+    if which == "words":
+        return word_tokenizer(["what", "is", "the", "capital", "of", "Australia", "?"])
+    if which == "byte_bpe":
+        return _byte_bpe()
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    tok.split_special_tokens = which == "minilm_split_special"
+    tok.truncation_side = "left" if which == "minilm_left" else "right"
+    return tok
+
+
+@pytest.mark.parametrize("which", ["minilm", "minilm_split_special", "minilm_left", "words", "byte_bpe"])
+def test_cut_is_whether_the_input_went_on_past_max_length(which, tiny_bert):
+    """"truncated" was `length >= max_length`: a text of exactly max_length tokens, read whole, was said to
+    be cut. Tokenized.cut is whether the input (text or pair) has more tokens than max_length untruncated,
+    whichever way it was tokenized: the backend's direct encode, the tokenizer's call with its encodings
+    (tokenize_with_views), a slow tokenizer's (no encodings: the inputs at the limit tokenized again),
+    and texts cut by characters before tokenizing (heads_of)."""
+    import random
+
+    from frozentune.backbone import _encode, tokenize, went_on
+
+    tok = _tokenizer(which, tiny_bert)
+    rng = random.Random(5)
+    words = ["what", "is", "the", "capital", "of", "Australia", "?", "naïve", "x" * 30, " "]
+    singles = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 14))) for _ in range(150)]
+    singles += ["what " * 400]  # cut by characters first at every max_length below
+    pairs = [(a, b) for a, b in zip(singles, reversed(singles))]
+    exact = 0
+    for L in (4, 8, 16):
+        for texts in (singles, pairs):
+            whole = tok(texts) if texts is singles else tok(*map(list, zip(*texts)))  # untruncated (as a batch: a
+            full = [len(x) for x in whole["input_ids"]]  # pair's empty second text stays a second text)
+            want = np.array(full) > L
+            exact += sum(n == L for n in full)
+            got = tokenize(tok, texts, L)
+            assert got.cut.tolist() == want.tolist(), (L, texts is pairs)
+            assert got.at_limit == sum(n >= L for n in full)  # reaching the limit is not the same as going past it
+            enc, precut = _encode(tok, texts, L)
+            assert went_on(tok, texts, enc["input_ids"], L, precut, enc.encodings).tolist() == want.tolist()
+            assert went_on(tok, texts, enc["input_ids"], L, precut, None).tolist() == want.tolist()
+    assert exact >= 10  # inputs of exactly max_length tokens were there to be told apart
+
+
 @pytest.mark.parametrize("which", ["minilm", "minilm_split_special", "minilm_left", "words", "byte_bpe"])
 def test_the_backends_own_encode_gives_the_tokenizers_ids(which, tiny_bert):
     """tokenize() calls a fast tokenizer's Rust backend directly (no offsets, no Python lists of
@@ -332,17 +382,9 @@ def test_the_backends_own_encode_gives_the_tokenizers_ids(which, tiny_bert):
 
     from transformers import AutoTokenizer
 
-    from conftest import word_tokenizer
     from frozentune.backbone import _direct, _encode, _ids, tokenize
 
-    if which == "words":
-        tok = word_tokenizer(["what", "is", "the", "capital", "of", "Australia", "?"])
-    elif which == "byte_bpe":
-        tok = _byte_bpe()
-    else:
-        tok = AutoTokenizer.from_pretrained(str(tiny_bert))
-        tok.split_special_tokens = which == "minilm_split_special"
-        tok.truncation_side = "left" if which == "minilm_left" else "right"
+    tok = _tokenizer(which, tiny_bert)
     assert _direct(tok)
     rng = random.Random(2)
     words = ["what", "is", "the", "capital", "of", "Australia", "?", "naïve", "日本語", "😀", "[SEP]", "[CLS]",

@@ -476,12 +476,14 @@ def test_predict_gives_its_rows_a_chunk_at_a_time(trained, monkeypatch, capsys):
     assert len(stdout.splitlines()) == 3
 
 
-def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp_path):
+def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp_path, tiny_bert):
     """The API took a bare string as one text per character, and met an empty list, None, top=-1 and
     an unknown training option with errors from deep inside torch / transformers / dataclasses."""
     from frozentune import api
     from frozentune.data import DataError
     from frozentune.registry import MethodError
+
+    from transformers import AutoTokenizer
 
     out, _, cache = trained
     for texts, says in (("Who wrote Hamlet ?", "a single str"), ([], "the list is empty"), (None, "NoneType, not a list"),
@@ -521,9 +523,13 @@ def test_the_python_api_answers_mistakes_in_plain_words(trained, trec_slice, tmp
         api.predict(out, ["a question ?", "\u0301\u0301"])
     # a text cut at max_length says so, as the server's answer does (predict said nothing)
     said: list[str] = []
-    rows = api.predict(out, ["a short one ?", "word " * 500], log=said.append)
-    assert "truncated" not in rows[0] and rows[1]["truncated"] is True
-    assert any("1 of 2 texts reached --max-length 32 tokens" in line for line in said)
+    exact = "word " * 30  # [CLS] + 30 + [SEP]: exactly --max-length 32, read whole (it was said to be truncated)
+    assert len(AutoTokenizer.from_pretrained(str(tiny_bert))(exact)["input_ids"]) == 32
+    rows = api.predict(out, ["a short one ?", "word " * 500, exact], log=said.append)
+    assert "truncated" not in rows[0] and rows[1]["truncated"] is True and "truncated" not in rows[2]
+    assert any("1 of 3 texts reached --max-length 32 tokens" in line for line in said)
+    assert [("truncated" in r) for r in api.explain(out, [exact, exact + "word"], log=said.append,
+                                                     occlusion=True)] == [False, True]
     with pytest.raises(MethodError, match=re.escape("BackboneOptions: max_length='32'")):
         api.BackboneOptions(max_length="32")
     with pytest.raises(DataError, match=re.escape("--shots '3': give a whole number")):

@@ -84,12 +84,13 @@ def test_the_export_folder_carries_a_card_of_its_heads(heads, graph_dir):
 
 
 def test_predict_onnx_gives_predicts_labels(heads, graph_dir):
-    texts = [*TEXTS, "a question that goes on " * 200]  # the last is cut at max_length: both say "truncated"
+    exact = "word " * (json.loads((graph_dir / "onnx.json").read_text())["max_length"] - 2)  # read whole: not cut
+    texts = [*TEXTS, exact, "a question that goes on " * 200]  # the last is cut at max_length: both say "truncated"
     ans = cli("predict", "--onnx", graph_dir, *texts, code=0)
     rows = [json.loads(line) for line in ans.out.splitlines()]
     assert [r["text"] for r in rows] == texts
-    assert [r.get("truncated", False) for r in rows] == [False] * len(TEXTS) + [True]  # it said nothing of the cut
-    assert "1 of 5 texts reached --max-length" in ans.err
+    assert [r.get("truncated", False) for r in rows] == [False] * (len(TEXTS) + 1) + [True]  # it said nothing of the cut
+    assert "1 of 6 texts reached --max-length" in ans.err
     for m in HEADS:
         want = [json.loads(line) for line in cli("predict", "--model", heads / m, "--precision", "fp32", *texts,
                                                  code=0).out.splitlines()]

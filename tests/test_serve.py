@@ -941,6 +941,17 @@ def test_a_megabyte_text_is_cut_to_max_length_and_said(client):
     assert row["truncated"] and "max_length (128 tokens" in row["note"] and row["chars"] == 1_000_000
 
 
+def test_a_text_of_exactly_max_length_tokens_is_not_said_to_be_cut(client, engine):
+    """[CLS] + 126 words + [SEP] is 128 tokens, read whole: "truncated" was length >= max_length, and said
+    it was cut ("what follows was not read"). One word more is cut, and said to be."""
+    (group,) = {t.group for t in engine.tasks.values() if t.name in ("probe", "space")}
+    assert len(group.backbone.tok("word " * 126)["input_ids"]) == 128 == group.max_length
+    for words, cut in ((126, False), (127, True)):
+        for route, tasks in (("/v1/classify", ["probe", "space"]), ("/v1/explain", ["space"])):
+            row = client.post(route, json={"text": "word " * words, "tasks": tasks}).json()["results"][0]
+            assert row["truncated"] is cut and ("note" in row) is cut, (words, route)
+
+
 class Gate:
     """Holds a group's batches until opened: a slow backbone, to fill the queue on purpose (or, with
     part="heads", slow heads)."""

@@ -1055,17 +1055,18 @@ def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool
     from . import train as T
 
     bb = model.backbone_ref
-    lengths = []
+    cuts = []
     t0 = said = time.perf_counter()
     for first in range(0, len(texts), chunk):
         part = texts[first:first + chunk]
-        probs, src = _scored(model, _with_text(bb, part, bb.tokenize(part), first), pairs)
+        tokens = _with_text(bb, part, bb.tokenize(part), first)
+        probs, src = _scored(model, tokens, pairs)
         if not np.isfinite(probs).all():
             bad = int((~np.isfinite(probs).all(1)).sum())
             raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
                                    f"{len(part)} texts; its weights are damaged: train it again")
-        cut = cut_rows(src.lengths, bb.max_length, pairs)  # the text went on past what was read (said at the end)
-        lengths.append(np.asarray(src.lengths))
+        cut = cut_rows(tokens.cut, bb.max_length, pairs)  # the text went on past what was read (said at the end)
+        cuts.append(cut)
         yield from ({**text_row(t), **likeliest(labelled(model.labels, p), top_classes),
                      **({"truncated": True} if c else {})} for t, p, c in zip(part, probs, cut))
         done = first + len(part)
@@ -1073,7 +1074,7 @@ def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool
             said, rate = now, done / (now - t0)
             log(f"predict: {done:,} of {len(texts):,} {'pairs' if pairs else 'texts'}, {rate:,.0f} a second, about "
                 f"{(len(texts) - done) / rate / 60:,.1f} min left")
-    cut_rows(np.concatenate(lengths), bb.max_length, pair_kind(texts), log)  # said once, for all of them
+    cut_rows(np.concatenate(cuts), bb.max_length, pair_kind(texts), log)  # said once, for all of them
 
 
 def whole_chunk(chunk: object) -> int:
@@ -1206,7 +1207,8 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                if row["tokens_per_s"] and built > secs * 1.01 + 0.05 else
                f" ({secs:.1f}s, {row['tokens_per_s']:,.0f} tok/s)" if row["tokens_per_s"] else
                f" (this part: {secs:.1f}s)" if secs else " (cached)")
-            + (f"; {row['at_max_length']:,} reached --max-length {bb.max_length} (truncated)" if row["at_max_length"] else ""))
+            + (f"; {row['at_max_length']:,} reached --max-length {bb.max_length} (cut there, or exactly that long)"
+               if row["at_max_length"] else ""))
         out.append(row)
     return out
 
@@ -1248,7 +1250,7 @@ def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5,
     tokens, views = bb.tokenize_with_views(texts)
     _with_text(bb, texts, tokens)  # an explanation would rank [CLS] and [SEP]
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
-    cut = cut_rows(tokens.lengths, bb.max_length, pairs, log)  # the explanation covers the part that was read
+    cut = cut_rows(tokens.cut, bb.max_length, pairs, log)  # the explanation covers the part that was read
     out = []
     model.eval()
     device = next(model.parameters()).device

@@ -774,11 +774,14 @@ class Tokenized:
     """Token ids of every text, unpadded. ids[i]: (L_i,) int64. max_length: the limit they were
     cut to; precut: how many texts were so long that only a leading part of their characters was
     tokenized (see `heads_of`). types[i]: (L_i,) token type ids, for sentence pairs of a tokenizer
-    that has them (BERT-style: 0 on the first text, 1 on the second); None otherwise."""
+    that has them (BERT-style: 0 on the first text, 1 on the second); None otherwise. cut: (N,) bool,
+    whether each text (or pair) went on past max_length tokens, so that its end was not read — not
+    the same as reaching max_length, which a text of exactly that many tokens does whole."""
     ids: list[np.ndarray]
     max_length: int | None = None
     precut: int = 0
     types: list[np.ndarray] | None = None
+    cut: np.ndarray | None = None
 
     def padded(self, idx: Sequence[int], pad_id: int, to_length: int | None = None,
                left: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -812,8 +815,8 @@ def _before_last_word(text: str) -> str:
     return text[:j].rstrip()
 
 
-def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int]:
-    """(texts, how many were cut): each text, or a leading part of it that tokenizes to the same
+def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], np.ndarray]:
+    """(texts, (N,) bool: which were cut): each text, or a leading part of it that tokenizes to the same
     first max_length tokens, so a text of millions of characters is never tokenized whole.
 
     The part is the text's first CHARS_PER_TOKEN × max_length characters, ended before the last
@@ -827,11 +830,11 @@ def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int
     A tokenizer that truncates on the left (truncation_side "left") keeps a text's last tokens, which
     a leading part does not hold: its texts are tokenized whole."""
     texts = list(texts)
+    cut = np.zeros(len(texts), dtype=bool)
     if getattr(tok, "truncation_side", "right") != "right":
-        return texts, 0
+        return texts, cut
     budget, ceiling = CHARS_PER_TOKEN * max_length, MAX_CHARS_PER_TOKEN * max_length
     todo = [i for i, t in enumerate(texts) if len(t) > budget]
-    cut = 0
     while todo:
         windows = [texts[i][:budget] for i in todo]
         heads = [_before_last_word(w) for w in windows]
@@ -841,20 +844,20 @@ def heads_of(tok, texts: Sequence[str], max_length: int) -> tuple[list[str], int
         again = []
         for i, head, window, ids in zip(todo, heads, windows, enc["input_ids"]):
             if (head and len(ids) > max_length) or last:
-                texts[i], cut = head or window, cut + 1
+                texts[i], cut[i] = head or window, True
             elif len(texts[i]) > budget:
                 again.append(i)
         todo = again
     return texts, cut
 
 
-def _heads(tok, texts: Sequence[Text], max_length: int) -> tuple[list[str], list[str] | None, int]:
-    """(first texts, second texts or None for single texts, how many were cut): every text, or
-    its leading part with the same first max_length tokens (heads_of)."""
+def _heads(tok, texts: Sequence[Text], max_length: int) -> tuple[list[str], list[str] | None, np.ndarray]:
+    """(first texts, second texts or None for single texts, (N,) bool: which were cut): every text,
+    or its leading part with the same first max_length tokens (heads_of)."""
     if pair_kind(texts):
         firsts, seconds = unzip(texts)  # type: ignore[arg-type]
         (a, cut_a), (b, cut_b) = heads_of(tok, firsts, max_length), heads_of(tok, seconds, max_length)
-        return a, b, cut_a + cut_b
+        return a, b, cut_a | cut_b
     heads, cut = heads_of(tok, texts, max_length)  # type: ignore[arg-type]
     return heads, None, cut
 
@@ -868,13 +871,37 @@ def _encode(tok, texts: Sequence[Text], max_length: int, **extra):
     both texts too long for half the room and one of them cut first, with an odd room (max_length
     less the special tokens): `longest_first` then gives the odd token to the text that is longer
     whole, which the cut part may not show (tests/test_backbone_input.py checks that no other pair
-    differs). Returns (encoding, how many texts were cut)."""
+    differs). Returns (encoding, (N,) bool: which inputs were cut by characters first)."""
     a, b, cut = _heads(tok, texts, max_length)
+    return _call(tok, a, b, max_length, **extra), cut
+
+
+def _call(tok, a: list[str], b: list[str] | None, max_length: int, **extra):
+    """The tokenizer's own call on first texts `a` (and second texts `b`, for pairs), cut to max_length."""
     if b is not None:
         return tok(a, b, truncation="longest_first", max_length=max_length, padding=False,
-                   return_attention_mask=False, **extra), cut
+                   return_attention_mask=False, **extra)
     return tok(a, truncation=True, max_length=max_length, padding=False,
-               return_attention_mask=False, return_token_type_ids=False, **extra), cut
+               return_attention_mask=False, return_token_type_ids=False, **extra)
+
+
+def went_on(tok, texts: Sequence[Text], ids: Sequence[Sequence[int]], max_length: int, precut: np.ndarray,
+            encodings: Sequence | None = None) -> np.ndarray:
+    """(N,) bool: which inputs went on past max_length tokens, so that their end was not read — those
+    cut by characters first (`precut`, heads_of) and those the tokenizer cut. An input of exactly
+    max_length tokens reaches the limit whole. A fast tokenizer's `encodings` say what truncation
+    dropped (`overflowing`); without them (a slow tokenizer) the inputs whose `ids` fill max_length
+    are tokenized again with room for one more token, and those that take it went on."""
+    cut = np.asarray(precut, dtype=bool).copy()
+    if encodings is not None:
+        return cut | np.fromiter((len(e.overflowing) > 0 for e in encodings), dtype=bool, count=len(cut))
+    again = [i for i, x in enumerate(ids) if len(x) >= max_length and not cut[i]]
+    if again:  # not cut by characters: the inputs whole
+        part = [texts[i] for i in again]
+        a, b = (unzip(part) if pair_kind(part) else (list(part), None))  # type: ignore[arg-type]
+        longer = _call(tok, list(a), None if b is None else list(b), max_length + 1)["input_ids"]
+        cut[again] = [len(x) > max_length for x in longer]
+    return cut
 
 
 def _direct(tok) -> bool:
@@ -901,11 +928,11 @@ def _direct_class(cls: type) -> bool:
     return issubclass(cls, TokenizersBackend) and all(same) and not modes
 
 
-def _direct_ids(tok, batch: list, max_length: int, pairs: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """(ids, token types or None) of `batch` (texts, or (first, second) tuples) as
-    `tok(batch, truncation="longest_first", max_length=max_length)` gives them: the same truncation
-    and special-token settings on the backend, its encode without offsets. Token types come back
-    for pairs, where the tokenizer's inputs name them, as transformers returns them."""
+def _direct_ids(tok, batch: list, max_length: int, pairs: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None, list]:
+    """(ids, token types or None, the backend's encodings) of `batch` (texts, or (first, second)
+    tuples) as `tok(batch, truncation="longest_first", max_length=max_length)` gives them: the same
+    truncation and special-token settings on the backend, its encode without offsets. Token types
+    come back for pairs, where the tokenizer's inputs name them, as transformers returns them."""
     from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
 
     tok.set_truncation_and_padding(PaddingStrategy.DO_NOT_PAD, TruncationStrategy.LONGEST_FIRST, max_length,
@@ -916,27 +943,34 @@ def _direct_ids(tok, batch: list, max_length: int, pairs: bool) -> tuple[list[np
     enc = backend.encode_batch_fast(batch, add_special_tokens=True)
     ids = [np.asarray(e.ids, dtype=np.int64) for e in enc]
     if not (pairs and "token_type_ids" in tok.model_input_names):
-        return ids, None
-    return ids, [np.asarray(e.type_ids, dtype=np.int64) for e in enc]
+        return ids, None, enc
+    return ids, [np.asarray(e.type_ids, dtype=np.int64) for e in enc], enc
 
 
-def _ids(enc, max_length: int | None = None, precut: int = 0, token_types: bool = True) -> Tokenized:
-    """token_types False: drop the tokenizer's token type ids (the model then reads type 0 everywhere)."""
+def _ids(enc, max_length: int | None = None, precut: np.ndarray | None = None, token_types: bool = True,
+         cut: np.ndarray | None = None) -> Tokenized:
+    """A tokenizer call's output as Tokenized. precut: which inputs were cut by characters first;
+    cut: which went on past max_length (went_on). token_types False: drop the tokenizer's token type
+    ids (the model then reads type 0 everywhere)."""
     types = enc.get("token_type_ids") if token_types else None
-    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]], max_length, precut,
-                     None if types is None else [np.asarray(x, dtype=np.int64) for x in types])
+    return Tokenized([np.asarray(x, dtype=np.int64) for x in enc["input_ids"]], max_length,
+                     0 if precut is None else int(np.sum(precut)),
+                     None if types is None else [np.asarray(x, dtype=np.int64) for x in types], cut)
 
 
 def tokenize(tok, texts: Sequence[Text], max_length: int, token_types: bool = True) -> Tokenized:
     """Tokenise with truncation to max_length (special tokens included), no padding. The result
-    says how many texts reached max_length (`at_limit`) and how many were cut by characters first.
-    token_types False: sentence pairs keep their separators but not their token type ids."""
+    says which texts went on past max_length (`cut`), how many reached it (`at_limit`) and how many
+    were cut by characters first. token_types False: sentence pairs keep their separators but not
+    their token type ids."""
     if texts and _direct(tok):
-        a, b, cut = _heads(tok, texts, max_length)
-        ids, types = _direct_ids(tok, a if b is None else list(zip(a, b)), max_length, b is not None)
-        return Tokenized(ids, max_length, cut, types if token_types else None)
-    enc, cut = _encode(tok, texts, max_length)
-    return _ids(enc, max_length, cut, token_types)
+        a, b, precut = _heads(tok, texts, max_length)
+        ids, types, enc = _direct_ids(tok, a if b is None else list(zip(a, b)), max_length, b is not None)
+        return Tokenized(ids, max_length, int(precut.sum()), types if token_types else None,
+                         went_on(tok, texts, ids, max_length, precut, enc))
+    enc, precut = _encode(tok, texts, max_length)
+    return _ids(enc, max_length, precut, token_types, went_on(tok, texts, enc["input_ids"], max_length, precut,
+                                                             enc.encodings))
 
 
 def length_batches(lengths: np.ndarray, max_tokens: int, max_batch: int) -> list[np.ndarray]:
@@ -1194,11 +1228,12 @@ class Backbone:
             raise BackboneError(f"{self.name!r} has a slow tokenizer, which cannot map tokens back to "
                                 f"characters; explanations need a fast (Rust) tokenizer: save one with "
                                 f"AutoTokenizer.from_pretrained(..., use_fast=True)")
-        enc, cut = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
+        enc, precut = _encode(self.tok, texts, self.max_length, return_offsets_mapping=True)
         views = [TokenView(t, self.tok.convert_ids_to_tokens(ids), [tuple(o) for o in offs], enc.word_ids(k),
                            enc.sequence_ids(k) if is_pair(t) else [])
                  for k, (t, ids, offs) in enumerate(zip(texts, enc["input_ids"], enc["offset_mapping"]))]
-        return self._types_fit(_ids(enc, self.max_length, cut, self.token_types)), views
+        cut = went_on(self.tok, texts, enc["input_ids"], self.max_length, precut, enc.encodings)
+        return self._types_fit(_ids(enc, self.max_length, precut, self.token_types, cut)), views
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """(B, T) ids and mask (and token types, for pairs) → (B, T, D) states; differentiable when
@@ -1248,11 +1283,12 @@ def cut_words(pairs: bool) -> str:
             else "what follows was not read")
 
 
-def cut_rows(lengths: np.ndarray, max_length: int, pairs: bool,
+def cut_rows(cut: np.ndarray, max_length: int, pairs: bool,
              log: Callable[[str], None] | None = None) -> np.ndarray:
-    """(N,) bool: the inputs whose ids (`lengths`, specials included) reached max_length, i.e. were cut
-    there; predict / explain mark them "truncated", and `log` says how many and what that means."""
-    cut = np.asarray(lengths) >= max_length
+    """`cut`, (N,) bool: the inputs that went on past max_length tokens (specials included) and were cut
+    there (Tokenized.cut; one of exactly max_length tokens was read whole); predict / explain mark them
+    "truncated", and `log` says how many and what that means."""
+    cut = np.asarray(cut, dtype=bool)
     if cut.any() and log is not None:
         log(f"{int(cut.sum()):,} of {len(cut):,} {'pairs' if pairs else 'texts'} reached --max-length {max_length} "
             f"tokens (special tokens included): {cut_words(pairs)} (\"truncated\": true)")

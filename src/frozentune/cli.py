@@ -674,7 +674,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
                            top_classes=a.top_classes)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    if a.json:  # "truncated" as predict writes it: true where the input reached --max-length, absent otherwise;
+    if a.json:  # "truncated" as predict writes it: true where the input went on past --max-length, absent otherwise;
         # "lines": the text form, as the server's JSON has it (with the note of a list shorter than --top)
         print(json.dumps([{k: r[k] for k in ("text", "text_pair", "label", "scores", "truncated", "explanation", "lines")
                            if k in r} for r in rows], indent=2, allow_nan=False))

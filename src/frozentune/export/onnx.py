@@ -445,7 +445,7 @@ class OnnxClassifier:
         return self._run(given_texts(texts), batch_size)[0]
 
     def _run(self, texts: Sequence, batch_size: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(run's outputs, (N,) the inputs' token counts, specials included), for texts already checked
+        """(run's outputs, (N,) bool: which inputs went on past max_length, Tokenized.cut), for texts already checked
         by api.given_texts (run and predict check them: a list, nothing empty, as `predict --model` holds them)."""
         from ..backbone import tokenize
         from ..pairs import pair_kind
@@ -465,17 +465,17 @@ class OnnxClassifier:
             for name, out in zip(self.meta["outputs"], self.sess.run(self.meta["outputs"], feed)):
                 for j, i in enumerate(idx):
                     parts[name][i] = out[j]
-        return {n: _stack(v) for n, v in parts.items()}, tk.lengths
+        return {n: _stack(v) for n, v in parts.items()}, tk.cut
 
     def predict(self, texts: Sequence, log: Callable[[str], None] | None = None) -> list[dict]:
         """Per text: the text, and per head its label and per-label probabilities; "truncated": true
-        where the text reached max_length tokens (as `frozentune predict --model` says), counted in `log`."""
+        where the text went on past max_length tokens (as `frozentune predict --model` says), counted in `log`."""
         from ..api import given_texts, labelled, text_row
         from ..backbone import cut_rows
 
         texts = given_texts(texts)
-        out, lengths = self._run(texts)
-        cut = cut_rows(lengths, int(self.meta["max_length"]), self.pairs, log)
+        out, cut = self._run(texts)
+        cut = cut_rows(cut, int(self.meta["max_length"]), self.pairs, log)
         rows = []
         for i, t in enumerate(texts):
             tasks = {}

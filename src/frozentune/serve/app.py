@@ -448,8 +448,9 @@ def create_app(engine: Engine, on_cut: Callable[[int], None] | None = None):
     # jsonable_encoder, 70 µs of the event loop per 8-task answer on this CPU against 14 µs for the rendering.
     @app.post("/v1/classify", response_class=JSONResponse, responses=_responses(
         "per text (or pair), in order: each task's label and probabilities (and, with explain, its explanation); "
-        "`truncated` and a `note` where the input reached max_length. A task that failed on its batch has "
-        "{\"error\": message} in its place, and `failed` names it with its message (the others are answered)",
+        "`truncated` and a `note` where the input went on past max_length (its end was not read). A task that "
+        "failed on its batch has {\"error\": message} in its place, and `failed` names it with its message (the "
+        "others are answered)",
         _CLASSIFIED))
     async def classify(body: Classify, request: Request):
         _no_query(request)

@@ -389,7 +389,7 @@ class Engine:
                 # the key is the padding multiple: a classify batch's rows are padded alike
                 jobs.append(Job(group, self.options.pad_multiple, len(x), {
                     "ids": x, "view": v, "tasks": names, "explain": top if explain else None, "pair": pairs,
-                    "types": None if tokens.types is None else tokens.types[i]}))
+                    "types": None if tokens.types is None else tokens.types[i], "cut": bool(tokens.cut[i])}))
 
         def assemble(results: list) -> dict:
             rows, failed, times = [], {}, {}  # times: on how many texts each task failed
@@ -405,7 +405,7 @@ class Engine:
                         failed.setdefault(name, str(got))
                         times[name] = times.get(name, 0) + 1
                         merged[name] = {"error": str(got)}
-                cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].cost >= jobs[k].group.max_length]
+                cut = [jobs[k].group.max_length for k in per_text[i] if jobs[k].payload["cut"]]  # went on past it
                 chars = sum(map(len, text)) if pairs else len(text)
                 row: dict[str, Any] = {"chars": chars, "tasks": {t.name: merged[t.name] for t in chosen},
                                        "truncated": bool(cut)}
