@@ -89,7 +89,7 @@ def test_predict_onnx_gives_predicts_labels(heads, graph_dir):
     ans = cli("predict", "--onnx", graph_dir, *texts, code=0)
     rows = [json.loads(line) for line in ans.out.splitlines()]
     assert [r["text"] for r in rows] == texts
-    assert [r.get("truncated", False) for r in rows] == [False] * (len(TEXTS) + 1) + [True]  # it said nothing of the cut
+    assert [r.get("truncated", False) for r in rows] == [False] * (len(TEXTS) + 1) + [True]  # it said nothing of it
     assert "1 of 6 texts reached --max-length" in ans.err
     for m in HEADS:
         want = [json.loads(line) for line in cli("predict", "--model", heads / m, "--precision", "fp32", *texts,

@@ -928,7 +928,8 @@ def _direct_class(cls: type) -> bool:
     return issubclass(cls, TokenizersBackend) and all(same) and not modes
 
 
-def _direct_ids(tok, batch: list, max_length: int, pairs: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None, list]:
+def _direct_ids(tok, batch: list, max_length: int,
+                pairs: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None, list]:
     """(ids, token types or None, the backend's encodings) of `batch` (texts, or (first, second)
     tuples) as `tok(batch, truncation="longest_first", max_length=max_length)` gives them: the same
     truncation and special-token settings on the backend, its encode without offsets. Token types

@@ -445,8 +445,9 @@ class OnnxClassifier:
         return self._run(given_texts(texts), batch_size)[0]
 
     def _run(self, texts: Sequence, batch_size: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(run's outputs, (N,) bool: which inputs went on past max_length, Tokenized.cut), for texts already checked
-        by api.given_texts (run and predict check them: a list, nothing empty, as `predict --model` holds them)."""
+        """(run's outputs, (N,) bool: which inputs went on past max_length, Tokenized.cut), for texts already
+        checked by api.given_texts (run and predict check them: a list, nothing empty, as `predict --model` holds
+        them)."""
         from ..backbone import tokenize
         from ..pairs import pair_kind
 
