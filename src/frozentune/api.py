@@ -1060,7 +1060,7 @@ def _predict_rows(model: M.Classifier, model_dir, texts: list[Text], pairs: bool
     for first in range(0, len(texts), chunk):
         part = texts[first:first + chunk]
         tokens = _with_text(bb, part, bb.tokenize(part), first)
-        probs, src = _scored(model, tokens, pairs)
+        probs = _scored(model, tokens, pairs)
         if not np.isfinite(probs).all():
             bad = int((~np.isfinite(probs).all(1)).sum())
             raise M.ModelLoadError(f"{model_dir}: the model's scores are not numbers (NaN or infinite) for {bad} of "
@@ -1282,15 +1282,15 @@ def _add_occlusion(model: M.Classifier, texts: list[Text], views: list, rows: li
 def _probabilities(model: M.Classifier, texts: list[Text], pairs: bool) -> np.ndarray:
     """(N, C) probabilities of a loaded model for `texts` (live pass, PREDICT_CHUNK at a time)."""
     bb = model.backbone_ref
-    return np.concatenate([_scored(model, bb.tokenize(texts[first:first + PREDICT_CHUNK]), pairs)[0]
+    return np.concatenate([_scored(model, bb.tokenize(texts[first:first + PREDICT_CHUNK]), pairs)
                            for first in range(0, len(texts), PREDICT_CHUNK)])
 
 
-def _scored(model: M.Classifier, tokens, pairs: bool) -> tuple[np.ndarray, M.LiveSource]:
-    """(N, C) probabilities of tokenised texts (live pass), and the batch source that read them."""
+def _scored(model: M.Classifier, tokens, pairs: bool) -> np.ndarray:
+    """(N, C) probabilities of tokenised texts (live pass)."""
     import torch
 
     bb = model.backbone_ref
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
-    return torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy(), src
+    return torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy()
 

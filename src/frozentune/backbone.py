@@ -898,8 +898,8 @@ def went_on(tok, texts: Sequence[Text], ids: Sequence[Sequence[int]], max_length
     again = [i for i, x in enumerate(ids) if len(x) >= max_length and not cut[i]]
     if again:  # not cut by characters: the inputs whole
         part = [texts[i] for i in again]
-        a, b = (unzip(part) if pair_kind(part) else (list(part), None))  # type: ignore[arg-type]
-        longer = _call(tok, list(a), None if b is None else list(b), max_length + 1)["input_ids"]
+        a, b = unzip(part) if pair_kind(part) else (list(part), None)  # type: ignore[arg-type]
+        longer = _call(tok, a, b, max_length + 1)["input_ids"]
         cut[again] = [len(x) > max_length for x in longer]
     return cut
 
