@@ -37,7 +37,7 @@ def test_env_says_each_part_and_writes_nothing(places, capsys):
     assert code == 0, err
     lines = out.splitlines()
     for start in ("frozentune ", "CPU: ", "devices: cpu", "precision on ", "model minilm: ", "model smollm2-135m: ",
-                  "data: ", "feature cache: ", "environment: "):
+                  "serve: http: ", "data: ", "feature cache: ", "environment: "):
         assert any(line.startswith(start) for line in lines), (start, out)
     assert f"data: {data} (FROZENTUNE_DATA): sst2, trec" in out  # the named datasets there, in their order
     assert f"feature cache: {cache / 'features'} (FROZENTUNE_CACHE): 0 entries" in out

@@ -95,6 +95,18 @@ def _models() -> dict[str, dict]:
     return out
 
 
+def _serve() -> dict:
+    """What `frozentune serve` would run on: uvicorn's HTTP parser and event loop, and the allocators installed
+    (`--allocator auto` takes tcmalloc where it is)."""
+    from .serve import allocator
+    from .serve.app import http_stack
+
+    http, loop, note = http_stack()
+    return {"http": http, "loop": loop, "note": note,
+            "allocators": {name: allocator.find(name) for name in allocator.LIBRARIES},
+            "packages": dict(allocator.PACKAGES)}
+
+
 def _data() -> dict:
     from .data import CLASSIFICATION, GENERATION, data_root
 
@@ -137,7 +149,7 @@ def report(measure: bool = True) -> dict[str, Any]:
                     "auto": str(device), "auto_said": chose},
         "precision": {"device": str(device), "default": precision, "why": why},
         "models": _models(),
-        "data": _data(), "cache": _cache(),
+        "serve": _serve(), "data": _data(), "cache": _cache(),
         "variables": {v: os.environ[v] for v in VARIABLES if v in os.environ},
     }
     if measure:
@@ -171,6 +183,10 @@ def lines(r: dict[str, Any]) -> list[str]:
     for alias, m in r["models"].items():
         out.append(f"model {alias}: " + (m["path"] + (f" ({m['note']})" if m.get("note") else "") if m["found"]
                                          else f"not available — {m['why']}"))
+    sv = r["serve"]
+    found = ", ".join(f"{k} {v}" if v else f"{k} not installed (apt-get install {sv['packages'][k]})"
+                      for k, v in sv["allocators"].items())
+    out.append(f"serve: {sv['note']}; allocators: {found}")
     dt = r["data"]
     out.append(f"data: {dt['root']} ({dt['from']}): " + (", ".join(dt["datasets"]) or "no named dataset there") if dt["exists"]
                else f"data: {dt['root']} does not exist ({dt['from']}); named datasets need it (set FROZENTUNE_DATA); "
