@@ -187,7 +187,35 @@ def report(d: dict) -> str:
             if not any(n.values()):  # this dataset's runs were all on the full train set: no folds, no choice
                 continue
             lines.append(f"| {data} | " + " | ".join(f"{kept.count((data, m))} of {n[m]}" for m in heads) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + paired(rows))
+
+
+def paired(rows: list[dict]) -> list[str]:
+    """Each frozen head against the regression on its own layer, sample by sample: the head and the regression
+    of one (data, K, seed) read the same states, so their difference varies far less than either's accuracy.
+    Mean ± standard error over the samples, how many runs kept the head (the folds did not fall back), and the
+    mean difference in those runs (elsewhere it is the solver's tolerance: the regression solved to its optimum,
+    logreg*, where the run has it)."""
+    acc = {(r["data"], r["shots"], r["seed"], r["method"]): r for r in rows}
+    out = ["", "Paired: each head less the regression on its own layer, on the same samples "
+           "(mean ± standard error over samples; kept: runs whose folds kept the head):", "",
+           "| data | K/class | method | against | samples | head − regression | kept | mean difference where kept |",
+           "|---|---|---|---|---:|---:|---:|---:|"]
+    cells = dict.fromkeys((r["data"], r["shots"], r["method"]) for r in rows if r["method"] in METHODS)
+    for data, shots, m in cells:
+        layer = LAYER_OF.get(m, "-1")
+        ref = next((f for f in (f"logreg*@{layer}", f"logreg@{layer}")
+                    if any((data, shots, s, f) in acc for (d_, k, s, mm) in acc if (d_, k, mm) == (data, shots, m))), None)
+        pairs = [(acc[(data, shots, s, m)], acc[(data, shots, s, ref)]["accuracy"]) for (d_, k, s, mm) in acc
+                 if (d_, k, mm) == (data, shots, m) and (data, shots, s, ref) in acc] if ref else []
+        if len(pairs) < 2:
+            continue
+        diff = np.array([r["accuracy"] - lr for r, lr in pairs])
+        kept = [r["accuracy"] - lr for r, lr in pairs if "fallback" in r.get("selection", {})
+                and not r["selection"]["fallback"]]
+        out.append(f"| {data} | {shots} | {m} | {ref} | {len(diff)} | {diff.mean():+.2f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.2f} "
+                   f"| {len(kept) if m != 'probe' else '–'} | {f'{np.mean(kept):+.2f}' if kept else ''} |")
+    return out
 
 
 if __name__ == "__main__":
