@@ -239,7 +239,7 @@ def _spy_choice(monkeypatch, pick_regression: bool) -> list:
     recording the (k, candidates) accuracies keep_regression was given."""
     seen = []
 
-    def keep(acc, mean_loss, k=None):
+    def keep(acc, mean_loss, k=None, margin=1.0):
         seen.append(np.asarray(acc))
         return {"keep": pick_regression, "regression": 50.0, "head_best": 50.0, "optimism": 0.0,
                 "head_corrected": 50.0, "se": 0.0}
@@ -302,6 +302,44 @@ def test_the_head_is_judged_after_the_optimism_of_its_best_checkpoint():
     assert choice["optimism"] == 0 and not choice["keep"]
     # a tie goes to the regression, the simpler model
     assert crossval.keep_regression(np.array([[70, 70, 60], [70, 70, 60]], dtype=float), np.zeros(3))["keep"]
+
+
+def test_a_head_s_fallback_margin_is_how_many_standard_errors_it_must_win_by():
+    """The head is kept only where its corrected accuracy beats the regression's by more than `margin` standard
+    errors: here 10 points at a standard error of 0.45 (fold scores 69, 71, 70, 71, 69 at the shared checkpoint: 22.4
+    standard errors)."""
+    head = np.array([69, 71, 70, 71, 69], dtype=float)
+    acc = np.stack([np.full(5, 60.0), head, head - 20], 1)
+    se = head.std(ddof=1) / np.sqrt(5)
+    for margin, keep in ((1.0, False), (22.0, False), (23.0, True)):
+        choice = crossval.keep_regression(acc, np.zeros(3), margin=margin)
+        assert choice["keep"] is keep and choice["margin"] == margin
+        assert choice["head_corrected"] - margin * choice["se"] == pytest.approx(70 - margin * se)
+    # per head: space asks for 3 (its kept runs lost on development rows), the others for the one-SE rule
+    from frozentune.heads.self_explaining import SelfExplainHead
+    from frozentune.heads.space import SpaceHead
+    from frozentune.heads.ytuning import YTuningHead
+
+    assert SpaceHead.fallback_margin == 3.0
+    assert YTuningHead.fallback_margin == SelfExplainHead.fallback_margin == 1.0
+
+
+@pytest.mark.parametrize("method,margin", [("space", 3.0), ("ytuning", 1.0)])
+def test_the_run_passes_its_head_s_margin_and_says_it(trec_slice, tiny_bert, tmp_path, monkeypatch, method, margin):
+    given = []
+    real = crossval.keep_regression
+
+    def spy(acc, mean_loss, k=None, margin=1.0):
+        given.append(margin)
+        return real(acc, mean_loss, k, margin)
+
+    monkeypatch.setattr(crossval, "keep_regression", spy)
+    monkeypatch.setattr(api, "fit_cv", crossval.fit_cv)  # the real one, with its fallback (conftest takes it out)
+    said: list[str] = []
+    r = api.train(method, str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=2,
+                  train_cfg={"min_steps": 10, "seed": 0}, cache_root=tmp_path / "c", progress=False, log=said.append)
+    assert given == [margin] and r["selection"]["head_vs_regression"]["margin"] == margin, "\n".join(said)
+    assert any(f"by more than {margin:g} standard errors ({method}'s setting" in x for x in said) == (margin != 1.0), said
 
 
 @pytest.mark.parametrize("pick_regression", [True, False])

@@ -158,21 +158,22 @@ def one_se(acc: np.ndarray, mean_loss: np.ndarray, prefer: int | None = None, k:
     return next(j for j in range(acc.shape[1]) if mean[j] >= mean[best] - se - 1e-9)
 
 
-def keep_regression(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None) -> dict:
+def keep_regression(acc: np.ndarray, mean_loss: np.ndarray, k: int | None = None, margin: float = 1.0) -> dict:
     """Whether the logistic regression (column 0 of the (k, 1 + R) held-out accuracies) is kept over
     the head (columns 1..R, its checkpoints). The regression is one candidate; the head's best mean is
     the best of R, so it is biased upward, more so the noisier the folds. That optimism is estimated
     as the mean over folds of each fold's own best checkpoint less the checkpoint chosen for all
     (Tibshirani & Tibshirani 2009, "A bias correction for the minimum error rate in
     cross-validation") and subtracted; the regression, the simpler model, is then kept unless the
-    head's corrected accuracy beats it by more than one standard error (one_se)."""
+    head's corrected accuracy beats it by more than `margin` standard errors (one, the one-standard-error
+    rule of one_se, unless the head's `fallback_margin` says more)."""
     head = acc[:, 1:]
     best, se = best_candidate(head, mean_loss[1:], k)
     head_best = float(head[:, best].mean())
     optimism = float((head.max(1) - head[:, best]).mean())
     corrected, regression = head_best - optimism, float(acc[:, 0].mean())
-    return {"keep": regression >= corrected - se - 1e-9, "regression": regression, "head_best": head_best,
-            "optimism": optimism, "head_corrected": corrected, "se": se}
+    return {"keep": regression >= corrected - margin * se - 1e-9, "regression": regression, "head_best": head_best,
+            "optimism": optimism, "head_corrected": corrected, "se": se, "margin": margin}
 
 
 def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: Source | None,
@@ -242,7 +243,8 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         head = slice(1 if regression else 0, None)
         pick = one_se(acc_k[:, head], mean_loss[head], k=k)  # the head's steps, as without the regression
         names = (["LR"] if regression else []) + [str(s) for s in steps]
-        choice = keep_regression(acc_k, mean_loss, k) if regression else None
+        margin = float(getattr(first.head, "fallback_margin", 1.0))
+        choice = keep_regression(acc_k, mean_loss, k, margin) if regression else None
         fell_back = bool(choice and choice["keep"])
         chosen = 0 if fell_back else steps[pick]
         info |= {"score": float(mean_acc[0] if fell_back else mean_acc[head][pick]), "checkpoints": steps,
@@ -257,7 +259,9 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             log(f"cross-validation: the head's best held-out accuracy {choice['head_best']:.1f} less its optimism "
                 f"{choice['optimism']:.1f} (its folds' own best checkpoints over the one they share) is "
                 f"{choice['head_corrected']:.1f}; the logistic regression on the same states (LR) has "
-                f"{choice['regression']:.1f}, one standard error {choice['se']:.1f}")
+                f"{choice['regression']:.1f}, one standard error {choice['se']:.1f}"
+                + ("" if margin == 1.0 else f"; this head is kept only where it beats the regression by more than "
+                                            f"{margin:g} standard errors ({first.method}'s setting, from development rows)"))
         if fell_back:
             log(f"cross-validation: the head is not clearly better, so the model is that regression (C={C_DEFAULT:g}), "
                 f"saved as a probe (--fallback off trains the head whatever the folds say)")

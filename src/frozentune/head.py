@@ -246,6 +246,10 @@ class Head(nn.Module):
     # refit's and the fold models' (crossval.py). Set per head from development rows (bench/soup_dev.py):
     # the mean helped Y-Tuning and hurt the self-explaining head.
     average_folds = False
+    # Below --cv-below, how many standard errors the head's optimism-corrected held-out accuracy must beat the
+    # logistic regression by for the run to keep the head (crossval.keep_regression): one, the one-standard-error
+    # rule, unless development rows (bench/fallback_rules.py --score dev) showed the head losing where it was kept.
+    fallback_margin = 1.0
 
     def forward(self, f: Features) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -87,6 +87,11 @@ def inter_space_loss(k: Tensor, labels: Tensor) -> Tensor:
 class SpaceHead(Head):
     """Concept operators P (n, D, m), centroids, a linear classifier over their concatenation."""
 
+    # On development rows (SST-2, SST-5, TREC at 8-64 per class, 5 samples each; bench/fallback_rules.py --score dev)
+    # every cell where the folds kept this head over the regression on its layer lost by up to 0.9 points; kept
+    # only past 3 standard errors, no cell lost (bench/REPORT.md)
+    fallback_margin = 3.0
+
     def __init__(self, cfg: SpaceConfig, dim: int, num_labels: int):
         super().__init__()
         self.cfg, self.n = cfg, num_labels
