@@ -44,6 +44,17 @@ def pooled(src, rows_n: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def dev_rows(data: str, ds, seed: int):
+    """Development rows for a K-shot sample `ds`: neither test nor the sample. SST-5's validation file; for
+    SST-2 and TREC the validation carve of the whole train file (seeded as the run), less the sample's texts."""
+    from frozentune.data import TextSplit, load_classification
+
+    d = load_classification(data, seed=seed).validation
+    train_texts = set(ds.train.texts)
+    keep = [i for i, t in enumerate(d.texts) if t not in train_texts]
+    return TextSplit([d.texts[i] for i in keep], [d.labels[i] for i in keep], f"dev:{data}", [d.lines[i] for i in keep])
+
+
 def logistic(xtr, ytr, xte, yte, converged: bool = False) -> tuple[float, float]:
     """Test accuracy and fit seconds of LogisticRegression() (max_iter 1000) on the pooled states;
     converged: the same model solved to tol 1e-10 in float64 (scikit-learn's default tol 1e-4 stops

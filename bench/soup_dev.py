@@ -21,7 +21,7 @@ from frozentune import api
 import frozentune.api as A
 import frozentune.crossval as CV
 import frozentune.train as T
-from frozentune.data import load_classification, TextSplit
+from frozentune.data import load_classification
 
 def report(path: Path) -> str:
     """The table of a results file: per method, dataset and K, the mean development accuracy of each variant
@@ -108,11 +108,8 @@ def fit_cv_wrap(build, *args, **kw):
 
 CV.fit, A.fit_cv = fit_wrap, fit_cv_wrap
 
-def dev_split(data, ds, seed):
-    d = load_classification(data, seed=seed).validation  # SST-5's file; SST-2's and TREC's carve
-    train_texts = set(ds.train.texts)
-    keep = [i for i, t in enumerate(d.texts) if t not in train_texts]
-    return TextSplit([d.texts[i] for i in keep], [d.labels[i] for i in keep], f"dev:{data}", [d.lines[i] for i in keep])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from few_shot import dev_rows as dev_split  # noqa: E402  (SST-5's validation file; SST-2's and TREC's carve)
 
 done = json.loads(OUT.read_text()) if OUT.exists() else {"rows": []}
 have = {(r["data"], r["shots"], r["seed"], r["method"]) for r in done["rows"]}
