@@ -34,15 +34,15 @@ def margin(m: float):
     return lambda a, lr_loss, pick_loss, min_loss: a["regression"] >= a["head_corrected"] - m * a["se"] - 1e-9
 
 
-# each rule reads the folds only: a (keep_regression's numbers at one standard error: regression, head_corrected,
-# se, keep), the
-# regression's mean held-out cross-entropy, the head's at the refit's checkpoint and its lowest
+# each rule reads the folds only: a (keep_regression's numbers, recorded at one standard error: regression,
+# head_corrected, se, keep), the regression's mean held-out cross-entropy, the head's at the refit's checkpoint
+# and its lowest
 RULES = {
     "head always": lambda a, lr_loss, pick_loss, min_loss: False,
-    "accuracy, 1 standard error (the default, but for space)": margin(1.0),
+    "accuracy, 1 standard error (the default, but for space)": lambda a, lr_loss, pick_loss, min_loss: a["keep"],
     "cross-entropy at the refit's step": lambda a, lr_loss, pick_loss, min_loss: lr_loss <= pick_loss,
-    "accuracy, or cross-entropy at the refit's step": lambda a, lr_loss, pick_loss, min_loss: margin(1.0)(a, 0, 0, 0) or lr_loss <= pick_loss,
-    "accuracy, or the head's lowest cross-entropy": lambda a, lr_loss, pick_loss, min_loss: margin(1.0)(a, 0, 0, 0) or lr_loss <= min_loss,
+    "accuracy, or cross-entropy at the refit's step": lambda a, lr_loss, pick_loss, min_loss: a["keep"] or lr_loss <= pick_loss,
+    "accuracy, or the head's lowest cross-entropy": lambda a, lr_loss, pick_loss, min_loss: a["keep"] or lr_loss <= min_loss,
     "accuracy, 1.5 standard errors": margin(1.5),
     "accuracy, 2 standard errors": margin(2.0),
     "accuracy, 3 standard errors": margin(3.0),
@@ -62,8 +62,8 @@ def study(a: argparse.Namespace) -> None:
     seen: dict = {}
     decide = cv.keep_regression
 
-    def record(acc, mean_loss, k=None, margin=1.0):  # what the folds saw, and the head kept whatever they say
-        r = decide(acc, mean_loss, k)  # at one standard error: RULES apply their own margins to its numbers
+    def record(acc, mean_loss, k=None, _margin=1.0):  # what the folds saw, and the head kept whatever they say
+        r = decide(acc, mean_loss, k)  # at one standard error, whatever the head's: RULES set their own margins
         seen.update(acc=acc.tolist(), mean_loss=np.asarray(mean_loss).tolist(), k=k, acc_rule=r)
         return {**r, "keep": False}
 

@@ -215,10 +215,11 @@ def paired(rows: list[dict]) -> list[str]:
     cells = dict.fromkeys((r["data"], r["shots"], r["method"]) for r in rows if r["method"] in METHODS)
     for data, shots, m in cells:
         layer = LAYER_OF.get(m, "-1")
-        ref = next((f for f in (f"logreg*@{layer}", f"logreg@{layer}")
-                    if any((data, shots, s, f) in acc for (d_, k, s, mm) in acc if (d_, k, mm) == (data, shots, m))), None)
-        pairs = [(acc[(data, shots, s, m)], acc[(data, shots, s, ref)]["accuracy"]) for (d_, k, s, mm) in acc
-                 if (d_, k, mm) == (data, shots, m) and (data, shots, s, ref) in acc] if ref else []
+        seeds = [s for (d_, k, s, mm) in acc if (d_, k, mm) == (data, shots, m)]
+        ref = next((f for f in (f"logreg*@{layer}", f"logreg@{layer}") if any((data, shots, s, f) in acc for s in seeds)),
+                   None)
+        pairs = [(acc[(data, shots, s, m)], acc[(data, shots, s, ref)]["accuracy"]) for s in seeds
+                 if (data, shots, s, ref) in acc]
         if len(pairs) < 2:
             continue
         diff = np.array([r["accuracy"] - lr for r, lr in pairs])
