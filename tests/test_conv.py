@@ -318,7 +318,8 @@ def test_resume_from_a_corpus_that_moved(tmp_path):
     moved.parent.mkdir()
     corpus.rename(moved)
     with pytest.raises(DataError, match=r"a\.txt: no such file or folder.*\. If the corpus moved, resume with "
-                                        r"--corpus NEW_PATH: its tokens are checked against the checkpoint's$"):
+                                        r"--corpus NEW_PATH: its tokens are checked against the checkpoint's "
+                                        r"\(from Python: corpus= for --corpus\)$"):
         pretrain(out, None, {}, {"steps": 3}, resume=True, log=quiet)
     assert pretrain(out, str(moved), {}, {"steps": 3}, resume=True, log=quiet)["step"] == 3
     assert json.loads((find_checkpoint(out) / "config.json").read_text())["corpus"]["spec"] == str(moved.resolve())

@@ -1258,7 +1258,8 @@ def test_contrastive_refuses_batches_of_one(trec_slice, tiny_bert, tmp_path):
     from frozentune.registry import MethodError
 
     with pytest.raises(MethodError, match=r"^contrastive: --batch-size 1: its loss compares the texts of a batch in "
-                                          r"pairs, and a batch of one has none; give 2 or more$"):
+                                          r"pairs, and a batch of one has none; give 2 or more "
+                                          r"\(from Python: train_cfg\[\"batch_size\"\] for --batch-size\)$"):
         api.train("contrastive", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), shots=1,
                   train_cfg={"batch_size": 1}, output=tmp_path / "m", cache_root=tmp_path / "c", progress=False,
                   log=lambda s: None)

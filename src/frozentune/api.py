@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .pyterms import in_python_terms
 from . import distributed
 from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
@@ -258,6 +259,7 @@ def as_switch(value: object, what: str) -> bool:
     return bool(value)
 
 
+@in_python_terms(backbone=True, train_cfg=True, options=True)
 @holds_output
 def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone | str = BackboneOptions(),
           options: dict[str, Any] | None = None, train_cfg: dict[str, Any] | None = None,
@@ -577,6 +579,7 @@ def _unused_cache_options(model: M.Classifier, method: str, cache_root: Path | N
             f"feature cache")
 
 
+@in_python_terms()
 def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: str | None = None,
                    label_field: str | None = None, cache_root: Path | None = None,
                    progress: bool = True, device: str | None = None, precision: str | None = None,
@@ -835,6 +838,7 @@ def _checked_png_path(output: Path) -> Path:
     return output
 
 
+@in_python_terms()
 def plot_concepts(model_dir: Path, data: str, output: Path | None = None, split: str = "test",
                   max_points: int = 3000, text_field: str | None = None, label_field: str | None = None,
                   cache_root: Path | None = None, progress: bool = True, device: str | None = None,
@@ -1021,6 +1025,7 @@ def given_texts(texts: object, what: str = "texts", pairs: bool = True) -> list[
     return out
 
 
+@in_python_terms()
 def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr,
             top_classes: int | None = None) -> list[dict]:
@@ -1035,6 +1040,7 @@ def predict(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str |
 PREDICT_CHUNK = 2048  # texts tokenised and scored together: memory is bounded by one chunk, and rows come out per chunk
 
 
+@in_python_terms()
 def predict_stream(model_dir: Path | M.Classifier, texts: Sequence[Text], device: str | None = None,
                    precision: str | None = None, log: Callable[[str], None] = _stderr,
                    chunk: int | None = None, top_classes: int | None = None) -> Iterator[dict]:
@@ -1127,6 +1133,7 @@ def _classes_kept(explanation: dict, labels: set[str], kept: list[str]) -> dict:
             for key, part in explanation.items()}
 
 
+@in_python_terms(backbone=True)
 def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits: Sequence[str] = ("train", "validation", "test"),
                 text_field: str = "text", label_field: str = "label", cache_root: Path | None = None,
                 rebuild: bool = False, progress: bool = True,
@@ -1213,6 +1220,7 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
     return out
 
 
+@in_python_terms()
 def explain(model_dir: Path | M.Classifier, texts: Sequence[Text], top: int = 5, device: str | None = None,
             precision: str | None = None, log: Callable[[str], None] = _stderr, occlusion: bool = False,
             top_classes: int | None = None) -> list[dict]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import FrozentuneError, out_of_memory
-from . import interrupts
+from . import interrupts, pyterms
 from .fields import as_flag
 from .export import FORMATS as EXPORT_FORMATS
 from .interrupts import Interrupted
@@ -1233,6 +1233,28 @@ def _unencodable_escaped() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+def _run(a: argparse.Namespace, rest: list[str]) -> int:
+    """Dispatch one parsed command (main catches its errors)."""
+    if a.command != "train" and rest:  # named with the command, whose --help lists its own options
+        print(f"frozentune {a.command}: error: unrecognized arguments: {' '.join(rest)} "
+              f"(see frozentune {a.command} --help)", file=sys.stderr)
+        return 2
+    _one_process_only(a.command)
+    if str(getattr(a, "output", None)) == "-":  # it made a folder (or a picture) named "-", not standard output
+        raise CLIError(f"--output -: {a.command} writes files, not to standard output; give a path")
+    if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list", "env"):  # `>&-`: print
+        # wrote nowhere and the command ended with 0, its results lost
+        raise CLIError(f"standard output is closed, and {a.command} writes its results there; give it a file "
+                       f"or a pipe (e.g. > results.jsonl)")
+    if a.command == "train":
+        return cmd_train(a, rest)
+    if a.command == "list":
+        return cmd_list()
+    return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
+            "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
+            "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "env": cmd_env}[a.command](a)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done; 2 a usage or data error (one line on stderr, no
     traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (one line; what was kept)."""
@@ -1263,24 +1285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
             previous_int = signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
     try:
-        if a.command != "train" and rest:  # named with the command, whose --help lists its own options
-            print(f"frozentune {a.command}: error: unrecognized arguments: {' '.join(rest)} "
-                  f"(see frozentune {a.command} --help)", file=sys.stderr)
-            return 2
-        _one_process_only(a.command)
-        if str(getattr(a, "output", None)) == "-":  # it made a folder (or a picture) named "-", not standard output
-            raise CLIError(f"--output -: {a.command} writes files, not to standard output; give a path")
-        if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list", "env"):  # `>&-`: print
-            # wrote nowhere and the command ended with 0, its results lost
-            raise CLIError(f"standard output is closed, and {a.command} writes its results there; give it a file "
-                           f"or a pipe (e.g. > results.jsonl)")
-        if a.command == "train":
-            return cmd_train(a, rest)
-        if a.command == "list":
-            return cmd_list()
-        return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
-                "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
-                "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "env": cmd_env}[a.command](a)
+        with pyterms.command_line():  # errors keep the flags they name (the Python API's say its arguments too)
+            return _run(a, rest)
     except FrozentuneError as e:  # every error of frozentune's about the input, files or environment
         from .distributed import PeerLost
         from .train import Diverged

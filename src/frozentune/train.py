@@ -185,8 +185,9 @@ class Diverged(FrozentuneError, FloatingPointError):
         super().__init__(f"{where}: {self.what}; {advice}")
         self.where, self.loss, self.advice = where, loss, advice
 
-    def __reduce__(self):  # pickled (a worker process's error) as its parts, not the joined message
-        return type(self), (self.where, self.loss, self.advice, self.what)
+    def __reduce__(self):  # pickled (a worker process's error) as its parts, not the joined message; then its
+        # message as it was last said (pyterms adds the Python spelling of the flags to it)
+        return type(self), (self.where, self.loss, self.advice, self.what), {"args": self.args}
 
 
 def divergence_advice(lr: float, weight_decay: float) -> str:

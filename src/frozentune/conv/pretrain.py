@@ -53,6 +53,7 @@ from .. import distributed
 from ..data import DataError
 from ..fields import as_flag
 from ..output import holds_output, run_environment
+from ..pyterms import field_flags, in_python_terms
 from ..registry import refuse_unused
 from ..rng import keeps_rng
 from ..train import adamw, shared_step, silent
@@ -484,6 +485,12 @@ def optimizer_without(opt: torch.optim.Optimizer, state: dict, model: nn.Module,
         group.update({k: v for k, v in was.items() if k != "params"})
 
 
+def _pretrain_terms() -> dict[str, str]:
+    """`frozentune pretrain`'s flags as pretrain() takes them: the encoder's in `encoder`, the run's in `run`."""
+    return {**field_flags(EncoderConfig, lambda f: f'encoder["{f}"]'), **field_flags(PretrainConfig, lambda f: f'run["{f}"]')}
+
+
+@in_python_terms(also=_pretrain_terms)
 @holds_output
 @keeps_rng  # it seeds torch (initial weights, masks, dropout); the caller's random state is put back after
 def pretrain(output: Path, corpus: str | None = None, encoder: dict[str, Any] | None = None,

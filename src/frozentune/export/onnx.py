@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..pyterms import in_python_terms
 from ..cache import blake2b_of
 from ..head import Head
 from . import ExportError
@@ -186,6 +187,7 @@ def example_inputs(bb, pairs: bool, batch: int, tokens: int, seed: int = 0) -> t
 
 
 # ----------------------------------------------------------------------------- export
+@in_python_terms()
 def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] | None = None,
                 overwrite: bool = False, log: Callable[[str], None] = print) -> dict:
     """Export saved classifiers (heads on one frozen backbone) as one ONNX graph into `output`,

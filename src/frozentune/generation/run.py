@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..pyterms import in_python_terms
 from ..backbone import ALIASES, LM_ALIASES, as_saved, freeze, trainable_names, weights_hash
 from ..model import CONFIG, WEIGHTS, write_saved
 from ..output import holds_output, run_environment
@@ -564,6 +565,7 @@ def as_fields(fields: object) -> tuple[str | None, str | None]:
     return fields[0], fields[1]
 
 
+@in_python_terms(train_cfg=True, options=True)
 @holds_output
 @keeps_rng  # it seeds torch (the prefix's initial values, dropout); the caller's random state is put back after
 def train_generation(method: str, data: str, lm_name: str | None = None, options: dict[str, Any] | None = None,
@@ -669,6 +671,7 @@ def train_generation(method: str, data: str, lm_name: str | None = None, options
     return result
 
 
+@in_python_terms()
 def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | None = None,
                      max_new_tokens: int | None = None, device: str | None = None, precision: str | None = None,
                      log: Callable[[str], None] | None = None) -> list[str]:
@@ -680,6 +683,7 @@ def generate_sources(model_dir: Path, sources: Sequence[str], num_beams: int | N
 GENERATE_CHUNK = 256  # sources decoded together (longest last within it), their outputs given in input order
 
 
+@in_python_terms()
 def generate_stream(model_dir: Path, sources: Sequence[str], num_beams: int | None = None,
                     max_new_tokens: int | None = None, device: str | None = None, precision: str | None = None,
                     log: Callable[[str], None] | None = None, chunk: int | None = None) -> Iterator[str]:
@@ -748,6 +752,7 @@ def is_generation_model(folder: Path) -> bool:
         return False  # not a readable config: the classifier loader says what is wrong with it
 
 
+@in_python_terms()
 def evaluate_generation(model_dir: Path, data: str, split: str = "test", max_test: int | None = None,
                         num_beams: int | None = None, max_new_tokens: int | None = None,
                         source_field: str | None = None, target_field: str | None = None,

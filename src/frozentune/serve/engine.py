@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..pyterms import field_flags, in_python_terms
 from ..errors import FrozentuneError
 from ..backbone import cut_words, textless_message
 from ..data import blank, invisible, unencodable
@@ -165,6 +166,7 @@ class Engine:
                                split=lambda g: g in self.pipelined and self.pipelined[g][0])
 
     @classmethod
+    @in_python_terms(also=lambda: field_flags(ServeOptions, lambda f: f"ServeOptions({f}=…)"))
     def load(cls, paths: Sequence[Path | str], device: str | None = None, precision: str | None = None,
              options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
         """Every saved model under `paths` (model folders, or folders of them; one path alone is one

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from ..pyterms import in_python_terms
 from ..registry import MethodError, get_method
 
 
@@ -72,6 +73,7 @@ class Grid:
     seeds: tuple[int, ...]
 
     @classmethod
+    @in_python_terms()
     def parse(cls, methods: str | list, layers: str | list | int | None = None, lrs: str | list | float | None = None,
               weight_decays: str | list | float | None = None, seeds: str | list | int = "0") -> "Grid":
         """Axes from comma lists (layers separated by ';' or ',' — one layer index each; from Python, a

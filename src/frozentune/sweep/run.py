@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..pyterms import in_python_terms
 from .. import interrupts
 from ..registry import get_method
 from ..output import holds_output, run_environment
@@ -50,6 +51,7 @@ def effective_layer(p: Point) -> str:
     return p.layer or get_method(p.method).layer or "-1"
 
 
+@in_python_terms(backbone=True, train_cfg=True, options=True)
 @holds_output
 def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots: int | None = None,
               max_train: int | None = None, text_field: str = "text", label_field: str = "label",
