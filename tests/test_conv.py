@@ -574,7 +574,8 @@ def test_an_interrupt_says_what_was_kept(corpus_file, trec_slice, tmp_path, caps
     (["pretrain", "--corpus", "{corpus}", "--output", "{tmp}/o", "--steps", "1", "--text-field", "body"],
      "--text-field body: "),
     (["train", "--method", "conv", "--init", "{tmp}", "--data", "{trec}"], "is not a pre-training checkpoint"),
-    (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"], "--backbone does not apply"),
+    (["train", "--method", "conv", "--backbone", "bert-base-uncased", "--data", "{trec}"],
+     "--backbone does not apply (it chooses a frozen backbone)"),
     (["train", "--method", "conv", "--layer-combine", "concat", "--trust-remote-code", "--data", "{trec}"],
      "--layer-combine, --trust-remote-code do not apply (they choose a frozen backbone)"),  # were ignored
 ])

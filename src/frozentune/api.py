@@ -131,7 +131,7 @@ def backbone_for(method: str, opts: BackboneOptions, options: dict[str, Any] | N
                  "trust_remote_code": "--trust-remote-code"}
         raise MethodError(f"method {method!r} trains an encoder of its own (on the MiniLM tokenizer), so "
                           f"{', '.join(flags[f] for f in given)} {'does' if len(given) == 1 else 'do'} not apply "
-                          f"(they choose a frozen backbone); to start from pre-trained weights, give --init DIR (a "
+                          f"({'it chooses' if len(given) == 1 else 'they choose'} a frozen backbone); to start from pre-trained weights, give --init DIR (a "
                           f"`frozentune pretrain` output)")
     if not opts.token_types:
         raise MethodError(f"method {method!r} trains an encoder of its own, whose segment embedding learns the "

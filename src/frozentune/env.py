@@ -13,7 +13,6 @@ import importlib.metadata as md
 import os
 import platform
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -64,12 +63,9 @@ def extras(version: Callable[[str], str | None] = _version) -> dict[str, dict]:
 
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, else what platform says)."""
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    from .extract.device import cpuinfo
+
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def _models() -> dict[str, dict]:

@@ -74,18 +74,22 @@ def resolve_device(spec: str | torch.device | None = "auto") -> tuple[torch.devi
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "avx512_fp16")
 
 
+def cpuinfo(field: str) -> str | None:
+    """The first CPU's `field` in /proc/cpuinfo ("flags", "model name"); None where there is no such file or line."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text(errors="replace").splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_features() -> dict[str, bool | str]:
     """The CPU's instruction-set extensions that decide which precision is fast (from
     /proc/cpuinfo's flags where it exists), and the kernel level torch dispatches to
     (`capability`: e.g. AVX512 or AVX2; ATEN_CPU_CAPABILITY can lower it)."""
-    flags: set[str] = set()
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = set((cpuinfo("flags") or "").split())
     out: dict[str, bool | str] = {f: f in flags for f in CPU_FLAGS}
     out["capability"] = torch.backends.cpu.get_cpu_capability()
     return out
