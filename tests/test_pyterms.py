@@ -32,6 +32,9 @@ def test_a_flag_already_given_its_python_spelling_beside_it_is_not_glossed_again
     message = ("--output runs/x: already holds a saved model; pass --overwrite (overwrite=True in Python) to replace "
                "it; or train again with --fallback off (train_cfg={'fallback': 'off'} in Python)")
     assert pyterms.said_in_python(message, spelled) == message + " (from Python: output= for --output)"
+    spelled = {"--occlusion": "occlusion=", "--top": "top="}
+    message = "--occlusion / occlusion=True explains any classifier; --top 0: give 1 or more (max_top=5 here)"
+    assert pyterms.said_in_python(message, spelled) == message + " (from Python: top= for --top)"
 
 
 def test_the_spellings_of_train_come_from_its_arguments_and_their_dataclasses():

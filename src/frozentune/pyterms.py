@@ -104,14 +104,17 @@ def terms(fn: Callable, backbone: bool = False, train_cfg: bool = False, options
 def said_in_python(message: str, spelled: Mapping[str, str]) -> str:
     """`message` with one clause more, naming the Python spelling of each flag it mentions that has one here."""
     seen = list(dict.fromkeys(m.group(0) for m in FLAG.finditer(message)))
-    pairs = [f"{spelled[flag]} for {flag}" for flag in seen if flag in spelled and not said_there(message, flag)]
+    pairs = [f"{spelled[flag]} for {flag}" for flag in seen if flag in spelled and not said_there(message, flag, spelled[flag])]
     return f"{message} (from Python: {'; '.join(pairs)})" if pairs else message
 
 
-def said_there(message: str, flag: str) -> bool:
-    """Whether the message gives the flag's Python spelling beside it already, as in
-    "--overwrite (overwrite=True in Python)" or "--fallback off (train_cfg={'fallback': 'off'} in Python)"."""
-    return re.search(re.escape(flag) + r"(?: \S+)? \([^()]*\bin Python\)", message) is not None
+def said_there(message: str, flag: str, spelled: str) -> bool:
+    """Whether the message gives the flag's Python spelling already: beside it, as in "--overwrite
+    (overwrite=True in Python)" or "--fallback off (train_cfg={'fallback': 'off'} in Python)", or anywhere
+    as the argument it is ("--occlusion / occlusion=True")."""
+    if re.search(re.escape(flag) + r"(?: \S+)? \([^()]*\bin Python\)", message):
+        return True
+    return spelled.endswith("=") and re.search(r"(?<![\w.\-])" + re.escape(spelled), message) is not None
 
 
 def _retold(e: FrozentuneError, spelled: Mapping[str, str]) -> None:
