@@ -196,10 +196,14 @@ def _input_args(p: argparse.ArgumentParser) -> None:
 
 
 def _version_line() -> str:
-    """`frozentune --version`: its version and those of what computes its numbers (as result.json records)."""
+    """`frozentune --version`: its version and those of what computes its numbers (as result.json records: torch's
+    own version string, whose local part says the build, e.g. 2.13.0+cpu or 2.13.0+cu130, where a wheel's metadata
+    may say 2.13.0 alone). The parser that asks for it imports torch with the methods anyway."""
+    import torch
+
     from .output import package_version as of
 
-    return (f"frozentune {of('frozentune')} (torch {of('torch') or 'not installed'}, transformers "
+    return (f"frozentune {of('frozentune')} (torch {torch.__version__}, transformers "
             f"{of('transformers') or 'not installed'}, Python {sys.version.split()[0]})")
 
 
