@@ -28,7 +28,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # None outside frozentune; "command line" under cli.main; "python" inside a wrapped call (the outermost says it)
 _WHO: ContextVar[str | None] = ContextVar("frozentune_caller", default=None)
 
-FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?!\w)")  # --shots, --text-pair-field; not a-b--c, nor --num_processes (accelerate's own)
+# --shots, --text-pair-field; not a-b--c, nor accelerate's own --num_processes
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?!\w)")
 
 # the command line's flags whose Python argument has another name: flag → (argument, how it is spelled), the
 # first argument the function has
@@ -104,7 +105,8 @@ def terms(fn: Callable, backbone: bool = False, train_cfg: bool = False, options
 def said_in_python(message: str, spelled: Mapping[str, str]) -> str:
     """`message` with one clause more, naming the Python spelling of each flag it mentions that has one here."""
     seen = list(dict.fromkeys(m.group(0) for m in FLAG.finditer(message)))
-    pairs = [f"{spelled[flag]} for {flag}" for flag in seen if flag in spelled and not said_there(message, flag, spelled[flag])]
+    pairs = [f"{spelled[flag]} for {flag}" for flag in seen
+             if flag in spelled and not said_there(message, flag, spelled[flag])]
     return f"{message} (from Python: {'; '.join(pairs)})" if pairs else message
 
 
