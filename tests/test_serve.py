@@ -406,6 +406,17 @@ def test_embedded_engine_refuses_odd_arguments_and_says_when_closed(engine):
     assert isinstance(got.value, Overloaded)  # over HTTP still a 503 with Retry-After
 
 
+def test_embedded_engine_names_serve_options_as_python_gives_them(engine, client):
+    """The limit's message names `serve --max-texts`; from Python it is ServeOptions(max_texts=…) (pyterms), and
+    over HTTP (the same check, through the awaitable call) the server's flag alone."""
+    too_many = TEXTS[:1] * (engine.options.max_texts + 1)
+    with pytest.raises(RequestError, match=r"higher --max-texts\) \(from Python: ServeOptions\(max_texts=…\) for "
+                                           r"--max-texts\)$"):
+        engine.classify(too_many)
+    r = client.post("/v1/classify", json={"texts": too_many})
+    assert r.status_code == 413 and r.json()["error"].endswith("higher --max-texts)"), r.text
+
+
 # ----------------------------------------------------------------------------- batching across requests
 def test_concurrent_requests_share_batches_and_answer_as_alone(engine):
     alone = [engine.classify([t]) for t in TEXTS]

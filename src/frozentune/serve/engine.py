@@ -141,6 +141,11 @@ def whole(name: str, value: Any, least: int, most: int, most_text: str | None = 
     return value
 
 
+def serve_options_terms() -> dict[str, str]:
+    """`frozentune serve`'s options as a Python caller gives them: ServeOptions' fields (Engine.load's `options`)."""
+    return field_flags(ServeOptions, lambda f: f"ServeOptions({f}=…)")
+
+
 class Engine:
     def __init__(self, tasks: Sequence[Task], options: ServeOptions | None = None,
                  log: Callable[[str], None] = print):
@@ -166,7 +171,7 @@ class Engine:
                                split=lambda g: g in self.pipelined and self.pipelined[g][0])
 
     @classmethod
-    @in_python_terms(also=lambda: field_flags(ServeOptions, lambda f: f"ServeOptions({f}=…)"))
+    @in_python_terms(also=serve_options_terms)
     def load(cls, paths: Sequence[Path | str], device: str | None = None, precision: str | None = None,
              options: ServeOptions | None = None, log: Callable[[str], None] = print) -> "Engine":
         """Every saved model under `paths` (model folders, or folders of them; one path alone is one
@@ -489,6 +494,7 @@ class Engine:
 
         return jobs, finish
 
+    @in_python_terms(also=serve_options_terms)
     def classify(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, explain: bool = False,
                  top: int = 5, pairs: bool = False, occlusion: bool = False, top_classes: int | None = None) -> dict:
         """{"tasks": [names], "results": [per text {"tasks": {name: {label, scores[, explanation, lines]}},
@@ -504,6 +510,7 @@ class Engine:
         return await self._await(*self.plan_classify(texts, tasks, explain, top, pairs=pairs, occlusion=occlusion,
                                                      top_classes=top_classes))
 
+    @in_python_terms(also=serve_options_terms)
     def explain(self, texts: Sequence[Any], tasks: Sequence[str] | None = None, top: int = 5,
                 pairs: bool = False, occlusion: bool = False, top_classes: int | None = None) -> dict:
         """classify with explanations, for tasks that explain (all of them by default; with occlusion, every
@@ -573,6 +580,7 @@ class Engine:
 
         return jobs, assemble
 
+    @in_python_terms(also=serve_options_terms)
     def generate(self, prefix: str, sources: Sequence[str], num_beams: int | None = None,
                  max_new_tokens: int | None = None, min_new_tokens: int = 0) -> dict:
         """{"prefix", "num_beams", "max_new_tokens", "outputs": [{source, output, tokens}]} — blocking.
