@@ -57,6 +57,8 @@ def test_predict_and_explain_check_each_item_first(call, tmp_path):
 
     with pytest.raises(PairError, match="item 1 is NoneType: give a string, or a pair"):
         call(tmp_path / "no-model", ["How far is Paris ?", None])
+    with pytest.raises(PairError, match=r"item 0 is a tuple of 3: give a string, or a pair \(first, second\)"):
+        call(tmp_path / "no-model", [("a", "b", "c")])
     with pytest.raises(PairError, match="texts mix sentence pairs and single texts"):
         call(tmp_path / "no-model", [("a", "b"), "c"])
 

@@ -50,8 +50,9 @@ def pair_kind(texts: Sequence[Text]) -> bool:
         if not pairs[i] and not isinstance(t, str):
             as_pair = (" (a pair is a tuple: tuple(item), or [tuple(p) for p in pairs] for them all)"
                        if not isinstance(t, (str, bytes)) and hasattr(t, "__len__") and len(t) == 2 else "")
-            raise PairError(f"item {i} is {type(t).__name__}: give a string, or a pair (first, second) of strings"
-                            + as_pair)
+            what = (f"a {type(t).__name__} of {len(t)}" if isinstance(t, (tuple, list)) and len(t) != 2
+                    else type(t).__name__)  # ("a", "b", "c"): a pair has two
+            raise PairError(f"item {i} is {what}: give a string, or a pair (first, second) of strings" + as_pair)
     return bool(pairs) and pairs[0]
 
 
