@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from .extract.device import CPU_FLAGS, cpu_features, oversubscribed, resolve_device, usable_cores
+from .extract.device import CPU_FLAGS, cpu_features, cpuinfo, oversubscribed, resolve_device, usable_cores
 from .extract.precision import SLOWER, default_precision, speed_vs_fp32
 
 DIST = "frozentune"
@@ -63,8 +63,6 @@ def extras(version: Callable[[str], str | None] = _version) -> dict[str, dict]:
 
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, else what platform says)."""
-    from .extract.device import cpuinfo
-
     return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
