@@ -289,6 +289,8 @@ def test_explanation_offsets_slice_the_original_text(tiny_bert):
     ({"reg_lambda": -0.1}, "use λ ≥ 0"),
     ({"dim": -4}, "--dim -4: use a width"),
     ({"special_tokens": "keep"}, "choose one of exclude, include"),
+    # a value of the wrong kind names the choices too (it said only "text is expected")
+    ({"special_tokens": True}, "special_tokens=True: text is expected, one of exclude, include"),
 ])
 def test_bad_options(options, needle):
     with pytest.raises(MethodError, match=needle):

@@ -50,9 +50,9 @@ def wrong_value(obj: Any, flag: bool = False) -> str | None:
               number if kind is float else  # NaN is a number here: the options' own rules refuse it, saying why
               isinstance(value, str))
         shown = f"{as_flag(f.name)} {value!r}" if flag else f"{f.name}={value!r}"
-        if not ok:
-            return f"{shown}: {KINDS[kind]} is expected"
         choices = f.metadata.get("choices")
+        if not ok:  # where the field has choices, they are what to give
+            return f"{shown}: {KINDS[kind]} is expected" + (f", one of {', '.join(map(str, choices))}" if choices else "")
         if choices and value not in choices:
             return f"{shown}: choose one of {', '.join(map(str, choices))}"
     return None
