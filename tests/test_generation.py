@@ -98,6 +98,30 @@ def test_e2e_and_webnlg_records_with_a_bad_source_are_named(tmp_path, record, sa
         load_generation(str(data), "train")
 
 
+@pytest.mark.parametrize("record, says", [
+    # each said "no reference texts ('refs' / 'texts' / 'target')." whichever field it had read, and not what to do
+    ({"mr": "name[B]"}, "no reference text ('refs': missing); give every row at least one"),
+    ({"mr": "name[B]", "refs": []}, "no reference text ('refs': []); give every row at least one"),
+    ({"triples": [["B", "p", "C"]], "texts": []}, "no reference text ('texts': [])"),
+    ({"source": "a b", "target": []}, "no reference text ('target': []); give every row at least one (a non-empty "
+                                      "string, or a list of them), or remove the row"),
+])
+def test_a_record_without_references_names_the_field_it_read(tmp_path, record, says):
+    data = tmp_path / "bad.jsonl"
+    good = ({"source": "a", "target": "b"} if "source" in record else {"mr": "name[A]", "refs": ["A."]} if "mr" in record
+            else {"triples": [["A", "p", "B"]], "texts": ["A p B."]})
+    data.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"bad.jsonl:2: {says}")):
+        load_generation(str(data), "train")
+
+
+def test_one_reference_given_as_a_string_is_read_as_one(tmp_path):
+    data = tmp_path / "e2e.jsonl"  # it was refused as "no reference texts"; a pairs file's target may be a string too
+    data.write_text(json.dumps({"mr": "name[A]", "refs": "A is here."}) + "\n"
+                    + json.dumps({"triples": [["A", "p", "B"]], "texts": "A p B."}) + "\n")
+    assert [ex.refs for ex in load_generation(str(data), "train")] == [["A is here."], ["A p B."]]
+
+
 def test_webnlg_uses_its_validation_file_and_seen_marks(shared_data):
     s = G.load_generation_splits("webnlg", seed=0, max_train=50, max_validation=20, max_test=40)
     assert (len(s.train), len(s.validation), len(s.test)) == (50, 20, 40)

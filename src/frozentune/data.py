@@ -1339,19 +1339,24 @@ def load_generation(name: str, split: str, source_field: str | None = None,
         if not pairs and ("mr" in rec or "triples" in rec):
             src = table_source(f"{files[split]}:{n}", rec)
             refs, src_name = (rec.get("refs"), "'mr'") if "mr" in rec else (rec.get("texts"), "'triples', linearised")
+            ref_field = "refs" if "mr" in rec else "texts"
+            refs = [refs] if isinstance(refs, str) else refs  # one reference as a string, as a pairs file's target may be
         elif pairs or sf in rec:
             src_name = repr(sf)
             if sf not in rec:
                 raise DataError(f"{files[split]}:{n}: no {sf!r} field (has: {', '.join(map(str, rec))}); name the "
                                 f"source field with --source-field")
             src, refs = rec[sf], _references(files[split], n, rec, tf, split)
+            ref_field = tf
             if not isinstance(src, str) or blank(src):
                 raise DataError(f"{files[split]}:{n}: the source ({sf!r}) must be non-empty text, got {_describe(src)}")
         else:
             raise DataError(f"{files[split]}:{n}: a generation record needs 'mr' (E2E), 'triples' (WebNLG) or "
                             f"'source' and 'target' fields; for other names give --source-field / --target-field")
-        if not isinstance(refs, list) or not refs:
-            raise DataError(f"{files[split]}:{n}: no reference texts ('refs' / 'texts' / '{tf}').")
+        if not isinstance(refs, list) or not refs:  # (it named 'refs' / 'texts' / the target field whichever was read)
+            held = "missing" if ref_field not in rec else f"{_describe(rec[ref_field])}"
+            raise DataError(f"{files[split]}:{n}: no reference text ({ref_field!r}: {held}); give every row at least one "
+                            f"(a non-empty string, or a list of them), or remove the row")
         bad = [r for r in refs if not isinstance(r, str) or blank(r)]
         if bad:
             raise DataError(f"{files[split]}:{n}: a reference text must be non-empty text, got {_describe(bad[0])}")
