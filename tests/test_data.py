@@ -152,6 +152,14 @@ def test_numeric_labels_are_names_sorted_numerically(tmp_path):
 
 @pytest.mark.parametrize("content,needle", [
     ('{"text": "a", "label": "x"}\n{"text": "b", "label"\n', "d.jsonl:2: not valid JSON Lines"),
+    # a line ending inside its object was said as "Expecting ',' delimiter: column 1" / "Invalid control character"
+    ('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"\n', "d.jsonl:2: not valid JSON Lines (the line ends "
+                                                                  "inside its JSON object, after column 26: cut short"),
+    ('{"text": "a raw\nbreak", "label": "x"}\n', "d.jsonl:1: not valid JSON Lines (the line ends inside its JSON "
+                                                 "object, after column 15: cut short, or a text in it holds a raw line "
+                                                 "break, to be written \\n)"),
+    ('{"text": "a\tb", "label": "x"}\n', "d.jsonl:1: not valid JSON Lines (a raw control character U+0009 inside a "
+                                         "string at column 12, to be written escaped"),
     ('{"text": "a", "label": "x"}\n{"txt": "b", "label": "y"}\n', "d.jsonl:2: missing field 'text'"),
     ('{"text": "a", "label": "x"}\n{"text": "  ", "label": "y"}\n', "d.jsonl:2: empty text"),
     ('[1, 2]\n', "d.jsonl:1: expected a JSON object"),
@@ -159,7 +167,7 @@ def test_numeric_labels_are_names_sorted_numerically(tmp_path):
     ('', "no records"),
 ])
 def test_bad_jsonl_messages(tmp_path, content, needle):
-    with pytest.raises(DataError, match=needle.replace("(", r"\(")):
+    with pytest.raises(DataError, match=re.escape(needle)):
         read_split(write(tmp_path / "d.jsonl", content))
 
 

@@ -358,7 +358,7 @@ def _read_jsonl(path: Path, data: bytes | None = None) -> list[tuple[int, dict]]
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON Lines ({e.msg}: column {e.colno}). "
+                raise DataError(f"{path}:{n}: not valid JSON Lines ({_json_line_problem(line, e)}). "
                                 f"Each line must be one JSON object." + STDIN_RECORDS * (path == STDIN)) from None
             except ValueError as e:  # e.g. an integer of more than 4,300 digits
                 raise DataError(f"{path}:{n}: not readable as JSON ({e}).") from None
@@ -369,6 +369,20 @@ def _read_jsonl(path: Path, data: bytes | None = None) -> list[tuple[int, dict]]
         raise DataError(f"{path}: " + ("no records were piped in; give one JSON object per line" if path == STDIN
                                        else "the file has no records."))
     return out
+
+
+def _json_line_problem(line: str, e: json.JSONDecodeError) -> str:
+    """json's reason a line is not JSON, in the terms of a line of a JSON Lines file. A line that ends before its
+    object does was said as "Expecting ',' delimiter: column 1" (the column after the line break) or "Invalid
+    control character": it was cut short, or a text in it holds a raw line break, which ends the line."""
+    body = line.rstrip("\r\n")
+    if e.pos >= len(body.rstrip()) or e.msg.startswith("Unterminated string"):
+        return (f"the line ends inside its JSON object, after column {len(body)}: cut short, or a text in it holds a "
+                f"raw line break, to be written \\n")
+    if e.msg.startswith("Invalid control character"):
+        return (f"a raw control character U+{ord(line[e.pos]):04X} inside a string at column {e.colno}, to be written "
+                f"escaped (\\t for a tab)")
+    return f"{e.msg}: column {e.colno}"
 
 
 def _blank_lines_error(path: Path, blank: list[int], what: str, way_out: str) -> DataError:
