@@ -1,0 +1,515 @@
+"""Random inputs against every entry point a user feeds: the data readers, `api.train` then predict / explain /
+eval on the saved model, the command line, generation (train, generate, eval) and the server over HTTP.
+
+A finding is anything but frozentune's own answer: an exception that is not a FrozentuneError (whose message
+says what to do), a command-line exit other than 0 / 2 or a traceback on stderr, an HTTP 5xx, a reply that is
+not JSON or an error reply without "error", a server that stops answering. Refusals are counted, not findings:
+most random inputs are wrong on purpose; the summary lists the most frequent refusals, to be read.
+
+  OMP_NUM_THREADS=1 python bench/fuzz.py data --seed 0 --cases 300
+  OMP_NUM_THREADS=1 python bench/fuzz.py train --seed 0 --cases 60       # ~2 s a case
+  OMP_NUM_THREADS=1 python bench/fuzz.py cli --seed 0 --cases 300        # a case is cut after 20 s (counted)
+  OMP_NUM_THREADS=1 python bench/fuzz.py generation --seed 0 --cases 60
+  OMP_NUM_THREADS=1 python bench/fuzz.py http --seed 0 --cases 800       # `frozentune serve` on 127.0.0.1 only
+
+Models are tiny and seeded, built from a config as the tests build theirs (tests/conftest.py): nothing is
+downloaded. Everything is written under --work (default /tmp/frozentune-fuzz). The HTTP part sends at most
+--cases requests, one at a time, and stops after --seconds whatever is left. Exit status 1 where there was a
+finding.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+WORDS = ["good", "bad", "film", "not", "very", "plot", "the", "a", "great", "awful"]
+ODD = ["", "   \t", "\u200b\u200b", "line\nbreak\r\nhere", "tab\there,comma,\"quote\"", "\U0001F600 é ü 中文", "\x00nul"]
+
+
+class Tally:
+    """Cases done, refused (FrozentuneError, by the first words of the message) and findings (whole)."""
+
+    def __init__(self) -> None:
+        self.done, self.refused, self.findings = 0, Counter(), []
+
+    def run(self, what: str, call: Callable[[], object]) -> bool:
+        """Run call(); True when it returned. A FrozentuneError is a refusal, anything else a finding."""
+        from frozentune.errors import FrozentuneError
+
+        try:
+            call()
+        except FrozentuneError as e:
+            self.refused[re.sub(r"\d+", "N", re.sub(r"/\S+", "PATH", str(e)))[:90]] += 1
+            return False
+        except Exception as e:  # noqa: BLE001 — the point: anything else is reported
+            self.findings.append(f"{what}\n{type(e).__name__}: {e}\n{''.join(traceback.format_exc(limit=-6))}")
+            return False
+        self.done += 1
+        return True
+
+    def report(self, part: str, cases: int, seed: int) -> dict:
+        calls = self.done + sum(self.refused.values()) + len(self.findings)
+        print(f"\n{part}, seed {seed}: {cases} cases, {calls} calls: {self.done} answered, {sum(self.refused.values())} "
+              f"refused (frozentune's own error), {len(self.findings)} finding(s)")
+        for msg, n in self.refused.most_common(12):
+            print(f"  {n:4d} × {msg}")
+        for f in self.findings:
+            print("=== finding\n" + f)
+        return {"part": part, "seed": seed, "cases": cases, "calls": calls, "answered": self.done,
+                "refused": sum(self.refused.values()), "findings": len(self.findings)}
+
+
+def text(r: random.Random, odd: float) -> str:
+    if r.random() < odd:
+        return r.choice(ODD + ["a" * r.randint(1000, 20000)])
+    return " ".join(r.choice(WORDS) for _ in range(r.randint(1, 12)))
+
+
+def value(r: random.Random, odd: float, strings: Callable[[], str]) -> object:
+    """A field's value: mostly `strings()`, at rate `odd` a value of another JSON kind."""
+    if r.random() >= odd:
+        return strings()
+    return r.choice([None, 5, 1.5, True, ["x"], {"t": "x"}, float("nan"), 10 ** 30, -1, ""])
+
+
+def write_rows(r: random.Random, path: Path, rows: list[dict], fmt: str, odd: float) -> None:
+    """rows as jsonl / json / csv / tsv, with damage at rate `odd` (a cut line, a short or long row, no header,
+    a duplicate column, Latin-1 bytes)."""
+    if fmt == "jsonl":
+        lines = [json.dumps(x, ensure_ascii=r.random() < 0.5) for x in rows]
+        lines = [s[:-3] if r.random() < odd / 5 else s for s in lines]
+        path.write_text("\n".join(lines) + ("\n" if r.random() < 0.8 else ""), encoding="utf-8")
+        return
+    if fmt == "json":
+        path.write_text(json.dumps(rows if r.random() >= odd else {"data": rows}))
+        return
+    import csv
+
+    keys = sorted({k for x in rows for k in x}) + (["label"] if r.random() < odd else [])
+    buf = io.StringIO()
+    w = csv.writer(buf, delimiter="," if fmt == "csv" else "\t", lineterminator=r.choice(["\n", "\r\n"]))
+    if r.random() >= odd:
+        w.writerow(keys)
+    for x in rows:
+        cells = [x.get(k) if isinstance(x.get(k), str) else json.dumps(x.get(k)) for k in keys]
+        w.writerow(cells[:-1] if r.random() < odd / 5 else cells + ["x"] if r.random() < odd / 5 else cells)
+    encoding = r.choice(["utf-8", "utf-8", "utf-8-sig", "latin-1"] if r.random() < odd else ["utf-8"])
+    try:
+        path.write_bytes(buf.getvalue().encode(encoding))
+    except UnicodeEncodeError:
+        path.write_bytes(buf.getvalue().encode("utf-8"))
+
+
+def classification_files(r: random.Random, folder: Path, odd: float) -> tuple[str, dict]:
+    """A random dataset (one file, or a folder of split files) and the fields it uses."""
+    fmt = r.choice(["jsonl", "json", "csv", "tsv"])
+    fields = {"text_field": r.choice(["text", "sentence"]), "label_field": r.choice(["label", "y"]),
+              "pair_field": r.choice([None, None, "hypothesis"])}
+    labels = r.choice([["pos", "neg"], ["a", "b", "c"], ["0", "1"], ["x"], [str(i) for i in range(30)]])
+
+    def rows(n: int) -> list[dict]:
+        out = []
+        for i in range(n):
+            x = {fields["text_field"]: value(r, odd, lambda: text(r, odd)),
+                 fields["label_field"]: value(r, odd, lambda: labels[i % len(labels)] if r.random() < 0.7
+                                              else r.choice(labels))}
+            if fields["pair_field"]:
+                x[fields["pair_field"]] = value(r, odd, lambda: text(r, odd))
+            out.append({k: v for k, v in x.items() if r.random() >= odd / 10})
+        return out
+
+    if r.random() < 0.5:
+        path = folder / f"data.{fmt}"
+        write_rows(r, path, rows(r.randint(0, 60)), fmt, odd)
+        return str(path), fields
+    for split in r.sample(["train", "validation", "test"], r.randint(1, 3)):
+        write_rows(r, folder / f"{split}.{fmt}", rows(r.randint(0, 40)), fmt, odd)
+    return str(folder), fields
+
+
+def part_data(args) -> dict:
+    from frozentune import data as D
+
+    r, tally = random.Random(args.seed), Tally()
+    for case in range(args.cases):
+        folder = fresh(args.work / "data" / f"c{case}")
+        odd = r.choice([0.0, 0.0, 0.05, 0.2])
+        target, fields = classification_files(r, folder, odd)
+        if odd and r.random() < 0.3:
+            fields = {**fields, r.choice(list(fields)): "missing"}
+        kw = {"seed": r.randint(0, 3), "shots": r.choice([None, None, None, 1, 2, 5, 100, 0, -1]),
+              "max_train": r.choice([None, None, None, 1, 3, 10, 0]), "carve_below": r.choice([0, 0, 1000])}
+        if kw["shots"] is not None and r.random() < 0.8:
+            kw["max_train"] = None
+        first = next(iter(sorted(folder.iterdir())))
+        tally.run(f"load_classification({target!r}, **{fields | kw})", lambda: D.load_classification(target, **fields, **kw))
+        tally.run(f"read_texts({str(first)!r})", lambda: D.read_texts(first, fields["text_field"], fields["pair_field"]))
+    return tally.report("data", args.cases, args.seed)
+
+
+def fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def tiny_bert(work: Path) -> Path:
+    from conftest import make_tiny_bert
+
+    folder = work / "tiny_bert"
+    return folder if (folder / "config.json").exists() else make_tiny_bert(folder)
+
+
+TRAIN_OPTIONS = {"space": [{}, {"concept_dim": 1}, {"masked_mean": False}], "ytuning": [{}, {"layers": 1, "k": 1}],
+                 "selfexplain": [{}, {"max_span_width": 1}, {"special_tokens": "include"}],
+                 "prefix": [{}, {"prefix_length": 2}]}
+EXPLAINS = ("space", "ytuning", "selfexplain")
+
+
+def part_train(args) -> dict:
+    from frozentune import api
+
+    r, tally, bert = random.Random(args.seed), Tally(), tiny_bert(args.work)
+    cache = args.work / "cache"
+    for case in range(args.cases):
+        folder = fresh(args.work / "train" / f"c{case}")
+        target, fields = classification_files(r, folder, r.choice([0.0, 0.0, 0.0, 0.02]))
+        method = r.choice(["probe", "space", "ytuning", "selfexplain", "finetune", "contrastive", "prefix"])
+        options = r.choice(TRAIN_OPTIONS.get(method, [{}]))
+        cfg = {"epochs": r.choice([1, 2]), "batch_size": r.choice([2, 8, 64]), "min_steps": r.choice([0, 5, 20]),
+               "cv_folds": r.choice([2, 5, 0]), "seed": r.randint(0, 5)}
+        cfg |= {"cv_below": r.choice([0, 5, 1000])} if r.random() < 0.2 else {}
+        cfg |= {"steps": r.choice([1, 3])} if r.random() < 0.15 else {}
+        cfg |= {"average_folds": r.choice(["on", "off"])} if r.random() < 0.1 else {}
+        model = folder / "model"
+        texts = [text(r, 0.05) for _ in range(r.randint(1, 4))]
+        texts = [(t, text(r, 0.05)) for t in texts] if fields["pair_field"] else texts
+        said = f"train({method!r}, {target!r}, options={options}, train_cfg={cfg}, {fields})"
+        trained = tally.run(said, lambda: api.train(
+            method, target, api.BackboneOptions(str(bert), max_length=r.choice([16, 64, 128])), options, cfg, model,
+            cache_root=cache, progress=False, log=None, shots=r.choice([None, None, None, 1, 2]), **fields))
+        if trained:
+            quiet = lambda s: None  # noqa: E731
+            tally.run(f"predict after {said}", lambda: api.predict(model, texts, log=quiet,
+                                                                   top_classes=r.choice([None, 1, 50])))
+            tally.run(f"explain after {said}", lambda: api.explain(
+                model, texts, top=r.choice([1, 5, 100]), log=quiet,
+                occlusion=method not in EXPLAINS or r.random() < 0.2))
+            tally.run(f"evaluate after {said}", lambda: api.evaluate_model(
+                model, target, cache_root=cache, progress=False, log=quiet, pair_field=fields["pair_field"]))
+        shutil.rmtree(folder, ignore_errors=True)
+    return tally.report("train", args.cases, args.seed)
+
+
+class Cut(Exception):
+    """A command line case past its time (counted apart: a random --epochs can ask for hours)."""
+
+
+def _cut(signum, frame) -> None:
+    raise Cut()
+
+
+def trec_slice(work: Path) -> Path:
+    folder = work / "trec80"
+    if not (folder / "test.jsonl").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        shared = Path(os.environ.get("FROZENTUNE_DATA", ROOT.parent / "shared" / "data")) / "trec"
+        for split, n in (("train", 60), ("test", 20)):
+            lines = (shared / f"{split}.jsonl").read_text().splitlines()[:n]
+            (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+NUMBERS = ["-1", "0", "1", "2", "3", "0.5", "1e9", "nan", "inf", "-0", "abc", ""]
+PLAUSIBLE = ["1", "2", "3", "0.5", "0.1"]
+UNBOUNDED = {"--epochs", "--steps", "--min-steps", "--minutes", "--cv-repeats", "--max-length", "--prefix-length",
+             "--top", "--cv-folds"}  # where 1e9 / inf would only make a case run for hours
+FIXED = {"--data", "--backbone", "--output", "--model", "--method", "--overwrite", "--input", "--port", "--host"}
+
+
+def part_cli(args) -> dict:
+    import argparse as ap_mod
+
+    from frozentune import cli
+
+    os.environ["FROZENTUNE_CACHE"] = str(args.work / "cli-cache")
+    r, tally, bert, data = random.Random(args.seed), Tally(), str(tiny_bert(args.work)), str(trec_slice(args.work))
+    model, sweep = str(args.work / "cli-model"), str(args.work / "cli-sweep")
+    parser = cli._parser(None)
+    sub = next(a for a in parser._actions if isinstance(a, ap_mod._SubParsersAction))
+    base = {"train": ["--data", data, "--backbone", bert, "--quiet", "--output", model, "--overwrite", "--method"],
+            "predict": ["--model", model, "what is a dog ?", "who wrote it ?"],
+            "explain": ["--model", model, "what is a dog ?"], "eval": ["--model", model, "--data", data],
+            "cache": [data, "--backbone", bert],
+            "sweep": ["--data", data, "--backbone", bert, "--methods", "probe", "--output", sweep, "--overwrite"]}
+    exits: Counter = Counter()
+    signal.signal(signal.SIGALRM, _cut)
+    for _ in range(args.cases):
+        command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep"])
+        argv = [command, *base[command]]
+        if command == "train":
+            argv.append(r.choice(["probe", "space", "ytuning", "selfexplain", "contrastive", "finetune"]))
+        options = [a for a in sub.choices[command]._actions if a.option_strings and a.dest != "help"]
+        for action in r.sample(options, min(len(options), r.randint(0, 4))):
+            flag = max(action.option_strings, key=len)
+            if flag in FIXED:
+                continue
+            if action.nargs == 0:
+                argv.append(flag)
+                continue
+            plausible = r.random() < 0.5
+            v = (r.choice([*action.choices] + ([] if plausible else ["nope"])) if action.choices
+                 else r.choice(PLAUSIBLE if plausible else NUMBERS)
+                 if isinstance(action.default, (int, float)) and not isinstance(action.default, bool)
+                 else r.choice(["x", "", "-1", "0", "1", "a,b", "/nonexistent", "3", "0/2", "1/2", "2/2"]))
+            argv += [flag, "2" if flag in UNBOUNDED and v in ("1e9", "inf") else str(v)]
+        err = io.StringIO()
+        signal.alarm(20)
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code
+        except Cut:
+            code = "cut"
+        except Exception as e:  # noqa: BLE001
+            code = "exception"
+            tally.findings.append(f"frozentune {' '.join(argv)}\n{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        finally:
+            signal.alarm(0)
+        exits[code] += 1
+        said = err.getvalue()
+        if code not in (0, 2, "cut", "exception") or "Traceback" in said:
+            tally.findings.append(f"frozentune {' '.join(argv)} → exit {code}\n{said[-2000:]}")
+        elif code == 0:
+            tally.done += 1
+        elif code == 2:  # argparse's usage errors and frozentune's own both exit 2: the last line says which
+            last = said.strip().splitlines()[-1] if said.strip() else "(nothing on stderr)"
+            tally.refused[re.sub(r"\d+", "N", re.sub(r"/\S+", "PATH", last))[:90]] += 1
+    return tally.report("cli", args.cases, args.seed) | {"exits": {str(k): v for k, v in exits.items()}}
+
+
+GEN_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "name", "food", "area", "city", "eat", "type", "pub"]
+
+
+def part_generation(args) -> dict:
+    from frozentune.generation.run import DecodeOptions, evaluate_generation, generate_sources, train_generation
+
+    r, tally, lms = random.Random(args.seed), Tally(), tiny_lms(args.work)
+
+    def sentence(odd: float, least: int = 1) -> str:
+        if r.random() < odd:
+            return r.choice(["", "unknownword zzz é中文", " ".join(r.choice(GEN_WORDS) for _ in range(r.randint(200, 400)))])
+        return " ".join(r.choice(GEN_WORDS) for _ in range(r.randint(least, 12)))
+
+    for case in range(args.cases):
+        folder = fresh(args.work / "generation" / f"c{case}")
+        odd = r.choice([0.0, 0.0, 0.02, 0.1])
+        sf, tf = r.choice([("source", "target"), ("src", "tgt"), ("document", "summary")])
+        many = r.random() < 0.2
+
+        def row() -> dict:
+            x = {sf: value(r, odd / 5, lambda: sentence(odd)),
+                 tf: [sentence(odd) for _ in range(r.randint(1, 3))] if many else sentence(odd)}
+            return {k: v for k, v in x.items() if r.random() >= odd / 10}
+
+        if r.random() < 0.5:
+            target = folder / "pairs.jsonl"
+            target.write_text("\n".join(json.dumps(row()) for _ in range(r.randint(2, 40))) + "\n")
+        else:
+            for split in r.sample(["train", "validation", "test"], r.randint(1, 3)):
+                (folder / f"{split}.jsonl").write_text("\n".join(json.dumps(row()) for _ in range(r.randint(1, 20))))
+            target = folder
+        lm, method = r.choice(["llama", "llama", "bart"]), r.choice(["prefix", "prefix", "finetune"])
+        options = r.choice([{}, {"prefix_length": 2}, {"prefix_length": 1, "reparam": False}]) if method == "prefix" else {}
+        cfg = {"epochs": 1, "steps": r.choice([1, 2, 3]), "batch_size": r.choice([1, 2, 8]), "min_steps": 0}
+        decoding = DecodeOptions(num_beams=r.choice([1, 2]), max_new_tokens=r.choice([1, 4, 8]))
+        fields = (None, None) if sf == "source" and r.random() < 0.5 else (sf if r.random() >= odd else "nope", tf)
+        model = folder / "model"
+        said = f"train_generation({method!r}, {str(target)!r}, {lm}, options={options}, train_cfg={cfg}, fields={fields})"
+        if tally.run(said, lambda: train_generation(method, str(target), str(lms[lm]), options, cfg, model,
+                                                    max_test=r.choice([1, 3, None]), decoding=decoding,
+                                                    log=lambda s: None, fields=fields)):
+            tally.run(f"generate after {said}", lambda: generate_sources(
+                model, [sentence(odd) for _ in range(r.randint(1, 3))], num_beams=r.choice([None, 1, 3]),
+                max_new_tokens=r.choice([None, 1, 5])))
+            tally.run(f"evaluate after {said}", lambda: evaluate_generation(
+                model, str(target), max_test=2, source_field=fields[0], target_field=fields[1]))
+        shutil.rmtree(folder, ignore_errors=True)
+    return tally.report("generation", args.cases, args.seed)
+
+
+def tiny_lms(work: Path) -> dict[str, Path]:
+    from conftest import make_tiny_bart, make_tiny_llama
+
+    lms = {"llama": work / "llama", "bart": work / "bart"}
+    if not (lms["llama"] / "config.json").exists():
+        make_tiny_llama(lms["llama"], GEN_WORDS)
+    if not (lms["bart"] / "config.json").exists():
+        make_tiny_bart(lms["bart"], GEN_WORDS)
+    return lms
+
+
+def serve_models(work: Path) -> Path:
+    """Four tiny classifiers (probe, selfexplain, ytuning, space) on a TREC slice and a prefix of a tiny Llama
+    ("gen"), trained once."""
+    from frozentune import api
+    from frozentune.generation.run import DecodeOptions, train_generation
+
+    folder = work / "serve-models"
+    for method in ("probe", "selfexplain", "ytuning", "space"):
+        if not (folder / method / "result.json").exists():
+            api.train(method, str(trec_slice(work)), api.BackboneOptions(str(tiny_bert(work))),
+                      train_cfg={"fallback": "off"}, output=folder / method, overwrite=True,
+                      cache_root=work / "cache", progress=False, log=None)
+    if not (folder / "gen" / "result.json").exists():
+        r = random.Random(0)
+        pairs = fresh(work / "serve-pairs") / "pairs.jsonl"
+        pairs.write_text("\n".join(json.dumps({"source": " ".join(r.choices(GEN_WORDS, k=6)),
+                                               "target": " ".join(r.choices(GEN_WORDS, k=4))}) for _ in range(30)))
+        train_generation("prefix", str(pairs), str(tiny_lms(work)["llama"]), {"prefix_length": 2},
+                         {"steps": 3, "min_steps": 0}, folder / "gen", decoding=DecodeOptions(max_new_tokens=4),
+                         log=lambda s: None, overwrite=True)
+    return folder
+
+
+def request_body(r: random.Random, kind: str, tasks: list[str]) -> dict:
+    """Mostly a plausible request (70%), else fields of any kind, unknown ones among them."""
+    def string() -> str:
+        return r.choice(["what is a dog ?"] * 30 + ODD[:3] + ["who " * r.randint(1, 3000), "[SEP] [CLS]", "<b>x</b>"])
+
+    def anything() -> object:
+        return r.choice([string(), 0, -1, 10 ** 20, 2.5, True, None, [string() for _ in range(r.randint(0, 20))],
+                         [[string()] * r.randint(0, 3)], {"text": string()}, [r.choice(tasks + ["nope", ""])]])
+
+    keys = {"classify": ["texts", "text", "pairs", "pair", "tasks", "explain", "top", "occlusion", "top_classes"],
+            "explain": ["texts", "text", "pairs", "pair", "tasks", "top", "occlusion", "top_classes"],
+            "generate": ["prefix", "sources", "source", "num_beams", "max_new_tokens", "min_new_tokens"]}[kind]
+    if r.random() >= 0.7:
+        return {k: anything() for k in r.sample(keys + ["extra"], r.randint(0, 3))}
+    if kind == "generate":
+        body = {"prefix": "gen" if r.random() < 0.8 else r.choice(tasks + ["nope"])}
+        body |= {"source": string()} if r.random() < 0.5 else {"sources": [string() for _ in range(r.randint(1, 6))]}
+        for k in ("num_beams", "max_new_tokens", "min_new_tokens"):
+            if r.random() < 0.3:
+                body[k] = r.choice([1, 2, 4, 0, -1, 64, 10 ** 6])
+        return body
+    body: dict = {"text": string()} if r.random() < 0.5 else {"texts": [string() for _ in range(r.randint(1, 20))]}
+    if r.random() < 0.5:
+        body["tasks"] = r.sample(tasks, r.randint(1, len(tasks))) + (["nope"] if r.random() < 0.1 else [])
+    for k in ("top", "top_classes"):
+        if r.random() < 0.3:
+            body[k] = r.choice([1, 3, 20, 1, 3, 20, 0, 21, -1, 100])
+    body |= {"occlusion": True} if r.random() < 0.3 else {}
+    body |= {"explain": True} if kind == "classify" and r.random() < 0.4 else {}
+    return body
+
+
+def part_http(args) -> dict:
+    import httpx
+
+    models = serve_models(args.work)
+    tasks = sorted(p.name for p in models.iterdir())
+    env = dict(os.environ, OMP_NUM_THREADS="1", FROZENTUNE_CACHE=str(args.work / "cache"))
+    server = subprocess.Popen([sys.executable, "-m", "frozentune.cli", "serve", str(models), "--host", "127.0.0.1",
+                               "--port", "0", "--max-texts", "16", "--max-top", "20"],
+                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    port, seen, t0 = None, [], time.monotonic()
+    while port is None and time.monotonic() - t0 < 120 and server.poll() is None:
+        seen.append(server.stderr.readline())
+        port = (m := re.search(r"http://127\.0\.0\.1:(\d+)", seen[-1])) and int(m.group(1))
+    if port is None:
+        server.kill()
+        raise SystemExit("the server did not start:\n" + "".join(seen))
+    r, tally, statuses = random.Random(args.seed), Tally(), Counter()
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + args.seconds
+    try:
+        with httpx.Client(timeout=30) as client:
+            for _ in range(args.cases):
+                if time.monotonic() > deadline:
+                    break
+                kind, how = r.choice(["classify", "classify", "explain", "generate"]), r.random()
+                url, sent = f"{base}/v1/{kind}", None
+                try:
+                    if how < 0.05:
+                        reply = client.post(url, content=r.choice([b"{", b"[]", b"null", b"\xff\xfe", b"1e999"]),
+                                            headers={"content-type": "application/json"})
+                    elif how < 0.08:
+                        reply = client.post(url, content=b"text=a", headers={"content-type": r.choice(
+                            ["text/plain", "application/x-www-form-urlencoded", ""])})
+                    elif how < 0.1:
+                        reply = client.get(url)
+                    else:
+                        sent = request_body(r, kind, tasks)
+                        reply = client.post(url, json=sent)
+                except httpx.HTTPError as e:
+                    tally.findings.append(f"{kind} {json.dumps(sent)[:300]}: no reply ({type(e).__name__}: {e})")
+                    continue
+                statuses[reply.status_code] += 1
+                try:
+                    answer = reply.json()
+                except ValueError:
+                    tally.findings.append(f"{kind} {json.dumps(sent)[:300]}: {reply.status_code}, not JSON: {reply.text[:200]}")
+                    continue
+                if reply.status_code >= 500 or (reply.status_code >= 400 and "error" not in answer):
+                    tally.findings.append(f"{kind} {json.dumps(sent)[:300]} → {reply.status_code} {str(answer)[:300]}")
+                elif reply.status_code >= 400:
+                    tally.refused[f"{reply.status_code} " + re.sub(r"\d+", "N", answer["error"])[:80]] += 1
+                else:
+                    tally.done += 1
+            health = client.get(f"{base}/health").status_code
+    finally:
+        server.terminate()
+        server.wait(60)
+    if health != 200:
+        tally.findings.append(f"/health answered {health} after the requests")
+    sent_n = sum(statuses.values())
+    print(f"statuses: {dict(sorted(statuses.items()))}; /health after them: {health}")
+    return tally.report("http", sent_n, args.seed) | {"statuses": {str(k): v for k, v in statuses.items()}}
+
+
+PARTS = {"data": part_data, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=sorted(PARTS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=480, help="http: stop sending after this long")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/frozentune-fuzz"))
+    ap.add_argument("--out", type=Path, help="append the summary as one JSON line")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    os.environ.setdefault("FROZENTUNE_DATA", str(ROOT.parent / "shared" / "data"))
+    args.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    summary = PARTS[args.part](args) | {"seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads()}
+    print(json.dumps(summary))
+    if args.out:
+        with args.out.open("a") as f:
+            f.write(json.dumps(summary) + "\n")
+    return 1 if summary["findings"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
