@@ -11,6 +11,7 @@ most random inputs are wrong on purpose; the summary lists the most frequent ref
   OMP_NUM_THREADS=1 python bench/fuzz.py cli --seed 0 --cases 300        # a case is cut after 20 s (counted)
   OMP_NUM_THREADS=1 python bench/fuzz.py generation --seed 0 --cases 60
   OMP_NUM_THREADS=1 python bench/fuzz.py http --seed 0 --cases 800       # `frozentune serve` on 127.0.0.1 only
+  OMP_NUM_THREADS=1 python bench/fuzz.py model --seed 0 --cases 200      # saved folders with config.json changed
 
 Models are tiny and seeded, built from a config as the tests build theirs (tests/conftest.py): nothing is
 downloaded. Everything is written under --work (default /tmp/frozentune-fuzz). The HTTP part sends at most
@@ -251,6 +252,7 @@ def part_cli(args) -> dict:
 
     os.environ["FROZENTUNE_CACHE"] = str(args.work / "cli-cache")
     r, tally, bert, data = random.Random(args.seed), Tally(), str(tiny_bert(args.work)), str(trec_slice(args.work))
+    os.chdir(fresh(args.work / "cli-cwd"))  # relative folders a random option names (--cache-dir 0) land here
     model, sweep = str(args.work / "cli-model"), str(args.work / "cli-sweep")
     parser = cli._parser(None)
     sub = next(a for a in parser._actions if isinstance(a, ap_mod._SubParsersAction))
@@ -485,7 +487,52 @@ def part_http(args) -> dict:
     return tally.report("http", sent_n, args.seed) | {"statuses": {str(k): v for k, v in statuses.items()}}
 
 
-PARTS = {"data": part_data, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
+def mutate(r: random.Random, node: object, depth: int = 0) -> object:
+    """node with one random change somewhere in it: a key removed, a value of another kind, a list emptied."""
+    if isinstance(node, dict) and node and (depth < 3 and r.random() < 0.7):
+        key = r.choice(sorted(node))
+        out = dict(node)
+        if r.random() < 0.2:
+            del out[key]
+        else:
+            out[key] = mutate(r, node[key], depth + 1)
+        return out
+    if isinstance(node, list) and node and r.random() < 0.6:
+        i = r.randrange(len(node))
+        return node[:i] + [mutate(r, node[i], depth + 1)] + node[i + 1:]
+    return r.choice([None, 0, -1, 1.5, True, "x", "", [], {}, [node], {"v": node}, 10 ** 20, "fp64", "../x"])
+
+
+def part_model(args) -> dict:
+    """Saved model folders with their config.json (or result.json) changed at random: loading, predicting,
+    explaining and generating must refuse with frozentune's own error or work."""
+    from frozentune import api
+    from frozentune.generation.run import generate_sources
+
+    r, tally, models = random.Random(args.seed), Tally(), serve_models(args.work)
+    quiet = lambda s: None  # noqa: E731
+    for case in range(args.cases):
+        name = r.choice(sorted(p.name for p in models.iterdir()))
+        folder = args.work / "model" / f"c{case}"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(models / name, folder)
+        which = folder / r.choice(["config.json"] * 4 + ["result.json"])
+        changed = mutate(r, json.loads(which.read_text()))
+        which.write_text(json.dumps(changed))
+        said, before = f"{name} with {which.name} changed: ", len(tally.findings)
+        if name == "gen":
+            tally.run(said + "generate", lambda: generate_sources(folder, ["the cat sat"], max_new_tokens=3))
+        else:
+            tally.run(said + "predict", lambda: api.predict(folder, ["what is a dog ?"], log=quiet))
+            tally.run(said + "explain", lambda: api.explain(folder, ["what is a dog ?"], log=quiet,
+                                                            occlusion=name == "probe"))
+        for i in range(before, len(tally.findings)):  # the change that made it, for the report
+            tally.findings[i] += f"\nthe changed {which.name}: {json.dumps(changed)[:1500]}"
+        shutil.rmtree(folder, ignore_errors=True)
+    return tally.report("model", args.cases, args.seed)
+
+
+PARTS = {"data": part_data, "model": part_model, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
 
 
 def main() -> int:
@@ -497,6 +544,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/frozentune-fuzz"))
     ap.add_argument("--out", type=Path, help="append the summary as one JSON line")
     args = ap.parse_args()
+    args.work = args.work.resolve()  # the cli part works in a folder of its own
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

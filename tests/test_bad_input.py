@@ -659,8 +659,15 @@ def test_saved_files_that_cannot_be_read_are_named(model_copy, monkeypatch):
     (lambda c: c["backbone"].update(cache_dtype="int3"), '"backbone"."cache_dtype" is "int3"'),
     (lambda c: c.update(options=[]), '"options" is []'),
     (lambda c: c["train"].update(seed="x"), '"train"."seed" is "x"'),
+    # found by bench/fuzz.py (part model): a TypeError (unhashable), KeyErrors, and a model that then asked for pairs
+    (lambda c: c.update(method=["probe"]), "names a method this frozentune does not have (unknown method ['probe']"),
+    (lambda c: c["backbone"].update(precision=["fp32"]), '"backbone"."precision" is ["fp32"]'),
+    (lambda c: c["backbone"].pop("weights_hash"), '"backbone"."weights_hash" is missing'),
+    (lambda c: c["weights_file"].pop("bytes"), "its checksum of model.safetensors ('weights_file') is not what"),
+    (lambda c: c.update(text_pair_field=""), '"text_pair_field" is "", not the name of a text field'),
 ], ids=["no-labels", "labels-string", "labels-twice", "labels-count", "max-length", "layers", "combine", "precision",
-        "cache-dtype", "options", "seed"])
+        "cache-dtype", "options", "seed", "method-list", "precision-list", "no-weights-hash", "checksum-no-bytes",
+        "pair-field-empty"])
 def test_a_hand_edited_config_is_named_not_a_traceback(model_copy, edit, needle):
     """config.json edited by hand: each entry frozentune cannot use is named in one line (several ended in a
     KeyError or TypeError traceback; labels as one string, or twice the same, loaded and answered wrongly)."""

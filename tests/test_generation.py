@@ -665,6 +665,40 @@ def test_an_lm_whose_config_changed_since_training_is_refused(method, extra, tin
     cli("generate", "--model", run, "name[Aromi]", code=0)
 
 
+@pytest.fixture(scope="module")
+def prefix_run(tiny_lm, e2e_slice, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("prefix_run") / "run"
+    _train(tiny_lm, e2e_slice, run, "--method", "prefix", "--prefix-length", "2", "--num-beams", "1")
+    return run
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda c: c["backbone"].pop("name"), '"backbone"."name" is missing'),
+    (lambda c: c.update(backbone="x"), '"backbone" is "x", not an object'),
+    (lambda c: c["options"].update(prefix_length="2"), '"options": prefix: prefix_length=\'2\': a whole number'),
+    (lambda c: c["options"].update(reparam_hidden="x"), "reparam_hidden='x'"),
+    (lambda c: c.update(prefix={"layers": 3}), '"prefix" is {"layers": 3}, not the prefix\'s shape'),
+    (lambda c: c.update(decoding="beam"), '"decoding" is "beam", not an object of batch_size, max_new_tokens'),
+    (lambda c: c["decoding"].update(num_beams=0), '"decoding" is'),
+    (lambda c: c.update(architecture=["causal"]), '"architecture" is ["causal"]'),
+    (lambda c: c["train"].update(seed=-1), '"train" is'),
+    (lambda c: c.update(fields={"source": 3}), '"fields" is {"source": 3}'),
+], ids=["no-name", "backbone-string", "length-string", "hidden-string", "prefix-shape", "decoding-string",
+        "beams-0", "architecture-list", "seed", "fields"])
+def test_a_hand_edited_generation_config_is_named_not_a_traceback(prefix_run, e2e_slice, tmp_path, edit, needle):
+    """A generation model's config.json edited by hand: each entry named in one line, before the LM loads (found by
+    bench/fuzz.py, part model: KeyErrors, a TypeError comparing a string with a number, an AttributeError)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(prefix_run, run)
+    config = json.loads((run / "config.json").read_text())
+    edit(config)
+    (run / "config.json").write_text(json.dumps(config))
+    cli("generate", "--model", run, "name[Aromi]", contains=(f"{run / 'config.json'}: ", needle,
+                                                             "edited or damaged: restore it, or train the model again"))
+
+
 # ----------------------------------------------------------------------------- the real default LM
 def test_smollm2_alias_converts_and_loads(tmp_path, monkeypatch):
     """The shipped GGUF file → a safetensors folder in the cache (once) → SmolLM2-135M with the

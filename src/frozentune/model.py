@@ -278,7 +278,7 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
               f"the file is loaded unverified (safetensors: shapes and names are still checked); train it again to "
               f"get a folder whose weights can be verified", file=sys.stderr, flush=True)
         return config
-    if not isinstance(want, dict):
+    if not (isinstance(want, dict) and type(want.get("bytes")) is int and isinstance(want.get("blake2b"), str)):
         raise ModelLoadError(f"{folder / CONFIG}: its checksum of {WEIGHTS} ('weights_file') is not what frozentune "
                              f"writes; the folder is damaged: restore it or train again")
     try:
@@ -437,6 +437,13 @@ def check_config_hash(folder: Path, saved: dict, model: nn.Module, what: str = "
                              f"same model files, or restore those ids in its config.json / generation_config.json.")
 
 
+def edited_entry(path: Path, where: str, what: str, value: object) -> ModelLoadError:
+    """The error for entry `where` of a saved config.json (`path`) holding `value`, which is not `what`."""
+    shown = "missing (or null)" if value is None else json.dumps(value, ensure_ascii=False)
+    return ModelLoadError(f"{path}: {where} is {shown[:60]}{'...' if len(shown) > 60 else ''}, not {what}; the file "
+                          f"was edited or damaged: restore it, or train the model again")
+
+
 def check_config(config: dict, path: Path) -> None:
     """A ModelLoadError naming the first entry of a classifier's config.json (read from `path`) that
     cannot be what frozentune wrote there: a hand edit that would otherwise end in a traceback, or
@@ -445,9 +452,7 @@ def check_config(config: dict, path: Path) -> None:
     from .extract.precision import PRECISIONS
 
     def bad(where: str, what: str, value: object) -> ModelLoadError:
-        shown = "missing (or null)" if value is None else json.dumps(value, ensure_ascii=False)
-        return ModelLoadError(f"{path}: {where} is {shown[:60]}{'...' if len(shown) > 60 else ''}, not {what}; the file "
-                              f"was edited or damaged: restore it, or train the model again")
+        return edited_entry(path, where, what, value)
 
     labels = config.get("labels")
     if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
@@ -456,6 +461,10 @@ def check_config(config: dict, path: Path) -> None:
         raise bad('"labels"', "a list of distinct names", labels)
     if not isinstance(config.get("options"), dict):
         raise bad('"options"', "an object of the method's options", config.get("options"))
+    for key, may_be_null in (("text_field", False), ("text_pair_field", True)):  # which inputs the model takes
+        if key in config and not (isinstance(config[key], str) and config[key] or may_be_null and config[key] is None):
+            raise bad(f'"{key}"', "the name of a text field" + (" (or null: single texts)" if may_be_null else ""),
+                      config[key])
     train = config.get("train", {})
     if not isinstance(train, dict):
         raise bad('"train"', "an object of the training options", train)
@@ -466,15 +475,18 @@ def check_config(config: dict, path: Path) -> None:
         raise bad('"backbone"', "an object describing the backbone", b)
     checks = [("name", lambda v: isinstance(v, str) and v != "", "a model id or folder"),
               ("layers", lambda v: isinstance(v, list) and v and all(type(x) is int for x in v), "a list of layer numbers"),
-              ("combine", lambda v: v in ("mean", "concat"), '"mean" or "concat"'),
+              ("combine", lambda v: isinstance(v, str) and v in ("mean", "concat"), '"mean" or "concat"'),
               ("max_length", lambda v: type(v) is int and v >= 2, "a whole number of tokens, 2 or more")]
-    optional = [("precision", lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
-                ("cache_dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
+    optional = [("precision", lambda v: isinstance(v, str) and v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+                ("cache_dtype", lambda v: isinstance(v, str) and v in DTYPES, f"one of {', '.join(DTYPES)}"),
                 ("token_types", lambda v: isinstance(v, bool), "true or false"),
                 ("trained", lambda v: isinstance(v, bool), "true or false")]
     for key, ok, what in checks + [c for c in optional if c[0] in b]:
         if not ok(b.get(key)):
             raise bad(f'"backbone"."{key}"', what, b.get(key))
+    for key in ("weights_hash", "config_hash"):  # compared with the backbone found (a KeyError where one was removed)
+        if key in b and not (b[key] is None or isinstance(b[key], str)) or (key == "weights_hash" and key not in b):
+            raise bad(f'"backbone"."{key}"', "a hash of the backbone (text)", b.get(key))
 
 
 def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict], tuple[str, str]] | None = None,

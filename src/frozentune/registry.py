@@ -103,7 +103,7 @@ def register_method(name: str, config_cls: type, help: str = "",
 
 def get_method(name: str) -> MethodSpec:
     _load_builtin()
-    if name not in _METHODS:
+    if not isinstance(name, str) or name not in _METHODS:  # (a list from a hand-edited config.json: not hashable)
         raise MethodError(f"unknown method {name!r}; available: {', '.join(list_methods())}")
     return _METHODS[name]
 

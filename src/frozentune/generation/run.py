@@ -484,12 +484,72 @@ def _load_tuner(folder: Path) -> tuple[nn.Module, Any, dict]:
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} classifier, not a text generator; "
                           f"it supports {', '.join(model_commands(config))}")
     spec = known_method(config, folder)
+    check_generation_config(config, folder / CONFIG, spec)
     check_safetensors(folder / WEIGHTS)  # before the LM is loaded: a damaged or foreign file is refused at once
     name = config["backbone"]["name"]
     lm, tok = load_named(folder, name, load_generation_lm, "language model")
     tuner = spec.generator.load(folder, lm, tok, name)  # its weights: the bytes its own read of config.json names
     check_unchanged(folder, config)  # and that config.json is still the one whose decoding options are returned
     return tuner, tok, config
+
+
+def check_generation_config(config: dict, path: Path, spec) -> None:
+    """A ModelLoadError naming the first entry of a generation model's config.json (read from `path`) that cannot be
+    what frozentune wrote there: a hand edit that otherwise ended in a KeyError, a TypeError or a string compared
+    with a number, in loading or in decoding (bench/fuzz.py, part model)."""
+    from ..model import ModelLoadError, edited_entry
+    from ..registry import MethodError, make_config
+    from .seq2seq.attention import KINDS
+
+    def bad(where: str, what: str, value: object) -> ModelLoadError:
+        return edited_entry(path, where, what, value)
+
+    b = config.get("backbone")
+    if not isinstance(b, dict):
+        raise bad('"backbone"', "an object describing the language model", b)
+    if not (isinstance(b.get("name"), str) and b["name"]):
+        raise bad('"backbone"."name"', "a model id or folder", b.get("name"))
+    for key in ("weights_hash", "config_hash"):
+        if not (b.get(key) is None or isinstance(b[key], str)):
+            raise bad(f'"backbone"."{key}"', "a hash of the language model (text)", b[key])
+    if not isinstance(b.get("decoding_ids", {}), dict):
+        raise bad('"backbone"."decoding_ids"', "an object of token ids", b["decoding_ids"])
+    arch = config.get("architecture", "causal")
+    if not (isinstance(arch, str) and arch in ARCHITECTURES):
+        raise bad('"architecture"', " or ".join(map(json.dumps, ARCHITECTURES)), arch)
+    options = config.get("options")
+    if not isinstance(options, dict):
+        raise bad('"options"', "an object of the method's options", options)
+    known = {f.name for f in dataclasses.fields(spec.config_cls)}  # (options of older versions are left out)
+    try:
+        make_config(spec.name, {k: v for k, v in options.items() if k in known})
+    except MethodError as e:
+        raise ModelLoadError(f"{path}: \"options\": {e}; the file was edited or damaged: restore it, or train the "
+                             f"model again") from None
+    if spec.name == "prefix":
+        shapes = config.get("prefix")
+        kinds = (shapes if isinstance(shapes, dict) and set(shapes) == set(KINDS) else {"": None}
+                 ) if arch == "encoder-decoder" else {"": shapes}
+        for s in kinds.values():
+            if not (isinstance(s, dict) and all(type(s.get(k)) is int and s[k] >= 0
+                                                for k in ("layers", "kv_heads", "head_dim", "length"))):
+                raise bad('"prefix"', "the prefix's shape (whole numbers layers, kv_heads, head_dim, length"
+                          + (f", for each of {', '.join(KINDS)}" if arch == "encoder-decoder" else "") + ")", shapes)
+    d = config.get("decoding", {})
+    names = {f.name for f in dataclasses.fields(DecodeOptions)}
+    if not (isinstance(d, dict) and set(d) <= names and all(type(v) is int and v >= 1 for v in d.values())):
+        raise bad('"decoding"', f"an object of {', '.join(sorted(names))} (whole numbers, 1 or more)", d)
+    fields = config.get("fields") or {}
+    if not (isinstance(fields, dict) and all(v is None or isinstance(v, str) and v for v in fields.values())):
+        raise bad('"fields"', "an object of the source and target field names", fields)
+    splits = config.get("splits", {})
+    if not (isinstance(splits, dict) and all(splits.get(k) is None or type(splits[k]) is int and splits[k] >= 0
+                                             for k in ("max_train", "max_validation"))
+            and isinstance(splits.get("files", {}), dict)):
+        raise bad('"splits"', "an object of the sample sizes and files the run read", splits)
+    train = config.get("train", {})
+    if not (isinstance(train, dict) and type(seed := train.get("seed", 0)) is int and 0 <= seed < 2 ** 32):
+        raise bad('"train"', "an object of the training options (a whole-number seed)", train)
 
 
 def check_safetensors(path: Path) -> None:
