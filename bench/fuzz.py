@@ -507,7 +507,10 @@ def part_model(args) -> dict:
     """Saved model folders with their config.json (or result.json) changed at random: loading, predicting,
     explaining and generating must refuse with frozentune's own error or work."""
     from frozentune import api
+    from frozentune.export.onnx import export_onnx
+    from frozentune.export.peft import export_peft
     from frozentune.generation.run import generate_sources
+    from frozentune.serve.models import load_tasks
 
     r, tally, models = random.Random(args.seed), Tally(), serve_models(args.work)
     quiet = lambda s: None  # noqa: E731
@@ -520,9 +523,15 @@ def part_model(args) -> dict:
         changed = mutate(r, json.loads(which.read_text()))
         which.write_text(json.dumps(changed))
         said, before = f"{name} with {which.name} changed: ", len(tally.findings)
+        out = args.work / "model-export"
+        shutil.rmtree(out, ignore_errors=True)
+        tally.run(said + "serve's load", lambda: load_tasks([folder], None, None, quiet))
         if name == "gen":
             tally.run(said + "generate", lambda: generate_sources(folder, ["the cat sat"], max_new_tokens=3))
+            tally.run(said + "export peft", lambda: export_peft(folder, out, log=quiet))
         else:
+            if r.random() < 0.1:  # a second or two a graph
+                tally.run(said + "export onnx", lambda: export_onnx([folder], out, log=quiet))
             tally.run(said + "predict", lambda: api.predict(folder, ["what is a dog ?"], log=quiet))
             tally.run(said + "explain", lambda: api.explain(folder, ["what is a dog ?"], log=quiet,
                                                             occlusion=name == "probe"))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from frozentune.export.card import card_text, hub_id, write_card_from_files
+import pytest
+
+from frozentune.export.card import card_text, hub_id, read_result, write_card_from_files
 
 CONFIG = {"method": "selfexplain", "data": "snli", "labels": ["entailment", "neutral", "contradiction"],
           "text_pair_field": "hypothesis",
@@ -78,3 +80,18 @@ def test_labels_with_line_breaks_stay_on_the_labels_line():
     card = card_text({**CONFIG, "labels": ["desc\nription", "a`b", "hum"]}, RESULT)
     (line,) = [x for x in card.splitlines() if x.startswith("**Labels.**")]
     assert line == "**Labels.** `desc\\nription`, `` a`b ``, `hum`."
+
+
+@pytest.mark.parametrize("result", ["[1, 2]", '{"config": "x"}', '{"selection": [1]}', '{"config": {"train": 5}}',
+                                    '{"sizes": 3}', '{"fields": "text"}', '{"data": ["sst2"]}', '{"metrics": "88"}'])
+def test_a_result_json_not_as_written_is_read_as_unreadable(tmp_path, result):
+    """An edited result.json failed export's card with an AttributeError or TypeError (bench/fuzz.py, part model):
+    read as an unreadable one, the card says the metrics were not recorded."""
+    (tmp_path / "result.json").write_text(result)
+    assert read_result(tmp_path) == {}
+    assert "Not recorded (no result.json in the folder)." in card_text(CONFIG, read_result(tmp_path))
+
+
+def test_a_card_reads_past_an_edited_data_or_imported_entry():
+    card = card_text(CONFIG | {"data": ["snli"], "imported": "peft"}, RESULT)
+    assert "# selfexplain\n" in card and "**Origin.**" not in card  # no data named, no origin: neither was readable

@@ -72,6 +72,28 @@ def models(tmp_path_factory, tiny_bert, trec_slice, shared_data) -> Path:
     return root
 
 
+
+@pytest.mark.parametrize("name, edit, needle", [
+    ("probe", lambda c: c["backbone"].pop("max_length"), '"backbone"."max_length" is missing'),
+    ("probe", lambda c: c.update(labels="ab"), '"labels" is "ab", not a list'),
+    ("prefix-a", lambda c: c["backbone"].pop("name"), '"backbone"."name" is missing'),
+    ("prefix-a", lambda c: c.update(decoding={"num_beams": "4"}), '"decoding" is {"num_beams": "4"}'),
+], ids=["max-length", "labels", "lm-name", "decoding"])
+def test_a_hand_edited_config_is_named_by_the_server_too(models, tmp_path, name, edit, needle):
+    """The server read config.json's entries before the loaders that check them: KeyErrors and TypeErrors
+    (bench/fuzz.py, part model)."""
+    import shutil
+
+    from frozentune.model import ModelLoadError
+
+    folder = tmp_path / name
+    shutil.copytree(models / name, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=re.escape(needle)):
+        Engine.load([folder], log=lambda line: None)
+
 @pytest.fixture(scope="module")
 def engine(models):
     # heads beside the next pass (what auto chooses where torch leaves a core free), so that every test

@@ -515,9 +515,9 @@ def _fallback_note(model_dir) -> str:
         r = json.loads((Path(model_dir) / "result.json").read_text())
     except (TypeError, OSError, ValueError):
         return ""
-    asked, kept = r.get("method"), r.get("model_method")
-    if not asked or not kept or asked == kept:
-        return ""
+    asked, kept = (r.get("method"), r.get("model_method")) if isinstance(r, dict) else (None, None)
+    if not (isinstance(asked, str) and isinstance(kept, str) and asked and kept) or asked == kept:
+        return ""  # (result.json only informs this sentence: an edited one drops it)
     return (f". It was trained as --method {asked}, and on its few labels cross-validation kept a logistic "
             f"regression ({kept}) instead; train again with --fallback off (train_cfg={{'fallback': 'off'}} in Python) "
             f"to keep the {asked} head")

@@ -157,8 +157,9 @@ def create_method(name: str, dim: int, num_labels: int, options: dict[str, Any] 
         return spec.head_cls(cfg, dim, num_labels), cfg
     except ValueError as e:  # an option that does not fit these shapes
         raise MethodError(str(e)) from None
-    except (MemoryError, RuntimeError) as e:  # options that make the head itself too large (--concept-dim 10**9) were
-        if not out_of_memory(e):  # told to lower --batch-size
+    except (MemoryError, RuntimeError, OverflowError, TypeError) as e:  # options that make the head itself too large
+        # (--concept-dim 10**9) were told to lower --batch-size; past 2^63 torch's size argument overflows (a TypeError)
+        if not (out_of_memory(e) or isinstance(e, OverflowError) or "Overflow" in str(e)):
             raise
         given = [f"{as_flag(f.name)} {getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
                  if getattr(cfg, f.name) != f.default]

@@ -53,7 +53,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     backbone = config.get("backbone", {}) or {}
     name = str(backbone.get("name") or "not recorded")
     base = hub_id(name) if name != "not recorded" else None
-    data = config.get("data") or result.get("data")
+    data = next((d for d in (config.get("data"), result.get("data")) if isinstance(d, str) and d), None)
     header = ["---", f"library_name: {'peft' if exported else 'frozentune'}"]
     if base:
         header.append(f"base_model: {base}")
@@ -77,7 +77,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                        if backbone.get("token_types") is False else "") + ".")
     if (line := _training_line(result)) is not None:
         body.append(line)
-    if (imported := config.get("imported")) and not exported:
+    if isinstance(imported := config.get("imported"), dict) and imported and not exported:
         body.append(f"**Origin.** Imported from a {imported.get('format', '?').upper()} adapter "
                     f"(`{imported.get('from', '?')}`, PEFT {imported.get('peft_version') or 'version not recorded'}); "
                     f"it was trained elsewhere, so this folder records no training run. `frozentune eval` "
@@ -187,9 +187,15 @@ def read_result(folder: Path) -> dict:
     the metrics were not recorded)."""
     path = Path(folder) / "result.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        result = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
+    objects = ([result] + [result.get(k) or {} for k in ("config", "selection", "metrics", "sizes", "fields")]
+               if isinstance(result, dict) else [])
+    if len(objects) < 6 or not all(isinstance(x, dict) for x in objects) or not isinstance(
+            (result.get("config") or {}).get("train") or {}, dict) or not isinstance(result.get("data") or "", str):
+        return {}  # not what frozentune writes (edited): as unreadable, the card says the metrics were not recorded
+    return result
 
 
 def _sizes_line(config: dict, result: dict) -> str:

@@ -579,6 +579,10 @@ def read_prefix_folder(folder: Path, architecture: str) -> tuple[dict, dict[str,
                           f"prefix-tuning run?")
     if config.get("method") != "prefix":
         raise PrefixError(f"{folder}: holds a {config.get('method')!r} model, not a prefix")
+    from ..registry import get_method
+    from .run import check_generation_config
+
+    check_generation_config(config, folder / CONFIG, get_method("prefix"))  # a hand edit named, not a KeyError later
     saved = config.get("architecture", "causal")
     if saved != architecture:
         raise PrefixError(f"{folder}: a prefix for {ARCHITECTURES.get(saved, saved)} cannot be loaded on "

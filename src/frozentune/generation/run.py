@@ -550,6 +550,10 @@ def check_generation_config(config: dict, path: Path, spec) -> None:
     train = config.get("train", {})
     if not (isinstance(train, dict) and type(seed := train.get("seed", 0)) is int and 0 <= seed < 2 ** 32):
         raise bad('"train"', "an object of the training options (a whole-number seed)", train)
+    if not (config.get("data") is None or isinstance(config["data"], str)):
+        raise bad('"data"', "the name or path of the data it was trained on", config["data"])
+    if not (config.get("imported") is None or isinstance(config["imported"], dict)):
+        raise bad('"imported"', "an object saying where an imported adapter came from", config["imported"])
 
 
 def check_safetensors(path: Path) -> None:

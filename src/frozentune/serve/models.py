@@ -670,6 +670,7 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
 
     config = M.read_saved(folder)
     known_method(config, folder)
+    M.check_config(config, folder / M.CONFIG)  # as M.load does: a hand edit named, not a KeyError below
     b = config["backbone"]
     name = task_name(folder)
     said = per_task(name, log)  # "device: ..." and "precision: ..." for each model: say whose
@@ -696,13 +697,14 @@ def _load_classifier(folder: Path, device: str | None, precision: str | None, fr
 
 def _load_generator(folder: Path, dev: torch.device, lms: dict, log: Log) -> Task:
     from ..backbone import LM_ALIASES, load_generation_lm
-    from ..generation.run import check_safetensors, DecodeOptions
+    from ..generation.run import check_generation_config, check_safetensors, DecodeOptions
     from ..model import known_method, read_saved
     from ..generation.prefix import PrefixTuner
     from ..generation.seq2seq import Seq2SeqPrefixTuner
 
     config = read_saved(folder, "the --output folder of a generation training run")
     spec = known_method(config, folder)
+    check_generation_config(config, folder / M.CONFIG, spec)  # as load_tuner does
     check_safetensors(folder / M.WEIGHTS)
     name = config["backbone"]["name"]
     decoding = DecodeOptions(**config.get("decoding", {}))
