@@ -553,7 +553,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/frozentune-fuzz"))
     ap.add_argument("--out", type=Path, help="append the summary as one JSON line")
     args = ap.parse_args()
-    args.work = args.work.resolve()  # the cli part works in a folder of its own
+    args.work = args.work.resolve()  # the cli part works in a folder of its own (so paths given are made absolute)
+    args.out = args.out.resolve() if args.out else None
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
