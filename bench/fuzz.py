@@ -504,17 +504,33 @@ def mutate(r: random.Random, node: object, depth: int = 0) -> object:
 
 
 def part_model(args) -> dict:
-    """Saved model folders with their config.json (or result.json) changed at random: loading, predicting,
-    explaining and generating must refuse with frozentune's own error or work."""
+    """Saved model folders with their config.json (or result.json) changed at random, and an ONNX export's onnx.json:
+    loading (as the server does too), predicting, explaining, generating and exporting must refuse with frozentune's
+    own error or work."""
     from frozentune import api
-    from frozentune.export.onnx import export_onnx
+    from frozentune.export.onnx import OnnxClassifier, export_onnx
     from frozentune.export.peft import export_peft
     from frozentune.generation.run import generate_sources
     from frozentune.serve.models import load_tasks
 
     r, tally, models = random.Random(args.seed), Tally(), serve_models(args.work)
     quiet = lambda s: None  # noqa: E731
+    graph = args.work / "onnx-graph"  # the probe and space heads as one ONNX graph: its onnx.json is changed too
+    if not (graph / "onnx.json").exists():
+        export_onnx([models / "probe", models / "space"], graph, overwrite=True, log=quiet)
     for case in range(args.cases):
+        if r.random() < 0.2:
+            folder = args.work / "model" / f"onnx{case}"
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.copytree(graph, folder)
+            changed = mutate(r, json.loads((folder / "onnx.json").read_text()))
+            (folder / "onnx.json").write_text(json.dumps(changed))
+            before = len(tally.findings)
+            tally.run("onnx.json changed: predict --onnx", lambda: OnnxClassifier(folder).predict(["what is a dog ?"]))
+            for i in range(before, len(tally.findings)):
+                tally.findings[i] += f"\nthe changed onnx.json: {json.dumps(changed)[:1500]}"
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         name = r.choice(sorted(p.name for p in models.iterdir()))
         folder = args.work / "model" / f"c{case}"
         shutil.rmtree(folder, ignore_errors=True)

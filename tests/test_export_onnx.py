@@ -275,6 +275,12 @@ def test_a_damaged_export_folder_is_named_not_a_traceback(graph_dir, tmp_path):
         # weights scaled in place: ONNX Runtime loads them, and the scores moved silently (the card said it checked)
         ("weights", lambda f: _scale_weights(f), "model.onnx.data differs from what the export wrote (checksums in "
                                                  "onnx.json)"),
+        # found by bench/fuzz.py (part model): a TypeError, a KeyError, ORT's own error, StopIteration, OverflowError
+        ("outputs", edit_meta(lambda m: m.update(outputs=["fp64"])), "onnx.json has a wrong outputs (the graph's output "
+                                                                      "names, every head's logits among them)"),
+        ("inputs", edit_meta(lambda m: m.update(inputs=[["input_ids"]])), "onnx.json has a wrong inputs"),
+        ("no-heads", edit_meta(lambda m: m.update(heads=[])), "onnx.json has a wrong heads (one or more, of distinct"),
+        ("max-length", edit_meta(lambda m: m.update(max_length=10 ** 20)), "onnx.json has a wrong max_length"),
     ]
     for name, damage, says in cases:
         cli("predict", "--onnx", broken(name, damage), "a question ?", contains=says)

@@ -428,7 +428,19 @@ class OnnxClassifier:
             changed = sorted(n for n in sums if sums[n] != now.get(n))  # a file beside them (a .bak copy) is not ours
             raise ExportError(f"--onnx {folder}: {', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} "
                               f"from what the export wrote (checksums in {META}); {again}")
+        graph_in = {i.name for i in self.sess.get_inputs()}
         widths = {o.name: o.shape[-1] for o in self.sess.get_outputs()}
+        m = self.meta  # what predict reads of it, against the graph itself (an edit ended in a KeyError or ORT's error)
+        wrong = [what for what, ok in (
+            ("inputs (the graph's input names)", all(isinstance(x, str) for x in m["inputs"])
+             and set(m["inputs"]) == graph_in),
+            ("outputs (the graph's output names, every head's logits among them)",
+             all(isinstance(x, str) and x in widths for x in m["outputs"])
+             and all(f"{h['name']}.logits" in m["outputs"] for h in m["heads"])),
+            ("heads (one or more, of distinct names)", 0 < len({h["name"] for h in m["heads"]}) == len(m["heads"])),
+            ("max_length (2 tokens or more)", 2 <= m["max_length"] < 2 ** 31)) if not ok]
+        if wrong:
+            raise ExportError(f"--onnx {folder}: {META} has a wrong {'; '.join(wrong)}; {again}")
         for h in self.meta["heads"]:  # a label list edited apart from the graph would label the wrong scores
             if (n := widths.get(f"{h['name']}.logits")) != len(h["labels"]):
                 raise ExportError(f"--onnx {folder}: {META} gives head {h['name']!r} {len(h['labels'])} labels, and the "
