@@ -504,12 +504,13 @@ def mutate(r: random.Random, node: object, depth: int = 0) -> object:
 
 
 def part_model(args) -> dict:
-    """Saved model folders with their config.json (or result.json) changed at random, and an ONNX export's onnx.json:
+    """Saved model folders with their config.json (or result.json) changed at random, an ONNX export's onnx.json and a
+    PEFT adapter's JSON files (then imported):
     loading (as the server does too), predicting, explaining, generating and exporting must refuse with frozentune's
     own error or work."""
     from frozentune import api
     from frozentune.export.onnx import OnnxClassifier, export_onnx
-    from frozentune.export.peft import export_peft
+    from frozentune.export.peft import export_peft, import_peft
     from frozentune.generation.run import generate_sources
     from frozentune.serve.models import load_tasks
 
@@ -518,7 +519,25 @@ def part_model(args) -> dict:
     graph = args.work / "onnx-graph"  # the probe and space heads as one ONNX graph: its onnx.json is changed too
     if not (graph / "onnx.json").exists():
         export_onnx([models / "probe", models / "space"], graph, overwrite=True, log=quiet)
+    adapter = args.work / "peft-adapter"  # the prefix as a PEFT adapter: its JSON files are changed too
+    if not (adapter / "adapter_config.json").exists():
+        export_peft(models / "gen", adapter, overwrite=True, log=quiet)
     for case in range(args.cases):
+        if r.random() < 0.1:
+            folder = args.work / "model" / f"adapter{case}"
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.copytree(adapter, folder)
+            which = folder / r.choice(["adapter_config.json", "adapter_config.json", "frozentune_decoding.json"])
+            changed = mutate(r, json.loads(which.read_text()))
+            which.write_text(json.dumps(changed))
+            out = fresh(args.work / "model-import")
+            shutil.rmtree(out)
+            before = len(tally.findings)
+            tally.run(f"{which.name} changed: import", lambda: import_peft(folder, out, log=quiet))
+            for i in range(before, len(tally.findings)):
+                tally.findings[i] += f"\nthe changed {which.name}: {json.dumps(changed)[:1500]}"
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         if r.random() < 0.2:
             folder = args.work / "model" / f"onnx{case}"
             shutil.rmtree(folder, ignore_errors=True)

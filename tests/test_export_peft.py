@@ -284,6 +284,10 @@ def test_adapters_frozentune_cannot_read_are_clear_errors(lms, tmp_path):
     (gone / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(tmp_path / "nope")}))
     cli("import", "--format", "peft", "--adapter", gone, "--output", out,
         contains="(the base model that " + str(gone / "adapter_config.json") + " names; give the LM with --backbone)")
+    # a base model of another kind: a TypeError from pathlib (found by a fuzz of adapter_config.json)
+    (gone / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": ["x"]}))
+    cli("import", "--format", "peft", "--adapter", gone, "--output", out,
+        contains=str(gone / "adapter_config.json") + ': base_model_name_or_path is ["x"], not a model id or folder')
     assert not out.exists()  # nothing was written by any refusal
 
 

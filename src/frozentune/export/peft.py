@@ -332,6 +332,9 @@ def import_peft(adapter_dir: Path, output: Path, backbone: str | None = None, ov
     if not name:
         raise ExportError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path; give the LM the adapter was "
                           f"trained on with --backbone")
+    if not isinstance(name, str):  # (it failed in pathlib with a TypeError)
+        raise ExportError(f"{adapter_dir / ADAPTER_CONFIG}: base_model_name_or_path is {json.dumps(name)[:60]}, not a "
+                          f"model id or folder; correct it, or give the LM the adapter was trained on with --backbone")
     if backbone is None and (alias := alias_of(name)) is not None:  # exported from frozentune's alias on another cache
         log(f"note: the adapter names {name}, which is not here; it is the folder of frozentune's {alias}, used instead "
             f"(its key/value shape is checked below)")
