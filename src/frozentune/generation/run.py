@@ -507,7 +507,7 @@ def check_generation_config(config: dict, path: Path, spec) -> None:
     b = config.get("backbone")
     if not isinstance(b, dict):
         raise bad('"backbone"', "an object describing the language model", b)
-    if not (isinstance(b.get("name"), str) and b["name"]):
+    if not isinstance(b.get("name"), str):  # ("" where a tuner built from an LM object in Python was saved)
         raise bad('"backbone"."name"', "a model id or folder", b.get("name"))
     for key in ("weights_hash", "config_hash"):
         if not (b.get(key) is None or isinstance(b[key], str)):
