@@ -545,7 +545,7 @@ def check_generation_config(config: dict, path: Path, spec) -> None:
     splits = config.get("splits", {})
     if not (isinstance(splits, dict) and all(splits.get(k) is None or type(splits[k]) is int and splits[k] >= 0
                                              for k in ("max_train", "max_validation"))
-            and isinstance(splits.get("files", {}), dict)):
+            and isinstance(splits.get("files") or {}, dict)):
         raise bad('"splits"', "an object of the sample sizes and files the run read", splits)
     train = config.get("train", {})
     if not (isinstance(train, dict) and type(seed := train.get("seed", 0)) is int and 0 <= seed < 2 ** 32):
