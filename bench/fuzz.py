@@ -504,14 +504,17 @@ def mutate(r: random.Random, node: object, depth: int = 0) -> object:
 
 
 def part_model(args) -> dict:
-    """Saved model folders with their config.json (or result.json) changed at random, an ONNX export's onnx.json and a
-    PEFT adapter's JSON files (then imported):
+    """Saved model folders with their config.json (or result.json) changed at random, an ONNX export's onnx.json, a
+    PEFT adapter's JSON files (then imported) and a pre-training checkpoint's config.json (then resumed, and read by
+    `train --method conv --init`):
     loading (as the server does too), predicting, explaining, generating and exporting must refuse with frozentune's
     own error or work."""
     from frozentune import api
     from frozentune.export.onnx import OnnxClassifier, export_onnx
+    from frozentune.conv.pretrain import find_checkpoint, pretrain
     from frozentune.export.peft import export_peft, import_peft
     from frozentune.generation.run import generate_sources
+    from frozentune.registry import get_method, make_config
     from frozentune.serve.models import load_tasks
 
     r, tally, models = random.Random(args.seed), Tally(), serve_models(args.work)
@@ -519,10 +522,35 @@ def part_model(args) -> dict:
     graph = args.work / "onnx-graph"  # the probe and space heads as one ONNX graph: its onnx.json is changed too
     if not (graph / "onnx.json").exists():
         export_onnx([models / "probe", models / "space"], graph, overwrite=True, log=quiet)
+    checkpoint = args.work / "mlm-checkpoint"  # a tiny `frozentune pretrain` run: its config.json and `latest` too
+    shape = {"arch": "light", "layers": 1, "dim": 32, "heads": 2, "ffn_dim": 64}
+    if not (checkpoint / "latest").exists():
+        pretrain(checkpoint, str(trec_slice(args.work) / "train.jsonl"), {**shape, "max_length": 32},
+                 {"steps": 2, "batch_size": 8}, log=quiet)
     adapter = args.work / "peft-adapter"  # the prefix as a PEFT adapter: its JSON files are changed too
     if not (adapter / "adapter_config.json").exists():
         export_peft(models / "gen", adapter, overwrite=True, log=quiet)
     for case in range(args.cases):
+        if r.random() < 0.1:
+            folder = args.work / "model" / f"mlm{case}"
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.copytree(checkpoint, folder)
+            if r.random() < 0.1:
+                (folder / "latest").write_text(r.choice(["", "step-9", "../x", "step-0000002\nx"]))
+                changed = "latest"
+            else:
+                which = find_checkpoint(folder) / "config.json"
+                changed = mutate(r, json.loads(which.read_text()))
+                which.write_text(json.dumps(changed))
+            before = len(tally.findings)
+            tally.run("checkpoint changed: pretrain --resume", lambda: pretrain(folder, None, {}, {"steps": 3},
+                                                                               resume=True, log=quiet))
+            tally.run("checkpoint changed: train --method conv --init", lambda: get_method("conv").encoder(
+                make_config("conv", {**shape, "init": str(folder)}), 16))
+            for i in range(before, len(tally.findings)):
+                tally.findings[i] += f"\nthe changed checkpoint config.json: {json.dumps(changed)[:1500]}"
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         if r.random() < 0.1:
             folder = args.work / "model" / f"adapter{case}"
             shutil.rmtree(folder, ignore_errors=True)

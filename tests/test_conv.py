@@ -1,6 +1,7 @@
 """Convolutional encoders, MLM pre-training and the `conv` method (tiny sizes: width 16–32, 1–3 layers)."""
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -380,6 +381,32 @@ def test_pretrain_stopped_before_its_first_checkpoint_starts_again(corpus_file, 
     (out / ".tmp-step-0000002").mkdir()  # a checkpoint being written when it stopped
     r = pretrain(out, str(corpus_file), ENC, {**RUN, "steps": 2}, log=quiet)
     assert r["step"] == 2 and len((out / "loss.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda c: c.update(encoder="x"), 'encoder is not an object of EncoderConfig\'s fields (it holds "x")'),
+    (lambda c: c["encoder"].update(dim="32"), "encoder is not an object of EncoderConfig's fields (dim='32': a whole"),
+    (lambda c: c["run"].update(lr=[1]), "run is not an object of PretrainConfig's fields (lr=[1]: a number"),
+    (lambda c: c.pop("seconds"), "seconds is not a number, 0 or more"),
+    (lambda c: c["corpus"].pop("chunks"), "corpus is not an object of the corpus read"),
+    (lambda c: c.clear() or c.update(format="frozentune-mlm/1", x=1), "encoder is not an object"),
+], ids=["encoder", "dim", "lr", "seconds", "chunks", "bare"])
+def test_a_hand_edited_checkpoint_is_named_not_a_traceback(corpus_file, tmp_path, edit, says):
+    """A checkpoint's config.json edited by hand ended in a KeyError ('run', 'seconds', 'tokens_seen') or an
+    AttributeError in --resume and --init (found by a fuzz of it); a config.json that is not an object, too."""
+    out = tmp_path / "p"
+    pretrain(out, str(corpus_file), ENC, {**RUN, "steps": 1}, log=quiet)
+    config_file = find_checkpoint(out) / "config.json"
+    config = json.loads(config_file.read_text())
+    edit(config)
+    config_file.write_text(json.dumps(config))
+    for run in (lambda: pretrain(out, None, {}, {"steps": 2}, resume=True, log=quiet),
+                lambda: read_checkpoint(out)):
+        with pytest.raises(ConvError, match=re.escape(f"{config_file}: {says}")):
+            run()
+    config_file.write_text("[1, 2]")  # JSON, but not an object: an AttributeError
+    with pytest.raises(ConvError, match="is not a pre-training checkpoint"):
+        read_checkpoint(out)
 
 
 # ----------------------------------------------------------------------------- the conv method

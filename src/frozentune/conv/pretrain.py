@@ -249,13 +249,46 @@ def find_checkpoint(path: Path) -> Path:
     ok = config.is_file() and (folder / WEIGHTS).is_file()
     if ok:
         try:
-            ok = json.loads(config.read_text()).get("format") == FORMAT
-        except json.JSONDecodeError:
+            saved = json.loads(config.read_text())
+            ok = isinstance(saved, dict) and saved.get("format") == FORMAT
+        except (json.JSONDecodeError, UnicodeDecodeError):
             ok = False
     if not ok:
         raise ConvError(f"{path} is not a pre-training checkpoint: give the --output folder of "
                         f"`frozentune pretrain` (it holds `latest` and step-N folders) or one of its step-N folders")
+    check_checkpoint_config(saved, config)
     return folder
+
+
+def check_checkpoint_config(config: dict, path: Path) -> None:
+    """A ConvError naming the first entry of a checkpoint's config.json (`path`) that cannot be what `pretrain` wrote:
+    a hand edit ended in a KeyError or AttributeError in --resume and --init (a fuzz of it, this session's REPORT)."""
+    from ..fields import wrong_value
+
+    def bad(where: str, what: str) -> ConvError:
+        shown = json.dumps(config.get(where.split(".")[0]) if "." in where else config.get(where), ensure_ascii=False)
+        return ConvError(f"{path}: {where} is not {what} (it holds {shown[:80]}); the checkpoint was edited or damaged: "
+                         f"restore it or start a new run")
+
+    for key, cls in (("encoder", EncoderConfig), ("run", PretrainConfig)):
+        entry = config.get(key)
+        if not isinstance(entry, dict) or set(entry) - {f.name for f in dataclasses.fields(cls)}:
+            raise bad(key, f"an object of {cls.__name__}'s fields")
+        try:  # a field an older frozentune did not write keeps its default, as `_resume_settings` builds it
+            why = wrong_value(cls(**entry))
+        except TypeError:
+            why = "its fields"
+        if why is not None:
+            raise bad(key, f"an object of {cls.__name__}'s fields ({why})")
+    corpus = config.get("corpus")
+    if not (isinstance(corpus, dict) and isinstance(corpus.get("spec"), str) and isinstance(corpus.get("text_field"), str)
+            and type(corpus.get("chunks")) is int and isinstance(corpus.get("sha256", ""), str)):
+        raise bad("corpus", "an object of the corpus read (spec, text_field, chunks, sha256)")
+    for key, kinds in (("step", (int,)), ("seconds", (int, float)), ("tokens_seen", (int,))):
+        if not (type(config.get(key)) in kinds and config[key] >= 0):
+            raise bad(key, "a number, 0 or more")
+    if not isinstance(config.get("tokenizer_hash", ""), str):
+        raise bad("tokenizer_hash", "a hash of the tokenizer (text)")
 
 
 def read_checkpoint(path: Path) -> tuple[dict, dict[str, Tensor]]:
