@@ -503,6 +503,27 @@ def mutate(r: random.Random, node: object, depth: int = 0) -> object:
     return r.choice([None, 0, -1, 1.5, True, "x", "", [], {}, [node], {"v": node}, 10 ** 20, "fp64", "../x"])
 
 
+def mutate_file(r: random.Random, path: Path) -> object:
+    """JSON file `path` with one random change (mutate); returns what it now holds."""
+    changed = mutate(r, json.loads(path.read_text()))
+    path.write_text(json.dumps(changed))
+    return changed
+
+
+def run_on_changed_copy(tally: Tally, source: Path, folder: Path, edit: Callable[[Path], object],
+                        calls: list[tuple[str, Callable[[], object]]]) -> None:
+    """`source` copied to `folder`, changed by edit(folder) (which returns the change, for a finding's report),
+    each (what, call) run in `tally`; the copy removed after."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(source, folder)
+    changed, before = edit(folder), len(tally.findings)
+    for what, call in calls:
+        tally.run(what, call)
+    for i in range(before, len(tally.findings)):
+        tally.findings[i] += f"\nthe change: {json.dumps(changed)[:1500]}"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def part_model(args) -> dict:
     """Saved model folders with their config.json (or result.json) changed at random, an ONNX export's onnx.json, a
     PEFT adapter's JSON files (then imported) and a pre-training checkpoint's config.json (then resumed, and read by
@@ -532,59 +553,37 @@ def part_model(args) -> dict:
         export_peft(models / "gen", adapter, overwrite=True, log=quiet)
     for case in range(args.cases):
         if r.random() < 0.1:
+            def checkpoint_edit(folder: Path) -> object:
+                if r.random() < 0.1:
+                    (folder / "latest").write_text(latest := r.choice(["", "step-9", "../x", "step-0000002\nx"]))
+                    return {"latest": latest}
+                return mutate_file(r, find_checkpoint(folder) / "config.json")
+
             folder = args.work / "model" / f"mlm{case}"
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.copytree(checkpoint, folder)
-            if r.random() < 0.1:
-                (folder / "latest").write_text(r.choice(["", "step-9", "../x", "step-0000002\nx"]))
-                changed = "latest"
-            else:
-                which = find_checkpoint(folder) / "config.json"
-                changed = mutate(r, json.loads(which.read_text()))
-                which.write_text(json.dumps(changed))
-            before = len(tally.findings)
-            tally.run("checkpoint changed: pretrain --resume", lambda: pretrain(folder, None, {}, {"steps": 3},
-                                                                               resume=True, log=quiet))
-            tally.run("checkpoint changed: train --method conv --init", lambda: get_method("conv").encoder(
-                make_config("conv", {**shape, "init": str(folder)}), 16))
-            for i in range(before, len(tally.findings)):
-                tally.findings[i] += f"\nthe changed checkpoint config.json: {json.dumps(changed)[:1500]}"
-            shutil.rmtree(folder, ignore_errors=True)
+            run_on_changed_copy(tally, checkpoint, folder, checkpoint_edit, [
+                ("checkpoint changed: pretrain --resume",
+                 lambda: pretrain(folder, None, {}, {"steps": 3}, resume=True, log=quiet)),
+                ("checkpoint changed: train --method conv --init",
+                 lambda: get_method("conv").encoder(make_config("conv", {**shape, "init": str(folder)}), 16))])
             continue
         if r.random() < 0.1:
-            folder = args.work / "model" / f"adapter{case}"
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.copytree(adapter, folder)
-            which = folder / r.choice(["adapter_config.json", "adapter_config.json", "frozentune_decoding.json"])
-            changed = mutate(r, json.loads(which.read_text()))
-            which.write_text(json.dumps(changed))
-            out = fresh(args.work / "model-import")
-            shutil.rmtree(out)
-            before = len(tally.findings)
-            tally.run(f"{which.name} changed: import", lambda: import_peft(folder, out, log=quiet))
-            for i in range(before, len(tally.findings)):
-                tally.findings[i] += f"\nthe changed {which.name}: {json.dumps(changed)[:1500]}"
-            shutil.rmtree(folder, ignore_errors=True)
+            folder, out = args.work / "model" / f"adapter{case}", args.work / "model-import"
+            shutil.rmtree(out, ignore_errors=True)
+            run_on_changed_copy(tally, adapter, folder, lambda f: mutate_file(r, f / r.choice(
+                ["adapter_config.json", "adapter_config.json", "frozentune_decoding.json"])), [
+                ("adapter JSON changed: import", lambda: import_peft(folder, out, log=quiet))])
             continue
         if r.random() < 0.2:
             folder = args.work / "model" / f"onnx{case}"
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.copytree(graph, folder)
-            changed = mutate(r, json.loads((folder / "onnx.json").read_text()))
-            (folder / "onnx.json").write_text(json.dumps(changed))
-            before = len(tally.findings)
-            tally.run("onnx.json changed: predict --onnx", lambda: OnnxClassifier(folder).predict(["what is a dog ?"]))
-            for i in range(before, len(tally.findings)):
-                tally.findings[i] += f"\nthe changed onnx.json: {json.dumps(changed)[:1500]}"
-            shutil.rmtree(folder, ignore_errors=True)
+            run_on_changed_copy(tally, graph, folder, lambda f: mutate_file(r, f / "onnx.json"), [
+                ("onnx.json changed: predict --onnx", lambda: OnnxClassifier(folder).predict(["what is a dog ?"]))])
             continue
         name = r.choice(sorted(p.name for p in models.iterdir()))
         folder = args.work / "model" / f"c{case}"
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(models / name, folder)
         which = folder / r.choice(["config.json"] * 4 + ["result.json"])
-        changed = mutate(r, json.loads(which.read_text()))
-        which.write_text(json.dumps(changed))
+        changed = mutate_file(r, which)
         said, before = f"{name} with {which.name} changed: ", len(tally.findings)
         out = args.work / "model-export"
         shutil.rmtree(out, ignore_errors=True)
