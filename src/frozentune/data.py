@@ -1368,7 +1368,7 @@ def load_generation(name: str, split: str, source_field: str | None = None,
             raise DataError(f"{files[split]}:{n}: a generation record needs 'mr' (E2E), 'triples' (WebNLG) or "
                             f"'source' and 'target' fields; for other names give --source-field / --target-field")
         if not isinstance(refs, list) or not refs:  # (it named 'refs' / 'texts' / the target field whichever was read)
-            held = "missing" if ref_field not in rec else f"{_describe(rec[ref_field])}"
+            held = "missing" if ref_field not in rec else _describe(rec[ref_field])
             raise DataError(f"{files[split]}:{n}: no reference text ({ref_field!r}: {held}); give every row at least one "
                             f"(a non-empty string, or a list of them), or remove the row")
         bad = [r for r in refs if not isinstance(r, str) or blank(r)]

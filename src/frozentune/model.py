@@ -484,9 +484,11 @@ def check_config(config: dict, path: Path) -> None:
     for key, ok, what in checks + [c for c in optional if c[0] in b]:
         if not ok(b.get(key)):
             raise bad(f'"backbone"."{key}"', what, b.get(key))
-    for key in ("weights_hash", "config_hash"):  # compared with the backbone found (a KeyError where one was removed)
-        if key in b and not (b[key] is None or isinstance(b[key], str)) or (key == "weights_hash" and key not in b):
-            raise bad(f'"backbone"."{key}"', "a hash of the backbone (text)", b.get(key))
+    if "weights_hash" not in b:  # compared with the backbone found: a KeyError where it was removed
+        raise bad('"backbone"."weights_hash"', "a hash of the backbone (text)", None)
+    for key in ("weights_hash", "config_hash"):  # (null: a method's own encoder has none; config_hash: older folders)
+        if not (b.get(key) is None or isinstance(b[key], str)):
+            raise bad(f'"backbone"."{key}"', "a hash of the backbone (text)", b[key])
 
 
 def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict], tuple[str, str]] | None = None,

@@ -265,20 +265,17 @@ def check_checkpoint_config(config: dict, path: Path) -> None:
     a hand edit ended in a KeyError or AttributeError in --resume and --init (a fuzz of it, this session's REPORT)."""
     from ..fields import wrong_value
 
-    def bad(where: str, what: str) -> ConvError:
-        shown = json.dumps(config.get(where.split(".")[0]) if "." in where else config.get(where), ensure_ascii=False)
-        return ConvError(f"{path}: {where} is not {what} (it holds {shown[:80]}); the checkpoint was edited or damaged: "
+    def bad(key: str, what: str) -> ConvError:
+        shown = json.dumps(config.get(key), ensure_ascii=False)
+        return ConvError(f"{path}: {key} is not {what} (it holds {shown[:80]}); the checkpoint was edited or damaged: "
                          f"restore it or start a new run")
 
     for key, cls in (("encoder", EncoderConfig), ("run", PretrainConfig)):
         entry = config.get(key)
         if not isinstance(entry, dict) or set(entry) - {f.name for f in dataclasses.fields(cls)}:
             raise bad(key, f"an object of {cls.__name__}'s fields")
-        try:  # a field an older frozentune did not write keeps its default, as `_resume_settings` builds it
-            why = wrong_value(cls(**entry))
-        except TypeError:
-            why = "its fields"
-        if why is not None:
+        # every field has a default (one an older frozentune did not write keeps it, as `_resume_settings` builds it)
+        if (why := wrong_value(cls(**entry))) is not None:
             raise bad(key, f"an object of {cls.__name__}'s fields ({why})")
     corpus = config.get("corpus")
     if not (isinstance(corpus, dict) and isinstance(corpus.get("spec"), str) and isinstance(corpus.get("text_field"), str)

@@ -190,11 +190,15 @@ def read_result(folder: Path) -> dict:
         result = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
-    objects = ([result] + [result.get(k) or {} for k in ("config", "selection", "metrics", "sizes", "fields")]
-               if isinstance(result, dict) else [])
-    if len(objects) < 6 or not all(isinstance(x, dict) for x in objects) or not isinstance(
-            (result.get("config") or {}).get("train") or {}, dict) or not isinstance(result.get("data") or "", str):
-        return {}  # not what frozentune writes (edited): as unreadable, the card says the metrics were not recorded
+    # not what frozentune writes (edited): read as unreadable, so the card says the metrics were not recorded
+    if not isinstance(result, dict):
+        return {}
+    config = result.get("config") or {}
+    objects = [config] + [result.get(k) or {} for k in ("selection", "metrics", "sizes", "fields")]
+    if not all(isinstance(x, dict) for x in objects):
+        return {}
+    if not isinstance(config.get("train") or {}, dict) or not isinstance(result.get("data") or "", str):
+        return {}
     return result
 
 
