@@ -409,6 +409,23 @@ def test_a_hand_edited_checkpoint_is_named_not_a_traceback(corpus_file, tmp_path
         read_checkpoint(out)
 
 
+@pytest.mark.parametrize("latest", ["../other/step-0000001", "/tmp", "step-1\nx", b"\xff\xfe", ""])
+def test_latest_names_a_step_folder_beside_it(corpus_file, tmp_path, latest):
+    """`latest` holding a path led --resume and --init to another run's checkpoint (one at ../other was resumed, and
+    written on, as this one's); bytes that are not text raised a UnicodeDecodeError. Refused, naming the file."""
+    other, out = tmp_path / "other", tmp_path / "p"
+    pretrain(other, str(corpus_file), ENC, {**RUN, "steps": 1}, log=quiet)
+    pretrain(out, str(corpus_file), ENC, {**RUN, "steps": 1}, log=quiet)
+    before = {p.name: p.read_bytes() for p in sorted(other.rglob("*")) if p.is_file()}
+    (out / "latest").write_bytes(latest if isinstance(latest, bytes) else latest.encode())
+    for run in (lambda: pretrain(out, None, {}, {"steps": 2}, resume=True, log=quiet), lambda: read_checkpoint(out)):
+        with pytest.raises(ConvError, match=re.escape(f"{out / 'latest'}: holds ") + ".*not the name of a step-N folder"):
+            run()
+    assert {p.name: p.read_bytes() for p in sorted(other.rglob("*")) if p.is_file()} == before
+    (out / "latest").write_text("step-0000001\n")  # as written, with a line end: read
+    assert read_checkpoint(out)[0]["step"] == 1
+
+
 # ----------------------------------------------------------------------------- the conv method
 def test_init_loads_the_pretrained_encoder(corpus_file, tmp_path):
     pretrain(tmp_path / "p", str(corpus_file), ENC, {**RUN, "steps": 2}, log=quiet)

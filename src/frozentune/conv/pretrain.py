@@ -38,6 +38,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -244,7 +245,7 @@ def find_checkpoint(path: Path) -> Path:
     if not path.exists():
         raise ConvError(f"{path}: no such folder; give the --output folder of `frozentune pretrain` (it holds `latest` "
                         f"and step-N folders) or one of its step-N folders")
-    folder = path / (path / LATEST).read_text().strip() if (path / LATEST).is_file() else path
+    folder = path / latest_step(path) if (path / LATEST).is_file() else path
     config = folder / CONFIG
     ok = config.is_file() and (folder / WEIGHTS).is_file()
     if ok:
@@ -258,6 +259,23 @@ def find_checkpoint(path: Path) -> Path:
                         f"`frozentune pretrain` (it holds `latest` and step-N folders) or one of its step-N folders")
     check_checkpoint_config(saved, config)
     return folder
+
+
+def latest_step(output: Path) -> str:
+    """The step folder's name that `output/latest` holds (a "step-N" folder beside it, as `pretrain` writes it); a
+    ConvError where it holds anything else: a name with a folder in it would resume, or initialise an encoder, from
+    another run's checkpoint, and a damaged file raised a UnicodeDecodeError."""
+    path = output / LATEST
+    try:
+        name = path.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        name = None
+    if name is None or not re.fullmatch(r"step-\d+", name):
+        shown = "bytes that are not text" if name is None else json.dumps(name, ensure_ascii=False)[:80]
+        raise ConvError(f"{path}: holds {shown}, not the name of a step-N folder beside it (what `frozentune pretrain` "
+                        f"writes); it was edited or damaged: write the newest step folder's name into it "
+                        f"(e.g. step-{'0' * 7}100), or give that step folder itself")
+    return name
 
 
 def check_checkpoint_config(config: dict, path: Path) -> None:
