@@ -53,6 +53,31 @@ def _train(tiny_lm: Path, data: Path, out: Path, *extra: str) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
+@pytest.mark.parametrize("kind", ["causal", "encoder-decoder"])
+def test_a_prefix_saved_from_python_is_a_text_generator(tiny_lm, tmp_path, kind):
+    """A PrefixTuner (or its encoder-decoder twin) made and saved in Python, as the README's Python example does,
+    wrote no "task": `generate` then called the folder "a 'prefix' classifier, not a text generator", and `export
+    peft` "a classifier (a prefix inside a frozen encoder)". It is generated from, as a trained one is."""
+    from conftest import make_tiny_bart
+    from frozentune.generation.prefix import PrefixConfig, PrefixTuner
+    from frozentune.generation.seq2seq.tuner import Seq2SeqPrefixTuner
+
+    name = tiny_lm if kind == "causal" else make_tiny_bart(tmp_path / "bart", WORDS)
+    from frozentune.backbone import load_generation_lm
+
+    lm, tok = load_generation_lm(str(name))
+    tuner = (PrefixTuner if kind == "causal" else Seq2SeqPrefixTuner)(PrefixConfig(prefix_length=2), lm, tok,
+                                                                       lm_name=str(name))
+    tuner.save(tmp_path / "m")
+    assert G.generate_sources(tmp_path / "m", ["name Aromi"], num_beams=1, max_new_tokens=3) == tuner.generate_text(
+        ["name Aromi"], max_new_tokens=3, num_beams=1)
+    if kind == "causal":
+        from frozentune.export.peft import export_peft
+
+        export_peft(tmp_path / "m", tmp_path / "adapter", log=lambda s: None)
+        assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+
+
 # ----------------------------------------------------------------------------- data
 def test_e2e_splits_hold_out_whole_sources(shared_data):
     s = G.load_generation_splits("e2e", seed=0, max_train=100)

@@ -246,7 +246,8 @@ class Seq2SeqPrefixTuner(Seq2SeqTuner):
         return {f"prefix.{k}": p for k, p in self.prefixes().items()}
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
-        config = {"method": "prefix", "architecture": ARCHITECTURE, "options": dataclasses.asdict(self.cfg),
+        config = {"method": "prefix", "task": "generation", "architecture": ARCHITECTURE,
+                  "options": dataclasses.asdict(self.cfg),
                   "backbone": lm_entry(self.lm_name, self.lm),
                   "prefix": {k: {"layers": s.layers, "kv_heads": s.heads, "head_dim": s.head_dim,
                                  "length": self.cfg.prefix_length} for k, s in self.shapes.items()},
