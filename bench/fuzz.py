@@ -12,6 +12,7 @@ most random inputs are wrong on purpose; the summary lists the most frequent ref
   OMP_NUM_THREADS=1 python bench/fuzz.py generation --seed 0 --cases 60
   OMP_NUM_THREADS=1 python bench/fuzz.py http --seed 0 --cases 800       # `frozentune serve` on 127.0.0.1 only
   OMP_NUM_THREADS=1 python bench/fuzz.py model --seed 0 --cases 200      # saved folders with config.json changed
+  OMP_NUM_THREADS=1 python bench/fuzz.py cache --seed 0 --cases 200      # feature-cache folders damaged
 
 Models are tiny and seeded, built from a config as the tests build theirs (tests/conftest.py): nothing is
 downloaded. Everything is written under --work (default /tmp/frozentune-fuzz). The HTTP part sends at most
@@ -227,12 +228,13 @@ def _cut(signum, frame) -> None:
     raise Cut()
 
 
-def trec_slice(work: Path) -> Path:
-    folder = work / "trec80"
+def trec_slice(work: Path, train: int = 60, test: int = 20) -> Path:
+    """The first `train` and `test` TREC questions, as a folder of split files."""
+    folder = work / f"trec{train}-{test}"
     if not (folder / "test.jsonl").exists():
         folder.mkdir(parents=True, exist_ok=True)
         shared = Path(os.environ.get("FROZENTUNE_DATA", ROOT.parent / "shared" / "data")) / "trec"
-        for split, n in (("train", 60), ("test", 20)):
+        for split, n in (("train", train), ("test", test)):
             lines = (shared / f"{split}.jsonl").read_text().splitlines()[:n]
             (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     return folder
@@ -243,6 +245,39 @@ PLAUSIBLE = ["1", "2", "3", "0.5", "0.1"]
 UNBOUNDED = {"--epochs", "--steps", "--min-steps", "--minutes", "--cv-repeats", "--max-length", "--prefix-length",
              "--top", "--cv-folds"}  # where 1e9 / inf would only make a case run for hours
 FIXED = {"--data", "--backbone", "--output", "--model", "--method", "--overwrite", "--input", "--port", "--host"}
+
+
+def run_cli(tally: Tally, argv: list[str], exits: Counter, seconds: int = 20) -> object:
+    """`frozentune ARGV` in this process, cut after `seconds`; its exit (or "cut" / "exception") counted in `exits`.
+    A traceback, an exception or an exit but 0 / 2 is a finding; exit 2 a refusal, by the last line on stderr;
+    exit 0 answered. Returns the exit."""
+    from frozentune import cli
+
+    err = io.StringIO()
+    signal.signal(signal.SIGALRM, _cut)
+    signal.alarm(seconds)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    except Cut:
+        code = "cut"
+    except Exception as e:  # noqa: BLE001
+        code = "exception"
+        tally.findings.append(f"frozentune {' '.join(argv)}\n{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        signal.alarm(0)
+    exits[code] += 1
+    said = err.getvalue()
+    if code not in (0, 2, "cut", "exception") or "Traceback" in said:
+        tally.findings.append(f"frozentune {' '.join(argv)} → exit {code}\n{said[-2000:]}")
+    elif code == 0:
+        tally.done += 1
+    elif code == 2:  # argparse's usage errors and frozentune's own both exit 2: the last line says which
+        last = said.strip().splitlines()[-1] if said.strip() else "(nothing on stderr)"
+        tally.refused[re.sub(r"\d+", "N", re.sub(r"/\S+", "PATH", last))[:90]] += 1
+    return code
 
 
 def part_cli(args) -> dict:
@@ -262,7 +297,6 @@ def part_cli(args) -> dict:
             "cache": [data, "--backbone", bert],
             "sweep": ["--data", data, "--backbone", bert, "--methods", "probe", "--output", sweep, "--overwrite"]}
     exits: Counter = Counter()
-    signal.signal(signal.SIGALRM, _cut)
     for _ in range(args.cases):
         command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep"])
         argv = [command, *base[command]]
@@ -282,30 +316,136 @@ def part_cli(args) -> dict:
                  if isinstance(action.default, (int, float)) and not isinstance(action.default, bool)
                  else r.choice(["x", "", "-1", "0", "1", "a,b", "/nonexistent", "3", "0/2", "1/2", "2/2"]))
             argv += [flag, "2" if flag in UNBOUNDED and v in ("1e9", "inf") else str(v)]
-        err = io.StringIO()
-        signal.alarm(20)
-        try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code
-        except Cut:
-            code = "cut"
-        except Exception as e:  # noqa: BLE001
-            code = "exception"
-            tally.findings.append(f"frozentune {' '.join(argv)}\n{type(e).__name__}: {e}\n{traceback.format_exc()}")
-        finally:
-            signal.alarm(0)
-        exits[code] += 1
-        said = err.getvalue()
-        if code not in (0, 2, "cut", "exception") or "Traceback" in said:
-            tally.findings.append(f"frozentune {' '.join(argv)} → exit {code}\n{said[-2000:]}")
-        elif code == 0:
-            tally.done += 1
-        elif code == 2:  # argparse's usage errors and frozentune's own both exit 2: the last line says which
-            last = said.strip().splitlines()[-1] if said.strip() else "(nothing on stderr)"
-            tally.refused[re.sub(r"\d+", "N", re.sub(r"/\S+", "PATH", last))[:90]] += 1
+        run_cli(tally, argv, exits)
     return tally.report("cli", args.cases, args.seed) | {"exits": {str(k): v for k, v in exits.items()}}
+
+ENTRY_FILES = ("states.bin", "ids.bin", "offsets.bin", "lengths.bin")
+
+
+def entry_examples(path: Path) -> list[tuple[bytes, bytes]]:
+    """Every example's (states, token ids) bytes of the complete entry at `path`, read as a run reads it."""
+    from frozentune.cache import CachedStates
+
+    entry = CachedStates(path)
+    try:
+        return [(entry.example(i).tobytes(), entry.token_ids(i).tobytes()) for i in range(len(entry))]
+    finally:
+        del entry
+
+
+def damage(r: random.Random, root: Path) -> dict:
+    """One random change to a feature-cache folder, as a disk, a sync tool, a kill or a user might make it: a JSON
+    file changed (meta.json re-signed half the time, so the deeper checks are reached), a data file cut, grown,
+    flipped or zeroed, a file deleted or a folder in its place, a shard record copied over another's, two entries'
+    folders swapped, a stray file or folder. Returns what it did."""
+    from frozentune.cache import meta_sha
+
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    kind = r.choice(["json", "json", "json", "bin", "bin", "bin", "delete", "folder", "record", "swap", "stray"])
+    jsons, bins = [p for p in files if p.suffix == ".json"], [p for p in files if p.suffix == ".bin"]
+    if kind == "json" and jsons:
+        path = r.choice(jsons)
+        try:
+            changed = mutate(r, json.loads(path.read_text()))
+        except ValueError:
+            changed = r.choice([None, 0, "x"])
+        if path.name == "meta.json" and isinstance(changed, dict) and r.random() < 0.5:
+            with contextlib.suppress(ValueError, TypeError):
+                changed["meta_sha"] = meta_sha(changed)
+        path.write_text(json.dumps(changed))
+        return {"changed": str(path.relative_to(root)), "to": changed}
+    if kind == "bin" and bins:
+        path = r.choice(bins)
+        data, how = bytearray(path.read_bytes()), r.choice(["cut", "grow", "flip", "zero"])
+        at = r.randrange(len(data) + 1)
+        if how == "cut":
+            data = data[:at]
+        elif how == "grow":
+            data += bytes(r.randrange(256) for _ in range(r.randint(1, 64)))
+        elif data:
+            at = min(at, len(data) - 1)
+            end = at + 1 if how == "flip" else min(len(data), at + r.randint(1, 4096))
+            data[at:end] = bytes(b ^ 0x5A for b in data[at:end]) if how == "flip" else bytes(end - at)
+        path.write_bytes(bytes(data))
+        return {how: str(path.relative_to(root)), "at": at}
+    if kind in ("delete", "folder") and files:
+        path = r.choice(files)
+        path.unlink()
+        if kind == "folder":
+            path.mkdir()
+        return {kind: str(path.relative_to(root))}
+    records = [p for p in files if p.name.startswith("shard-")]
+    if kind == "record" and len(records) > 1:
+        a, b = r.sample(records, 2)
+        shutil.copyfile(a, b)
+        return {"record": str(a.relative_to(root)), "over": str(b.relative_to(root))}
+    folders = [p for p in sorted(root.iterdir()) if p.is_dir() and "." not in p.name]
+    if kind == "swap" and len(folders) > 1:
+        a, b = r.sample(folders, 2)
+        a.rename(root / "swap")
+        b.rename(a)
+        (root / "swap").rename(b)
+        return {"swapped": [a.name, b.name]}
+    stray = r.choice([root / "0123abcd.lock", root / "x.partial-999999-ab", root / "notakey", root / "a.building",
+                      root / "0123abcd.building" / "plan.json", *(f / ".active" for f in folders[:1])])
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    if stray.suffix:
+        stray.write_text(r.choice(["", "pid 1", "{}", "\x00"]))
+    else:
+        stray.mkdir(exist_ok=True)
+        (stray / "meta.json").write_text("{}")
+    return {"stray": str(stray.relative_to(root))}
+
+
+def part_cache(args) -> dict:
+    """Feature-cache folders (complete entries, and interrupted builds split in two parts with half their shards) with
+    one to three random changes (damage), then: `cache --list` / `--prune` / `--list --verify`, a build or resume of
+    every entry (in one process or as a part), a rebuild, a probe trained on it. A finding is anything but
+    frozentune's own error, and any entry a run reads whose examples are not the ones an undamaged build made."""
+    from frozentune import api
+
+    # several shards to an entry: a shard is made of whole forward batches (≤ 128 rows), each here past 500 tokens
+    os.environ["FROZENTUNE_SHARD_TOKENS"] = "500"
+    r, tally, bert = random.Random(args.seed), Tally(), str(tiny_bert(args.work))
+    data = str(trec_slice(args.work, 1000, 300))
+    exits: Counter = Counter()
+    backbone = api.BackboneOptions(bert, max_length=32)
+    clean, partial = args.work / "cache-clean", args.work / "cache-partial"
+    if not clean.is_dir():
+        api.build_cache(data, backbone, "train,test", cache_root=clean, progress=False, log=None)
+    if not partial.is_dir():
+        api.build_cache(data, backbone, "train,test", cache_root=partial, progress=False, log=None, shard="0/2")
+    truth = {p.name: entry_examples(p) for p in clean.iterdir() if (p / "meta.json").is_file()}
+    wrong: list[str] = []
+
+    def built(shard: str | None = None, rebuild: bool = False) -> None:
+        rows = api.build_cache(data, backbone, "train,test", cache_root=root, progress=False, log=None, shard=shard,
+                               rebuild=rebuild)
+        for row in rows:
+            if row["path"] is not None and entry_examples(Path(row["path"])) != truth.get(Path(row["path"]).name):
+                wrong.append(f"{row['split']} read from {row['path']} differs from the undamaged build's")
+
+    for case in range(args.cases):
+        root = args.work / "cache-case"
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(clean if r.random() < 0.6 else partial, root)
+        changes = [damage(r, root) for _ in range(r.choice([1, 1, 1, 2, 3]))]
+        before, wrong[:] = len(tally.findings), []
+        run_cli(tally, ["cache", "--list", "--cache-dir", str(root)] + (["--verify"] if r.random() < 0.3 else []), exits)
+        if r.random() < 0.2:
+            run_cli(tally, ["cache", "--prune", "--cache-dir", str(root)] + r.choice([[], ["--verify"]]), exits)
+        if r.random() < 0.2:
+            tally.run("a probe trained", lambda: api.train("probe", data, backbone, {}, {"epochs": 1},
+                                                           args.work / "cache-model", cache_root=root,
+                                                           progress=False, log=None, overwrite=True))
+        tally.run("build", lambda: built(r.choice([None, None, None, "0/2", "1/2"])))
+        if r.random() < 0.3:
+            tally.run("build with rebuild", lambda: built(rebuild=True))
+        run_cli(tally, ["cache", "--prune", "--cache-dir", str(root), "--json"], exits)
+        tally.findings += [f"{w} (no error was raised)" for w in wrong]
+        for i in range(before, len(tally.findings)):
+            tally.findings[i] += f"\nthe changes: {json.dumps(changes, default=str)[:1500]}"
+    return tally.report("cache", args.cases, args.seed) | {"exits": {str(k): v for k, v in exits.items()}}
 
 
 GEN_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "name", "food", "area", "city", "eat", "type", "pub"]
@@ -603,7 +743,7 @@ def part_model(args) -> dict:
     return tally.report("model", args.cases, args.seed)
 
 
-PARTS = {"data": part_data, "model": part_model, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
+PARTS = {"cache": part_cache, "data": part_data, "model": part_model, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
 
 
 def main() -> int:

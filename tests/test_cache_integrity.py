@@ -225,6 +225,34 @@ def test_consistent_but_wrong_meta(tiny_bert, trec_slice, tmp_path, field, value
     rebuild_fixes_it(trec_slice, tiny_bert, root, entry)
 
 
+@pytest.mark.parametrize("field,value,listed", [
+    ("n", [], "unreadable (meta.json: missing or invalid n)"),
+    ("tokens", "1000", "unreadable (meta.json: missing or invalid tokens)"),
+    ("max_length", "x", "ok"), ("extract_seconds", "../x", "ok"),
+])
+def test_a_field_of_the_wrong_kind_is_listed_and_read_as_it_is(tiny_bert, trec_slice, tmp_path, field, value, listed):
+    """meta.json re-signed with a field of another kind (found by bench/fuzz.py's cache part): `cache --list` crashed
+    formatting a list as a number, and `cache` on a float of a text. A field the reader relies on makes the entry
+    unreadable in the list (as the run says it) and --prune removes it; a field that only informs (how long the
+    build took, the max_length shown) is not shown, and the entry is read."""
+    root = tmp_path / "cache"
+    entry = entries(trec_slice, tiny_bert, root)["train"]
+    rewrite_meta(entry, consistent=True, **{field: value})
+    rows = {Path(r["path"]).name: r for r in json.loads(cli("cache", "--list", "--json", "--cache-dir", root,
+                                                            code=0).out)}
+    assert rows[entry.name]["status"] == listed
+    assert entry.name[:16] in cli("cache", "--list", "--cache-dir", root, code=0).out
+    if listed == "ok":
+        tokens = json.loads((entry / "meta.json").read_text())["tokens"]
+        assert (rows[entry.name]["max_length"], rows[entry.name]["tokens"]) == ((None if field == "max_length" else 32),
+                                                                                tokens)
+        assert f"→ {entry} (cached)" in cli(*cache_args(trec_slice, tiny_bert, root), code=0).out
+        return
+    assert_refused(cache_args(trec_slice, tiny_bert, root), root, entry, (f"missing or invalid {field}",), R_SWAPPED)
+    cli("cache", "--prune", "--cache-dir", root, code=0)
+    assert not entry.exists()
+
+
 def test_ragged_index_out_of_range(tiny_bert, trec_slice, tmp_path):
     """offsets.bin pointing past the states (checksums and meta recomputed to match): refused."""
     root = tmp_path / "cache"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -275,6 +276,53 @@ def test_damaged_shard_is_found_before_publishing(bb, tmp_path):
     with pytest.raises(CacheError, match=r"states.bin: bytes 0\.\.\d+ of shard 0 are corrupt .*shard-00000.json"):
         build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
     assert not (root / key).exists()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda r: r.update(files=[r["files"]]), "a damaged record (it gives no place and checksum for states.bin)"),
+    (lambda r: r["files"].update({"ids.bin": ""}), "a damaged record (it gives no place and checksum for ids.bin)"),
+    (lambda r: r["files"]["states.bin"].update(size=float(r["files"]["states.bin"]["size"])), "places states.bin"),
+    (lambda r: r.update(seconds={"v": 1}, device=["cpu"]), None),
+], ids=["files-list", "file-text", "size-float", "seconds-device"])
+def test_a_damaged_shard_record_is_named_or_read(bb, tmp_path, edit, says):
+    """A shard's record changed in what places and vouches for its bytes (found by bench/fuzz.py's cache part: an
+    AttributeError and a TypeError in the merge) is named, with the way out, before anything is published; a damaged
+    time or device (which only inform) do not stop the build, and the entry equals the one-process one."""
+    root = tmp_path / "cache"
+    build_part(bb, MANY, Part(0, 2), root, progress=False, **KW)
+    key = cache_key(bb, MANY)[0]
+    record = building_dir(root, key) / "shard-00002.json"
+    info = json.loads(record.read_text())
+    edit(info)
+    record.write_text(json.dumps(info))
+    if says is not None:
+        with pytest.raises(CacheError, match=re.escape(f"{record}: {says}") + ".*delete .*and rerun"):
+            build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
+        assert not (root / key).exists()
+        return
+    cache, _ = build_part(bb, MANY, Part(1, 2), root, progress=False, **KW)
+    assert sums(cache) == sums(get_or_build(bb, MANY, tmp_path / "whole", progress=False, **KW)[0])
+
+
+@pytest.mark.parametrize("part", [None, Part(1, 2, "--shard 1/2")])
+def test_a_folder_in_place_of_a_build_file_is_said_as_such(bb, tmp_path, part):
+    """ids.bin of an interrupted build replaced by a folder (found by bench/fuzz.py's cache part): the build said
+    "(Is a directory); free space there or give --cache-dir a writable folder with room". It says what stands there
+    and how to start over (one process: --rebuild-cache; a part of several: delete the build folder), and that
+    works."""
+    root = tmp_path / "cache"
+    build_part(bb, MANY, Part(0, 2), root, progress=False, **KW)
+    folder = building_dir(root, cache_key(bb, MANY)[0])
+    (folder / "ids.bin").unlink()
+    (folder / "ids.bin").mkdir()
+    again = "rerun with --rebuild-cache to start over" if part is None else f"delete {folder} and rerun every part (2)"
+    with pytest.raises(CacheError, match=re.escape(f"{folder / 'ids.bin'}: a folder stands where the build writes a "
+                                                   f"file") + ".*" + re.escape(again)) as e:
+        get_or_build(bb, MANY, root, progress=False, **KW) if part is None else \
+            build_part(bb, MANY, part, root, progress=False, **KW)
+    assert "free space" not in str(e.value)
+    rebuilt, _ = get_or_build(bb, MANY, root, progress=False, rebuild=True, **KW)
+    assert sums(rebuilt) == sums(get_or_build(bb, MANY, tmp_path / "whole", progress=False, **KW)[0])
 
 
 def test_part_of_reads_shard_flag_and_launcher_env():
@@ -604,6 +652,22 @@ def test_a_cache_folder_under_a_file_names_the_file(tiny_bert, trec_slice, tmp_p
     cli("cache", trec_slice, "--backbone", tiny_bert, "--quiet", "--cache-dir", afile / "x", code=2,
         contains=(f"({afile} is a file)", "give --cache-dir"))
     assert afile.read_text() == "not a folder"
+
+
+def test_a_plan_with_a_shard_count_of_another_kind_is_listed(bb, tmp_path):
+    """An interrupted build whose plan.json says "shards": "x" (int() raised in `cache --list`; found by
+    bench/fuzz.py's cache part): listed with "?" for the count, and the rerun resumes it (a run goes by the plan's key
+    and digest, not its count) to the entry one process makes."""
+    root, whole = tmp_path / "cache", tmp_path / "whole"
+    build_part(bb, MANY, Part(0, 2, "--shard 0/2"), root, progress=False, **KW)
+    building = building_dir(root, cache_key(bb, MANY)[0])
+    plan = json.loads((building / "plan.json").read_text())
+    (building / "plan.json").write_text(json.dumps(dict(plan, shards="x")))
+    listed = {e.path: e for e in scan(root)}[building]
+    assert listed.status == "interrupted, resumable" and listed.shards == f"{(plan['shards'] + 1) // 2}/?"
+    assert "interrupted, resumable" in cli("cache", "--list", "--cache-dir", str(root), code=0).out
+    resumed, _ = get_or_build(bb, MANY, root, progress=False, **KW)
+    assert sums(resumed) == sums(get_or_build(bb, MANY, whole, progress=False, **KW)[0]) and not building.exists()
 
 
 def test_list_and_prune(bb, tmp_path, monkeypatch):

@@ -183,7 +183,7 @@ class SourceFactory:
     @property
     def cache_build_seconds(self) -> float:
         """What building the cache entries in use took when they were built (now or earlier)."""
-        return float(sum(c.meta.get("extract_seconds", 0.0) for c in self._caches.values()))
+        return float(sum(c.build_seconds for c in self._caches.values()))
 
     def __call__(self, split: TextSplit) -> M.Source:
         sep = separator_ids(self.backbone.tok) if split.is_pair else None
@@ -1204,11 +1204,10 @@ def build_cache(data: str, backbone: BackboneOptions = BackboneOptions(), splits
                 f"last part finishes")
             out.append(row)
             continue
+        built = cache.build_seconds  # every run's shards: more than secs after a resume
         row |= {"path": str(cache.path), "complete": True, "examples": cache.n, "tokens": int(cache.meta["tokens"]),
-                "tokens_per_s": (cache.meta["tokens"] / cache.meta["extract_seconds"]
-                                 if secs and part.count == 1 and cache.meta.get("extract_seconds") else None),
+                "tokens_per_s": cache.meta["tokens"] / built if secs and part.count == 1 and built else None,
                 "at_max_length": int((cache.lengths >= bb.max_length).sum())}
-        built = float(cache.meta.get("extract_seconds") or 0.0)  # every run's shards: more than secs after a resume
         log(f"{split}: {cache.n} examples, {row['tokens']:,} tokens → {cache.path}"
             + (f" ({secs:.1f}s now; the build: {built:.1f}s, {row['tokens_per_s']:,.0f} tok/s)"
                if row["tokens_per_s"] and built > secs * 1.01 + 0.05 else

@@ -48,7 +48,8 @@ from .pairs import Text, pair_kind
 from .extract.entries import size_text
 from .extract.errors import ExtractError
 from .extract.shards import (CHUNK, DATA, ChunkSums, Part, Plan, building_dir, check_plan, extract_part, finished,
-                              finished_spans, make_plan, merge, read_json, rekey_build, shard_records, work_of)
+                              finished_spans, make_plan, merge, read_json, rekey_build, seconds_in, shard_records,
+                              start_over, work_of)
 
 FORMAT_VERSION = 4  # 2: meta.json carries meta_sha; 3: built in shards, key has precision and absolute layers;
 #                    4: key has the model's config (config_hash) too
@@ -200,6 +201,28 @@ class BuildStats:
     shards: int = 0
 
 
+def is_count(v: object) -> bool:
+    """v is a whole number ≥ 0 (not a bool), as meta.json's sizes and counts are."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def meta_problems(meta: dict) -> list[str]:
+    """The fields of an entry's meta.json that a reader relies on and that are missing or of an unusable kind
+    (names as "n", "files.states.bin"); [] when none. `cache --list` shows the same as the reader says."""
+    files, dtype = meta.get("files"), meta.get("dtype")
+    bad = [f for f, ok in (("key", isinstance(meta.get("key"), str)), ("n", is_count(meta.get("n"))),
+                           ("dim", is_count(meta.get("dim")) and meta["dim"] > 0),
+                           ("dtype", isinstance(dtype, str) and dtype in DTYPES),
+                           ("tokens", is_count(meta.get("tokens"))), ("files", isinstance(files, dict)))
+           if not ok]
+    if not bad:
+        for name in FILES:
+            e = files.get(name)
+            if not (isinstance(e, dict) and is_count(e.get("size")) and isinstance(e.get("chunks"), list)):
+                bad.append(f"files.{name}")
+    return bad
+
+
 class CachedStates:
     """Read side of a cache entry. Rows are memory-mapped; `batch` copies only what it needs,
     and `release` drops mapped pages from this process (they stay in the OS page cache), so
@@ -247,24 +270,7 @@ class CachedStates:
 
     def _check_fields(self) -> None:
         """Every field the reader relies on is there with a usable type."""
-        m = self.meta
-
-        def count(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-        files = m.get("files")
-        dtype = m.get("dtype")
-        bad = [f for f, ok in (("key", isinstance(m.get("key"), str)), ("n", count(m.get("n"))),
-                               ("dim", count(m.get("dim")) and m["dim"] > 0),
-                               ("dtype", isinstance(dtype, str) and dtype in DTYPES),
-                               ("tokens", count(m.get("tokens"))), ("files", isinstance(files, dict)))
-               if not ok]
-        if not bad:
-            for name in FILES:
-                e = files.get(name)
-                if not (isinstance(e, dict) and count(e.get("size")) and isinstance(e.get("chunks"), list)):
-                    bad.append(f"files.{name}")
-        if bad:
+        if bad := meta_problems(self.meta):
             raise CacheError(f"{self.path / 'meta.json'}: missing or invalid {', '.join(bad)}. {REBUILD}")
 
     def _check_expected(self, key: str | None, n: int | None, dim: int | None, dtype: str | None) -> None:
@@ -327,6 +333,12 @@ class CachedStates:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def build_seconds(self) -> float:
+        """What building this entry took, every run's shards together (meta.json's extract_seconds; 0.0 where it
+        was not recorded as a number ≥ 0: the field is information, not part of the states)."""
+        return seconds_in(self.meta.get("extract_seconds"))
 
     def example(self, i: int) -> np.ndarray:
         """(L_i, D) states of example i, as stored."""
@@ -394,15 +406,38 @@ def fd_advice(e: OSError) -> str | None:
     return None
 
 
-def _write_error(root: Path, key: str, e: OSError) -> CacheError:
+def write_advice(e: OSError, part: Part | None = None, folder: Path | None = None) -> str:
+    """What to do about an OSError met writing a cache entry, by its kind: out of open files (fd_advice), a folder
+    where the build writes a file or a file where it makes a folder (a damaged build: start it over; the advice was
+    "free space there"), no permission, or (any other: a full disk, a quota) room."""
+    import errno
+
+    if advice := fd_advice(e):
+        return advice
+    if e.errno in (errno.EISDIR, errno.ENOTDIR):
+        where = f"{e.filename}: " if e.filename else ""
+        return (f"{where}a folder stands where the build writes a file, or a file where it makes a folder (not what "
+                f"frozentune wrote there); {start_over(folder, part) if folder else 'rerun with --rebuild-cache'}")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "give --cache-dir a folder you can write to"
+    return "free space there or give --cache-dir a writable folder with room"
+
+
+def _write_error(root: Path, key: str, e: OSError, part: Part | None = None) -> CacheError:
     folder = building_dir(root, key)
     kept = list(shard_records(folder).values()) if folder.is_dir() else []
-    size = sum(f.get("size", 0) for r in kept for f in ((read_json(r) or {}).get("files") or {}).values())
-    advice = fd_advice(e) or "free space there or give --cache-dir a writable folder with room"
+    size = sum(f["size"] for r in kept for f in _record_files(r) if isinstance(f, dict) and is_count(f.get("size")))
+    advice = write_advice(e, part, folder)
     return CacheError(f"{root}: cannot write cache entry {key} ({e.strerror or e}); {advice}"
                       + (f"; its {len(kept)} finished shards ({size_text(size)}) are kept in {folder.name}: "
                          f"rerun to resume from them, or `frozentune cache --prune --include-resumable` removes them"
                          if kept else ""))
+
+
+def _record_files(record: Path) -> list:
+    """The per-file entries a shard's record holds ([] where it is unreadable or damaged)."""
+    files = (read_json(record) or {}).get("files")
+    return list(files.values()) if isinstance(files, dict) else []
 
 
 def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokenized,
@@ -450,7 +485,7 @@ def build(root: Path, key: str, fields: dict, backbone: Backbone, tokens: Tokeni
                               shards=len(plan.shards))
         stats = _publish(root, key, fields, folder, plan, backbone.dim, dtype, tokens, report.entry_sums, source)
     except OSError as e:  # disk full, quota, a read-only or vanished folder
-        raise _write_error(root, key, e) from None
+        raise _write_error(root, key, e, part) from None
     stats.report, stats.seconds = report, report.seconds  # spent by this process now (meta has the total)
     return stats
 

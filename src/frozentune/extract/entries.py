@@ -105,10 +105,19 @@ def _pid_alive(text: str) -> bool:
     return True
 
 
-def _describe(fields: dict) -> dict:
+def _count(v: object) -> int | None:
+    """v where it is a count (a whole number ≥ 0), else None: what an edited meta.json or plan.json holds is shown
+    only where it can be."""
+    from ..cache import is_count
+
+    return v if is_count(v) else None
+
+
+def _describe(fields: object) -> dict:
+    fields = fields if isinstance(fields, dict) else {}
     return {"model": str(fields.get("model", "")), "layers": str(fields.get("layers", "")),
-            "max_length": fields.get("max_length"), "precision": str(fields.get("precision", "fp32")),
-            "dtype": str(fields.get("dtype", "")), "examples": fields.get("n"),
+            "max_length": _count(fields.get("max_length")), "precision": str(fields.get("precision", "fp32")),
+            "dtype": str(fields.get("dtype", "")), "examples": _count(fields.get("n")),
             "input": ("pairs" + ("" if fields.get("token_types", True) else " without token types")
                       if fields.get("pairs") else "texts")}
 
@@ -137,7 +146,7 @@ def _entry(p: Path, verify: bool = False, metas: dict | None = None) -> Entry:
     """A complete entry `p/` (meta.json written last): ok, old format, or unreadable and why. Sizes
     only, unless `verify`: then every checksum of an ok entry is read too (all its bytes, ≈0.7 GB/s),
     so bytes changed in place (same size) are found before a run opens the entry."""
-    from ..cache import FORMAT_VERSION, _safe_sha
+    from ..cache import FORMAT_VERSION, _safe_sha, meta_problems
 
     meta = read_json(p / "meta.json")
     if meta is None:
@@ -145,17 +154,19 @@ def _entry(p: Path, verify: bool = False, metas: dict | None = None) -> Entry:
     fmt = meta.get("format")
     if fmt == 1 and "meta_sha" not in meta:  # format 1 wrote no checksum of its meta.json (format 2 added it)
         return Entry(p, "entry", f"{UNREADABLE} (cache format 1, not {FORMAT_VERSION}: a run builds it anew; "
-                     f"--prune removes this one)", _size(p), tokens=meta.get("tokens"),
+                     f"--prune removes this one)", _size(p), tokens=_count(meta.get("tokens")),
                      created=str(meta.get("created", "")), **_describe(meta))
     if meta.get("meta_sha") != _safe_sha(meta):
         return Entry(p, "entry", f"{UNREADABLE} (meta.json edited: its checksum differs)", _size(p))
-    problem = _files_problem(p, meta) if fmt in (2, 3, FORMAT_VERSION) else f"cache format {fmt}, not {FORMAT_VERSION}"
+    bad = meta_problems(meta)
+    problem = (f"cache format {fmt}, not {FORMAT_VERSION}" if fmt not in (2, 3, FORMAT_VERSION)
+               else f"meta.json: missing or invalid {', '.join(bad)}" if bad else _files_problem(p, meta))
     status = f"{UNREADABLE} ({problem})" if problem else "ok" if fmt == FORMAT_VERSION else OLD
     if metas is not None and not problem:
         metas[p] = meta
     if verify and status == "ok":
         status = _verified(p)
-    return Entry(p, "entry", status, _size(p), tokens=meta.get("tokens"), created=str(meta.get("created", "")),
+    return Entry(p, "entry", status, _size(p), tokens=_count(meta.get("tokens")), created=str(meta.get("created", "")),
                  source=str(meta.get("source") or ""), **_describe(meta))
 
 
@@ -176,9 +187,9 @@ def _building(p: Path) -> Entry:
     plan = read_json(p / "plan.json")
     if plan is None:
         return Entry(p, "building", INTERRUPTED, _size(p))
-    total = int(plan.get("shards", 0))
+    total = _count(plan.get("shards"))  # None where plan.json was edited (a run goes by its key and digest)
     done = set(shard_records(p))
-    parts = parts_done(p, done, total)
+    parts = parts_done(p, done, total or 0)
     entry = p.with_name(p.name[:-len(".building")])
     if is_running(p):
         status = RUNNING
@@ -188,11 +199,12 @@ def _building(p: Path) -> Entry:
         status = DONE_LEFTOVER
     elif not done:
         status = INTERRUPTED
-    elif parts and len(done) < total:
+    elif parts and total is not None and len(done) < total:
         status = WAITING
     else:
         status = RESUMABLE
-    return Entry(p, "building", status, _size(p), shards=f"{len(done)}/{total}", parts=", ".join(parts),
+    return Entry(p, "building", status, _size(p), shards=f"{len(done)}/{'?' if total is None else total}",
+                 parts=", ".join(parts),
                  **_describe(plan.get("fields", {})))
 
 

@@ -758,10 +758,13 @@ def check_shard(folder: Path, k: int, key: str, plan: Plan, starts: np.ndarray, 
         raise ExtractError(f"{where}: made for another plan of this entry (other shard size or batch settings); {redo}")
     p0, p1 = plan.examples(k)
     tokens = int(starts[k + 1] - starts[k])
+    files = info.get("files")
     for name, row in rows.items():
         want = {"offset": int(starts[k]) * row, "size": tokens * row}
-        got = info.get("files", {}).get(name, {})
-        if any(got.get(field) != value for field, value in want.items()):
+        got = files.get(name) if isinstance(files, dict) else None
+        if not isinstance(got, dict) or not isinstance(got.get("blake2b"), str):
+            raise ExtractError(f"{where}: a damaged record (it gives no place and checksum for {name}); {redo}")
+        if any(type(got.get(field)) is not int or got[field] != value for field, value in want.items()):
             raise ExtractError(f"{where}: places {name} bytes at {got.get('offset')} (+{got.get('size')}), but its "
                                f"{p1 - p0} examples of {tokens} tokens go at {want['offset']} (+{want['size']}); {redo}")
     return info
@@ -789,8 +792,14 @@ def merge(folder: Path, key: str, plan: Plan, lengths: np.ndarray, dim: int, dty
     infos = [check_shard(folder, k, key, plan, starts, rows) for k in range(len(plan.shards))]
     if sink is not None:
         _read_back(folder, infos, sink)
-    return {"seconds": float(sum(float(i.get("seconds", 0.0)) for i in infos)), "shards": len(infos),
-            "devices": sorted({i.get("device", "?") for i in infos})}
+    return {"seconds": float(sum(seconds_in(i.get("seconds")) for i in infos)), "shards": len(infos),
+            "devices": sorted({str(i.get("device", "?")) for i in infos})}
+
+
+def seconds_in(v: object) -> float:
+    """A time read back from a shard's record or an entry's meta.json: v where it is a number ≥ 0, else 0.0 (it
+    informs, it is not part of the states: a damaged one is not worth refusing the entry for)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") else 0.0
 
 
 def _read_back(folder: Path, infos: list[dict], sink: Callable[[str, bytes], None]) -> None:
