@@ -811,12 +811,14 @@ def test_an_interrupted_sweep_goes_on_from_its_finished_points(trec_slice, tiny_
     log = _StopAfter(4)
     with pytest.raises(KeyboardInterrupt):
         sweep(log=log)
-    assert any("holds 2 finished points" in line and "1 unreadable line skipped" in line for line in log.lines)
+    assert any("holds 2 finished points" in line and "1 line unreadable or changed since written" in line
+               for line in log.lines)
     assert sum("reused" in line for line in log.lines if line.startswith("[")) == 2
     log = _StopAfter(5)
     with pytest.raises(KeyboardInterrupt):
         sweep(log=log)
-    assert any("holds 4 finished points" in line and "1 unreadable line skipped" in line for line in log.lines)
+    assert any("holds 4 finished points" in line and "1 line unreadable or changed since written" in line
+               for line in log.lines)
     # --restart: the 5 kept points are trained again
     log = _StopAfter()
     restarted = sweep(log=log, resume=False)
@@ -897,10 +899,41 @@ def test_a_sweep_journal_line_of_another_shape_is_skipped(tmp_path):
            "seconds": 1.0, "model_method": "probe", "selection": {}}
     lines = [{"key": "a", "row": row}, {"key": "b", "row": {}}, {"key": "c", "row": row | {"score": "high"}},
              {"key": 1, "row": row}, ["a"], {"key": "d", "row": row | {"seed": True}}]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"key\": \"e\"\n")
+    old_header = {"sweep": {"data": "x"}}  # a journal written before rows carried checksums: rows read without
+    path.write_text("\n".join(json.dumps(x) for x in [old_header, *lines]) + "\n{\"key\": \"e\"\n")
     j = Journal(path, {}, log=lambda s: None)
     assert list(j.rows) == ["a"] and j.skipped == 6 and points_in(path) == 1
     assert j.found("a")["reused"] is True and j.found("b") is None
+
+
+def test_a_sweep_journal_row_changed_since_written_is_trained_again(tmp_path):
+    """A row's score changed in the journal (by hand, a disk, a sync tool) was reused as the point's own: the
+    table and the best pick then read it (bench/fuzz.py's sweep part). Each row carries a checksum of itself;
+    a row whose checksum differs, or that lost it, is skipped and counted (its point is trained again); a
+    journal written before checksums (its header says nothing of them) is read as it was."""
+    from frozentune.sweep.journal import Journal, header_line, row_line
+
+    path = tmp_path / "sweep-x.points.jsonl"
+    row = {"method": "probe", "layer": "-1", "lr": 0.01, "weight_decay": 0.01, "seed": 0, "score": 50.0,
+           "score_is": "validation accuracy", "test_accuracy": 40.0, "train_seconds": 1.0, "extract_seconds": 0.0,
+           "seconds": 1.0, "model_method": "probe", "selection": {"how": "validation"}}
+    changed = json.loads(row_line("b", row)) | {"row": row | {"score": 99.0}}
+    unsummed = {"key": "c", "row": row}
+    path.write_bytes(header_line({"data": "x"}) + row_line("a", row) + json.dumps(changed).encode() + b"\n"
+                     + json.dumps(unsummed).encode() + b"\n")
+    def kept() -> list[str]:
+        j = Journal(path, {"data": "x"}, log=lambda s: None)
+        j.close()
+        return list(j.rows)
+
+    j = Journal(path, {"data": "x"}, log=lambda s: None)
+    assert list(j.rows) == ["a"] and j.rows["a"] == row and j.skipped == 2
+    assert "(2 lines unreadable or changed since written: skipped, trained again)" in j.opening_line()
+    j.add("d", row | {"seed": 1})  # appended with its checksum, read back whole
+    j.close()
+    assert kept() == ["a", "d"]
+    path.write_text("\n".join(json.dumps(x) for x in [{"sweep": {"data": "x"}}, unsummed, changed]) + "\n")
+    assert kept() == ["c"]  # the old kind: rows without sums are read, a row with a wrong one is not
 
 
 def test_a_signal_while_a_point_is_written_still_stops_the_sweep(trec_slice, tiny_bert, tmp_path, monkeypatch):

@@ -214,12 +214,12 @@ def _journal(p: Path) -> Entry:
     from ..sweep import journal
 
     try:
-        header, rows, _ = journal.read(p)
+        header, rows, skipped = journal.read(p)
     except OSError:
-        header, rows = None, {}
+        header, rows, skipped = None, {}, 0
     n = len(rows)
     status = (RUNNING if journal.is_running(p) else f"{UNREADABLE} (no header: not a journal this version writes)"
-              if header is None and n else SWEEP_RESUMABLE if n else SWEEP_EMPTY)
+              if header is None and (n or skipped) else SWEEP_RESUMABLE if n else SWEEP_EMPTY)
     return Entry(p, "sweep", status, _size(p), model=(header or {}).get("backbone", ""),
                  shards=journal.plural(n, "finished point"), sweep=journal.describe(header))
 

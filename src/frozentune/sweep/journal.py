@@ -84,13 +84,30 @@ def _parse(line: bytes) -> object:
         return None
 
 
-def _row_of(entry: object) -> tuple[str, dict] | None:
+def row_line(key: str, row: dict) -> bytes:
+    """One finished point as its journal line: its key, its row and a checksum of both, so that a line changed
+    since (by hand, by a disk or a sync tool) is trained again, not reused (a changed score was taken as the
+    point's own: bench/fuzz.py's sweep part)."""
+    return json.dumps({"key": key, "row": row, "sum": _digest({"key": key, "row": row})}, allow_nan=False).encode() \
+        + b"\n"
+
+
+def header_line(header: dict) -> bytes:
+    """A journal's first line: which sweep it is for, and that its rows carry checksums ("sums")."""
+    return json.dumps({"sweep": header, "sums": True}).encode() + b"\n"
+
+
+def _row_of(entry: object, summed: bool = True) -> tuple[str, dict] | None:
     """(key, row) of a parsed line holding a row as `run_sweep` writes it; None for anything else (a line
-    cut short, another shape, the header)."""
+    cut short, another shape, the header, a row whose checksum differs: changed since it was written). A row
+    without a checksum is read only from a journal whose header does not say its rows carry one (`summed`
+    False: written before rows carried checksums, 2026-11-29; see row_line)."""
     if not isinstance(entry, dict):
         return None
     key, row = entry.get("key"), entry.get("row")
     if not isinstance(key, str) or not isinstance(row, dict) or not isinstance(row.get("selection"), dict):
+        return None
+    if ("sum" in entry or summed) and entry.get("sum") != _digest({"key": key, "row": row}):
         return None
     if not all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) for k in NUMBERS):
         return None
@@ -100,13 +117,13 @@ def _row_of(entry: object) -> tuple[str, dict] | None:
 def read(path: Path) -> tuple[dict | None, dict[str, dict], int]:
     """(the header, rows by point key, lines neither whole rows nor the header) of a journal; each line
     parsed once."""
-    header, rows, skipped = None, {}, 0
+    header, rows, skipped, summed = None, {}, 0, True
     for i, line in enumerate(path.read_bytes().splitlines()):
         entry = _parse(line)
-        if (found := _row_of(entry)) is not None:
+        if i == 0 and isinstance(entry, dict) and isinstance(entry.get("sweep"), dict):
+            header, summed = entry["sweep"], entry.get("sums") is True
+        elif (found := _row_of(entry, summed)) is not None:
             rows.setdefault(*found)
-        elif i == 0 and isinstance(entry, dict) and isinstance(entry.get("sweep"), dict):
-            header = entry["sweep"]
         elif line.strip():
             skipped += 1
     return header, rows, skipped
@@ -219,8 +236,7 @@ class Journal:
         a read-only one is left as it is)."""
         if self.fd is None:
             return
-        body = b"".join(json.dumps(x, allow_nan=False).encode() + b"\n"
-                        for x in [{"sweep": self.header}, *({"key": k, "row": r} for k, r in self.rows.items())])
+        body = header_line(self.header) + b"".join(row_line(k, r) for k, r in self.rows.items())
         from ..interrupts import held
 
         with held():
@@ -243,12 +259,12 @@ class Journal:
             return
         from ..interrupts import held
 
-        line = json.dumps({"key": key, "row": row}, allow_nan=False).encode() + b"\n"
+        line = row_line(key, row)
         try:
             with held():  # a whole line or none, whatever the signal
                 size = os.fstat(self.fd).st_size
                 if size == 0:
-                    line = json.dumps({"sweep": self.header}).encode() + b"\n" + line
+                    line = header_line(self.header) + line
                 elif os.pread(self.fd, 1, size - 1) != b"\n":
                     line = b"\n" + line
                 os.write(self.fd, line)
@@ -294,7 +310,8 @@ class Journal:
         """What the journal holds, said before the first point; None when it held nothing."""
         if not self.rows and not self.skipped and not self.dropped:
             return None
-        skipped = f" ({plural(self.skipped, 'unreadable line')} skipped)" if self.skipped else ""
+        skipped = (f" ({plural(self.skipped, 'line')} unreadable or changed since written: skipped, trained again)"
+                   if self.skipped else "")
         if self.dropped:
             skipped += (f" ({plural(self.dropped, 'point')} of another state of its data or backbone dropped: the files "
                         f"at those paths changed)")
