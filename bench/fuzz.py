@@ -13,6 +13,7 @@ most random inputs are wrong on purpose; the summary lists the most frequent ref
   OMP_NUM_THREADS=1 python bench/fuzz.py http --seed 0 --cases 800       # `frozentune serve` on 127.0.0.1 only
   OMP_NUM_THREADS=1 python bench/fuzz.py model --seed 0 --cases 200      # saved folders with config.json changed
   OMP_NUM_THREADS=1 python bench/fuzz.py cache --seed 0 --cases 200      # feature-cache folders damaged
+  OMP_NUM_THREADS=1 python bench/fuzz.py sweep --seed 0 --cases 60       # an interrupted sweep's journal changed
 
 Models are tiny and seeded, built from a config as the tests build theirs (tests/conftest.py): nothing is
 downloaded. Everything is written under --work (default /tmp/frozentune-fuzz). The HTTP part sends at most
@@ -289,23 +290,43 @@ def part_cli(args) -> dict:
     r, tally, bert, data = random.Random(args.seed), Tally(), str(tiny_bert(args.work)), str(trec_slice(args.work))
     os.chdir(fresh(args.work / "cli-cwd"))  # relative folders a random option names (--cache-dir 0) land here
     model, sweep = str(args.work / "cli-model"), str(args.work / "cli-sweep")
+    models, adapter = serve_models(args.work), args.work / "cli-adapter"  # trained once, read by every case
+    if not (adapter / "adapter_config.json").exists():
+        from frozentune.export.peft import export_peft
+
+        export_peft(models / "gen", adapter, overwrite=True, log=lambda s: None)
     parser = cli._parser(None)
     sub = next(a for a in parser._actions if isinstance(a, ap_mod._SubParsersAction))
     base = {"train": ["--data", data, "--backbone", bert, "--quiet", "--output", model, "--overwrite", "--method"],
             "predict": ["--model", model, "what is a dog ?", "who wrote it ?"],
             "explain": ["--model", model, "what is a dog ?"], "eval": ["--model", model, "--data", data],
             "cache": [data, "--backbone", bert],
-            "sweep": ["--data", data, "--backbone", bert, "--methods", "probe", "--output", sweep, "--overwrite"]}
+            "sweep": ["--data", data, "--backbone", bert, "--methods", "probe", "--output", sweep, "--overwrite"],
+            "generate": ["--model", str(models / "gen"), "name Aromi", "food cheap"],
+            "export": ["--output", str(args.work / "cli-export"), "--overwrite"],
+            "import": ["--format", "peft", "--adapter", str(adapter), "--output", str(args.work / "cli-import"),
+                       "--overwrite"],
+            "pretrain": ["--corpus", f"{data}/train.jsonl", "--output", str(args.work / "cli-pretrain"), "--steps", "2",
+                         "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32"],
+            "plot-concepts": ["--model", str(models / "space"), "--data", data, "--output", str(args.work / "cli.png")]}
+    exports = [("onnx", "probe"), ("onnx", "space"), ("onnx", "ytuning"), ("peft", "gen"), ("peft", "probe"),
+               ("onnx", "gen")]
     exits: Counter = Counter()
     for _ in range(args.cases):
-        command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep"])
+        command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep", "generate",
+                            "export", "import", "pretrain", "plot-concepts"])
         argv = [command, *base[command]]
         if command == "train":
             argv.append(r.choice(["probe", "space", "ytuning", "selfexplain", "contrastive", "finetune"]))
+        elif command == "export":
+            kind, name = r.choice(exports)
+            argv += ["--format", kind, "--model", str(models / name)]
+        elif command == "pretrain":
+            shutil.rmtree(args.work / "cli-pretrain", ignore_errors=True)
         options = [a for a in sub.choices[command]._actions if a.option_strings and a.dest != "help"]
         for action in r.sample(options, min(len(options), r.randint(0, 4))):
             flag = max(action.option_strings, key=len)
-            if flag in FIXED:
+            if flag in FIXED or flag in argv:  # the command line refuses a flag given twice
                 continue
             if action.nargs == 0:
                 argv.append(flag)
@@ -446,6 +467,74 @@ def part_cache(args) -> dict:
         for i in range(before, len(tally.findings)):
             tally.findings[i] += f"\nthe changes: {json.dumps(changes, default=str)[:1500]}"
     return tally.report("cache", args.cases, args.seed) | {"exits": {str(k): v for k, v in exits.items()}}
+
+
+def part_sweep(args) -> dict:
+    """The journal an interrupted sweep leaves (its finished points, one JSON line each) with one to three random
+    changes to its lines (a value of another kind, a line cut short, repeated, moved or removed), then the same
+    sweep run again (it reuses the rows it can read and trains the others), the best model it saves used, and
+    `cache --list`: frozentune's own error or an answer."""
+    from frozentune import api
+    from frozentune.sweep import journal as J
+    from frozentune.sweep.grid import Grid
+    from frozentune.sweep.run import run_sweep
+
+    r, tally, bert, data = random.Random(args.seed), Tally(), str(tiny_bert(args.work)), str(trec_slice(args.work))
+    backbone, exits = api.BackboneOptions(bert, max_length=32), Counter()
+    grid = Grid.parse("probe,space,ytuning", lrs="0.01,0.001", seeds="0,1")
+    kept = args.work / "sweep-kept"  # the cache folder of a sweep whose journal was kept (as an interrupt keeps it)
+    truth_file = args.work / "sweep-kept-rows.json"
+
+    def scores(rows: list[dict]) -> dict[str, list]:
+        """Each point's (score, test accuracy), by its setting: what the table and the best pick are made of."""
+        return {f"{x['method']} {x['layer']} {x['lr']} {x['weight_decay']} {x['seed']}": [x["score"], x["test_accuracy"]]
+                for x in rows}
+
+    if not any(kept.glob("sweep-*.points.jsonl")) or not truth_file.is_file():
+        finish = J.Journal.finish
+        J.Journal.finish = J.Journal.close  # the journal stays, every point in it
+        try:
+            done = run_sweep(grid, data, backbone, args.work / "sweep-out", cache_root=fresh(kept),
+                             train_cfg={"epochs": 1}, overwrite=True, log=lambda s: None)
+        finally:
+            J.Journal.finish = finish
+        truth_file.write_text(json.dumps(scores(done.rows)))
+    truth, journal = json.loads(truth_file.read_text()), next(kept.glob("sweep-*.points.jsonl"))
+    for case in range(args.cases):
+        root = args.work / "sweep-case"
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(kept, root)
+        path = root / journal.name
+        lines, changes = path.read_bytes().splitlines(), []
+        for _ in range(r.choice([1, 1, 2, 3])):
+            i, how = r.randrange(len(lines)), r.choice(["value", "value", "value", "cut", "again", "move", "drop"])
+            if how == "value":
+                with contextlib.suppress(ValueError):
+                    lines[i] = json.dumps(mutate(r, json.loads(lines[i]))).encode()
+            elif how == "cut":
+                lines[i] = lines[i][:r.randrange(len(lines[i]) + 1)]
+            elif how == "again":
+                lines.insert(r.randrange(len(lines) + 1), lines[i])
+            elif how == "move":
+                lines.insert(r.randrange(len(lines)), lines.pop(i))
+            elif len(lines) > 1:
+                del lines[i]
+            changes.append({how: i, "line": lines[i].decode(errors="replace")[:300] if i < len(lines) else None})
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        before, out = len(tally.findings), args.work / "sweep-case-out"
+        run_cli(tally, ["cache", "--list", "--cache-dir", str(root)], exits)
+        got: list = []
+        if tally.run("the same sweep again", lambda: got.append(run_sweep(grid, data, backbone, out, cache_root=root,
+                                                                            train_cfg={"epochs": 1}, overwrite=True,
+                                                                            log=lambda s: None))):
+            tally.run("the best point's model", lambda: api.predict(out / "best", ["what is a dog ?"], log=None))
+            wrong = {k: v for k, v in scores(got[0].rows).items() if truth.get(k) != v}
+            if wrong:  # a point trained again gives its first run's figures (same seed): these were read as changed
+                tally.findings.append(f"the same sweep again: {len(wrong)} point(s) with other figures than the "
+                                      f"first run's, no error raised: {json.dumps(wrong)[:600]}")
+        for i in range(before, len(tally.findings)):
+            tally.findings[i] += f"\nthe changes: {json.dumps(changes)[:1500]}"
+    return tally.report("sweep", args.cases, args.seed) | {"exits": {str(k): v for k, v in exits.items()}}
 
 
 GEN_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "name", "food", "area", "city", "eat", "type", "pub"]
@@ -743,7 +832,7 @@ def part_model(args) -> dict:
     return tally.report("model", args.cases, args.seed)
 
 
-PARTS = {"cache": part_cache, "data": part_data, "model": part_model, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
+PARTS = {"cache": part_cache, "data": part_data, "sweep": part_sweep, "model": part_model, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
 
 
 def main() -> int:
