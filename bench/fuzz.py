@@ -1,9 +1,12 @@
 """Random inputs against every entry point a user feeds: the data readers, `api.train` then predict / explain /
-eval on the saved model, the command line, generation (train, generate, eval) and the server over HTTP.
+eval on the saved model, the command line, generation (train, generate, eval), saved folders with their JSON
+changed, damaged feature-cache folders, a changed sweep journal, and the server over HTTP.
 
 A finding is anything but frozentune's own answer: an exception that is not a FrozentuneError (whose message
 says what to do), a command-line exit other than 0 / 2 or a traceback on stderr, an HTTP 5xx, a reply that is
-not JSON or an error reply without "error", a server that stops answering. Refusals are counted, not findings:
+not JSON or an error reply without "error", a server that stops answering; and, where the right answer is known,
+a wrong one given without an error (a cache entry read whose examples are not an undamaged build's, a sweep point
+whose figures are not its first run's). Refusals are counted, not findings:
 most random inputs are wrong on purpose; the summary lists the most frequent refusals, to be read.
 
   OMP_NUM_THREADS=1 python bench/fuzz.py data --seed 0 --cases 300
