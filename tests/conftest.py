@@ -180,6 +180,22 @@ def make_tiny_bart(folder: Path, words: list[str], seed: int = 0) -> Path:
     return folder
 
 
+def saved_as_before_trained_as(folder: Path, config: dict | None = None) -> dict:
+    """Make a saved model folder as a frozentune before 2026-11-29 wrote it: its weights' metadata holds only the
+    method (not the entries they were trained with), and config.json (`config`, or the folder's own) records their
+    checksum. Returns the config written."""
+    from safetensors.torch import load_file, save_file
+
+    from frozentune.model import file_checksum
+
+    config = json.loads((folder / "config.json").read_text()) if config is None else config
+    weights = folder / "model.safetensors"
+    save_file(load_file(str(weights)), str(weights), metadata={"method": config["method"]})
+    config = dict(config, weights_file=file_checksum(weights))
+    (folder / "config.json").write_text(json.dumps(config))
+    return config
+
+
 def head_of_files(source: Path, out: Path, counts: dict[str, int]) -> Path:
     """out/<split>.jsonl: the first `n` lines of source/<split>.jsonl for each split (a slice of a shared dataset)."""
     out.mkdir(parents=True, exist_ok=True)

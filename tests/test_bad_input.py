@@ -651,7 +651,8 @@ def test_saved_files_that_cannot_be_read_are_named(model_copy, monkeypatch):
     (lambda c: c.pop("labels"), '"labels" is missing'),
     (lambda c: c.update(labels="ab"), '"labels" is "ab", not a list'),
     (lambda c: c.update(labels=["a", "a"]), "not a list of distinct names"),  # loaded and answered "a" for both
-    (lambda c: c.update(labels=["a", "b", "c"]), "the weights do not fit config.json (3 labels"),
+    (lambda c: c.update(labels=["a", "b", "c"]), 'labels is ["a", "b", "c"], but model.safetensors was trained with '
+                                                 '["neg", "pos"]'),
     (lambda c: c["backbone"].update(max_length="x"), '"backbone"."max_length" is "x"'),
     (lambda c: c["backbone"].update(layers=5), '"backbone"."layers" is 5'),
     (lambda c: c["backbone"].update(combine=3), '"backbone"."combine" is 3'),  # loaded, and meant nothing
@@ -677,6 +678,49 @@ def test_a_hand_edited_config_is_named_not_a_traceback(model_copy, edit, needle)
     cli("predict", "--model", model_copy, "fine", contains=("config.json", needle), row=R_SAVED)
 
 
+@pytest.mark.parametrize("edit, needle", [
+    (lambda c: c.update(labels=c["labels"][::-1]), 'labels is ["pos", "neg"], but model.safetensors was trained with '
+                                                   '["neg", "pos"]'),
+    (lambda c: c["options"].update(pooling="cls"), 'options.pooling is "cls", but model.safetensors was trained with '
+                                                   '"mean"'),
+    (lambda c: c["backbone"].update(layers=[-2]), "backbone.layers is [-2], but model.safetensors was trained with [-1]"),
+    (lambda c: c["backbone"].update(token_types=False), "backbone.token_types is false, but model.safetensors was "
+                                                        "trained with true"),
+    (lambda c: c.update(text_pair_field="b"), "pairs is true, but model.safetensors was trained with false"),
+], ids=["labels-order", "pooling", "layers", "token-types", "pairs"])
+def test_an_edit_the_weights_answer_by_is_refused(model_copy, edit, needle):
+    """config.json edited in an entry the weights were trained with (labels in another order, another pooling or
+    layer) loaded and answered without a word, wrongly: "neg" for what the model scored "pos" (bench/fuzz.py's
+    model part). The weights record those entries; the edit is named with both values."""
+    config = json.loads((model_copy / "config.json").read_text())
+    edit(config)
+    (model_copy / "config.json").write_text(json.dumps(config))
+    cli("predict", "--model", model_copy, "fine", contains=("config.json", needle, "restore that entry"), row=R_SAVED)
+
+
+def test_edits_the_weights_do_not_answer_by_still_load(model_copy, model_dir):
+    """What may change in config.json: the backbone's name (moved, or given as an alias), max_length, the training
+    record; the model answers as before."""
+    config = json.loads((model_copy / "config.json").read_text())
+    config["train"]["epochs"], config["backbone"]["max_length"] = 99, 12
+    config["backbone"]["name"] = str(Path(config["backbone"]["name"]).resolve())
+    (model_copy / "config.json").write_text(json.dumps(config))
+    answer = lambda folder: cli("predict", "--model", folder, "fine film", "dull", code=0).out  # noqa: E731
+    assert answer(model_copy) == answer(model_dir)
+
+
+def test_weights_saved_before_they_recorded_their_entries_still_load(model_copy, model_dir):
+    """Weights saved before 2026-11-29 hold only the method in their metadata: they load and answer as they did, and
+    an edit of labels to another count is caught as before, by the weights' shapes."""
+    from conftest import saved_as_before_trained_as
+
+    config = saved_as_before_trained_as(model_copy)
+    answer = lambda folder: cli("predict", "--model", folder, "fine film", "dull", code=0).out  # noqa: E731
+    assert answer(model_copy) == answer(model_dir)
+    (model_copy / "config.json").write_text(json.dumps(config | {"labels": ["a", "b", "c"]}))
+    cli("predict", "--model", model_copy, "fine", contains=("the weights do not fit config.json (3 labels",))
+
+
 def test_corrupt_safetensors_with_matching_checksum_is_refused(model_copy):
     """The checksum guards against change; a file that was saved broken still fails in one line."""
     from frozentune.model import file_checksum
@@ -690,13 +734,15 @@ def test_corrupt_safetensors_with_matching_checksum_is_refused(model_copy):
 
 def test_weights_overwritten_in_place_same_size(model_copy):
     import numpy as np
+    from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
     weights = model_copy / "model.safetensors"
     size = weights.stat().st_size
     state = load_file(str(weights))
-    save_file({k: np.full_like(v, np.nan) for k, v in state.items()}, str(weights),
-              metadata={"method": "probe"})
+    with safe_open(str(weights), "np") as f:  # the same metadata: the same size
+        metadata = f.metadata()
+    save_file({k: np.full_like(v, np.nan) for k, v in state.items()}, str(weights), metadata=metadata)
     assert weights.stat().st_size == size
     ans = cli("predict", "--model", model_copy, "fine", contains=("same size", "checksum mismatch"), row=R_INPLACE)
     assert ans.out == ""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from clirun import cli
-from conftest import head_of_files, make_tiny_llama
+from conftest import head_of_files, make_tiny_llama, saved_as_before_trained_as
 from frozentune.generation import run as G
 from frozentune.backbone import BackboneError, load_causal_lm, trainable_names
 from frozentune.cli import main
@@ -686,7 +686,7 @@ def test_an_lm_whose_config_changed_since_training_is_refused(method, extra, tin
     (lm / "config.json").write_text(json.dumps(dict(lm_config, rope_parameters={"rope_type": "default",
                                                                                 "rope_theta": 100.0})))
     del config["backbone"]["config_hash"]  # as a frozentune before it was recorded saved it
-    (run / "config.json").write_text(json.dumps(config))
+    saved_as_before_trained_as(run, config)
     cli("generate", "--model", run, "name[Aromi]", code=0)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from clirun import cli
-from conftest import head_of_files, make_tiny_bart
+from conftest import head_of_files, make_tiny_bart, saved_as_before_trained_as
 from frozentune.cli import main
 
 WORDS = ("we propose a new method for learning the of and to in is that with on neural networks model models "
@@ -177,7 +177,7 @@ def test_an_encoder_decoder_lm_whose_config_changed_since_training_is_refused(me
         contains=(f"the language model {str(lm_dir)!r} found here has the same weights but another config.json",
                   "load the same model files"))
     del config["backbone"]["config_hash"]  # as a frozentune before it was recorded saved it
-    (run / "config.json").write_text(json.dumps(config))
+    saved_as_before_trained_as(run, config)
     cli("generate", "--model", run, "we propose", code=0)
 
 

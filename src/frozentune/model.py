@@ -20,7 +20,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -220,13 +220,33 @@ def save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str
     os.chmod(path, 0o666 & ~umask)
 
 
+TRAINED_AS = "frozentune_trained_as"  # the weights' metadata entry: `trained_as` of the config they were saved with
+BACKBONE_DEFINES = ("layers", "combine", "token_types", "weights_hash", "config_hash", "trained")
+
+
+def trained_as(config: dict) -> dict:
+    """The entries of a saved model's config.json that its weights answer by: the method and its options, the
+    labels in their order, whether it reads pairs, which states it reads (layers, their combination, token types,
+    the backbone's weights and config, whether the backbone was trained) and, for a generator, its task, kind of
+    LM and prefix shape. An edit of one of them loaded without a word and answered wrongly (another pooling, labels
+    in another order: bench/fuzz.py's model part); they are recorded in the weights (TRAINED_AS) and compared at
+    load (check_trained_as). The rest may change: names and paths, max_length, precision, decoding options, the
+    training record."""
+    b = config.get("backbone") if isinstance(config.get("backbone"), dict) else {}
+    out = {"method": config.get("method"), "options": config.get("options"), "labels": config.get("labels"),
+           "pairs": config.get("text_pair_field") is not None,
+           "backbone": {k: b.get(k) for k in BACKBONE_DEFINES if k in b}}
+    return out | {k: config[k] for k in ("task", "architecture", "prefix") if k in config}
+
+
 def write_saved(folder: Path, state: dict[str, Tensor], config: dict) -> None:
     """A saved model folder: folder/model.safetensors (the tensors, contiguous on the CPU) and
-    folder/config.json (`config` after the format tag; config["method"] also tags the weights)."""
+    folder/config.json (`config` after the format tag; config["method"] also tags the weights, and the entries
+    they answer by are recorded with them: trained_as)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_tensors({k: v.detach().cpu().contiguous() for k, v in state.items()}, folder / WEIGHTS,
-                 metadata={"method": config["method"]})
+                 metadata={"method": config["method"], TRAINED_AS: json.dumps(trained_as(config), sort_keys=True)})
     config = {"format": "frozentune/1", **config, "weights_file": file_checksum(folder / WEIGHTS)}
     (folder / CONFIG).write_text(json.dumps(config, indent=2, allow_nan=False))
 
@@ -319,19 +339,51 @@ def load_weights(folder: Path, config: dict | None = None) -> dict[str, Tensor]:
     """The tensors of folder/model.safetensors, or ModelLoadError. With `config`, the folder's config.json as
     read_saved read it (seconds earlier: a backbone loaded in between), the bytes parsed are checked to be the
     ones its checksum names, so that a folder another run replaced meanwhile (`train --overwrite`) is said,
-    not read half old, half new (its labels with the new weights: wrong answers, exit 0)."""
+    not read half old, half new (its labels with the new weights: wrong answers, exit 0); and the entries of
+    config.json the weights answer by are the ones they were saved with (check_trained_as)."""
     path = Path(folder) / WEIGHTS
-    if config is None or not isinstance(config.get("weights_file"), dict):  # saved before the checksum was kept
+    if config is None:
         return read_safetensors(path)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror or e}); check its permissions") from None
-    if file_checksum(data) != config["weights_file"]:
+    # saved before the checksum was kept: not checked (the entries the weights answer by are, where they hold them)
+    if isinstance(config.get("weights_file"), dict) and file_checksum(data) != config["weights_file"]:
         check_unchanged(folder, config)
         raise ModelLoadError(f"{path}: not the weights this model was saved with (checksum mismatch); the file was "
                              f"changed or damaged: restore it or train again")
-    return read_safetensors(path, data=data)
+    state = read_safetensors(path, data=data)
+    check_trained_as(folder, config, data)
+    return state
+
+
+def json_differences(now: object, then: object, where: str = "") -> Iterator[tuple[str, object, object]]:
+    """(entry, value now, value then) of every leaf where two JSON values differ, dicts entry by entry."""
+    if isinstance(now, dict) and isinstance(then, dict):
+        for k in sorted(set(now) | set(then)):
+            yield from json_differences(now.get(k), then.get(k), f"{where}.{k}" if where else k)
+    elif now != then:
+        yield where, now, then
+
+
+def check_trained_as(folder: Path, config: dict, data: bytes) -> None:
+    """A ModelLoadError naming the first entry of config.json that its weights answer by (trained_as) and that
+    differs from what they were saved with: config.json was edited since. Weights saved before this was recorded
+    (2026-11-29): not checked."""
+    n = int.from_bytes(data[:8], "little")  # safetensors: an 8-byte header size, then the header (JSON)
+    try:
+        saved = json.loads(json.loads(data[8:8 + n]).get("__metadata__", {}).get(TRAINED_AS, "null"))
+    except (ValueError, AttributeError):
+        saved = None
+    if not isinstance(saved, dict):
+        return
+    now = json.loads(json.dumps(trained_as(config), sort_keys=True))  # as it was stored: tuples as lists
+    for where, have, had in json_differences(now, saved):
+        shown = [json.dumps(v, ensure_ascii=False) for v in (have, had)]
+        raise ModelLoadError(f"{Path(folder) / CONFIG}: {where} is {shown[0][:80]}, but {WEIGHTS} was trained with "
+                             f"{shown[1][:80]}; config.json was edited since, and these weights answer only as "
+                             f"trained: restore that entry, or train the model again")
 
 
 def check_unchanged(folder: Path, config: dict) -> None:
