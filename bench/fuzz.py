@@ -767,10 +767,12 @@ def part_model(args) -> dict:
     from frozentune.conv.pretrain import find_checkpoint, pretrain
     from frozentune.export.peft import export_peft, import_peft
     from frozentune.generation.run import generate_sources
+    from frozentune.model import json_differences, trained_as
     from frozentune.registry import get_method, make_config
     from frozentune.serve.models import load_tasks
 
     r, tally, models = random.Random(args.seed), Tally(), serve_models(args.work)
+    originals = {p.name: json.loads((p / "config.json").read_text()) for p in models.iterdir()}
     quiet = lambda s: None  # noqa: E731
     graph = args.work / "onnx-graph"  # the probe and space heads as one ONNX graph: its onnx.json is changed too
     if not (graph / "onnx.json").exists():
@@ -816,7 +818,7 @@ def part_model(args) -> dict:
         shutil.copytree(models / name, folder)
         which = folder / r.choice(["config.json"] * 4 + ["result.json"])
         changed = mutate_file(r, which)
-        said, before = f"{name} with {which.name} changed: ", len(tally.findings)
+        said, before, answered_before = f"{name} with {which.name} changed: ", len(tally.findings), tally.done
         out = args.work / "model-export"
         shutil.rmtree(out, ignore_errors=True)
         tally.run(said + "serve's load", lambda: load_tasks([folder], None, None, quiet))
@@ -829,6 +831,11 @@ def part_model(args) -> dict:
             tally.run(said + "predict", lambda: api.predict(folder, ["what is a dog ?"], log=quiet))
             tally.run(said + "explain", lambda: api.explain(folder, ["what is a dog ?"], log=quiet,
                                                             occlusion=name == "probe"))
+        if which.name == "config.json" and isinstance(changed, dict) and tally.done > answered_before:
+            edited = [w for w, _, _ in json_differences(trained_as(changed), trained_as(originals[name]))]
+            if edited:  # the weights answer only by what they were trained with: an edit of it must be refused
+                tally.findings.append(f"{said}answered, though config.json's {', '.join(edited[:3])} differ from "
+                                      f"what the weights were trained with")
         for i in range(before, len(tally.findings)):  # the change that made it, for the report
             tally.findings[i] += f"\nthe changed {which.name}: {json.dumps(changed)[:1500]}"
         shutil.rmtree(folder, ignore_errors=True)
