@@ -544,8 +544,9 @@ def lm_entry(name: str, lm: nn.Module, trained: bool = False, weights: str | Non
 def save_prefix(folder: Path, prefix: Tensor, cfg: PrefixConfig, lm_name: str, lm: nn.Module,
                 extra: dict | None = None, options: dict | None = None) -> None:
     """folder/model.safetensors: only the materialised prefix (N, 2, H, P, E); folder/config.json:
-    method, task (generation: a tuner saved from Python is a text generator too, not a classifier), options (all of cfg's, or `options` where only some are known: an imported prefix; loading fills
-    the rest with defaults, which a materialised prefix does not use), the LM (lm_entry), the prefix shape."""
+    method, task (generation: a tuner saved from Python is a text generator too, not a classifier), options (all
+    of cfg's, or `options` where only some are known: an imported prefix; loading fills the rest with defaults,
+    which a materialised prefix does not use), the LM (lm_entry), the prefix shape."""
     n, _, h, p, e = prefix.shape
     config = {"method": "prefix", "task": "generation", "architecture": "causal",
               "options": dataclasses.asdict(cfg) if options is None else options,
