@@ -281,12 +281,35 @@ def test_a_damaged_export_folder_is_named_not_a_traceback(graph_dir, tmp_path):
         ("inputs", edit_meta(lambda m: m.update(inputs=[["input_ids"]])), "onnx.json has a wrong inputs"),
         ("no-heads", edit_meta(lambda m: m.update(heads=[])), "onnx.json has a wrong heads (one or more, of distinct"),
         ("max-length", edit_meta(lambda m: m.update(max_length=10 ** 20)), "onnx.json has a wrong max_length"),
+        # the same count in another order: loaded, and each score went out under another label's name
+        ("labels-order", edit_meta(lambda m: m["heads"][1]["labels"].reverse()),
+         f"onnx.json gives head '{HEADS[1]}' the labels [\"NUM\", \"LOC\""),
     ]
     for name, damage, says in cases:
         cli("predict", "--onnx", broken(name, damage), "a question ?", contains=says)
     # a file beside the graph that the export did not write (a backup copy) is not checked, nor refused
     spare = broken("spare", lambda f: (f / "model.onnx.bak").write_bytes((f / "model.onnx").read_bytes()))
     cli("predict", "--onnx", spare, "a question ?", code=0)
+
+
+def test_a_graph_exported_before_it_recorded_its_labels_still_loads(graph_dir, tmp_path):
+    """A graph exported before the graph file recorded its heads' labels (2026-11-29) has none in its metadata:
+    it loads and answers as before; the labels in onnx.json are then checked by count only."""
+    import shutil
+
+    import onnx
+
+    from frozentune.export.onnx import GRAPH, HEADS_KEY, graph_checksums
+
+    folder = tmp_path / "old"
+    shutil.copytree(graph_dir, folder)
+    model = onnx.load(str(folder / GRAPH), load_external_data=False)
+    assert [p.key for p in model.metadata_props] == [HEADS_KEY]
+    del model.metadata_props[:]
+    onnx.save(model, str(folder / GRAPH))
+    meta = json.loads((folder / "onnx.json").read_text())
+    (folder / "onnx.json").write_text(json.dumps(meta | {"checksums": graph_checksums(folder, list(meta["checksums"]))}))
+    assert OnnxClassifier(folder).predict(TEXTS) == OnnxClassifier(graph_dir).predict(TEXTS)
 
 
 def _scale_weights(folder: Path) -> None:

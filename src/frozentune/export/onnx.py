@@ -204,6 +204,7 @@ def export_onnx(model_dirs: Sequence[Path], output: Path, names: Sequence[str] |
     with staged_output(output, overwrite, kind="onnx") as folder:
         t0 = time.perf_counter()
         _export(graph, bb, folder / GRAPH)
+        label_graph(folder / GRAPH, [{"name": n, "labels": list(m.labels)} for n, m in heads])
         export_seconds = time.perf_counter() - t0
         check = parity(graph, bb, folder / GRAPH)
         worst = max(check["relative"].values())
@@ -333,6 +334,22 @@ def _export(graph: Graph, bb, path: Path) -> None:
                               f"{' '.join(str(e).split())[:400]})") from None
 
 
+HEADS_KEY = "frozentune_heads"  # the graph's own record (metadata_props) of its heads' names and labels
+
+
+def label_graph(path: Path, heads: list[dict]) -> None:
+    """Record each head's name and labels, in order, in the graph file itself (ONNX metadata_props), which
+    onnx.json's checksums cover: a label list edited in onnx.json alone (reordered: the same count) labelled
+    the scores wrongly without a word; loading compares the two (OnnxClassifier). The weights stay where the
+    export put them (external data is not loaded or moved)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = HEADS_KEY, json.dumps(heads, ensure_ascii=False)
+    onnx.save(model, str(path))
+
+
 def session(path: Path, threads: int | None = None):
     """An ONNX Runtime CPU session of the graph (threads: intra-op threads, default ORT's)."""
     import onnxruntime as ort
@@ -445,7 +462,26 @@ class OnnxClassifier:
             if (n := widths.get(f"{h['name']}.logits")) != len(h["labels"]):
                 raise ExportError(f"--onnx {folder}: {META} gives head {h['name']!r} {len(h['labels'])} labels, and the "
                                   f"graph's {h['name']}.logits has {n if n is not None else 'no such output'}; {again}")
+        self._check_labels(again)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+
+    def _check_labels(self, again: str) -> None:
+        """onnx.json's heads and labels are the ones the graph records (label_graph); a graph exported before it
+        recorded them (2026-11-29) is not checked."""
+        recorded = self.sess.get_modelmeta().custom_metadata_map.get(HEADS_KEY)
+        if recorded is None:
+            return
+        try:
+            saved = {h["name"]: h["labels"] for h in json.loads(recorded)}
+        except (ValueError, TypeError, KeyError):
+            saved = None
+        for h in self.meta["heads"]:
+            had = saved.get(h["name"]) if isinstance(saved, dict) else None
+            if had != h["labels"]:
+                shown = json.dumps(h["labels"], ensure_ascii=False)[:80]
+                raise ExportError(f"--onnx {self.folder}: {META} gives head {h['name']!r} the labels {shown}, but the "
+                                  f"graph was exported with {json.dumps(had, ensure_ascii=False)[:80]}; a label list "
+                                  f"edited apart from the graph labels the wrong scores: {again}")
 
     @property
     def pairs(self) -> bool:
