@@ -777,6 +777,7 @@ def part_model(args) -> dict:
     graph = args.work / "onnx-graph"  # the probe and space heads as one ONNX graph: its onnx.json is changed too
     if not (graph / "onnx.json").exists():
         export_onnx([models / "probe", models / "space"], graph, overwrite=True, log=quiet)
+    graph_meta, edits = json.loads((graph / "onnx.json").read_text()), []
     checkpoint = args.work / "mlm-checkpoint"  # a tiny `frozentune pretrain` run: its config.json and `latest` too
     shape = {"arch": "light", "layers": 1, "dim": 32, "heads": 2, "ffn_dim": 64}
     if not (checkpoint / "latest").exists():
@@ -809,8 +810,18 @@ def part_model(args) -> dict:
             continue
         if r.random() < 0.2:
             folder = args.work / "model" / f"onnx{case}"
-            run_on_changed_copy(tally, graph, folder, lambda f: mutate_file(r, f / "onnx.json"), [
+            answered_before = tally.done
+
+            def labels_of(meta: object) -> object:
+                heads = meta.get("heads") if isinstance(meta, dict) else None
+                return [h.get("labels") if isinstance(h, dict) else h for h in heads] if isinstance(heads, list) else heads
+
+            edit = lambda f: edits.append(mutate_file(r, f / "onnx.json")) or edits[-1]  # noqa: E731
+            run_on_changed_copy(tally, graph, folder, edit, [
                 ("onnx.json changed: predict --onnx", lambda: OnnxClassifier(folder).predict(["what is a dog ?"]))])
+            if tally.done > answered_before and labels_of(edits[-1]) != labels_of(graph_meta):  # the graph knows its own
+                tally.findings.append(f"onnx.json changed: predict --onnx answered with other labels than the graph "
+                                      f"was exported with: {json.dumps(labels_of(edits[-1]))[:300]}")
             continue
         name = r.choice(sorted(p.name for p in models.iterdir()))
         folder = args.work / "model" / f"c{case}"
