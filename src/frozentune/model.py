@@ -230,8 +230,8 @@ def trained_as(config: dict) -> dict:
     the backbone's weights and config, whether the backbone was trained) and, for a generator, its task, kind of
     LM and prefix shape. An edit of one of them loaded without a word and answered wrongly (another pooling, labels
     in another order; bench/fuzz.py's model part sees it with the check off); they are recorded in the weights
-    (TRAINED_AS) and compared at load (check_trained_as). The rest may change: names and paths, max_length, precision, decoding options, the
-    training record."""
+    (TRAINED_AS) and compared at load (check_trained_as). The rest may change: names and paths, max_length,
+    precision, decoding options, the training record."""
     b = config.get("backbone") if isinstance(config.get("backbone"), dict) else {}
     out = {"method": config.get("method"), "options": config.get("options"), "labels": config.get("labels"),
            "pairs": config.get("text_pair_field") is not None,
