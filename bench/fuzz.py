@@ -778,6 +778,12 @@ def part_model(args) -> dict:
     if not (graph / "onnx.json").exists():
         export_onnx([models / "probe", models / "space"], graph, overwrite=True, log=quiet)
     graph_meta, edits = json.loads((graph / "onnx.json").read_text()), []
+
+    def labels_of(meta: object) -> object:
+        """Each head's labels in an onnx.json (as changed: anything where they were)."""
+        heads = meta.get("heads") if isinstance(meta, dict) else None
+        return [h.get("labels") if isinstance(h, dict) else h for h in heads] if isinstance(heads, list) else heads
+
     checkpoint = args.work / "mlm-checkpoint"  # a tiny `frozentune pretrain` run: its config.json and `latest` too
     shape = {"arch": "light", "layers": 1, "dim": 32, "heads": 2, "ffn_dim": 64}
     if not (checkpoint / "latest").exists():
@@ -811,11 +817,6 @@ def part_model(args) -> dict:
         if r.random() < 0.2:
             folder = args.work / "model" / f"onnx{case}"
             answered_before = tally.done
-
-            def labels_of(meta: object) -> object:
-                heads = meta.get("heads") if isinstance(meta, dict) else None
-                return [h.get("labels") if isinstance(h, dict) else h for h in heads] if isinstance(heads, list) else heads
-
             edit = lambda f: edits.append(mutate_file(r, f / "onnx.json")) or edits[-1]  # noqa: E731
             run_on_changed_copy(tally, graph, folder, edit, [
                 ("onnx.json changed: predict --onnx", lambda: OnnxClassifier(folder).predict(["what is a dog ?"]))])
