@@ -27,7 +27,7 @@ REPORT = ROOT / "bench" / "REPORT.md"
 START, END = "<!-- bad-input:start -->", "<!-- bad-input:end -->"
 TEST_FILES = ["tests/test_bad_input.py", "tests/test_backbone_input.py", "tests/test_cache_integrity.py",
               "tests/test_seq2seq_cli.py",
-              "tests/test_interrupts.py", "tests/test_safe_loading.py"]
+              "tests/test_interrupts.py", "tests/test_safe_loading.py", "tests/test_relabel.py"]
 
 # (row as the issue words it, what must happen); the order of the issue's table
 ROWS = [
@@ -84,6 +84,10 @@ ROWS = [
     # found by a walk-through of concurrent processes (2026-11-28)
     ("two runs (train, sweep, pretrain) given one --output at the same time (one threw its model away at the end; "
      "with --overwrite, one replaced the other's unseen)", "the second is refused at its start, naming the first"),
+    # since a load refuses a config.json whose labels were edited (2026-11-29), renames go through `relabel`
+    ("relabel: a label the model lacks, OLD without =NEW, two labels given one name, an empty name, a folder "
+     "edited by hand, damaged or not a classifier; eval on data with the names it was trained with",
+     "each named, the folder left byte for byte as it was; eval says how to rename back"),
 ]
 
 

@@ -148,7 +148,7 @@ def test_the_public_functions_of_the_python_api_are_wrapped():
     for fn in (api.train, api.evaluate_model, api.predict, api.predict_stream, api.explain, api.build_cache,
                api.plot_concepts, run_sweep, Grid.parse, train_generation, generate_sources, generate_stream,
                evaluate_generation, export_onnx, Engine.load, Engine.classify, Engine.explain, Engine.generate,
-               pretrain):
+               pretrain, api.relabel):
         assert hasattr(fn, "__wrapped__"), fn.__qualname__
 
 

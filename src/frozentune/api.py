@@ -31,6 +31,7 @@ from .output import check_output, holds_output, run_environment, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
+from .relabel import relabel, renamed_hint  # noqa: F401 (relabel: the Python API's)
 from .crossval import choose_folds, fit_cv
 from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits, silent
 
@@ -754,7 +755,8 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
                         f"({some(model.labels)})"
                         + (f"; the model's {some(missing)} do not occur in the data" if missing else "")
                         + rows_like_it(at, "hold them")
-                        + ". Give data with the model's labels (or check --label-field).")
+                        + ". Give data with the model's labels (or check --label-field)"
+                        + renamed_hint(model.saved_config, extra, model_dir or 'DIR') + ".")  # type: ignore[attr-defined]
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
 

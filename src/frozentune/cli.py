@@ -406,6 +406,14 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     im.add_argument("--output", type=Path, required=True)
     im.add_argument("--backbone", help="the causal LM (default: the adapter's base_model_name_or_path)")
     im.add_argument("--overwrite", action="store_true")
+    rl = sub.add_parser("relabel", help="rename labels of a saved classifier (the order and the weights stay; config.json, "
+                        "the weights' record and the card get the new names)")
+    rl.add_argument("--model", type=Path, required=True, help="the saved classifier's folder")
+    rl.add_argument("--rename", nargs="+", required=True, metavar="OLD=NEW",
+                    help="a label and its new name, one or more (to swap two names, rename both in one run)")
+    rl.add_argument("--output", type=Path, help="write the renamed model here and leave --model as it is "
+                    "(default: rename in place; the folder is replaced whole, so an interrupt leaves it as it was)")
+    rl.add_argument("--overwrite", action="store_true", help="with --output: replace a model saved there")
     sub.add_parser("list", help="list the methods and their options")
     en = sub.add_parser("env", help="what this machine gives frozentune, for a bug report or before a long run: "
                                     "versions, extras, CPU, devices, the default precision and why, models, data, cache")
@@ -995,6 +1003,18 @@ def cmd_export(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_relabel(a: argparse.Namespace) -> int:
+    from .api import _stderr
+    from .relabel import RelabelError, relabel
+
+    if a.overwrite and a.output is None:
+        raise RelabelError("--overwrite replaces a model saved at --output; without --output the labels are renamed "
+                           "in place, which needs no --overwrite")
+    on_interrupt("nothing was changed")
+    relabel(a.model, a.rename, a.output, a.overwrite, log=_stderr)
+    return 0
+
+
 def cmd_import(a: argparse.Namespace) -> int:
     from .api import _stderr
     from .export.peft import import_peft
@@ -1256,7 +1276,8 @@ def _run(a: argparse.Namespace, rest: list[str]) -> int:
         return cmd_list()
     return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
             "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
-            "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "env": cmd_env}[a.command](a)
+            "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "relabel": cmd_relabel,
+            "env": cmd_env}[a.command](a)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

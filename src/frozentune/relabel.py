@@ -1,0 +1,144 @@
+"""Renaming a saved classifier's labels: `frozentune relabel --model DIR --rename OLD=NEW [OLD=NEW ...]`.
+
+A classifier answers by the position of each label, so the labels of its config.json are also recorded in its
+weights (model.trained_as) and an edit of config.json is refused at load: names put in another order would
+label every answer wrongly, with nothing said. A rename keeps the order, and this is the way to make one: the
+new names are written into both records (config.json, and the weights' metadata: the tensors are the same), the
+card is written again, and config.json's "trained_labels" keeps the names the model was trained with, so that
+`eval` on data that still has them says how to rename them back. The folder is replaced whole
+(output.staged_output): an interrupt or an error leaves it exactly as it was. `--output` writes the renamed
+model into another folder instead and leaves the original alone.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from . import model as M
+from .errors import FrozentuneError
+from .pyterms import in_python_terms
+
+TRAINED_LABELS = "trained_labels"  # config.json: the labels as trained, where a rename changed them since
+
+
+class RelabelError(FrozentuneError, ValueError):
+    """A rename that cannot be made; the message says why and what to do."""
+
+
+def parse_renames(given: Sequence[str], labels: Sequence[str]) -> dict[str, str]:
+    """--rename's OLD=NEW words as {old: new}. A label may itself hold "=": the word is split at the "=" whose
+    left side is one of the model's `labels` (one such "=" only; otherwise the word is ambiguous, and said so)."""
+    out: dict[str, str] = {}
+    for word in given:
+        cuts = [i for i, ch in enumerate(word) if ch == "=" and word[:i] in labels]
+        if not cuts:
+            old = word.split("=", 1)[0] if "=" in word else word
+            if "=" not in word:
+                raise RelabelError(f"--rename {word!r}: give OLD=NEW, a label of the model and its new name "
+                                   f"(the model's labels: {_some(labels)})")
+            raise RelabelError(f"--rename {word!r}: {old!r} is not a label of the model (its labels: {_some(labels)})")
+        if len(cuts) > 1:
+            raise RelabelError(f"--rename {word!r}: ambiguous, since {' and '.join(repr(word[:i]) for i in cuts)} are "
+                               f"both labels of the model; rename the shorter one in another run first")
+        old, new = word[:cuts[0]], word[cuts[0] + 1:]
+        if old in out:
+            raise RelabelError(f"--rename: {old!r} is renamed twice ({old}={out[old]} and {word}); give it once")
+        out[old] = new
+    return out
+
+
+def renamed_labels(labels: Sequence[str], rename: object) -> list[str]:
+    """`labels` with `rename` ({old: new}) applied, in the same order; RelabelError where a name is not a label,
+    a new name is empty or not text, two labels would share a name, or nothing would change."""
+    if not isinstance(rename, Mapping) or not rename:
+        raise RelabelError(f"--rename: give at least one OLD=NEW (got {rename!r:.60})")
+    for old, new in rename.items():
+        if old not in labels:
+            raise RelabelError(f"--rename {old}={new}: {old!r:.60} is not a label of the model (its labels: "
+                               f"{_some(labels)})")
+        if not isinstance(new, str) or not new.strip() or new != new.strip() or not new.isprintable():
+            raise RelabelError(f"--rename {old}={new}: a new name must be text, not empty, printable and without "
+                               f"spaces at either end (got {new!r:.60})")
+    out = [rename.get(lab, lab) for lab in labels]
+    if len(set(out)) != len(out):
+        twice = sorted({lab for lab in out if out.count(lab) > 1})
+        raise RelabelError(f"--rename: two labels would be named {twice[0]!r} (the labels would be {_some(out)}); "
+                           f"each label needs its own name (to swap two names, rename both in one run)")
+    if out == list(labels):
+        raise RelabelError(f"--rename: every name given is the label's own, so nothing would change (the model's "
+                           f"labels: {_some(labels)})")
+    return out
+
+
+@in_python_terms()
+def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, output: Path | None = None,
+            overwrite: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Rename labels of the classifier saved in `model_dir` ({old: new}, or "OLD=NEW" words as the command line
+    takes them; the other labels keep their names), in place, or into `output` (model_dir is then left as it is;
+    an existing output needs overwrite). The weights are checked as every load checks them, and written back
+    unchanged with the new names recorded. Returns {"model", "output", "labels", "renamed", "trained_labels"}."""
+    from .export.card import write_card_from_files
+    from .output import LOCK, MANIFEST, STAGING, check_output, staged_output
+
+    model_dir = Path(model_dir)
+    if (model_dir / "onnx.json").is_file() and not (model_dir / M.CONFIG).is_file():
+        raise RelabelError(f"{model_dir}: an ONNX export; rename the labels of the model folders it was made from, "
+                           f"then export them again")
+    config = M.read_saved(model_dir)
+    if config.get("task") == "generation" or "labels" not in config:
+        raise RelabelError(f"{model_dir}: a generation model, which has no labels to rename; relabel a classifier")
+    M.check_config(config, model_dir / M.CONFIG)
+    state = M.load_weights(model_dir, config)  # whole, and answering by this config.json's labels (check_trained_as)
+    labels = list(config["labels"])
+    if isinstance(rename, (str, Sequence)):  # the command line's OLD=NEW words
+        rename = parse_renames([rename] if isinstance(rename, str) else rename, labels)
+    new = renamed_labels(labels, rename)
+    trained = config.get(TRAINED_LABELS)
+    if not (isinstance(trained, list) and len(trained) == len(labels) and all(isinstance(x, str) for x in trained)):
+        trained = labels
+    in_place = output is None or Path(output).resolve() == model_dir.resolve()
+    target = model_dir if in_place else Path(output)
+    if not in_place:
+        check_output(target, overwrite, reads=[model_dir])
+    saved = {k: v for k, v in config.items() if k not in ("format", "weights_file", TRAINED_LABELS)}
+    saved["labels"] = new
+    if new != trained:
+        saved[TRAINED_LABELS] = trained
+    skip = {M.CONFIG, M.WEIGHTS, "README.md", MANIFEST, LOCK}
+    with staged_output(target, overwrite=in_place or overwrite) as folder:
+        M.write_saved(folder, state, saved)
+        for entry in model_dir.iterdir():  # result.json, a concept plot: as they were
+            if entry.name in skip or STAGING.fullmatch(entry.name) or entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, folder / entry.name, symlinks=True)
+            else:
+                shutil.copy2(entry, folder / entry.name)
+        write_card_from_files(folder)
+    changed = {old: n for old, n in zip(labels, new) if old != n}
+    log(f"renamed {len(changed)} label{'s' if len(changed) != 1 else ''} of {model_dir} "
+        f"({', '.join(f'{o} → {n}' for o, n in changed.items())})"
+        + ("" if in_place else f" into {target}") + f"; its labels are now {_some(new)}")
+    return {"model": str(model_dir), "output": str(target), "labels": new, "renamed": changed,
+            "trained_labels": trained}
+
+
+def renamed_hint(config: dict, data_labels: Sequence[str], folder: Path | str = "DIR") -> str:
+    """For eval's error on data whose labels are not the model's: where the model's labels were renamed and the
+    data has names it was trained with, the rename and how to undo it; else ""."""
+    trained, labels = config.get(TRAINED_LABELS), config.get("labels")
+    if not (isinstance(trained, list) and isinstance(labels, list) and len(trained) == len(labels)):
+        return ""
+    back = {now: then for then, now in zip(trained, labels) if then != now and isinstance(now, str)}
+    if not set(data_labels) & {then for then in trained if then not in labels}:
+        return ""
+    undo = " ".join(f"{now}={then}" for now, then in back.items())
+    renames = ", ".join(f"{then} → {now}" for now, then in back.items())
+    return (f"; the model's labels were renamed after training ({renames}): give data with the new names, or rename "
+            f"them back with `frozentune relabel --model {folder} --rename {undo}`")
+
+
+def _some(labels: Sequence[str], n: int = 8) -> str:
+    shown = ", ".join(map(str, list(labels)[:n]))
+    return shown + (f", … ({len(labels)} in all)" if len(labels) > n else "")
