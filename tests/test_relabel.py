@@ -103,6 +103,7 @@ def test_eval_on_the_old_names_says_how_to_rename_back(model, trec_slice):
     (["HUM=a", "HUM=b"], "renamed twice"),
     (["HUM="], "must be text, not empty"),
     (["HUM= person"], "without spaces at either end"),
+    (["HUM=a\nb"], "--rename HUM='a\\nb': a new name must be text, not empty, printable"),  # one line
 ])
 def test_bad_renames_change_nothing(model, words, said):
     original = folder_bytes(model)

@@ -55,10 +55,10 @@ def renamed_labels(labels: Sequence[str], rename: object) -> list[str]:
         raise RelabelError(f"--rename: give at least one OLD=NEW (got {rename!r:.60})")
     for old, new in rename.items():
         if old not in labels:
-            raise RelabelError(f"--rename {old}={new}: {old!r:.60} is not a label of the model (its labels: "
+            raise RelabelError(f"--rename {_word(old, new)}: {old!r:.60} is not a label of the model (its labels: "
                                f"{_some(labels)})")
         if not isinstance(new, str) or not new.strip() or new != new.strip() or not new.isprintable():
-            raise RelabelError(f"--rename {old}={new}: a new name must be text, not empty, printable and without "
+            raise RelabelError(f"--rename {_word(old, new)}: a new name must be text, not empty, printable and without "
                                f"spaces at either end (got {new!r:.60})")
     out = [rename.get(lab, lab) for lab in labels]
     if len(set(out)) != len(out):
@@ -137,6 +137,13 @@ def renamed_hint(config: dict, data_labels: Sequence[str], folder: Path | str = 
     renames = ", ".join(f"{then} → {now}" for now, then in back.items())
     return (f"; the model's labels were renamed after training ({renames}): give data with the new names, or rename "
             f"them back with `frozentune relabel --model {folder} --rename {undo}`")
+
+
+def _word(old: object, new: object) -> str:
+    """OLD=NEW as the message shows it: each side as typed, or as a Python literal where it is not plain printable
+    text (a line break would cut the one-line message)."""
+    plain = [x if isinstance(x, str) and x.isprintable() and x == x.strip() and x else repr(x)[:60] for x in (old, new)]
+    return "=".join(plain)
 
 
 def _some(labels: Sequence[str], n: int = 8) -> str:
