@@ -527,7 +527,8 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
                     train_cfg=cfg, log=lines.append)
     # the data's notes, as train says them (they were silent: e.g. SNLI training on its validation file), once each
     for seed in (0, 1):
-        assert lines.count(f"data: --shots 2: 12 examples, 2 of each class drawn from train (seed {seed})") == 1, lines
+        assert lines.count(f"data: --shots 2: 12 examples, 2 of each class drawn from train (seed {seed}) (from "
+                           f"Python: shots= for --shots)") == 1, lines
     two = run_sweep(_grid(), str(trec_slice), bb, None, shots=2, cache_root=tmp_path / "c", train_cfg=cfg, log=lambda s: None)
     keep = ("method", "layer", "lr", "weight_decay", "seed", "score", "test_accuracy", "model_method")
     assert len(one.rows) == 8
@@ -711,11 +712,24 @@ def test_a_sweep_on_a_class_of_copies_is_refused_before_training(capsys, tmp_pat
     assert "class 'rare' has a single distinct training text (2 rows: copies of it) and there is no validation" in err
 
 
+class Unglossed(list):
+    """A Python caller's log of lines, each kept without the clause that names the Python spelling of its flags
+    (pyterms.glossed: the lines are compared in the command line's words; `raw` has them whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[str] = []
+
+    def append(self, line: str) -> None:
+        self.raw.append(line)
+        super().append(line.split(" (from Python: ")[0])
+
+
 def test_options_a_run_does_not_use_are_said(trec_slice, tiny_bert, tmp_path):
     """The exact solve ignored --lr, --epochs, --batch-size... and a run above --cv-below its --cv-* options,
     saying nothing; the probe's repeated folds were run and not recorded."""
     bb = api.BackboneOptions(str(tiny_bert), max_length=16)
-    said: list[str] = []
+    said = Unglossed()
     r = api.train("probe", str(trec_slice), bb, shots=2, train_cfg={"lr": 0.5, "epochs": 3, "cv_repeats": 2},
                   cache_root=tmp_path / "c", progress=False, log=said.append)
     assert any(s.startswith("schedule: --lr, --epochs not used: the exact solve") for s in said), said
@@ -733,6 +747,9 @@ def test_options_a_run_does_not_use_are_said(trec_slice, tiny_bert, tmp_path):
     assert "schedule: --steps, --min-steps, --max-grad-norm not used: the exact solve has no learning rate, steps or " \
            "batches (its only setting is C, chosen by the folds)" in said, said
     assert "schedule: --fallback not used: this head is the logistic regression the fallback would keep" in said
+    assert ('schedule: --steps, --min-steps, --max-grad-norm not used: the exact solve has no learning rate, steps or '
+            'batches (its only setting is C, chosen by the folds) (from Python: train_cfg["steps"] for --steps; '
+            'train_cfg["min_steps"] for --min-steps; train_cfg["max_grad_norm"] for --max-grad-norm)') in said.raw
     said.clear()
     api.train("finetune", str(trec_slice), bb, max_train=40, train_cfg={"steps": 2, "min_steps": 9, "cv_folds": 3,
                                                                          "fallback": "off"},

@@ -100,6 +100,38 @@ def test_only_the_outermost_call_says_it_and_the_command_line_none():
         inner(-1)
 
 
+def test_a_flag_of_a_quoted_command_line_is_left_as_it_is():
+    spelled = {"--output": "output=", "--rename": "rename="}
+    message = "m: no config.json; give a folder written by `frozentune train --output` (--rename: OLD=NEW)"
+    assert pyterms.said_in_python(message, spelled) == message + " (from Python: rename= for --rename)"
+
+
+def test_message_lines_logged_inside_a_python_call_say_it_too():
+    @pyterms.in_python_terms()
+    def inner(shots: int = 0, log=print):
+        log = api.as_log(log)
+        log(f"data: --shots {shots}: 2 of each class")
+        log("no flag here")
+
+    @pyterms.in_python_terms()
+    def outer(shots: int = 0, log=print):
+        log = api.as_log(log)
+        log("outer: --shots given")
+        inner(shots, log)  # a nested call's as_log: glossed once, by the outermost call's spellings
+
+    lines: list[str] = []
+    outer(2, lines.append)
+    assert lines == ["outer: --shots given (from Python: shots= for --shots)",
+                     "data: --shots 2: 2 of each class (from Python: shots= for --shots)", "no flag here"]
+    lines.clear()
+    with pyterms.command_line():  # the command line's lines are its own words
+        outer(2, lines.append)
+    assert lines == ["outer: --shots given", "data: --shots 2: 2 of each class", "no flag here"]
+    lines.clear()
+    api.as_log(lines.append)("--shots: outside any call")  # no call to speak for: as it is
+    assert lines == ["--shots: outside any call"]
+
+
 def test_an_error_while_a_returned_stream_is_read_says_it_too():
     closed = []
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .pyterms import in_python_terms
+from .pyterms import glossed, in_python_terms
 from . import distributed
 from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
@@ -242,7 +242,7 @@ def as_log(log: Callable[[str], None] | None, what: str = "log") -> Callable[[st
     if not callable(log):
         raise MethodError(f"{what}={log!r}: give a function that takes each message line (e.g. print, or "
                           f"list.append), or None for no messages")
-    return log
+    return glossed(log)  # the lines that name a flag also say what the Python call takes instead
 
 
 def as_options(given: object, what: str, example: str) -> dict | None:

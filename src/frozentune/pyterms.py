@@ -7,6 +7,10 @@ message gains one clause naming, for each flag it mentions, what the caller spel
 
     --lr -1: must be a finite positive number (from Python: train_cfg["lr"] for --lr)
 
+The message lines a wrapped call logs (api.as_log gives the caller's `log` through `glossed`) gain the same
+clause: "schedule: … under --cv-below 1000: …" ends with (from Python: train_cfg["cv_below"] for --cv-below). A
+flag inside a quoted command line ("`frozentune train --output`") is that command's, and left as it is.
+
 The command line (cli.main) runs inside `command_line()`, so its errors are printed as they were. Only the
 outermost wrapped call adds the clause (api.train calls generation's train_generation, also wrapped); a flag
 with no Python spelling in that function (e.g. predict's --input) is left as it is.
@@ -27,9 +31,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # None outside frozentune; "command line" under cli.main; "python" inside a wrapped call (the outermost says it)
 _WHO: ContextVar[str | None] = ContextVar("frozentune_caller", default=None)
+# inside the outermost wrapped call: its message lines in the caller's terms (said_in_python with its spellings)
+_GLOSS: ContextVar[Callable[[str], str] | None] = ContextVar("frozentune_gloss", default=None)
 
 # --shots, --text-pair-field; not a-b--c, nor accelerate's own --num_processes
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?!\w)")
+
+COMMAND = re.compile(r"`frozentune [^`]*`")  # a command line quoted in a message
 
 # the command line's flags whose Python argument has another name: flag → (argument, how it is spelled), the
 # first argument the function has
@@ -104,7 +112,9 @@ def terms(fn: Callable, backbone: bool = False, train_cfg: bool = False, options
 
 def said_in_python(message: str, spelled: Mapping[str, str]) -> str:
     """`message` with one clause more, naming the Python spelling of each flag it mentions that has one here."""
-    seen = list(dict.fromkeys(m.group(0) for m in FLAG.finditer(message)))
+    # a flag inside a quoted command line ("give a folder written by `frozentune train --output`") is that
+    # command's, to be run as written, not an argument of this call
+    seen = list(dict.fromkeys(m.group(0) for m in FLAG.finditer(COMMAND.sub("", message))))
     pairs = [f"{spelled[flag]} for {flag}" for flag in seen
              if flag in spelled and not said_there(message, flag, spelled[flag])]
     return f"{message} (from Python: {'; '.join(pairs)})" if pairs else message
@@ -132,16 +142,22 @@ def in_python_terms(backbone: bool = False, train_cfg: bool = False, options: bo
     def wrap(fn: F) -> F:
         spelled: dict[str, str] = {}
 
-        def told(e: FrozentuneError) -> None:
+        def spellings() -> dict[str, str]:
             if not spelled:
                 spelled.update(terms(fn, backbone, train_cfg, options, also))
-            _retold(e, spelled)
+            return spelled
+
+        def told(e: FrozentuneError) -> None:
+            _retold(e, spellings())
+
+        def gloss(line: str) -> str:
+            return said_in_python(line, spellings()) if "--" in line else line
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             if _WHO.get() is not None:  # the command line, or inside another wrapped call: it says it, once
                 return fn(*args, **kwargs)
-            token = _WHO.set("python")
+            token, glossing = _WHO.set("python"), _GLOSS.set(gloss)
             try:
                 result = fn(*args, **kwargs)
             except FrozentuneError as e:
@@ -149,17 +165,20 @@ def in_python_terms(backbone: bool = False, train_cfg: bool = False, options: bo
                 raise
             finally:
                 _WHO.reset(token)
-            return _read_in_python_terms(result, told) if inspect.isgenerator(result) else result
+                _GLOSS.reset(glossing)
+            return _read_in_python_terms(result, told, gloss) if inspect.isgenerator(result) else result
 
         return call  # type: ignore[return-value]
     return wrap
 
 
-def _read_in_python_terms(gen: Iterator, told: Callable[[FrozentuneError], None]) -> Iterator:
-    """`gen`'s items; an error of frozentune's raised while one is made is told in Python terms."""
+def _read_in_python_terms(gen: Iterator, told: Callable[[FrozentuneError], None],
+                          gloss: Callable[[str], str]) -> Iterator:
+    """`gen`'s items; an error of frozentune's raised while one is made is told in Python terms, and so are the
+    message lines logged meanwhile."""
     try:
         while True:
-            token = _WHO.set("python")
+            token, glossing = _WHO.set("python"), _GLOSS.set(gloss)
             try:
                 item = next(gen)
             except StopIteration:
@@ -169,6 +188,23 @@ def _read_in_python_terms(gen: Iterator, told: Callable[[FrozentuneError], None]
                 raise
             finally:
                 _WHO.reset(token)
+                _GLOSS.reset(glossing)
             yield item
     finally:
         gen.close()
+
+
+def glossed(log: Callable[[str], None]) -> Callable[[str], None]:
+    """`log` (a Python caller's function taking message lines), given each line in the caller's terms: a line
+    logged inside a wrapped call that names a flag ("--cv-below 1000: …") ends with what that call takes instead,
+    as its errors do. Lines logged elsewhere (the command line, a server's threads) are given as they are."""
+    if getattr(log, "_frozentune_glossed", False):  # a nested call's as_log: glossed once
+        return log
+
+    @functools.wraps(log)
+    def say(line: str) -> None:
+        gloss = _GLOSS.get()
+        log(gloss(line) if gloss is not None and isinstance(line, str) else line)
+
+    say._frozentune_glossed = True  # type: ignore[attr-defined]
+    return say
