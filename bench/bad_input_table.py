@@ -86,7 +86,8 @@ ROWS = [
      "with --overwrite, one replaced the other's unseen)", "the second is refused at its start, naming the first"),
     # since a load refuses a config.json whose labels were edited (2026-11-29), renames go through `relabel`
     ("relabel: a label the model lacks, OLD without =NEW, two labels given one name, an empty name, a folder "
-     "edited by hand, damaged or not a classifier; eval on data with the names it was trained with",
+     "edited by hand, damaged, holding other files or not a classifier; eval on data with the names it was "
+     "trained with",
      "each named, the folder left byte for byte as it was; eval says how to rename back"),
 ]
 

@@ -15,7 +15,7 @@ from frozentune import api
 from frozentune.relabel import RelabelError, parse_renames, renamed_labels
 
 ROW = ("relabel: a label the model lacks, OLD without =NEW, two labels given one name, an empty name, a folder edited "
-       "by hand, damaged or not a classifier; eval on data with the names it was trained with")  # bad_input_table.py
+       "by hand, damaged, holding other files or not a classifier; eval on data with the names it was trained with")  # bad_input_table.py
 TEXTS = ["What does NASA stand for ?", "Who wrote Hamlet ?", "How far is the moon ?", "Where is Lima ?"]
 
 
@@ -134,6 +134,15 @@ def test_refused_folders_are_left_as_they_were(model, tmp_path):
     (onnx / "onnx.json").write_text("{}")
     cli("relabel", "--model", onnx, "--rename", "HUM=person", code=2, row=ROW,
         contains=("an ONNX export", "export them again"))
+
+
+def test_a_folder_holding_files_of_its_own_is_refused_in_its_own_words(model):
+    (model / "notes.txt").write_text("mine")
+    original = folder_bytes(model)
+    cli("relabel", "--model", model, "--rename", "HUM=person", code=2, row=ROW,
+        contains=(f"--model {model}: holds a saved model and 1 entry frozentune did not write there (notes.txt)",
+                  "move them out; or write the renamed model into a new folder with --output DIR"))
+    assert folder_bytes(model) == original
 
 
 def test_damaged_weights_are_refused(model):

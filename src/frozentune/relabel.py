@@ -79,7 +79,7 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
     an existing output needs overwrite). The weights are checked as every load checks them, and written back
     unchanged with the new names recorded. Returns {"model", "output", "labels", "renamed", "trained_labels"}."""
     from .export.card import write_card_from_files
-    from .output import LOCK, MANIFEST, STAGING, check_output, staged_output
+    from .output import LOCK, MANIFEST, STAGING, OutputError, check_output, staged_output
 
     model_dir = Path(model_dir)
     if (model_dir / "onnx.json").is_file() and not (model_dir / M.CONFIG).is_file():
@@ -101,6 +101,13 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
     target = model_dir if in_place else Path(output)
     if not in_place:
         check_output(target, overwrite, reads=[model_dir])
+    else:  # replaced whole, as an --output is: said in the words of --model
+        try:
+            check_output(target, overwrite=True)
+        except OutputError as e:
+            said = str(e).split(": ", 1)[-1].removesuffix(", or choose another folder")
+            raise RelabelError(f"--model {model_dir}: {said}; or write the renamed model into a new folder with "
+                               f"--output DIR (relabel in place replaces the folder whole)") from None
     saved = {k: v for k, v in config.items() if k not in ("format", "weights_file", TRAINED_LABELS)}
     saved["labels"] = new
     if new != trained:
