@@ -1,13 +1,15 @@
 """Random inputs against every entry point a user feeds: the data readers, `api.train` then predict / explain /
 eval on the saved model, the command line, generation (train, generate, eval), saved folders with their JSON
-changed, damaged feature-cache folders, a changed sweep journal, and the server over HTTP.
+changed (and their labels renamed), damaged feature-cache folders, a changed sweep journal, and the server over
+HTTP.
 
 A finding is anything but frozentune's own answer: an exception that is not a FrozentuneError (whose message
 says what to do), a command-line exit other than 0 / 2 or a traceback on stderr, an HTTP 5xx, a reply that is
 not JSON or an error reply without "error", a server that stops answering; and, where the right answer is known,
 a wrong one given without an error (a cache entry read whose examples are not an undamaged build's, a sweep point
-whose figures are not its first run's). Refusals are counted, not findings:
-most random inputs are wrong on purpose; the summary lists the most frequent refusals, to be read.
+whose figures are not its first run's, a relabelled model whose answers are not its own with the new names).
+Refusals are counted, not findings: most random inputs are wrong on purpose; the summary lists the most frequent
+refusals, to be read.
 
   OMP_NUM_THREADS=1 python bench/fuzz.py data --seed 0 --cases 300
   OMP_NUM_THREADS=1 python bench/fuzz.py train --seed 0 --cases 60       # ~2 s a case
@@ -294,7 +296,7 @@ def part_cli(args) -> dict:
     os.chdir(fresh(args.work / "cli-cwd"))  # relative folders a random option names (--cache-dir 0) land here
     model, sweep = str(args.work / "cli-model"), str(args.work / "cli-sweep")
     models, adapter = serve_models(args.work), args.work / "cli-adapter"  # trained once, read by every case
-    if not (adapter / "adapter_config.json").exists():
+    if older(adapter / "adapter_config.json", models / "gen"):
         from frozentune.export.peft import export_peft
 
         export_peft(models / "gen", adapter, overwrite=True, log=lambda s: None)
@@ -311,13 +313,14 @@ def part_cli(args) -> dict:
                        "--overwrite"],
             "pretrain": ["--corpus", f"{data}/train.jsonl", "--output", str(args.work / "cli-pretrain"), "--steps", "2",
                          "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32"],
-            "plot-concepts": ["--model", str(models / "space"), "--data", data, "--output", str(args.work / "cli.png")]}
+            "plot-concepts": ["--model", str(models / "space"), "--data", data, "--output", str(args.work / "cli.png")],
+            "relabel": ["--model", str(args.work / "cli-relabel")]}
     exports = [("onnx", "probe"), ("onnx", "space"), ("onnx", "ytuning"), ("peft", "gen"), ("peft", "probe"),
                ("onnx", "gen")]
     exits: Counter = Counter()
     for _ in range(args.cases):
         command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep", "generate",
-                            "export", "import", "pretrain", "plot-concepts"])
+                            "export", "import", "pretrain", "plot-concepts", "relabel"])
         argv = [command, *base[command]]
         if command == "train":
             argv.append(r.choice(["probe", "space", "ytuning", "selfexplain", "contrastive", "finetune"]))
@@ -326,6 +329,11 @@ def part_cli(args) -> dict:
             argv += ["--format", kind, "--model", str(models / name)]
         elif command == "pretrain":
             shutil.rmtree(args.work / "cli-pretrain", ignore_errors=True)
+        elif command == "relabel":  # a fresh copy of the probe each time, renamed in place or into a copy
+            shutil.rmtree(args.work / "cli-relabel", ignore_errors=True)
+            shutil.copytree(models / "probe", args.work / "cli-relabel")
+            argv += ["--rename", *r.sample(["HUM=person", "LOC=place", "DESC=ENTY", "ENTY=DESC", "x=y", "HUM", "HUM=",
+                                            "NUM=LOC", "HUM=a=b"], r.randint(1, 3))]
         options = [a for a in sub.choices[command]._actions if a.option_strings and a.dest != "help"]
         for action in r.sample(options, min(len(options), r.randint(0, 4))):
             flag = max(action.option_strings, key=len)
@@ -601,6 +609,27 @@ def tiny_lms(work: Path) -> dict[str, Path]:
     return lms
 
 
+def older(made: Path, *sources: Path) -> bool:
+    """Whether `made` (a file exported from the model folders `sources`) is absent or older than one of them (they
+    were trained again since: saved_now)."""
+    return not made.exists() or any(made.stat().st_mtime < (p / "model.safetensors").stat().st_mtime for p in sources)
+
+
+def saved_now(folder: Path) -> bool:
+    """Whether `folder` holds a model saved the way this frozentune saves one: its weights record what they were
+    trained with (model.TRAINED_AS). A --work kept from an older frozentune's run is trained again, not read: its
+    models would load unchecked, and the model part would report what this version refuses as findings."""
+    from safetensors import safe_open
+
+    from frozentune.model import TRAINED_AS
+
+    try:
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return (folder / "result.json").exists() and TRAINED_AS in (f.metadata() or {})
+    except Exception:  # noqa: BLE001 — absent or unreadable: train it
+        return False
+
+
 def serve_models(work: Path) -> Path:
     """Four tiny classifiers (probe, selfexplain, ytuning, space) on a TREC slice and a prefix of a tiny Llama
     ("gen"), trained once."""
@@ -609,11 +638,11 @@ def serve_models(work: Path) -> Path:
 
     folder = work / "serve-models"
     for method in ("probe", "selfexplain", "ytuning", "space"):
-        if not (folder / method / "result.json").exists():
+        if not saved_now(folder / method):
             api.train(method, str(trec_slice(work)), api.BackboneOptions(str(tiny_bert(work))),
                       train_cfg={"fallback": "off"}, output=folder / method, overwrite=True,
                       cache_root=work / "cache", progress=False, log=None)
-    if not (folder / "gen" / "result.json").exists():
+    if not saved_now(folder / "gen"):
         r = random.Random(0)
         pairs = fresh(work / "serve-pairs") / "pairs.jsonl"
         pairs.write_text("\n".join(json.dumps({"source": " ".join(r.choices(GEN_WORDS, k=6)),
@@ -756,6 +785,50 @@ def run_on_changed_copy(tally: Tally, source: Path, folder: Path, edit: Callable
     shutil.rmtree(folder, ignore_errors=True)
 
 
+RELABELLED: Counter = Counter()  # the model part's relabel calls: renamed (answers compared), refused (folder compared)
+
+
+def relabelled(r: random.Random, tally: Tally, said: str, folder: Path) -> None:
+    """`frozentune relabel` of a (changed) classifier folder with random renames. Oracle: where it answers, the
+    folder predicts what it did before but for the names (same scores); where it refuses, the folder is unchanged."""
+    from frozentune import api
+    from frozentune.relabel import relabel
+
+    texts, got = ["what is a dog ?", "where is Lima ?"], {}
+    config = json.loads((folder / "config.json").read_text())
+    labels = config.get("labels") if isinstance(config, dict) else None  # as changed: anything
+    labels = [x for x in labels if isinstance(x, str)] if isinstance(labels, list) else []
+    names = lambda: (r.choice(labels) if labels and r.random() < 0.1 else  # noqa: E731 (a collision)
+                     r.choice(["", " x", "\n"]) if r.random() < 0.15 else  # not a name
+                     r.choice(["person", "place", "a=b", "ünï 中", "x" * 300]) + str(r.randrange(1000)))
+    old = r.sample(labels, min(len(labels), r.randint(1, 3))) if labels and r.random() < 0.9 else ["nobody"]
+    asked = {o: names() for o in old}  # the oracle's own mapping, not the one relabel reports
+    rename = asked if r.random() < 0.7 else [f"{o}={n}" for o, n in asked.items()]
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    tally.run(said + "predict before relabel", lambda: got.setdefault("before", api.predict(folder, texts, log=None)))
+    if not tally.run(said + f"relabel {rename!r:.80}", lambda: got.setdefault("relabel", relabel(
+            folder, rename, log=lambda s: None))):
+        RELABELLED["refused"] += 1
+        if {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} != before:
+            tally.findings.append(f"{said}relabel {rename!r:.80} refused, but the folder changed")
+        return
+    if "before" not in got:  # predict refused the folder (e.g. its backbone's name changed): nothing to compare
+        RELABELLED["renamed, predict refused before"] += 1
+        return
+    if not tally.run(said + "predict after relabel", lambda: got.setdefault("after", api.predict(folder, texts,
+                                                                                                log=None))):
+        tally.findings.append(f"{said}relabel {rename!r:.80} answered, and the folder that predicted before it no "
+                              f"longer does")
+        return
+    RELABELLED["renamed, answers compared"] += 1
+    mapped = {lab: asked.get(lab, lab) for lab in labels}
+    want = [{"label": mapped[b["label"]], "scores": {mapped[k]: v for k, v in b["scores"].items()}}
+            for b in got["before"]]
+    if [{"label": a["label"], "scores": a["scores"]} for a in got["after"]] != want:
+        tally.findings.append(f"{said}relabel {rename!r:.80}: the answers after it are not the ones before with the "
+                              f"new names: {json.dumps(got['after'])[:300]} vs {json.dumps(want)[:300]}")
+
+
 def part_model(args) -> dict:
     """Saved model folders with their config.json (or result.json) changed at random, an ONNX export's onnx.json, a
     PEFT adapter's JSON files (then imported) and a pre-training checkpoint's config.json (then resumed, and read by
@@ -775,7 +848,7 @@ def part_model(args) -> dict:
     originals = {p.name: json.loads((p / "config.json").read_text()) for p in models.iterdir()}
     quiet = lambda s: None  # noqa: E731
     graph = args.work / "onnx-graph"  # the probe and space heads as one ONNX graph: its onnx.json is changed too
-    if not (graph / "onnx.json").exists():
+    if older(graph / "onnx.json", models / "probe", models / "space"):
         export_onnx([models / "probe", models / "space"], graph, overwrite=True, log=quiet)
     graph_meta, edits = json.loads((graph / "onnx.json").read_text()), []
 
@@ -790,7 +863,7 @@ def part_model(args) -> dict:
         pretrain(checkpoint, str(trec_slice(args.work) / "train.jsonl"), {**shape, "max_length": 32},
                  {"steps": 2, "batch_size": 8}, log=quiet)
     adapter = args.work / "peft-adapter"  # the prefix as a PEFT adapter: its JSON files are changed too
-    if not (adapter / "adapter_config.json").exists():
+    if older(adapter / "adapter_config.json", models / "gen"):
         export_peft(models / "gen", adapter, overwrite=True, log=quiet)
     for case in range(args.cases):
         if r.random() < 0.1:
@@ -843,6 +916,8 @@ def part_model(args) -> dict:
             tally.run(said + "predict", lambda: api.predict(folder, ["what is a dog ?"], log=quiet))
             tally.run(said + "explain", lambda: api.explain(folder, ["what is a dog ?"], log=quiet,
                                                             occlusion=name == "probe"))
+            if r.random() < 0.5:
+                relabelled(r, tally, said, folder)
         if which.name == "config.json" and isinstance(changed, dict) and tally.done > answered_before:
             edited = [w for w, _, _ in json_differences(trained_as(changed), trained_as(originals[name]))]
             if edited:  # the weights answer only by what they were trained with: an edit of it must be refused
@@ -851,7 +926,9 @@ def part_model(args) -> dict:
         for i in range(before, len(tally.findings)):  # the change that made it, for the report
             tally.findings[i] += f"\nthe changed {which.name}: {json.dumps(changed)[:1500]}"
         shutil.rmtree(folder, ignore_errors=True)
-    return tally.report("model", args.cases, args.seed)
+    if RELABELLED:
+        print(f"relabel: {dict(RELABELLED)}")
+    return tally.report("model", args.cases, args.seed) | {"relabel": dict(RELABELLED)}
 
 
 PARTS = {"cache": part_cache, "data": part_data, "sweep": part_sweep, "model": part_model, "train": part_train, "cli": part_cli, "generation": part_generation, "http": part_http}
