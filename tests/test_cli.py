@@ -60,6 +60,40 @@ def test_eval_agrees_with_training_run(trained, trec_slice, capsys):
     assert "eval: the test split, 40 examples" in err
 
 
+def test_eval_reports_each_class_and_the_confusion_matrix(trained, trec_slice, capsys):
+    out, _, cache = trained
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", cache)
+    got = json.loads(stdout)
+    labels = json.loads((out / "config.json").read_text())["labels"]
+    truth = [json.loads(line)["label"] for line in (trec_slice / "test.jsonl").read_text().splitlines()]
+    matrix = np.array(got["confusion"]["matrix"])
+    assert got["confusion"]["labels"] == labels and matrix.shape == (len(labels), len(labels))
+    assert matrix.sum() == got["n"] == len(truth)
+    assert [got["per_class"][lab]["support"] for lab in labels] == [truth.count(lab) for lab in labels]
+    assert matrix.sum(1).tolist() == [truth.count(lab) for lab in labels]  # rows: the true label
+    # percentages of whole counts: exact to float64's rounding of one division (and a mean of a handful)
+    assert 100 * np.trace(matrix) / matrix.sum() == pytest.approx(got["metrics"]["accuracy"], rel=1e-12)
+    f1s = [c["f1"] for c in got["per_class"].values() if c["f1"] is not None]
+    assert np.mean(f1s) == pytest.approx(got["metrics"]["macro_f1"], rel=1e-12)
+    result = json.loads((out / "result.json").read_text())  # training wrote the same for its test split
+    assert result["per_class"] == got["per_class"] and result["confusion"] == got["confusion"]
+
+
+def test_class_report_says_none_where_nothing_divides():
+    from frozentune.train import class_report, metrics
+
+    y, pred = np.array([0, 0, 1, 1, 1]), np.array([0, 1, 1, 1, 0])  # class 2: never present, never predicted
+    r = class_report(y, pred, ["a", "b", "c"])
+    assert r["confusion"]["matrix"] == [[1, 1, 0], [1, 2, 0], [0, 0, 0]]
+    assert r["per_class"]["a"] == {"precision": 50.0, "recall": 50.0, "f1": 50.0, "support": 2}
+    assert r["per_class"]["b"]["precision"] == pytest.approx(200 / 3) and r["per_class"]["b"]["support"] == 3
+    assert r["per_class"]["c"] == {"precision": None, "recall": None, "f1": None, "support": 0}
+    r = class_report(np.array([0, 0]), np.array([1, 1]), ["a", "b"])  # a never predicted, b never present
+    assert r["per_class"]["a"] == {"precision": None, "recall": 0.0, "f1": 0.0, "support": 2}
+    assert r["per_class"]["b"] == {"precision": 0.0, "recall": None, "f1": 0.0, "support": 0}
+    assert metrics(np.array([0, 0]), np.array([1, 1]), 2)["macro_f1"] == 0.0  # the mean of the two 0s
+
+
 def test_eval_of_a_folder_holding_only_a_test_file(trained, trec_slice, capsys, tmp_path):
     """A folder of held-out data alone was refused ("no train file") though eval reads only its test split."""
     out, _, cache = trained

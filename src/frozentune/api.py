@@ -33,7 +33,7 @@ from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
 from .relabel import relabel, renamed_hint  # noqa: F401 (relabel: the Python API's)
 from .crossval import choose_folds, fit_cv
-from .train import TrainConfig, evaluate, fit, plan_steps, predict_logits, silent
+from .train import TrainConfig, class_report, evaluate, fit, plan_steps, predict_logits, silent
 
 
 def peak_rss_mb() -> float:
@@ -466,7 +466,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     n_params = model.num_trainable()  # the fallback, where cross-validation chose it, is a probe
     positive = positive_label(ds.name, ds.labels)
     val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size, positive)[0] if val_src is not None else None
-    test_m, _ = evaluate(model, src["test"], y["test"], cfg.eval_batch_size, positive)
+    test_m, test_pred = evaluate(model, src["test"], y["test"], cfg.eval_batch_size, positive)
     result = {
         "method": method,
         "model_method": model.method,  # the method saved: `method`, or probe where cross-validation fell back to it
@@ -478,6 +478,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                                 "device": str(bb.device), "precision": bb.precision},
                    "max_train": max_train, "shots": shots, "data_notes": notes},
         "metrics": test_m,
+        **class_report(y["test"], test_pred, model.labels),  # per_class, confusion: of the test split
         "validation": val_m,
         "trainable_params": n_params,
         "backbone_params": sum(p.numel() for p in bb.model.parameters()),
@@ -603,10 +604,10 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress, log)
     positive = positive_label(ds.name, model.labels)
-    m, _ = evaluate(model, sources(part), y, positive=positive)
+    m, pred = evaluate(model, sources(part), y, positive=positive)
     bb = model.backbone_ref
     return {"model": str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model",
-            "data": ds.name, "split": split, "n": len(part), "metrics": m,
+            "data": ds.name, "split": split, "n": len(part), "metrics": m, **class_report(y, pred, model.labels),
             "positive_label": positive[1] if positive else None,
             "device": str(bb.device), "precision": bb.precision}
 

@@ -138,6 +138,27 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int,
     return out
 
 
+def class_report(y_true: np.ndarray, y_pred: np.ndarray, labels: Sequence[str]) -> dict:
+    """What `metrics` averages, class by class, for a user reading where a model errs:
+    {"per_class": {label: {"precision", "recall", "f1" (percent), "support"}}, "confusion": {"labels", "matrix"}}.
+    The matrix's row i holds the examples whose true label is labels[i], column j those predicted labels[j].
+    A value with nothing to divide is None, not 0: precision of a class never predicted, recall of one absent from
+    the split, F1 of a class neither present nor predicted (F1 = 2·tp / (2·tp + fp + fn), so macro_f1 is the
+    mean of the F1s that are not None)."""
+    k = len(labels)
+    matrix = np.zeros((k, k), dtype=np.int64)  # (true, predicted)
+    np.add.at(matrix, (np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)), 1)
+    tp, predicted, support = np.diag(matrix), matrix.sum(0), matrix.sum(1)
+
+    def share(num: int, den: int) -> float | None:
+        return 100.0 * num / den if den else None
+
+    per_class = {lab: {"precision": share(tp[i], predicted[i]), "recall": share(tp[i], support[i]),
+                       "f1": share(2 * tp[i], predicted[i] + support[i]), "support": int(support[i])}
+                 for i, lab in enumerate(labels)}
+    return {"per_class": per_class, "confusion": {"labels": list(labels), "matrix": matrix.tolist()}}
+
+
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
     """(N, C) logits in the source's order."""
     return predict_outputs(model, src, (), batch_size)["logits"]

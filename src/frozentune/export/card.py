@@ -85,6 +85,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(map(_label, config["labels"])) + ".")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation)]
+    if not generation and (classes := _class_table(config, result)):
+        body.append(classes)
     body += ["## How to use", _usage(config, generation, exported)]
     return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
 
@@ -247,6 +249,25 @@ def _metrics_table(metrics: dict | None, generation: bool) -> str:
         return "Not recorded."
     return ("| " + " | ".join(keys) + " |\n|" + "---:|" * len(keys) + "\n| "
             + " | ".join(f"{metrics[k]:.2f}" for k in keys) + " |")
+
+
+def _class_table(config: dict, result: dict) -> str | None:
+    """Precision, recall, F1 and support of each label on the test split (result.json's per_class, recorded since
+    2026-11-29), under the names config.json gives the labels now: a rename (`frozentune relabel`) keeps the
+    training run's record, whose names are config.json's trained_labels. None where it was not recorded."""
+    per_class, labels = result.get("per_class"), config.get("labels")
+    if not (isinstance(per_class, dict) and isinstance(labels, list)):
+        return None
+    trained = config.get("trained_labels")
+    trained = trained if isinstance(trained, list) and len(trained) == len(labels) else labels
+    rows = []
+    for now, then in zip(labels, trained):
+        c = per_class.get(then) if isinstance(then, str) else None
+        if not isinstance(c, dict):
+            return None
+        cells = [f"{c[k]:.2f}" if isinstance(c.get(k), (int, float)) else "–" for k in ("precision", "recall", "f1")]
+        rows.append(f"| {_label(now).replace('|', chr(92) + '|')} | " + " | ".join(cells) + f" | {c.get('support', '–')} |")
+    return "| label | precision | recall | F1 | support |\n|---|---:|---:|---:|---:|\n" + "\n".join(rows)
 
 
 def _usage(config: dict, generation: bool, exported: dict | None) -> str:
