@@ -79,6 +79,32 @@ def test_eval_reports_each_class_and_the_confusion_matrix(trained, trec_slice, c
     assert result["per_class"] == got["per_class"] and result["confusion"] == got["confusion"]
 
 
+def test_eval_writes_the_misclassified_examples(trained, trec_slice, capsys, tmp_path):
+    out, _, cache = trained
+    errors = tmp_path / "new" / "errors.jsonl"  # its folder is made
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--cache-dir", cache,
+                            "--errors", errors)
+    assert code == 0, err
+    got, rows = json.loads(stdout), [json.loads(line) for line in errors.read_text().splitlines()]
+    wrong = got["n"] - round(got["n"] * got["metrics"]["accuracy"] / 100)
+    assert len(rows) == wrong == got["errors"]["count"] and f"{wrong} misclassified examples of 40 written" in err
+    matrix = np.array(got["confusion"]["matrix"])
+    assert len(rows) == matrix.sum() - np.trace(matrix)
+    lines = (trec_slice / "test.jsonl").read_text().splitlines()
+    for r in rows:  # each names its line of the file, as it is there, and a prediction that is not its label
+        assert {"text": r["text"], "label": r["label"]} == json.loads(lines[r["line"] - 1])
+        assert r["predicted"] != r["label"] and max(r["scores"], key=r["scores"].get) == r["predicted"]
+        assert sum(r["scores"].values()) == pytest.approx(1.0, abs=1e-5)  # float32 softmax over 6 labels
+    assert [r["line"] for r in rows] == sorted(r["line"] for r in rows)
+    # a file frozentune reads, a folder: refused before any work, nothing written
+    before = (trec_slice / "test.jsonl").read_bytes()
+    for target, said in ((trec_slice / "test.jsonl", "a file of the data being scored"),
+                         (out / "errors.jsonl", "inside the model's folder"), (tmp_path, "is a folder")):
+        code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--errors", target)
+        assert code == 2 and said in err and "Traceback" not in err
+    assert (trec_slice / "test.jsonl").read_bytes() == before and not (out / "errors.jsonl").exists()
+
+
 def test_class_report_says_none_where_nothing_divides():
     from frozentune.train import class_report, metrics
 

@@ -537,6 +537,9 @@ def test_generation_errors(tiny_lm, tiny_bert, e2e_slice, trec_slice, tmp_path, 
     assert main(["eval", "--model", str(gen), "--data", str(e2e_slice), "--text-field", "source", "--cache-dir",
                  str(tmp_path)]) == 2
     assert "--text-field, --cache-dir: options for classification models" in capsys.readouterr().err
+    assert main(["eval", "--model", str(gen), "--data", str(e2e_slice), "--errors", str(tmp_path / "e.jsonl")]) == 2
+    assert "--errors: options for classification models" in capsys.readouterr().err
+    assert not (tmp_path / "e.jsonl").exists()
     # a prefix longer than the context is named, not --max-new-tokens
     assert main(["train", "--method", "prefix", "--prefix-length", "300", "--data", str(e2e_slice), "--backbone",
                  str(tiny_lm)]) == 2

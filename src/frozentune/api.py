@@ -33,7 +33,7 @@ from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
 from .relabel import relabel, renamed_hint  # noqa: F401 (relabel: the Python API's)
 from .crossval import choose_folds, fit_cv
-from .train import TrainConfig, class_report, evaluate, fit, plan_steps, predict_logits, silent
+from .train import TrainConfig, class_report, evaluate, fit, metrics, plan_steps, predict_logits, silent
 
 
 def peak_rss_mb() -> float:
@@ -586,13 +586,17 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
                    label_field: str | None = None, cache_root: Path | None = None,
                    progress: bool = True, device: str | None = None, precision: str | None = None,
                    log: Callable[[str], None] = _stderr, pair_field: str | None = None,
-                   rebuild_cache: bool = False) -> dict:
+                   rebuild_cache: bool = False, errors: Path | None = None) -> dict:
     """Metrics of a saved model on a split of a dataset (the same numbers its training run
-    reported, when given the same data and precision). precision: of the frozen pass (default:
-    the one it was trained with) — a head trained on fp32 states can be scored on bf16 ones."""
-    log, cache_root = as_log(log), as_path(cache_root, "cache_root")
+    reported, when given the same data and precision), each label's (per_class) and the confusion matrix.
+    precision: of the frozen pass (default: the one it was trained with) — a head trained on fp32 states can be
+    scored on bf16 ones. errors: a JSONL file to write every misclassified example into (write_errors)."""
+    log, cache_root, errors = as_log(log), as_path(cache_root, "cache_root"), as_path(errors, "errors")
     as_switch(rebuild_cache, "rebuild_cache")
     check_split(split)  # before the model is read
+    errors = _file_path(errors, "--errors") if errors is not None else None  # and its file before any work
+    if errors is not None:
+        _not_read_here(errors, data, model_dir)
     model = _load(model_dir, device, precision, log)
     ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
     for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
@@ -604,12 +608,63 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
     sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress, log)
     positive = positive_label(ds.name, model.labels)
-    m, pred = evaluate(model, sources(part), y, positive=positive)
+    logits = predict_logits(model, sources(part))
+    pred = logits.argmax(1)
     bb = model.backbone_ref
-    return {"model": str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model",
-            "data": ds.name, "split": split, "n": len(part), "metrics": m, **class_report(y, pred, model.labels),
-            "positive_label": positive[1] if positive else None,
-            "device": str(bb.device), "precision": bb.precision}
+    result = {"model": str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model",
+              "data": ds.name, "split": split, "n": len(part), "metrics": metrics(y, pred, len(model.labels), positive),
+              **class_report(y, pred, model.labels), "positive_label": positive[1] if positive else None,
+              "device": str(bb.device), "precision": bb.precision}
+    if errors is not None:
+        wrong = write_errors(errors, part, y, logits, model.labels)
+        log(f"eval: {wrong:,} misclassified example{'s' if wrong != 1 else ''} of {len(part):,} written to {errors}")
+        result["errors"] = {"file": str(errors), "count": wrong}
+    return result
+
+
+def _not_read_here(path: Path, data: str, model_dir: object) -> None:
+    """A DataError where a file a command would write is one it reads: a file of the data, or one inside the model's
+    folder (the errors of a test file written over it lost the test file)."""
+    from .data import resolve
+
+    target = path.resolve()
+    try:
+        inputs = [Path(p).resolve() for p in resolve(data)[1].values()]
+    except DataError:  # the data is said to be wrong where it is read, with its own message
+        inputs = []
+    if target in inputs:
+        raise DataError(f"--errors {path}: a file of the data being scored; writing there would replace it: choose "
+                        f"another file")
+    if isinstance(model_dir, (str, os.PathLike)) and Path(model_dir).resolve() in target.parents:
+        raise DataError(f"--errors {path}: inside the model's folder, which holds only what training wrote; "
+                        f"choose a file elsewhere")
+
+
+def write_errors(path: Path, part: TextSplit, y: np.ndarray, logits: np.ndarray, labels: Sequence[str]) -> int:
+    """Every example of `part` whose prediction (argmax of `logits`, (N, C)) is not its label `y`, as JSON lines
+    in the split's order: {"line" (of its file, where read from one), "text" (and "text_pair"), "label",
+    "predicted", "scores" (the probabilities predict gives)}. Written whole or not at all (a temporary file beside
+    it, renamed). Returns how many."""
+    import torch
+
+    probs = torch.softmax(torch.from_numpy(logits).float(), -1).numpy()
+    wrong = np.flatnonzero(probs.argmax(1) != y)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+            for i in wrong:
+                where = {"line": int(part.lines[i])} if part.lines else {"row": int(i)}
+                scored = labelled(labels, probs[i])
+                f.write(json.dumps({**where, **text_row(part.texts[i]), "label": labels[y[i]],
+                                    "predicted": scored["label"], "scores": scored["scores"]},
+                                   ensure_ascii=False, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # the disk filled, or the folder went, while the states were read
+        raise DataError(f"--errors {path}: cannot be written ({e.strerror or e}); choose another file") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(wrong)
 
 
 def _read_as_trained(model: M.Classifier, part: TextSplit) -> None:
@@ -809,33 +864,45 @@ def _png_path(output: Path) -> Path:
     when it has none, as matplotlib would), not a folder, in a folder that exists or can be made, and
     writable; a DataError saying which otherwise."""
     try:
-        return _checked_png_path(output)
+        if output.is_dir():
+            raise DataError(f"--output {output}: is a folder; give the picture's file name, e.g. "
+                            f"{output / 'concepts.png'}")
     except OSError as e:  # e.g. a name too long: even asking whether it is a folder fails
         raise DataError(f"--output {output}: cannot be written ({e.strerror or e}); choose another file") from None
-
-
-def _checked_png_path(output: Path) -> Path:
-    if output.is_dir():
-        raise DataError(f"--output {output}: is a folder; give the picture's file name, e.g. {output / 'concepts.png'}")
     if output.suffix.lower() in (".jpg", ".jpeg", ".svg", ".pdf", ".gif", ".webp", ".tif", ".tiff", ".bmp"):
         raise DataError(f"--output {output}: plot-concepts writes a PNG; give a .png name, e.g. "
                         f"{output.with_suffix('.png')}")
-    if output.suffix.lower() != ".png":
-        output = output.with_name(output.name + ".png")
+    return _file_path(output if output.suffix.lower() == ".png" else output.with_name(output.name + ".png"),
+                      example="concepts.png")
+
+
+def _file_path(output: Path, flag: str = "--output", example: str = "errors.jsonl") -> Path:
+    """A file a command writes when its work is done (`flag` names it), checked before any work: not a folder, in a
+    folder that exists or can be made, and writable; a DataError saying which otherwise (`example`: a file name
+    the advice for a folder suggests)."""
+    try:
+        return _checked_file_path(output, flag, example)
+    except OSError as e:  # e.g. a name too long: even asking whether it is a folder fails
+        raise DataError(f"{flag} {output}: cannot be written ({e.strerror or e}); choose another file") from None
+
+
+def _checked_file_path(output: Path, flag: str, example: str) -> Path:
+    if output.is_dir():
+        raise DataError(f"{flag} {output}: is a folder; give a file name, e.g. {output / example}")
     parent = output.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise DataError(f"--output {output}: {parent} is a file, so the folder cannot be made there")
+        raise DataError(f"{flag} {output}: {parent} is a file, so the folder cannot be made there")
     if not os.access(parent, os.W_OK):
-        raise DataError(f"--output {output}: {parent} is not writable; choose a folder you can write to")
-    if output.parent.is_dir():  # the path itself, opened as the picture will be: os.access says yes to root on /proc,
+        raise DataError(f"{flag} {output}: {parent} is not writable; choose a folder you can write to")
+    if output.parent.is_dir():  # the path itself, opened as the file will be: os.access says yes to root on /proc,
         existed = output.exists() or output.is_symlink()  # and knows nothing of a dangling link or a name too long
         try:
             with open(output, "ab"):
                 pass
         except OSError as e:
-            raise DataError(f"--output {output}: cannot be written ({e.strerror or e}); choose another file") from None
+            raise DataError(f"{flag} {output}: cannot be written ({e.strerror or e}); choose another file") from None
         if not existed:
             output.unlink()
     return output

@@ -256,6 +256,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--cache-dir", type=Path)
     e.add_argument("--rebuild-cache", action="store_true", help="re-extract the split's features even if a cache entry "
                    "exists (fixes a corrupt one)")
+    e.add_argument("--errors", type=Path, metavar="FILE.jsonl", help="classification models: write every misclassified "
+                   "example here (its line, text, label, prediction and scores), one JSON object a line")
     e.add_argument("--max-test", type=_whole(1), help="generation models: score a seeded sample of this many sources")
     e.add_argument("--num-beams", type=_whole(1), help="generation models: beam width (default: as trained)")
     _runtime_args(e, GENERATORS_PRECISION)
@@ -551,14 +553,15 @@ def cmd_eval(a: argparse.Namespace) -> int:
     generation = is_generation_model(a.model)
     other = ([f for f, v in (("--text-field", a.text_field), ("--text-pair-field", a.text_pair_field),
                              ("--label-field", a.label_field), ("--cache-dir", a.cache_dir),
-                             ("--rebuild-cache", a.rebuild_cache or None)) if v is not None] if generation else
+                             ("--rebuild-cache", a.rebuild_cache or None), ("--errors", a.errors)) if v is not None]
+             if generation else
              [f for f, v in (("--source-field", a.source_field), ("--target-field", a.target_field),
                              ("--num-beams", a.num_beams), ("--max-test", a.max_test)) if v is not None])
     if other:  # accepted and ignored before
         raise CLIError(f"{', '.join(other)}: options for " + ("classification models; this is a generation model (its "
                        "options: --source-field, --target-field, --num-beams, --max-test)" if generation else
                        "generation models; this is a classification model (its options: --text-field, "
-                       "--text-pair-field, --label-field, --cache-dir, --rebuild-cache)"))
+                       "--text-pair-field, --label-field, --cache-dir, --rebuild-cache, --errors)"))
     on_interrupt(CACHE_KEPT)
     if generation:
         print(json.dumps(evaluate_generation(a.model, a.data, a.split, a.max_test, a.num_beams,
@@ -568,7 +571,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
         return 0
     print(json.dumps(api.evaluate_model(a.model, a.data, a.split, a.text_field, a.label_field, a.cache_dir,
                                         progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
-                                        pair_field=a.text_pair_field, rebuild_cache=a.rebuild_cache),
+                                        pair_field=a.text_pair_field, rebuild_cache=a.rebuild_cache,
+                                        errors=a.errors),
                      indent=2, allow_nan=False))
     return 0
 
