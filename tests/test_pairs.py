@@ -366,7 +366,8 @@ def test_no_token_types_is_saved_and_used_by_predict(monkeypatch, mrpc_slice, ti
     run_sweep(Grid.parse("probe", "-1", "0.01", "0.01", "0"), "mrpc", api.BackboneOptions(
         str(tiny_bert), max_length=48, precision="fp32", token_types=False), cache_root=tmp_path / "cache",
         log=lines.append)
-    assert "data: sentence pairs fed without token type ids (--no-token-types), as every point's model records" in lines
+    assert ("data: sentence pairs fed without token type ids (--no-token-types), as every point's model records "
+            "(from Python: BackboneOptions(token_types=False) for --no-token-types)") in lines
 
 
 def test_no_token_types_refusals(monkeypatch, mrpc_slice, trec_slice, tiny_bert, tmp_path):
