@@ -103,6 +103,7 @@ def test_the_per_class_table_names_the_labels_as_config_json_does_now():
     per_class = {"neg": {"precision": 80.0, "recall": None, "f1": 0.0, "support": 3},
                  "a|b": {"precision": 50.0, "recall": 25.0, "f1": 100 / 3, "support": 4}}
     table = _class_table({"labels": ["negative", "a|b"], "trained_labels": ["neg", "a|b"]}, {"per_class": per_class})
-    assert table.splitlines()[2:] == ["| `negative` | 80.00 | – | 0.00 | 3 |", "| `a\\|b` | 50.00 | 25.00 | 33.33 | 4 |"]
+    assert table.splitlines()[2:] == ["| `negative` | 80.00 | – | 0.00 | 3 |",
+                                      "| `a\\|b` | 50.00 | 25.00 | 33.33 | 4 |"]
     assert _class_table({"labels": ["x", "y"]}, {"per_class": per_class}) is None  # not recorded under these names
     assert _class_table({"labels": ["neg", "a|b"]}, {}) is None  # a folder saved before per_class was recorded

@@ -14,8 +14,9 @@ from conftest import make_tiny_llama, saved_as_before_trained_as
 from frozentune import api
 from frozentune.relabel import RelabelError, parse_renames, renamed_labels
 
+# the row of bench/bad_input_table.py these cases are recorded under
 ROW = ("relabel: a label the model lacks, OLD without =NEW, two labels given one name, an empty name, a folder edited "
-       "by hand, damaged, holding other files or not a classifier; eval on data with the names it was trained with")  # bad_input_table.py
+       "by hand, damaged, holding other files or not a classifier; eval on data with the names it was trained with")
 TEXTS = ["What does NASA stand for ?", "Who wrote Hamlet ?", "How far is the moon ?", "Where is Lima ?"]
 
 

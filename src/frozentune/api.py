@@ -31,9 +31,13 @@ from .output import check_output, holds_output, run_environment, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
 from .registry import MethodError, get_method, make_config, refuse_unused
-from .relabel import relabel, renamed_hint  # noqa: F401 (relabel: the Python API's)
+from . import relabel as _relabel
+from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
 from .train import TrainConfig, class_report, evaluate, fit, metrics, plan_steps, predict_logits, silent
+
+
+relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
 
 
 def peak_rss_mb() -> float:
@@ -611,9 +615,9 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     logits = predict_logits(model, sources(part))
     pred = logits.argmax(1)
     bb = model.backbone_ref
-    result = {"model": str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model",
-              "data": ds.name, "split": split, "n": len(part), "metrics": metrics(y, pred, len(model.labels), positive),
-              **class_report(y, pred, model.labels), "positive_label": positive[1] if positive else None,
+    named = str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model"
+    result = {"model": named, "data": ds.name, "split": split, "n": len(part),
+              "metrics": metrics(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels), "positive_label": positive[1] if positive else None,
               "device": str(bb.device), "precision": bb.precision}
     if errors is not None:
         wrong = write_errors(errors, part, y, logits, model.labels)
@@ -812,7 +816,8 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
                         + (f"; the model's {some(missing)} do not occur in the data" if missing else "")
                         + rows_like_it(at, "hold them")
                         + ". Give data with the model's labels (or check --label-field)"
-                        + renamed_hint(model.saved_config, extra, model_dir or 'DIR') + ".")  # type: ignore[attr-defined]
+                        + renamed_hint(model.saved_config, extra,  # type: ignore[attr-defined]
+                                       model_dir if isinstance(model_dir, (str, os.PathLike)) else "DIR") + ".")
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
 

@@ -408,8 +408,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     im.add_argument("--output", type=Path, required=True)
     im.add_argument("--backbone", help="the causal LM (default: the adapter's base_model_name_or_path)")
     im.add_argument("--overwrite", action="store_true")
-    rl = sub.add_parser("relabel", help="rename labels of a saved classifier (the order and the weights stay; config.json, "
-                        "the weights' record and the card get the new names)")
+    rl = sub.add_parser("relabel", help="rename labels of a saved classifier (the order and the weights stay; "
+                        "config.json, the weights' record and the card get the new names)")
     rl.add_argument("--model", type=Path, required=True, help="the saved classifier's folder")
     rl.add_argument("--rename", nargs="+", required=True, metavar="OLD=NEW",
                     help="a label and its new name, one or more (to swap two names, rename both in one run)")

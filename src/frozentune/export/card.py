@@ -266,7 +266,8 @@ def _class_table(config: dict, result: dict) -> str | None:
         if not isinstance(c, dict):
             return None
         cells = [f"{c[k]:.2f}" if isinstance(c.get(k), (int, float)) else "–" for k in ("precision", "recall", "f1")]
-        rows.append(f"| {_label(now).replace('|', chr(92) + '|')} | " + " | ".join(cells) + f" | {c.get('support', '–')} |")
+        name = _label(now).replace("|", "\\|")  # a | would end the table's cell
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {c.get('support', '–')} |")
     return "| label | precision | recall | F1 | support |\n|---|---:|---:|---:|---:|\n" + "\n".join(rows)
 
 
