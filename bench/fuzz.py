@@ -286,6 +286,27 @@ def run_cli(tally: Tally, argv: list[str], exits: Counter, seconds: int = 20) ->
     return code
 
 
+def likely_values(work: Path, data: str, adapter: Path) -> dict[str, list[str]]:
+    """For the cli part: values a user would give each option whose default says nothing of its kind (None), so
+    that more cases get past the option checks to the work behind them (most random words are refused there)."""
+    return {"--batch-size": ["4", "16"], "--checkpoint-every": ["1", "2"], "--cv-below": ["50", "1000"],
+            "--cv-folds": ["0", "2", "3"], "--cv-repeats": ["1", "2"], "--device": ["cpu", "auto"], "--dim": ["16", "32"],
+            "--dropout": ["0.0", "0.1"], "--epochs": ["1", "2"], "--eval-batch-size": ["8", "64"], "--ffn-dim": ["32"],
+            "--heads": ["2", "4"], "--kernel-size": ["3", "5"], "--label-field": ["label"], "--layer": ["-1", "1", "-2"],
+            "--layers": ["1", "2"], "--log-every": ["1"], "--lr": ["1e-3", "1e-2"], "--mask-prob": ["0.15"],
+            "--max-grad-norm": ["1.0"], "--max-new-tokens": ["2", "4"], "--max-test": ["2", "5"],
+            "--max-train": ["30", "60"], "--max-validation": ["5", "10"], "--methods": ["probe", "probe,space"],
+            "--min-steps": ["0", "10"], "--minutes": ["0.05"], "--name": ["a"], "--num-beams": ["1", "2"],
+            "--patience": ["1", "3"], "--seed": ["0", "1"], "--seeds": ["0", "0,1"], "--shard": ["0/2", "1/2"],
+            "--shots": ["2", "4"], "--splits": ["train", "test", "train,test"], "--steps": ["2", "5"],
+            "--text-field": ["text"], "--top-classes": ["1", "3"], "--warmup": ["0.1"], "--warmup-steps": ["1"],
+            "--weight-decay": ["0.0", "0.01"], "--dilation-cycle": ["2"], "--dilation-growth": ["2"],
+            "--weight-dropout": ["0.0", "0.1"], "--errors": [str(work / "cli-errors.jsonl")],
+            "--cache-dir": [str(work / "cli-cache2")], "--rename": ["HUM=person", "LOC=place"],
+            "--source-field": ["source"], "--target-field": ["target"], "--corpus": [f"{data}/train.jsonl"],
+            "--adapter": [str(adapter)], "--pair": ["what is it ?", "a dog"]}
+
+
 def part_cli(args) -> dict:
     import argparse as ap_mod
 
@@ -317,6 +338,7 @@ def part_cli(args) -> dict:
             "relabel": ["--model", str(args.work / "cli-relabel")]}
     exports = [("onnx", "probe"), ("onnx", "space"), ("onnx", "ytuning"), ("peft", "gen"), ("peft", "probe"),
                ("onnx", "gen")]
+    likely = likely_values(args.work, data, adapter)  # half the options drawn get one of these, not a random word
     exits: Counter = Counter()
     for _ in range(args.cases):
         command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep", "generate",
@@ -343,11 +365,16 @@ def part_cli(args) -> dict:
                 argv.append(flag)
                 continue
             plausible = r.random() < 0.5
-            v = (r.choice([*action.choices] + ([] if plausible else ["nope"])) if action.choices
-                 else r.choice(PLAUSIBLE if plausible else NUMBERS)
-                 if isinstance(action.default, (int, float)) and not isinstance(action.default, bool)
-                 else r.choice(["x", "", "-1", "0", "1", "a,b", "/nonexistent", "3", "0/2", "1/2", "2/2"]))
-            argv += [flag, "2" if flag in UNBOUNDED and v in ("1e9", "inf") else str(v)]
+            count = action.nargs if isinstance(action.nargs, int) else r.randint(1, 2) if action.nargs == "+" else 1
+            values = []
+            for _ in range(count):
+                v = (r.choice([*action.choices] + ([] if plausible else ["nope"])) if action.choices
+                     else r.choice(likely[flag]) if plausible and flag in likely
+                     else r.choice(PLAUSIBLE if plausible else NUMBERS)
+                     if isinstance(action.default, (int, float)) and not isinstance(action.default, bool)
+                     else r.choice(["x", "", "-1", "0", "1", "a,b", "/nonexistent", "3", "0/2", "1/2", "2/2"]))
+                values.append("2" if flag in UNBOUNDED and v in ("1e9", "inf") else str(v))
+            argv += [flag, *values]
         run_cli(tally, argv, exits)
     return tally.report("cli", args.cases, args.seed) | {"exits": {str(k): v for k, v in exits.items()}}
 
