@@ -617,8 +617,8 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     bb = model.backbone_ref
     named = str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model"
     result = {"model": named, "data": ds.name, "split": split, "n": len(part),
-              "metrics": metrics(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels), "positive_label": positive[1] if positive else None,
-              "device": str(bb.device), "precision": bb.precision}
+              "metrics": metrics(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels),
+              "positive_label": positive[1] if positive else None, "device": str(bb.device), "precision": bb.precision}
     if errors is not None:
         wrong = write_errors(errors, part, y, logits, model.labels)
         log(f"eval: {wrong:,} misclassified example{'s' if wrong != 1 else ''} of {len(part):,} written to {errors}")
