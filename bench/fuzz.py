@@ -291,10 +291,9 @@ def likely_values(work: Path, data: str, adapter: Path) -> dict[str, list[str]]:
     that more cases get past the option checks to the work behind them (most random words are refused there)."""
     return {"--batch-size": ["4", "16"], "--checkpoint-every": ["1", "2"], "--cv-below": ["50", "1000"],
             "--cv-folds": ["0", "2", "3"], "--cv-repeats": ["1", "2"], "--device": ["cpu", "auto"],
-            "--dim": ["16", "32"], "--dropout": ["0.0", "0.1"], "--epochs": ["1", "2"], "--eval-batch-size": ["8", "64"],
-            "--ffn-dim": ["32"], "--heads": ["2", "4"], "--kernel-size": ["3", "5"], "--label-field": ["label"],
-            "--layer": ["-1", "1", "-2"],
-            "--layers": ["1", "2"], "--log-every": ["1"], "--lr": ["1e-3", "1e-2"], "--mask-prob": ["0.15"],
+            "--dim": ["16", "32"], "--dropout": ["0.0", "0.1"], "--epochs": ["1", "2"],
+            "--eval-batch-size": ["8", "64"], "--ffn-dim": ["32"], "--heads": ["2", "4"], "--kernel-size": ["3", "5"],
+            "--label-field": ["label"], "--layer": ["-1", "1", "-2"], "--layers": ["1", "2"], "--log-every": ["1"], "--lr": ["1e-3", "1e-2"], "--mask-prob": ["0.15"],
             "--max-grad-norm": ["1.0"], "--max-new-tokens": ["2", "4"], "--max-test": ["2", "5"],
             "--max-train": ["30", "60"], "--max-validation": ["5", "10"], "--methods": ["probe", "probe,space"],
             "--min-steps": ["0", "10"], "--minutes": ["0.05"], "--name": ["a"], "--num-beams": ["1", "2"],
