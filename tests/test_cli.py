@@ -75,8 +75,13 @@ def test_eval_reports_each_class_and_the_confusion_matrix(trained, trec_slice, c
     assert 100 * np.trace(matrix) / matrix.sum() == pytest.approx(got["metrics"]["accuracy"], rel=1e-12)
     f1s = [c["f1"] for c in got["per_class"].values() if c["f1"] is not None]
     assert np.mean(f1s) == pytest.approx(got["metrics"]["macro_f1"], rel=1e-12)
+    bins = [b for b in got["calibration"]["bins"] if b["n"]]  # the predictions, by the probability given them
+    assert sum(b["n"] for b in bins) == got["n"]
+    assert sum(b["n"] * b["accuracy"] for b in bins) / got["n"] == pytest.approx(got["metrics"]["accuracy"], rel=1e-9)
+    assert all(100 * b["from"] <= b["confidence"] <= 100 * b["to"] + 1e-4 for b in bins)  # float32 probabilities
     result = json.loads((out / "result.json").read_text())  # training wrote the same for its test split
     assert result["per_class"] == got["per_class"] and result["confusion"] == got["confusion"]
+    assert result["calibration"] == got["calibration"]
 
 
 def test_eval_writes_the_misclassified_examples(trained, trec_slice, capsys, tmp_path):
@@ -103,6 +108,21 @@ def test_eval_writes_the_misclassified_examples(trained, trec_slice, capsys, tmp
         code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--errors", target)
         assert code == 2 and said in err and "Traceback" not in err
     assert (trec_slice / "test.jsonl").read_bytes() == before and not (out / "errors.jsonl").exists()
+
+
+def test_calibration_bins_the_predictions_by_their_probability():
+    from frozentune.train import calibration
+
+    probs = np.array([[0.95, 0.05], [0.9, 0.1], [0.35, 0.65], [0.3, 0.7], [0.5, 0.5]])
+    y = np.array([0, 1, 1, 0, 0])  # right, wrong, right, wrong, right (a tie is the first label, as argmax)
+    c = calibration(y, probs)
+    by = {round(b["from"], 1): b for b in c["bins"] if b["n"]}
+    assert sorted(by) == [0.5, 0.6, 0.7, 0.9] and sum(b["n"] for b in c["bins"]) == 5 and len(c["bins"]) == 10
+    assert by[0.9] == {"from": 0.9, "to": 1.0, "n": 2, "confidence": pytest.approx(92.5), "accuracy": 50.0}
+    assert (by[0.6]["accuracy"], by[0.7]["accuracy"], by[0.5]["accuracy"]) == (100.0, 0.0, 100.0)
+    # (2 × |50 − 92.5| + |100 − 65| + |0 − 70| + |100 − 50|) / 5
+    assert c["ece"] == pytest.approx((2 * 42.5 + 35 + 70 + 50) / 5)
+    assert calibration(np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 1.0]]))["ece"] == 0.0  # sure and right
 
 
 def test_class_report_says_none_where_nothing_divides():

@@ -34,7 +34,8 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import TrainConfig, class_report, evaluate, fit, metrics, plan_steps, predict_logits, silent
+from .train import (TrainConfig, calibration, class_report, evaluate, fit, metrics, plan_steps, predict_logits,
+                    silent)
 
 
 relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
@@ -470,7 +471,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     n_params = model.num_trainable()  # the fallback, where cross-validation chose it, is a probe
     positive = positive_label(ds.name, ds.labels)
     val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size, positive)[0] if val_src is not None else None
-    test_m, test_pred = evaluate(model, src["test"], y["test"], cfg.eval_batch_size, positive)
+    test_logits = predict_logits(model, src["test"], cfg.eval_batch_size)
+    test_pred = test_logits.argmax(1)
+    test_m = metrics(y["test"], test_pred, len(model.labels), positive)
     result = {
         "method": method,
         "model_method": model.method,  # the method saved: `method`, or probe where cross-validation fell back to it
@@ -483,6 +486,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                    "max_train": max_train, "shots": shots, "data_notes": notes},
         "metrics": test_m,
         **class_report(y["test"], test_pred, model.labels),  # per_class, confusion: of the test split
+        "calibration": calibration(y["test"], softmax_rows(test_logits)),
         "validation": val_m,
         "trainable_params": n_params,
         "backbone_params": sum(p.numel() for p in bb.model.parameters()),
@@ -618,6 +622,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     named = str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model"
     result = {"model": named, "data": ds.name, "split": split, "n": len(part),
               "metrics": metrics(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels),
+              "calibration": calibration(y, softmax_rows(logits)),
               "positive_label": positive[1] if positive else None, "device": str(bb.device), "precision": bb.precision}
     if errors is not None:
         wrong = write_errors(errors, part, y, logits, model.labels)
@@ -644,14 +649,19 @@ def _not_read_here(path: Path, data: str, model_dir: object) -> None:
                         f"choose a file elsewhere")
 
 
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    """(N, C) logits → the probabilities predict gives (torch's float32 softmax)."""
+    import torch
+
+    return torch.softmax(torch.from_numpy(np.asarray(logits)).float(), -1).numpy()
+
+
 def write_errors(path: Path, part: TextSplit, y: np.ndarray, logits: np.ndarray, labels: Sequence[str]) -> int:
     """Every example of `part` whose prediction (argmax of `logits`, (N, C)) is not its label `y`, as JSON lines
     in the split's order: {"line" (of its file, where read from one), "text" (and "text_pair"), "label",
     "predicted", "scores" (the probabilities predict gives)}. Written whole or not at all (a temporary file beside
     it, renamed). Returns how many."""
-    import torch
-
-    probs = torch.softmax(torch.from_numpy(logits).float(), -1).numpy()
+    probs = softmax_rows(logits)
     wrong = np.flatnonzero(probs.argmax(1) != y)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:

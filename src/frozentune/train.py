@@ -159,6 +159,27 @@ def class_report(y_true: np.ndarray, y_pred: np.ndarray, labels: Sequence[str]) 
     return {"per_class": per_class, "confusion": {"labels": list(labels), "matrix": matrix.tolist()}}
 
 
+def calibration(y_true: np.ndarray, probs: np.ndarray, bins: int = 10) -> dict:
+    """How far the probability a model gives its prediction is from how often it is right: the examples in
+    `bins` equal slices of that probability (0-0.1, …, 0.9-1; the top one closed), each slice's mean probability
+    and accuracy (percent; None for an empty slice), and the expected calibration error, the slices' |accuracy −
+    mean probability| weighted by their share of the examples (percentage points; 0 for a model whose scores are
+    as often right as they say). `probs`: (N, C) probabilities, rows summing to 1."""
+    probs = np.asarray(probs, dtype=np.float64)
+    confidence, right = probs.max(1), probs.argmax(1) == np.asarray(y_true)
+    slot = np.minimum((confidence * bins).astype(np.int64), bins - 1)
+    out, ece = [], 0.0
+    for b in range(bins):
+        inside = slot == b
+        n = int(inside.sum())
+        mean_p = 100.0 * float(confidence[inside].mean()) if n else None
+        acc = 100.0 * float(right[inside].mean()) if n else None
+        if n:
+            ece += n / len(confidence) * abs(acc - mean_p)
+        out.append({"from": b / bins, "to": (b + 1) / bins, "n": n, "confidence": mean_p, "accuracy": acc})
+    return {"ece": ece if len(confidence) else None, "bins": out}
+
+
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
     """(N, C) logits in the source's order."""
     return predict_outputs(model, src, (), batch_size)["logits"]
