@@ -115,14 +115,17 @@ def test_calibration_bins_the_predictions_by_their_probability():
 
     probs = np.array([[0.95, 0.05], [0.9, 0.1], [0.35, 0.65], [0.3, 0.7], [0.5, 0.5]])
     y = np.array([0, 1, 1, 0, 0])  # right, wrong, right, wrong, right (a tie is the first label, as argmax)
-    c = calibration(y, probs)
+    c = calibration(y, probs.argmax(1), probs)
     by = {round(b["from"], 1): b for b in c["bins"] if b["n"]}
     assert sorted(by) == [0.5, 0.6, 0.7, 0.9] and sum(b["n"] for b in c["bins"]) == 5 and len(c["bins"]) == 10
     assert by[0.9] == {"from": 0.9, "to": 1.0, "n": 2, "confidence": pytest.approx(92.5), "accuracy": 50.0}
     assert (by[0.6]["accuracy"], by[0.7]["accuracy"], by[0.5]["accuracy"]) == (100.0, 0.0, 100.0)
     # (2 × |50 − 92.5| + |100 − 65| + |0 − 70| + |100 − 50|) / 5
     assert c["ece"] == pytest.approx((2 * 42.5 + 35 + 70 + 50) / 5)
-    assert calibration(np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 1.0]]))["ece"] == 0.0  # sure and right
+    assert calibration(np.array([0, 1]), np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 1.0]]))["ece"] == 0.0
+    # the probability of the prediction scored, not of the likeliest class where the two differ (a tie in float32)
+    tied = calibration(np.array([1]), np.array([1]), np.array([[0.5, 0.5]]))
+    assert tied["ece"] == 50.0 and tied["bins"][5]["accuracy"] == 100.0
 
 
 def test_class_report_says_none_where_nothing_divides():

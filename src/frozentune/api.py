@@ -486,7 +486,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                    "max_train": max_train, "shots": shots, "data_notes": notes},
         "metrics": test_m,
         **class_report(y["test"], test_pred, model.labels),  # per_class, confusion: of the test split
-        "calibration": calibration(y["test"], softmax_rows(test_logits)),
+        "calibration": calibration(y["test"], test_pred, softmax_rows(test_logits)),
         "validation": val_m,
         "trainable_params": n_params,
         "backbone_params": sum(p.numel() for p in bb.model.parameters()),
@@ -622,7 +622,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     named = str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model"
     result = {"model": named, "data": ds.name, "split": split, "n": len(part),
               "metrics": metrics(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels),
-              "calibration": calibration(y, softmax_rows(logits)),
+              "calibration": calibration(y, pred, softmax_rows(logits)),
               "positive_label": positive[1] if positive else None, "device": str(bb.device), "precision": bb.precision}
     if errors is not None:
         wrong = write_errors(errors, part, y, logits, model.labels)

@@ -159,14 +159,15 @@ def class_report(y_true: np.ndarray, y_pred: np.ndarray, labels: Sequence[str]) 
     return {"per_class": per_class, "confusion": {"labels": list(labels), "matrix": matrix.tolist()}}
 
 
-def calibration(y_true: np.ndarray, probs: np.ndarray, bins: int = 10) -> dict:
+def calibration(y_true: np.ndarray, y_pred: np.ndarray, probs: np.ndarray, bins: int = 10) -> dict:
     """How far the probability a model gives its prediction is from how often it is right: the examples in
     `bins` equal slices of that probability (0-0.1, …, 0.9-1; the top one closed), each slice's mean probability
     and accuracy (percent; None for an empty slice), and the expected calibration error, the slices' |accuracy −
     mean probability| weighted by their share of the examples (percentage points; 0 for a model whose scores are
-    as often right as they say). `probs`: (N, C) probabilities, rows summing to 1."""
-    probs = np.asarray(probs, dtype=np.float64)
-    confidence, right = probs.max(1), probs.argmax(1) == np.asarray(y_true)
+    as often right as they say). `y_pred`: the predictions scored (the logits' argmax, as `metrics` takes them);
+    `probs`: (N, C) probabilities, rows summing to 1."""
+    probs, y_pred = np.asarray(probs, dtype=np.float64), np.asarray(y_pred, dtype=np.int64)
+    confidence, right = probs[np.arange(len(y_pred)), y_pred], y_pred == np.asarray(y_true)
     slot = np.minimum((confidence * bins).astype(np.int64), bins - 1)
     out, ece = [], 0.0
     for b in range(bins):
