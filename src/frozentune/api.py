@@ -1380,9 +1380,7 @@ def _probabilities(model: M.Classifier, texts: list[Text], pairs: bool) -> np.nd
 
 def _scored(model: M.Classifier, tokens, pairs: bool) -> np.ndarray:
     """(N, C) probabilities of tokenised texts (live pass)."""
-    import torch
-
     bb = model.backbone_ref
     src = M.LiveSource(tokens, bb.pad_id(), separator_ids(bb.tok) if pairs else None)
-    return torch.softmax(torch.from_numpy(predict_logits(model, src)), -1).numpy()
+    return softmax_rows(predict_logits(model, src))
 
