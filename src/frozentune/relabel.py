@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from . import model as M
+from .data import some
 from .errors import FrozentuneError
 from .pyterms import in_python_terms
 
@@ -36,8 +37,8 @@ def parse_renames(given: Sequence[str], labels: Sequence[str]) -> dict[str, str]
             old = word.split("=", 1)[0] if "=" in word else word
             if "=" not in word:
                 raise RelabelError(f"--rename {word!r}: give OLD=NEW, a label of the model and its new name "
-                                   f"(the model's labels: {_some(labels)})")
-            raise RelabelError(f"--rename {word!r}: {old!r} is not a label of the model (its labels: {_some(labels)})")
+                                   f"(the model's labels: {some(labels)})")
+            raise RelabelError(f"--rename {word!r}: {old!r} is not a label of the model (its labels: {some(labels)})")
         if len(cuts) > 1:
             raise RelabelError(f"--rename {word!r}: ambiguous, since {' and '.join(repr(word[:i]) for i in cuts)} are "
                                f"both labels of the model; rename the shorter one in another run first")
@@ -56,18 +57,18 @@ def renamed_labels(labels: Sequence[str], rename: object) -> list[str]:
     for old, new in rename.items():
         if old not in labels:
             raise RelabelError(f"--rename {_word(old, new)}: {old!r:.60} is not a label of the model (its labels: "
-                               f"{_some(labels)})")
+                               f"{some(labels)})")
         if not isinstance(new, str) or not new.strip() or new != new.strip() or not new.isprintable():
             raise RelabelError(f"--rename {_word(old, new)}: a new name must be text, not empty, printable and without "
                                f"spaces at either end (got {new!r:.60})")
     out = [rename.get(lab, lab) for lab in labels]
     if len(set(out)) != len(out):
         twice = sorted({lab for lab in out if out.count(lab) > 1})
-        raise RelabelError(f"--rename: two labels would be named {twice[0]!r} (the labels would be {_some(out)}); "
+        raise RelabelError(f"--rename: two labels would be named {twice[0]!r} (the labels would be {some(out)}); "
                            f"each label needs its own name (to swap two names, rename both in one run)")
     if out == list(labels):
         raise RelabelError(f"--rename: every name given is the label's own, so nothing would change (the model's "
-                           f"labels: {_some(labels)})")
+                           f"labels: {some(labels)})")
     return out
 
 
@@ -82,10 +83,7 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
     from .output import LOCK, MANIFEST, STAGING, OutputError, check_output, staged_output
 
     model_dir = Path(model_dir)
-    if (model_dir / "onnx.json").is_file() and not (model_dir / M.CONFIG).is_file():
-        raise RelabelError(f"{model_dir}: an ONNX export; rename the labels of the model folders it was made from, "
-                           f"then export them again")
-    config = M.read_saved(model_dir)
+    config = M.read_saved(model_dir)  # an ONNX export, a sweep's or a PEFT adapter's folder: named there
     if config.get("task") == "generation" or "labels" not in config:
         raise RelabelError(f"{model_dir}: a generation model, which has no labels to rename; relabel a classifier")
     M.check_config(config, model_dir / M.CONFIG)
@@ -126,7 +124,7 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
     changed = {old: n for old, n in zip(labels, new) if old != n}
     log(f"renamed {len(changed)} label{'s' if len(changed) != 1 else ''} of {model_dir} "
         f"({', '.join(f'{o} → {n}' for o, n in changed.items())})"
-        + ("" if in_place else f" into {target}") + f"; its labels are now {_some(new)}")
+        + ("" if in_place else f" into {target}") + f"; its labels are now {some(new)}")
     return {"model": str(model_dir), "output": str(target), "labels": new, "renamed": changed,
             "trained_labels": trained}
 
@@ -151,8 +149,3 @@ def _word(old: object, new: object) -> str:
     text (a line break would cut the one-line message)."""
     plain = [x if isinstance(x, str) and x.isprintable() and x == x.strip() and x else repr(x)[:60] for x in (old, new)]
     return "=".join(plain)
-
-
-def _some(labels: Sequence[str], n: int = 8) -> str:
-    shown = ", ".join(map(str, list(labels)[:n]))
-    return shown + (f", … ({len(labels)} in all)" if len(labels) > n else "")

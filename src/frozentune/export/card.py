@@ -258,7 +258,9 @@ def _class_table(config: dict, result: dict) -> str | None:
     per_class, labels = result.get("per_class"), config.get("labels")
     if not (isinstance(per_class, dict) and isinstance(labels, list)):
         return None
-    trained = config.get("trained_labels")
+    from ..relabel import TRAINED_LABELS
+
+    trained = config.get(TRAINED_LABELS)
     trained = trained if isinstance(trained, list) and len(trained) == len(labels) else labels
     rows = []
     for now, then in zip(labels, trained):
