@@ -284,9 +284,9 @@ def read_saved(folder: Path, kind: str = "a folder written by `frozentune train 
     if (folder / "sweep.json").is_file() and not (folder / CONFIG).is_file():
         raise ModelLoadError(f"{folder}: the folder of a sweep; its best point's model is {folder / 'best'}")
     if (folder / "onnx.json").is_file() and not (folder / CONFIG).is_file():
-        raise ModelLoadError(f"{folder}: an ONNX export, not a saved model folder; `frozentune predict --onnx {folder}` "
-                             f"runs it, and the other commands take the model folders it was exported from (export "
-                             f"them again after changing one)")
+        raise ModelLoadError(f"{folder}: an ONNX export, not a saved model folder; `frozentune predict --onnx "
+                             f"{folder}` runs it, and the other commands take the model folders it was exported from "
+                             f"(export them again after changing one)")
     if (folder / "adapter_config.json").is_file() and not (folder / CONFIG).is_file():
         raise ModelLoadError(f"{folder}: a PEFT adapter, not a frozentune model; bring a prefix-tuning adapter in with "
                              f"`frozentune import --format peft --adapter {folder} --output DIR`")
