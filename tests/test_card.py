@@ -50,6 +50,16 @@ def test_card_says_how_a_few_label_model_was_trained():
     assert "**Training.**" not in card_text(CONFIG, RESULT)  # a full train split, nothing recorded to say
 
 
+def test_card_gives_each_figure_its_interval():
+    bands = {"level": 0.95, "n": 9824, "accuracy": [65.49, 67.36], "macro_f1": [65.1, 67.0], "positive_f1": None}
+    card = card_text(CONFIG, RESULT | {"intervals": bands})
+    assert "| | accuracy | macro_f1 |" in card and "| score | 66.43 | 66.10 |" in card
+    assert "| 95% interval | 65.49–67.36 | 65.10–67.00 |" in card and "(9,824 examples)" in card
+    assert "| accuracy | macro_f1 |\n|---:|---:|\n| 66.43 | 66.10 |" in card_text(CONFIG, RESULT)  # not recorded: as before
+    edited = card_text(CONFIG, RESULT | {"intervals": {**bands, "macro_f1": "wide"}})  # not a pair of numbers
+    assert "| 95% interval | 65.49–67.36 | – |" in edited
+
+
 def test_card_says_what_was_not_recorded():
     card = card_text({"method": "probe", "backbone": {"name": "/models/my-encoder"}}, {})
     assert "base_model" not in card  # a local folder is not a Hub id

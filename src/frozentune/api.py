@@ -34,8 +34,8 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import (TrainConfig, calibration, class_report, evaluate, fit, metrics, plan_steps, predict_logits,
-                    silent)
+from .train import (TrainConfig, calibration, class_report, evaluate, fit, intervals, metrics, plan_steps,
+                    predict_logits, silent)
 
 
 relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
@@ -485,6 +485,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                                 "device": str(bb.device), "precision": bb.precision},
                    "max_train": max_train, "shots": shots, "data_notes": notes},
         "metrics": test_m,
+        "intervals": intervals(y["test"], test_pred, len(model.labels), positive),
         **class_report(y["test"], test_pred, model.labels),  # per_class, confusion: of the test split
         "calibration": calibration(y["test"], test_pred, softmax_rows(test_logits)),
         "validation": val_m,
@@ -500,7 +501,10 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "sizes": {"train": len(ds.train), "validation": len(ds.validation), "test": len(ds.test)},
         "environment": run_environment(),
     }
-    log(f"test accuracy {test_m['accuracy']:.2f}  macro-F1 {test_m['macro_f1']:.2f}  "
+    band = result["intervals"]
+    log(f"test accuracy {test_m['accuracy']:.2f} ({band['level']:.0%} interval {band['accuracy'][0]:.2f}-"
+        f"{band['accuracy'][1]:.2f} for {len(ds.test):,} examples)  "
+        f"macro-F1 {test_m['macro_f1']:.2f}  "
         + (f"F1[{positive[1]}] {test_m['positive_f1']:.2f}  " if positive else "")
         + f"trainable {n_params:,}  extract {sources.extract_seconds:.1f}s  train {fitted.train_seconds:.1f}s  "
         f"peak RSS {result['peak_rss_mb']:.0f} MB")
@@ -621,7 +625,8 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     bb = model.backbone_ref
     named = str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model"
     result = {"model": named, "data": ds.name, "split": split, "n": len(part),
-              "metrics": metrics(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels),
+              "metrics": metrics(y, pred, len(model.labels), positive),
+              "intervals": intervals(y, pred, len(model.labels), positive), **class_report(y, pred, model.labels),
               "calibration": calibration(y, pred, softmax_rows(logits)),
               "positive_label": positive[1] if positive else None, "device": str(bb.device), "precision": bb.precision}
     if errors is not None:

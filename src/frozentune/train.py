@@ -181,6 +181,67 @@ def calibration(y_true: np.ndarray, y_pred: np.ndarray, probs: np.ndarray, bins:
     return {"ece": ece if len(confidence) else None, "bins": out}
 
 
+LEVEL, RESAMPLES = 0.95, 1000  # the intervals' coverage, and the bootstrap's resamples
+# Under this many examples no F1 interval is given: a bootstrap only redraws the examples there are, so on a
+# handful it is too narrow (every example right: [100, 100]); Wilson's interval for accuracy holds at any size
+MIN_BOOTSTRAP = 100
+
+
+def wilson(right: int, n: int, level: float = LEVEL) -> list[float]:
+    """[low, high] in percent: the Wilson score interval of a proportion right / n (Wilson 1927), which stays
+    inside [0, 100] and is not empty at 0 or n right, where the normal approximation's is."""
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + level / 2))
+    p = right / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return [100.0 * max(0.0, (centre - half) / (1 + z * z / n)), 100.0 * min(1.0, (centre + half) / (1 + z * z / n))]
+
+
+def _f1s(matrix: np.ndarray) -> np.ndarray:
+    """(R, C, C) confusion matrices (true, predicted) → (R, C) per-class F1 (0-1), NaN for a class neither
+    present nor predicted (as `metrics` leaves it out of macro-F1)."""
+    tp = np.diagonal(matrix, axis1=1, axis2=2).astype(np.float64)
+    den = matrix.sum(1) + matrix.sum(2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, 2 * tp / den, np.nan)
+
+
+def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive: tuple[int, str] | None = None,
+              level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0) -> dict | None:
+    """How far `metrics`' figures could move with another test sample of the same size from the same source:
+    [low, high] (percent) at `level` for accuracy (wilson) and for macro-F1 (and positive_f1 with `positive`) by
+    the percentile bootstrap (Efron & Tibshirani 1993), `resamples` draws of the N examples with replacement,
+    seeded, so the same predictions give the same interval. An F1 depends only on the confusion counts, so a
+    resample is a multinomial draw of N over the C × C cells: the same distribution, at no cost per example.
+    The F1 intervals are None under MIN_BOOTSTRAP examples. Only the test sample's share of the uncertainty:
+    training again with another seed moves a score too. None for an empty split."""
+    y_true, y_pred = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
+    n = len(y_true)
+    if n == 0:
+        return None
+    matrix = np.zeros((num_labels, num_labels), dtype=np.int64)
+    np.add.at(matrix, (y_true, y_pred), 1)
+    out: dict = {"level": level, "n": n, "accuracy": wilson(int(np.trace(matrix)), n, level)}
+    if n < MIN_BOOTSTRAP:
+        out |= {"macro_f1": None} | ({"positive_f1": None} if positive is not None else {})
+        how = f"F1: none under {MIN_BOOTSTRAP} examples, where a bootstrap's interval is too narrow"
+    else:
+        draws = np.random.default_rng(seed).multinomial(n, matrix.ravel() / n, size=resamples)
+        f1 = _f1s(draws.reshape(resamples, num_labels, num_labels))  # (R, C)
+        tails = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
+
+        def band(values: np.ndarray) -> list[float]:
+            return [float(v) for v in 100.0 * np.percentile(values, tails)]
+
+        out["macro_f1"] = band(np.nanmean(f1, 1))
+        if positive is not None:
+            out["positive_f1"] = band(np.nan_to_num(f1[:, positive[0]]))  # as metrics: no F1 to divide is 0
+        how = f"F1: percentile bootstrap, {resamples:,} resamples of the {n:,} examples (seed {seed})"
+    out["how"] = f"accuracy: Wilson score interval; {how}; the test sample's uncertainty only, not a retrained model's"
+    return out
+
+
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
     """(N, C) logits in the source's order."""
     return predict_outputs(model, src, (), batch_size)["logits"]

@@ -84,7 +84,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                     f"measures it on your data.")
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(map(_label, config["labels"])) + ".")
-    body += ["## Test metrics", _metrics_table(result.get("metrics"), generation)]
+    body += ["## Test metrics", _metrics_table(result.get("metrics"), generation, result.get("intervals"))]
     if not generation and (classes := _class_table(config, result)):
         body.append(classes)
     body += ["## How to use", _usage(config, generation, exported)]
@@ -165,7 +165,7 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
                     f"`frozentune predict --precision fp32` does (a few labels near a tie may differ from `predict` in "
                     f"{h['trained_precision']})." if h.get("trained_precision", "fp32") != "fp32" else ""),
                  "**Labels.** " + ", ".join(map(_label, h.get("labels", []))) + ".",
-                 _metrics_table(r.get("metrics"), False)]
+                 _metrics_table(r.get("metrics"), False, r.get("intervals"))]
     given = '--pair "the first text" "the second text"' if meta.get("pairs") else '"a text to label"'
     body += ["## How to use",
              f"```bash\nfrozentune predict --onnx THIS_FOLDER {given}   # every head answers\n```\n\n"
@@ -240,15 +240,30 @@ def _backbone_line(name: str, base: str | None, backbone: dict, checked: bool = 
     return line + (" " + ALIAS_NOTES[name] if name in ALIAS_NOTES else "")
 
 
-def _metrics_table(metrics: dict | None, generation: bool) -> str:
+def _metrics_table(metrics: dict | None, generation: bool, intervals: object = None) -> str:
+    """The test metrics as a table; with result.json's `intervals` (train.intervals, recorded since 2026-11-29), a
+    second row of each figure's interval ("–" where it has none) and a line saying what it is."""
     if not metrics:
         return "Not recorded (no result.json in the folder)."
     keys = [k for k in (("bleu", "chrf", "rouge_1", "rouge_2", "rouge_l") if generation else ("accuracy", "macro_f1", "positive_f1"))
             if isinstance(metrics.get(k), (int, float))]
     if not keys:
         return "Not recorded."
-    return ("| " + " | ".join(keys) + " |\n|" + "---:|" * len(keys) + "\n| "
-            + " | ".join(f"{metrics[k]:.2f}" for k in keys) + " |")
+    scores = " | ".join(f"{metrics[k]:.2f}" for k in keys)
+    band = intervals if isinstance(intervals, dict) else {}
+    level, n = band.get("level"), band.get("n")
+    if not (isinstance(level, float) and 0 < level < 1 and isinstance(n, int) and not generation):
+        return "| " + " | ".join(keys) + " |\n|" + "---:|" * len(keys) + "\n| " + scores + " |"
+    table = "| | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys) + "\n| score | " + scores + " |"
+
+    def shown(k: str) -> str:
+        v = band.get(k)
+        ok = isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
+        return f"{v[0]:.2f}–{v[1]:.2f}" if ok else "–"
+    return (table + f"\n| {level:.0%} interval | " + " | ".join(shown(k) for k in keys) + " |\n\n"
+            + f"The interval is how far each figure could move on another test sample of the same size ({n:,} "
+            "examples): accuracy's is Wilson's score interval, the F1s' a bootstrap of the examples (none under "
+            "100). Training again with another seed moves a score too, which it does not include.")
 
 
 def _class_table(config: dict, result: dict) -> str | None:
