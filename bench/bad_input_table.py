@@ -27,7 +27,8 @@ REPORT = ROOT / "bench" / "REPORT.md"
 START, END = "<!-- bad-input:start -->", "<!-- bad-input:end -->"
 TEST_FILES = ["tests/test_bad_input.py", "tests/test_backbone_input.py", "tests/test_cache_integrity.py",
               "tests/test_seq2seq_cli.py",
-              "tests/test_interrupts.py", "tests/test_safe_loading.py", "tests/test_relabel.py"]
+              "tests/test_interrupts.py", "tests/test_safe_loading.py", "tests/test_relabel.py",
+              "tests/test_compare.py"]
 
 # (row as the issue words it, what must happen); the order of the issue's table
 ROWS = [
@@ -89,6 +90,10 @@ ROWS = [
      "edited by hand, damaged, holding other files or not a classifier; eval on data with the names it was "
      "trained with",
      "each named, the folder left byte for byte as it was; eval says how to rename back"),
+    # `frozentune compare` (2026-11-29): a comparison on other examples than the user thinks would mislead
+    ("compare: one model, a folder given twice, a missing folder, a text generator, models whose carved test "
+     "splits are other rows",
+     "each refused in one line before any scoring; other rows named, with --split all or a test file as the way"),
 ]
 
 

@@ -610,17 +610,9 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     if errors is not None:
         _not_read_here(errors, data, model_dir)
     model = _load(model_dir, device, precision, log)
-    ds, part, y = _saved_split(model, data, split, text_field, label_field, pair_field, model_dir)
-    for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
-        log(f"data: {note}")
-    one_file = split == "test" and Path(str(data)).expanduser().is_file()
-    log(f"eval: the {split} split, {len(part):,} example{'s' if len(part) != 1 else ''} ({part.source})"
-        + ("; --split all scores every row of the file" if one_file else ""))
-    _read_as_trained(model, part)
-    _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
-    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress, log)
+    ds, part, y, logits = _scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
+                                        cache_root, rebuild_cache, progress, log)
     positive = positive_label(ds.name, model.labels)
-    logits = predict_logits(model, sources(part))
     pred = logits.argmax(1)
     bb = model.backbone_ref
     named = str(model_dir) if isinstance(model_dir, (str, os.PathLike)) else f"a loaded {model.method} model"
@@ -634,6 +626,24 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
         log(f"eval: {wrong:,} misclassified example{'s' if wrong != 1 else ''} of {len(part):,} written to {errors}")
         result["errors"] = {"file": str(errors), "count": wrong}
     return result
+
+
+def _scored_split(model: M.Classifier, model_dir: object, data: str, split: str,
+                  fields: tuple[str | None, str | None, str | None], cache_root: Path | None, rebuild_cache: bool,
+                  progress: bool, log: Callable[[str], None], verb: str = "eval") -> tuple[Dataset, TextSplit,
+                                                                                          np.ndarray, np.ndarray]:
+    """(the data, its `split` read as the model was trained, its labels in the model's order (N,), the model's
+    logits on it (N, C)); what was read said in `log`. fields: --text-field, --label-field, --text-pair-field."""
+    ds, part, y = _saved_split(model, data, split, fields[0], fields[1], fields[2], model_dir)
+    for note in ds.notes:  # e.g. a single file's test split is the 10% carved from it, as training carved it
+        log(f"data: {note}")
+    one_file = split == "test" and Path(str(data)).expanduser().is_file()
+    log(f"{verb}: the {split} split, {len(part):,} example{'s' if len(part) != 1 else ''} ({part.source})"
+        + ("; --split all scores every row of the file" if one_file else ""))
+    _read_as_trained(model, part)
+    _unused_cache_options(model, model.method, cache_root, rebuild_cache, log)
+    sources = SourceFactory(model.backbone_ref, model.runs_live, cache_root, rebuild_cache, progress, log)
+    return ds, part, y, predict_logits(model, sources(part))
 
 
 def _not_read_here(path: Path, data: str, model_dir: object) -> None:

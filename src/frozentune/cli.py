@@ -262,6 +262,22 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--num-beams", type=_whole(1), help="generation models: beam width (default: as trained)")
     _runtime_args(e, GENERATORS_PRECISION)
 
+    cmp = sub.add_parser("compare", help="score saved classifiers on the same examples, each against the first: "
+                         "accuracy with intervals, the difference, and McNemar's exact test of it")
+    cmp.add_argument("--model", type=Path, action="append", required=True,
+                     help="a saved classifier's folder; give it two or more times (the first is the baseline)")
+    cmp.add_argument("--data", required=True)
+    cmp.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
+                     help="the split to score, read for each model as eval reads it (default: test); all: every row "
+                          "of one file")
+    cmp.add_argument("--text-field")
+    cmp.add_argument("--text-pair-field", help=PAIR_HELP + " (default: each model's)")
+    cmp.add_argument("--label-field")
+    cmp.add_argument("--cache-dir", type=Path)
+    cmp.add_argument("--rebuild-cache", action="store_true", help="re-extract the split's features even if a cache "
+                     "entry exists")
+    _runtime_args(cmp)
+
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line; "
                          "a line break inside an output is written as \\n, --json keeps outputs as they are)")
     gen.add_argument("--model", type=Path, action=_Once, required=True)
@@ -574,6 +590,16 @@ def cmd_eval(a: argparse.Namespace) -> int:
                                         pair_field=a.text_pair_field, rebuild_cache=a.rebuild_cache,
                                         errors=a.errors),
                      indent=2, allow_nan=False))
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from .compare import compare
+
+    on_interrupt(CACHE_KEPT)
+    print(json.dumps(compare(a.model, a.data, a.split, a.text_field, a.label_field, a.text_pair_field, a.cache_dir,
+                             progress=sys.stderr.isatty(), device=a.device, precision=a.precision,
+                             rebuild_cache=a.rebuild_cache), indent=2, allow_nan=False))
     return 0
 
 
@@ -1270,7 +1296,7 @@ def _run(a: argparse.Namespace, rest: list[str]) -> int:
     _one_process_only(a.command)
     if str(getattr(a, "output", None)) == "-":  # it made a folder (or a picture) named "-", not standard output
         raise CLIError(f"--output -: {a.command} writes files, not to standard output; give a path")
-    if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "list", "env"):  # `>&-`: print
+    if sys.stdout is None and a.command in ("predict", "explain", "generate", "eval", "compare", "list", "env"):  # `>&-`: print
         # wrote nowhere and the command ended with 0, its results lost
         raise CLIError(f"standard output is closed, and {a.command} writes its results there; give it a file "
                        f"or a pipe (e.g. > results.jsonl)")
@@ -1278,7 +1304,7 @@ def _run(a: argparse.Namespace, rest: list[str]) -> int:
         return cmd_train(a, rest)
     if a.command == "list":
         return cmd_list()
-    return {"eval": cmd_eval, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
+    return {"eval": cmd_eval, "compare": cmd_compare, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
             "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
             "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "relabel": cmd_relabel,
             "env": cmd_env}[a.command](a)

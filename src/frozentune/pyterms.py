@@ -42,7 +42,7 @@ COMMAND = re.compile(r"`frozentune [^`]*`")  # a command line quoted in a messag
 # the command line's flags whose Python argument has another name: flag → (argument, how it is spelled), the
 # first argument the function has
 RENAMED = {"--text-pair-field": (("pair_field", "pair_field="),), "--cache-dir": (("cache_root", "cache_root="),),
-           "--model": (("model_dir", "model_dir="), ("model_dirs", "model_dirs=")),
+           "--model": (("model_dir", "model_dir="), ("model_dirs", "model_dirs="), ("models", "models=[…]")),
            "--backbone": (("backbone", "backbone="), ("lm_name", "lm_name=")),
            "--source-field": (("fields", "fields=(SOURCE, TARGET)"),),
            "--target-field": (("fields", "fields=(SOURCE, TARGET)"),),

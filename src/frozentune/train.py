@@ -242,6 +242,31 @@ def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive:
     return out
 
 
+def paired(first: np.ndarray, other: np.ndarray, level: float = LEVEL, resamples: int = RESAMPLES,
+           seed: int = 0) -> dict:
+    """Two models' right (True) / wrong answers on the same N examples (bool (N,) each): how many each alone got
+    right, the difference in accuracy (other − first, points) with its interval at `level` (percentile
+    bootstrap of the examples, seeded: a multinomial draw over the four right/wrong cells; None under
+    MIN_BOOTSTRAP examples), and McNemar's exact test (the examples one alone got right, split between the two as
+    by a fair coin if neither is better: a two-sided binomial p; 1.0 where none differ)."""
+    from scipy.stats import binomtest
+
+    first, other = np.asarray(first, dtype=bool), np.asarray(other, dtype=bool)
+    n = len(first)
+    cells = np.array([(first & other).sum(), (first & ~other).sum(), (~first & other).sum(), (~first & ~other).sum()])
+    out: dict = {"n": n, "both_right": int(cells[0]), "first_only": int(cells[1]), "other_only": int(cells[2]),
+                 "both_wrong": int(cells[3]), "difference": 100.0 * (int(cells[2]) - int(cells[1])) / n if n else None}
+    out["interval"] = None
+    if n >= MIN_BOOTSTRAP:
+        draws = np.random.default_rng(seed).multinomial(n, cells / n, size=resamples)
+        diff = 100.0 * (draws[:, 2] - draws[:, 1]) / n
+        out["interval"] = [float(v) for v in np.percentile(diff, [100 * (1 - level) / 2, 100 * (1 + level) / 2])]
+    split = int(cells[1] + cells[2])
+    out["mcnemar_p"] = float(binomtest(int(cells[2]), split, 0.5).pvalue) if split else 1.0
+    out["level"] = level
+    return out
+
+
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
     """(N, C) logits in the source's order."""
     return predict_outputs(model, src, (), batch_size)["logits"]

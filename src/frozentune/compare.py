@@ -1,0 +1,140 @@
+"""`frozentune compare`: saved classifiers scored on the same examples, each against the first.
+
+Two models a point apart on a test split of 500 examples may be apart by the test sample's chance alone.
+Scored on the same examples, what tells them apart is the examples one got right and the other wrong: McNemar's
+exact test asks whether those split unevenly enough that a fair coin would rarely do it, and a bootstrap of the
+examples gives the difference in accuracy an interval (train.paired). Each model's own figures come with their
+intervals (train.intervals). All of it is the test sample's uncertainty: each model is one training run, and
+another seed moves a score too (`frozentune sweep` trains over seeds).
+
+    frozentune compare --model runs/probe --model runs/space --data trec
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import api
+from .errors import FrozentuneError
+from .pyterms import in_python_terms
+
+SIGNIFICANT = 0.05  # the p under which the log says a difference is unlikely to be the test sample's chance alone
+
+
+class CompareError(FrozentuneError, ValueError):
+    """The models given cannot be compared (too few, one twice, a generator, other rows of the data)."""
+
+
+def _named(models: object) -> list[tuple[str, object]]:
+    """(the name said for it, the folder or loaded model) of each model given; a CompareError for fewer than two,
+    a folder given twice, or a value that is not a folder or a loaded model."""
+    from . import model as M
+
+    if isinstance(models, (str, os.PathLike)) or not isinstance(models, Sequence):
+        raise CompareError(f"models: {type(models).__name__}; give a list of two or more saved models' folders")
+    if len(models) < 2:
+        raise CompareError(f"{len(models)} model{'' if len(models) == 1 else 's'} given: compare scores two or more "
+                           f"on the same examples, each against the first; give another --model")
+    out: list[tuple[str, object]] = []
+    seen: dict[Path, str] = {}
+    for i, m in enumerate(models):
+        if isinstance(m, M.Classifier):
+            out.append((f"model {i + 1} (a loaded {m.method} model)", m))
+            continue
+        if not isinstance(m, (str, os.PathLike)):
+            raise CompareError(f"models[{i}]: {type(m).__name__}; give the folder of a saved model (a str or Path), "
+                               f"or a loaded model")
+        where = Path(m).expanduser().resolve()
+        if where in seen:
+            raise CompareError(f"--model {m}: given twice (as {seen[where]} too); a model against itself differs on "
+                               f"no example: give another model")
+        seen[where] = str(m)
+        out.append((str(m), m))
+    return out
+
+
+def _same_rows(first: tuple, other: tuple, data: str, split: str) -> None:
+    """A CompareError where two models' reading of the split is not the same examples in the same order."""
+    (name_a, part_a), (name_b, part_b) = first, other
+    if (part_a.texts, part_a.labels) == (part_b.texts, part_b.labels):
+        return
+    why = (f"{len(part_a):,} examples against {len(part_b):,}" if len(part_a) != len(part_b) else
+           "the same number of examples, but not the same ones")
+    raise CompareError(f"{name_b}: its {split} split of {data} is not {name_a}'s ({why}): a split carved from one "
+                       f"file follows each model's own seed and fields, so the two were scored on other examples; "
+                       f"compare them on a test file, or on every row with --split all")
+
+
+@in_python_terms()
+def compare(models: Sequence[Path | str], data: str, split: str = "test", text_field: str | None = None,
+            label_field: str | None = None, pair_field: str | None = None, cache_root: Path | None = None,
+            progress: bool = True, device: str | None = None, precision: str | None = None,
+            rebuild_cache: bool = False, log: Callable[[str], None] | None = api._stderr) -> dict:
+    """Score `models` (two or more saved classifiers' folders, or loaded ones) on the same `split` of `data`, each
+    read as it was trained (as `eval` reads it), and compare each with the first. Returns {"data", "split", "n",
+    "models": [{"model", "method", "metrics", "intervals"}], "against_first": [{"model", "first", the counts of
+    both right / first only / other only / both wrong, "difference" (points), "interval", "mcnemar_p", "level"}]}.
+    `log` (default: standard error; None: nothing) gets what was read and a line per comparison. Models are
+    loaded one at a time, and each is let go once scored."""
+    from .generation.run import is_generation_model
+    from .train import intervals, metrics, paired
+
+    log = api.as_log(log)
+    cache_root = api.as_path(cache_root, "cache_root")
+    api.as_switch(rebuild_cache, "rebuild_cache")
+    api.check_split(split)
+    named = _named(models)
+    for name, m in named:  # every folder checked before the first is scored
+        if not isinstance(m, (str, os.PathLike)):
+            continue
+        if not Path(m).expanduser().is_dir():
+            raise CompareError(f"--model {name}: no such folder; give the folder `frozentune train --output` wrote")
+        if is_generation_model(m):
+            raise CompareError(f"--model {name}: a text generator; compare scores classifiers (score generators "
+                               f"with `frozentune eval`, which gives BLEU and ROUGE)")
+    scored, rows = [], []
+    ds_name = None
+    for name, m in named:
+        model = api._load(m, device, precision, log)
+        ds, part, y, logits = api._scored_split(model, m, data, split, (text_field, label_field, pair_field),
+                                                cache_root, rebuild_cache, progress, log, verb=f"compare {name}")
+        if rows:
+            _same_rows(rows[0], (name, part), data, split)
+        rows.append((name, part))
+        pred = logits.argmax(1)
+        positive = api.positive_label(ds.name, model.labels)
+        scored.append({"model": name, "method": model.method, "right": pred == y,
+                       "metrics": metrics(y, pred, len(model.labels), positive),
+                       "intervals": intervals(y, pred, len(model.labels), positive)})
+        ds_name = ds.name
+        del model
+    out = {"data": ds_name, "split": split, "n": len(rows[0][1]),
+           "models": [{k: v for k, v in s.items() if k != "right"} for s in scored], "against_first": []}
+    for s in scored:
+        band = s["intervals"]
+        log(f"{s['model']} ({s['method']}): accuracy {s['metrics']['accuracy']:.2f} ({band['level']:.0%} interval "
+            f"{band['accuracy'][0]:.2f}-{band['accuracy'][1]:.2f})  macro-F1 {s['metrics']['macro_f1']:.2f}")
+    first = scored[0]
+    for s in scored[1:]:
+        p = paired(first["right"], s["right"])
+        out["against_first"].append({"model": s["model"], "first": first["model"], **p})
+        log(difference_line(s["model"], first["model"], p))
+    log("each model is one training run: training again with another seed moves a score too, which these intervals "
+        "do not include (`frozentune sweep` trains over seeds)")
+    return out
+
+
+def difference_line(other: str, first: str, p: dict) -> str:
+    """One line for the log: other − first in accuracy, its interval, the examples only one got right, and
+    McNemar's p with what it says."""
+    band = (f" ({p['level']:.0%} interval {p['interval'][0]:+.2f} to {p['interval'][1]:+.2f})"
+            if p["interval"] is not None else " (no interval under 100 examples)")
+    verdict = (f"unlikely to be the test sample's chance alone (p < {SIGNIFICANT:g})" if p["mcnemar_p"] < SIGNIFICANT
+               else f"the test sample cannot tell them apart (p ≥ {SIGNIFICANT:g})")
+    return (f"{other} − {first}: {p['difference']:+.2f} accuracy points{band}; right where the other was wrong: "
+            f"{p['other_only']:,} examples against {p['first_only']:,}; McNemar's exact test p = "
+            f"{p['mcnemar_p']:.3g}: {verdict}")
+
+
+__all__ = ["CompareError", "compare", "difference_line"]
