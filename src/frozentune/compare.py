@@ -95,10 +95,17 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
                                f"with `frozentune eval`, which gives BLEU and ROUGE)")
     scored, rows = [], []
     ds_name = None
+    said: set[str] = set()
+
+    def once(line: str) -> None:  # the models' common lines (the device, the precision) said once, not per model
+        if line not in said:
+            said.add(line)
+            log(line)
+
     for name, m in named:
-        model = api._load(m, device, precision, log)
+        model = api._load(m, device, precision, once)
         ds, part, y, logits = api._scored_split(model, m, data, split, (text_field, label_field, pair_field),
-                                                cache_root, rebuild_cache, progress, log, verb=f"compare {name}")
+                                                cache_root, rebuild_cache, progress, once, verb=f"compare {name}")
         if rows:
             _same_rows(rows[0], (name, part), data, split)
         rows.append((name, part))
