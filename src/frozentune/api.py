@@ -34,8 +34,8 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import (TrainConfig, calibration, class_report, evaluate, fit, intervals, metrics, plan_steps,
-                    predict_logits, silent)
+from .train import (TrainConfig, calibration, class_report, evaluate, fit, fit_temperature, intervals, metrics,
+                    plan_steps, predict_logits, silent)
 
 
 relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
@@ -303,10 +303,10 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             raise MethodError(f"{', '.join(f'{k}={given[k]!r}' for k in unused)}: for classification data; {data} is "
                               f"source → target generation data (use generation.run.train_generation for its fields "
                               f"and decoding options)")
-        if folds := [k for k in ("cv_folds", "cv_below", "cv_repeats", "fallback", "average_folds")
+        if folds := [k for k in ("cv_folds", "cv_below", "cv_repeats", "fallback", "average_folds", "calibrate")
                      if k in (train_cfg or {})]:
-            raise MethodError(f"train_cfg {', '.join(folds)}: options of a frozen head's cross-validation; a generation "
-                              f"run early-stops on validation loss: leave them out")  # as the command line refuses them
+            raise MethodError(f"train_cfg {', '.join(folds)}: options of a classifier's training (its cross-validation, "
+                              f"its probabilities); a generation run early-stops on validation loss: leave them out")
         if cache_root is not None or rebuild_cache:  # they were dropped: a generation run keeps no feature cache
             raise MethodError(f"cache_root / rebuild_cache: {data} is source → target generation data, whose runs "
                               f"read the whole LM and keep no feature cache; leave them out")
@@ -469,6 +469,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan)
         selection = {"how": "validation", "schedule": plan.why}
     n_params = model.num_trainable()  # the fallback, where cross-validation chose it, is a probe
+    temperature = _calibrate(model, cfg, selection["how"], val_src, y_val, "calibrate" in given, log)
     positive = positive_label(ds.name, ds.labels)
     val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size, positive)[0] if val_src is not None else None
     test_logits = predict_logits(model, src["test"], cfg.eval_batch_size)
@@ -488,6 +489,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         "intervals": intervals(y["test"], test_pred, len(model.labels), positive),
         **class_report(y["test"], test_pred, model.labels),  # per_class, confusion: of the test split
         "calibration": calibration(y["test"], test_pred, softmax_rows(test_logits)),
+        "temperature": temperature,  # fitted on validation (--calibrate), or None
         "validation": val_m,
         "trainable_params": n_params,
         "backbone_params": sum(p.numel() for p in bb.model.parameters()),
@@ -520,6 +522,25 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
             write_card_from_files(folder)  # README.md: the folder can go to the Hub as it is
         log(f"saved to {output}")
     return result
+
+
+def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: np.ndarray | None, asked: bool,
+               log: Callable[[str], None]) -> dict | None:
+    """--calibrate auto: where the validation split chose the model, fit its temperature there (train.fit_temperature)
+    and set it; its record for result.json, or None (said where --calibrate was given and nothing was fitted)."""
+    if cfg.calibrate == "off":
+        return None
+    if how != "validation" or val_src is None:
+        if asked:
+            log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the validation split that chose the model, "
+                f"and this run had none ({how}); the head's own scale is kept")
+        return None
+    fitted = fit_temperature(predict_logits(model, val_src, cfg.eval_batch_size), y_val)
+    model.temperature = fitted["value"]
+    log(f"probabilities: temperature {fitted['value']:.3f} fitted on the {fitted['examples']:,} validation examples "
+        f"(their cross-entropy {fitted['loss_before']:.4f} -> {fitted['loss_after']:.4f}); every prediction is as "
+        f"it was (--calibrate off keeps the head's own scale)")
+    return {"fitted_on": "validation", **fitted}
 
 
 def _fallback_note(model_dir) -> str:

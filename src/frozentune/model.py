@@ -114,6 +114,9 @@ class Classifier(nn.Module):
         # None: not known (built directly, not by `train` or `load`)
         self.pair_fields: tuple[str, str | None] | None = None
         self.base_weights_hash = backbone.weights_hash  # before any training touches it
+        # the logits are divided by it (calibrated): 1 until api.train fits one on validation (--calibrate); saved
+        # with the weights where it is not 1, under TEMPERATURE. A Python number, so applying it syncs no device
+        self.temperature = 1.0
         if cfg.train_backbone:
             self.backbone = backbone.model
             unfreeze_used(backbone, getattr(cfg, "top_layers", 0))
@@ -153,14 +156,22 @@ class Classifier(nn.Module):
         return Features(hidden, b.mask, b.separator, "fp32" if self.runs_live else self.backbone_ref.precision)
 
     def forward(self, b: Batch) -> Output:
-        return self.head(self.features(b))
+        return self.calibrated(self.head(self.features(b)))
+
+    def calibrated(self, out: Output) -> Output:
+        """The head's output with its logits divided by the fitted temperature (the same object where it is 1).
+        Every path that runs the head applies it: this forward, the server's shared pass, the ONNX graph."""
+        return out if self.temperature == 1.0 else Output(out.logits / self.temperature, out.extras)
 
     def trainable_state(self) -> dict[str, Tensor]:
-        """What gets saved: the head's state, plus the backbone parameters that were trained."""
+        """What gets saved: the head's state, plus the backbone parameters that were trained, and the temperature
+        where one was fitted."""
         head = self.head.saved_state() if hasattr(self.head, "saved_state") else self.head.state_dict()
         state = {f"head.{k}": v for k, v in head.items()}
         if self.trains_backbone:
             state |= {f"backbone.{k}": p for k, p in self.backbone.named_parameters() if p.requires_grad}
+        if self.temperature != 1.0:
+            state[TEMPERATURE] = torch.tensor(self.temperature, dtype=torch.float64)
         return state
 
     def num_trainable(self) -> int:
@@ -220,6 +231,7 @@ def save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str
     os.chmod(path, 0o666 & ~umask)
 
 
+TEMPERATURE = "temperature"  # the weights' entry of a fitted temperature (Classifier.temperature), a float64 scalar
 TRAINED_AS = "frozentune_trained_as"  # the weights' metadata entry: `trained_as` of the config they were saved with
 BACKBONE_DEFINES = ("layers", "combine", "token_types", "weights_hash", "config_hash", "trained")
 
@@ -586,6 +598,11 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
     state = load_weights(folder, config)
     if not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
         raise ModelLoadError(f"{folder / WEIGHTS}: holds NaN or infinite weights; the model is unusable: train it again")
+    temperature = state.pop(TEMPERATURE, None)  # (absent: none was fitted, or saved before 2026-11-29)
+    if temperature is not None and not (temperature.dim() == 0 and temperature.is_floating_point()
+                                        and float(temperature) > 0):
+        raise ModelLoadError(f"{folder / WEIGHTS}: its {TEMPERATURE!r} is not a positive number "
+                             f"({list(temperature.shape)}, {temperature.dtype}); the folder is damaged: train it again")
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a shape that differs: e.g. config.json's labels edited to another count
@@ -599,6 +616,8 @@ def load(folder: Path, backbone: Backbone | None = None, runtime: Callable[[dict
         raise ModelLoadError(f"{folder / WEIGHTS}: weights do not match method {config['method']!r} "
                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     model.eval()
+    if temperature is not None:
+        model.temperature = float(temperature)
     model.saved_config = config  # type: ignore[attr-defined]
     model.pair_fields = (config.get("text_field", "text"), config.get("text_pair_field"))
     return model

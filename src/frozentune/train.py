@@ -73,6 +73,11 @@ class TrainConfig:
                 "(a probe), which is the model unless the head's best held-out accuracy, less the optimism of taking the "
                 "best of its checkpoints, beats it by more than one standard error; "
                 "off: always the head", "choices": ("auto", "off")})
+    calibrate: str = field(default="auto", metadata={
+        "help": "auto: where the validation split chose the model, one temperature T is then fitted on its logits "
+                "(the probabilities softmax(logits / T) given the lowest cross-entropy there; every prediction stays "
+                "as it was), so the scores mean what they say more closely; off: the head's own scale",
+        "choices": ("auto", "off")})
     average_folds: str = field(default="auto", metadata={
         "help": "on: where --cv-folds chose a head's steps, its weights are the mean of the refit's and the fold "
                 "models' at those steps (all from one initialisation: a uniform model soup); off: the refit alone; "
@@ -265,6 +270,23 @@ def paired(first: np.ndarray, other: np.ndarray, level: float = LEVEL, resamples
     out["mcnemar_p"] = float(binomtest(int(cells[2]), split, 0.5).pvalue) if split else 1.0
     out["level"] = level
     return out
+
+
+def fit_temperature(logits: np.ndarray, y: np.ndarray) -> dict:
+    """Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural Networks"): the T > 0 whose
+    softmax(logits / T) gives held-out examples `y` the lowest mean cross-entropy, found over log T in [-4, 4]
+    (Brent's bounded search; the loss is convex in 1/T). {"value": T, "examples", "loss_before" (at T = 1),
+    "loss_after"}. Dividing by T > 0 keeps every row's argmax."""
+    from scipy.optimize import minimize_scalar
+
+    z, target = torch.from_numpy(np.asarray(logits, dtype=np.float64)), torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+    def loss(t: float) -> float:
+        return float(nn.functional.cross_entropy(z / t, target))
+
+    best = float(np.exp(minimize_scalar(lambda lt: loss(float(np.exp(lt))), bounds=(-4.0, 4.0), method="bounded",
+                                        options={"xatol": 1e-6}).x))
+    return {"value": best, "examples": int(len(target)), "loss_before": loss(1.0), "loss_after": loss(best)}
 
 
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:

@@ -124,6 +124,11 @@ def _training_line(result: dict) -> str | None:
                      f"{sel['score']:.2f}), then it was fitted on all of train{averaged}")
     elif sel.get("how") == "validation":
         parts.append("early stopping on the validation split chose the epoch")
+    t = result.get("temperature")
+    if isinstance(t, dict) and isinstance(t.get("value"), (int, float)) and isinstance(t.get("examples"), int):
+        parts.append(f"its logits are divided by a temperature of {t['value']:.3f}, fitted on the {t['examples']:,} "
+                     f"validation examples so that its probabilities are as confident as it is right there "
+                     f"(`--calibrate`; no prediction changes)")
     return ("**Training.** " + "; ".join(parts) + ".") if parts else None
 
 

@@ -65,6 +65,7 @@ class Graph(nn.Module):
         self.heads = nn.ModuleList([m.head for _, m in heads])
         self.specs = [m.backbone_ref.layers for _, m in heads]
         self.dtypes = [m.cache_dtype for _, m in heads]
+        self.temperatures = [m.temperature for _, m in heads]  # (Classifier.calibrated: a constant of the graph)
         self.sep, self.extras, self.types = sep, extras, types
 
     @property
@@ -95,9 +96,9 @@ class Graph(nn.Module):
         mask = attention_mask.bool()
         sep = separator_mask(input_ids, mask, self.sep) if self.sep else None
         results = []
-        for name, head, spec, dtype in zip(self.names, self.heads, self.specs, self.dtypes):
+        for name, head, spec, dtype, t in zip(self.names, self.heads, self.specs, self.dtypes, self.temperatures):
             o = head(Features(as_cached(select_layers(out.hidden_states, spec), dtype), mask, sep))
-            results += [o.logits, *(o.extras[k] for k in self.extras[name])]
+            results += [o.logits if t == 1.0 else o.logits / t, *(o.extras[k] for k in self.extras[name])]
         return tuple(results)
 
 

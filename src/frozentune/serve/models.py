@@ -466,11 +466,12 @@ class FrozenPass(ClassifierGroup):
             if graphs is not None and every and sep is None:  # all rows, single texts: its recorded graph
                 out = graphs.run(task.name, m.head, m.backbone_ref.precision, key, chosen[key], fmask)
                 if out is not None:
-                    return out
+                    return m.calibrated(out)  # (its temperature applied outside the graph, as in Classifier.forward)
             hidden = chosen[key] if every else chosen[key][rows]
             with torch.no_grad():
-                return m.head(Features(hidden, fmask if every else fmask[rows],
-                                       None if sep is None else sep if every else sep[rows], m.backbone_ref.precision))
+                return m.calibrated(m.head(Features(hidden, fmask if every else fmask[rows],
+                                                    None if sep is None else sep if every else sep[rows],
+                                                    m.backbone_ref.precision)))
 
         return self.answer(jobs, outputs)
 

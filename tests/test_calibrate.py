@@ -1,0 +1,95 @@
+"""--calibrate: one temperature fitted on the validation split's logits after training; every prediction stays as
+it was, the probabilities are softmax(logits / T) wherever the model answers (predict, eval, serve, ONNX)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from clirun import cli
+
+from frozentune import api
+from frozentune import model as M
+from frozentune.registry import MethodError
+from frozentune.train import fit_temperature
+
+TEXTS = ["What does NASA stand for ?", "Who wrote Hamlet ?", "How far is the moon ?", "Where is Lima ?",
+         "Name a bird .", "Why is the sky blue ?"]
+
+
+def test_fit_temperature_finds_the_scale_the_logits_were_stretched_by():
+    """Labels drawn from softmax(z): the logits 3z are three times too confident, and T comes out near 3; the
+    loss is lowest at T (against T nudged either way)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(20000, 4)) * 1.5
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    y = np.array([rng.choice(4, p=row) for row in p])
+    fitted = fit_temperature(3 * z, y)
+    assert fitted["value"] == pytest.approx(3.0, rel=0.05)  # 20,000 draws: the estimate's spread is ~1%
+    assert fitted["loss_after"] < fitted["loss_before"] and fitted["examples"] == 20000
+
+    def loss(t: float) -> float:
+        return float(torch.nn.functional.cross_entropy(torch.from_numpy(3 * z / t), torch.from_numpy(y)))
+    assert all(loss(fitted["value"]) <= loss(fitted["value"] * f) for f in (0.99, 1.01))
+    assert fit_temperature(z, y)["value"] == pytest.approx(1.0, rel=0.05)  # already calibrated: left near 1
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_bert, trec_slice, tmp_path_factory) -> tuple[Path, Path]:
+    """The same probe trained twice, --calibrate auto and off; validation chooses (--cv-below 0: a validation
+    split carved from train), so auto fits a temperature."""
+    root = tmp_path_factory.mktemp("calibrate")
+    for name in ("auto", "off"):
+        cli("train", "--method", "ytuning", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+            "--epochs", 3, "--cv-below", 0, "--calibrate", name, "--output", root / name, "--cache-dir",
+            root / "cache", "--quiet", code=0)
+    return root / "auto", root / "off"
+
+
+def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_slice):
+    auto, off = pair
+    result = json.loads((auto / "result.json").read_text())
+    t = result["temperature"]
+    assert t["fitted_on"] == "validation" and t["examples"] == result["sizes"]["validation"] and t["value"] > 0
+    assert t["value"] != 1.0 and t["loss_after"] <= t["loss_before"]
+    assert json.loads((off / "result.json").read_text())["temperature"] is None
+    assert float(load_file(str(auto / "model.safetensors"))["temperature"]) == t["value"]  # saved with the weights
+    assert "temperature" not in load_file(str(off / "model.safetensors"))
+    assert M.load(auto).temperature == t["value"] and M.load(off).temperature == 1.0
+    calibrated, raw = api.predict(auto, TEXTS), api.predict(off, TEXTS)  # the same seed: the same weights
+    for c, r in zip(calibrated, raw):
+        assert c["label"] == r["label"]
+        z = np.log(np.array(list(r["scores"].values()), dtype=np.float64))  # the logits, up to a constant
+        want = np.exp(z / t["value"]) / np.exp(z / t["value"]).sum()
+        # float32 softmax on both sides, one division more: a few float32 roundings of numbers ≤ 1
+        assert np.array(list(c["scores"].values())) == pytest.approx(want, abs=1e-5)
+    # the training run's test figures are eval's (the temperature loads with the model), and the card says it
+    assert json.loads(cli("eval", "--model", auto, "--data", trec_slice, "--cache-dir", auto.parent / "cache",
+                          code=0).out)["calibration"] == result["calibration"]
+    assert f"divided by a temperature of {t['value']:.3f}" in (auto / "README.md").read_text()
+
+
+def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
+    # few labels: cross-validation chose, there is no validation split to fit on; said where it was asked for
+    ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+              "--epochs", 2, "--calibrate", "auto", "--output", tmp_path / "m", "--cache-dir", tmp_path / "cache", code=0)
+    assert "--calibrate auto not used" in ans.out
+    assert json.loads((tmp_path / "m" / "result.json").read_text())["temperature"] is None
+    with pytest.raises(MethodError, match="calibrate"):  # a generation run has no classes to scale
+        api.train("prefix", "e2e", train_cfg={"calibrate": "off"}, log=None)
+    cli("train", "--method", "probe", "--data", trec_slice, "--calibrate", "on", contains="--calibrate")
+
+
+def test_a_damaged_temperature_is_refused(pair, tmp_path):
+    folder = Path(shutil.copytree(pair[0], tmp_path / "m"))
+    config = json.loads((folder / "config.json").read_text())
+    state = load_file(str(folder / "model.safetensors"))
+    state["temperature"] = torch.tensor(-2.0, dtype=torch.float64)
+    M.write_saved(folder, state, {k: v for k, v in config.items() if k not in ("format", "weights_file")})
+    with pytest.raises(M.ModelLoadError, match="'temperature' is not a positive number"):
+        M.load(folder)
