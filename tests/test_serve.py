@@ -45,7 +45,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # ytuning early-stops on a validation split carved from train (--cv-below 0), so --calibrate fits its temperature:
 # every comparison with predict below then covers the logits divided by it
-CLASSIFIERS = {"probe": [], "space": [], "ytuning": ["--cv-below", "0"], "selfexplain": [], "probe-layer1": ["--layer", "1"]}
+CLASSIFIERS = {"probe": [], "space": [], "ytuning": ["--cv-below", "0"], "selfexplain": [],
+               "probe-layer1": ["--layer", "1"]}
 LIVE = ("finetuned", "encoder-prefix")  # classifiers that run the backbone themselves
 TEXTS = ["Who invented the telephone ?", "How far is the moon from the Earth ?",
          "What is the capital city of Australia and why was it chosen ?", "Name a bird ."]

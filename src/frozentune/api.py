@@ -305,8 +305,9 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
                               f"and decoding options)")
         if folds := [k for k in ("cv_folds", "cv_below", "cv_repeats", "fallback", "average_folds", "calibrate")
                      if k in (train_cfg or {})]:
-            raise MethodError(f"train_cfg {', '.join(folds)}: options of a classifier's training (its cross-validation, "
-                              f"its probabilities); a generation run early-stops on validation loss: leave them out")
+            raise MethodError(f"train_cfg {', '.join(folds)}: options of a classifier's training (its "
+                              f"cross-validation, its probabilities); a generation run early-stops on validation "
+                              f"loss: leave them out")
         if cache_root is not None or rebuild_cache:  # they were dropped: a generation run keeps no feature cache
             raise MethodError(f"cache_root / rebuild_cache: {data} is source → target generation data, whose runs "
                               f"read the whole LM and keep no feature cache; leave them out")
@@ -532,8 +533,8 @@ def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: 
         return None
     if how != "validation" or val_src is None:
         if asked:
-            log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the validation split that chose the model, "
-                f"and this run had none ({how}); the head's own scale is kept")
+            log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the validation split that chose the "
+                f"model, and this run had none ({how}); the head's own scale is kept")
         return None
     fitted = fit_temperature(predict_logits(model, val_src, cfg.eval_batch_size), y_val)
     model.temperature = fitted["value"]

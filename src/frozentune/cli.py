@@ -510,8 +510,8 @@ def cmd_train(a: argparse.Namespace, rest: list[str]) -> int:
                            f"and target; E2E and WebNLG pick theirs)")
         encoder = [f"{_flag(k)} {v}" for k, v, default in
                    (("max_length", a.max_length, 128), ("layer", a.layer, None), ("layer_combine", a.layer_combine, "mean"))
-                   if v != default] + [_flag(k) for k in ("cv_folds", "cv_below", "cv_repeats", "fallback", "average_folds",
-                                                          "calibrate") if k in train_cfg] + \
+                   if v != default] + [_flag(k) for k in ("cv_folds", "cv_below", "cv_repeats", "fallback",
+                                                          "average_folds", "calibrate") if k in train_cfg] + \
                   [flag for flag, v in (("--cache-dir", a.cache_dir), ("--rebuild-cache", a.rebuild_cache)) if v]
         if encoder:  # accepted and ignored before: the generation run never read them
             raise CLIError(f"{', '.join(encoder)}: options of a frozen encoder's classification run; a generation run "
