@@ -77,7 +77,8 @@ def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_slic
 def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
     # few labels: cross-validation chose, there is no validation split to fit on; said where it was asked for
     ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
-              "--epochs", 2, "--calibrate", "auto", "--output", tmp_path / "m", "--cache-dir", tmp_path / "cache", code=0)
+              "--epochs", 2, "--calibrate", "auto", "--output", tmp_path / "m", "--cache-dir", tmp_path / "cache",
+              code=0)
     assert "--calibrate auto not used" in ans.out
     assert json.loads((tmp_path / "m" / "result.json").read_text())["temperature"] is None
     with pytest.raises(MethodError, match="calibrate"):  # a generation run has no classes to scale
