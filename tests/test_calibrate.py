@@ -45,9 +45,11 @@ def pair(tiny_bert, trec_slice, tmp_path_factory) -> tuple[Path, Path]:
     split carved from train), so auto fits a temperature."""
     root = tmp_path_factory.mktemp("calibrate")
     for name in ("auto", "off"):
-        cli("train", "--method", "ytuning", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
-            "--epochs", 3, "--cv-below", 0, "--calibrate", name, "--output", root / name, "--cache-dir",
-            root / "cache", "--quiet", code=0)
+        ans = cli("train", "--method", "ytuning", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+                  "--epochs", 3, "--cv-below", 0, "--calibrate", name, "--output", root / name, "--cache-dir",
+                  root / "cache", "--quiet", code=0)
+        said = [line for line in ans.out.splitlines() if line.startswith("probabilities: temperature")]
+        assert len(said) == (name == "auto"), ans.out  # the run says the temperature it fitted, once
     return root / "auto", root / "off"
 
 
@@ -94,3 +96,31 @@ def test_a_damaged_temperature_is_refused(pair, tmp_path):
     M.write_saved(folder, state, {k: v for k, v in config.items() if k not in ("format", "weights_file")})
     with pytest.raises(M.ModelLoadError, match="'temperature' is not a positive number"):
         M.load(folder)
+
+
+def test_the_parts_of_a_logit_are_divided_with_it(tiny_bert, trec_slice, tmp_path):
+    """Space's token_logits add up (with the bias) to its logits; with a temperature they still add up to what the
+    model answers with, in forward and in the ONNX graph alike."""
+    from numerics import assert_close, dot
+
+    cli("train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+        "--epochs", 2, "--cv-below", 0, "--output", tmp_path / "space", "--cache-dir", tmp_path / "cache", "--quiet",
+        code=0)
+    m = M.load(tmp_path / "space")
+    assert m.temperature != 1.0
+    bb = m.backbone_ref
+    b = M.LiveSource(bb.tokenize(TEXTS), bb.pad_id()).batch(np.arange(len(TEXTS)))
+    with torch.no_grad():
+        out = m(b)
+    bias = m.head.out.bias.detach() / m.temperature
+    # the tokens' shares and the bias, summed in another order than the head's centroids: a sum of 32 terms each
+    # at most the largest |logit| (float32 roundings, scaled alike by 1/T on both sides)
+    assert_close(out.extras["token_logits"].sum(-1) + bias, out.logits, ops=dot(32),
+                 scale=float(out.logits.abs().max()), what="shares + bias against the calibrated logits")
+    from frozentune.export.onnx import build_graph, load_heads  # the module ONNX exports: the same, exactly
+
+    graph = build_graph(load_heads([tmp_path / "space"]))
+    with torch.no_grad():
+        got = dict(zip(graph.output_names, graph(b.input_ids, b.mask.long())))
+    assert torch.equal(got["space.logits"], out.logits)
+    assert torch.equal(got["space.token_logits"], out.extras["token_logits"])

@@ -246,6 +246,9 @@ class Head(nn.Module):
     # refit's and the fold models' (crossval.py). Set per head from development rows (bench/soup_dev.py):
     # the mean helped Y-Tuning and hurt the self-explaining head.
     average_folds = False
+    # Output.extras that are additive parts of the logits (space's token_logits: logits = bias + their sum): divided
+    # by a fitted temperature with the logits (Classifier.calibrated), so they stay parts of what is shown
+    logit_parts: tuple[str, ...] = ()
     # Below --cv-below, how many standard errors the head's optimism-corrected held-out accuracy must beat the
     # logistic regression by for the run to keep the head (crossval.keep_regression): one, the one-standard-error
     # rule, unless development rows (bench/fallback_rules.py --score dev) showed the head losing where it was kept.

@@ -159,9 +159,14 @@ class Classifier(nn.Module):
         return self.calibrated(self.head(self.features(b)))
 
     def calibrated(self, out: Output) -> Output:
-        """The head's output with its logits divided by the fitted temperature (the same object where it is 1).
-        Every path that runs the head applies it: this forward, the server's shared pass, the ONNX graph."""
-        return out if self.temperature == 1.0 else Output(out.logits / self.temperature, out.extras)
+        """The head's output with its logits divided by the fitted temperature, and the extras that are parts of
+        them (Head.logit_parts) too; the same object where it is 1. Every path that runs the head applies it:
+        this forward, the server's shared pass, the ONNX graph."""
+        t = self.temperature
+        if t == 1.0:
+            return out
+        parts = getattr(self.head, "logit_parts", ())
+        return Output(out.logits / t, {k: v / t if k in parts else v for k, v in out.extras.items()})
 
     def trainable_state(self) -> dict[str, Tensor]:
         """What gets saved: the head's state, plus the backbone parameters that were trained, and the temperature

@@ -98,7 +98,9 @@ class Graph(nn.Module):
         results = []
         for name, head, spec, dtype, t in zip(self.names, self.heads, self.specs, self.dtypes, self.temperatures):
             o = head(Features(as_cached(select_layers(out.hidden_states, spec), dtype), mask, sep))
-            results += [o.logits if t == 1.0 else o.logits / t, *(o.extras[k] for k in self.extras[name])]
+            scaled = ("logits", *head.logit_parts) if t != 1.0 else ()  # as Classifier.calibrated
+            results += [x / t if k in scaled else x for k, x in (("logits", o.logits),
+                                                                 *((k, o.extras[k]) for k in self.extras[name]))]
         return tuple(results)
 
 

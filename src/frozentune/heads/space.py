@@ -87,6 +87,8 @@ def inter_space_loss(k: Tensor, labels: Tensor) -> Tensor:
 class SpaceHead(Head):
     """Concept operators P (n, D, m), centroids, a linear classifier over their concatenation."""
 
+    logit_parts = ("token_logits",)
+
     # On development rows (SST-2, SST-5, TREC at 8-64 per class, 5 samples each; bench/fallback_rules.py --score dev)
     # 8 of 60 runs kept this head over the regression on its layer at one standard error: 5 lost by 1.4-4.8 points,
     # 3 won by 0.1-0.3, and 5 of the 12 cells fell below the regression (mean −0.29). At 3 standard errors no run
