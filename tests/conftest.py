@@ -239,6 +239,19 @@ def trec_slice(tmp_path_factory, shared_data) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def trec_val_slice(tmp_path_factory, shared_data) -> Path:
+    """trec_slice's train (120) and test (40) examples and a validation file of the 100 train rows after them: enough
+    for --calibrate to fit a temperature (train.MIN_CALIBRATE) where validation chooses (--cv-below 0)."""
+    out = tmp_path_factory.mktemp("trec_val_slice")
+    rows = [json.loads(line) for line in (shared_data / "trec" / "train.jsonl").read_text().splitlines()[:220]]
+    test = (shared_data / "trec" / "test.jsonl").read_text().splitlines()[:40]
+    for split, part in (("train", rows[:120]), ("validation", rows[120:]), ("test", [json.loads(t) for t in test])):
+        (out / f"{split}.jsonl").write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n"
+                                                    for r in part))
+    return out
+
+
 @pytest.fixture
 def cache_root(tmp_path) -> Path:
     return tmp_path / "cache"

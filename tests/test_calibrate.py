@@ -40,12 +40,12 @@ def test_fit_temperature_finds_the_scale_the_logits_were_stretched_by():
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_bert, trec_slice, tmp_path_factory) -> tuple[Path, Path]:
-    """The same probe trained twice, --calibrate auto and off; validation chooses (--cv-below 0: a validation
-    split carved from train), so auto fits a temperature."""
+def pair(tiny_bert, trec_val_slice, tmp_path_factory) -> tuple[Path, Path]:
+    """The same Y-Tuning head trained twice, --calibrate auto and off; validation (100 examples) chooses
+    (--cv-below 0), so auto fits a temperature."""
     root = tmp_path_factory.mktemp("calibrate")
     for name in ("auto", "off"):
-        ans = cli("train", "--method", "ytuning", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+        ans = cli("train", "--method", "ytuning", "--data", trec_val_slice, "--backbone", tiny_bert, "--max-length", 32,
                   "--epochs", 3, "--cv-below", 0, "--calibrate", name, "--output", root / name, "--cache-dir",
                   root / "cache", "--quiet", code=0)
         said = [line for line in ans.out.splitlines() if line.startswith("probabilities: temperature")]
@@ -53,7 +53,7 @@ def pair(tiny_bert, trec_slice, tmp_path_factory) -> tuple[Path, Path]:
     return root / "auto", root / "off"
 
 
-def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_slice):
+def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_val_slice):
     auto, off = pair
     result = json.loads((auto / "result.json").read_text())
     t = result["temperature"]
@@ -71,7 +71,7 @@ def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_slic
         # float32 softmax on both sides, one division more: a few float32 roundings of numbers ≤ 1
         assert np.array(list(c["scores"].values())) == pytest.approx(want, abs=1e-5)
     # the training run's test figures are eval's (the temperature loads with the model), and the card says it
-    assert json.loads(cli("eval", "--model", auto, "--data", trec_slice, "--cache-dir", auto.parent / "cache",
+    assert json.loads(cli("eval", "--model", auto, "--data", trec_val_slice, "--cache-dir", auto.parent / "cache",
                           code=0).out)["calibration"] == result["calibration"]
     assert f"divided by a temperature of {t['value']:.3f}" in (auto / "README.md").read_text()
 
@@ -83,6 +83,14 @@ def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
               code=0)
     assert "--calibrate auto not used" in ans.out
     assert json.loads((tmp_path / "m" / "result.json").read_text())["temperature"] is None
+    # validation chose, but from 12 examples carved out of train: too few to fit on, said
+    ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+              "--epochs", 2, "--cv-below", 0, "--cache-dir", tmp_path / "cache", code=0)
+    assert "a temperature is fitted on 100 validation examples or more (--calibrate), and there are 12" in ans.out
+    # where every validation example is right by a wide margin, no finite temperature is best: none is set
+    margin = np.array([[9.0, 0.0], [0.0, 9.0]] * 60)
+    assert fit_temperature(margin, np.array([0, 1] * 60))["at_edge"]
+    assert not fit_temperature(margin, np.array([0, 1] * 59 + [1, 0]))["at_edge"]  # one wrong: a finite T
     with pytest.raises(MethodError, match="calibrate"):  # a generation run has no classes to scale
         api.train("prefix", "e2e", train_cfg={"calibrate": "off"}, log=None)
     cli("train", "--method", "probe", "--data", trec_slice, "--calibrate", "on", contains="--calibrate")
@@ -98,12 +106,12 @@ def test_a_damaged_temperature_is_refused(pair, tmp_path):
         M.load(folder)
 
 
-def test_the_parts_of_a_logit_are_divided_with_it(tiny_bert, trec_slice, tmp_path):
+def test_the_parts_of_a_logit_are_divided_with_it(tiny_bert, trec_val_slice, tmp_path):
     """Space's token_logits add up (with the bias) to its logits; with a temperature they still add up to what the
     model answers with, in forward and in the ONNX graph alike."""
     from numerics import assert_close, dot
 
-    cli("train", "--method", "space", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+    cli("train", "--method", "space", "--data", trec_val_slice, "--backbone", tiny_bert, "--max-length", 32,
         "--epochs", 2, "--cv-below", 0, "--output", tmp_path / "space", "--cache-dir", tmp_path / "cache", "--quiet",
         code=0)
     m = M.load(tmp_path / "space")

@@ -43,8 +43,8 @@ from frozentune.serve.app import Running  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# ytuning early-stops on a validation split carved from train (--cv-below 0), so --calibrate fits its temperature:
-# every comparison with predict below then covers the logits divided by it
+# ytuning early-stops on a validation file of 100 examples (trec_val_slice, --cv-below 0), so --calibrate fits its
+# temperature: every comparison with predict below then covers the logits divided by it
 CLASSIFIERS = {"probe": [], "space": [], "ytuning": ["--cv-below", "0"], "selfexplain": [],
                "probe-layer1": ["--layer", "1"]}
 LIVE = ("finetuned", "encoder-prefix")  # classifiers that run the backbone themselves
@@ -55,12 +55,13 @@ SOURCES = ["name[Aromi], food[Italian]", "name[Cotto], eatType[pub], area[rivers
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, tiny_bert, trec_slice, shared_data) -> Path:
+def models(tmp_path_factory, tiny_bert, trec_slice, trec_val_slice, shared_data) -> Path:
     """A folder of saved models: the five frozen classifiers, a fine-tuned one and two prefixes."""
     root = tmp_path_factory.mktemp("served")
     for name, extra in CLASSIFIERS.items():
         method = name.split("-")[0]
-        assert main(["train", "--method", method, "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
+        data = trec_val_slice if "--cv-below" in extra else trec_slice
+        assert main(["train", "--method", method, "--data", str(data), "--backbone", str(tiny_bert), "--output",
                      str(root / name), "--epochs", "1", "--precision", "fp32", "--seed", "0", *extra]) == 0
     assert main(["train", "--method", "finetune", "--data", str(trec_slice), "--backbone", str(tiny_bert), "--output",
                  str(root / "finetuned"), "--epochs", "1", "--top-layers", "1", "--seed", "0"]) == 0

@@ -34,8 +34,8 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import (TrainConfig, calibration, class_report, evaluate, fit, fit_temperature, intervals, metrics,
-                    plan_steps, predict_logits, silent)
+from .train import (MIN_CALIBRATE, TrainConfig, calibration, class_report, evaluate, fit, fit_temperature,
+                    intervals, metrics, plan_steps, predict_logits, silent)
 
 
 relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
@@ -536,7 +536,17 @@ def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: 
             log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the validation split that chose the "
                 f"model, and this run had none ({how}); the head's own scale is kept")
         return None
+    if len(y_val) < MIN_CALIBRATE:
+        log(f"probabilities: the head's own scale: a temperature is fitted on {MIN_CALIBRATE} validation examples or "
+            f"more (--calibrate), and there are {len(y_val)}")
+        return None
     fitted = fit_temperature(predict_logits(model, val_src, cfg.eval_batch_size), y_val)
+    if fitted.pop("at_edge"):
+        why = ("they are all right by a wide margin, so it would make every probability 0 or 1" if fitted["value"] < 1
+               else "on them the scores do worse than no scores, so it would make every class equally likely")
+        log(f"probabilities: the head's own scale: on the {len(y_val):,} validation examples the best temperature is "
+            f"at the end of its range ({fitted['value']:.3g}): {why}")
+        return None
     model.temperature = fitted["value"]
     log(f"probabilities: temperature {fitted['value']:.3f} fitted on the {fitted['examples']:,} validation examples "
         f"(their cross-entropy {fitted['loss_before']:.4f} -> {fitted['loss_after']:.4f}); every prediction is as "

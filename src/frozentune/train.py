@@ -272,11 +272,18 @@ def paired(first: np.ndarray, other: np.ndarray, level: float = LEVEL, resamples
     return out
 
 
+# --calibrate fits a temperature on at least this many validation examples: on fewer, one number is still fitted
+# to the few (a carve of 12 put it at either end of its range), and the probabilities would then say less, not more
+MIN_CALIBRATE = 100
+LOG_T = 4.0  # the search's range of log T: T from e^-4 (0.018) to e^4 (55)
+
+
 def fit_temperature(logits: np.ndarray, y: np.ndarray) -> dict:
     """Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural Networks"): the T > 0 whose
-    softmax(logits / T) gives held-out examples `y` the lowest mean cross-entropy, found over log T in [-4, 4]
-    (Brent's bounded search; the loss is convex in 1/T). {"value": T, "examples", "loss_before" (at T = 1),
-    "loss_after"}. Dividing by T > 0 keeps every row's argmax."""
+    softmax(logits / T) gives held-out examples `y` the lowest mean cross-entropy, found over log T in
+    [-LOG_T, LOG_T] (Brent's bounded search; the loss is convex in 1/T). {"value": T, "examples", "loss_before"
+    (at T = 1), "loss_after", "at_edge": whether T is at an end of the range (examples all right with room to
+    spare make the loss fall as T goes to 0: no finite T is best)}. Dividing by T > 0 keeps every row's argmax."""
     from scipy.optimize import minimize_scalar
 
     z, target = torch.from_numpy(np.asarray(logits, dtype=np.float64)), torch.from_numpy(np.asarray(y, dtype=np.int64))
@@ -284,9 +291,12 @@ def fit_temperature(logits: np.ndarray, y: np.ndarray) -> dict:
     def loss(t: float) -> float:
         return float(nn.functional.cross_entropy(z / t, target))
 
-    best = float(np.exp(minimize_scalar(lambda lt: loss(float(np.exp(lt))), bounds=(-4.0, 4.0), method="bounded",
+    best = float(np.exp(minimize_scalar(lambda lt: loss(float(np.exp(lt))), bounds=(-LOG_T, LOG_T), method="bounded",
                                         options={"xatol": 1e-6}).x))
-    return {"value": best, "examples": int(len(target)), "loss_before": loss(1.0), "loss_after": loss(best)}
+    after = loss(best)
+    # an end of the range doing as well: the loss still falls (or is flat, all of it rounded away) towards it
+    edge = min(loss(float(np.exp(-LOG_T))), loss(float(np.exp(LOG_T)))) <= after + 1e-12
+    return {"value": best, "examples": int(len(target)), "loss_before": loss(1.0), "loss_after": after, "at_edge": edge}
 
 
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
