@@ -165,6 +165,23 @@ def _decode_runtime_args(g) -> None:
                    "bits under autocast: faster where the hardware has them; near-ties between tokens can flip)")
 
 
+def _scored_split_args(p: argparse.ArgumentParser, whose: str) -> None:
+    """--data, --split and the fields of a command that scores saved classifiers on a split (eval, compare)."""
+    p.add_argument("--data", required=True)
+    p.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
+                   help="the split to score (default: test; a single file's test split is the 10%% carved from it, "
+                        "as training carved it); all: every row of one file, nothing carved")
+    p.add_argument("--text-field")
+    p.add_argument("--text-pair-field", help=PAIR_HELP + f" (default: {whose})")
+    p.add_argument("--label-field")
+
+
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", type=Path)
+    p.add_argument("--rebuild-cache", action="store_true", help="re-extract the split's features even if a cache entry "
+                   "exists (fixes a corrupt one)")
+
+
 def _pair_field_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source-field", help="generation from any pairs file: the source text's field (default: "
                    "source; E2E's mr and WebNLG's triples are read as they are)")
@@ -245,17 +262,9 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="evaluate a saved model")
     e.add_argument("--model", type=Path, action=_Once, required=True)
-    e.add_argument("--data", required=True)
-    e.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
-                   help="the split to score (default: test; a single file's test split is the 10%% carved from it, "
-                        "as training carved it); all: every row of one file, nothing carved")
-    e.add_argument("--text-field")
-    e.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
-    e.add_argument("--label-field")
+    _scored_split_args(e, "the model's")
     _pair_field_args(e)
-    e.add_argument("--cache-dir", type=Path)
-    e.add_argument("--rebuild-cache", action="store_true", help="re-extract the split's features even if a cache entry "
-                   "exists (fixes a corrupt one)")
+    _cache_args(e)
     e.add_argument("--errors", type=Path, metavar="FILE.jsonl", help="classification models: write every misclassified "
                    "example here (its line, text, label, prediction and scores), one JSON object a line")
     e.add_argument("--max-test", type=_whole(1), help="generation models: score a seeded sample of this many sources")
@@ -266,16 +275,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
                          "accuracy with intervals, the difference, and McNemar's exact test of it")
     cmp.add_argument("--model", type=Path, action="append", required=True,
                      help="a saved classifier's folder; give it two or more times (the first is the baseline)")
-    cmp.add_argument("--data", required=True)
-    cmp.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
-                     help="the split to score, read for each model as eval reads it (default: test); all: every row "
-                          "of one file")
-    cmp.add_argument("--text-field")
-    cmp.add_argument("--text-pair-field", help=PAIR_HELP + " (default: each model's)")
-    cmp.add_argument("--label-field")
-    cmp.add_argument("--cache-dir", type=Path)
-    cmp.add_argument("--rebuild-cache", action="store_true", help="re-extract the split's features even if a cache "
-                     "entry exists")
+    _scored_split_args(cmp, "each model's")
+    _cache_args(cmp)
     _runtime_args(cmp)
 
     gen = sub.add_parser("generate", help="generate text with a saved prefix or fine-tuned LM (one output per line; "

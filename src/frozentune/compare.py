@@ -106,6 +106,8 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
         model = api._load(m, device, precision, once)
         ds, part, y, logits = api._scored_split(model, m, data, split, (text_field, label_field, pair_field),
                                                 cache_root, rebuild_cache, progress, once, verb=f"compare {name}")
+        if not len(part):  # (eval's reading refuses an empty split; said here too, not a division by zero)
+            raise CompareError(f"{name}: its {split} split of {data} holds no examples; give a split with some")
         if rows:
             _same_rows(rows[0], (name, part), data, split)
         rows.append((name, part))
