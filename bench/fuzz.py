@@ -336,14 +336,15 @@ def part_cli(args) -> dict:
             "pretrain": ["--corpus", f"{data}/train.jsonl", "--output", str(args.work / "cli-pretrain"), "--steps", "2",
                          "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32"],
             "plot-concepts": ["--model", str(models / "space"), "--data", data, "--output", str(args.work / "cli.png")],
-            "relabel": ["--model", str(args.work / "cli-relabel")]}
+            "relabel": ["--model", str(args.work / "cli-relabel")],
+            "compare": ["--model", model, "--model", str(models / "probe"), "--data", data]}
     exports = [("onnx", "probe"), ("onnx", "space"), ("onnx", "ytuning"), ("peft", "gen"), ("peft", "probe"),
                ("onnx", "gen")]
     likely = likely_values(args.work, data, adapter)  # half the options drawn get one of these, not a random word
     exits: Counter = Counter()
     for _ in range(args.cases):
         command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep", "generate",
-                            "export", "import", "pretrain", "plot-concepts", "relabel"])
+                            "export", "import", "pretrain", "plot-concepts", "relabel", "compare"])
         argv = [command, *base[command]]
         if command == "train":
             argv.append(r.choice(["probe", "space", "ytuning", "selfexplain", "contrastive", "finetune"]))

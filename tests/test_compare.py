@@ -114,3 +114,13 @@ def test_compare_errors_name_the_python_argument(two, trec_slice):
     with pytest.raises(CompareError) as e:
         compare([first, first], str(trec_slice), cache_root=cache)
     assert "given twice" in str(e.value) and "models=[…] for --model" in str(e.value)
+
+
+def test_the_verdict_names_the_split_scored():
+    from frozentune.compare import difference_line
+
+    p = paired(np.array([True] * 80 + [False] * 40), np.array([True] * 120))
+    assert "unlikely to be chance in the train sample alone" in difference_line("b", "a", p, "train")
+    assert "unlikely to be chance in the file's rows alone" in difference_line("b", "a", p, "all")
+    same = paired(np.ones(120, bool), np.ones(120, bool))
+    assert "the test sample cannot tell them apart (p ≥ 0.05)" in difference_line("b", "a", same)

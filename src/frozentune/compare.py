@@ -19,7 +19,7 @@ from . import api
 from .errors import FrozentuneError
 from .pyterms import in_python_terms
 
-SIGNIFICANT = 0.05  # the p under which the log says a difference is unlikely to be the test sample's chance alone
+SIGNIFICANT = 0.05  # the p under which the log says a difference is unlikely to be chance in the sample alone
 
 
 class CompareError(FrozentuneError, ValueError):
@@ -128,19 +128,20 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
     for s in scored[1:]:
         p = paired(first["right"], s["right"])
         out["against_first"].append({"model": s["model"], "first": first["model"], **p})
-        log(difference_line(s["model"], first["model"], p))
+        log(difference_line(s["model"], first["model"], p, split))
     log("each model is one training run: training again with another seed moves a score too, which these intervals "
         "do not include (`frozentune sweep` trains over seeds)")
     return out
 
 
-def difference_line(other: str, first: str, p: dict) -> str:
+def difference_line(other: str, first: str, p: dict, split: str = "test") -> str:
     """One line for the log: other − first in accuracy, its interval, the examples only one got right, and
-    McNemar's p with what it says."""
+    McNemar's p with what it says (of the `split` scored)."""
     band = (f" ({p['level']:.0%} interval {p['interval'][0]:+.2f} to {p['interval'][1]:+.2f})"
             if p["interval"] is not None else " (no interval under 100 examples)")
-    verdict = (f"unlikely to be the test sample's chance alone (p < {SIGNIFICANT:g})" if p["mcnemar_p"] < SIGNIFICANT
-               else f"the test sample cannot tell them apart (p ≥ {SIGNIFICANT:g})")
+    sample = "the file's rows" if split == "all" else f"the {split} sample"
+    verdict = (f"unlikely to be chance in {sample} alone (p < {SIGNIFICANT:g})" if p["mcnemar_p"] < SIGNIFICANT
+               else f"{sample} cannot tell them apart (p ≥ {SIGNIFICANT:g})")
     return (f"{other} − {first}: {p['difference']:+.2f} accuracy points{band}; right where the other was wrong: "
             f"{p['other_only']:,} examples against {p['first_only']:,}; McNemar's exact test p = "
             f"{p['mcnemar_p']:.3g}: {verdict}")

@@ -214,7 +214,8 @@ def _f1s(matrix: np.ndarray) -> np.ndarray:
 
 def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive: tuple[int, str] | None = None,
               level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0) -> dict | None:
-    """How far `metrics`' figures could move with another test sample of the same size from the same source:
+    """How far `metrics`' figures could move with another sample of the same size from the same source (of the test
+    split, where train and eval give them):
     [low, high] (percent) at `level` for accuracy (wilson) and for macro-F1 (and positive_f1 with `positive`) by
     the percentile bootstrap (Efron & Tibshirani 1993), `resamples` draws of the N examples with replacement,
     seeded, so the same predictions give the same interval. An F1 depends only on the confusion counts, so a
@@ -243,7 +244,8 @@ def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive:
         if positive is not None:
             out["positive_f1"] = band(np.nan_to_num(f1[:, positive[0]]))  # as metrics: no F1 to divide is 0
         how = f"F1: percentile bootstrap, {resamples:,} resamples of the {n:,} examples (seed {seed})"
-    out["how"] = f"accuracy: Wilson score interval; {how}; the test sample's uncertainty only, not a retrained model's"
+    out["how"] = (f"accuracy: Wilson score interval; {how}; the scored sample's uncertainty only, not a retrained "
+                  f"model's")
     return out
 
 
