@@ -58,6 +58,9 @@ def test_eval_agrees_with_training_run(trained, trec_slice, capsys):
     assert code == 0, err
     assert json.loads(stdout)["metrics"] == result["metrics"]  # exact: the same cached states, model and batches
     assert "eval: the test split, 40 examples" in err
+    # a person reading the terminal gets the figures in one line, the JSON being long
+    m = result["metrics"]
+    assert f"eval: accuracy {m['accuracy']:.2f} (95% interval" in err and f"macro-F1 {m['macro_f1']:.2f}" in err
 
 
 def test_eval_reports_each_class_and_the_confusion_matrix(trained, trec_slice, capsys):

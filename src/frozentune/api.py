@@ -657,6 +657,13 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
         wrong = write_errors(errors, part, y, logits, model.labels)
         log(f"eval: {wrong:,} misclassified example{'s' if wrong != 1 else ''} of {len(part):,} written to {errors}")
         result["errors"] = {"file": str(errors), "count": wrong}
+    if (band := result["intervals"]) is not None:  # (None: no examples, which reading the split refuses)
+        m = result["metrics"]
+        log(f"eval: accuracy {m['accuracy']:.2f} ({band['level']:.0%} interval {band['accuracy'][0]:.2f}-"
+            f"{band['accuracy'][1]:.2f})  macro-F1 {m['macro_f1']:.2f}"
+            + (f"  F1[{positive[1]}] {m['positive_f1']:.2f}" if positive else "")
+            + f"  ECE {result['calibration']['ece']:.2f} points; per class, the confusion matrix and calibration are "
+              f"in the JSON")
     return result
 
 
