@@ -159,14 +159,9 @@ class Classifier(nn.Module):
         return self.calibrated(self.head(self.features(b)))
 
     def calibrated(self, out: Output) -> Output:
-        """The head's output with its logits divided by the fitted temperature, and the extras that are parts of
-        them (Head.logit_parts) too; the same object where it is 1. Every path that runs the head applies it:
-        this forward, the server's shared pass, the ONNX graph."""
-        t = self.temperature
-        if t == 1.0:
-            return out
-        parts = getattr(self.head, "logit_parts", ())
-        return Output(out.logits / t, {k: v / t if k in parts else v for k, v in out.extras.items()})
+        """The head's output divided by the fitted temperature (`divided`). Every path that runs the head applies
+        it: this forward, the server's shared pass, the ONNX graph (which calls `divided` itself)."""
+        return divided(out, self.temperature, getattr(self.head, "logit_parts", ()))
 
     def trainable_state(self) -> dict[str, Tensor]:
         """What gets saved: the head's state, plus the backbone parameters that were trained, and the temperature
@@ -181,6 +176,15 @@ class Classifier(nn.Module):
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def divided(out: Output, temperature: float, parts: tuple[str, ...] = ()) -> Output:
+    """`out` with its logits divided by a temperature, and the extras that are parts of them (Head.logit_parts)
+    too; the same object where the temperature is 1."""
+    if temperature == 1.0:
+        return out
+    return Output(out.logits / temperature,
+                  {k: v / temperature if k in parts else v for k, v in out.extras.items()})
 
 
 def unfreeze_used(backbone: Backbone, top_layers: int = 0) -> None:

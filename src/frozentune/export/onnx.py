@@ -65,7 +65,7 @@ class Graph(nn.Module):
         self.heads = nn.ModuleList([m.head for _, m in heads])
         self.specs = [m.backbone_ref.layers for _, m in heads]
         self.dtypes = [m.cache_dtype for _, m in heads]
-        self.temperatures = [m.temperature for _, m in heads]  # (Classifier.calibrated: a constant of the graph)
+        self.temperatures = [m.temperature for _, m in heads]  # (model.divided: a constant of the graph)
         self.sep, self.extras, self.types = sep, extras, types
 
     @property
@@ -88,7 +88,7 @@ class Graph(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None):
         from ..backbone import select_layers, token_type_kwargs
         from ..head import Features
-        from ..model import as_cached
+        from ..model import as_cached, divided
         from ..pairs import separator_mask
 
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
@@ -97,10 +97,9 @@ class Graph(nn.Module):
         sep = separator_mask(input_ids, mask, self.sep) if self.sep else None
         results = []
         for name, head, spec, dtype, t in zip(self.names, self.heads, self.specs, self.dtypes, self.temperatures):
-            o = head(Features(as_cached(select_layers(out.hidden_states, spec), dtype), mask, sep))
-            scaled = ("logits", *head.logit_parts) if t != 1.0 else ()  # as Classifier.calibrated
-            results += [x / t if k in scaled else x for k, x in (("logits", o.logits),
-                                                                 *((k, o.extras[k]) for k in self.extras[name]))]
+            o = divided(head(Features(as_cached(select_layers(out.hidden_states, spec), dtype), mask, sep)), t,
+                        head.logit_parts)  # as Classifier.calibrated
+            results += [o.logits, *(o.extras[k] for k in self.extras[name])]
         return tuple(results)
 
 
