@@ -34,7 +34,7 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import (MIN_CALIBRATE, TrainConfig, calibration, class_report, evaluate, fit, fit_temperature,
+from .train import (MIN_CALIBRATE, TrainConfig, calibration, class_report, evaluate, figures, fit, fit_temperature,
                     intervals, metrics, plan_steps, predict_logits, silent)
 
 
@@ -659,9 +659,7 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
         result["errors"] = {"file": str(errors), "count": wrong}
     if (band := result["intervals"]) is not None:  # (None: no examples, which reading the split refuses)
         m = result["metrics"]
-        log(f"eval: accuracy {m['accuracy']:.2f} ({band['level']:.0%} interval {band['accuracy'][0]:.2f}-"
-            f"{band['accuracy'][1]:.2f})  macro-F1 {m['macro_f1']:.2f}"
-            + (f"  F1[{positive[1]}] {m['positive_f1']:.2f}" if positive else "")
+        log(f"eval: {figures(m, band)}" + (f"  F1[{positive[1]}] {m['positive_f1']:.2f}" if positive else "")
             + f"  ECE {result['calibration']['ece']:.2f} points; per class, the confusion matrix and calibration are "
               f"in the JSON")
     return result

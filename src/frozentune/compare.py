@@ -78,7 +78,7 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
     `log` (default: standard error; None: nothing) gets what was read and a line per comparison. Models are
     loaded one at a time, and each is let go once scored."""
     from .generation.run import is_generation_model
-    from .train import intervals, metrics, paired
+    from .train import figures, intervals, metrics, paired
 
     log = api.as_log(log)
     cache_root = api.as_path(cache_root, "cache_root")
@@ -121,9 +121,7 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
     out = {"data": ds_name, "split": split, "n": len(rows[0][1]),
            "models": [{k: v for k, v in s.items() if k != "right"} for s in scored], "against_first": []}
     for s in scored:
-        band = s["intervals"]
-        log(f"{s['model']} ({s['method']}): accuracy {s['metrics']['accuracy']:.2f} ({band['level']:.0%} interval "
-            f"{band['accuracy'][0]:.2f}-{band['accuracy'][1]:.2f})  macro-F1 {s['metrics']['macro_f1']:.2f}")
+        log(f"{s['model']} ({s['method']}): {figures(s['metrics'], s['intervals'])}")
     first = scored[0]
     for s in scored[1:]:
         p = paired(first["right"], s["right"])

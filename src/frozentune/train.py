@@ -143,6 +143,13 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int,
     return out
 
 
+def confusion(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int) -> np.ndarray:
+    """(C, C) counts: row i the examples whose true label is i, column j those predicted j."""
+    matrix = np.zeros((num_labels, num_labels), dtype=np.int64)
+    np.add.at(matrix, (np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)), 1)
+    return matrix
+
+
 def class_report(y_true: np.ndarray, y_pred: np.ndarray, labels: Sequence[str]) -> dict:
     """What `metrics` averages, class by class, for a user reading where a model errs:
     {"per_class": {label: {"precision", "recall", "f1" (percent), "support"}}, "confusion": {"labels", "matrix"}}.
@@ -150,9 +157,7 @@ def class_report(y_true: np.ndarray, y_pred: np.ndarray, labels: Sequence[str]) 
     A value with nothing to divide is None, not 0: precision of a class never predicted, recall of one absent from
     the split, F1 of a class neither present nor predicted (F1 = 2·tp / (2·tp + fp + fn), so macro_f1 is the
     mean of the F1s that are not None)."""
-    k = len(labels)
-    matrix = np.zeros((k, k), dtype=np.int64)  # (true, predicted)
-    np.add.at(matrix, (np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)), 1)
+    matrix = confusion(y_true, y_pred, len(labels))
     tp, predicted, support = np.diag(matrix), matrix.sum(0), matrix.sum(1)
 
     def share(num: int, den: int) -> float | None:
@@ -203,6 +208,17 @@ def wilson(right: int, n: int, level: float = LEVEL) -> list[float]:
     return [100.0 * max(0.0, (centre - half) / (1 + z * z / n)), 100.0 * min(1.0, (centre + half) / (1 + z * z / n))]
 
 
+def _band(draws: np.ndarray, level: float, scale: float = 1.0) -> list[float]:
+    """[low, high]: the percentile bootstrap's interval at `level` of a statistic's resampled values, times `scale`."""
+    return [float(v) for v in scale * np.percentile(draws, [100 * (1 - level) / 2, 100 * (1 + level) / 2])]
+
+
+def figures(m: dict, band: dict) -> str:
+    """A run's figures as a log line gives them: accuracy with its interval, and macro-F1 (metrics, intervals)."""
+    return (f"accuracy {m['accuracy']:.2f} ({band['level']:.0%} interval {band['accuracy'][0]:.2f}-"
+            f"{band['accuracy'][1]:.2f})  macro-F1 {m['macro_f1']:.2f}")
+
+
 def _f1s(matrix: np.ndarray) -> np.ndarray:
     """(R, C, C) confusion matrices (true, predicted) → (R, C) per-class F1 (0-1), NaN for a class neither
     present nor predicted (as `metrics` leaves it out of macro-F1)."""
@@ -222,12 +238,10 @@ def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive:
     resample is a multinomial draw of N over the C × C cells: the same distribution, at no cost per example.
     The F1 intervals are None under MIN_BOOTSTRAP examples. Only the test sample's share of the uncertainty:
     training again with another seed moves a score too. None for an empty split."""
-    y_true, y_pred = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
     n = len(y_true)
     if n == 0:
         return None
-    matrix = np.zeros((num_labels, num_labels), dtype=np.int64)
-    np.add.at(matrix, (y_true, y_pred), 1)
+    matrix = confusion(y_true, y_pred, num_labels)
     out: dict = {"level": level, "n": n, "accuracy": wilson(int(np.trace(matrix)), n, level)}
     if n < MIN_BOOTSTRAP:
         out |= {"macro_f1": None} | ({"positive_f1": None} if positive is not None else {})
@@ -235,14 +249,9 @@ def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive:
     else:
         draws = np.random.default_rng(seed).multinomial(n, matrix.ravel() / n, size=resamples)
         f1 = _f1s(draws.reshape(resamples, num_labels, num_labels))  # (R, C)
-        tails = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
-
-        def band(values: np.ndarray) -> list[float]:
-            return [float(v) for v in 100.0 * np.percentile(values, tails)]
-
-        out["macro_f1"] = band(np.nanmean(f1, 1))
+        out["macro_f1"] = _band(np.nanmean(f1, 1), level, 100.0)
         if positive is not None:
-            out["positive_f1"] = band(np.nan_to_num(f1[:, positive[0]]))  # as metrics: no F1 to divide is 0
+            out["positive_f1"] = _band(np.nan_to_num(f1[:, positive[0]]), level, 100.0)  # no F1 to divide: 0
         how = f"F1: percentile bootstrap, {resamples:,} resamples of the {n:,} examples (seed {seed})"
     out["how"] = (f"accuracy: Wilson score interval; {how}; the scored sample's uncertainty only, not a retrained "
                   f"model's")
@@ -266,8 +275,7 @@ def paired(first: np.ndarray, other: np.ndarray, level: float = LEVEL, resamples
     out["interval"] = None
     if n >= MIN_BOOTSTRAP:
         draws = np.random.default_rng(seed).multinomial(n, cells / n, size=resamples)
-        diff = 100.0 * (draws[:, 2] - draws[:, 1]) / n
-        out["interval"] = [float(v) for v in np.percentile(diff, [100 * (1 - level) / 2, 100 * (1 + level) / 2])]
+        out["interval"] = _band(100.0 * (draws[:, 2] - draws[:, 1]) / n, level)
     split = int(cells[1] + cells[2])
     out["mcnemar_p"] = float(binomtest(int(cells[2]), split, 0.5).pvalue) if split else 1.0
     out["level"] = level
