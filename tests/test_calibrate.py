@@ -76,17 +76,44 @@ def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_val_
     assert f"divided by a temperature of {t['value']:.3f}" in (auto / "README.md").read_text()
 
 
-def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
-    # few labels: cross-validation chose, there is no validation split to fit on; said where it was asked for
+def test_calibrate_on_the_folds_held_out_examples(trec_slice, tiny_bert, tmp_path):
+    """Few labels, no validation split: cross-validation chose the model, and the temperature is fitted on its
+    out-of-fold logits (120 training examples, each once), saved with the weights and said on the card."""
     ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
-              "--epochs", 2, "--calibrate", "auto", "--output", tmp_path / "m", "--cache-dir", tmp_path / "cache",
-              code=0)
-    assert "--calibrate auto not used" in ans.out
+              "--output", tmp_path / "m", "--cache-dir", tmp_path / "cache", code=0)
+    result = json.loads((tmp_path / "m" / "result.json").read_text())
+    t = result["temperature"]
+    assert result["selection"]["how"] == "cross-validation" and result["sizes"]["validation"] == 0
+    assert t["fitted_on"] == "cross-validation" and t["examples"] == t["distinct_examples"] == 120
+    assert t["value"] > 0 and t["value"] != 1.0 and t["loss_after"] <= t["loss_before"]
+    assert (f"probabilities: temperature {t['value']:.3f} fitted on the 120 training examples as each was scored by "
+            f"the fold model that did not train on it (2 folds)") in ans.out  # ABBR has 2: 2 folds
+    assert M.load(tmp_path / "m").temperature == t["value"]
+    assert "fitted on the 120 training examples as the fold models that did not train on them scored them" in (
+        tmp_path / "m" / "README.md").read_text()
+
+
+def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
+    # a class with a single example: no folds, no validation split; nothing to fit on, said where it was asked for
+    rows = [json.loads(line) for line in (trec_slice / "train.jsonl").read_text().splitlines()]
+    rows[0] = {**rows[0], "label": "LONE"}  # a label of its own on one row
+    data = tmp_path / "lone"
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copy(trec_slice / "test.jsonl", data / "test.jsonl")
+    ans = cli("train", "--method", "probe", "--data", data, "--backbone", tiny_bert, "--max-length", 32,
+              "--calibrate", "auto", "--output", tmp_path / "m", "--cache-dir", tmp_path / "cache", code=0)
+    assert "--calibrate auto not used" in ans.out and "this run had neither" in ans.out
     assert json.loads((tmp_path / "m" / "result.json").read_text())["temperature"] is None
     # validation chose, but from 12 examples carved out of train: too few to fit on, said
     ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
               "--epochs", 2, "--cv-below", 0, "--cache-dir", tmp_path / "cache", code=0)
     assert "a temperature is fitted on 100 validation examples or more (--calibrate), and there are 12" in ans.out
+    # the folds held out 12 examples (2 per class): too few as well
+    ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+              "--shots", 2, "--cache-dir", tmp_path / "cache", code=0)
+    assert ("a temperature is fitted on 100 training examples held out by the folds or more (--calibrate), and "
+            "there are 12") in ans.out
     # where every validation example is right by a wide margin, no finite temperature is best: none is set
     margin = np.array([[9.0, 0.0], [0.0, 9.0]] * 60)
     assert fit_temperature(margin, np.array([0, 1] * 60))["at_edge"]

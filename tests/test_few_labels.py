@@ -1314,3 +1314,58 @@ def test_contrastive_refuses_batches_of_one(trec_slice, tiny_bert, tmp_path):
                   train_cfg={"batch_size": 1}, output=tmp_path / "m", cache_root=tmp_path / "c", progress=False,
                   log=lambda s: None)
     assert not (tmp_path / "m").exists()
+
+
+def _pooled_loss_by_fold(held: "crossval.HeldOut", splits) -> float:
+    """The mean over folds of each fold's mean cross-entropy, from the out-of-fold logits (in fold order)."""
+    out, at = [], 0
+    for _, rows in splits:
+        z = torch.from_numpy(held.logits[at:at + len(rows)])
+        out.append(float(torch.nn.functional.cross_entropy(z, torch.from_numpy(held.y[at:at + len(rows)]))))
+        at += len(rows)
+    assert at == len(held.y)
+    return float(np.mean(out))
+
+
+@pytest.mark.parametrize("pick_regression", [True, False])
+def test_the_held_out_logits_are_the_chosen_candidate_s_out_of_fold(tiny_bert, monkeypatch, pick_regression):
+    """fit_cv's held_out: every training example once, scored by the fold model that did not train on it, at the
+    candidate chosen. The regression kept: each fold's logits are a regression solved on its other rows; the head's
+    first checkpoint kept (not the last, not the regression before it): its folds' losses are the ones recorded there."""
+    src, y = _toy(6, classes=2, dim=32)  # 12 examples, 3 folds of 4
+    _spy_choice(monkeypatch, pick_regression)
+    monkeypatch.setattr(crossval, "one_se", lambda acc, mean_loss, prefer=None, k=None: 0)  # the first checkpoint
+    cfg = TrainConfig(cv_folds=3, min_steps=20, batch_size=8)
+    probe = _classifier(tiny_bert, ["a", "b"], "probe")
+    model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"], "space"), src, y, None, None, cfg,
+                                          lambda s: None, fallback=probe)
+    held, splits = fitted.held_out, crossval.folds(y, 3, cfg.seed)
+    assert (held.examples, held.folds, held.logits.shape) == (12, 3, (12, 2))
+    assert np.array_equal(held.y, y[np.concatenate([rows for _, rows in splits])])
+    # equal folds: the pooled cross-entropy is the mean of the folds' (float32 sums of 4 terms each, averaged)
+    want = info["regression_loss"] if pick_regression else info["mean_loss"][0]
+    assert _pooled_loss_by_fold(held, splits) == pytest.approx(want, rel=tol(torch.float32, dot(4)))
+    assert want != pytest.approx(info["mean_loss"][-1] if pick_regression else info["regression_loss"])
+    if pick_regression:  # the same solve on the same rows, in this process: the same numbers
+        x = crossval.convex_inputs(probe(), src)
+        for i, (tr, rows) in enumerate(splits):
+            _, z = crossval.convex_fold(probe, x, src, y, tr, rows, crossval.C_DEFAULT, cfg)
+            assert np.array_equal(held.logits[4 * i:4 * i + 4], z)
+
+
+def test_the_convex_probe_s_held_out_logits_are_those_of_the_c_chosen(tiny_bert, monkeypatch):
+    src, y = _toy(6, classes=2, dim=32)
+    monkeypatch.setattr(crossval, "one_se", lambda acc, mean_loss, prefer=None, k=None: 1)  # C = C_GRID[1]
+    model, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"], "probe"), src, y, None, None,
+                                          TrainConfig(cv_folds=3), lambda s: None)
+    assert info["C"] == crossval.C_GRID[1] and fitted.held_out.examples == 12
+    got = _pooled_loss_by_fold(fitted.held_out, crossval.folds(y, 3, 0))
+    assert got == pytest.approx(info["mean_loss"][1], rel=tol(torch.float32, dot(4)))
+    assert got != pytest.approx(info["mean_loss"][2])  # C = 1 (the default) gives other logits
+
+
+def test_no_held_out_logits_without_folds(tiny_bert):
+    src, _ = _toy(2, dim=32)
+    _, fitted, info = crossval.fit_cv(_classifier(tiny_bert, ["a", "b"]), src, np.array([0, 0, 0, 1]), None, None,
+                                      TrainConfig(min_steps=12), lambda s: None)
+    assert info["folds"] == 0 and fitted.held_out is None

@@ -34,8 +34,8 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import (MIN_CALIBRATE, TrainConfig, calibration, class_report, evaluate, figures, fit, fit_temperature,
-                    intervals, metrics, plan_steps, predict_logits, silent)
+from .train import (MIN_CALIBRATE, HeldOut, TrainConfig, calibration, class_report, evaluate, figures, fit,
+                    fit_temperature, intervals, metrics, plan_steps, predict_logits, silent)
 
 
 relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
@@ -470,7 +470,7 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
         fitted = fit(model, src["train"], y["train"], val_src, y_val, cfg, log, plan)
         selection = {"how": "validation", "schedule": plan.why}
     n_params = model.num_trainable()  # the fallback, where cross-validation chose it, is a probe
-    temperature = _calibrate(model, cfg, selection["how"], val_src, y_val, "calibrate" in given, log)
+    temperature = _calibrate(model, cfg, selection["how"], val_src, y_val, fitted.held_out, "calibrate" in given, log)
     positive = positive_label(ds.name, ds.labels)
     val_m = evaluate(model, val_src, y_val, cfg.eval_batch_size, positive)[0] if val_src is not None else None
     test_logits = predict_logits(model, src["test"], cfg.eval_batch_size)
@@ -525,33 +525,45 @@ def train(method: str, data: str | Dataset, backbone: BackboneOptions | Backbone
     return result
 
 
-def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: np.ndarray | None, asked: bool,
-               log: Callable[[str], None]) -> dict | None:
-    """--calibrate auto: where the validation split chose the model, fit its temperature there (train.fit_temperature)
-    and set it; its record for result.json, or None (said where --calibrate was given and nothing was fitted)."""
+def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: np.ndarray | None,
+               held: HeldOut | None, asked: bool, log: Callable[[str], None]) -> dict | None:
+    """--calibrate auto: fit the model's temperature (train.fit_temperature) on the examples that chose it and set it;
+    its record for result.json, or None (said where --calibrate was given and nothing was fitted). Where the validation
+    split chose, on its logits; where cross-validation chose, on the out-of-fold logits of the candidate it chose
+    (`held`: every training example scored by the fold model that did not train on it, the approach of scikit-learn's
+    CalibratedClassifierCV(ensemble=False)), the refit on all of train being the model."""
     if cfg.calibrate == "off":
         return None
-    if how != "validation" or val_src is None:
+    if how == "validation" and val_src is not None:
+        logits, y, n, where = predict_logits(model, val_src, cfg.eval_batch_size), y_val, len(y_val), "validation"
+        on, noun = f"the {n:,} validation examples", "validation examples"
+    elif held is not None:
+        logits, y, n, where = held.logits, held.y, held.examples, "cross-validation"
+        noun = "training examples held out by the folds"
+        on = (f"the {n:,} training examples as each was scored by the fold model that did not train on it "
+              f"({held.folds} folds" + (f", {len(y) // n} repeats" if len(y) > n else "") + ")")
+    else:
         if asked:
-            log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the validation split that chose the "
-                f"model, and this run had none ({how}); the head's own scale is kept")
+            log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the examples that chose the model, "
+                f"validation or cross-validation's held-out folds, and this run had neither ({how}); the head's own "
+                f"scale is kept")
         return None
-    if len(y_val) < MIN_CALIBRATE:
-        log(f"probabilities: the head's own scale: a temperature is fitted on {MIN_CALIBRATE} validation examples or "
-            f"more (--calibrate), and there are {len(y_val)}")
+    if n < MIN_CALIBRATE:
+        log(f"probabilities: the head's own scale: a temperature is fitted on {MIN_CALIBRATE} {noun} or more "
+            f"(--calibrate), and there are {n}")
         return None
-    fitted = fit_temperature(predict_logits(model, val_src, cfg.eval_batch_size), y_val)
+    fitted = fit_temperature(logits, y)
     if fitted.pop("at_edge"):
         why = ("they are all right by a wide margin, so it would make every probability 0 or 1" if fitted["value"] < 1
                else "on them the scores do worse than no scores, so it would make every class equally likely")
-        log(f"probabilities: the head's own scale: on the {len(y_val):,} validation examples the best temperature is "
-            f"at the end of its range ({fitted['value']:.3g}): {why}")
+        log(f"probabilities: the head's own scale: on {on} the best temperature is at the end of its range "
+            f"({fitted['value']:.3g}): {why}")
         return None
     model.temperature = fitted["value"]
-    log(f"probabilities: temperature {fitted['value']:.3f} fitted on the {fitted['examples']:,} validation examples "
-        f"(their cross-entropy {fitted['loss_before']:.4f} -> {fitted['loss_after']:.4f}); every prediction is as "
-        f"it was (--calibrate off keeps the head's own scale)")
-    return {"fitted_on": "validation", **fitted}
+    log(f"probabilities: temperature {fitted['value']:.3f} fitted on {on}: their cross-entropy "
+        f"{fitted['loss_before']:.4f} -> {fitted['loss_after']:.4f}; every prediction is as it was (--calibrate off "
+        f"keeps the head's own scale)")
+    return {"fitted_on": where, **fitted} | ({"distinct_examples": n} if where == "cross-validation" else {})
 
 
 def _fallback_note(model_dir) -> str:

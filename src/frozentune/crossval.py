@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 from .data import first_rows, split_by_groups
 from .model import Batch, Classifier, Source
-from .train import FitResult, Schedule, TrainConfig, eval_batches, fit, plan_steps, scored, silent, trained_weights
+from .train import (FitResult, HeldOut, Schedule, TrainConfig, eval_batches, fit, plan_steps, predict_logits, scored,
+                    scores, silent, trained_weights)
 
 # The fold models' weights kept at every checkpoint (to average those at the chosen step) are at most
 # this many bytes; a head larger than that (k folds × R checkpoints × its trainable parameters) is not
@@ -210,6 +211,7 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
     t0 = time.perf_counter()
     if k >= 2:
         acc, loss, regression = [], [], fallback is not None
+        logits: list[list[np.ndarray]] = []  # per fold, its held-out rows' (n_i, C) logits at each candidate
         if regression:  # said where there are folds to score it (it was said beside "none possible" too)
             log(f"few labels: the folds also score a logistic regression on the same states (a probe with C="
                 f"{C_DEFAULT:g}, scikit-learn's default; --method probe chooses its C on the folds), and the run "
@@ -228,13 +230,15 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
         for i, (tr, held) in enumerate(splits):
             # the logistic regression on this fold: the first, simplest candidate
             lr = [convex_fold(fallback, x_lr, train, y, tr, held, C_DEFAULT, cfg)] if regression else []  # type: ignore[arg-type]
+            logits.append([z for _, z in lr])  # the fold's held-out logits, of each candidate in order
+            lr = [m for m, _ in lr]
             model = build()
             on_round = None
             if kept is not None:
                 kept.append([])
                 on_round = lambda m=model, mine=kept[-1]: mine.append(trained_weights(m))  # noqa: E731
             r = fit(model, Subset(train, tr), y[tr], Subset(train, held), y[held], cfg, silent, plan, select=False,
-                    on_round=on_round)
+                    on_round=on_round, keep_logits=logits[-1])
             acc.append([m["accuracy"] for m in lr] + [h["val_accuracy"] for h in r.history])
             loss.append([m["loss"] for m in lr] + [h["val_loss"] for h in r.history])
             steps = [h["step"] for h in r.history]
@@ -255,7 +259,7 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             + ("" if fell_back else f"; refit on all {len(y)} examples for {chosen} steps"))
         if choice:
             info["head_vs_regression"] = {name: v for name, v in choice.items() if name != "keep"}
-            info["regression_accuracy"] = float(mean_acc[0])
+            info["regression_accuracy"], info["regression_loss"] = float(mean_acc[0]), float(mean_loss[0])
             log(f"cross-validation: the head's best held-out accuracy {choice['head_best']:.1f} less its optimism "
                 f"{choice['optimism']:.1f} (its folds' own best checkpoints over the one they share) is "
                 f"{choice['head_corrected']:.1f}; the logistic regression on the same states (LR) has "
@@ -267,7 +271,7 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
                 f"saved as a probe (--fallback off trains the head whatever the folds say)")
             model, fitted = convex_refit(fallback, x_lr, train, y, val, y_val, C_DEFAULT, cfg, t0)  # type: ignore[arg-type]
             info |= {"fallback": model.method, "C": C_DEFAULT}
-            return model, fitted, info
+            return model, dataclasses.replace(fitted, held_out=held_out(logits, splits, y, 0, k)), info
     else:
         chosen = plan.total
         info |= {"how": "planned schedule (no cross-validation possible)", "chosen_steps": chosen, "seconds": 0.0}
@@ -284,8 +288,18 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
             f"step {chosen} (one initialisation: a model soup; --average-folds off keeps the refit alone)")
         if val is not None:  # the record's validation scores are of the model saved
             fitted.history[-1] |= {f"val_{k_}": v for k_, v in scored(model, val, y_val, cfg.eval_batch_size).items()}
-    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"])
+    fitted = dataclasses.replace(fitted, train_seconds=fitted.train_seconds + info["seconds"],
+                                 held_out=held_out(logits, splits, y, pick + (1 if regression else 0), k)
+                                 if k >= 2 else None)
     return model, fitted, info
+
+
+def held_out(logits: list[list[np.ndarray]], splits: list[tuple[np.ndarray, np.ndarray]], y: np.ndarray, j: int,
+             k: int) -> HeldOut:
+    """The out-of-fold logits of candidate j: each fold's held-out rows (splits[i][1]) as scored by that fold's
+    model at candidate j (logits[i][j], (n_i, C)), all folds together, with their labels; k folds of N = len(y)."""
+    return HeldOut(np.concatenate([fold[j] for fold in logits]), np.concatenate([y[held] for _, held in splits]),
+                   len(y), k)
 
 
 def average_into(model: Classifier, others: list[dict[str, "torch.Tensor"]]) -> None:
@@ -385,10 +399,12 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
         splits = repeated_folds(y, k, cfg.seed, cfg.cv_repeats, groups)
         acc = np.zeros((len(splits), len(C_GRID)))
         loss = np.zeros_like(acc)
+        logits: list[list[np.ndarray]] = [[] for _ in splits]  # per fold, its held-out logits at each C
         for i, (tr, held) in enumerate(splits):
             for j, c in enumerate(C_GRID):
-                m = convex_fold(build, x, train, y, tr, held, c, cfg)
+                m, z = convex_fold(build, x, train, y, tr, held, c, cfg)
                 acc[i, j], loss[i, j] = m["accuracy"], m["loss"]
+                logits[i].append(z)
         mean_acc, mean_loss = acc.mean(0), loss.mean(0)
         pick = one_se(acc, mean_loss, prefer=C_GRID.index(C_DEFAULT), k=k)
         chosen = C_GRID[pick]
@@ -401,16 +417,19 @@ def fit_convex_cv(build: Callable[[], Classifier], k: int, note: str | None, tra
         log(f"cross-validation: none possible; L-BFGS with C={chosen:g} (scikit-learn's default)")
     model, fitted = convex_refit(build, x, train, y, val, y_val, chosen, cfg, t0)
     info |= {"C": chosen, "seconds": fitted.train_seconds}
+    if k >= 2:
+        fitted = dataclasses.replace(fitted, held_out=held_out(logits, splits, y, pick, k))
     return model, fitted, info
 
 
 def convex_fold(build: Callable[[], Classifier], x: "torch.Tensor", train: Source, y: np.ndarray, tr: np.ndarray,
-                held: np.ndarray, c: float, cfg: TrainConfig) -> dict[str, float]:
+                held: np.ndarray, c: float, cfg: TrainConfig) -> tuple[dict[str, float], np.ndarray]:
     """A fresh convex head solved (solve_convex, strength c) on rows `tr` of x, the head's inputs for
-    train's rows, and scored on rows `held` of train."""
+    train's rows, and scored on rows `held` of train: (its figures, its (len(held), C) logits there)."""
     model = build().to(cfg.device)
     solve_convex(model, x[tr], y[tr], c)
-    return scored(model, Subset(train, held), y[held], cfg.eval_batch_size)
+    z = predict_logits(model, Subset(train, held), cfg.eval_batch_size)
+    return scores(z, y[held], len(model.labels)), z
 
 
 def convex_refit(build: Callable[[], Classifier], x: "torch.Tensor", train: Source, y: np.ndarray,

@@ -426,11 +426,23 @@ def shared_step(part: torch.Tensor | None, opt: torch.optim.Optimizer, params: l
 
 
 @dataclass
+class HeldOut:
+    """Logits of training examples each scored by a model that did not train on it, with their labels: cross-validation's
+    out-of-fold predictions of the candidate it chose (where no validation split chose, --calibrate fits on them).
+    With repeated folds every example is there once per repeat."""
+    logits: np.ndarray  # (M, C): M = N x repeats
+    y: np.ndarray  # (M,)
+    examples: int  # N, the distinct examples
+    folds: int  # k
+
+
+@dataclass
 class FitResult:
     history: list[dict]
     best_epoch: int
     train_seconds: float
     stopped_early: bool
+    held_out: HeldOut | None = None  # cross-validation's out-of-fold logits of the model chosen (crossval.fit_cv)
 
 
 def trained_weights(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -613,11 +625,14 @@ def silent(line: str) -> None:
 
 def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | None, y_val: np.ndarray | None,
         cfg: TrainConfig, log: Callable[[str], None] = print, schedule: Schedule | None = None,
-        select: bool = True, on_round: Callable[[], None] | None = None) -> FitResult:
+        select: bool = True, on_round: Callable[[], None] | None = None,
+        keep_logits: list[np.ndarray] | None = None) -> FitResult:
     """Train a classifier in place: fit_loop on its head's loss. With `select`, early stopping on
     validation accuracy leaves it with the weights of the best validation round; without (or with
     no validation split, val None), it runs the whole schedule and keeps the last weights. A head
-    that `solves_output` then has its linear layer solved on all of train (crossval.solve_output)."""
+    that `solves_output` then has its linear layer solved on all of train (crossval.solve_output).
+    `keep_logits`: a list that gets each validation round's (N_val, C) logits (cross-validation's
+    held-out folds)."""
     device = distributed.device(cfg.device)  # under a launcher, a bare "cuda" is this rank's GPU
     model.to(device)
     if not any(p.requires_grad for p in model.parameters()):
@@ -628,7 +643,12 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | Non
         return model.head.loss(model(train.batch(idx).to(device)), y_train_t[idx].to(device))
 
     def validate() -> dict[str, float]:
-        return {} if val is None else scored(model, val, y_val, cfg.eval_batch_size)
+        if val is None:
+            return {}
+        logits = predict_logits(model, val, cfg.eval_batch_size)
+        if keep_logits is not None:
+            keep_logits.append(logits)
+        return scores(logits, y_val, len(model.labels))
 
     result = fit_loop(model, train.lengths, batch_loss, validate, lambda m: m["accuracy"], cfg, log, schedule, select,
                       on_round)
@@ -642,7 +662,11 @@ def fit(model: Classifier, train: Source, y_train: np.ndarray, val: Source | Non
 def scored(model: Classifier, src: Source, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
     """Accuracy and macro-F1 (percent) and the mean cross-entropy of softmax(logits) ("loss", the
     tie-break between equally accurate rounds)."""
-    logits = torch.from_numpy(predict_logits(model, src, batch_size))
-    y_t = torch.from_numpy(np.asarray(y))
-    return metrics(np.asarray(y), logits.argmax(1).numpy(), len(model.labels)) | {
-        "loss": float(nn.functional.cross_entropy(logits, y_t))}
+    return scores(predict_logits(model, src, batch_size), y, len(model.labels))
+
+
+def scores(logits: np.ndarray, y: np.ndarray, num_labels: int) -> dict[str, float]:
+    """scored's figures from (N, C) logits already computed."""
+    z = torch.from_numpy(logits)
+    return metrics(np.asarray(y), logits.argmax(1), num_labels) | {
+        "loss": float(nn.functional.cross_entropy(z, torch.from_numpy(np.asarray(y))))}

@@ -126,9 +126,11 @@ def _training_line(result: dict) -> str | None:
         parts.append("early stopping on the validation split chose the epoch")
     t = result.get("temperature")
     if isinstance(t, dict) and isinstance(t.get("value"), (int, float)) and isinstance(t.get("examples"), int):
-        parts.append(f"its logits are divided by a temperature of {t['value']:.3f}, fitted on the {t['examples']:,} "
-                     f"validation examples so that its probabilities are as confident as it is right there "
-                     f"(`--calibrate`; no prediction changes)")
+        on = (f"the {t.get('distinct_examples', t['examples']):,} training examples as the fold models that did not "
+              f"train on them scored them" if t.get("fitted_on") == "cross-validation" else
+              f"the {t['examples']:,} validation examples")
+        parts.append(f"its logits are divided by a temperature of {t['value']:.3f}, fitted on {on} so that its "
+                     f"probabilities are as confident as it is right there (`--calibrate`; no prediction changes)")
     return ("**Training.** " + "; ".join(parts) + ".") if parts else None
 
 
