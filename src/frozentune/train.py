@@ -74,9 +74,10 @@ class TrainConfig:
                 "best of its checkpoints, beats it by more than one standard error; "
                 "off: always the head", "choices": ("auto", "off")})
     calibrate: str = field(default="auto", metadata={
-        "help": "auto: where the validation split chose the model, one temperature T is then fitted on its logits "
-                "(the probabilities softmax(logits / T) given the lowest cross-entropy there; every prediction stays "
-                "as it was), so the scores mean what they say more closely; off: the head's own scale",
+        "help": "auto: one temperature T is fitted on the logits of the examples that chose the model (the "
+                "validation split, or under --cv-folds every training example as scored by the fold model that did "
+                "not train on it): the probabilities softmax(logits / T) given the lowest cross-entropy there; every "
+                "prediction stays as it was, so the scores mean what they say more closely; off: the head's own scale",
         "choices": ("auto", "off")})
     average_folds: str = field(default="auto", metadata={
         "help": "on: where --cv-folds chose a head's steps, its weights are the mean of the refit's and the fold "
@@ -282,7 +283,8 @@ def paired(first: np.ndarray, other: np.ndarray, level: float = LEVEL, resamples
     return out
 
 
-# --calibrate fits a temperature on at least this many validation examples: on fewer, one number is still fitted
+# --calibrate fits a temperature on at least this many examples (validation, or distinct training examples held out
+# by the folds): on fewer, one number is still fitted
 # to the few (a carve of 12 put it at either end of its range), and the probabilities would then say less, not more
 MIN_CALIBRATE = 100
 LOG_T = 4.0  # the search's range of log T: T from e^-4 (0.018) to e^4 (55)
