@@ -129,7 +129,7 @@ def _training_line(result: dict) -> str | None:
         on = (f"the {t.get('distinct_examples', t['examples']):,} training examples as the fold models that did not "
               f"train on them scored them" if t.get("fitted_on") == "cross-validation" else
               f"the {t['examples']:,} validation examples")
-        parts.append(f"its logits are divided by a temperature of {t['value']:.3f}, fitted on {on} so that its "
+        parts.append(f"its logits are divided by a temperature of {t['value']:.3f}, fitted on {on}, so that its "
                      f"probabilities are as confident as it is right there (`--calibrate`; no prediction changes)")
     return ("**Training.** " + "; ".join(parts) + ".") if parts else None
 
