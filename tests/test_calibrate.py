@@ -91,6 +91,12 @@ def test_calibrate_on_the_folds_held_out_examples(trec_slice, tiny_bert, tmp_pat
     assert M.load(tmp_path / "m").temperature == t["value"]
     assert "fitted on the 120 training examples as the fold models that did not train on them scored them" in (
         tmp_path / "m" / "README.md").read_text()
+    # repeated folds: each example held out once per repeat, all of them fitted on
+    ans = cli("train", "--method", "probe", "--data", trec_slice, "--backbone", tiny_bert, "--max-length", 32,
+              "--cv-repeats", 2, "--output", tmp_path / "r", "--cache-dir", tmp_path / "cache", code=0)
+    t = json.loads((tmp_path / "r" / "result.json").read_text())["temperature"]
+    assert (t["examples"], t["distinct_examples"]) == (240, 120)
+    assert "scored by the 2 fold models that did not train on it (2 folds × 2 repeats)" in ans.out
 
 
 def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):

@@ -540,8 +540,11 @@ def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: 
     elif held is not None:
         logits, y, n, where = held.logits, held.y, held.examples, "cross-validation"
         noun = "training examples held out by the folds"
+        repeats = len(y) // n
         on = (f"the {n:,} training examples as each was scored by the fold model that did not train on it "
-              f"({held.folds} folds" + (f", {len(y) // n} repeats" if len(y) > n else "") + ")")
+              f"({held.folds} folds)" if repeats == 1 else
+              f"the {n:,} training examples as each was scored by the {repeats} fold models that did not train on it "
+              f"({held.folds} folds × {repeats} repeats)")
     else:
         if asked:
             log(f"schedule: --calibrate {cfg.calibrate} not used: it fits on the examples that chose the model, "
