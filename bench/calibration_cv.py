@@ -1,7 +1,8 @@
 """Few labels: does a temperature fitted on cross-validation's out-of-fold logits (`--calibrate auto` where the folds
 chose the model) make the probabilities better on examples no run saw? Decided on development rows, never test.
 
-    OMP_NUM_THREADS=1 python bench/calibration_cv.py OUT.json sst2,sst5,trec 16,32,64 0,1,2 probe,space,ytuning,selfexplain
+    OMP_NUM_THREADS=1 python bench/calibration_cv.py OUT.json sst2,sst5,trec 16,32,64 0,1,2 \
+        probe,space,ytuning,selfexplain
     python bench/calibration_cv.py --report OUT.json [MORE.json ...]
 
 Each run is `api.train(method, K-shot sample, calibrate auto)` with its defaults (MiniLM, fp32, one thread), the
@@ -42,8 +43,9 @@ def report(paths: list[Path]) -> str:
     """Per method, dataset and K: runs, runs with a T, mean T, and the development rows' mean cross-entropy and ECE at
     T = 1 and at T over the runs with a T, with how many runs each got better; then the same over every run."""
     rows = [r for p in paths for r in json.loads(p.read_text())["rows"]]
-    out = ["| method | data | K | runs | saved as | with T | mean T | dev cross-entropy: own → T | better | dev ECE: own → T "
-           "| better | test ECE: own → T |", "|---|---|---:|---:|---|---:|---:|---|---:|---|---:|---|"]
+    out = ["| method | data | K | runs | saved as | with T | mean T | dev cross-entropy: own → T | better "
+           "| dev ECE: own → T | better | test ECE: own → T |",
+           "|---|---|---:|---:|---|---:|---:|---|---:|---|---:|---|"]
     cells = dict.fromkeys((r["method"], r["data"], r["shots"]) for r in rows)
     for m, d, k in cells:
         rs = [r for r in rows if (r["method"], r["data"], r["shots"]) == (m, d, k)]
@@ -72,7 +74,8 @@ def report(paths: list[Path]) -> str:
         gain = [r["dev"][0][key] - r["dev"][1][key] for r in heads]
         if gain:
             out.append(f"The {len(heads)} of them where the head itself was kept (not the regression): lower in "
-                       f"{sum(g > 0 for g in gain)}, higher in {sum(g < 0 for g in gain)}; mean change {-st.mean(gain):+.4f}")
+                       f"{sum(g > 0 for g in gain)}, higher in {sum(g < 0 for g in gain)}; mean change "
+                       f"{-st.mean(gain):+.4f}")
     return "\n".join(out)
 
 

@@ -165,3 +165,75 @@ def test_the_parts_of_a_logit_are_divided_with_it(tiny_bert, trec_val_slice, tmp
         got = dict(zip(graph.output_names, graph(b.input_ids, b.mask.long())))
     assert torch.equal(got["space.logits"], out.logits)
     assert torch.equal(got["space.token_logits"], out.extras["token_logits"])
+
+
+# the row of bench/bad_input_table.py the refusals of `frozentune calibrate` are recorded under
+ROW = ("calibrate: the examples the model was trained on, a split of fewer than 100 examples, a text generator, "
+       "--overwrite without --output")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_calibrate_fits_on_a_split_what_training_would_have(pair, trec_val_slice, tmp_path):
+    """`frozentune calibrate` of the model trained with --calibrate off, on the validation split, gives the
+    temperature the same run with --calibrate auto fitted there (same seed, same weights, same examples): the
+    calibrated folder answers as the auto one does; result.json stays the training run's, the card says what
+    changed, config.json records it."""
+    auto, off = pair
+    folder = Path(shutil.copytree(off, tmp_path / "m"))
+    before = _files(folder)
+    ans = cli("calibrate", "--model", folder, "--data", trec_val_slice, "--cache-dir", tmp_path / "cache", code=0)
+    record = json.loads(ans.out)
+    want = json.loads((auto / "result.json").read_text())["temperature"]
+    # the same logits and the same bounded search (xatol 1e-6 on log T): the same T, to the search's precision
+    assert record["value"] == pytest.approx(want["value"], rel=1e-5) and record["examples"] == 100
+    assert record["previous"] is None and record["loss_previous"] == pytest.approx(want["loss_before"], rel=1e-9)
+    assert M.load(folder).temperature == record["value"]
+    for c, a in zip(api.predict(folder, TEXTS), api.predict(auto, TEXTS)):
+        assert c["label"] == a["label"]
+        assert list(c["scores"].values()) == pytest.approx(list(a["scores"].values()), abs=1e-5)
+    after = _files(folder)
+    assert after["result.json"] == before["result.json"]
+    assert json.loads(after["config.json"])["calibrated"] == {k: v for k, v in record.items()
+                                                               if k not in ("model", "output")}
+    assert (f"`frozentune calibrate` fitted a temperature of {record['value']:.3f} (it was none) on the 100 examples "
+            f"of the validation split") in after["README.md"].decode()
+    # again, now from a temperature: the same fit (the head's own scale is what T is fitted on), the previous one said
+    again = frozentune_calibrate(folder, trec_val_slice, tmp_path / "cache", output=tmp_path / "copy")
+    assert again["value"] == pytest.approx(record["value"], rel=1e-9) and again["previous"] == record["value"]
+    assert _files(folder) == after  # --output: the folder given is left as it was
+
+
+def frozentune_calibrate(folder: Path, data: Path, cache: Path, **kw) -> dict:
+    from frozentune.calibrate import calibrate
+
+    return calibrate(folder, str(data), cache_root=cache, log=None, **kw)
+
+
+def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice, trec_slice, tiny_bert, tmp_path):
+    folder = Path(shutil.copytree(pair[1], tmp_path / "m"))
+    before = _files(folder)
+    cache = ("--cache-dir", tmp_path / "cache")
+    cli("calibrate", "--model", folder, "--data", trec_val_slice, "--split", "train", *cache, row=ROW,
+        contains=("--split train: the examples the model was trained on", "give --split validation"))
+    one_file = trec_val_slice / "train.jsonl"  # a model of one file: its every row holds those it trained on
+    cli("train", "--method", "probe", "--data", one_file, "--backbone", tiny_bert, "--max-length", 32,
+        "--output", tmp_path / "file", *cache, "--quiet", code=0)
+    cli("calibrate", "--model", tmp_path / "file", "--data", one_file, "--split", "all", *cache, row=ROW,
+        contains="--split all: every row of train, the examples the model was trained on among them")
+    cli("calibrate", "--model", folder, "--data", trec_slice, "--split", "test", *cache, row=ROW,
+        contains=("holds 40 examples", "fitted on 100 or more"))
+    cli("calibrate", "--model", folder, "--data", trec_val_slice, "--overwrite", *cache, row=ROW,
+        contains="--overwrite replaces a model saved at --output")
+    cli("calibrate", "--model", tmp_path / "nowhere", "--data", trec_val_slice, row=ROW, contains="no such folder")
+    generator = tmp_path / "generator"
+    generator.mkdir()
+    (generator / "config.json").write_text(json.dumps({"task": "generation", "method": "prefix"}))
+    cli("calibrate", "--model", generator, "--data", trec_val_slice, row=ROW, contains="a text generator")
+    assert _files(folder) == before
+    from frozentune.calibrate import CalibrateError, calibrate
+
+    with pytest.raises(CalibrateError, match="from Python: split= for --split"):  # in Python's terms
+        calibrate(folder, str(trec_val_slice), split="train", cache_root=tmp_path / "cache", log=None)

@@ -1331,7 +1331,8 @@ def _pooled_loss_by_fold(held: "crossval.HeldOut", splits) -> float:
 def test_the_held_out_logits_are_the_chosen_candidate_s_out_of_fold(tiny_bert, monkeypatch, pick_regression):
     """fit_cv's held_out: every training example once, scored by the fold model that did not train on it, at the
     candidate chosen. The regression kept: each fold's logits are a regression solved on its other rows; the head's
-    first checkpoint kept (not the last, not the regression before it): its folds' losses are the ones recorded there."""
+    first checkpoint kept (not the last, not the regression before it): its folds' losses are the ones recorded
+    there."""
     src, y = _toy(6, classes=2, dim=32)  # 12 examples, 3 folds of 4
     _spy_choice(monkeypatch, pick_regression)
     monkeypatch.setattr(crossval, "one_se", lambda acc, mean_loss, prefer=None, k=None: 0)  # the first checkpoint

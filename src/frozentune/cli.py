@@ -433,6 +433,20 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     rl.add_argument("--output", type=Path, help="write the renamed model here and leave --model as it is "
                     "(default: rename in place; the folder is replaced whole, so an interrupt leaves it as it was)")
     rl.add_argument("--overwrite", action="store_true", help="with --output: replace a model saved there")
+    cal = sub.add_parser("calibrate", help="fit a saved classifier's temperature again on labelled examples it was "
+                         "not trained on (its probabilities; every prediction stays as it was)")
+    cal.add_argument("--model", type=Path, action=_Once, required=True, help="the saved classifier's folder")
+    cal.add_argument("--data", required=True)
+    cal.add_argument("--split", default="validation", choices=("train", "validation", "test", "all"),
+                     help="the split to fit on (default: validation; all: every row of one file, e.g. held-out "
+                          "examples of your own)")
+    cal.add_argument("--text-field")
+    cal.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
+    cal.add_argument("--label-field")
+    cal.add_argument("--output", type=Path, help="write the calibrated model here and leave --model as it is "
+                     "(default: in place; the folder is replaced whole, so an interrupt leaves it as it was)")
+    cal.add_argument("--overwrite", action="store_true", help="with --output: replace a model saved there")
+    _cache_args(cal)
     sub.add_parser("list", help="list the methods and their options")
     en = sub.add_parser("env", help="what this machine gives frozentune, for a bug report or before a long run: "
                                     "versions, extras, CPU, devices, the default precision and why, models, data, cache")
@@ -1046,6 +1060,19 @@ def cmd_relabel(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from .calibrate import CalibrateError, calibrate
+
+    if a.overwrite and a.output is None:
+        raise CalibrateError("--overwrite replaces a model saved at --output; without --output the model is calibrated "
+                             "in place, which needs no --overwrite")
+    on_interrupt("nothing was changed")
+    print(json.dumps(calibrate(a.model, a.data, a.split, a.output, a.overwrite, a.text_field, a.label_field,
+                               a.text_pair_field, a.cache_dir, progress=sys.stderr.isatty(),
+                               rebuild_cache=a.rebuild_cache), indent=2, allow_nan=False))
+    return 0
+
+
 def cmd_import(a: argparse.Namespace) -> int:
     from .api import _stderr
     from .export.peft import import_peft
@@ -1308,6 +1335,7 @@ def _run(a: argparse.Namespace, rest: list[str]) -> int:
     return {"eval": cmd_eval, "compare": cmd_compare, "predict": cmd_predict, "generate": cmd_generate, "explain": cmd_explain, "cache": cmd_cache,
             "plot-concepts": cmd_plot_concepts, "pretrain": cmd_pretrain, "sweep": cmd_sweep,
             "serve": cmd_serve, "export": cmd_export, "import": cmd_import, "relabel": cmd_relabel,
+            "calibrate": cmd_calibrate,
             "env": cmd_env}[a.command](a)
 
 

@@ -79,9 +79,6 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
     takes them; the other labels keep their names), in place, or into `output` (model_dir is then left as it is;
     an existing output needs overwrite). The weights are checked as every load checks them, and written back
     unchanged with the new names recorded. Returns {"model", "output", "labels", "renamed", "trained_labels"}."""
-    from .export.card import write_card_from_files
-    from .output import LOCK, MANIFEST, STAGING, OutputError, check_output, staged_output
-
     model_dir = Path(model_dir)
     config = M.read_saved(model_dir)  # an ONNX export, a sweep's or a PEFT adapter's folder: named there
     if config.get("task") == "generation" or "labels" not in config:
@@ -95,6 +92,29 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
     trained = config.get(TRAINED_LABELS)
     if not (isinstance(trained, list) and len(trained) == len(labels) and all(isinstance(x, str) for x in trained)):
         trained = labels
+    saved = {k: v for k, v in config.items() if k not in ("format", "weights_file", TRAINED_LABELS)}
+    saved["labels"] = new
+    if new != trained:
+        saved[TRAINED_LABELS] = trained
+    target = rewrite_model(model_dir, output, overwrite, state, saved, "relabel", "renamed", RelabelError)
+    changed = {old: n for old, n in zip(labels, new) if old != n}
+    log(f"renamed {len(changed)} label{'s' if len(changed) != 1 else ''} of {model_dir} "
+        f"({', '.join(f'{o} → {n}' for o, n in changed.items())})"
+        + ("" if target == model_dir else f" into {target}") + f"; its labels are now {some(new)}")
+    return {"model": str(model_dir), "output": str(target), "labels": new, "renamed": changed,
+            "trained_labels": trained}
+
+
+def rewrite_model(model_dir: Path, output: Path | None, overwrite: bool, state: dict, saved: dict, command: str,
+                  done: str, error: type[Exception]) -> Path:
+    """Write a saved classifier's folder again with `state` (its weights) and `saved` (config.json's entries), in
+    place (the folder replaced whole: an interrupt or an error leaves it as it was) or into `output` (an existing one
+    needs overwrite); the other files (result.json, a concept plot) copied as they were, the card written again.
+    `command` ("relabel", "calibrate"), `done` ("renamed") and `error` (its error class) word the refusals. Returns
+    the folder written."""
+    from .export.card import write_card_from_files
+    from .output import LOCK, MANIFEST, STAGING, OutputError, check_output, staged_output
+
     in_place = output is None or Path(output).resolve() == model_dir.resolve()
     target = model_dir if in_place else Path(output)
     if not in_place:
@@ -104,12 +124,8 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
             check_output(target, overwrite=True)
         except OutputError as e:
             said = str(e).split(": ", 1)[-1].removesuffix(", or choose another folder")
-            raise RelabelError(f"--model {model_dir}: {said}; or write the renamed model into a new folder with "
-                               f"--output DIR (relabel in place replaces the folder whole)") from None
-    saved = {k: v for k, v in config.items() if k not in ("format", "weights_file", TRAINED_LABELS)}
-    saved["labels"] = new
-    if new != trained:
-        saved[TRAINED_LABELS] = trained
+            raise error(f"--model {model_dir}: {said}; or write the {done} model into a new folder with "
+                        f"--output DIR ({command} in place replaces the folder whole)") from None
     skip = {M.CONFIG, M.WEIGHTS, "README.md", MANIFEST, LOCK}
     with staged_output(target, overwrite=in_place or overwrite) as folder:
         M.write_saved(folder, state, saved)
@@ -121,12 +137,7 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
             else:
                 shutil.copy2(entry, folder / entry.name)
         write_card_from_files(folder)
-    changed = {old: n for old, n in zip(labels, new) if old != n}
-    log(f"renamed {len(changed)} label{'s' if len(changed) != 1 else ''} of {model_dir} "
-        f"({', '.join(f'{o} → {n}' for o, n in changed.items())})"
-        + ("" if in_place else f" into {target}") + f"; its labels are now {some(new)}")
-    return {"model": str(model_dir), "output": str(target), "labels": new, "renamed": changed,
-            "trained_labels": trained}
+    return target
 
 
 def renamed_hint(config: dict, data_labels: Sequence[str], folder: Path | str = "DIR") -> str:

@@ -429,8 +429,9 @@ def shared_step(part: torch.Tensor | None, opt: torch.optim.Optimizer, params: l
 
 @dataclass
 class HeldOut:
-    """Logits of training examples each scored by a model that did not train on it, with their labels: cross-validation's
-    out-of-fold predictions of the candidate it chose (where no validation split chose, --calibrate fits on them).
+    """Logits of training examples each scored by a model that did not train on it, with their labels:
+    cross-validation's out-of-fold predictions of the candidate it chose (where no validation split chose,
+    --calibrate fits on them).
     With repeated folds every example is there once per repeat."""
     logits: np.ndarray  # (M, C): M = N x repeats
     y: np.ndarray  # (M,)

@@ -77,6 +77,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                        if backbone.get("token_types") is False else "") + ".")
     if (line := _training_line(result)) is not None:
         body.append(line)
+    if (line := _calibrated_line(config.get("calibrated"))) is not None:
+        body.append(line)
     if isinstance(imported := config.get("imported"), dict) and imported and not exported:
         body.append(f"**Origin.** Imported from a {imported.get('format', '?').upper()} adapter "
                     f"(`{imported.get('from', '?')}`, PEFT {imported.get('peft_version') or 'version not recorded'}); "
@@ -97,6 +99,19 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     # backslashreplace: a path of bytes that are not UTF-8 (a lone surrogate in Python) failed the save after training
     path.write_text(card_text(config, result, exported), encoding="utf-8", errors="backslashreplace")
     return path
+
+
+def _calibrated_line(rec: object) -> str | None:
+    """The card's sentence for a temperature fitted after training (`frozentune calibrate`: config.json's
+    "calibrated"), or None."""
+    if not (isinstance(rec, dict) and isinstance(rec.get("value"), (int, float))
+            and isinstance(rec.get("examples"), int)):
+        return None
+    was = f"{rec['previous']:.3f}" if isinstance(rec.get("previous"), (int, float)) else "none"
+    return (f"**Calibrated after training.** `frozentune calibrate` fitted a temperature of {rec['value']:.3f} (it was "
+            f"{was}) on the {rec['examples']:,} examples of the {rec.get('split', '?')} split of "
+            f"{rec.get('data', '?')}; every prediction is as it was, and the test figures below were measured "
+            f"before it.")
 
 
 def _training_line(result: dict) -> str | None:
