@@ -337,14 +337,15 @@ def part_cli(args) -> dict:
                          "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32"],
             "plot-concepts": ["--model", str(models / "space"), "--data", data, "--output", str(args.work / "cli.png")],
             "relabel": ["--model", str(args.work / "cli-relabel")],
-            "compare": ["--model", model, "--model", str(models / "probe"), "--data", data]}
+            "compare": ["--model", model, "--model", str(models / "probe"), "--data", data],
+            "calibrate": ["--model", str(args.work / "cli-calibrate"), "--data", data]}
     exports = [("onnx", "probe"), ("onnx", "space"), ("onnx", "ytuning"), ("peft", "gen"), ("peft", "probe"),
                ("onnx", "gen")]
     likely = likely_values(args.work, data, adapter)  # half the options drawn get one of these, not a random word
     exits: Counter = Counter()
     for _ in range(args.cases):
         command = r.choice(["train", "train", "train", "predict", "explain", "eval", "cache", "sweep", "generate",
-                            "export", "import", "pretrain", "plot-concepts", "relabel", "compare"])
+                            "export", "import", "pretrain", "plot-concepts", "relabel", "compare", "calibrate"])
         argv = [command, *base[command]]
         if command == "train":
             argv.append(r.choice(["probe", "space", "ytuning", "selfexplain", "contrastive", "finetune"]))
@@ -353,9 +354,10 @@ def part_cli(args) -> dict:
             argv += ["--format", kind, "--model", str(models / name)]
         elif command == "pretrain":
             shutil.rmtree(args.work / "cli-pretrain", ignore_errors=True)
-        elif command == "relabel":  # a fresh copy of the probe each time, renamed in place or into a copy
-            shutil.rmtree(args.work / "cli-relabel", ignore_errors=True)
-            shutil.copytree(models / "probe", args.work / "cli-relabel")
+        elif command in ("relabel", "calibrate"):  # a fresh copy of the probe each time, changed in place or copied
+            shutil.rmtree(args.work / f"cli-{command}", ignore_errors=True)
+            shutil.copytree(models / "probe", args.work / f"cli-{command}")
+        if command == "relabel":
             argv += ["--rename", *r.sample(["HUM=person", "LOC=place", "DESC=ENTY", "ENTY=DESC", "x=y", "HUM", "HUM=",
                                             "NUM=LOC", "HUM=a=b"], r.randint(1, 3))]
         options = [a for a in sub.choices[command]._actions if a.option_strings and a.dest != "help"]
