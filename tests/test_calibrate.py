@@ -74,6 +74,9 @@ def test_calibrate_divides_the_logits_and_keeps_every_prediction(pair, trec_val_
     assert json.loads(cli("eval", "--model", auto, "--data", trec_val_slice, "--cache-dir", auto.parent / "cache",
                           code=0).out)["calibration"] == result["calibration"]
     assert f"divided by a temperature of {t['value']:.3f}" in (auto / "README.md").read_text()
+    surest = next(r for r in result["calibration"]["selective"] if r["coverage"] == 80)  # and what the surest score
+    assert (f"the 80% it is surest of (probability at least {surest['threshold']:.3f}) are {surest['accuracy']:.2f}% "
+            f"right") in (auto / "README.md").read_text()
 
 
 def test_calibrate_on_the_folds_held_out_examples(trec_slice, tiny_bert, tmp_path):

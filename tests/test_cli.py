@@ -85,6 +85,9 @@ def test_eval_reports_each_class_and_the_confusion_matrix(trained, trec_slice, c
     result = json.loads((out / "result.json").read_text())  # training wrote the same for its test split
     assert result["per_class"] == got["per_class"] and result["confusion"] == got["confusion"]
     assert result["calibration"] == got["calibration"]
+    every = got["calibration"]["selective"][0]  # all 40 answered: the accuracy, and the lowest probability given
+    assert (every["coverage"], every["n"], every["accuracy"]) == (100, 40, got["metrics"]["accuracy"])
+    assert bins[0]["from"] <= every["threshold"] <= bins[0]["confidence"] / 100 + 1e-6  # in the lowest bin
     assert result["intervals"] == got["intervals"]  # and each figure's interval, from the same predictions
     low, high = got["intervals"]["accuracy"]
     assert low < got["metrics"]["accuracy"] < high and got["intervals"]["n"] == 40
@@ -133,6 +136,29 @@ def test_calibration_bins_the_predictions_by_their_probability():
     # the probability of the prediction scored, not of the likeliest class where the two differ (a tie in float32)
     tied = calibration(np.array([1]), np.array([1]), np.array([[0.5, 0.5]]))
     assert tied["ece"] == 50.0 and tied["bins"][5]["accuracy"] == 100.0
+    # answering only the surest: 80% of 5 is 4 (0.95, 0.9, 0.7, 0.65; right, wrong, wrong, right), 50% is 3
+    assert c["selective"][2] == {"coverage": 80, "n": 4, "accuracy": 50.0, "threshold": 0.65}
+    assert c["selective"][3] == {"coverage": 50, "n": 3, "accuracy": pytest.approx(100 / 3), "threshold": 0.7}
+    assert c["selective"][0]["accuracy"] == 60.0 and calibration(np.array([]), np.array([]),
+                                                                  np.zeros((0, 2)))["selective"] == []
+
+
+def test_selective_accuracy_against_counting_by_hand():
+    """For random probabilities (ties among them), each coverage's rows are the ceil(c·N/100) highest, earlier row
+    first among equals, counted here one by one."""
+    from frozentune.train import COVERAGES, selective
+
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 100, 333):
+        conf = rng.choice([0.3, 0.5, 0.55, 0.8, 0.9, 0.99], size=n)
+        right = rng.random(n) < conf
+        got = selective(conf, right)
+        ranked = sorted(range(n), key=lambda i: (-conf[i], i))
+        for row, c in zip(got, COVERAGES):
+            k = -(-c * n // 100)
+            assert row["n"] == k and row["threshold"] == min(conf[i] for i in ranked[:k])
+            assert row["accuracy"] == pytest.approx(100 * sum(right[i] for i in ranked[:k]) / k, rel=1e-12)
+        assert [r["threshold"] for r in got] == sorted(r["threshold"] for r in got)  # surer as fewer are answered
 
 
 def test_accuracy_interval_is_wilsons():

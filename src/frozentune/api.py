@@ -675,9 +675,17 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     if (band := result["intervals"]) is not None:  # (None: no examples, which reading the split refuses)
         m = result["metrics"]
         log(f"eval: {figures(m, band)}" + (f"  F1[{positive[1]}] {m['positive_f1']:.2f}" if positive else "")
-            + f"  ECE {result['calibration']['ece']:.2f} points; per class, the confusion matrix and calibration are "
-              f"in the JSON")
+            + f"  ECE {result['calibration']['ece']:.2f} points" + surest(result["calibration"]["selective"])
+            + "; per class, the confusion matrix and calibration are in the JSON")
     return result
+
+
+def surest(rows: list[dict], coverage: int = 80) -> str:
+    """"; its surest 80% (probability ≥ p): accuracy a" for eval's line, from calibration's "selective"; ""
+    where there is no such row."""
+    row = next((r for r in rows if r["coverage"] == coverage), None)
+    return "" if row is None else (f"; its surest {coverage}% (probability ≥ {row['threshold']:.3f}): accuracy "
+                                   f"{row['accuracy']:.2f}")
 
 
 def _scored_split(model: M.Classifier, model_dir: object, data: str, split: str,

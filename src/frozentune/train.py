@@ -176,7 +176,8 @@ def calibration(y_true: np.ndarray, y_pred: np.ndarray, probs: np.ndarray, bins:
     and accuracy (percent; None for an empty slice), and the expected calibration error, the slices' |accuracy −
     mean probability| weighted by their share of the examples (percentage points; 0 for a model whose scores are
     as often right as they say). `y_pred`: the predictions scored (the logits' argmax, as `metrics` takes them);
-    `probs`: (N, C) probabilities, rows summing to 1."""
+    `probs`: (N, C) probabilities, rows summing to 1. "selective": the accuracy where the model answers only its
+    surest examples (see selective)."""
     probs, y_pred = np.asarray(probs, dtype=np.float64), np.asarray(y_pred, dtype=np.int64)
     confidence, right = probs[np.arange(len(y_pred)), y_pred], y_pred == np.asarray(y_true)
     slot = np.minimum((confidence * bins).astype(np.int64), bins - 1)
@@ -189,7 +190,27 @@ def calibration(y_true: np.ndarray, y_pred: np.ndarray, probs: np.ndarray, bins:
         if n:
             ece += n / len(confidence) * abs(acc - mean_p)
         out.append({"from": b / bins, "to": (b + 1) / bins, "n": n, "confidence": mean_p, "accuracy": acc})
-    return {"ece": ece if len(confidence) else None, "bins": out}
+    return {"ece": ece if len(confidence) else None, "bins": out, "selective": selective(confidence, right)}
+
+
+COVERAGES = (100, 90, 80, 50)  # percent of the examples answered, surest first (calibration's "selective")
+
+
+def selective(confidence: np.ndarray, right: np.ndarray, coverages: Sequence[int] = COVERAGES) -> list[dict]:
+    """Where a model answers only the examples it is surest of: for each coverage c (percent), its ceil(c·N/100)
+    examples of highest probability (N,) `confidence` (ties: the earlier row first), how many, their accuracy
+    (percent, of (N,) bools `right`) and `threshold`, the lowest probability among them (answering where the
+    probability is at least that gives at least that coverage on these examples). [] for no examples."""
+    if not len(confidence):
+        return []
+    order = np.argsort(-np.asarray(confidence, dtype=np.float64), kind="stable")
+    out = []
+    for c in coverages:
+        k = max(1, -(-c * len(order) // 100))
+        top = order[:k]
+        out.append({"coverage": c, "n": int(k), "accuracy": 100.0 * float(np.asarray(right)[top].mean()),
+                    "threshold": float(confidence[top].min())})
+    return out
 
 
 LEVEL, RESAMPLES = 0.95, 1000  # the intervals' coverage, and the bootstrap's resamples

@@ -87,6 +87,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(map(_label, config["labels"])) + ".")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation, result.get("intervals"))]
+    if not generation and (line := _surest_line(result.get("calibration"))) is not None:
+        body.append(line)
     if not generation and (classes := _class_table(config, result)):
         body.append(classes)
     body += ["## How to use", _usage(config, generation, exported)]
@@ -99,6 +101,23 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     # backslashreplace: a path of bytes that are not UTF-8 (a lone surrogate in Python) failed the save after training
     path.write_text(card_text(config, result, exported), encoding="utf-8", errors="backslashreplace")
     return path
+
+
+def _surest_line(cal: object) -> str | None:
+    """A sentence from result.json's calibration "selective" rows (train.selective): the test accuracy where the model
+    answers only its surest examples; None where it has none (a result saved before 2026-11-29 or edited)."""
+    rows = cal.get("selective") if isinstance(cal, dict) else None
+    if not isinstance(rows, list):
+        return None
+    ok = [r for r in rows if isinstance(r, dict) and all(isinstance(r.get(k), (int, float))
+                                                          for k in ("coverage", "accuracy", "threshold"))
+          and r["coverage"] < 100]
+    if not ok:
+        return None
+    parts = [f"the {r['coverage']:g}% it is surest of (probability at least {r['threshold']:.3f}) are "
+             f"{r['accuracy']:.2f}% right" for r in ok]
+    return ("**Answering only where it is surest.** Of the test examples, " + "; ".join(parts)
+            + ". The probabilities are the ones the model answers with (its temperature applied).")
 
 
 def _calibrated_line(rec: object) -> str | None:
