@@ -97,8 +97,8 @@ def main() -> int:
         print(f"{method:12s} IMDB test: accuracy {before['accuracy']:.2f} -> {after['accuracy']:.2f}  ECE "
               f"{before['ece']:.2f} -> {after['ece']:.2f}  cross-entropy {before['nll']:.4f} -> {after['nll']:.4f}  "
               f"T {before['temperature']:.3f} (SST-2's) -> {after['temperature']:.3f} (IMDB's)", flush=True)
-    a.out.write_text(json.dumps({"command": "OMP_NUM_THREADS=1 python bench/calibrate_shift.py " + " ".join(sys.argv[1:]),
-                                 "threads": 1, "machine": machine(), "fit": a.fit, "test": a.test,
+    command = "OMP_NUM_THREADS=1 python bench/calibrate_shift.py " + " ".join(sys.argv[1:])
+    a.out.write_text(json.dumps({"command": command, "threads": 1, "machine": machine(), "fit": a.fit, "test": a.test,
                                  "max_train": a.max_train, "seed": a.seed, "rows": rows}, indent=2))
     shutil.rmtree(work, ignore_errors=True)
     return 0

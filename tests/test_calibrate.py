@@ -237,6 +237,14 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
     cli("calibrate", "--model", generator, "--data", trec_val_slice, row=ROW, contains="a text generator")
     assert _files(folder) == before
     from frozentune.calibrate import CalibrateError, calibrate
+    from frozentune import train as T
+
+    real = T.fit_temperature  # a split every example of which is right by a wide margin: T runs to its range's end
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "fit_temperature", lambda z, y: real(z, y) | {"value": float(np.exp(-T.LOG_T)), "at_edge": True})
+        with pytest.raises(CalibrateError, match="at the end of its range .* the model is left as it was"):
+            calibrate(folder, str(trec_val_slice), cache_root=tmp_path / "cache", log=None)
+    assert _files(folder) == before
 
     with pytest.raises(CalibrateError, match="from Python: split= for --split"):  # in Python's terms
         calibrate(folder, str(trec_val_slice), split="train", cache_root=tmp_path / "cache", log=None)

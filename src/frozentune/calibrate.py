@@ -83,10 +83,11 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
                              f"range): give a split with more")
     fitted = fit_temperature(logits, y)
     if fitted["at_edge"]:
-        why = ("every example is right by a wide margin, so it would make every probability 0 or 1" if fitted["value"] < 1
-               else "the scores do worse there than no scores, so it would make every class equally likely")
-        raise CalibrateError(f"on the {len(y):,} examples of the {split} split of {data} the best temperature is at the "
-                             f"end of its range ({fitted['value']:.3g}): {why}; the model is left as it was")
+        why = ("every example is right by a wide margin, so it would make every probability 0 or 1"
+               if fitted["value"] < 1 else
+               "the scores do worse there than no scores, so it would make every class equally likely")
+        raise CalibrateError(f"on the {len(y):,} examples of the {split} split of {data} the best temperature is at "
+                             f"the end of its range ({fitted['value']:.3g}): {why}; the model is left as it was")
     t = fitted["value"]
     record = {"data": ds.name, "split": split, "examples": int(len(y)), "value": t,
               "previous": previous if previous != 1.0 else None, "loss_previous": _loss(logits, y, previous),
