@@ -40,7 +40,9 @@ def test_compare_scores_each_model_as_eval_does_and_counts_the_examples_between_
     for m in got["models"]:  # each model's figures are eval's, from the same states
         alone = json.loads(cli("eval", "--model", m["model"], "--data", rows, "--split", "all", "--cache-dir", cache,
                                code=0).out)
-        assert (m["metrics"], m["intervals"]) == (alone["metrics"], alone["intervals"])
+        assert (m["metrics"], m["intervals"], m["calibration"]) == (alone["metrics"], alone["intervals"],
+                                                                    alone["calibration"])
+        assert f"ECE {m['calibration']['ece']:.2f} points; its surest 80%" in answer.err
     # which examples each got right, from predict on the file's texts
     lines = [json.loads(line) for line in rows.read_text().splitlines()]
     texts = [r["text"] for r in lines]

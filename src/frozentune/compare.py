@@ -73,12 +73,14 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
             rebuild_cache: bool = False, log: Callable[[str], None] | None = api._stderr) -> dict:
     """Score `models` (two or more saved classifiers' folders, or loaded ones) on the same `split` of `data`, each
     read as it was trained (as `eval` reads it), and compare each with the first. Returns {"data", "split", "n",
-    "models": [{"model", "method", "metrics", "intervals"}], "against_first": [{"model", "first", the counts of
-    both right / first only / other only / both wrong, "difference" (points), "interval", "mcnemar_p", "level"}]}.
+    "models": [{"model", "method", "metrics", "intervals", "calibration"}], "against_first": [{"model", "first",
+    the counts of both right / first only / other only / both wrong, "difference" (points), "interval", "mcnemar_p",
+    "level"}]}; each model's "calibration" is eval's (the ECE, its bins, and the accuracy of the examples it is
+    surest of).
     `log` (default: standard error; None: nothing) gets what was read and a line per comparison. Models are
     loaded one at a time, and each is let go once scored."""
     from .generation.run import is_generation_model
-    from .train import figures, intervals, metrics, paired
+    from .train import calibration, figures, intervals, metrics, paired
 
     log = api.as_log(log)
     cache_root = api.as_path(cache_root, "cache_root")
@@ -115,13 +117,15 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
         positive = api.positive_label(ds.name, model.labels)
         scored.append({"model": name, "method": model.method, "right": pred == y,
                        "metrics": metrics(y, pred, len(model.labels), positive),
-                       "intervals": intervals(y, pred, len(model.labels), positive)})
+                       "intervals": intervals(y, pred, len(model.labels), positive),
+                       "calibration": calibration(y, pred, api.softmax_rows(logits))})
         ds_name = ds.name
         del model
     out = {"data": ds_name, "split": split, "n": len(rows[0][1]),
            "models": [{k: v for k, v in s.items() if k != "right"} for s in scored], "against_first": []}
     for s in scored:
-        log(f"{s['model']} ({s['method']}): {figures(s['metrics'], s['intervals'])}")
+        log(f"{s['model']} ({s['method']}): {figures(s['metrics'], s['intervals'])}  ECE "
+            f"{s['calibration']['ece']:.2f} points" + api.surest(s["calibration"]["selective"]))
     first = scored[0]
     for s in scored[1:]:
         p = paired(first["right"], s["right"])
