@@ -31,26 +31,18 @@ def slice_rows(path: Path, n: int, seed: int) -> list[str]:
     return random.Random(seed).sample(lines, n)
 
 
-def nll(logits, y) -> float:
-    import numpy as np
-    import torch
-
-    return float(torch.nn.functional.cross_entropy(torch.from_numpy(np.asarray(logits, np.float64)),
-                                                   torch.from_numpy(np.asarray(y, np.int64))))
-
-
 def scored(folder: Path, data: Path) -> dict:
     """The saved model's test figures on data's test split, read as `eval` reads it: accuracy, ECE (train.calibration,
     eval's) and the mean cross-entropy, with the temperature it holds."""
     from frozentune import api
-    from frozentune.train import calibration
+    from frozentune.train import calibration, temperature_loss
 
     m = api._load(folder, None, None, lambda s: None)
     _, _, y, z = api._scored_split(m, folder, str(data), "test", (None, None, None), None, False, False,
                                    lambda s: None)
     pred = z.argmax(1)
     return {"accuracy": 100.0 * float((pred == y).mean()), "ece": calibration(y, pred, api.softmax_rows(z))["ece"],
-            "nll": nll(z, y), "temperature": m.temperature}
+            "nll": temperature_loss(z, y)(1.0), "temperature": m.temperature}
 
 
 def main() -> int:

@@ -72,11 +72,9 @@ def main() -> int:
 def scaled(folder: Path, data: str) -> dict:
     """The saved model's validation and test logits; T fitted on validation; test ECE and cross-entropy at T = 1
     and at T."""
-    import torch
-
     from frozentune import api
     from frozentune import model as M
-    from frozentune.train import calibration, fit_temperature, predict_logits
+    from frozentune.train import calibration, fit_temperature, predict_logits, temperature_loss
 
     m = M.load(folder)
     z, y = {}, {}
@@ -84,13 +82,10 @@ def scaled(folder: Path, data: str) -> dict:
         _, part, y[split] = api._saved_split(m, data, split, None, None, None, folder)
         z[split] = predict_logits(m, api.SourceFactory(m.backbone_ref, m.runs_live, None, False, False, None)(part))
 
-    def nll(split: str, t: float) -> float:
-        return float(torch.nn.functional.cross_entropy(torch.from_numpy(z[split]).double() / t,
-                                                       torch.from_numpy(y[split])))
-
+    nll = temperature_loss(z["test"], y["test"])
     t = fit_temperature(z["validation"], y["validation"])["value"]
     ece = [calibration(y["test"], z["test"].argmax(1), api.softmax_rows(z["test"] / u))["ece"] for u in (1.0, t)]
-    return {"T": t, "validation": len(y["validation"]), "ece": ece, "nll": [nll("test", 1.0), nll("test", t)]}
+    return {"T": t, "validation": len(y["validation"]), "ece": ece, "nll": [nll(1.0), nll(t)]}
 
 
 if __name__ == "__main__":

@@ -29,14 +29,10 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench")]
 
 def figures(z, y, t: float) -> dict:
     """Cross-entropy and ECE (points) of softmax(z / t) against labels y."""
-    import numpy as np
-    import torch
-
     from frozentune.api import softmax_rows
-    from frozentune.train import calibration
+    from frozentune.train import calibration, temperature_loss
 
-    nll = float(torch.nn.functional.cross_entropy(torch.from_numpy(np.asarray(z, np.float64) / t), torch.from_numpy(y)))
-    return {"nll": nll, "ece": calibration(y, z.argmax(1), softmax_rows(z / t))["ece"]}
+    return {"nll": temperature_loss(z, y)(t), "ece": calibration(y, z.argmax(1), softmax_rows(z / t))["ece"]}
 
 
 def report(paths: list[Path]) -> str:

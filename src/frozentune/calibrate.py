@@ -15,10 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from . import api
-from . import model as M
 from .errors import FrozentuneError
 from .pyterms import in_python_terms
 
@@ -27,14 +24,6 @@ CALIBRATED = "calibrated"  # config.json: the record of the last `frozentune cal
 
 class CalibrateError(FrozentuneError, ValueError):
     """A temperature that cannot be fitted here; the message says why and what to do."""
-
-
-def _loss(logits: np.ndarray, y: np.ndarray, t: float) -> float:
-    """Mean cross-entropy of softmax(logits / t) against y, in float64."""
-    import torch
-
-    return float(torch.nn.functional.cross_entropy(torch.from_numpy(np.asarray(logits, np.float64)) / t,
-                                                   torch.from_numpy(np.asarray(y, np.int64))))
 
 
 @in_python_terms()
@@ -51,7 +40,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     any."""
     from .generation.run import is_generation_model
     from .relabel import rewrite_model
-    from .train import MIN_CALIBRATE, fit_temperature
+    from .train import MIN_CALIBRATE, fit_temperature, temperature_loss
 
     log = api.as_log(log)
     cache_root, output = api.as_path(cache_root, "cache_root"), api.as_path(output, "output")
@@ -64,9 +53,8 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     if is_generation_model(model_dir):
         raise CalibrateError(f"--model {model_dir}: a text generator, which has no class probabilities to calibrate; "
                              f"give a classifier")
-    config = M.read_saved(model_dir)
-    M.check_config(config, model_dir / M.CONFIG)
-    model = api._load(model_dir, None, None, log)
+    model = api._load(model_dir, None, None, log)  # (its config.json read and checked, its weights checksummed)
+    config = model.saved_config
     previous = model.temperature
     model.temperature = 1.0  # the head's own scale: T is fitted on it, as training fits it
     ds, part, y, logits = api._scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
@@ -90,12 +78,10 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
                              f"the end of its range ({fitted['value']:.3g}): {why}; the model is left as it was")
     t = fitted["value"]
     record = {"data": ds.name, "split": split, "examples": int(len(y)), "value": t,
-              "previous": previous if previous != 1.0 else None, "loss_previous": _loss(logits, y, previous),
-              "loss_after": fitted["loss_after"]}
-    import torch
-
-    state = M.load_weights(model_dir, config)
-    state[M.TEMPERATURE] = torch.tensor(t, dtype=torch.float64)
+              "previous": previous if previous != 1.0 else None,
+              "loss_previous": temperature_loss(logits, y)(previous), "loss_after": fitted["loss_after"]}
+    model.temperature = t
+    state = model.trainable_state()  # what save writes: the weights as loaded, and the temperature
     saved = {k: v for k, v in config.items() if k not in ("format", "weights_file")} | {CALIBRATED: record}
     target = rewrite_model(model_dir, output, overwrite, state, saved, "calibrate", "calibrated", CalibrateError)
     was = f"{previous:.3f}" if previous != 1.0 else "none (the head's own scale)"

@@ -165,12 +165,14 @@ def _decode_runtime_args(g) -> None:
                    "bits under autocast: faster where the hardware has them; near-ties between tokens can flip)")
 
 
-def _scored_split_args(p: argparse.ArgumentParser, whose: str) -> None:
-    """--data, --split and the fields of a command that scores saved classifiers on a split (eval, compare)."""
+def _scored_split_args(p: argparse.ArgumentParser, whose: str, split: str = "test", split_help: str | None = None
+                       ) -> None:
+    """--data, --split (default `split`; `split_help` in place of eval's words) and the fields of a command that scores
+    saved classifiers on a split (eval, compare, calibrate)."""
     p.add_argument("--data", required=True)
-    p.add_argument("--split", default="test", choices=("train", "validation", "test", "all"),
-                   help="the split to score (default: test; a single file's test split is the 10%% carved from it, "
-                        "as training carved it); all: every row of one file, nothing carved")
+    p.add_argument("--split", default=split, choices=("train", "validation", "test", "all"),
+                   help=split_help or "the split to score (default: test; a single file's test split is the 10%% "
+                        "carved from it, as training carved it); all: every row of one file, nothing carved")
     p.add_argument("--text-field")
     p.add_argument("--text-pair-field", help=PAIR_HELP + f" (default: {whose})")
     p.add_argument("--label-field")
@@ -436,13 +438,8 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="fit a saved classifier's temperature again on labelled examples it was "
                          "not trained on (its probabilities; every prediction stays as it was)")
     cal.add_argument("--model", type=Path, action=_Once, required=True, help="the saved classifier's folder")
-    cal.add_argument("--data", required=True)
-    cal.add_argument("--split", default="validation", choices=("train", "validation", "test", "all"),
-                     help="the split to fit on (default: validation; all: every row of one file, e.g. held-out "
-                          "examples of your own)")
-    cal.add_argument("--text-field")
-    cal.add_argument("--text-pair-field", help=PAIR_HELP + " (default: the model's)")
-    cal.add_argument("--label-field")
+    _scored_split_args(cal, "the model's", "validation", "the split to fit on (default: validation; all: every row of "
+                       "one file, e.g. held-out examples of your own)")
     cal.add_argument("--output", type=Path, help="write the calibrated model here and leave --model as it is "
                      "(default: in place; the folder is replaced whole, so an interrupt leaves it as it was)")
     cal.add_argument("--overwrite", action="store_true", help="with --output: replace a model saved there")

@@ -311,6 +311,13 @@ MIN_CALIBRATE = 100
 LOG_T = 4.0  # the search's range of log T: T from e^-4 (0.018) to e^4 (55)
 
 
+def temperature_loss(logits: np.ndarray, y: np.ndarray) -> Callable[[float], float]:
+    """The mean cross-entropy of softmax(logits / t) against labels y, as a function of t > 0, in float64 (the
+    logits (N, C) converted once)."""
+    z, target = torch.from_numpy(np.asarray(logits, dtype=np.float64)), torch.from_numpy(np.asarray(y, dtype=np.int64))
+    return lambda t: float(nn.functional.cross_entropy(z / t, target))
+
+
 def fit_temperature(logits: np.ndarray, y: np.ndarray) -> dict:
     """Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural Networks"): the T > 0 whose
     softmax(logits / T) gives held-out examples `y` the lowest mean cross-entropy, found over log T in
@@ -319,17 +326,13 @@ def fit_temperature(logits: np.ndarray, y: np.ndarray) -> dict:
     spare make the loss fall as T goes to 0: no finite T is best)}. Dividing by T > 0 keeps every row's argmax."""
     from scipy.optimize import minimize_scalar
 
-    z, target = torch.from_numpy(np.asarray(logits, dtype=np.float64)), torch.from_numpy(np.asarray(y, dtype=np.int64))
-
-    def loss(t: float) -> float:
-        return float(nn.functional.cross_entropy(z / t, target))
-
+    loss = temperature_loss(logits, y)
     best = float(np.exp(minimize_scalar(lambda lt: loss(float(np.exp(lt))), bounds=(-LOG_T, LOG_T), method="bounded",
                                         options={"xatol": 1e-6}).x))
     after = loss(best)
     # an end of the range doing as well: the loss still falls (or is flat, all of it rounded away) towards it
     edge = min(loss(float(np.exp(-LOG_T))), loss(float(np.exp(LOG_T)))) <= after + 1e-12
-    return {"value": best, "examples": int(len(target)), "loss_before": loss(1.0), "loss_after": after, "at_edge": edge}
+    return {"value": best, "examples": int(len(y)), "loss_before": loss(1.0), "loss_after": after, "at_edge": edge}
 
 
 def predict_logits(model: Classifier, src: Source, batch_size: int = 256) -> np.ndarray:
