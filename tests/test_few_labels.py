@@ -550,6 +550,10 @@ def test_a_sweep_is_reproducible_and_its_best_is_a_train_of_that_point(trec_slic
               output=tmp_path / "t", cache_root=tmp_path / "c", progress=False, log=lambda s: None)
     texts = ["What is the capital of France ?", "Who wrote Hamlet ?"]
     assert one.best_saved_as == json.loads((tmp_path / "s1" / "best" / "config.json").read_text())["method"]
+    # sweep.json's best_temperature is best/'s own record (here none: 12 examples are too few to fit one on)
+    best_result = json.loads((tmp_path / "s1" / "best" / "result.json").read_text())
+    assert one.best_temperature == best_result["temperature"] is None
+    assert json.loads((tmp_path / "s1" / "sweep.json").read_text())["best_temperature"] is None
     a = api.predict(tmp_path / "s1" / "best", texts)
     b = api.predict(tmp_path / "t", texts)
     assert a == b
@@ -583,6 +587,13 @@ def test_sweep_from_python_and_its_folders(trec_slice, tiny_bert, tmp_path):
                   log=lambda s: None)
     best = json.loads((tmp_path / "s" / "best" / "result.json").read_text())
     assert best["config"]["shots"] == 2 and r.best_saved_as == "probe"
+    # all 120 examples, under cross-validation: best/'s temperature fitted on the folds' held-out logits, and said
+    r = run_sweep(Grid.parse("probe"), str(trec_slice), bb, tmp_path / "all", cache_root=tmp_path / "c",
+                  log=lambda s: None)
+    t = json.loads((tmp_path / "all" / "best" / "result.json").read_text())["temperature"]
+    assert r.best_temperature == t and t["fitted_on"] == "cross-validation"
+    assert (f"best/'s probabilities: its logits are divided by a temperature of {t['value']:.3f}, fitted on the 120 "
+            f"training examples") in (tmp_path / "all" / "sweep.md").read_text()
     api.train("probe", str(trec_slice), bb, train_cfg={"epochs": 1, "cv_below": 0}, output=tmp_path / "m",
               cache_root=tmp_path / "c", progress=False, log=lambda s: None)
     with pytest.raises(OutputError, match="holds a saved model; --overwrite replaces a sweep with another, not a saved model"):
@@ -620,6 +631,14 @@ def test_the_sweep_table_says_where_a_head_fell_back_to_the_regression():
     text = markdown(SweepResult(rows, table, table[0], best_saved_as="space", best_seed=1), "trec")
     assert ("best/ is the best setting's seed 1 (of its seeds, the first whose folds kept the head): cv accuracy "
             "51.00, test 60.00.") in text
+    # and whether best/'s probabilities were calibrated (--calibrate): the temperature and what it was fitted on
+    assert "best/'s probabilities: the head's own scale: no temperature was fitted (`--calibrate off`" in text
+    cal = {"fitted_on": "cross-validation", "value": 1.8, "examples": 360, "distinct_examples": 120}
+    text = markdown(SweepResult(rows, table, table[0], best_saved_as="space", best_seed=1, best_temperature=cal),
+                    "trec")
+    assert ("best/'s probabilities: its logits are divided by a temperature of 1.800, fitted on the 120 training "
+            "examples as the fold models that did not train on them scored them") in text
+    assert "no temperature was fitted" not in text
     # where best/ is the regression its folds kept, the table (and the log line) say what was saved
     text = markdown(SweepResult(rows, table, table[0], best_saved_as="probe"), "trec")
     assert "The best setting's saved model (best/), as a probe: on these few labels its folds found the space head" in text

@@ -158,14 +158,21 @@ def _training_line(result: dict) -> str | None:
                      f"{sel['score']:.2f}), then it was fitted on all of train{averaged}")
     elif sel.get("how") == "validation":
         parts.append("early stopping on the validation split chose the epoch")
-    t = result.get("temperature")
-    if isinstance(t, dict) and isinstance(t.get("value"), (int, float)) and isinstance(t.get("examples"), int):
-        on = (f"the {t.get('distinct_examples', t['examples']):,} training examples as the fold models that did not "
-              f"train on them scored them" if t.get("fitted_on") == "cross-validation" else
-              f"the {t['examples']:,} validation examples")
-        parts.append(f"its logits are divided by a temperature of {t['value']:.3f}, fitted on {on}, so that its "
-                     f"probabilities are as confident as it is right there (`--calibrate`; no prediction changes)")
+    if words := temperature_words(result.get("temperature")):
+        parts.append(words)
     return ("**Training.** " + "; ".join(parts) + ".") if parts else None
+
+
+def temperature_words(t: object) -> str | None:
+    """What result.json's `temperature` record (api.train: value, examples, fitted_on, distinct_examples) did, as
+    words ("its logits are divided by … fitted on …"); None where it holds none (not fitted, or not such a record)."""
+    if not (isinstance(t, dict) and isinstance(t.get("value"), (int, float)) and isinstance(t.get("examples"), int)):
+        return None
+    on = (f"the {t.get('distinct_examples', t['examples']):,} training examples as the fold models that did not "
+          f"train on them scored them" if t.get("fitted_on") == "cross-validation" else
+          f"the {t['examples']:,} validation examples")
+    return (f"its logits are divided by a temperature of {t['value']:.3f}, fitted on {on}, so that its "
+            f"probabilities are as confident as it is right there (`--calibrate`; no prediction changes)")
 
 
 def _fallback_words(method: str, result: dict) -> str:

@@ -27,6 +27,7 @@ class SweepResult:
     seconds: dict = field(default_factory=dict)  # wall, extraction, fits, loading
     best_saved_as: str | None = None  # the method of best/: the best's, or probe where its folds kept the regression
     best_seed: int | None = None      # the seed of best/ (saved_seed): its row is best/'s scores
+    best_temperature: dict | None = None  # best/'s result.json `temperature` (--calibrate): None where none was fitted
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -168,6 +169,7 @@ def run_sweep(grid: Grid, data: str, backbone, output: Path | None = None, shots
                           output=folder / "best", cache_root=cache_root, progress=False, log=silent, cache_log=log)
                 result.seconds = _seconds(t_start, extract_s, load_s, rows, time.perf_counter() - t0)
                 result.best_saved_as, result.best_seed = saved.get("model_method", best["method"]), first
+                result.best_temperature = saved.get("temperature")
                 write(result, folder, data)
             journal.finish()
             interrupts.check()  # one held while the old output was replaced: raised now, the sweep saved
@@ -314,6 +316,8 @@ def tabulate(rows: list[dict]) -> list[dict]:
     return out
 
 
+NOT_CALIBRATED = ("the head's own scale: no temperature was fitted (`--calibrate off`, fewer than 100 examples to fit "
+                  "on, or a best temperature at the end of its range)")
 STD_NOTE = "± is the standard deviation over seeds, population (ddof 0: divided by the number of seeds, not one less)."
 
 
@@ -352,6 +356,9 @@ def markdown(result: SweepResult, data: str) -> str:
             if result.best["fell_back"] and not kept_note(result) else ""
         lines += ["", f"best/ is the best setting's seed {result.best_seed}{chosen}: {row['score_is']} "
                       f"{row['score']:.2f}, test {row['test_accuracy']:.2f}{kept_note(result)}."]
+        from ..export.card import temperature_words
+
+        lines += ["", f"best/'s probabilities: {temperature_words(result.best_temperature) or NOT_CALIBRATED}."]
     elif kept_note(result):
         lines += ["", f"The best setting's saved model (best/){kept_note(result)}."]
     s = result.seconds
