@@ -62,6 +62,23 @@ def _fit(bert: str, method: str = "finetune", wrong: bool = False) -> dict:
             "weights": {k: v.detach().clone() for k, v in model.trainable_state().items()}}
 
 
+def _fit_cv(bert: str) -> dict:
+    """finetune of the tiny BERT with its steps chosen by cross-validation (crossval.fit_cv): rank 0 alone scores
+    the folds' held-out rows, so only it has their logits (the temperature's examples)."""
+    from frozentune import model as M
+    from frozentune.backbone import Backbone
+    from frozentune.crossval import fit_cv
+    from frozentune.train import TrainConfig
+
+    bb = Backbone.load(bert, max_length=16)
+    src = M.LiveSource(bb.tokenize(TEXTS), bb.pad_id())
+    model, r, info = fit_cv(lambda: M.build_classifier("finetune", bb, ["neg", "pos"], None, seed=0), src, LABELS,
+                            None, None, TrainConfig(**{**FIT, "cv_folds": 4}), log=lambda s: None)
+    held = None if r.held_out is None else {"logits": r.held_out.logits, "y": r.held_out.y}
+    return {"chosen_steps": info["chosen_steps"], "held_out": held,
+            "weights": {k: v.detach().clone() for k, v in model.trainable_state().items()}}
+
+
 def _pretrain(out: Path, corpus: str, run: dict, wrong: bool = False) -> dict:
     from frozentune import distributed
     from frozentune.conv.pretrain import pretrain
@@ -88,7 +105,9 @@ def worker(out: Path, scenarios: list[str]) -> None:
     results = {}
     for name in scenarios:
         kind, *flags = name.split(":")
-        if kind == "fit":
+        if kind == "cv":
+            results[name] = _fit_cv(spec["bert"])
+        elif kind == "fit":
             method = next((f for f in flags if f in ("conv", "prefix")), "finetune")
             results[name] = _fit(spec["bert_dropout" if "dropout" in flags else "bert"], method, "wrong" in flags)
         else:
@@ -164,7 +183,7 @@ def test_generation_refuses_several_processes(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- 2 processes vs 1
-SCENARIOS = ["fit", "fit:conv", "fit:prefix", "fit:dropout", "fit:wrong", "pre", "pre:b1", "pre:resume", "pre:wrong"]
+SCENARIOS = ["cv", "fit", "fit:conv", "fit:prefix", "fit:dropout", "fit:wrong", "pre", "pre:b1", "pre:resume", "pre:wrong"]
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +283,18 @@ def test_fit_two_processes_equal_one(runs, scenario):
     for k in r0["weights"]:  # the ranks apply the same summed gradient with the same kernels
         exact(r0["weights"][k], r1["weights"][k], "every rank steps on the same all-reduced gradient")
     assert r0["losses"] == r1["losses"]
+
+
+def test_cross_validation_under_a_launcher_keeps_the_held_out_logits_on_rank_0(runs):
+    """Under 2 processes, rank 0 alone scores the folds' held-out rows (fit_loop), so it alone has the out-of-fold
+    logits a temperature is fitted on; the other rank has none (an IndexError ended its run), and both choose the
+    steps the one-process run chose and hold the same weights."""
+    one, r0, r1 = runs["1p-rank0"]["cv"], runs["2p-rank0"]["cv"], runs["2p-rank1"]["cv"]
+    assert r0["chosen_steps"] == r1["chosen_steps"] == one["chosen_steps"]
+    assert r1["held_out"] is None and r0["held_out"]["logits"].shape == one["held_out"]["logits"].shape == (16, 2)
+    assert (r0["held_out"]["y"] == one["held_out"]["y"]).all()  # the same folds, in the same order
+    for k in r0["weights"]:
+        exact(r0["weights"][k], r1["weights"][k], "every rank steps on the same all-reduced gradient")
 
 
 def test_wrong_sharding_is_far_outside_the_tolerance(runs):

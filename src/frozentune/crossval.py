@@ -33,6 +33,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+from . import distributed
 from .data import first_rows, split_by_groups
 from .model import Batch, Classifier, Source
 from .train import (FitResult, HeldOut, Schedule, TrainConfig, eval_batches, fit, plan_steps, predict_logits, scored,
@@ -295,9 +296,16 @@ def fit_cv(build: Callable[[], Classifier], train: Source, y: np.ndarray, val: S
 
 
 def held_out(logits: list[list[np.ndarray]], splits: list[tuple[np.ndarray, np.ndarray]], y: np.ndarray, j: int,
-             k: int) -> HeldOut:
+             k: int) -> HeldOut | None:
     """The out-of-fold logits of candidate j: each fold's held-out rows (splits[i][1]) as scored by that fold's
-    model at candidate j (logits[i][j], (n_i, C)), all folds together, with their labels; k folds of N = len(y)."""
+    model at candidate j (logits[i][j], (n_i, C)), all folds together, with their labels; k folds of N = len(y).
+    None on a launcher's ranks other than 0: rank 0 alone scores a fold's held-out rows at each checkpoint
+    (train.fit_loop) and sends the figures, not the logits; it alone saves the model, and so its temperature."""
+    if any(len(fold) <= j for fold in logits):
+        if distributed.is_main():  # every candidate of every fold was scored in one process: a bug, not a rank
+            raise RuntimeError(f"cross-validation kept no held-out logits of candidate {j} for a fold "
+                               f"({[len(f) for f in logits]} candidates)")
+        return None
     return HeldOut(np.concatenate([fold[j] for fold in logits]), np.concatenate([y[held] for _, held in splits]),
                    len(y), k)
 
