@@ -183,7 +183,8 @@ def test_generation_refuses_several_processes(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- 2 processes vs 1
-SCENARIOS = ["cv", "fit", "fit:conv", "fit:prefix", "fit:dropout", "fit:wrong", "pre", "pre:b1", "pre:resume", "pre:wrong"]
+SCENARIOS = ["cv", "fit", "fit:conv", "fit:prefix", "fit:dropout", "fit:wrong", "pre", "pre:b1", "pre:resume",
+             "pre:wrong"]
 
 
 @pytest.fixture(scope="module")
