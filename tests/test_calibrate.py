@@ -102,7 +102,7 @@ def test_calibrate_on_the_folds_held_out_examples(trec_slice, tiny_bert, tmp_pat
     assert "scored by the 2 fold models that did not train on it (2 folds × 2 repeats)" in ans.out
 
 
-def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
+def test_calibrate_where_it_cannot_apply(trec_slice, trec_val_slice, tiny_bert, tmp_path):
     # a class with a single example: no folds, no validation split; nothing to fit on, said where it was asked for
     rows = [json.loads(line) for line in (trec_slice / "train.jsonl").read_text().splitlines()]
     rows[0] = {**rows[0], "label": "LONE"}  # a label of its own on one row
@@ -127,6 +127,24 @@ def test_calibrate_where_it_cannot_apply(trec_slice, tiny_bert, tmp_path):
     margin = np.array([[9.0, 0.0], [0.0, 9.0]] * 60)
     assert fit_temperature(margin, np.array([0, 1] * 60))["at_edge"]
     assert not fit_temperature(margin, np.array([0, 1] * 59 + [1, 0]))["at_edge"]  # one wrong: a finite T
+    # logits that are not finite: the search's losses were NaN and any T passed as the best; now refused, saying so
+    from frozentune.train import NonFiniteLogits
+    for bad in (np.nan, np.inf, -np.inf):
+        z = margin.copy()
+        z[3, 0] = bad
+        with pytest.raises(NonFiniteLogits, match="^1 of the 120 examples have logits that are not finite numbers"):
+            fit_temperature(z, np.array([0, 1] * 60))
+    # and a run whose validation logits are not all finite keeps the head's own scale, saying why
+    real_fit, said = api.fit_temperature, []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "fit_temperature", lambda z, y: real_fit(np.where(np.arange(len(z))[:, None] == 0, np.inf, z),
+                                                                 y))
+        r = api.train("probe", str(trec_val_slice), api.BackboneOptions(str(tiny_bert), max_length=32),
+                      train_cfg={"epochs": 1, "cv_below": 0}, cache_root=tmp_path / "cache", progress=False,
+                      log=said.append)
+    assert r["temperature"] is None and any(x.startswith("probabilities: the head's own scale: on the 100 validation "
+                                                         "examples, 1 of the 100 examples have logits that are not "
+                                                         "finite numbers") for x in said), said
     with pytest.raises(MethodError, match="calibrate"):  # a generation run has no classes to scale
         api.train("prefix", "e2e", train_cfg={"calibrate": "off"}, log=None)
     cli("train", "--method", "probe", "--data", trec_slice, "--calibrate", "on", contains="--calibrate")
@@ -207,6 +225,16 @@ def test_calibrate_fits_on_a_split_what_training_would_have(pair, trec_val_slice
     again = frozentune_calibrate(folder, trec_val_slice, tmp_path / "cache", output=tmp_path / "copy")
     assert again["value"] == pytest.approx(record["value"], rel=1e-9) and again["previous"] == record["value"]
     assert _files(folder) == after  # --output: the folder given is left as it was
+    # the card says which of result.json's figures came before: the surest examples' thresholds were the training
+    # run's (they said "(its temperature applied)"), and a temperature the run fitted is said as replaced
+    card = after["README.md"].decode()
+    assert "These were measured as the training run left the model, before `frozentune calibrate`" in card
+    assert "(its temperature applied)" not in card and "its logits are divided by" not in card
+    frozentune_calibrate(auto, trec_val_slice, tmp_path / "cache", output=tmp_path / "auto-again")
+    card = (tmp_path / "auto-again" / "README.md").read_text()
+    assert (f"a temperature of {want['value']:.3f} was fitted on the 100 validation examples (`--calibrate`), which "
+            f"`frozentune calibrate` has since replaced (below)") in card and "its logits are divided by" not in card
+    assert "its logits are divided by" in (auto / "README.md").read_text()  # before: the run's own, in force
 
 
 def frozentune_calibrate(folder: Path, data: Path, cache: Path, **kw) -> dict:
@@ -221,6 +249,15 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
     cache = ("--cache-dir", tmp_path / "cache")
     cli("calibrate", "--model", folder, "--data", trec_val_slice, "--split", "train", *cache, row=ROW,
         contains=("--split train: the examples the model was trained on", "give --split validation"))
+    # the training file named as data of its own (read alone, so carved anew or read whole): its rows, whatever the
+    # split is called, are the model's training rows (the data's name, "train", was not the model's, so it passed)
+    for split in ("all", "validation", "train"):
+        cli("calibrate", "--model", folder, "--data", trec_val_slice / "train.jsonl", "--split", split, *cache,
+            row=ROW, contains=(f"--split {split}: rows of {(trec_val_slice / 'train.jsonl').resolve()}, the file the "
+                               f"model was trained on", "give --split validation"))
+    # its validation file read alone is held-out rows: fitted (into --output, the folder left as it is)
+    cli("calibrate", "--model", folder, "--data", trec_val_slice / "validation.jsonl", "--split", "all", *cache,
+        "--output", tmp_path / "on-validation", code=0)
     one_file = trec_val_slice / "train.jsonl"  # a model of one file: its every row holds those it trained on
     cli("train", "--method", "probe", "--data", one_file, "--backbone", tiny_bert, "--max-length", 32,
         "--output", tmp_path / "file", *cache, "--quiet", code=0)
@@ -246,5 +283,18 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
             calibrate(folder, str(trec_val_slice), cache_root=tmp_path / "cache", log=None)
     assert _files(folder) == before
 
+    scored = api._scored_split  # a model that gives one example a NaN logit: one line, the folder as it was
+
+    def nan_logit(*a, **k):
+        ds, part, y, z = scored(*a, **k)
+        z = z.copy()
+        z[3, 0] = np.nan
+        return ds, part, y, z
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "_scored_split", nan_logit)
+        cli("calibrate", "--model", folder, "--data", trec_val_slice, *cache, row=ROW,
+            contains=("1 of the 100 examples have logits that are not finite numbers (NaN or infinite), so no "
+                      "temperature can be fitted on them", "the model is left as it was"))
+    assert _files(folder) == before
     with pytest.raises(CalibrateError, match="from Python: split= for --split"):  # in Python's terms
         calibrate(folder, str(trec_val_slice), split="train", cache_root=tmp_path / "cache", log=None)

@@ -34,8 +34,8 @@ from .registry import MethodError, get_method, make_config, refuse_unused
 from . import relabel as _relabel
 from .relabel import renamed_hint
 from .crossval import choose_folds, fit_cv
-from .train import (MIN_CALIBRATE, HeldOut, TrainConfig, calibration, class_report, evaluate, figures, fit,
-                    fit_temperature, intervals, metrics, plan_steps, predict_logits, silent)
+from .train import (MIN_CALIBRATE, HeldOut, NonFiniteLogits, TrainConfig, calibration, class_report, evaluate, figures,
+                    fit, fit_temperature, intervals, metrics, plan_steps, predict_logits, silent)
 
 
 relabel = _relabel.relabel  # api.relabel: a saved classifier's labels renamed (frozentune relabel)
@@ -531,7 +531,8 @@ def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: 
     its record for result.json, or None (said where --calibrate was given and nothing was fitted). Where the validation
     split chose, on its logits; where cross-validation chose, on the out-of-fold logits of the candidate it chose
     (`held`: every training example scored by the fold model that did not train on it, the approach of scikit-learn's
-    CalibratedClassifierCV(ensemble=False)), the refit on all of train being the model."""
+    CalibratedClassifierCV(ensemble=False)), the refit on all of train being the model (or the mean of its weights
+    and the fold models', --average-folds: the same temperature, an approximation as the refit is one)."""
     if cfg.calibrate == "off":
         return None
     if how == "validation" and val_src is not None:
@@ -555,7 +556,11 @@ def _calibrate(model: M.Classifier, cfg: TrainConfig, how: str, val_src, y_val: 
         log(f"probabilities: the head's own scale: a temperature is fitted on {MIN_CALIBRATE} {noun} or more "
             f"(--calibrate), and there are {n}")
         return None
-    fitted = fit_temperature(logits, y)
+    try:
+        fitted = fit_temperature(logits, y)
+    except NonFiniteLogits as e:
+        log(f"probabilities: the head's own scale: on {on}, {e}")
+        return None
     if fitted.pop("at_edge"):
         why = ("they are all right by a wide margin, so it would make every probability 0 or 1" if fitted["value"] < 1
                else "on them the scores do worse than no scores, so it would make every class equally likely")

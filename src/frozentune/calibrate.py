@@ -40,7 +40,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     any."""
     from .generation.run import is_generation_model
     from .relabel import rewrite_model
-    from .train import MIN_CALIBRATE, fit_temperature, temperature_loss
+    from .train import MIN_CALIBRATE, NonFiniteLogits, fit_temperature, temperature_loss
 
     log = api.as_log(log)
     cache_root, output = api.as_path(cache_root, "cache_root"), api.as_path(output, "output")
@@ -59,9 +59,11 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     model.temperature = 1.0  # the head's own scale: T is fitted on it, as training fits it
     ds, part, y, logits = api._scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
                                             cache_root, rebuild_cache, progress, log, verb="calibrate")
-    if split in ("train", "all") and ds.name == config.get("data"):
-        what = ("the examples the model was trained on" if split == "train" else
-                f"every row of {ds.name}, the examples the model was trained on among them")
+    same_data, trained_file = _trained_on(config, data, split)
+    if (split in ("train", "all") and same_data) or trained_file:
+        what = ("the examples the model was trained on" if split == "train" and same_data else
+                f"every row of {ds.name}, the examples the model was trained on among them" if same_data else
+                f"rows of {trained_file}, the file the model was trained on")
         raise CalibrateError(f"--split {split}: {what}: its scores there are surer than on texts it has not seen, and "
                              f"a temperature fitted to them would make it over-confident; give --split validation, or "
                              f"data it was not trained on")
@@ -69,7 +71,11 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
         raise CalibrateError(f"the {split} split of {data} holds {len(y)} example{'s' * (len(y) != 1)}; a temperature "
                              f"is fitted on {MIN_CALIBRATE} or more (one number fitted to a few lands at an end of its "
                              f"range): give a split with more")
-    fitted = fit_temperature(logits, y)
+    try:
+        fitted = fit_temperature(logits, y)
+    except NonFiniteLogits as e:
+        raise CalibrateError(f"the {split} split of {data}: {e}, which the model gave them; the model is left as it "
+                             f"was (`frozentune eval` on them shows the same)") from None
     if fitted["at_edge"]:
         why = ("every example is right by a wide margin, so it would make every probability 0 or 1"
                if fitted["value"] < 1 else
@@ -88,10 +94,26 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     log(f"calibrate: temperature {t:.3f} fitted on the {len(y):,} examples of the {split} split (it was {was}); their "
         f"cross-entropy {record['loss_previous']:.4f} -> {record['loss_after']:.4f}; every prediction is as it was; "
         f"written to {target}")
-    if split == "test" and ds.name == config.get("data"):
+    if split == "test" and same_data:
         log("calibrate: this is the test split the training run scored: its figures of the probabilities (ECE) are no "
             "longer a measure on examples the model was not fitted to")
     return {"model": str(model_dir), "output": str(target), **record}
+
+
+def _trained_on(config: dict, data: str, split: str) -> tuple[bool, str | None]:
+    """(whether `data` is the data the model was trained on, read as its run read it: the same files, or a dataset of
+    the same name; the file it trained on where `split` of `data` reads its rows from that file otherwise, else None).
+    The second is `--data …/train.jsonl` for a model trained on the dataset: that file read alone is carved anew
+    (or read whole), so its splits hold the model's training rows whatever they are called."""
+    from .data import resolve, resolved_files
+
+    name, files = resolve(data)
+    rule = config.get("split_rule") or {}
+    if resolved_files(files) == rule.get("files") or name == config.get("data"):
+        return True, None
+    trained = (rule.get("files") or {}).get("train")
+    source = files["test"] if split == "test" and "test" in files else files["train"]
+    return False, trained if trained is not None and str(Path(source).resolve()) == trained else None
 
 
 __all__ = ["CalibrateError", "calibrate", "CALIBRATED"]

@@ -318,14 +318,27 @@ def temperature_loss(logits: np.ndarray, y: np.ndarray) -> Callable[[float], flo
     return lambda t: float(nn.functional.cross_entropy(z / t, target))
 
 
+class NonFiniteLogits(ValueError):
+    """Logits that are not all finite numbers: no temperature fits them (the search's losses would be NaN, and any T
+    would pass as the best). `rows`: how many examples have one, of `examples`."""
+
+    def __init__(self, rows: int, examples: int):
+        self.rows, self.examples = rows, examples
+        super().__init__(f"{rows:,} of the {examples:,} examples have logits that are not finite numbers (NaN or "
+                         f"infinite), so no temperature can be fitted on them")
+
+
 def fit_temperature(logits: np.ndarray, y: np.ndarray) -> dict:
     """Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural Networks"): the T > 0 whose
     softmax(logits / T) gives held-out examples `y` the lowest mean cross-entropy, found over log T in
     [-LOG_T, LOG_T] (Brent's bounded search; the loss is convex in 1/T). {"value": T, "examples", "loss_before"
     (at T = 1), "loss_after", "at_edge": whether T is at an end of the range (examples all right with room to
-    spare make the loss fall as T goes to 0: no finite T is best)}. Dividing by T > 0 keeps every row's argmax."""
+    spare make the loss fall as T goes to 0: no finite T is best)}. Dividing by T > 0 keeps every row's argmax.
+    NonFiniteLogits where a row holds NaN or ±inf."""
     from scipy.optimize import minimize_scalar
 
+    if rows := int((~np.isfinite(np.asarray(logits, dtype=np.float64))).any(axis=1).sum()):
+        raise NonFiniteLogits(rows, len(y))
     loss = temperature_loss(logits, y)
     best = float(np.exp(minimize_scalar(lambda lt: loss(float(np.exp(lt))), bounds=(-LOG_T, LOG_T), method="bounded",
                                         options={"xatol": 1e-6}).x))

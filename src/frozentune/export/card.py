@@ -75,7 +75,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
                     + (f"; input field(s) {text}" if text else "")
                     + ("; pairs fed without token type ids (`--no-token-types`: every token type 0)"
                        if backbone.get("token_types") is False else "") + ".")
-    if (line := _training_line(result)) is not None:
+    recalibrated = isinstance(config.get("calibrated"), dict)  # `frozentune calibrate` replaced the run's temperature
+    if (line := _training_line(result, recalibrated)) is not None:
         body.append(line)
     if (line := _calibrated_line(config.get("calibrated"))) is not None:
         body.append(line)
@@ -87,7 +88,7 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(map(_label, config["labels"])) + ".")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation, result.get("intervals"))]
-    if not generation and (line := _surest_line(result.get("calibration"))) is not None:
+    if not generation and (line := _surest_line(result.get("calibration"), recalibrated)) is not None:
         body.append(line)
     if not generation and (classes := _class_table(config, result)):
         body.append(classes)
@@ -103,9 +104,10 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     return path
 
 
-def _surest_line(cal: object) -> str | None:
+def _surest_line(cal: object, recalibrated: bool = False) -> str | None:
     """A sentence from result.json's calibration "selective" rows (train.selective): the test accuracy where the model
-    answers only its surest examples; None where it has none (a result saved before 2026-11-29 or edited)."""
+    answers only its surest examples; None where it has none (a result saved before 2026-11-29 or edited).
+    recalibrated: `frozentune calibrate` has since replaced the temperature those rows were measured with."""
     rows = cal.get("selective") if isinstance(cal, dict) else None
     if not isinstance(rows, list):
         return None
@@ -117,7 +119,10 @@ def _surest_line(cal: object) -> str | None:
     parts = [f"the {r['coverage']:g}% it is surest of (probability at least {r['threshold']:.3f}) are "
              f"{r['accuracy']:.2f}% right" for r in ok]
     return ("**Answering only where it is surest.** Of the test examples, " + "; ".join(parts)
-            + ". The probabilities are the ones the model answers with (its temperature applied).")
+            + (". These were measured as the training run left the model, before `frozentune calibrate` fitted its "
+               "temperature: with that temperature the thresholds differ (and which examples are surest may too); "
+               "`frozentune eval` measures them as the model answers now." if recalibrated else
+               ". The probabilities are the ones the model answers with (its temperature applied)."))
 
 
 def _calibrated_line(rec: object) -> str | None:
@@ -133,7 +138,7 @@ def _calibrated_line(rec: object) -> str | None:
             f"before it.")
 
 
-def _training_line(result: dict) -> str | None:
+def _training_line(result: dict, recalibrated: bool = False) -> str | None:
     """How train was drawn (--shots, --max-train) and what chose the model (folds, validation), from
     result.json; None where the run recorded neither (a full train split on a fixed schedule). A card of
     "train 48" alone reads as if 48 were the dataset's train split."""
@@ -158,19 +163,23 @@ def _training_line(result: dict) -> str | None:
                      f"{sel['score']:.2f}), then it was fitted on all of train{averaged}")
     elif sel.get("how") == "validation":
         parts.append("early stopping on the validation split chose the epoch")
-    if words := temperature_words(result.get("temperature")):
+    if words := temperature_words(result.get("temperature"), replaced=recalibrated):
         parts.append(words)
     return ("**Training.** " + "; ".join(parts) + ".") if parts else None
 
 
-def temperature_words(t: object) -> str | None:
+def temperature_words(t: object, replaced: bool = False) -> str | None:
     """What result.json's `temperature` record (api.train: value, examples, fitted_on, distinct_examples) did, as
-    words ("its logits are divided by … fitted on …"); None where it holds none (not fitted, or not such a record)."""
+    words ("its logits are divided by … fitted on …"); None where it holds none (not fitted, or not such a record).
+    replaced: `frozentune calibrate` has fitted another since (config.json's "calibrated"), so it is said as past."""
     if not (isinstance(t, dict) and isinstance(t.get("value"), (int, float)) and isinstance(t.get("examples"), int)):
         return None
     on = (f"the {t.get('distinct_examples', t['examples']):,} training examples as the fold models that did not "
           f"train on them scored them" if t.get("fitted_on") == "cross-validation" else
           f"the {t['examples']:,} validation examples")
+    if replaced:
+        return (f"a temperature of {t['value']:.3f} was fitted on {on} (`--calibrate`), which `frozentune calibrate` "
+                f"has since replaced (below)")
     return (f"its logits are divided by a temperature of {t['value']:.3f}, fitted on {on}, so that its "
             f"probabilities are as confident as it is right there (`--calibrate`; no prediction changes)")
 

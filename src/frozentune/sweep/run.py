@@ -316,8 +316,9 @@ def tabulate(rows: list[dict]) -> list[dict]:
     return out
 
 
-NOT_CALIBRATED = ("the head's own scale: no temperature was fitted (`--calibrate off`, fewer than 100 examples to fit "
-                  "on, or a best temperature at the end of its range)")
+NOT_CALIBRATED = ("the head's own scale: no temperature was fitted (`--calibrate off`, no validation split or "
+                  "cross-validation folds to fit it on, fewer than 100 examples there, or a best temperature at the "
+                  "end of its range)")
 STD_NOTE = "± is the standard deviation over seeds, population (ddof 0: divided by the number of seeds, not one less)."
 
 
