@@ -62,23 +62,20 @@ METHODS = sys.argv[5].split(",")
 LAYER = {"space": "-3"}
 
 snaps: list[dict] = []
-orig_fit, orig_fit_cv, orig_scored = CV.fit, A.fit_cv, T.scored
+orig_fit, orig_fit_cv = CV.fit, A.fit_cv
 state = {}
 
-def fit_wrap(model, tr, ytr, val, yval, cfg, log=print, schedule=None, select=True, **kw):
-    if schedule is not None and schedule.at:  # a fold run: keep its weights at every checkpoint
+def fit_wrap(model, tr, ytr, val, yval, cfg, log=print, schedule=None, select=True, on_round=None, **kw):
+    if schedule is not None and schedule.at:  # a fold run: keep its weights at every checkpoint (after its scoring)
         cur = []
         snaps.append(cur)
-        def scored_snap(m, src, y, bs=256):
-            out = orig_scored(m, src, y, bs)
-            cur.append({k: v.detach().clone() for k, v in m.state_dict().items()})
-            return out
-        T.scored = scored_snap
-        try:
-            return orig_fit(model, tr, ytr, val, yval, cfg, log, schedule, select, **kw)
-        finally:
-            T.scored = orig_scored
-    return orig_fit(model, tr, ytr, val, yval, cfg, log, schedule, select, **kw)
+
+        def snap():
+            cur.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            if on_round is not None:
+                on_round()
+        return orig_fit(model, tr, ytr, val, yval, cfg, log, schedule, select, on_round=snap, **kw)
+    return orig_fit(model, tr, ytr, val, yval, cfg, log, schedule, select, on_round=on_round, **kw)
 
 def average(states):
     out = {}
