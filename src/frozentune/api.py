@@ -911,6 +911,23 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
 
+def trained_on(config: dict, data: str, split: str) -> tuple[bool, str | None]:
+    """(whether `data` is the data the model was trained on, read as its run read it: the same files, or a dataset of
+    the same name; the file it trained on where `split` of `data` reads its rows from that file otherwise, else None).
+    The second is `--data …/train.jsonl` for a model trained on the dataset: that file read alone is carved anew
+    (or read whole), so its splits hold the model's training rows whatever they are called. `config`: the model's
+    saved config.json (its "data" and "split_rule")."""
+    from .data import resolved_files
+
+    name, files = resolve(data)
+    rule = config.get("split_rule") or {}
+    if resolved_files(files) == rule.get("files") or name == config.get("data"):
+        return True, None
+    trained = (rule.get("files") or {}).get("train")
+    source = files["test"] if split == "test" and "test" in files else files["train"]
+    return False, trained if trained is not None and str(Path(source).resolve()) == trained else None
+
+
 def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None) -> dict[str, Any]:
     """load_classification's arguments that make train and validation what the model's training run
     made of `data` (its --shots / --max-train sample, no validation carved under --cv-below), where

@@ -59,7 +59,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     model.temperature = 1.0  # the head's own scale: T is fitted on it, as training fits it
     ds, part, y, logits = api._scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
                                             cache_root, rebuild_cache, progress, log, verb="calibrate")
-    same_data, trained_file = _trained_on(config, data, split)
+    same_data, trained_file = api.trained_on(config, data, split)
     if (split in ("train", "all") and same_data) or trained_file:
         what = ("the examples the model was trained on" if split == "train" and same_data else
                 f"every row of {ds.name}, the examples the model was trained on among them" if same_data else
@@ -98,22 +98,6 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
         log("calibrate: this is the test split the training run scored: its figures of the probabilities (ECE) are no "
             "longer a measure on examples the model was not fitted to")
     return {"model": str(model_dir), "output": str(target), **record}
-
-
-def _trained_on(config: dict, data: str, split: str) -> tuple[bool, str | None]:
-    """(whether `data` is the data the model was trained on, read as its run read it: the same files, or a dataset of
-    the same name; the file it trained on where `split` of `data` reads its rows from that file otherwise, else None).
-    The second is `--data …/train.jsonl` for a model trained on the dataset: that file read alone is carved anew
-    (or read whole), so its splits hold the model's training rows whatever they are called."""
-    from .data import resolve, resolved_files
-
-    name, files = resolve(data)
-    rule = config.get("split_rule") or {}
-    if resolved_files(files) == rule.get("files") or name == config.get("data"):
-        return True, None
-    trained = (rule.get("files") or {}).get("train")
-    source = files["test"] if split == "test" and "test" in files else files["train"]
-    return False, trained if trained is not None and str(Path(source).resolve()) == trained else None
 
 
 __all__ = ["CalibrateError", "calibrate", "CALIBRATED"]

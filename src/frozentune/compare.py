@@ -2,8 +2,8 @@
 
 Two models a point apart on a test split of 500 examples may be apart by the test sample's chance alone.
 Scored on the same examples, what tells them apart is the examples one got right and the other wrong: McNemar's
-exact test asks whether those split unevenly enough that a fair coin would rarely do it, and a bootstrap of the
-examples gives the difference in accuracy an interval (train.paired). Each model's own figures come with their
+exact test asks whether those split unevenly enough that a fair coin would rarely do it, and the exact interval that
+goes with the test gives the difference in accuracy its range (train.paired). Each model's own figures come with their
 intervals (train.intervals). All of it is the test sample's uncertainty: each model is one training run, and
 another seed moves a score too (`frozentune sweep` trains over seeds).
 
@@ -38,8 +38,13 @@ def _named(models: object) -> list[tuple[str, object]]:
                            f"on the same examples, each against the first; give another --model")
     out: list[tuple[str, object]] = []
     seen: dict[Path, str] = {}
+    loaded: dict[int, int] = {}
     for i, m in enumerate(models):
         if isinstance(m, M.Classifier):
+            if id(m) in loaded:
+                raise CompareError(f"models[{i}]: the model of models[{loaded[id(m)]}] again; a model against itself "
+                                   f"differs on no example: give another model")
+            loaded[id(m)] = i
             out.append((f"model {i + 1} (a loaded {m.method} model)", m))
             continue
         if not isinstance(m, (str, os.PathLike)):
@@ -54,16 +59,54 @@ def _named(models: object) -> list[tuple[str, object]]:
     return out
 
 
+def _rows(part) -> tuple:
+    """What identifies a split's examples, whatever fields a model reads of them (a pair model's two texts, another
+    model's one): the file's rows and their labels; the texts where the file is not known."""
+    return (part.file, part.rows.tolist(), part.labels) if part.file else (None, part.texts, part.labels)
+
+
 def _same_rows(first: tuple, other: tuple, data: str, split: str) -> None:
     """A CompareError where two models' reading of the split is not the same examples in the same order."""
     (name_a, part_a), (name_b, part_b) = first, other
-    if (part_a.texts, part_a.labels) == (part_b.texts, part_b.labels):
+    if _rows(part_a) == _rows(part_b):
         return
     why = (f"{len(part_a):,} examples against {len(part_b):,}" if len(part_a) != len(part_b) else
            "the same number of examples, but not the same ones")
     raise CompareError(f"{name_b}: its {split} split of {data} is not {name_a}'s ({why}): a split carved from one "
-                       f"file follows each model's own seed and fields, so the two were scored on other examples; "
-                       f"compare them on a test file, or on every row with --split all")
+                       f"file follows each model's own seed (and --shots / --max-train sample), so the two were "
+                       f"scored on other examples; compare them on a file neither was trained on (a dataset's "
+                       f"test file, or such a file read whole with --split all)")
+
+
+def _config(name: str, m: object) -> dict:
+    """A model's saved config.json (its "data" and "split_rule"): read from its folder before anything is scored
+    (a folder that holds no model is said here, not after the models before it), or a loaded model's."""
+    from . import model as M
+
+    if isinstance(m, M.Classifier):
+        return getattr(m, "saved_config", None) or {}
+    folder = Path(m).expanduser()
+    if not (folder / M.CONFIG).is_file():
+        M.read_saved(folder)  # says what the folder is instead (a sweep, an ONNX export, no config.json …)
+    config = M.read_config_json(folder, CompareError)
+    if not isinstance(config, dict):
+        raise CompareError(f"--model {name}: {folder / M.CONFIG} is not a frozentune model config; give the folder "
+                           f"`frozentune train --output` wrote")
+    return config
+
+
+def _not_trained_on(name: str, config: dict, data: str, split: str) -> None:
+    """A CompareError where `split` of `data` holds the examples the model was trained on (api.trained_on): a model
+    is surer and more often right on them, so a difference there says how the models fit their training rows, and
+    the test would call a memorised gap unlikely to be chance."""
+    same_data, trained_file = api.trained_on(config, data, split)
+    if (split in ("train", "all") and same_data) or trained_file:
+        what = ("the examples it was trained on" if split == "train" and same_data else
+                f"every row of {data}, the examples it was trained on among them" if same_data else
+                f"rows of {trained_file}, the file it was trained on")
+        raise CompareError(f"--model {name}: --split {split} of {data} is {what}: scores there measure how a model "
+                           f"fits its training rows, not how it does on texts it has not seen; compare on --split "
+                           f"test or validation (`frozentune eval --split {split}` gives a model's figures there)")
 
 
 @in_python_terms()
@@ -88,13 +131,14 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
     api.check_split(split)
     named = _named(models)
     for name, m in named:  # every folder checked before the first is scored
-        if not isinstance(m, (str, os.PathLike)):
-            continue
-        if not Path(m).expanduser().is_dir():
-            raise CompareError(f"--model {name}: no such folder; give the folder `frozentune train --output` wrote")
-        if is_generation_model(m):
-            raise CompareError(f"--model {name}: a text generator; compare scores classifiers (score generators "
-                               f"with `frozentune eval`, which gives BLEU and ROUGE)")
+        if isinstance(m, (str, os.PathLike)):
+            if not Path(m).expanduser().is_dir():
+                raise CompareError(f"--model {name}: no such folder; give the folder `frozentune train --output` "
+                                   f"wrote")
+            if is_generation_model(m):
+                raise CompareError(f"--model {name}: a text generator; compare scores classifiers (score "
+                                   f"generators with `frozentune eval`, which gives BLEU and ROUGE)")
+        _not_trained_on(name, _config(name, m), data, split)
     scored, rows = [], []
     ds_name = None
     said: set[str] = set()
@@ -105,9 +149,14 @@ def compare(models: Sequence[Path | str], data: str, split: str = "test", text_f
             log(line)
 
     for name, m in named:
-        model = api._load(m, device, precision, once)
-        ds, part, y, logits = api._scored_split(model, m, data, split, (text_field, label_field, pair_field),
-                                                cache_root, rebuild_cache, progress, once, verb=f"compare {name}")
+        try:
+            model = api._load(m, device, precision, once)
+            ds, part, y, logits = api._scored_split(model, m, data, split, (text_field, label_field, pair_field),
+                                                    cache_root, rebuild_cache, progress, once, verb=f"compare {name}")
+        except FrozentuneError as e:  # said under the model's name (it came after the line of the model before)
+            if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(f"--model {name}:"):
+                e.args = (f"--model {name}: {e.args[0]}",) + tuple(e.args[1:])
+            raise
         if not len(part):  # (eval's reading refuses an empty split; said here too, not a division by zero)
             raise CompareError(f"{name}: its {split} split of {data} holds no examples; give a split with some")
         if rows:
@@ -140,7 +189,7 @@ def difference_line(other: str, first: str, p: dict, split: str = "test") -> str
     """One line for the log: other − first in accuracy, its interval, the examples only one got right, and
     McNemar's p with what it says (of the `split` scored)."""
     band = (f" ({p['level']:.0%} interval {p['interval'][0]:+.2f} to {p['interval'][1]:+.2f})"
-            if p["interval"] is not None else " (no interval under 100 examples)")
+            if p["interval"] is not None else " (no example differs)")
     sample = "the file's rows" if split == "all" else f"the {split} sample"
     verdict = (f"unlikely to be chance in {sample} alone (p < {SIGNIFICANT:g})" if p["mcnemar_p"] < SIGNIFICANT
                else f"{sample} cannot tell them apart (p ≥ {SIGNIFICANT:g})")
