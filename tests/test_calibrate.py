@@ -227,6 +227,9 @@ def test_calibrate_fits_on_a_split_what_training_would_have(pair, trec_val_slice
     assert _files(folder) == after  # --output: the folder given is left as it was
     # the card says which of result.json's figures came before: the surest examples' thresholds were the training
     # run's (they said "(its temperature applied)"), and a temperature the run fitted is said as replaced
+    # before: the run fitted none, and its card said "(its temperature applied)" all the same
+    assert "on the head's own scale (no temperature was fitted)" in before["README.md"].decode()
+    assert "(its temperature applied)" in (auto / "README.md").read_text()
     card = after["README.md"].decode()
     assert "These were measured as the training run left the model, before `frozentune calibrate`" in card
     assert "(its temperature applied)" not in card and "its logits are divided by" not in card
@@ -298,3 +301,38 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
     assert _files(folder) == before
     with pytest.raises(CalibrateError, match="from Python: split= for --split"):  # in Python's terms
         calibrate(folder, str(trec_val_slice), split="train", cache_root=tmp_path / "cache", log=None)
+
+
+def test_calibrate_knows_the_training_rows_by_their_content_and_the_run_test_file_by_its_path(
+        trec_slice, tiny_bert, shared_data, tmp_path):
+    """A model's training rows are known by the digest of them its run recorded (split_rule's "rows"), not by the
+    data's name: a copy of its training file elsewhere is refused, and another file of the same name is not (it was,
+    "small.jsonl" against "small.jsonl"); its run's test file named by path is said to be the test split it scored
+    (it was said only for `--data DATASET --split test`), and the record keeps the path, not the file's stem."""
+    cache = ("--cache-dir", tmp_path / "cache")
+    rows = [json.loads(line) for line in (shared_data / "trec" / "train.jsonl").read_text().splitlines()]
+    labels = {r["label"] for r in rows[:120]}
+    later = [r for r in rows[1000:2000] if r["label"] in labels][:150]  # rows the model does not train on
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(trec_slice / "train.jsonl", data / "train.jsonl")
+    (data / "test.jsonl").write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n"
+                                            for r in later))
+    cli("train", "--method", "probe", "--data", data, "--backbone", tiny_bert, "--max-length", 32, "--epochs", 1,
+        "--output", tmp_path / "m", *cache, "--quiet", code=0)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(data / "train.jsonl", copy / "train.jsonl")  # the same rows elsewhere: a copy of the dataset
+    cli("calibrate", "--model", tmp_path / "m", "--data", copy, "--split", "train", *cache, row=ROW,
+        contains="--split train: the examples the model was trained on")
+    other = tmp_path / "other"  # a file with the training file's name and other rows: not the model's
+    other.mkdir()
+    shutil.copy(data / "test.jsonl", other / "train.jsonl")
+    ans = cli("calibrate", "--model", tmp_path / "m", "--data", other / "train.jsonl", "--split", "all", *cache,
+              "--output", tmp_path / "on-other", code=0)
+    assert json.loads(ans.out)["data"] == str(other / "train.jsonl")
+    assert "the test split the training run" not in ans.err
+    ans = cli("calibrate", "--model", tmp_path / "m", "--data", data / "test.jsonl", "--split", "all", *cache,
+              "--output", tmp_path / "on-test", code=0)
+    assert "calibrate: this is the test split the training run scored" in ans.err
+    assert json.loads(ans.out)["data"] == str(data / "test.jsonl")

@@ -130,7 +130,8 @@ def test_compare_refuses_what_it_cannot_compare(two, held_out, trec_slice, tiny_
     cli("compare", "--model", first, "--model", other, *data, "--split", "train", row=ROW,
         contains=f"--model {first}: --split train of {trec_slice} is the examples it was trained on")
     cli("compare", "--model", first, "--model", other, "--data", rows, "--split", "all", "--cache-dir", cache,
-        row=ROW, contains=f"is rows of {rows.resolve()}, the file it was trained on")  # the dataset's train file
+        row=ROW, contains=f"is every row of {rows}, the examples it was trained on among them")  # the dataset's
+    # train file named alone: the rows its run drew train from (the slice has no validation file), by their digest
     both = cli("compare", "--model", tmp_path / "seed0", "--model", tmp_path / "seed1", "--data", held_out, "--split",
                "all", "--cache-dir", cache, code=0)  # every row of a file neither trained on: the same examples
     assert json.loads(both.out)["n"] == 150
@@ -160,6 +161,10 @@ def test_compare_errors_name_the_python_argument(two, trec_slice):
     with pytest.raises(CompareError) as e:
         compare([first, first], str(trec_slice), cache_root=cache)
     assert "given twice" in str(e.value) and "models=[…] for --model" in str(e.value)
+    from frozentune import model as M
+    loaded = M.load(first)  # one loaded model twice: against itself it differs on no example (it was compared)
+    with pytest.raises(CompareError, match=r"models\[1\]: the model of models\[0\] again"):
+        compare([loaded, loaded], str(trec_slice), cache_root=cache)
 
 
 def test_the_verdict_names_the_split_scored():

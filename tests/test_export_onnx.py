@@ -79,6 +79,7 @@ def test_the_export_folder_carries_a_card_of_its_heads(heads, graph_dir):
     # checked against), and the saved tokenizer truncates at the graph's length
     meta = json.loads((graph_dir / "onnx.json").read_text())
     assert "(loading checks it)" not in card and "Loading checks the graph's files against the checksums" in card
+    assert "A head's logits are already divided by its temperature, where one was fitted" in card  # (not said)
     assert set(meta["checksums"]) >= {"model.onnx"} and all(Path(h["from"]).is_absolute() for h in meta["heads"])
     tok = json.loads((graph_dir / "tokenizer_config.json").read_text())
     assert tok["model_max_length"] == meta["max_length"] and f"`model_max_length` is the graph's {meta['max_length']}" in card

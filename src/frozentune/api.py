@@ -15,10 +15,11 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from .errors import FrozentuneError
 from .pyterms import glossed, in_python_terms
 from . import distributed
 from . import model as M
@@ -911,21 +912,50 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
     return ds, part, encode_labels(part, {lab: i for i, lab in enumerate(model.labels)})
 
 
-def trained_on(config: dict, data: str, split: str) -> tuple[bool, str | None]:
-    """(whether `data` is the data the model was trained on, read as its run read it: the same files, or a dataset of
-    the same name; the file it trained on where `split` of `data` reads its rows from that file otherwise, else None).
-    The second is `--data …/train.jsonl` for a model trained on the dataset: that file read alone is carved anew
-    (or read whole), so its splits hold the model's training rows whatever they are called. `config`: the model's
-    saved config.json (its "data" and "split_rule")."""
+class Provenance(NamedTuple):
+    """Where the rows a command scores stand to a saved model's training run (trained_on)."""
+    same_data: bool             # the data it was trained on, read as its run read it
+    trained_file: str | None    # otherwise: the file it trained on, where the rows are read from it
+    run_test: bool              # the rows are the test split its run scored (result.json's figures)
+
+
+def trained_on(config: dict, data: str, split: str) -> Provenance:
+    """Whether `data` is the data the model was trained on: the same files; else, where its run recorded a digest of
+    the rows it drew train and validation from (split_rule's "rows", since 2026-11-28), the same rows (the data
+    moved or copied); else a dataset of the same name. Otherwise, the file it trained on where `split` of `data`
+    reads its rows from that file: `--data …/train.jsonl` for a model trained on the dataset is that file read
+    alone, carved anew (or read whole), so its splits hold the model's training rows whatever they are called.
+    And whether the rows are its run's test split. `config`: the model's saved config.json."""
     from .data import resolved_files
 
     name, files = resolve(data)
     rule = config.get("split_rule") or {}
-    if resolved_files(files) == rule.get("files") or name == config.get("data"):
-        return True, None
-    trained = (rule.get("files") or {}).get("train")
-    source = files["test"] if split == "test" and "test" in files else files["train"]
-    return False, trained if trained is not None and str(Path(source).resolve()) == trained else None
+    recorded = rule.get("files") or {}
+    source = str(Path(files["test"] if split == "test" and "test" in files else files["train"]).resolve())
+    if "rows" in rule:
+        same = resolved_files(files) == recorded or _rows_digest(files, config) == rule["rows"]
+    else:
+        same = resolved_files(files) == recorded or name == config.get("data")
+    if same:
+        return Provenance(True, None, split == "test")
+    trained = recorded.get("train")
+    return Provenance(False, trained if trained is not None and source == trained else None,
+                      recorded.get("test") is not None and source == recorded["test"])
+
+
+def _rows_digest(files: dict, config: dict) -> str | None:
+    """data.rows_digest of the train and validation files of `files` read with the model's fields (as its run read
+    them, load_classification); None where they cannot be read so."""
+    from .data import rows_digest
+
+    if "train" not in files and "validation" in files and "test" in files:  # as load_classification trains on it
+        files = {"train": files["validation"], "test": files["test"]}
+    try:
+        return rows_digest({k: read_split(p, config.get("text_field", "text"), config.get("label_field", "label"),
+                                          config.get("text_pair_field")) for k, p in files.items()
+                            if k in ("train", "validation")})
+    except (FrozentuneError, OSError):
+        return None
 
 
 def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     model.temperature = 1.0  # the head's own scale: T is fitted on it, as training fits it
     ds, part, y, logits = api._scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
                                             cache_root, rebuild_cache, progress, log, verb="calibrate")
-    same_data, trained_file = api.trained_on(config, data, split)
+    same_data, trained_file, run_test = api.trained_on(config, data, split)
     if (split in ("train", "all") and same_data) or trained_file:
         what = ("the examples the model was trained on" if split == "train" and same_data else
                 f"every row of {ds.name}, the examples the model was trained on among them" if same_data else
@@ -83,7 +83,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
         raise CalibrateError(f"on the {len(y):,} examples of the {split} split of {data} the best temperature is at "
                              f"the end of its range ({fitted['value']:.3g}): {why}; the model is left as it was")
     t = fitted["value"]
-    record = {"data": ds.name, "split": split, "examples": int(len(y)), "value": t,
+    record = {"data": ds.name if same_data else str(data), "split": split, "examples": int(len(y)), "value": t,
               "previous": previous if previous != 1.0 else None,
               "loss_previous": temperature_loss(logits, y)(previous), "loss_after": fitted["loss_after"]}
     model.temperature = t
@@ -94,7 +94,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     log(f"calibrate: temperature {t:.3f} fitted on the {len(y):,} examples of the {split} split (it was {was}); their "
         f"cross-entropy {record['loss_previous']:.4f} -> {record['loss_after']:.4f}; every prediction is as it was; "
         f"written to {target}")
-    if split == "test" and same_data:
+    if run_test:
         log("calibrate: this is the test split the training run scored: its figures of the probabilities (ECE) are no "
             "longer a measure on examples the model was not fitted to")
     return {"model": str(model_dir), "output": str(target), **record}

@@ -88,7 +88,8 @@ def card_text(config: dict, result: dict, exported: dict | None = None) -> str:
     if config.get("labels"):
         body.append("**Labels.** " + ", ".join(map(_label, config["labels"])) + ".")
     body += ["## Test metrics", _metrics_table(result.get("metrics"), generation, result.get("intervals"))]
-    if not generation and (line := _surest_line(result.get("calibration"), recalibrated)) is not None:
+    if not generation and (line := _surest_line(result.get("calibration"), recalibrated,
+                                                 temperature_words(result.get("temperature")) is not None)) is not None:
         body.append(line)
     if not generation and (classes := _class_table(config, result)):
         body.append(classes)
@@ -104,10 +105,11 @@ def write_card(folder: Path, config: dict, result: dict, exported: dict | None =
     return path
 
 
-def _surest_line(cal: object, recalibrated: bool = False) -> str | None:
+def _surest_line(cal: object, recalibrated: bool = False, fitted: bool = True) -> str | None:
     """A sentence from result.json's calibration "selective" rows (train.selective): the test accuracy where the model
     answers only its surest examples; None where it has none (a result saved before 2026-11-29 or edited).
-    recalibrated: `frozentune calibrate` has since replaced the temperature those rows were measured with."""
+    recalibrated: `frozentune calibrate` has since replaced the temperature those rows were measured with; fitted:
+    whether the training run fitted one (--calibrate), else the probabilities are the head's own."""
     rows = cal.get("selective") if isinstance(cal, dict) else None
     if not isinstance(rows, list):
         return None
@@ -122,7 +124,9 @@ def _surest_line(cal: object, recalibrated: bool = False) -> str | None:
             + (". These were measured as the training run left the model, before `frozentune calibrate` fitted its "
                "temperature: with that temperature the thresholds differ (and which examples are surest may too); "
                "`frozentune eval` measures them as the model answers now." if recalibrated else
-               ". The probabilities are the ones the model answers with (its temperature applied)."))
+               ". The probabilities are the ones the model answers with (its temperature applied)." if fitted else
+               ". The probabilities are the ones the model answers with, on the head's own scale (no temperature was "
+               "fitted)."))
 
 
 def _calibrated_line(rec: object) -> str | None:
@@ -230,7 +234,9 @@ def onnx_card_text(meta: dict, results: dict[str, dict]) -> str:
              + (" (each pair as its two texts)" if meta.get("pairs") else "")
              + f", with `truncation=True` (its `model_max_length` is the graph's {meta.get('max_length')} tokens"
              + (", and the longer text of a pair is cut first" if meta.get("pairs") else "")
-             + f"), run `{meta.get('graph')}` on the inputs above, and read each head's outputs as named in onnx.json."]
+             + f"), run `{meta.get('graph')}` on the inputs above, and read each head's outputs as named in onnx.json. "
+             "A head's logits are already divided by its temperature, where one was fitted (`--calibrate`, "
+             "`frozentune calibrate`): their softmax is the probabilities `frozentune predict` gives."]
     return "\n".join(header) + "\n\n" + "\n\n".join(body).rstrip() + "\n"
 
 
