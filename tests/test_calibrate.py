@@ -271,6 +271,10 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
     cli("calibrate", "--model", folder, "--data", trec_val_slice, "--overwrite", *cache, row=ROW,
         contains="--overwrite replaces a model saved at --output")
     cli("calibrate", "--model", tmp_path / "nowhere", "--data", trec_val_slice, row=ROW, contains="no such folder")
+    # an --output that cannot be written is said before the model is loaded and the split scored (it came after)
+    said = cli("calibrate", "--model", folder, "--data", trec_val_slice, "--output", pair[0], *cache, row=ROW,
+               contains=(f"--output {pair[0]}", "--overwrite"))
+    assert "calibrate: the validation split" not in said.err and "device:" not in said.err
     generator = tmp_path / "generator"
     generator.mkdir()
     (generator / "config.json").write_text(json.dumps({"task": "generation", "method": "prefix"}))

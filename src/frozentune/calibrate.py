@@ -39,7 +39,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     the training split of the data the model was trained on, and a split where an end of T's range does as well as
     any."""
     from .generation.run import is_generation_model
-    from .relabel import rewrite_model
+    from .relabel import check_rewrite, rewrite_model
     from .train import MIN_CALIBRATE, NonFiniteLogits, fit_temperature, temperature_loss
 
     log = api.as_log(log)
@@ -53,6 +53,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     if is_generation_model(model_dir):
         raise CalibrateError(f"--model {model_dir}: a text generator, which has no class probabilities to calibrate; "
                              f"give a classifier")
+    check_rewrite(model_dir, output, overwrite, "calibrate", "calibrated", CalibrateError)  # before any work
     model = api._load(model_dir, None, None, log)  # (its config.json read and checked, its weights checksummed)
     config = model.saved_config
     previous = model.temperature

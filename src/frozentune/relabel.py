@@ -105,18 +105,14 @@ def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, ou
             "trained_labels": trained}
 
 
-def rewrite_model(model_dir: Path, output: Path | None, overwrite: bool, state: dict, saved: dict, command: str,
-                  done: str, error: type[Exception]) -> Path:
-    """Write a saved classifier's folder again with `state` (its weights) and `saved` (config.json's entries), in
-    place (the folder replaced whole: an interrupt or an error leaves it as it was) or into `output` (an existing one
-    needs overwrite); the other files (result.json, a concept plot) copied as they were, the card written again.
-    `command` ("relabel", "calibrate"), `done` ("renamed") and `error` (its error class) word the refusals. Returns
-    the folder written."""
-    from .export.card import write_card_from_files
-    from .output import LOCK, MANIFEST, STAGING, OutputError, check_output, staged_output
+def check_rewrite(model_dir: Path, output: Path | None, overwrite: bool, command: str, done: str,
+                  error: type[Exception]) -> tuple[Path, bool]:
+    """(the folder rewrite_model would write, whether it is model_dir itself), or `error` (rewrite_model's words)
+    where it cannot be written: what a command checks before its work, so that the refusal comes first."""
+    from .output import OutputError, check_output
 
-    in_place = output is None or Path(output).resolve() == model_dir.resolve()
-    target = model_dir if in_place else Path(output)
+    in_place = output is None or Path(output).resolve() == Path(model_dir).resolve()
+    target = Path(model_dir) if in_place else Path(output)
     if not in_place:
         check_output(target, overwrite, reads=[model_dir])
     else:  # replaced whole, as an --output is: said in the words of --model
@@ -126,6 +122,20 @@ def rewrite_model(model_dir: Path, output: Path | None, overwrite: bool, state: 
             said = str(e).split(": ", 1)[-1].removesuffix(", or choose another folder")
             raise error(f"--model {model_dir}: {said}; or write the {done} model into a new folder with "
                         f"--output DIR ({command} in place replaces the folder whole)") from None
+    return target, in_place
+
+
+def rewrite_model(model_dir: Path, output: Path | None, overwrite: bool, state: dict, saved: dict, command: str,
+                  done: str, error: type[Exception]) -> Path:
+    """Write a saved classifier's folder again with `state` (its weights) and `saved` (config.json's entries), in
+    place (the folder replaced whole: an interrupt or an error leaves it as it was) or into `output` (an existing one
+    needs overwrite); the other files (result.json, a concept plot) copied as they were, the card written again.
+    `command` ("relabel", "calibrate"), `done` ("renamed") and `error` (its error class) word the refusals. Returns
+    the folder written."""
+    from .export.card import write_card_from_files
+    from .output import LOCK, MANIFEST, STAGING, staged_output
+
+    target, in_place = check_rewrite(model_dir, output, overwrite, command, done, error)
     skip = {M.CONFIG, M.WEIGHTS, "README.md", MANIFEST, LOCK}
     with staged_output(target, overwrite=in_place or overwrite) as folder:
         M.write_saved(folder, state, saved)
