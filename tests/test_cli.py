@@ -882,6 +882,8 @@ def test_eval_names_the_lines_of_labels_the_model_lacks(trained, capsys, tmp_pat
     code, stdout, err = run(capsys, "eval", "--model", out, "--data", data, "--split", "all", "--cache-dir", cache)
     assert code == 2 and stdout == ""
     assert "extra.jsonl:3: labels 'meh' are not among the model's" in err and "(2 rows hold them: lines 3, 6)" in err
+    # "them" is 'meh', so the rows come before the model's labels the data lacks (they came after, reading as theirs)
+    assert err.index("(2 rows hold them") < err.index("do not occur in the data")
 
 
 def test_macro_f1_averages_the_classes_that_occur():

@@ -904,8 +904,8 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
         where = f"{part.source}:{at[0]}" if at else part.source
         raise DataError(f"{where}: labels {some(extra)} are not among the model's "
                         f"({some(model.labels)})"
+                        + rows_like_it(at, "hold them")  # (them: those labels, said before the model's own)
                         + (f"; the model's {some(missing)} do not occur in the data" if missing else "")
-                        + rows_like_it(at, "hold them")
                         + ". Give data with the model's labels (or check --label-field)"
                         + renamed_hint(model.saved_config, extra,  # type: ignore[attr-defined]
                                        model_dir if isinstance(model_dir, (str, os.PathLike)) else "DIR") + ".")
