@@ -254,10 +254,10 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
         contains=("--split train: the examples the model was trained on", "give --split validation"))
     # the training file named as data of its own (read alone, so carved anew or read whole): its rows, whatever the
     # split is called, are the model's training rows (the data's name, "train", was not the model's, so it passed)
-    for split in ("all", "validation", "train"):
+    for split in ("all", "validation", "train", "test"):  # (test: a carve of the file, not the run's test file)
         cli("calibrate", "--model", folder, "--data", trec_val_slice / "train.jsonl", "--split", split, *cache,
-            row=ROW, contains=(f"--split {split}: rows of {(trec_val_slice / 'train.jsonl').resolve()}, the file the "
-                               f"model was trained on", "give --split validation"))
+            row=ROW, contains=(f"--split {split}: rows of {(trec_val_slice / 'train.jsonl').resolve()}, which holds "
+                               f"the rows the model was trained on", "give --split validation"))
     # its validation file read alone is held-out rows: fitted (into --output, the folder left as it is)
     cli("calibrate", "--model", folder, "--data", trec_val_slice / "validation.jsonl", "--split", "all", *cache,
         "--output", tmp_path / "on-validation", code=0)
@@ -265,7 +265,7 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
     cli("train", "--method", "probe", "--data", one_file, "--backbone", tiny_bert, "--max-length", 32,
         "--output", tmp_path / "file", *cache, "--quiet", code=0)
     cli("calibrate", "--model", tmp_path / "file", "--data", one_file, "--split", "all", *cache, row=ROW,
-        contains="--split all: every row of train, the examples the model was trained on among them")
+        contains=f"--split all: every row of {one_file}, the examples the model was trained on among them")
     cli("calibrate", "--model", folder, "--data", trec_slice, "--split", "test", *cache, row=ROW,
         contains=("holds 40 examples", "fitted on 100 or more"))
     cli("calibrate", "--model", folder, "--data", trec_val_slice, "--overwrite", *cache, row=ROW,
@@ -309,34 +309,82 @@ def test_calibrate_refuses_and_leaves_the_folder_as_it_was(pair, trec_val_slice,
 
 def test_calibrate_knows_the_training_rows_by_their_content_and_the_run_test_file_by_its_path(
         trec_slice, tiny_bert, shared_data, tmp_path):
-    """A model's training rows are known by the digest of them its run recorded (split_rule's "rows"), not by the
-    data's name: a copy of its training file elsewhere is refused, and another file of the same name is not (it was,
-    "small.jsonl" against "small.jsonl"); its run's test file named by path is said to be the test split it scored
-    (it was said only for `--data DATASET --split test`), and the record keeps the path, not the file's stem."""
+    """A model's training rows are known by the digest of them its run recorded (split_rule's "rows") and where they
+    lie, not by the data's name: a copy of its dataset is its data (its validation split the run's), its training
+    file read alone or copied is training rows whatever the split (a test carved from it was scored), and another
+    file of the same name is not (it was refused, "small" against "small"); its run's test file named by path is
+    said to be the test split it scored, another test file is not; the record keeps the path, not the file's stem."""
     cache = ("--cache-dir", tmp_path / "cache")
     rows = [json.loads(line) for line in (shared_data / "trec" / "train.jsonl").read_text().splitlines()]
     labels = {r["label"] for r in rows[:120]}
-    later = [r for r in rows[1000:2000] if r["label"] in labels][:150]  # rows the model does not train on
+
+    def jsonl(part: list[dict]) -> str:
+        return "".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in part)
+    later = [r for r in rows[1000:] if r["label"] in labels][:300]  # rows the models here do not train on
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(trec_slice / "train.jsonl", data / "train.jsonl")
-    (data / "test.jsonl").write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n"
-                                            for r in later))
+    (data / "test.jsonl").write_text(jsonl(later[:150]))
     cli("train", "--method", "probe", "--data", data, "--backbone", tiny_bert, "--max-length", 32, "--epochs", 1,
         "--output", tmp_path / "m", *cache, "--quiet", code=0)
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    shutil.copy(data / "train.jsonl", copy / "train.jsonl")  # the same rows elsewhere: a copy of the dataset
-    cli("calibrate", "--model", tmp_path / "m", "--data", copy, "--split", "train", *cache, row=ROW,
+    m = ("--model", tmp_path / "m")
+    copy = shutil.copytree(data, tmp_path / "copy")  # the dataset elsewhere: its data, read as the run read it
+    cli("calibrate", *m, "--data", copy, "--split", "train", *cache, row=ROW,
         contains="--split train: the examples the model was trained on")
+    cli("calibrate", *m, "--data", copy, "--split", "validation", *cache,  # 120 < --cv-below: none, as in the run
+        contains="the model was trained without a validation split")  # (it carved one anew out of training rows)
+    alone = tmp_path / "alone"  # its training file copied alone: carved anew, its every split is training rows
+    alone.mkdir()
+    shutil.copy(data / "train.jsonl", alone / "train.jsonl")
+    for where, split in ((data / "train.jsonl", "test"), (alone, "test"), (alone, "validation")):
+        cli("calibrate", *m, "--data", where, "--split", split, *cache, row=ROW,
+            contains=f"which holds the rows the model was trained on")
     other = tmp_path / "other"  # a file with the training file's name and other rows: not the model's
     other.mkdir()
-    shutil.copy(data / "test.jsonl", other / "train.jsonl")
-    ans = cli("calibrate", "--model", tmp_path / "m", "--data", other / "train.jsonl", "--split", "all", *cache,
-              "--output", tmp_path / "on-other", code=0)
+    (other / "train.jsonl").write_text(jsonl(later[150:]))
+    ans = cli("calibrate", *m, "--data", other / "train.jsonl", "--split", "all", *cache, "--output",
+              tmp_path / "on-other", code=0)
     assert json.loads(ans.out)["data"] == str(other / "train.jsonl")
     assert "the test split the training run" not in ans.err
-    ans = cli("calibrate", "--model", tmp_path / "m", "--data", data / "test.jsonl", "--split", "all", *cache,
-              "--output", tmp_path / "on-test", code=0)
+    ans = cli("calibrate", *m, "--data", data / "test.jsonl", "--split", "all", *cache, "--output",
+              tmp_path / "on-test", code=0)
     assert "calibrate: this is the test split the training run scored" in ans.err
     assert json.loads(ans.out)["data"] == str(data / "test.jsonl")
+    newtest = tmp_path / "newtest"  # its train file with another test file: that test split is not the run's
+    newtest.mkdir()
+    shutil.copy(data / "train.jsonl", newtest / "train.jsonl")
+    (newtest / "test.jsonl").write_text(jsonl(later[150:]))
+    ans = cli("calibrate", *m, "--data", newtest, "--split", "test", *cache, "--output", tmp_path / "on-new", code=0)
+    assert "the test split the training run scored" not in ans.err
+    # a model of one file "small.jsonl", and another "small.jsonl" of other rows: read as other data, not refused as
+    # "edited since" (its validation carve is its own)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(data / "train.jsonl", tmp_path / "a" / "small.jsonl")
+    (tmp_path / "b" / "small.jsonl").write_text(jsonl(later))
+    cli("train", "--method", "probe", "--data", tmp_path / "a" / "small.jsonl", "--backbone", tiny_bert,
+        "--max-length", 32, "--epochs", 1, "--output", tmp_path / "ms", *cache, "--quiet", code=0)
+    cli("eval", "--model", tmp_path / "ms", "--data", tmp_path / "b" / "small.jsonl", "--split", "validation", *cache,
+        code=0)
+
+
+def test_calibrate_and_compare_read_data_trained_on_its_validation_file(trec_slice, tiny_bert, tmp_path):
+    """Data of a validation and a test file and no train file (SNLI offline), which a run trains on: a KeyError
+    ('train') ended calibrate's and compare's check of the rows; its validation file read alone is training rows."""
+    cache = ("--cache-dir", tmp_path / "cache")
+    vt = tmp_path / "vt"
+    vt.mkdir()
+    shutil.copy(trec_slice / "train.jsonl", vt / "validation.jsonl")
+    shutil.copy(trec_slice / "test.jsonl", vt / "test.jsonl")
+    for name in ("a", "b"):
+        cli("train", "--method", "probe", "--data", vt, "--backbone", tiny_bert, "--max-length", 32, "--epochs", 1,
+            "--seed", 0, "--pooling", "mean" if name == "a" else "cls", "--output", tmp_path / name, *cache,
+            "--quiet", code=0)
+    cli("calibrate", "--model", tmp_path / "a", "--data", vt, *cache, contains="the model was trained without a "
+                                                                                "validation split")
+    cli("calibrate", "--model", tmp_path / "a", "--data", vt / "validation.jsonl", "--split", "all", *cache, row=ROW,
+        contains="which holds the rows the model was trained on")
+    got = cli("compare", "--model", tmp_path / "a", "--model", tmp_path / "b", "--data", vt, *cache, code=0)
+    assert json.loads(got.out)["n"] == 40
+    cli("compare", "--model", tmp_path / "a", "--model", tmp_path / "b", "--data", vt, "--split", "train", *cache,
+        contains="the examples it was trained on")

@@ -914,33 +914,47 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
 
 class Provenance(NamedTuple):
     """Where the rows a command scores stand to a saved model's training run (trained_on)."""
-    same_data: bool             # the data it was trained on, read as its run read it
-    trained_file: str | None    # otherwise: the file it trained on, where the rows are read from it
+    same_data: bool             # the data it was trained on, laid out as its run read it
+    trained_file: str | None    # otherwise: the file the rows are read from, where it holds the rows it trained on
     run_test: bool              # the rows are the test split its run scored (result.json's figures)
 
 
+def _trains(files: Mapping[str, Any]) -> Any:
+    """The file a run draws train from (load_classification): train, or validation where the data has validation and
+    test files but no train (SNLI offline); None where it has neither."""
+    return files.get("train") or (files.get("validation") if "test" in files else None)
+
+
 def trained_on(config: dict, data: str, split: str) -> Provenance:
-    """Whether `data` is the data the model was trained on: the same files; else, where its run recorded a digest of
-    the rows it drew train and validation from (split_rule's "rows", since 2026-11-28), the same rows (the data
-    moved or copied); else a dataset of the same name. Otherwise, the file it trained on where `split` of `data`
-    reads its rows from that file: `--data …/train.jsonl` for a model trained on the dataset is that file read
-    alone, carved anew (or read whole), so its splits hold the model's training rows whatever they are called.
-    And whether the rows are its run's test split. `config`: the model's saved config.json."""
+    """Where `split` of `data` stands to the model's training run (`config`: its saved config.json).
+
+    The same data: the same files; else, where the run recorded a digest of the rows it drew train and validation
+    from (split_rule's "rows", since 2026-11-28), the same rows in the same splits (the data moved or copied); else
+    (older models) a dataset of the same name. Its train split is then the run's, its validation split the run's
+    held-out carve or file. Otherwise, where `split` reads its rows from the file the run trained on, or from one
+    holding the same rows (`--data …/train.jsonl` of a model trained on the dataset: read alone, that file is carved
+    anew or read whole), they are training rows whatever the split is called: `trained_file` names it. And whether
+    the rows are the test split the run scored."""
     from .data import resolved_files
 
     name, files = resolve(data)
     rule = config.get("split_rule") or {}
-    recorded = rule.get("files") or {}
-    source = str(Path(files["test"] if split == "test" and "test" in files else files["train"]).resolve())
-    if "rows" in rule:
-        same = resolved_files(files) == recorded or _rows_digest(files, config) == rule["rows"]
+    recorded, here = rule.get("files") or {}, resolved_files(files)
+    own = split == "test" or (split == "validation" and "train" in here)  # a split that may be a file of its own
+    read = here[split] if own and split in here else _trains(here)  # the file its rows come from
+    digest_same = False
+    if here == recorded:
+        same = True
+    elif "rows" in rule:
+        digest_same = _rows_digest(files, config) == rule["rows"]
+        same = digest_same and sorted(here) == sorted(recorded)
     else:
-        same = resolved_files(files) == recorded or name == config.get("data")
+        same = name == config.get("data")
     if same:
-        return Provenance(True, None, split == "test")
-    trained = recorded.get("train")
-    return Provenance(False, trained if trained is not None and source == trained else None,
-                      recorded.get("test") is not None and source == recorded["test"])
+        carved = "test" not in here and "test" not in recorded  # the run's test carve, drawn again with its seed
+        return Provenance(True, None, split == "test" and (carved or here.get("test") == recorded.get("test")))
+    training = read is not None and (read == _trains(recorded) or (digest_same and read == _trains(here)))
+    return Provenance(False, read if training else None, read is not None and read == recorded.get("test"))
 
 
 def _rows_digest(files: dict, config: dict) -> str | None:
@@ -961,16 +975,14 @@ def _rows_digest(files: dict, config: dict) -> str | None:
 def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None) -> dict[str, Any]:
     """load_classification's arguments that make train and validation what the model's training run
     made of `data` (its --shots / --max-train sample, no validation carved under --cv-below), where
-    `data` is the data it was trained on (the same files, or a dataset of the same name: the data moved
-    to another folder); {} for other data, whose splits are read as they are (the test split does not
-    depend on them). A model saved before the rule was recorded is given the arguments its result.json
-    implies, and they are checked against the split sizes it recorded."""
-    from .data import resolved_files
-
+    `data` is the data it was trained on (trained_on: the same files, or its rows moved or copied; a dataset of the
+    same name for a model saved before the rows were recorded); {} for other data, whose splits are read as they are
+    (the test split does not depend on them). A model saved before the rule was recorded is given the arguments its
+    result.json implies, and they are checked against the split sizes it recorded."""
     name, files = resolve(data)
     rule = saved.get("split_rule")
     if rule is not None:
-        if resolved_files(files) != rule.get("files") and saved.get("data") != name:
+        if not trained_on(saved, data, split).same_data:  # (a copy under another name is; another of the same is not)
             return {}
         return {k: rule[k] for k in ("shots", "max_train", "carve_below", "val_fraction") if k in rule}
     if split == "test" or saved.get("data") != name:

@@ -38,6 +38,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     "output". Refused, with the folder left as it was: a generator, a split of fewer than train.MIN_CALIBRATE examples,
     the training split of the data the model was trained on, and a split where an end of T's range does as well as
     any."""
+    from . import model as M
     from .generation.run import is_generation_model
     from .relabel import check_rewrite, rewrite_model
     from .train import MIN_CALIBRATE, NonFiniteLogits, fit_temperature, temperature_loss
@@ -54,20 +55,23 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
         raise CalibrateError(f"--model {model_dir}: a text generator, which has no class probabilities to calibrate; "
                              f"give a classifier")
     check_rewrite(model_dir, output, overwrite, "calibrate", "calibrated", CalibrateError)  # before any work
+    # the rows it was trained on, refused before the model is loaded and the split scored (its config alone says)
+    saved = M.read_config_json(model_dir, CalibrateError) if (model_dir / M.CONFIG).is_file() else None
+    same_data, trained_file, run_test = api.trained_on(saved, data, split) if isinstance(saved, dict) else (
+        False, None, False)
+    if (split in ("train", "all") and same_data) or trained_file:
+        what = ("the examples the model was trained on" if split == "train" and same_data else
+                f"every row of {data}, the examples the model was trained on among them" if same_data else
+                f"rows of {trained_file}, which holds the rows the model was trained on")
+        raise CalibrateError(f"--split {split}: {what}: its scores there are surer than on texts it has not seen, and "
+                             f"a temperature fitted to them would make it over-confident; give --split validation, or "
+                             f"data it was not trained on")
     model = api._load(model_dir, None, None, log)  # (its config.json read and checked, its weights checksummed)
     config = model.saved_config
     previous = model.temperature
     model.temperature = 1.0  # the head's own scale: T is fitted on it, as training fits it
     ds, part, y, logits = api._scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
                                             cache_root, rebuild_cache, progress, log, verb="calibrate")
-    same_data, trained_file, run_test = api.trained_on(config, data, split)
-    if (split in ("train", "all") and same_data) or trained_file:
-        what = ("the examples the model was trained on" if split == "train" and same_data else
-                f"every row of {ds.name}, the examples the model was trained on among them" if same_data else
-                f"rows of {trained_file}, the file the model was trained on")
-        raise CalibrateError(f"--split {split}: {what}: its scores there are surer than on texts it has not seen, and "
-                             f"a temperature fitted to them would make it over-confident; give --split validation, or "
-                             f"data it was not trained on")
     if len(y) < MIN_CALIBRATE:
         raise CalibrateError(f"the {split} split of {data} holds {len(y)} example{'s' * (len(y) != 1)}; a temperature "
                              f"is fitted on {MIN_CALIBRATE} or more (one number fitted to a few lands at an end of its "

@@ -2,8 +2,8 @@
 
 Two models a point apart on a test split of 500 examples may be apart by the test sample's chance alone.
 Scored on the same examples, what tells them apart is the examples one got right and the other wrong: McNemar's
-exact test asks whether those split unevenly enough that a fair coin would rarely do it, and the exact interval that
-goes with the test gives the difference in accuracy its range (train.paired). Each model's own figures come with their
+exact test asks whether those split unevenly enough that a fair coin would rarely do it, and Bonett and Price's
+interval gives the difference in accuracy its range (train.paired). Each model's own figures come with their
 intervals (train.intervals). All of it is the test sample's uncertainty: each model is one training run, and
 another seed moves a score too (`frozentune sweep` trains over seeds).
 
@@ -103,7 +103,7 @@ def _not_trained_on(name: str, config: dict, data: str, split: str) -> None:
     if (split in ("train", "all") and same_data) or trained_file:
         what = ("the examples it was trained on" if split == "train" and same_data else
                 f"every row of {data}, the examples it was trained on among them" if same_data else
-                f"rows of {trained_file}, the file it was trained on")
+                f"rows of {trained_file}, which holds the rows it was trained on")
         raise CompareError(f"--model {name}: --split {split} of {data} is {what}: scores there measure how a model "
                            f"fits its training rows, not how it does on texts it has not seen; compare on --split "
                            f"test or validation (`frozentune eval --split {split}` gives a model's figures there)")
@@ -189,10 +189,13 @@ def difference_line(other: str, first: str, p: dict, split: str = "test") -> str
     """One line for the log: other − first in accuracy, its interval, the examples only one got right, and
     McNemar's p with what it says (of the `split` scored)."""
     band = (f" ({p['level']:.0%} interval {p['interval'][0]:+.2f} to {p['interval'][1]:+.2f})"
-            if p["interval"] is not None else " (no example differs)")
+            if p["interval"] is not None else "")
     sample = "the file's rows" if split == "all" else f"the {split} sample"
     verdict = (f"unlikely to be chance in {sample} alone (p < {SIGNIFICANT:g})" if p["mcnemar_p"] < SIGNIFICANT
                else f"{sample} cannot tell them apart (p ≥ {SIGNIFICANT:g})")
+    if p["interval"] is not None and (p["interval"][0] > 0 or p["interval"][1] < 0) != (p["mcnemar_p"] < SIGNIFICANT):
+        verdict += (", though the interval " + ("leaves out 0" if p["mcnemar_p"] >= SIGNIFICANT else "reaches 0")
+                    + ": a borderline case, where the two procedures part")
     return (f"{other} − {first}: {p['difference']:+.2f} accuracy points{band}; right where the other was wrong: "
             f"{p['other_only']:,} examples against {p['first_only']:,}; McNemar's exact test p = "
             f"{p['mcnemar_p']:.3g}: {verdict}")

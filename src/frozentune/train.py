@@ -287,28 +287,31 @@ def intervals(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int, positive:
 def paired(first: np.ndarray, other: np.ndarray, level: float = LEVEL) -> dict:
     """Two models' right (True) / wrong answers on the same N examples (bool (N,) each): how many each alone got
     right, the difference in accuracy (other − first, points) with its interval at `level`, and McNemar's exact test
-    (the D examples one alone got right, split between the two as by a fair coin if neither is better: a two-sided
+    (the examples one alone got right, split between the two as by a fair coin if neither is better: a two-sided
     binomial p; 1.0 where none differ).
 
-    The interval is the exact conditional one that goes with that test: the share of the D examples the other got
-    right, π, has the Clopper-Pearson interval [π_lo, π_hi], and the difference is (D/N)(2π − 1), so its interval
-    is (D/N)(2π_lo − 1) to (D/N)(2π_hi − 1), D taken as observed. It leaves out 0 exactly where the test's p is
-    under 1 − level (both invert the same binomial), so the line never says both "an interval clear of 0" and "cannot
-    tell them apart"; a percentile bootstrap did, where D was small. None where no example differs (D = 0)."""
-    from scipy.stats import binomtest
+    The interval is Bonett and Price's (2012) adjusted Wald interval for a difference of paired proportions: one
+    example added to each of the two cells where the models differ, (p̃₂₁ − p̃₁₂) ± z·√((p̃₁₂ + p̃₂₁ − (p̃₂₁ − p̃₁₂)²) /
+    (N + 2)), p̃ = (count + 1) / (N + 2); recommended by Fagerland, Lydersen and Laake (2013, BMC Med Res Methodol
+    13:91), closed, at any N. Measured (bench/paired_interval_check.py): at least 95% coverage in every scenario
+    drawn, where the interval conditional on the differing examples (exact with McNemar's test) covered 52% when
+    one model was rarely worse, and the percentile bootstrap used before 94%. An interval and a test are two
+    procedures: in a borderline case one can leave out 0 and the other not, which compare's line then says.
+    None for no examples."""
+    from scipy.stats import binomtest, norm
 
     first, other = np.asarray(first, dtype=bool), np.asarray(other, dtype=bool)
     n = len(first)
     cells = np.array([(first & other).sum(), (first & ~other).sum(), (~first & other).sum(), (~first & ~other).sum()])
     out: dict = {"n": n, "both_right": int(cells[0]), "first_only": int(cells[1]), "other_only": int(cells[2]),
                  "both_wrong": int(cells[3]), "difference": 100.0 * (int(cells[2]) - int(cells[1])) / n if n else None}
+    out["interval"] = None
+    if n:
+        p12, p21 = (cells[1] + 1) / (n + 2), (cells[2] + 1) / (n + 2)
+        half = float(norm.ppf(0.5 + level / 2)) * math.sqrt(max(p12 + p21 - (p21 - p12) ** 2, 0.0) / (n + 2))
+        out["interval"] = [100.0 * max(-1.0, p21 - p12 - half), 100.0 * min(1.0, p21 - p12 + half)]
     split = int(cells[1] + cells[2])
-    out["interval"], out["mcnemar_p"] = None, 1.0
-    if split:
-        test = binomtest(int(cells[2]), split, 0.5)
-        out["mcnemar_p"] = float(test.pvalue)
-        ci = test.proportion_ci(confidence_level=level, method="exact")
-        out["interval"] = [100.0 * split / n * (2 * ci.low - 1), 100.0 * split / n * (2 * ci.high - 1)]
+    out["mcnemar_p"] = float(binomtest(int(cells[2]), split, 0.5).pvalue) if split else 1.0
     out["level"] = level
     return out
 
