@@ -114,10 +114,22 @@ def test_eval_writes_the_misclassified_examples(trained, trec_slice, capsys, tmp
     # a file frozentune reads, a folder: refused before any work, nothing written
     before = (trec_slice / "test.jsonl").read_bytes()
     for target, said in ((trec_slice / "test.jsonl", "a file of the data being scored"),
-                         (out / "errors.jsonl", "inside the model's folder"), (tmp_path, "is a folder")):
+                         (out / "errors.jsonl", "inside the model's folder"), (tmp_path, "is a folder"),
+                         # the model's folder itself: said so, not "give a file name, e.g. MODEL/errors.jsonl"
+                         (out, "--errors " + str(out) + ": the model's folder"),
+                         ("-", "standard output carries eval's JSON")):  # (it wrote a file named -)
         code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--errors", target)
         assert code == 2 and said in err and "Traceback" not in err
     assert (trec_slice / "test.jsonl").read_bytes() == before and not (out / "errors.jsonl").exists()
+    assert not Path("-").exists()
+    # texts holding a line separator (U+2028) and U+0085: each record is still one line for every reader
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text("".join(json.dumps({**json.loads(line), "text": json.loads(line)["text"] + " \u2028 next \x85"})
+                           + "\n" for line in lines))
+    code, stdout, err = run(capsys, "eval", "--model", out, "--data", odd, "--split", "all", "--cache-dir", cache,
+                            "--errors", tmp_path / "odd-errors.jsonl")
+    written = (tmp_path / "odd-errors.jsonl").read_text(encoding="utf-8")
+    assert code == 0 and json.loads(stdout)["errors"]["count"] == written.count("\n") == len(written.splitlines()) > 0
 
 
 def test_calibration_bins_the_predictions_by_their_probability():

@@ -476,38 +476,46 @@ def test_eval_of_train_and_validation_scores_the_rows_training_used(capsys, trec
 
 
 def test_eval_reads_the_training_runs_max_train_sample(trec_slice, tiny_bert, tmp_path):
-    r = api.train("probe", str(trec_slice), api.BackboneOptions(str(tiny_bert), max_length=16), max_train=30,
+    own = tmp_path / "own"  # the model's data, in a folder of this test's (edited below)
+    own.mkdir()
+    for f in trec_slice.iterdir():
+        (own / f.name).write_bytes(f.read_bytes())
+    r = api.train("probe", str(own), api.BackboneOptions(str(tiny_bert), max_length=16), max_train=30,
                   train_cfg={"cv_below": 0, "epochs": 1}, output=tmp_path / "m", cache_root=tmp_path / "c",
                   progress=False, log=lambda s: None)
     for split in ("train", "validation"):
-        e = api.evaluate_model(tmp_path / "m", str(trec_slice), split, cache_root=tmp_path / "c", progress=False,
+        e = api.evaluate_model(tmp_path / "m", str(own), split, cache_root=tmp_path / "c", progress=False,
                                log=lambda s: None)
         assert e["n"] == r["sizes"][split] and (split != "validation" or e["metrics"] == r["validation"])
-    # other data than the model's: its splits as they are, no sample drawn
-    other = tmp_path / "other"
-    other.mkdir()
-    for f in trec_slice.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
-    e = api.evaluate_model(tmp_path / "m", str(other), "train", cache_root=tmp_path / "c", progress=False,
-                           log=lambda s: None)
-    assert e["n"] == len(load_classification(str(other)).train) > 30
-    # the same data moved to another folder (same name): the training run's sample again
-    moved = tmp_path / "moved" / trec_slice.name
-    moved.mkdir(parents=True)
-    for f in trec_slice.iterdir():
-        (moved / f.name).write_bytes(f.read_bytes())
-    e = api.evaluate_model(tmp_path / "m", str(moved), "train", cache_root=tmp_path / "c", progress=False,
-                           log=lambda s: None)
-    assert e["n"] == r["sizes"]["train"] == 30
-    # the same folder, its train rows reordered since: the same sample would be other rows, and it was scored so
-    rows = (moved / "train.jsonl").read_text().splitlines()
-    (moved / "train.jsonl").write_text("\n".join(rows[::-1]) + "\n")
+    # a copy of its data under another name: the same rows, so the training run's sample (since the rows' digest is
+    # what tells its data; by name, it was read as other data and its whole train split scored as held-out); and the
+    # same data moved to another folder of the same name
+    for where in (tmp_path / "copy", tmp_path / "moved" / "own"):
+        where.mkdir(parents=True)
+        for f in own.iterdir():
+            (where / f.name).write_bytes(f.read_bytes())
+        e = api.evaluate_model(tmp_path / "m", str(where), "train", cache_root=tmp_path / "c", progress=False,
+                               log=lambda s: None)
+        assert e["n"] == r["sizes"]["train"] == 30
+    # other data than the model's (other rows, whatever its name): its splits as they are, no sample drawn
+    for where in (tmp_path / "other", tmp_path / "elsewhere" / "own"):
+        where.mkdir(parents=True)
+        for f in own.iterdir():
+            (where / f.name).write_bytes(f.read_bytes())
+        lines = (where / "train.jsonl").read_text().splitlines()
+        (where / "train.jsonl").write_text("\n".join(lines[1:]) + "\n")
+        e = api.evaluate_model(tmp_path / "m", str(where), "train", cache_root=tmp_path / "c", progress=False,
+                               log=lambda s: None)
+        assert e["n"] == len(load_classification(str(where)).train) > 30
+    # its own folder, its train rows reordered since: the same sample would be other rows, and it was scored so
+    rows = (own / "train.jsonl").read_text().splitlines()
+    (own / "train.jsonl").write_text("\n".join(rows[::-1]) + "\n")
     for split in ("train", "validation"):
         with pytest.raises(DataError, match=f"not the ones this model was trained on .*its {split} split cannot be "
                                             f"rebuilt"):
-            api.evaluate_model(tmp_path / "m", str(moved), split, cache_root=tmp_path / "c", progress=False,
+            api.evaluate_model(tmp_path / "m", str(own), split, cache_root=tmp_path / "c", progress=False,
                                log=lambda s: None)
-    assert api.evaluate_model(tmp_path / "m", str(moved), "test", cache_root=tmp_path / "c", progress=False,
+    assert api.evaluate_model(tmp_path / "m", str(own), "test", cache_root=tmp_path / "c", progress=False,
                               log=lambda s: None)["n"] == r["sizes"]["test"]  # test is its own file: scored
 
 

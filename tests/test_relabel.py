@@ -97,6 +97,16 @@ def test_eval_on_the_old_names_says_how_to_rename_back(model, trec_slice):
     cli("relabel", "--model", model, "--rename", "HUM=person", code=0)
     cli("eval", "--model", model, "--data", trec_slice, code=2, row=ROW,
         contains=("renamed after training (HUM → person)", f"relabel --model {model} --rename person=HUM"))
+    # a name with a space, and a folder with one: the command is quoted so that it runs as written (it split them)
+    spaced = Path(shutil.copytree(model, model.parent / "my model"))
+    cli("relabel", "--model", spaced, "--rename", "LOC=a place", code=0)
+    said = cli("eval", "--model", spaced, "--data", trec_slice, code=2)
+    command = said.err.split("rename them back with `")[1].split("`")[0]
+    assert command == f"frozentune relabel --model '{spaced}' --rename person=HUM 'a place=LOC'"
+    import shlex
+    cli(*shlex.split(command)[1:], code=0)  # it runs, and the names are back
+    assert {"HUM", "LOC"} <= set(config_of(spaced)["labels"])
+    assert api.relabel(spaced, {"HUM": "someone"}, log=None)["renamed"] == {"HUM": "someone"}  # (it raised)
 
 
 @pytest.mark.parametrize("words, said", [
@@ -108,6 +118,10 @@ def test_eval_on_the_old_names_says_how_to_rename_back(model, trec_slice):
     (["HUM="], "must be text, not empty"),
     (["HUM= person"], "without spaces at either end"),
     (["HUM=a\nb"], "--rename HUM='a\\nb': a new name must be text, not empty, printable"),  # one line
+    # names no data file can carry: a file's True, 1.0 or 01 is read as true, 1, 1 (eval then found them unknown)
+    (["HUM=True"], "a data file's label 'True' is read as 'true'"),
+    (["HUM=1.0"], "a data file's label '1.0' is read as '1'"),
+    (["NUM=e\u0301"], "is read as 'é'"),
 ])
 def test_bad_renames_change_nothing(model, words, said):
     original = folder_bytes(model)
@@ -205,3 +219,29 @@ def test_python_api_says_its_own_argument(model):
         api.relabel(model, {"nobody": "x"})
     with pytest.raises(RelabelError, match="at least one OLD=NEW"):
         api.relabel(model, {})
+
+
+def test_a_relabelled_model_knows_its_data_under_the_new_names(trec_slice, tiny_bert, tmp_path):
+    """After a rename the data must carry the new names, and its rows were then drawn as other data's: a carve
+    orders classes by name (DESC → zz_desc moved it last), so a single file's test split was other rows, among them
+    training rows, and the digest of the rows the run drew from (which holds the labels) no longer matched, so its
+    training rows were not refused. The data is now read under the names the model was trained with."""
+    cache = ("--cache-dir", tmp_path / "cache")
+    rows = [json.loads(line) for line in (trec_slice / "train.jsonl").read_text().splitlines()]
+    original, renamed = tmp_path / "a" / "rows.jsonl", tmp_path / "b" / "rows.jsonl"
+    for path, names in ((original, {}), (renamed, {"DESC": "zz_desc", "NUM": "a_num"})):
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps({"text": r["text"], "label": names.get(r["label"], r["label"])}) + "\n"
+                                for r in rows))
+    cli("train", "--method", "probe", "--data", original, "--backbone", tiny_bert, "--max-length", 32, "--epochs", 2,
+        "--output", tmp_path / "m", *cache, "--quiet", code=0)
+    cli("relabel", "--model", tmp_path / "m", "--rename", "DESC=zz_desc", "NUM=a_num", "--output", tmp_path / "r",
+        code=0)
+    before = json.loads(cli("eval", "--model", tmp_path / "m", "--data", original, *cache, code=0).out)
+    after = json.loads(cli("eval", "--model", tmp_path / "r", "--data", renamed, *cache, code=0).out)
+    assert after["n"] == before["n"] and after["metrics"]["accuracy"] == before["metrics"]["accuracy"]
+    assert after["confusion"]["matrix"] == before["confusion"]["matrix"]  # the same rows, the same answers
+    cli("calibrate", "--model", tmp_path / "r", "--data", renamed, "--split", "all", *cache,
+        contains="the examples the model was trained on among them")
+    cli("compare", "--model", tmp_path / "r", "--model", tmp_path / "m", "--data", renamed, "--split", "train",
+        *cache, contains="the examples it was trained on")

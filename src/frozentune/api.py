@@ -26,8 +26,8 @@ from . import model as M
 from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
-from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, load_classification, one_side_note, read_split,
-                   read_texts, resolve, rows_like_it, some, text_groups)
+from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, json_line, load_classification,
+                   one_side_note, read_split, read_texts, resolve, rows_like_it, some, text_groups)
 from .output import check_output, holds_output, run_environment, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
@@ -659,9 +659,12 @@ def evaluate_model(model_dir: Path, data: str, split: str = "test", text_field: 
     log, cache_root, errors = as_log(log), as_path(cache_root, "cache_root"), as_path(errors, "errors")
     as_switch(rebuild_cache, "rebuild_cache")
     check_split(split)  # before the model is read
-    errors = _file_path(errors, "--errors") if errors is not None else None  # and its file before any work
-    if errors is not None:
+    if errors is not None and str(errors) == "-":  # elsewhere "-" is standard input or output; here it made ./-
+        raise DataError("--errors -: standard output carries eval's JSON; give a file name for the misclassified "
+                        "examples, e.g. errors.jsonl")
+    if errors is not None:  # a file frozentune reads, or one in the model's folder, said before its folder's advice
         _not_read_here(errors, data, model_dir)
+    errors = _file_path(errors, "--errors") if errors is not None else None  # and its file before any work
     model = _load(model_dir, device, precision, log)
     ds, part, y, logits = _scored_split(model, model_dir, data, split, (text_field, label_field, pair_field),
                                         cache_root, rebuild_cache, progress, log)
@@ -725,9 +728,9 @@ def _not_read_here(path: Path, data: str, model_dir: object) -> None:
     if target in inputs:
         raise DataError(f"--errors {path}: a file of the data being scored; writing there would replace it: choose "
                         f"another file")
-    if isinstance(model_dir, (str, os.PathLike)) and Path(model_dir).resolve() in target.parents:
-        raise DataError(f"--errors {path}: inside the model's folder, which holds only what training wrote; "
-                        f"choose a file elsewhere")
+    if isinstance(model_dir, (str, os.PathLike)) and Path(model_dir).resolve() in (target, *target.parents):
+        raise DataError(f"--errors {path}: {'the' if target == Path(model_dir).resolve() else 'inside the'} model's "
+                        f"folder, which holds only what training wrote; choose a file elsewhere")
 
 
 def softmax_rows(logits: np.ndarray) -> np.ndarray:
@@ -751,9 +754,9 @@ def write_errors(path: Path, part: TextSplit, y: np.ndarray, logits: np.ndarray,
             for i in wrong:
                 where = {"line": int(part.lines[i])} if part.lines else {"row": int(i)}
                 scored = labelled(labels, probs[i])
-                f.write(json.dumps({**where, **text_row(part.texts[i]), "label": labels[y[i]],
-                                    "predicted": scored["label"], "scores": scored["scores"]},
-                                   ensure_ascii=False, allow_nan=False) + "\n")
+                # json_line: a text holding U+2028 (or U+0085, U+2029) split its line for str.splitlines and editors
+                f.write(json_line({**where, **text_row(part.texts[i]), "label": labels[y[i]],
+                                   "predicted": scored["label"], "scores": scored["scores"]}) + "\n")
         os.replace(tmp, path)
     except OSError as e:  # the disk filled, or the folder went, while the states were read
         raise DataError(f"--errors {path}: cannot be written ({e.strerror or e}); choose another file") from None
@@ -875,14 +878,16 @@ def _read_saved_split(model: M.Classifier, data: str, split: str, text_field: st
         ds = Dataset(files[0], part.subset([]), part.subset([]), part, sorted(set(part.labels)), [], fields[0], fields[2])
     elif split == "test":  # carved from a single file as training carved it; what train gave up after does not matter
         try:
-            ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], test_only=True)
+            ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], test_only=True,
+                                     renamed=renamed_from(saved))
         except CarveError as e:
             raise DataError(f"{e}; to score every row of {data} instead, give --split all") from None
         part = ds.test
     else:
         sample = _training_sample(saved, data, split, model_dir)
         expect = sample.pop("expect_sizes", None)
-        ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], **sample)
+        ds = load_classification(data, fields[0], fields[1], seed=seed, pair_field=fields[2], **sample,
+                                 renamed=renamed_from(saved))
         part = getattr(ds, split)
         rows = (saved.get("split_rule") or {}).get("rows")  # recorded since 2026-11-28
         if sample and expect is None and rows is not None and (ds.split_rule or {}).get("rows") != rows:
@@ -958,18 +963,28 @@ def trained_on(config: dict, data: str, split: str) -> Provenance:
 
 
 def _rows_digest(files: dict, config: dict) -> str | None:
-    """data.rows_digest of the train and validation files of `files` read with the model's fields (as its run read
-    them, load_classification); None where they cannot be read so."""
-    from .data import rows_digest
+    """data.rows_digest of the train and validation files of `files` read with the model's fields and under the
+    label names it was trained with (as its run read them, load_classification); None where they cannot be read so."""
+    from .data import as_trained, rows_digest, with_names
 
     if "train" not in files and "validation" in files and "test" in files:  # as load_classification trains on it
         files = {"train": files["validation"], "test": files["test"]}
     try:
-        return rows_digest({k: read_split(p, config.get("text_field", "text"), config.get("label_field", "label"),
-                                          config.get("text_pair_field")) for k, p in files.items()
-                            if k in ("train", "validation")})
+        splits = {k: read_split(p, config.get("text_field", "text"), config.get("label_field", "label"),
+                                config.get("text_pair_field")) for k, p in files.items() if k in ("train", "validation")}
     except (FrozentuneError, OSError):
         return None
+    forward = as_trained(splits, renamed_from(config))
+    return rows_digest({k: with_names(sp, forward) for k, sp in splits.items()})
+
+
+def renamed_from(config: dict) -> dict[str, str] | None:
+    """A relabelled model's labels → the names it was trained with (config.json's labels and trained_labels);
+    None where they were not renamed."""
+    labels, trained = config.get("labels"), config.get(_relabel.TRAINED_LABELS)
+    if not (isinstance(labels, list) and isinstance(trained, list) and len(labels) == len(trained)):
+        return None
+    return dict(zip(map(str, labels), map(str, trained)))
 
 
 def _training_sample(saved: dict, data: str, split: str, model_dir: Path | None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Every error names the file and, where there is one, the line, and says what to d
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import csv
 import decimal
 import hashlib
@@ -21,7 +22,7 @@ import sys
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -1129,7 +1130,8 @@ def one_side_note(name: str, files: dict[str, Path], text_field: str, pair_field
 def load_classification(data: str, text_field: str | None = "text", label_field: str = "label",
                         val_fraction: float = 0.1, seed: int = 0,
                         max_train: int | None = None, shots: int | None = None,
-                        carve_below: int = 0, pair_field: str | None = None, test_only: bool = False) -> Dataset:
+                        carve_below: int = 0, pair_field: str | None = None, test_only: bool = False,
+                        renamed: Mapping[str, str] | None = None) -> Dataset:
     """Load a classification dataset by name, folder or file. With `pair_field` (or a named pair
     dataset: snli, rte, mrpc) every text is a (text_field, pair_field) sentence pair.
 
@@ -1143,6 +1145,9 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     `test_only`: the test split alone is wanted (scoring a saved model): it does not depend on what is
     drawn from train afterwards (shots, validation, max_train), so none of that is done or said, and a
     train too small to give a validation split does not stop the test split being scored.
+    `renamed`: a saved model's labels → the names it was trained with (`frozentune relabel`). Where every label of
+    the data is one of the model's, the rows are drawn as under the trained names (the carves and samples order
+    classes by name, and the rows' digest holds them), then named back: its splits are the training run's.
     """
     check_field_names(text_field, label_field, pair_field)
     shots, max_train = whole_count("--shots", shots), whole_count("--max-train", max_train)
@@ -1172,6 +1177,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     text_field, pair_field = text_fields(name, text_field, pair_field, files, label_field)
     notes_first += one_side_note(name, files, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
+    forward = as_trained(splits, renamed)
+    splits = {k: with_names(sp, forward) for k, sp in splits.items()}
     if not test_only:  # eval --split train / validation: the rows the splits are drawn from (test reads none)
         rule["rows"] = rows_digest(splits)
     train = splits["train"]
@@ -1206,8 +1213,8 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
         notes.append(f"no test split: carved 10% of {files['train']} (seed {seed}): {len(carve):,} of "
                      f"{len(carve) + len(keep):,} examples{more}{copies_note(copies)}")
     if test_only:
-        return Dataset(name, train, splits.get("validation", train.subset([])), splits["test"],
-                       label_order(name, train.labels), notes, text_field, pair_field, rule)
+        return named_back(Dataset(name, train, splits.get("validation", train.subset([])), splits["test"],
+                                  label_order(name, train.labels), notes, text_field, pair_field, rule), forward)
     if shots is not None:
         train, note = sample_shots(train, shots, seed)
         notes.append(note)
@@ -1235,8 +1242,31 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     elif max_train is not None:
         notes.append(f"--max-train {max_train}: train has {len(train)} examples, so all are used")
     labels = label_order(name, train.labels)
-    return Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field, pair_field, rule,
-                   carved_from_train=carved and carve_below > 0)
+    return named_back(Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field,
+                              pair_field, rule, carved_from_train=carved and carve_below > 0), forward)
+
+
+def as_trained(splits: Mapping[str, TextSplit], renamed: Mapping[str, str] | None) -> dict[str, str] | None:
+    """`renamed` (a model's labels → the names it was trained with) where every label of `splits` is one of the
+    model's, so that they can be read under the trained names and named back; None otherwise (data of other names
+    is read as it is, and scoring it says which labels the model lacks)."""
+    if not renamed or all(k == v for k, v in renamed.items()):
+        return None
+    return dict(renamed) if {lab for sp in splits.values() for lab in sp.labels} <= set(renamed) else None
+
+
+def with_names(split: TextSplit, names: Mapping[str, str] | None) -> TextSplit:
+    """`split` with each label renamed by `names` (the same split where None)."""
+    return split if names is None else dataclasses.replace(split, labels=[names[lab] for lab in split.labels])
+
+
+def named_back(ds: Dataset, forward: Mapping[str, str] | None) -> Dataset:
+    """A dataset read under the trained names (as_trained) with the model's names again."""
+    if forward is None:
+        return ds
+    back = {v: k for k, v in forward.items()}
+    return dataclasses.replace(ds, train=with_names(ds.train, back), validation=with_names(ds.validation, back),
+                               test=with_names(ds.test, back), labels=[back[lab] for lab in ds.labels])
 
 
 def spelled_across(splits: dict[str, TextSplit]) -> list[str]:

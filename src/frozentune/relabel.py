@@ -11,12 +11,13 @@ model into another folder instead and leaves the original alone.
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from . import model as M
-from .data import some
+from .data import label_name, some
 from .errors import FrozentuneError
 from .pyterms import in_python_terms
 
@@ -61,6 +62,10 @@ def renamed_labels(labels: Sequence[str], rename: object) -> list[str]:
         if not isinstance(new, str) or not new.strip() or new != new.strip() or not new.isprintable():
             raise RelabelError(f"--rename {_word(old, new)}: a new name must be text, not empty, printable and without "
                                f"spaces at either end (got {new!r:.60})")
+        if (read := label_name(new)) != new:  # data files could never carry it: eval would find its labels unknown
+            raise RelabelError(f"--rename {_word(old, new)}: a data file's label {new!r:.60} is read as {read!r:.60} "
+                               f"(numbers and true / false are read in one spelling, text in Unicode's composed "
+                               f"form), so no data could be scored with that name; give {read!r:.60}")
     out = [rename.get(lab, lab) for lab in labels]
     if len(set(out)) != len(out):
         twice = sorted({lab for lab in out if out.count(lab) > 1})
@@ -74,11 +79,13 @@ def renamed_labels(labels: Sequence[str], rename: object) -> list[str]:
 
 @in_python_terms()
 def relabel(model_dir: Path, rename: Mapping[str, str] | Sequence[str] | str, output: Path | None = None,
-            overwrite: bool = False, log: Callable[[str], None] = print) -> dict:
+            overwrite: bool = False, log: Callable[[str], None] | None = print) -> dict:
     """Rename labels of the classifier saved in `model_dir` ({old: new}, or "OLD=NEW" words as the command line
     takes them; the other labels keep their names), in place, or into `output` (model_dir is then left as it is;
     an existing output needs overwrite). The weights are checked as every load checks them, and written back
-    unchanged with the new names recorded. Returns {"model", "output", "labels", "renamed", "trained_labels"}."""
+    unchanged with the new names recorded. Returns {"model", "output", "labels", "renamed", "trained_labels"}.
+    `log`: None says nothing (it raised a TypeError once the folder was written)."""
+    log = log or (lambda line: None)
     model_dir = Path(model_dir)
     config = M.read_saved(model_dir)  # an ONNX export, a sweep's or a PEFT adapter's folder: named there
     if config.get("task") == "generation" or "labels" not in config:
@@ -159,10 +166,10 @@ def renamed_hint(config: dict, data_labels: Sequence[str], folder: Path | str = 
     back = {now: then for then, now in zip(trained, labels) if then != now and isinstance(now, str)}
     if not set(data_labels) & {then for then in trained if then not in labels}:
         return ""
-    undo = " ".join(f"{now}={then}" for now, then in back.items())
+    undo = " ".join(shlex.quote(f"{now}={then}") for now, then in back.items())  # to be run as written
     renames = ", ".join(f"{then} → {now}" for now, then in back.items())
     return (f"; the model's labels were renamed after training ({renames}): give data with the new names, or rename "
-            f"them back with `frozentune relabel --model {folder} --rename {undo}`")
+            f"them back with `frozentune relabel --model {shlex.quote(str(folder))} --rename {undo}`")
 
 
 def _word(old: object, new: object) -> str:
