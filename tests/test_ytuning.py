@@ -146,6 +146,12 @@ def test_label_name_initialisation_uses_the_vocabulary(tiny_bert):
             > 1 - tol(torch.float32, cosine_ops(16))).all()
     uniform = build_classifier("ytuning", bb, names, {"dim": 0, "init": "uniform"}).head.labels.detach()
     assert_differs(uniform, init, ops=linear(32) + 2, what="uniform vs label-name init")
+    # a name of no word pieces (a lone combining accent, stripped by the tokenizer) starts from the unknown token's
+    # embedding (an IndexError ended the run, and the load of a model relabelled so)
+    assert bb.tok("\u0301", add_special_tokens=False)["input_ids"] == []
+    odd = build_classifier("ytuning", bb, ["\u0301", "positive"], {"dim": 0}).head.labels.detach()
+    assert torch.nn.functional.cosine_similarity(odd[1], emb[bb.tok.unk_token_id], dim=0) > 1 - tol(
+        torch.float32, cosine_ops(32))
 
 
 def test_bad_options():

@@ -205,8 +205,8 @@ class YTuningHead(Head):
                 f"so a step costs more than in proportion to the labels (about with their square at hundreds; README, "
                 f"\"Many classes\"); probe and selfexplain cost the same at any number of labels")
     def init_from_backbone(self, backbone, label_names: list[str]) -> None:
-        """Label vectors from the backbone's input embeddings (mean over a name's word pieces),
-        projected to D; the task token from the [CLS]/first special token. Called at creation.
+        """Label vectors from the backbone's input embeddings (mean over a name's word pieces; the unknown
+        token's for a name of none: an IndexError ended training or a relabelled model's load), projected to D; the task token from the [CLS]/first special token. Called at creation.
         The vectors are taken at the width of the states the head reads (`embedding_rows`): a
         factorised embedding (ELECTRA, ALBERT: embedding_size < hidden_size) is passed through the
         model's own embedding → hidden projection, and layers read concatenated get the vector once
@@ -216,8 +216,9 @@ class YTuningHead(Head):
         emb = embedding_rows(backbone, self.proj.in_features if isinstance(self.proj, nn.Linear)
                              else self.labels.shape[1])  # (V, Dx)
         g = torch.Generator().manual_seed(0)
-        if self.cfg.init == "label_names":
-            ids = [backbone.tok(name, add_special_tokens=False)["input_ids"] for name in label_names]
+        if self.cfg.init == "label_names":  # a name of no word pieces (a lone accent, which BERT's tokenizer strips)
+            unk = backbone.tok.unk_token_id if backbone.tok.unk_token_id is not None else backbone.pad_id()
+            ids = [backbone.tok(name, add_special_tokens=False)["input_ids"] or [unk] for name in label_names]
         else:  # random vocabulary tokens
             ids = [[int(torch.randint(1000, emb.shape[0], (1,), generator=g))] for _ in label_names]
         vecs = torch.stack([emb[torch.tensor(i)].mean(0) for i in ids])  # (C, Dx)
