@@ -384,7 +384,46 @@ def test_calibrate_and_compare_read_data_trained_on_its_validation_file(trec_sli
                                                                                 "validation split")
     cli("calibrate", "--model", tmp_path / "a", "--data", vt / "validation.jsonl", "--split", "all", *cache, row=ROW,
         contains="which holds the rows the model was trained on")
+    renamed = tmp_path / "renamed"  # the same files, validation.jsonl called train.jsonl: read the same way
+    renamed.mkdir()
+    shutil.copy(vt / "validation.jsonl", renamed / "train.jsonl")
+    shutil.copy(vt / "test.jsonl", renamed / "test.jsonl")
+    from frozentune.api import trained_on
+    assert trained_on(json.loads((tmp_path / "a" / "config.json").read_text()), str(renamed), "validation") == (
+        True, None, False)  # (it was refused as training rows: the file names were compared as written)
     got = cli("compare", "--model", tmp_path / "a", "--model", tmp_path / "b", "--data", vt, *cache, code=0)
     assert json.loads(got.out)["n"] == 40
     cli("compare", "--model", tmp_path / "a", "--model", tmp_path / "b", "--data", vt, "--split", "train", *cache,
         contains="the examples it was trained on")
+
+
+def test_which_rows_a_model_trained_on_in_the_cases_a_review_found(pair, trec_val_slice, tmp_path):
+    """api.trained_on where a second review found it wrong: a copy of the training file alone, where the run also had
+    a validation file (the digest of train and validation together did not match it: recorded now per file); a
+    model saved before paths were recorded, scored on its own test split by name (the warning was lost)."""
+    from frozentune.api import trained_on
+
+    config = json.loads((pair[1] / "config.json").read_text())
+    assert "train_rows" in config["split_rule"]
+    alone = tmp_path / "alone.jsonl"
+    shutil.copy(trec_val_slice / "train.jsonl", alone)
+    for split in ("train", "validation", "test", "all"):
+        assert trained_on(config, str(alone), split).trained_file == str(alone.resolve()), split
+    assert trained_on(config, str(trec_val_slice / "validation.jsonl"), "all").trained_file is None
+    old = {k: v for k, v in config.items() if k != "split_rule"}  # saved before 2026-11-28: by the data's name
+    assert trained_on(old, str(trec_val_slice), "test") == (True, None, True)
+
+
+def test_labels_are_read_under_their_trained_names_only_where_that_is_clear():
+    """A rename's data is read under the trained names; a swap's cannot be told from data still named as trained
+    (both are names of the model), so it is read as it is; data with other names is not mapped."""
+    from frozentune.data import TextSplit, as_trained
+
+    def split(*labels):
+        return {"train": TextSplit(["t"] * len(labels), list(labels), "x", list(range(1, len(labels) + 1)))}
+    renamed = {"zz_desc": "DESC", "HUM": "HUM"}
+    assert as_trained(split("zz_desc", "HUM"), renamed) == renamed
+    assert as_trained(split("DESC", "HUM"), renamed) is None  # the trained names: scoring says they are unknown
+    swap = {"pos": "neg", "neg": "pos"}
+    assert as_trained(split("pos", "neg"), swap) is None
+    assert as_trained(split("a", "b"), {"a": "a", "b": "b"}) is None  # nothing renamed

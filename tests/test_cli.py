@@ -113,11 +113,13 @@ def test_eval_writes_the_misclassified_examples(trained, trec_slice, capsys, tmp
     assert [r["line"] for r in rows] == sorted(r["line"] for r in rows)
     # a file frozentune reads, a folder: refused before any work, nothing written
     before = (trec_slice / "test.jsonl").read_bytes()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     for target, said in ((trec_slice / "test.jsonl", "a file of the data being scored"),
                          (out / "errors.jsonl", "inside the model's folder"), (tmp_path, "is a folder"),
                          # the model's folder itself: said so, not "give a file name, e.g. MODEL/errors.jsonl"
                          (out, "--errors " + str(out) + ": the model's folder"),
-                         ("-", "standard output carries eval's JSON")):  # (it wrote a file named -)
+                         ("-", "standard output carries eval's JSON"),  # (it wrote a file named -)
+                         (tmp_path / "loop", "cannot be written")):  # a symlink loop: one line, not a traceback
         code, _, err = run(capsys, "eval", "--model", out, "--data", trec_slice, "--errors", target)
         assert code == 2 and said in err and "Traceback" not in err
     assert (trec_slice / "test.jsonl").read_bytes() == before and not (out / "errors.jsonl").exists()

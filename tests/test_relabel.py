@@ -245,3 +245,17 @@ def test_a_relabelled_model_knows_its_data_under_the_new_names(trec_slice, tiny_
         contains="the examples the model was trained on among them")
     cli("compare", "--model", tmp_path / "r", "--model", tmp_path / "m", "--data", renamed, "--split", "train",
         *cache, contains="the examples it was trained on")
+
+
+def test_the_rename_back_command_runs_where_a_name_begins_with_a_dash(model, trec_slice):
+    """A name such as -1 (Hugging Face's unlabelled rows) read as an option in the printed command (argparse:
+    "expected at least one argument"); each word is now given as --rename=WORD there, and --rename takes several."""
+    import shlex
+
+    cli("relabel", "--model", model, "--rename=HUM=-1", "--rename", "LOC=place", code=0)  # several flags: extended
+    assert {"-1", "place"} <= set(config_of(model)["labels"])
+    said = cli("eval", "--model", model, "--data", trec_slice, code=2)
+    command = said.err.split("rename them back with `")[1].split("`")[0]
+    assert command == f"frozentune relabel --model {model} --rename=-1=HUM --rename=place=LOC"
+    cli(*shlex.split(command)[1:], code=0)
+    assert {"HUM", "LOC"} <= set(config_of(model)["labels"])

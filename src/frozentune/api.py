@@ -720,7 +720,10 @@ def _not_read_here(path: Path, data: str, model_dir: object) -> None:
     folder (the errors of a test file written over it lost the test file)."""
     from .data import resolve
 
-    target = path.resolve()
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: _file_path says it, as writing it would fail
+        return
     try:
         inputs = [Path(p).resolve() for p in resolve(data)[1].values()]
     except DataError:  # the data is said to be wrong where it is read, with its own message
@@ -952,14 +955,23 @@ def trained_on(config: dict, data: str, split: str) -> Provenance:
         same = True
     elif "rows" in rule:
         digest_same = _rows_digest(files, config) == rule["rows"]
-        same = digest_same and sorted(here) == sorted(recorded)
+        same = digest_same and _layout(here) == _layout(recorded)
     else:
         same = name == config.get("data")
     if same:
         carved = "test" not in here and "test" not in recorded  # the run's test carve, drawn again with its seed
-        return Provenance(True, None, split == "test" and (carved or here.get("test") == recorded.get("test")))
-    training = read is not None and (read == _trains(recorded) or (digest_same and read == _trains(here)))
+        return Provenance(True, None, split == "test" and (carved or here.get("test") == recorded.get("test")
+                                                           or not recorded))  # (no paths recorded: by name)
+    copied = (read == _trains(here) and "train_rows" in rule  # a copy of its training file, by that file's digest
+              and _rows_digest({"train": Path(read)}, config) == rule["train_rows"])
+    training = read is not None and (read == _trains(recorded) or (digest_same and read == _trains(here)) or copied)
     return Provenance(False, read if training else None, read is not None and read == recorded.get("test"))
+
+
+def _layout(files: Mapping[str, Any]) -> list[str]:
+    """The splits a run reads from `files` (load_classification): validation + test files with no train are train +
+    test, so a folder of the SNLI-offline layout whose validation file was renamed train is laid out the same."""
+    return sorted({"train", "test"} if "train" not in files and "validation" in files and "test" in files else files)
 
 
 def _rows_digest(files: dict, config: dict) -> str | None:
@@ -971,7 +983,8 @@ def _rows_digest(files: dict, config: dict) -> str | None:
         files = {"train": files["validation"], "test": files["test"]}
     try:
         splits = {k: read_split(p, config.get("text_field", "text"), config.get("label_field", "label"),
-                                config.get("text_pair_field")) for k, p in files.items() if k in ("train", "validation")}
+                                config.get("text_pair_field"))
+                  for k, p in files.items() if k in ("train", "validation")}
     except (FrozentuneError, OSError):
         return None
     forward = as_trained(splits, renamed_from(config))

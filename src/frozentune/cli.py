@@ -430,7 +430,7 @@ def _parser(method: str | None = None) -> argparse.ArgumentParser:
     rl = sub.add_parser("relabel", help="rename labels of a saved classifier (the order and the weights stay; "
                         "config.json, the weights' record and the card get the new names)")
     rl.add_argument("--model", type=Path, required=True, help="the saved classifier's folder")
-    rl.add_argument("--rename", nargs="+", required=True, metavar="OLD=NEW",
+    rl.add_argument("--rename", nargs="+", action="extend", required=True, metavar="OLD=NEW",
                     help="a label and its new name, one or more (to swap two names, rename both in one run)")
     rl.add_argument("--output", type=Path, help="write the renamed model here and leave --model as it is "
                     "(default: rename in place; the folder is replaced whole, so an interrupt leaves it as it was)")

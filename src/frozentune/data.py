@@ -1181,6 +1181,7 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     splits = {k: with_names(sp, forward) for k, sp in splits.items()}
     if not test_only:  # eval --split train / validation: the rows the splits are drawn from (test reads none)
         rule["rows"] = rows_digest(splits)
+        rule["train_rows"] = rows_digest({"train": splits["train"]})  # that file's alone: a copy of it, read by itself
     train = splits["train"]
     notes = notes_first + [f"{split.source}: labels {', '.join(forms)} read as one class {label!r}"
                            for split in splits.values() for label, forms in split.label_spellings.items()
@@ -1252,7 +1253,10 @@ def as_trained(splits: Mapping[str, TextSplit], renamed: Mapping[str, str] | Non
     is read as it is, and scoring it says which labels the model lacks)."""
     if not renamed or all(k == v for k, v in renamed.items()):
         return None
-    return dict(renamed) if {lab for sp in splits.values() for lab in sp.labels} <= set(renamed) else None
+    seen = {lab for sp in splits.values() for lab in sp.labels}
+    # labels that are names both ways (a swap, A ↔ B): which names the data carries cannot be told, so it is read as
+    # it is, as before renamed data was read under the trained names
+    return dict(renamed) if seen <= set(renamed) and not seen <= set(renamed.values()) else None
 
 
 def with_names(split: TextSplit, names: Mapping[str, str] | None) -> TextSplit:

@@ -166,10 +166,16 @@ def renamed_hint(config: dict, data_labels: Sequence[str], folder: Path | str = 
     back = {now: then for then, now in zip(trained, labels) if then != now and isinstance(now, str)}
     if not set(data_labels) & {then for then in trained if then not in labels}:
         return ""
-    undo = " ".join(shlex.quote(f"{now}={then}") for now, then in back.items())  # to be run as written
+    # to be run as written: quoted, and where a word begins with "-" each given as --rename=WORD (argparse reads such
+    # a word as an option otherwise; --rename takes its words in one flag or several)
+    words = [f"{now}={then}" for now, then in back.items()]
+    undo = (" ".join(f"--rename={shlex.quote(w)}" for w in words) if any(w.startswith("-") for w in words)
+            else "--rename " + " ".join(map(shlex.quote, words)))
+    model = f"--model={shlex.quote(str(folder))}" if str(folder).startswith("-") else \
+        f"--model {shlex.quote(str(folder))}"
     renames = ", ".join(f"{then} → {now}" for now, then in back.items())
     return (f"; the model's labels were renamed after training ({renames}): give data with the new names, or rename "
-            f"them back with `frozentune relabel --model {shlex.quote(str(folder))} --rename {undo}`")
+            f"them back with `frozentune relabel {model} {undo}`")
 
 
 def _word(old: object, new: object) -> str:

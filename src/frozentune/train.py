@@ -330,7 +330,7 @@ def temperature_loss(logits: np.ndarray, y: np.ndarray) -> Callable[[float], flo
     return lambda t: float(nn.functional.cross_entropy(z / t, target))
 
 
-class NonFiniteLogits(ValueError):
+class NonFiniteLogits(FrozentuneError, ValueError):
     """Logits that are not all finite numbers: no temperature fits them (the search's losses would be NaN, and any T
     would pass as the best). `rows`: how many examples have one, of `examples`."""
 

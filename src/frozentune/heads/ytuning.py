@@ -206,7 +206,8 @@ class YTuningHead(Head):
                 f"\"Many classes\"); probe and selfexplain cost the same at any number of labels")
     def init_from_backbone(self, backbone, label_names: list[str]) -> None:
         """Label vectors from the backbone's input embeddings (mean over a name's word pieces; the unknown
-        token's for a name of none: an IndexError ended training or a relabelled model's load), projected to D; the task token from the [CLS]/first special token. Called at creation.
+        token's for a name of none: an IndexError ended training or a relabelled model's load), projected to D;
+        the task token from the [CLS]/first special token. Called at creation.
         The vectors are taken at the width of the states the head reads (`embedding_rows`): a
         factorised embedding (ELECTRA, ALBERT: embedding_size < hidden_size) is passed through the
         model's own embedding → hidden projection, and layers read concatenated get the vector once
