@@ -962,8 +962,8 @@ def trained_on(config: dict, data: str, split: str) -> Provenance:
         carved = "test" not in here and "test" not in recorded  # the run's test carve, drawn again with its seed
         return Provenance(True, None, split == "test" and (carved or here.get("test") == recorded.get("test")
                                                            or not recorded))  # (no paths recorded: by name)
-    copied = (read == _trains(here) and "train_rows" in rule  # a copy of its training file, by that file's digest
-              and _rows_digest({"train": Path(read)}, config) == rule["train_rows"])
+    copied = (read is not None and read == _trains(here) and "train_rows" in rule  # a copy of its training file,
+              and _rows_digest({"train": Path(read)}, config) == rule["train_rows"])  # by that file's digest
     training = read is not None and (read == _trains(recorded) or (digest_same and read == _trains(here)) or copied)
     return Provenance(False, read if training else None, read is not None and read == recorded.get("test"))
 
