@@ -968,6 +968,17 @@ def trained_on(config: dict, data: str, split: str) -> Provenance:
     return Provenance(False, read if training else None, read is not None and read == recorded.get("test"))
 
 
+def training_rows(config: dict, data: str, split: str, whose: str = "the model") -> str | None:
+    """What `split` of `data` is, in words, where it holds rows the model was trained on (trained_on: its train split,
+    every row of its data, or any split of its training file read alone); None where it does not."""
+    same_data, trained_file, _ = trained_on(config, data, split)
+    if split == "train" and same_data:
+        return f"the examples {whose} was trained on"
+    if split == "all" and same_data:
+        return f"every row of {data}, the examples {whose} was trained on among them"
+    return f"rows of {trained_file}, which holds the rows {whose} was trained on" if trained_file else None
+
+
 def _layout(files: Mapping[str, Any]) -> list[str]:
     """The splits a run reads from `files` (load_classification): validation + test files with no train are train +
     test, so a folder of the SNLI-offline layout whose validation file was renamed train is laid out the same."""

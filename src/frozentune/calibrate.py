@@ -57,12 +57,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     check_rewrite(model_dir, output, overwrite, "calibrate", "calibrated", CalibrateError)  # before any work
     # the rows it was trained on, refused before the model is loaded and the split scored (its config alone says)
     saved = M.read_config_json(model_dir, CalibrateError) if (model_dir / M.CONFIG).is_file() else None
-    same_data, trained_file, run_test = api.trained_on(saved, data, split) if isinstance(saved, dict) else (
-        False, None, False)
-    if (split in ("train", "all") and same_data) or trained_file:
-        what = ("the examples the model was trained on" if split == "train" and same_data else
-                f"every row of {data}, the examples the model was trained on among them" if same_data else
-                f"rows of {trained_file}, which holds the rows the model was trained on")
+    if isinstance(saved, dict) and (what := api.training_rows(saved, data, split)):
         raise CalibrateError(f"--split {split}: {what}: its scores there are surer than on texts it has not seen, and "
                              f"a temperature fitted to them would make it over-confident; give --split validation, or "
                              f"data it was not trained on")
@@ -88,6 +83,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
         raise CalibrateError(f"on the {len(y):,} examples of the {split} split of {data} the best temperature is at "
                              f"the end of its range ({fitted['value']:.3g}): {why}; the model is left as it was")
     t = fitted["value"]
+    same_data, _, run_test = api.trained_on(config, data, split)
     record = {"data": ds.name if same_data else str(data), "split": split, "examples": int(len(y)), "value": t,
               "previous": previous if previous != 1.0 else None,
               "loss_previous": temperature_loss(logits, y)(previous), "loss_after": fitted["loss_after"]}
