@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import unicodedata
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -63,9 +64,11 @@ def renamed_labels(labels: Sequence[str], rename: object) -> list[str]:
             raise RelabelError(f"--rename {_word(old, new)}: a new name must be text, not empty, printable and without "
                                f"spaces at either end (got {new!r:.60})")
         if (read := label_name(new)) != new:  # data files could never carry it: eval would find its labels unknown
-            raise RelabelError(f"--rename {_word(old, new)}: a data file's label {new!r:.60} is read as {read!r:.60} "
+            # (a decomposed accent prints as its composed form: both shown in their code points)
+            a, b = (ascii(new), ascii(read)) if unicodedata.normalize("NFC", new) == read else (repr(new), repr(read))
+            raise RelabelError(f"--rename {_word(old, new)}: a data file's label {a:.60} is read as {b:.60} "
                                f"(numbers and true / false are read in one spelling, text in Unicode's composed "
-                               f"form), so no data could be scored with that name; give {read!r:.60}")
+                               f"form), so no data could be scored with that name; give {b:.60}")
     out = [rename.get(lab, lab) for lab in labels]
     if len(set(out)) != len(out):
         twice = sorted({lab for lab in out if out.count(lab) > 1})
