@@ -338,7 +338,7 @@ def test_calibrate_knows_the_training_rows_by_their_content_and_the_run_test_fil
     shutil.copy(data / "train.jsonl", alone / "train.jsonl")
     for where, split in ((data / "train.jsonl", "test"), (alone, "test"), (alone, "validation")):
         cli("calibrate", *m, "--data", where, "--split", split, *cache, row=ROW,
-            contains=f"which holds the rows the model was trained on")
+            contains="which holds the rows the model was trained on")
     other = tmp_path / "other"  # a file with the training file's name and other rows: not the model's
     other.mkdir()
     (other / "train.jsonl").write_text(jsonl(later[150:]))
