@@ -27,7 +27,7 @@ from .backbone import Backbone, LayerSpec, cut_rows
 from .cache import CachedStates, build_part, check_room, get_or_build
 from .extract import Runtime, choose_runtime
 from .data import (CarveError, DataError, Dataset, TextSplit, encode_labels, json_line, load_classification,
-                   one_side_note, read_split, read_texts, resolve, rows_like_it, some, text_groups)
+                   one_side_note, read_split, read_texts, resolve, rows_like_it, run_files, some, text_groups)
 from .output import check_output, holds_output, run_environment, staged_output
 from .pairs import POSITIVE, PairError, Text, is_pair, pair_kind, separator_ids
 from .fields import as_flag
@@ -928,9 +928,9 @@ class Provenance(NamedTuple):
 
 
 def _trains(files: Mapping[str, Any]) -> Any:
-    """The file a run draws train from (load_classification): train, or validation where the data has validation and
-    test files but no train (SNLI offline); None where it has neither."""
-    return files.get("train") or (files.get("validation") if "test" in files else None)
+    """The file a run draws train from (data.run_files: train, or validation where the data has validation and test
+    files but no train, SNLI offline); None where it has neither."""
+    return run_files(files).get("train")
 
 
 def trained_on(config: dict, data: str, split: str) -> Provenance:
@@ -968,10 +968,10 @@ def trained_on(config: dict, data: str, split: str) -> Provenance:
     return Provenance(False, read if training else None, read is not None and read == recorded.get("test"))
 
 
-def training_rows(config: dict, data: str, split: str, whose: str = "the model") -> str | None:
-    """What `split` of `data` is, in words, where it holds rows the model was trained on (trained_on: its train split,
-    every row of its data, or any split of its training file read alone); None where it does not."""
-    same_data, trained_file, _ = trained_on(config, data, split)
+def training_rows(where: Provenance, data: str, split: str, whose: str = "the model") -> str | None:
+    """What `split` of `data` is, in words, where it holds rows the model was trained on (`where`, trained_on's: its
+    train split, every row of its data, or any split of its training file read alone); None where it does not."""
+    same_data, trained_file, _ = where
     if split == "train" and same_data:
         return f"the examples {whose} was trained on"
     if split == "all" and same_data:
@@ -980,9 +980,9 @@ def training_rows(config: dict, data: str, split: str, whose: str = "the model")
 
 
 def _layout(files: Mapping[str, Any]) -> list[str]:
-    """The splits a run reads from `files` (load_classification): validation + test files with no train are train +
-    test, so a folder of the SNLI-offline layout whose validation file was renamed train is laid out the same."""
-    return sorted({"train", "test"} if "train" not in files and "validation" in files and "test" in files else files)
+    """The splits a run reads from `files` (data.run_files), so that a folder of the SNLI-offline layout whose
+    validation file was renamed train is laid out the same."""
+    return sorted(run_files(files))
 
 
 def _rows_digest(files: dict, config: dict) -> str | None:
@@ -990,12 +990,10 @@ def _rows_digest(files: dict, config: dict) -> str | None:
     label names it was trained with (as its run read them, load_classification); None where they cannot be read so."""
     from .data import as_trained, rows_digest, with_names
 
-    if "train" not in files and "validation" in files and "test" in files:  # as load_classification trains on it
-        files = {"train": files["validation"], "test": files["test"]}
     try:
         splits = {k: read_split(p, config.get("text_field", "text"), config.get("label_field", "label"),
                                 config.get("text_pair_field"))
-                  for k, p in files.items() if k in ("train", "validation")}
+                  for k, p in run_files(files).items() if k in ("train", "validation")}
     except (FrozentuneError, OSError):
         return None
     forward = as_trained(splits, renamed_from(config))

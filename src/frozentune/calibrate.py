@@ -57,7 +57,8 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
     check_rewrite(model_dir, output, overwrite, "calibrate", "calibrated", CalibrateError)  # before any work
     # the rows it was trained on, refused before the model is loaded and the split scored (its config alone says)
     saved = M.read_config_json(model_dir, CalibrateError) if (model_dir / M.CONFIG).is_file() else None
-    if isinstance(saved, dict) and (what := api.training_rows(saved, data, split)):
+    where = api.trained_on(saved, data, split) if isinstance(saved, dict) else None  # (else the load below says why)
+    if where is not None and (what := api.training_rows(where, data, split)):
         raise CalibrateError(f"--split {split}: {what}: its scores there are surer than on texts it has not seen, and "
                              f"a temperature fitted to them would make it over-confident; give --split validation, or "
                              f"data it was not trained on")
@@ -83,7 +84,7 @@ def calibrate(model_dir: Path | str, data: str, split: str = "validation", outpu
         raise CalibrateError(f"on the {len(y):,} examples of the {split} split of {data} the best temperature is at "
                              f"the end of its range ({fitted['value']:.3g}): {why}; the model is left as it was")
     t = fitted["value"]
-    same_data, _, run_test = api.trained_on(config, data, split)
+    same_data, _, run_test = where if where is not None else api.trained_on(config, data, split)
     record = {"data": ds.name if same_data else str(data), "split": split, "examples": int(len(y)), "value": t,
               "previous": previous if previous != 1.0 else None,
               "loss_previous": temperature_loss(logits, y)(previous), "loss_after": fitted["loss_after"]}

@@ -99,7 +99,7 @@ def _not_trained_on(name: str, config: dict, data: str, split: str) -> None:
     """A CompareError where `split` of `data` holds the examples the model was trained on (api.trained_on): a model
     is surer and more often right on them, so a difference there says how the models fit their training rows, and
     the test would call a memorised gap unlikely to be chance."""
-    if what := api.training_rows(config, data, split, whose="it"):
+    if what := api.training_rows(api.trained_on(config, data, split), data, split, whose="it"):
         raise CompareError(f"--model {name}: --split {split} of {data} is {what}: scores there measure how a model "
                            f"fits its training rows, not how it does on texts it has not seen; compare on --split "
                            f"test or validation (`frozentune eval --split {split}` gives a model's figures there)")

@@ -1168,12 +1168,12 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
                        f"{data_root()}; run elsewhere (or rename the folder) to read the dataset"]
     else:
         notes_first = []
-    trains_on_validation = "train" not in files and "validation" in files and "test" in files
-    if "train" not in files and not trains_on_validation:
+    read = run_files(files)  # (snli offline: its 549k train split is not there, so it trains on its validation file)
+    trains_on_validation = "train" not in files and "train" in read
+    if "train" not in read:
         raise DataError(f"{data}: no train file (found {', '.join(sorted(files))}); a classifier needs "
                         f"train.jsonl / .csv / .tsv")
-    if trains_on_validation:  # e.g. snli offline: its 549k train split is not there
-        files = {"train": files["validation"], "test": files["test"]}
+    files = read
     text_field, pair_field = text_fields(name, text_field, pair_field, files, label_field)
     notes_first += one_side_note(name, files, text_field, pair_field)
     splits = {k: read_split(p, text_field, label_field, pair_field) for k, p in files.items()}
@@ -1245,6 +1245,14 @@ def load_classification(data: str, text_field: str | None = "text", label_field:
     labels = label_order(name, train.labels)
     return named_back(Dataset(name, train, splits["validation"], splits["test"], labels, notes, text_field,
                               pair_field, rule, carved_from_train=carved and carve_below > 0), forward)
+
+
+def run_files(files: Mapping[str, Path]) -> dict[str, Path]:
+    """The files a run reads as its splits (load_classification): those given; for validation and test files with no
+    train file (SNLI offline), the validation file as train beside test."""
+    if "train" not in files and "validation" in files and "test" in files:
+        return {"train": files["validation"], "test": files["test"]}
+    return dict(files)
 
 
 def as_trained(splits: Mapping[str, TextSplit], renamed: Mapping[str, str] | None) -> dict[str, str] | None:
